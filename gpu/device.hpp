@@ -1,0 +1,39 @@
+// Device query and a GPU self-test: the one part of gpu/ that every build has.
+//
+// This header compiles with a plain C++ compiler (no CUDA types), so the harness, tools and
+// tests can include it without nvcc. With M3_CUDA=ON it is implemented by device.cu (CUDA
+// runtime API); with M3_CUDA=OFF by device_stub.cpp, which reports that no device is present.
+// The m3_gpu target defines M3_HAVE_CUDA to 1 or 0 for everything that links it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace m3::gpu {
+
+// What the CUDA runtime reports about device 0 (and how many devices there are).
+struct DeviceInfo {
+  bool present = false;       // a usable CUDA device was found
+  int count = 0;              // number of CUDA devices
+  std::string name;           // device 0's name, e.g. "NVIDIA H200"
+  int cc_major = 0;           // compute capability of device 0
+  int cc_minor = 0;
+  std::size_t total_mem = 0;  // device 0's global memory, bytes
+  std::string why_absent;     // when !present: why (built without CUDA, runtime error, no device)
+};
+
+// Never throws: with no device or no driver, present=false and why_absent says why.
+DeviceInfo query_device();
+
+// True when this build was compiled with CUDA (M3_CUDA=ON).
+bool cuda_compiled();
+
+// One line: "GPU 0 of 1: NVIDIA H200, sm_90, 139.8 GiB" or "no GPU: <why_absent>".
+std::string describe(const DeviceInfo& info);
+
+// Adds two small arrays on the device and checks the sum on the host.
+// Returns false when no device is present or the sum is wrong; throws m3::Error when a CUDA
+// call fails on a device that is present.
+bool gpu_selftest();
+
+}  // namespace m3::gpu

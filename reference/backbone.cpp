@@ -1,0 +1,423 @@
+// The backbone (MODEL.md §3) chaining the stage functions of stages.hpp, one layer's forward
+// F1 → F2 → F3 → F4 → F5 → F4ef → F5b → F6 → F7 → F8 and backward B8 → B7 → B6 → B5a → B5b →
+// B4 → B3 → B2 → B1 (+ residual), with the capture of every registry tensor.
+//
+//   forward : H⁰ = X·W_in + b_in (or X) ; Hˡ⁺¹ = Hˡ + out_proj(gate(SSM(…RMSNorm(Hˡ)))) ;
+//             Out = RMSNorm(H^L; norm_f_weight)
+//   backward: δ^L = RMSNorm_bwd(dOut); per layer δˡ = δˡ⁺¹ + B1(…B8(δˡ⁺¹));
+//             dX = δ⁰·W_inᵀ (or δ⁰)
+// Buffers are allocated once per (config, B, T, mode) in the constructor.
+#include "backbone.hpp"
+
+#include <algorithm>
+
+#include "error.hpp"
+#include "registry.hpp"
+#include "stages.hpp"
+
+namespace m3 {
+
+namespace ref {
+
+Dims Dims::of(const Config& cfg, Idx B, Idx T) {
+  Dims d;
+  d.B = B;
+  d.T = T;
+  d.BT = B * T;
+  d.dm = cfg.d_model;
+  d.di = cfg.d_inner();
+  d.hd = cfg.headdim;
+  d.nh = cfg.nheads();
+  d.ds = cfg.d_state;
+  d.ng = cfg.ngroups;
+  d.na = cfg.num_rope_angles();
+  d.ip = cfg.in_proj_dim();
+  d.cs = cfg.chunk_size;
+  d.nc = cfg.n_chunks(T);
+  d.hpg = cfg.heads_per_group();
+  d.in = cfg.input_dim;
+  d.a_floor = cfg.a_floor;
+  d.outproj_norm = cfg.is_outproj_norm;
+  return d;
+}
+
+namespace {
+template <class S>
+void sized(std::vector<S>& v, Idx n) {
+  v.assign(static_cast<size_t>(n), S(0));
+}
+}  // namespace
+
+template <class S>
+void LayerActs<S>::allocate(const Dims& d, ScanMode mode) {
+  const Idx BT = d.BT, nh = d.nh;
+  for (auto* v : {&ssm_in, &ssm_out}) sized(*v, d.B * nh * d.hd * d.ds);
+  for (auto* v : {&k_in, &k_out}) sized(*v, d.B * nh * d.ds);
+  for (auto* v : {&v_in, &v_out}) sized(*v, d.B * nh * d.hd);
+  for (auto* v : {&angle_in, &angle_out}) sized(*v, d.B * nh * d.na);
+  for (auto* v : {&residual, &post_norm, &out_flat, &layer_output}) sized(*v, BT * d.dm);
+  sized(rms_vals, BT);
+  sized(proj, BT * d.ip);
+  for (auto* v : {&z, &x, &y, &gated}) sized(*v, BT * d.di);
+  for (auto* v : {&b_raw, &c_raw, &b_normed, &c_normed}) sized(*v, BT * d.ng * d.ds);
+  for (auto* v : {&b_rms, &c_rms}) sized(*v, BT * d.ng);
+  for (auto* v : {&dd_dt_raw, &dd_a_raw, &trap_raw, &dt, &a_val, &trap, &alpha, &beta, &gamma})
+    sized(*v, BT * nh);
+  sized(angles_raw, BT * d.na);
+  sized(angle_cumsum, BT * nh * d.na);
+  for (auto* v : {&b_biased, &c_biased, &k, &q}) sized(*v, BT * nh * d.ds);
+  sized(gated_rms_vals, d.outproj_norm ? BT * nh : 0);
+  if (mode == ScanMode::Sequential) {
+    sized(h_saved, d.B * (d.T + 1) * d.ds * d.di);
+    sized(k_prev_saved, BT * nh * d.ds);
+    sized(v_prev_saved, BT * nh * d.hd);
+  } else {
+    for (auto* v : {&adt, &qk_dot_saved, &scale_saved, &gamma_saved}) sized(*v, BT * nh);
+    sized(k_scaled_saved, BT * nh * d.ds);
+    sized(da_cumsum_saved, d.B * d.nc * nh * d.cs);
+    for (auto* v : {&chunk_states, &chunk_states_saved}) sized(*v, d.B * d.nc * nh * d.hd * d.ds);
+    sized(final_states, d.B * nh * d.hd * d.ds);
+  }
+}
+
+template <class S>
+void LayerGrads<S>::allocate(const Dims& d, ScanMode mode) {
+  const Idx BT = d.BT, nh = d.nh;
+  for (auto* v : {&d_ssm_out, &d_ssm_in}) sized(*v, d.B * nh * d.hd * d.ds);
+  for (auto* v : {&d_k_out, &d_k_in}) sized(*v, d.B * nh * d.ds);
+  for (auto* v : {&d_v_out, &d_v_in}) sized(*v, d.B * nh * d.hd);
+  for (auto* v : {&d_angle_out, &d_angle_in}) sized(*v, d.B * nh * d.na);
+  for (auto* v : {&d_gated, &d_y, &d_z, &d_x}) sized(*v, BT * d.di);
+  for (auto* v : {&d_b_pre_rope, &d_c_pre_rope}) sized(*v, BT * nh * d.ds);
+  sized(d_angle_cumsum, BT * nh * d.na);
+  for (auto* v : {&d_adt_total, &d_dt_direct, &d_trap_sig, &d_dt_angle, &d_dd_dt, &d_dd_a,
+                  &d_trap_raw})
+    sized(*v, BT * nh);
+  sized(d_angles_raw, BT * d.na);
+  for (auto* v : {&d_b_normed, &d_c_normed, &d_b_raw, &d_c_raw}) sized(*v, BT * d.ng * d.ds);
+  sized(d_proj, BT * d.ip);
+  for (auto* v : {&d_norm, &d_pre_norm, &d_temporal}) sized(*v, BT * d.dm);
+  if (mode == ScanMode::Sequential) {
+    for (auto* v : {&d_q, &d_k}) sized(*v, BT * nh * d.ds);
+    for (auto* v : {&d_alpha, &d_beta, &d_gamma}) sized(*v, BT * nh);
+    sized(d_d_local, d.B * d.di);
+  } else {
+    sized(da_cs_sum, d.B * d.nc * nh);
+    for (auto* v : {&dQ_mid, &dK_mid}) sized(*v, BT * nh * d.ds);
+    for (auto* v : {&dADT, &dQK_dot, &dScale, &dGamma, &dDT}) sized(*v, BT * nh);
+    sized(dD_partials, d.B * nh);
+  }
+}
+
+template struct LayerActs<double>;
+template struct LayerActs<float>;
+template struct LayerGrads<double>;
+template struct LayerGrads<float>;
+
+}  // namespace ref
+
+using ref::Dims;
+using ref::LayerActs;
+using ref::LayerGrads;
+
+template <class S>
+struct Backbone<S>::Impl {
+  Config cfg;
+  Dims d;
+  ScanMode mode;
+  std::vector<LayerActs<S>> acts;
+  LayerGrads<S> lg;
+  std::vector<S> x_in, h0, norm_f_input, norm_f_rms, out, d_norm_f, delta;
+  bool have_forward = false;
+
+  Impl(const Config& c, Idx B, Idx T, ScanMode m) : cfg(c), d(Dims::of(c, B, T)), mode(m) {
+    acts.resize(static_cast<size_t>(c.n_layers));
+    for (auto& a : acts) a.allocate(d, m);
+    lg.allocate(d, m);
+    const size_t BTdm = static_cast<size_t>(d.BT * d.dm);
+    h0.assign(BTdm, S(0));
+    norm_f_input.assign(BTdm, S(0));
+    norm_f_rms.assign(static_cast<size_t>(d.BT), S(0));
+    out.assign(BTdm, S(0));
+    d_norm_f.assign(BTdm, S(0));
+    delta.assign(BTdm, S(0));
+  }
+
+  // Captures `v` under (layer, stage, tensor) when the registry says the run produces it.
+  void put(Capture* cap, int layer, const char* stage, const char* tensor, const std::vector<S>& v) {
+    if (!cap || !exists_in(find_spec(stage, tensor), cfg, mode)) return;
+    cap->put_stage(layer, stage, tensor, v.data(), static_cast<Idx>(v.size()));
+  }
+
+  // The [B, …] slice of layer l in a [L][B][…] state buffer.
+  static void take(const std::vector<S>& all, int l, std::vector<S>& slice) {
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()), slice.size(),
+                slice.begin());
+  }
+  static void give(const std::vector<S>& slice, int l, std::vector<S>& all) {
+    std::copy(slice.begin(), slice.end(), all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()));
+  }
+
+  void layer_forward(int l, const LayerParams<S>& p, const std::vector<S>& u, Capture* cap) {
+    LayerActs<S>& a = acts[l];
+    a.residual = u;
+    ref::rmsnorm_forward(d.BT, d.dm, u.data(), p.norm_weight.data(), a.post_norm.data(),
+                         a.rms_vals.data());
+    put(cap, l, "F1", "residual", a.residual);
+    put(cap, l, "F1", "rms_vals", a.rms_vals);
+    put(cap, l, "F1", "post_norm", a.post_norm);
+    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), p.in_proj_w.data(),
+                        static_cast<const S*>(nullptr), a.proj.data());
+    put(cap, l, "F2", "proj", a.proj);
+    ref::split_forward(d, p, a);
+    for (auto [name, v] : {std::pair{"z", &a.z}, {"x", &a.x}, {"b_raw", &a.b_raw},
+                           {"c_raw", &a.c_raw}, {"dd_dt_raw", &a.dd_dt_raw},
+                           {"dd_a_raw", &a.dd_a_raw}, {"trap_raw", &a.trap_raw},
+                           {"angles_raw", &a.angles_raw}, {"dt", &a.dt}, {"a_val", &a.a_val},
+                           {"trap", &a.trap}})
+      put(cap, l, "F3", name, *v);
+    ref::bcnorm_forward(d, p, a);
+    for (auto [name, v] : {std::pair{"b_normed", &a.b_normed}, {"c_normed", &a.c_normed},
+                           {"b_rms", &a.b_rms}, {"c_rms", &a.c_rms}, {"b_biased", &a.b_biased},
+                           {"c_biased", &a.c_biased}})
+      put(cap, l, "F4", name, *v);
+    ref::angle_forward(d, a);
+    put(cap, l, "F5", "angle_cumsum", a.angle_cumsum);
+    ref::rope_forward(d, a);
+    put(cap, l, "F4ef", "k", a.k);
+    put(cap, l, "F4ef", "q", a.q);
+    ref::abg_forward(d, a);
+    put(cap, l, "F5b", "alpha", a.alpha);
+    put(cap, l, "F5b", "beta", a.beta);
+    put(cap, l, "F5b", "gamma", a.gamma);
+    if (mode == ScanMode::Sequential) {
+      ref::ssm_seq_forward(d, p, a);
+    } else {
+      ref::ssm_chunked_forward(d, p, a);
+    }
+    for (auto [name, v] :
+         {std::pair{"h_saved", &a.h_saved}, {"k_prev_saved", &a.k_prev_saved},
+          {"v_prev_saved", &a.v_prev_saved}, {"adt", &a.adt}, {"k_scaled_saved", &a.k_scaled_saved},
+          {"qk_dot_saved", &a.qk_dot_saved}, {"scale_saved", &a.scale_saved},
+          {"gamma_saved", &a.gamma_saved}, {"da_cumsum_saved", &a.da_cumsum_saved},
+          {"chunk_states", &a.chunk_states}, {"chunk_states_saved", &a.chunk_states_saved},
+          {"final_states", &a.final_states}, {"y", &a.y}})
+      put(cap, l, "F6", name, *v);
+    ref::gating_forward(d, p, a);
+    put(cap, l, "F7", "gated_rms_vals", a.gated_rms_vals);
+    put(cap, l, "F7", "gated", a.gated);
+    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), p.out_proj_w.data(),
+                        static_cast<const S*>(nullptr), a.out_flat.data());
+    for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
+    put(cap, l, "F8", "out_flat", a.out_flat);
+    put(cap, l, "F8", "layer_output", a.layer_output);
+    put(cap, l, "states", "ssm_state", a.ssm_out);
+    put(cap, l, "states", "k_state", a.k_out);
+    put(cap, l, "states", "v_state", a.v_out);
+    put(cap, l, "states", "angle_state", a.angle_out);
+  }
+
+  // delta: ∂L/∂(layer output) on entry, ∂L/∂(layer input) on return.
+  void layer_backward(int l, const LayerParams<S>& p, LayerParams<S>& pg, std::vector<S>& dlt,
+                      Capture* cap) {
+    const LayerActs<S>& a = acts[l];
+    LayerGrads<S>& g = lg;
+    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), p.out_proj_w.data(), dlt.data(),
+                         g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
+    put(cap, l, "B8", "d_gated", g.d_gated);
+    ref::gating_backward(d, p, a, g, pg);
+    put(cap, l, "B7", "d_y", g.d_y);
+    put(cap, l, "B7", "d_z", g.d_z);
+    if (mode == ScanMode::Sequential) {
+      ref::ssm_seq_backward(d, p, a, g, pg);
+      ref::rope_backward(d, a, g);
+      ref::abg_backward(d, a, g);
+    } else {
+      ref::ssm_chunked_backward(d, p, a, g, pg);
+    }
+    for (auto [name, v] :
+         {std::pair{"d_q", &g.d_q}, {"d_k", &g.d_k}, {"d_alpha", &g.d_alpha}, {"d_beta", &g.d_beta},
+          {"d_gamma", &g.d_gamma}, {"d_d_local", &g.d_d_local}, {"da_cs_sum", &g.da_cs_sum},
+          {"dQ_mid", &g.dQ_mid}, {"dK_mid", &g.dK_mid}, {"dADT", &g.dADT},
+          {"dQK_dot", &g.dQK_dot}, {"dD_partials", &g.dD_partials}, {"dScale", &g.dScale},
+          {"dGamma", &g.dGamma}, {"dDT", &g.dDT}, {"d_x", &g.d_x},
+          {"d_b_pre_rope", &g.d_b_pre_rope}, {"d_c_pre_rope", &g.d_c_pre_rope},
+          {"d_angle_cumsum", &g.d_angle_cumsum}})
+      put(cap, l, "B6", name, *v);
+    ref::angle_backward(d, a, g);
+    put(cap, l, "B5a", "d_angles_raw", g.d_angles_raw);
+    put(cap, l, "B5a", "d_dt_angle", g.d_dt_angle);
+    ref::activations_backward(d, p, a, g, pg);
+    put(cap, l, "B5b", "d_dd_dt", g.d_dd_dt);
+    put(cap, l, "B5b", "d_dd_a", g.d_dd_a);
+    put(cap, l, "B5b", "d_trap_raw", g.d_trap_raw);
+    ref::bcnorm_backward(d, p, a, g, pg);
+    put(cap, l, "B4b", "d_b_normed", g.d_b_normed);
+    put(cap, l, "B4b", "d_c_normed", g.d_c_normed);
+    put(cap, l, "B4c", "d_b_raw", g.d_b_raw);
+    put(cap, l, "B4c", "d_c_raw", g.d_c_raw);
+    ref::split_backward(d, g);
+    put(cap, l, "B3", "d_proj", g.d_proj);
+    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), p.in_proj_w.data(),
+                         g.d_proj.data(), g.d_norm.data(), pg.in_proj_w.data(),
+                         static_cast<S*>(nullptr));
+    put(cap, l, "B2", "d_norm", g.d_norm);
+    ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(), a.rms_vals.data(),
+                          g.d_norm.data(), g.d_pre_norm.data(), pg.norm_weight.data());
+    for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
+    put(cap, l, "B1", "d_pre_norm", g.d_pre_norm);
+    put(cap, l, "B1", "d_temporal", g.d_temporal);
+    put(cap, l, "d_states", "d_ssm_state", g.d_ssm_in);
+    put(cap, l, "d_states", "d_k_state", g.d_k_in);
+    put(cap, l, "d_states", "d_v_state", g.d_v_in);
+    put(cap, l, "d_states", "d_angle_state", g.d_angle_in);
+    dlt = g.d_temporal;
+  }
+};
+
+template <class S>
+Backbone<S>::Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode) {
+  validate_run(cfg, B, T);
+  impl_ = std::make_unique<Impl>(cfg, B, T, mode);
+}
+template <class S>
+Backbone<S>::~Backbone() = default;
+template <class S>
+Backbone<S>::Backbone(Backbone&&) noexcept = default;
+template <class S>
+Backbone<S>& Backbone<S>::operator=(Backbone&&) noexcept = default;
+
+template <class S>
+const Config& Backbone<S>::config() const { return impl_->cfg; }
+template <class S>
+Idx Backbone<S>::batch() const { return impl_->d.B; }
+template <class S>
+Idx Backbone<S>::seq_len() const { return impl_->d.T; }
+template <class S>
+ScanMode Backbone<S>::mode() const { return impl_->mode; }
+
+namespace {
+template <class S>
+void check_states(const States<S>& s, const Config& cfg, Idx B, const char* where,
+                  const char* which) {
+  const StateSizes z = state_sizes(cfg);
+  const Idx LB = cfg.n_layers * B;
+  auto chk = [&](const std::vector<S>& v, Idx per, const char* name) {
+    M3_REQUIRE(static_cast<Idx>(v.size()) == LB * per, where,
+               std::string(which) + " " + name + " state has the wrong size", "got ", v.size(),
+               ", expected L*B*", per, " = ", LB * per);
+  };
+  chk(s.ssm, z.ssm, "ssm");
+  chk(s.k, z.k, "k");
+  chk(s.v, z.v, "v");
+  chk(s.angle, z.angle, "angle");
+}
+}  // namespace
+
+template <class S>
+const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector<S>& X,
+                                           States<S>& states, Capture* cap) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const char* where = "Backbone::forward";
+  check_params(p, m.cfg, where);
+  check_states(states, m.cfg, d.B, where, "entering");
+  M3_REQUIRE(static_cast<Idx>(X.size()) == d.BT * d.in, where, "input X has the wrong size",
+             "got ", X.size(), ", expected B*T*input_dim = ", d.BT * d.in);
+  m.x_in = X;
+  if (m.cfg.input_proj_identity) {
+    m.h0 = X;
+  } else {
+    ref::linear_forward(d.BT, d.in, d.dm, X.data(), p.input_proj_w.data(), p.input_proj_b.data(),
+                        m.h0.data());
+  }
+  m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
+  m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
+  const std::vector<S>* h = &m.h0;
+  for (int l = 0; l < static_cast<int>(m.cfg.n_layers); ++l) {
+    LayerActs<S>& a = m.acts[l];
+    Impl::take(states.ssm, l, a.ssm_in);
+    Impl::take(states.k, l, a.k_in);
+    Impl::take(states.v, l, a.v_in);
+    Impl::take(states.angle, l, a.angle_in);
+    m.layer_forward(l, p.layers[l], *h, cap);
+    Impl::give(a.ssm_out, l, states.ssm);
+    Impl::give(a.k_out, l, states.k);
+    Impl::give(a.v_out, l, states.v);
+    Impl::give(a.angle_out, l, states.angle);
+    h = &a.layer_output;
+  }
+  m.norm_f_input = *h;
+  ref::rmsnorm_forward(d.BT, d.dm, m.norm_f_input.data(), p.norm_f_weight.data(), m.out.data(),
+                       m.norm_f_rms.data());
+  m.put(cap, -1, "norm_f", "norm_f_input", m.norm_f_input);
+  m.put(cap, -1, "norm_f", "norm_f_rms", m.norm_f_rms);
+  m.put(cap, -1, "norm_f", "Out", m.out);
+  m.have_forward = true;
+  return m.out;
+}
+
+template <class S>
+void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
+                           const States<S>* d_leaving, Params<S>& grads, std::vector<S>& d_x,
+                           States<S>& d_entering, Capture* cap) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const char* where = "Backbone::backward";
+  M3_REQUIRE(m.have_forward, where, "backward called before forward", "");
+  check_params(p, m.cfg, where);
+  check_params(grads, m.cfg, where);
+  M3_REQUIRE(static_cast<Idx>(d_out.size()) == d.BT * d.dm, where, "dOut has the wrong size",
+             "got ", d_out.size(), ", expected B*T*d_model = ", d.BT * d.dm);
+  if (d_leaving) check_states(*d_leaving, m.cfg, d.B, where, "leaving-state gradient");
+  d_entering = zero_states<S>(m.cfg, d.B);
+  ref::rmsnorm_backward(d.BT, d.dm, m.norm_f_input.data(), p.norm_f_weight.data(),
+                        m.norm_f_rms.data(), d_out.data(), m.d_norm_f.data(),
+                        grads.norm_f_weight.data());
+  m.put(cap, -1, "norm_f", "d_norm", m.d_norm_f);
+  m.delta = m.d_norm_f;
+  LayerGrads<S>& g = m.lg;
+  for (int l = static_cast<int>(m.cfg.n_layers) - 1; l >= 0; --l) {
+    if (d_leaving) {
+      Impl::take(d_leaving->ssm, l, g.d_ssm_out);
+      Impl::take(d_leaving->k, l, g.d_k_out);
+      Impl::take(d_leaving->v, l, g.d_v_out);
+      Impl::take(d_leaving->angle, l, g.d_angle_out);
+    } else {
+      for (auto* v : {&g.d_ssm_out, &g.d_k_out, &g.d_v_out, &g.d_angle_out})
+        std::fill(v->begin(), v->end(), S(0));
+    }
+    m.layer_backward(l, p.layers[l], grads.layers[l], m.delta, cap);
+    Impl::give(g.d_ssm_in, l, d_entering.ssm);
+    Impl::give(g.d_k_in, l, d_entering.k);
+    Impl::give(g.d_v_in, l, d_entering.v);
+    Impl::give(g.d_angle_in, l, d_entering.angle);
+  }
+  d_x.assign(static_cast<size_t>(d.BT * d.in), S(0));
+  if (m.cfg.input_proj_identity) {
+    d_x = m.delta;
+  } else {
+    ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), p.input_proj_w.data(), m.delta.data(),
+                         d_x.data(), grads.input_proj_w.data(), grads.input_proj_b.data());
+  }
+  m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);
+}
+
+template <class S>
+void capture_grads(const Params<S>& grads, const Config& cfg, Capture& cap) {
+  for (const auto& kp : expected_param_keys(cfg)) {
+    const std::vector<S>* v = nullptr;
+    for_each_param(grads, [&](int layer, const char* name, const std::vector<S>& vec) {
+      if (layer == kp.layer && std::string(name) == kp.spec->name) v = &vec;
+    });
+    M3_REQUIRE(v != nullptr, "capture_grads", "missing gradient '" + kp.key + "'", "");
+    cap.put(kp.key, kp.shape, v->data());
+  }
+}
+
+template class Backbone<double>;
+template class Backbone<float>;
+template void capture_grads<double>(const Params<double>&, const Config&, Capture&);
+template void capture_grads<float>(const Params<float>&, const Config&, Capture&);
+
+}  // namespace m3

@@ -1,0 +1,56 @@
+// The Eigen reference of the whole Mamba-3 SISO backbone (MODEL.md §3–§6), templated on the
+// scalar: Backbone<double> is the oracle, Backbone<float> the f32 baseline.
+//
+//   H⁰    = X · input_proj_w + input_proj_b            (or H⁰ = X with input_proj_identity)
+//   Hˡ⁺¹  = Layer_ℓ(Hˡ; entering states ℓ) for ℓ = 0 … L−1   (F1 … F8, §4)
+//   Out   = RMSNorm(H^L; norm_f_weight)
+//
+// Shapes: X [B*T, input_dim], Out and dOut [B*T, d_model], states [L][B][…] (params.hpp).
+// forward() reads the entering states and overwrites them with the leaving states; it keeps
+// everything backward needs. backward() takes dOut and, optionally, gradients wrt the leaving
+// states (to chain windows with gradient flow, MODEL.md §12.4), ACCUMULATES every parameter
+// gradient into `grads` (§6.0) and OVERWRITES d_x and the gradients wrt the entering states.
+// Single-threaded, fixed loop orders: the same build gives the same bytes on every run.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "capture.hpp"
+#include "config.hpp"
+#include "params.hpp"
+
+namespace m3 {
+
+template <class S>
+class Backbone {
+ public:
+  Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode);
+  ~Backbone();
+  Backbone(Backbone&&) noexcept;
+  Backbone& operator=(Backbone&&) noexcept;
+
+  // Returns Out [B*T, d_model]. `cap` (optional) receives every forward stage tensor.
+  const std::vector<S>& forward(const Params<S>& p, const std::vector<S>& X, States<S>& states,
+                                Capture* cap = nullptr);
+
+  // Requires a preceding forward() with the same parameters.
+  void backward(const Params<S>& p, const std::vector<S>& d_out, const States<S>* d_leaving,
+                Params<S>& grads, std::vector<S>& d_x, States<S>& d_entering,
+                Capture* cap = nullptr);
+
+  const Config& config() const;
+  Idx batch() const;
+  Idx seq_len() const;
+  ScanMode mode() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Puts every parameter gradient into `cap` under "grad/…" keys (registry order).
+template <class S>
+void capture_grads(const Params<S>& grads, const Config& cfg, Capture& cap);
+
+}  // namespace m3

@@ -1,0 +1,60 @@
+// Capture: named copies of intermediate tensors, widened to double, in the order they were
+// produced. Every implementation (double oracle, float baseline, later the GPU subject) fills
+// one Capture under the same keys (registry.hpp), which is what the harness compares.
+//
+//   Tensor       shape (row-major, last index fastest) + data as double
+//   Capture::put checks the key against the stage registry and the data size against the
+//                registry shape for (cfg, B, T); a mismatch is an m3::Error, never silent.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+
+namespace m3 {
+
+struct Tensor {
+  std::vector<Idx> shape;
+  std::vector<double> data;
+  Idx numel() const {
+    Idx n = 1;
+    for (Idx d : shape) n *= d;
+    return n;
+  }
+};
+
+std::string shape_str(const std::vector<Idx>& shape);  // "[512, 16, 4]"
+
+class Capture {
+ public:
+  Capture() = default;
+  Capture(const Config& cfg, Idx B, Idx T) : cfg_(cfg), B_(B), T_(T), bound_(true) {}
+
+  // Stage tensor: key "L<l>/<stage>/<tensor>" (layer >= 0) or "<stage>/<tensor>".
+  template <class S>
+  void put_stage(int layer, const char* stage, const char* tensor, const S* data, Idx n);
+  // Any tensor with an explicit shape (parameter gradients, weights, inputs).
+  template <class S>
+  void put(const std::string& key, std::vector<Idx> shape, const S* data);
+
+  bool has(const std::string& key) const { return map_.count(key) != 0; }
+  const Tensor& at(const std::string& key) const;  // throws m3::Error naming the key
+  const Tensor* find(const std::string& key) const;
+  const std::vector<std::string>& keys() const { return order_; }
+  void clear() {
+    map_.clear();
+    order_.clear();
+  }
+
+ private:
+  void insert(const std::string& key, Tensor t);
+  Config cfg_;
+  Idx B_ = 0, T_ = 0;
+  bool bound_ = false;
+  std::map<std::string, Tensor> map_;
+  std::vector<std::string> order_;
+};
+
+}  // namespace m3

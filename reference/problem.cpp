@@ -1,0 +1,45 @@
+// Seeded problems and the end-to-end reference run used by the harness (see problem.hpp).
+#include "problem.hpp"
+
+#include "backbone.hpp"
+
+namespace m3 {
+
+Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
+                     bool random_entering_states) {
+  validate_run(cfg, B, T);
+  Problem pb;
+  pb.cfg = cfg;
+  pb.B = B;
+  pb.T = T;
+  pb.seed = seed;
+  // Independent streams per role, derived from the one seed.
+  pb.params = make_params<double>(cfg, seed * 4 + 0, Init::Perturbed);
+  pb.x = make_input<double>(cfg, B, T, seed * 4 + 1);
+  pb.d_out = make_dout<double>(cfg, B, T, seed * 4 + 2);
+  pb.states = random_entering_states ? random_states<double>(cfg, B, seed * 4 + 3)
+                                     : zero_states<double>(cfg, B);
+  return pb;
+}
+
+template <class S>
+Capture run_reference(const Problem& pb, ScanMode mode) {
+  Capture cap(pb.cfg, pb.B, pb.T);
+  Backbone<S> net(pb.cfg, pb.B, pb.T, mode);
+  const Params<S> params = cast_params<S>(pb.params);
+  States<S> states = cast_states<S>(pb.states);
+  const std::vector<S> x(pb.x.begin(), pb.x.end());
+  const std::vector<S> d_out(pb.d_out.begin(), pb.d_out.end());
+  net.forward(params, x, states, &cap);
+  Params<S> grads = zero_params<S>(pb.cfg);
+  std::vector<S> d_x;
+  States<S> d_entering;
+  net.backward(params, d_out, nullptr, grads, d_x, d_entering, &cap);
+  capture_grads(grads, pb.cfg, cap);
+  return cap;
+}
+
+template Capture run_reference<double>(const Problem&, ScanMode);
+template Capture run_reference<float>(const Problem&, ScanMode);
+
+}  // namespace m3

@@ -1,0 +1,183 @@
+// Stage functions of the reference (MODEL.md §4–§6), forward and backward of each stage in one
+// source file: rmsnorm.cpp (F1, norm_f, B1, BCNorm core), linear.cpp (F2, F8, input_proj,
+// B8, B2), split.cpp (F3, F5b, B5b, B3), bcnorm.cpp (F4, B4b, B4c), rope.cpp (F5, F4ef, B6
+// RoPE tail, B5a), ssm_sequential.cpp (F6 §4, B6 §6.3), ssm_chunked.cpp (F6 K0–K6 §5.2, B6
+// steps 1–3 §6.4), gating.cpp (F7, B7). backbone.cpp chains them.
+//
+// All buffers are row-major std::vector<S>; r = b·T + t. A LayerActs holds every forward
+// tensor of one layer under its MODEL.md §10 name (what backward reads is saved there);
+// a LayerGrads holds every backward intermediate. Weight gradients accumulate (+=) into a
+// LayerParams<S> of gradients; activation gradients are overwritten.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "config.hpp"
+#include "params.hpp"
+
+namespace m3::ref {
+
+constexpr double kEps = 1e-5;  // every RMS (MODEL.md §0)
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+constexpr double kPi = 3.141592653589793238462643383280;
+
+struct Dims {
+  Idx B, T, BT, dm, di, hd, nh, ds, ng, na, ip, cs, nc, hpg, in;
+  double a_floor;
+  bool outproj_norm;
+  static Dims of(const Config& cfg, Idx B, Idx T);
+  Idx group_of(Idx h) const { return h / hpg; }
+  Idx chunk_begin(Idx c) const { return c * cs; }
+  Idx chunk_end(Idx c) const { return std::min(T, (c + 1) * cs); }
+};
+
+template <class S>
+struct LayerActs {
+  // entering states of this layer ([B, …] slices of §9) and leaving states
+  std::vector<S> ssm_in, k_in, v_in, angle_in, ssm_out, k_out, v_out, angle_out;
+  // F1, F2, F3
+  std::vector<S> residual, rms_vals, post_norm, proj;
+  std::vector<S> z, x, b_raw, c_raw, dd_dt_raw, dd_a_raw, trap_raw, angles_raw, dt, a_val, trap;
+  // F4, F5, F4ef, F5b
+  std::vector<S> b_normed, c_normed, b_rms, c_rms, b_biased, c_biased;
+  std::vector<S> angle_cumsum, k, q, alpha, beta, gamma;
+  // F6 sequential
+  std::vector<S> h_saved, k_prev_saved, v_prev_saved;
+  // F6 chunked
+  std::vector<S> adt, k_scaled_saved, qk_dot_saved, scale_saved, gamma_saved, da_cumsum_saved,
+      chunk_states, chunk_states_saved, final_states;
+  // F6, F7, F8
+  std::vector<S> y, gated_rms_vals, gated, out_flat, layer_output;
+
+  void allocate(const Dims& d, ScanMode mode);
+};
+
+template <class S>
+struct LayerGrads {
+  // gradients wrt the leaving states (inputs of the backward; zero unless chaining windows)
+  std::vector<S> d_ssm_out, d_k_out, d_v_out, d_angle_out;
+  // gradients wrt the entering states (outputs)
+  std::vector<S> d_ssm_in, d_k_in, d_v_in, d_angle_in;
+  std::vector<S> d_gated, d_y, d_z;
+  // B6 sequential
+  std::vector<S> d_q, d_k, d_alpha, d_beta, d_gamma, d_d_local;
+  // B6 chunked
+  std::vector<S> da_cs_sum, dQ_mid, dK_mid, dADT, dQK_dot, dD_partials, dScale, dGamma, dDT;
+  // B6 common outputs
+  std::vector<S> d_x, d_b_pre_rope, d_c_pre_rope, d_angle_cumsum;
+  // What B5b consumes from either B6 variant (not in the registry: a re-grouping of
+  // dα/dβ/dγ resp. dADT/dDT/dScale): ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (post-sigmoid).
+  std::vector<S> d_adt_total, d_dt_direct, d_trap_sig;
+  // B5a, B5b, B4, B3, B2, B1
+  std::vector<S> d_angles_raw, d_dt_angle, d_dd_dt, d_dd_a, d_trap_raw;
+  std::vector<S> d_b_normed, d_c_normed, d_b_raw, d_c_raw, d_proj, d_norm, d_pre_norm, d_temporal;
+
+  void allocate(const Dims& d, ScanMode mode);
+};
+
+// ---- rmsnorm.cpp: y[r,i] = u[r,i]/rms[r]·w[i], rms[r] = sqrt(mean_i u[r,i]² + ε)
+template <class S>
+void rmsnorm_forward(Idx rows, Idx dim, const S* u, const S* w, S* y, S* rms);
+// dx = (w⊙g − x̂·c)/rms with x̂ = u/rms, c = mean_i(g⊙w⊙x̂)  (overwrite); dw += Σ_r g⊙x̂
+template <class S>
+void rmsnorm_backward(Idx rows, Idx dim, const S* u, const S* w, const S* rms, const S* g, S* dx,
+                      S* dw);
+
+// ---- linear.cpp: Y[rows,out] = X[rows,in]·W[in,out] (+ b[out] when b != nullptr)
+template <class S>
+void linear_forward(Idx rows, Idx in, Idx out, const S* X, const S* W, const S* b, S* Y);
+// dX = dY·Wᵀ (overwrite; skipped when dX == nullptr); dW += Xᵀ·dY; db += Σ_r dY (if db)
+template <class S>
+void linear_backward(Idx rows, Idx in, Idx out, const S* X, const S* W, const S* dY, S* dX,
+                     S* dW, S* db);
+
+// ---- split.cpp
+// F3: proj → z, x, b_raw, c_raw, dd_dt_raw, dd_a_raw, trap_raw, angles_raw; dt, a_val, trap.
+template <class S>
+void split_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
+// F5b: alpha = exp(a_val·dt), beta = alpha·dt·(1−trap), gamma = trap·dt.
+template <class S>
+void abg_forward(const Dims& d, LayerActs<S>& a);
+// B6→B5b glue for the sequential path: (dα, dβ, dγ) → d_adt_total, d_dt_direct, d_trap_sig.
+template <class S>
+void abg_backward(const Dims& d, const LayerActs<S>& a, LayerGrads<S>& g);
+// B5b: (d_adt_total, d_dt_direct, d_dt_angle, d_trap_sig) → d_dd_dt, d_dd_a, d_trap_raw;
+// d dt_bias += Σ_r d_dd_dt.
+template <class S>
+void activations_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
+                          LayerGrads<S>& g, LayerParams<S>& pg);
+// B3: d_proj = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw | d_angles_raw].
+template <class S>
+void split_backward(const Dims& d, LayerGrads<S>& g);
+
+// ---- bcnorm.cpp
+// F4a–d: b_normed/c_normed = BCNorm per (r, g), b_rms/c_rms; b_biased/c_biased per head.
+template <class S>
+void bcnorm_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
+// B4b (heads → groups, ascending h; bias grads) and B4c (BCNorm backward, norm weight grads).
+template <class S>
+void bcnorm_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
+                     LayerGrads<S>& g, LayerParams<S>& pg);
+
+// ---- rope.cpp
+// F5: θ_t = wrap(θ_{t−1} + π·tanh(angles_raw)·dt) carried in double, θ_{−1} = angle_in;
+// writes angle_cumsum and angle_out.
+template <class S>
+void angle_forward(const Dims& d, LayerActs<S>& a);
+// F4e/f: k = R(θ) b_biased, q = R(θ) c_biased on adjacent pairs (2a, 2a+1), a < na.
+template <class S>
+void rope_forward(const Dims& d, LayerActs<S>& a);
+// Rᵀ applied to gradients wrt rotated vectors, and the per-step angle gradient:
+// dpre[2a] = c·dv[2a] + s·dv[2a+1], dpre[2a+1] = −s·dv[2a] + c·dv[2a+1];
+// dθ += −dv[2a]·rot[2a+1] + dv[2a+1]·rot[2a] (rot = the rotated vector).
+// Shapes: dv, rot, dpre [BT, nh, ds]; theta, dtheta [BT, nh, na].
+template <class S>
+void rope_backward_into(const Dims& d, const S* theta, const S* dv, const S* rot, S* dpre,
+                        S* dtheta);
+// B6 tail (sequential): d_k, d_q → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum.
+template <class S>
+void rope_backward(const Dims& d, const LayerActs<S>& a, LayerGrads<S>& g);
+// B5a: Θ̄ = reverse cumsum of d_angle_cumsum (+ d_angle_out at t = T−1) → d_angles_raw,
+// d_dt_angle, and d_angle_in = Θ̄ at t = 0.
+template <class S>
+void angle_backward(const Dims& d, const LayerActs<S>& a, LayerGrads<S>& g);
+
+// ---- ssm_sequential.cpp: F6 recurrence (§4) and its BPTT (§6.3), with entering states and
+// gradients wrt them; d D += Σ d_y·x.
+template <class S>
+void ssm_seq_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
+template <class S>
+void ssm_seq_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
+                      LayerGrads<S>& g, LayerParams<S>& pg);
+
+// ---- ssm_chunked.cpp: K0–K6 (§5.2, entering states §5.3) and backward steps 1–3 (§6.4),
+// writing d_x, d_b_pre_rope, d_c_pre_rope, d_angle_cumsum, d_adt_total, d_dt_direct,
+// d_trap_sig and the entering-state gradients.
+template <class S>
+void ssm_chunked_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
+template <class S>
+void ssm_chunked_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
+                          LayerGrads<S>& g, LayerParams<S>& pg);
+
+// ---- gating.cpp: F7 (a) gated = y·silu(z); (b) gated = y·rstd·w·silu(z) per head.
+template <class S>
+void gating_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
+template <class S>
+void gating_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
+                     LayerGrads<S>& g, LayerParams<S>& pg);
+
+// Scalar activations shared by forward and backward (MODEL.md §4 F3, §12.1–2).
+template <class S>
+inline S sigmoid(S v) { return S(1) / (S(1) + std::exp(-v)); }
+template <class S>
+inline S softplus(S v) { return v > S(20) ? v : std::log1p(std::exp(v)); }
+template <class S>
+inline S softplus_grad(S v) { return v > S(20) ? S(1) : sigmoid(v); }
+template <class S>
+inline S heavy_tail(S v) { return v >= S(0) ? S(1) + v : S(1) / (S(1) - v); }
+template <class S>
+inline S heavy_tail_grad(S v) { return v >= S(0) ? S(1) : S(1) / ((S(1) - v) * (S(1) - v)); }
+
+}  // namespace m3::ref
