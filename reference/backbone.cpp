@@ -19,8 +19,9 @@ namespace m3 {
 
 namespace ref {
 
-Dims Dims::of(const Config& cfg, Idx B, Idx T) {
+Dims Dims::of(const Config& cfg, Idx B, Idx T, Precision storage) {
   Dims d;
+  d.storage = storage;
   d.B = B;
   d.T = T;
   d.BT = B * T;
@@ -40,6 +41,25 @@ Dims Dims::of(const Config& cfg, Idx B, Idx T) {
   d.outproj_norm = cfg.is_outproj_norm;
   return d;
 }
+
+template <class S>
+void store_typed(const Dims& d, S* v, Idx n) {
+  if (d.storage == Precision::BF16) {
+    for (Idx i = 0; i < n; ++i) v[i] = static_cast<S>(round_bf16(static_cast<float>(v[i])));
+  } else if (d.storage == Precision::F16) {
+    for (Idx i = 0; i < n; ++i) v[i] = static_cast<S>(round_f16(static_cast<float>(v[i])));
+  }
+}
+
+template <class S>
+void store_typed(const Dims& d, std::vector<S>& v) {
+  store_typed(d, v.data(), static_cast<Idx>(v.size()));
+}
+
+template void store_typed<double>(const Dims&, std::vector<double>&);
+template void store_typed<float>(const Dims&, std::vector<float>&);
+template void store_typed<double>(const Dims&, double*, Idx);
+template void store_typed<float>(const Dims&, float*, Idx);
 
 namespace {
 template <class S>
@@ -127,10 +147,15 @@ struct Backbone<S>::Impl {
   ScanMode mode;
   std::vector<LayerActs<S>> acts;
   LayerGrads<S> lg;
-  std::vector<S> x_in, h0, norm_f_input, norm_f_rms, out, d_norm_f, delta;
+  std::vector<S> x_in, h0, norm_f_input, norm_f_rms, out, d_norm_f, delta, delta_typed;
+  // Compute copies of the GEMM weights in the storage precision (MODEL.md §8), refreshed from
+  // the master weights at every forward; with exact storage they alias the masters.
+  std::vector<std::vector<S>> w_in_typed, w_out_typed;
+  std::vector<S> w_input_typed;
   bool have_forward = false;
 
-  Impl(const Config& c, Idx B, Idx T, ScanMode m) : cfg(c), d(Dims::of(c, B, T)), mode(m) {
+  Impl(const Config& c, Idx B, Idx T, ScanMode m, Precision storage)
+      : cfg(c), d(Dims::of(c, B, T, storage)), mode(m) {
     acts.resize(static_cast<size_t>(c.n_layers));
     for (auto& a : acts) a.allocate(d, m);
     lg.allocate(d, m);
@@ -141,6 +166,39 @@ struct Backbone<S>::Impl {
     out.assign(BTdm, S(0));
     d_norm_f.assign(BTdm, S(0));
     delta.assign(BTdm, S(0));
+    delta_typed.assign(BTdm, S(0));
+    w_in_typed.resize(acts.size());
+    w_out_typed.resize(acts.size());
+  }
+
+  bool typed() const { return d.storage == Precision::BF16 || d.storage == Precision::F16; }
+
+  void refresh_typed_weights(const Params<S>& p) {
+    if (!typed()) return;
+    w_input_typed = p.input_proj_w;
+    ref::store_typed(d, w_input_typed);
+    for (size_t l = 0; l < acts.size(); ++l) {
+      w_in_typed[l] = p.layers[l].in_proj_w;
+      ref::store_typed(d, w_in_typed[l]);
+      w_out_typed[l] = p.layers[l].out_proj_w;
+      ref::store_typed(d, w_out_typed[l]);
+    }
+  }
+  const S* w_in(int l, const LayerParams<S>& p) const {
+    return typed() ? w_in_typed[l].data() : p.in_proj_w.data();
+  }
+  const S* w_out(int l, const LayerParams<S>& p) const {
+    return typed() ? w_out_typed[l].data() : p.out_proj_w.data();
+  }
+  const S* w_input(const Params<S>& p) const {
+    return typed() ? w_input_typed.data() : p.input_proj_w.data();
+  }
+  // The typed copy of a residual-stream gradient that feeds a GEMM (§8 "staged typed copy").
+  const S* typed_copy(const std::vector<S>& v) {
+    if (!typed()) return v.data();
+    delta_typed = v;
+    ref::store_typed(d, delta_typed);
+    return delta_typed.data();
   }
 
   // Captures `v` under (layer, stage, tensor) when the registry says the run produces it.
@@ -163,11 +221,13 @@ struct Backbone<S>::Impl {
     a.residual = u;
     ref::rmsnorm_forward(d.BT, d.dm, u.data(), p.norm_weight.data(), a.post_norm.data(),
                          a.rms_vals.data());
+    ref::store_typed(d, a.post_norm);
     put(cap, l, "F1", "residual", a.residual);
     put(cap, l, "F1", "rms_vals", a.rms_vals);
     put(cap, l, "F1", "post_norm", a.post_norm);
-    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), p.in_proj_w.data(),
+    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p),
                         static_cast<const S*>(nullptr), a.proj.data());
+    ref::store_typed(d, a.proj);
     put(cap, l, "F2", "proj", a.proj);
     ref::split_forward(d, p, a);
     for (auto [name, v] : {std::pair{"z", &a.z}, {"x", &a.x}, {"b_raw", &a.b_raw},
@@ -184,6 +244,8 @@ struct Backbone<S>::Impl {
     ref::angle_forward(d, a);
     put(cap, l, "F5", "angle_cumsum", a.angle_cumsum);
     ref::rope_forward(d, a);
+    ref::store_typed(d, a.k);
+    ref::store_typed(d, a.q);
     put(cap, l, "F4ef", "k", a.k);
     put(cap, l, "F4ef", "q", a.q);
     ref::abg_forward(d, a);
@@ -195,6 +257,7 @@ struct Backbone<S>::Impl {
     } else {
       ref::ssm_chunked_forward(d, p, a);
     }
+    ref::store_typed(d, a.y);
     for (auto [name, v] :
          {std::pair{"h_saved", &a.h_saved}, {"k_prev_saved", &a.k_prev_saved},
           {"v_prev_saved", &a.v_prev_saved}, {"adt", &a.adt}, {"k_scaled_saved", &a.k_scaled_saved},
@@ -204,10 +267,12 @@ struct Backbone<S>::Impl {
           {"final_states", &a.final_states}, {"y", &a.y}})
       put(cap, l, "F6", name, *v);
     ref::gating_forward(d, p, a);
+    ref::store_typed(d, a.gated);
     put(cap, l, "F7", "gated_rms_vals", a.gated_rms_vals);
     put(cap, l, "F7", "gated", a.gated);
-    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), p.out_proj_w.data(),
+    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p),
                         static_cast<const S*>(nullptr), a.out_flat.data());
+    ref::store_typed(d, a.out_flat);
     for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
     put(cap, l, "F8", "out_flat", a.out_flat);
     put(cap, l, "F8", "layer_output", a.layer_output);
@@ -222,10 +287,13 @@ struct Backbone<S>::Impl {
                       Capture* cap) {
     const LayerActs<S>& a = acts[l];
     LayerGrads<S>& g = lg;
-    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), p.out_proj_w.data(), dlt.data(),
+    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p), typed_copy(dlt),
                          g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
+    ref::store_typed(d, g.d_gated);
     put(cap, l, "B8", "d_gated", g.d_gated);
     ref::gating_backward(d, p, a, g, pg);
+    ref::store_typed(d, g.d_y);
+    ref::store_typed(d, g.d_z);
     put(cap, l, "B7", "d_y", g.d_y);
     put(cap, l, "B7", "d_z", g.d_z);
     if (mode == ScanMode::Sequential) {
@@ -235,6 +303,7 @@ struct Backbone<S>::Impl {
     } else {
       ref::ssm_chunked_backward(d, p, a, g, pg);
     }
+    ref::store_typed(d, g.d_x);
     for (auto [name, v] :
          {std::pair{"d_q", &g.d_q}, {"d_k", &g.d_k}, {"d_alpha", &g.d_alpha}, {"d_beta", &g.d_beta},
           {"d_gamma", &g.d_gamma}, {"d_d_local", &g.d_d_local}, {"da_cs_sum", &g.da_cs_sum},
@@ -257,10 +326,11 @@ struct Backbone<S>::Impl {
     put(cap, l, "B4c", "d_b_raw", g.d_b_raw);
     put(cap, l, "B4c", "d_c_raw", g.d_c_raw);
     ref::split_backward(d, g);
+    ref::store_typed(d, g.d_proj);
     put(cap, l, "B3", "d_proj", g.d_proj);
-    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), p.in_proj_w.data(),
-                         g.d_proj.data(), g.d_norm.data(), pg.in_proj_w.data(),
-                         static_cast<S*>(nullptr));
+    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p), g.d_proj.data(),
+                         g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
+    ref::store_typed(d, g.d_norm);
     put(cap, l, "B2", "d_norm", g.d_norm);
     ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(), a.rms_vals.data(),
                           g.d_norm.data(), g.d_pre_norm.data(), pg.norm_weight.data());
@@ -276,9 +346,16 @@ struct Backbone<S>::Impl {
 };
 
 template <class S>
-Backbone<S>::Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode) {
+Backbone<S>::Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage) {
   validate_run(cfg, B, T);
-  impl_ = std::make_unique<Impl>(cfg, B, T, mode);
+  if (storage == Precision::F64 && sizeof(S) == sizeof(float)) storage = Precision::F32;
+  const bool exact = storage == (sizeof(S) == sizeof(double) ? Precision::F64 : Precision::F32);
+  const bool emulated = sizeof(S) == sizeof(float) &&
+                        (storage == Precision::BF16 || storage == Precision::F16);
+  M3_REQUIRE(exact || emulated, "Backbone", "unsupported storage precision for this scalar",
+             "storage ", precision_name(storage), " with ", sizeof(S) == 8 ? "double" : "float",
+             " compute; bf16/f16 storage is emulated with float compute only");
+  impl_ = std::make_unique<Impl>(cfg, B, T, mode, storage);
 }
 template <class S>
 Backbone<S>::~Backbone() = default;
@@ -295,6 +372,8 @@ template <class S>
 Idx Backbone<S>::seq_len() const { return impl_->d.T; }
 template <class S>
 ScanMode Backbone<S>::mode() const { return impl_->mode; }
+template <class S>
+Precision Backbone<S>::storage() const { return impl_->d.storage; }
 
 namespace {
 template <class S>
@@ -324,12 +403,15 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   check_states(states, m.cfg, d.B, where, "entering");
   M3_REQUIRE(static_cast<Idx>(X.size()) == d.BT * d.in, where, "input X has the wrong size",
              "got ", X.size(), ", expected B*T*input_dim = ", d.BT * d.in);
+  m.refresh_typed_weights(p);
   m.x_in = X;
+  ref::store_typed(d, m.x_in);
   if (m.cfg.input_proj_identity) {
-    m.h0 = X;
+    m.h0 = m.x_in;
   } else {
-    ref::linear_forward(d.BT, d.in, d.dm, X.data(), p.input_proj_w.data(), p.input_proj_b.data(),
+    ref::linear_forward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), p.input_proj_b.data(),
                         m.h0.data());
+    ref::store_typed(d, m.h0);
   }
   m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
   m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
@@ -350,6 +432,7 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   m.norm_f_input = *h;
   ref::rmsnorm_forward(d.BT, d.dm, m.norm_f_input.data(), p.norm_f_weight.data(), m.out.data(),
                        m.norm_f_rms.data());
+  ref::store_typed(d, m.out);
   m.put(cap, -1, "norm_f", "norm_f_input", m.norm_f_input);
   m.put(cap, -1, "norm_f", "norm_f_rms", m.norm_f_rms);
   m.put(cap, -1, "norm_f", "Out", m.out);
@@ -397,7 +480,7 @@ void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
   if (m.cfg.input_proj_identity) {
     d_x = m.delta;
   } else {
-    ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), p.input_proj_w.data(), m.delta.data(),
+    ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), m.typed_copy(m.delta),
                          d_x.data(), grads.input_proj_w.data(), grads.input_proj_b.data());
   }
   m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);

@@ -19,13 +19,17 @@
 #include "capture.hpp"
 #include "config.hpp"
 #include "params.hpp"
+#include "precision.hpp"
 
 namespace m3 {
 
 template <class S>
 class Backbone {
  public:
-  Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode);
+  // `storage`: F64 (double) / F32 (float) store every tensor exactly; BF16 / F16 (float
+  // compute only) emulate the GPU's mixed-precision storage policy, MODEL.md §8: each "typed"
+  // tensor and the GEMM weight copies are rounded to nearest even where the GPU stores them.
+  Backbone(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage = Precision::F64);
   ~Backbone();
   Backbone(Backbone&&) noexcept;
   Backbone& operator=(Backbone&&) noexcept;
@@ -43,6 +47,7 @@ class Backbone {
   Idx batch() const;
   Idx seq_len() const;
   ScanMode mode() const;
+  Precision storage() const;
 
  private:
   struct Impl;

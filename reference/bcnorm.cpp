@@ -7,6 +7,8 @@
 //   d X_bias[h,n]      += Σ_r d_X_pre_rope[r,h,n]
 //   d_X_normed[r,g,n]   = Σ_{h: g(h)=g} d_X_pre_rope[r,h,n]        (ascending h)
 //   d_X_raw, d w_X      = RMSNorm backward over rows (r,g) of width ds (rmsnorm.cpp)
+// With bf16/f16 storage (MODEL.md §8) X_normed, X_biased, d_X_normed and d_X_raw are rounded
+// where they are stored: the bias add reads the stored X_normed, B4c the stored d_X_normed.
 // Shapes: X_raw, X_normed, d_X_normed, d_X_raw [BT, ng, ds]; X_rms [BT, ng];
 // X_biased, d_X_pre_rope [BT, nh, ds].
 #include "stages.hpp"
@@ -47,8 +49,12 @@ void bcnorm_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a) {
                   a.b_rms.data());
   rmsnorm_forward(rows, d.ds, a.c_raw.data(), p.c_norm_weight.data(), a.c_normed.data(),
                   a.c_rms.data());
+  store_typed(d, a.b_normed);  // normed is stored, then read back by the bias add
+  store_typed(d, a.c_normed);
   bias_broadcast(d, a.b_normed.data(), p.b_bias.data(), a.b_biased.data());
   bias_broadcast(d, a.c_normed.data(), p.c_bias.data(), a.c_biased.data());
+  store_typed(d, a.b_biased);
+  store_typed(d, a.c_biased);
 }
 
 template <class S>
@@ -56,11 +62,15 @@ void bcnorm_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>&
                      LayerGrads<S>& g, LayerParams<S>& pg) {
   bias_backward(d, g.d_b_pre_rope.data(), g.d_b_normed.data(), pg.b_bias.data());
   bias_backward(d, g.d_c_pre_rope.data(), g.d_c_normed.data(), pg.c_bias.data());
+  store_typed(d, g.d_b_normed);
+  store_typed(d, g.d_c_normed);
   const Idx rows = d.BT * d.ng;
   rmsnorm_backward(rows, d.ds, a.b_raw.data(), p.b_norm_weight.data(), a.b_rms.data(),
                    g.d_b_normed.data(), g.d_b_raw.data(), pg.b_norm_weight.data());
   rmsnorm_backward(rows, d.ds, a.c_raw.data(), p.c_norm_weight.data(), a.c_rms.data(),
                    g.d_c_normed.data(), g.d_c_raw.data(), pg.c_norm_weight.data());
+  store_typed(d, g.d_b_raw);
+  store_typed(d, g.d_c_raw);
 }
 
 #define M3_INSTANTIATE(S)                                                                  \

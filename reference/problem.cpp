@@ -23,9 +23,9 @@ Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
 }
 
 template <class S>
-Capture run_reference(const Problem& pb, ScanMode mode) {
+Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
   Capture cap(pb.cfg, pb.B, pb.T);
-  Backbone<S> net(pb.cfg, pb.B, pb.T, mode);
+  Backbone<S> net(pb.cfg, pb.B, pb.T, mode, storage);
   const Params<S> params = cast_params<S>(pb.params);
   States<S> states = cast_states<S>(pb.states);
   const std::vector<S> x(pb.x.begin(), pb.x.end());
@@ -39,7 +39,7 @@ Capture run_reference(const Problem& pb, ScanMode mode) {
   return cap;
 }
 
-template Capture run_reference<double>(const Problem&, ScanMode);
-template Capture run_reference<float>(const Problem&, ScanMode);
+template Capture run_reference<double>(const Problem&, ScanMode, Precision);
+template Capture run_reference<float>(const Problem&, ScanMode, Precision);
 
 }  // namespace m3

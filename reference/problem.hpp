@@ -13,6 +13,7 @@
 #include "capture.hpp"
 #include "config.hpp"
 #include "params.hpp"
+#include "precision.hpp"
 
 namespace m3 {
 
@@ -31,7 +32,8 @@ struct Problem {
 Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
                      bool random_entering_states);
 
+// `storage` as for Backbone: BF16/F16 with S = float gives the mixed-precision baseline.
 template <class S>
-Capture run_reference(const Problem& pb, ScanMode mode);
+Capture run_reference(const Problem& pb, ScanMode mode, Precision storage = Precision::F64);
 
 }  // namespace m3

@@ -98,6 +98,7 @@ void ssm_chunked_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a
         Eigen::Map<Vec<S>>(a.k_scaled_saved.data() + i * ds, ds) = K * (gam + sg);
         a.qk_dot_saved[i] = gam * Q.dot(K);
       }
+  store_typed(d, a.k_scaled_saved);  // K_scaled is a typed activation (MODEL.md §8)
   std::fill(a.da_cumsum_saved.begin(), a.da_cumsum_saved.end(), S(0));
   Mat<S> Sst(hd, ds);
   for (Idx b = 0; b < d.B; ++b)

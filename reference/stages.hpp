@@ -16,6 +16,7 @@
 
 #include "config.hpp"
 #include "params.hpp"
+#include "precision.hpp"
 
 namespace m3::ref {
 
@@ -27,7 +28,10 @@ struct Dims {
   Idx B, T, BT, dm, di, hd, nh, ds, ng, na, ip, cs, nc, hpg, in;
   double a_floor;
   bool outproj_norm;
-  static Dims of(const Config& cfg, Idx B, Idx T);
+  // Storage of the "typed" tensors of MODEL.md §8: F64/F32 = exact (no rounding); BF16/F16 =
+  // round to nearest even at every point where the GPU stores that tensor typed.
+  Precision storage = Precision::F64;
+  static Dims of(const Config& cfg, Idx B, Idx T, Precision storage = Precision::F64);
   Idx group_of(Idx h) const { return h / hpg; }
   Idx chunk_begin(Idx c) const { return c * cs; }
   Idx chunk_end(Idx c) const { return std::min(T, (c + 1) * cs); }
@@ -167,6 +171,12 @@ void gating_forward(const Dims& d, const LayerParams<S>& p, LayerActs<S>& a);
 template <class S>
 void gating_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>& a,
                      LayerGrads<S>& g, LayerParams<S>& pg);
+
+// Rounds a typed tensor to the storage precision in place (no-op for F64/F32 storage).
+template <class S>
+void store_typed(const Dims& d, std::vector<S>& v);
+template <class S>
+void store_typed(const Dims& d, S* v, Idx n);
 
 // Scalar activations shared by forward and backward (MODEL.md §4 F3, §12.1–2).
 template <class S>
