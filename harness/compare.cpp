@@ -1,0 +1,212 @@
+// Capture-against-capture comparison over the registry's keys (see compare.hpp).
+#include "compare.hpp"
+
+#include <set>
+#include <sstream>
+
+#include "error.hpp"
+
+namespace m3::harness {
+
+namespace {
+
+// Glob over the whole string: * any run, ? any one character, [abc] / [a-z] / [!a] a class.
+bool glob_match(const char* p, const char* s) {
+  for (; *p; ++p, ++s) {
+    if (*p == '*') {
+      while (p[1] == '*') ++p;
+      if (!p[1]) return true;
+      for (; *s; ++s)
+        if (glob_match(p + 1, s)) return true;
+      return false;
+    }
+    if (!*s) return false;
+    if (*p == '?') continue;
+    if (*p == '[') {
+      const char* q = p + 1;
+      const bool negate = *q == '!' || *q == '^';
+      if (negate) ++q;
+      bool hit = false;
+      const char* start = q;
+      for (; *q && (*q != ']' || q == start); ++q) {
+        if (q[1] == '-' && q[2] && q[2] != ']') {
+          if (*s >= *q && *s <= q[2]) hit = true;
+          q += 2;
+        } else if (*q == *s) {
+          hit = true;
+        }
+      }
+      if (!*q) return *s == '[' && glob_match(p + 1, s + 1);  // unclosed: literal '['
+      if (hit == negate) return false;
+      p = q;
+      continue;
+    }
+    if (*p != *s) return false;
+  }
+  return *s == '\0';
+}
+
+}  // namespace
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::Pass: return "ok";
+    case Status::OverBudget: return "FAIL";
+    case Status::NonFinite: return "NONFINITE";
+    case Status::Missing: return "MISSING";
+    case Status::ShapeMismatch: return "SHAPE";
+    case Status::OracleMissing: return "NO-ORACLE";
+    case Status::OracleBad: return "BAD-ORACLE";
+  }
+  return "?";
+}
+
+int CompareResult::n_fail() const {
+  int n = 0;
+  for (const auto& r : rows) n += r.pass() ? 0 : 1;
+  return n;
+}
+
+bool key_matches(const std::string& key, const std::string& pattern) {
+  if (pattern.empty()) return true;
+  std::stringstream ss(pattern);
+  std::string alt;
+  while (std::getline(ss, alt, ',')) {
+    if (alt.empty()) continue;
+    if (alt.find_first_of("*?[") != std::string::npos) {
+      if (glob_match(alt.c_str(), key.c_str())) return true;
+    } else if (key.find(alt) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> expected_keys(const Config& cfg, Idx B, Idx T, ScanMode mode,
+                                       bool include_params) {
+  std::vector<std::string> keys;
+  for (const KeyedSpec& ks : expected_stage_keys(cfg, B, T, mode)) keys.push_back(ks.key);
+  if (include_params)
+    for (const KeyedParam& kp : expected_param_keys(cfg)) keys.push_back(kp.key);
+  return keys;
+}
+
+namespace {
+
+void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
+               const Capture* baseline, const Config& cfg, Idx B, Idx T, ScanMode mode,
+               Precision precision) {
+  const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode);
+  const Tensor* o = oracle.find(row.key);
+  const Tensor* s = subject.find(row.key);
+  if (!o) {
+    row.status = Status::OracleMissing;
+    row.note = "the oracle did not capture this key";
+    return;
+  }
+  if (o->shape != row.shape) {
+    row.status = Status::OracleBad;
+    row.note = "oracle shape " + shape_str(o->shape) + " differs from the registry's " +
+               shape_str(row.shape);
+    return;
+  }
+  if (!s) {
+    row.status = Status::Missing;
+    row.note = "missing from the subject";
+    return;
+  }
+  if (s->shape != o->shape) {
+    row.status = Status::ShapeMismatch;
+    row.note = "subject shape " + shape_str(s->shape) + " differs from the oracle's " +
+               shape_str(o->shape);
+    return;
+  }
+  row.subject = compute_metrics(*o, *s, row.circular, precision);
+  const Tensor* bl = baseline ? baseline->find(row.key) : nullptr;
+  if (baseline && (!bl || bl->shape != o->shape)) {
+    row.status = Status::OracleBad;  // the yardstick itself is unusable
+    row.note = bl ? "baseline shape " + shape_str(bl->shape) + " differs from the oracle's"
+                  : "the baseline did not capture this key";
+    return;
+  }
+  if (bl) {
+    row.has_baseline = true;
+    row.baseline = compute_metrics(*o, *bl, row.circular, precision);
+  }
+  row.budget = make_budget(tol, precision, row.subject, row.has_baseline ? &row.baseline : nullptr,
+                           depth_factor(cfg));
+  row.verdict = judge(row.subject, row.budget);
+  if (row.subject.worst_index >= 0 && row.syms)
+    row.worst_coords = decode_index(*row.syms, row.shape, row.subject.worst_index, cfg, B, T);
+
+  std::ostringstream why;
+  if (row.subject.oracle_nonfinite > 0) {
+    row.status = Status::OracleBad;
+    why << row.subject.oracle_nonfinite << " non-finite oracle value(s)";
+  } else if (row.subject.nan_count + row.subject.inf_count > 0) {
+    row.status = Status::NonFinite;
+    why << row.subject.nan_count << " NaN and " << row.subject.inf_count
+        << " Inf in the subject where the oracle is finite";
+  } else if (!row.verdict.pass) {
+    row.status = Status::OverBudget;
+    if (row.subject.rel_l2 > row.budget.rel_l2)
+      why << "rel_l2 " << row.subject.rel_l2 << " > budget " << row.budget.rel_l2;
+    if (row.subject.max_abs > row.budget.max_abs)
+      why << (why.tellp() > 0 ? "; " : "") << "max_abs " << row.subject.max_abs << " > budget "
+          << row.budget.max_abs;
+  } else {
+    row.status = Status::Pass;
+  }
+  row.note = why.str();
+}
+
+}  // namespace
+
+CompareResult compare_captures(const Capture& oracle, const Capture& subject,
+                               const Capture* baseline, const Config& cfg, Idx B, Idx T,
+                               ScanMode mode, const CompareOptions& opt) {
+  validate_run(cfg, B, T);
+  CompareResult res;
+  res.mode = mode;
+  res.cfg = cfg;
+  res.B = B;
+  res.T = T;
+  res.precision = opt.precision;
+  std::set<std::string> expected;
+
+  for (const KeyedSpec& ks : expected_stage_keys(cfg, B, T, mode)) {
+    expected.insert(ks.key);
+    if (!key_matches(ks.key, opt.filter)) continue;
+    TensorResult row;
+    row.key = ks.key;
+    row.layer = ks.layer;
+    row.stage = ks.spec->stage;
+    row.tensor = ks.spec->tensor;
+    row.circular = ks.spec->circular;
+    row.syms = &ks.spec->shape;
+    row.shape = ks.shape;
+    res.rows.push_back(std::move(row));
+  }
+  for (const KeyedParam& kp : expected_param_keys(cfg)) {
+    expected.insert(kp.key);
+    if (!opt.include_params || !key_matches(kp.key, opt.filter)) continue;
+    TensorResult row;
+    row.key = kp.key;
+    row.layer = kp.layer;
+    row.stage = "grad";
+    row.tensor = kp.spec->name;
+    row.is_param = true;
+    row.syms = &kp.spec->shape;
+    row.shape = kp.shape;
+    res.rows.push_back(std::move(row));
+  }
+  for (size_t i = 0; i < res.rows.size(); ++i) {
+    judge_row(res.rows[i], oracle, subject, baseline, cfg, B, T, mode, opt.precision);
+    if (!res.rows[i].pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
+  }
+  for (const std::string& k : subject.keys())
+    if (!expected.count(k)) res.extra_keys.push_back(k);
+  return res;
+}
+
+}  // namespace m3::harness

@@ -1,0 +1,89 @@
+// Compares a subject Capture with an oracle Capture (and, optionally, a baseline Capture) over
+// every key the registry expects for (config, B, T, scan mode): the stage tensors of
+// expected_stage_keys() in execution order (forward, then backward), then the parameter
+// gradients of expected_param_keys() ("grad/…", flat order of MODEL.md §2).
+//
+// Per key: metrics (metrics.hpp) of subject vs oracle (and baseline vs oracle), the budget of
+// the tolerance table (budget.hpp) and a status. A key missing from the subject, a shape that
+// differs from the oracle's, or a subject value that is NaN/Inf where the oracle is finite is
+// a failure with its own status, never a crash. The first failing key in execution order is
+// recorded. Keys can be filtered by name (key_matches).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "budget.hpp"
+#include "capture.hpp"
+#include "config.hpp"
+#include "metrics.hpp"
+#include "ulps.hpp"
+#include "registry.hpp"
+
+namespace m3::harness {
+
+enum class Status {
+  Pass,           // within budget
+  OverBudget,     // rel_l2 or max_abs above its budget
+  NonFinite,      // subject NaN/Inf where the oracle is finite
+  Missing,        // the subject did not capture the key
+  ShapeMismatch,  // subject shape differs from the oracle's
+  OracleMissing,  // the oracle did not capture the key (a reference bug)
+  OracleBad,      // the oracle's shape differs from the registry, or the oracle is not finite
+};
+const char* status_name(Status s);  // "ok", "FAIL", "NONFINITE", "MISSING", "SHAPE", …
+
+struct TensorResult {
+  std::string key;     // "L2/B6/d_x", "grad/L0/in_proj_w"
+  int layer = -1;      // -1: backbone tensor or parameter
+  std::string stage;   // registry stage, or "grad" for parameter gradients
+  std::string tensor;  // tensor or parameter name
+  bool is_param = false;
+  bool circular = false;
+  const std::vector<Sym>* syms = nullptr;  // registry shape (for decode_index)
+  std::vector<Idx> shape;                  // expected (registry) shape
+  Status status = Status::Pass;
+  Metrics subject;                          // subject vs oracle
+  bool has_baseline = false;
+  Metrics baseline;                         // baseline vs oracle, when has_baseline
+  Budget budget;
+  Verdict verdict;
+  std::string worst_coords;                 // decoded worst_index of subject vs oracle
+  std::string note;                         // why it failed, when it did
+
+  bool pass() const { return status == Status::Pass; }
+};
+
+struct CompareOptions {
+  Precision precision = Precision::F32;  // the subject's storage precision (budget, ulps)
+  std::string filter;                    // key_matches() pattern; empty = every key
+  bool include_params = true;            // also compare "grad/…"
+};
+
+struct CompareResult {
+  ScanMode mode = ScanMode::Sequential;
+  Config cfg;
+  Idx B = 0, T = 0;
+  Precision precision = Precision::F32;
+  std::vector<TensorResult> rows;         // execution order
+  int first_fail = -1;                    // index into rows, -1 when all pass
+  std::vector<std::string> extra_keys;    // captured by the subject but not expected
+
+  bool pass() const { return first_fail < 0; }
+  int n_fail() const;
+};
+
+// `pattern` is one or more comma-separated alternatives; an alternative with * ? or [...] is
+// a glob over the whole key, otherwise a substring. An empty pattern matches every key.
+bool key_matches(const std::string& key, const std::string& pattern);
+
+// Every key compare_captures() checks for (cfg, B, T, mode), unfiltered, in its order.
+std::vector<std::string> expected_keys(const Config& cfg, Idx B, Idx T, ScanMode mode,
+                                       bool include_params = true);
+
+// `baseline` may be null. Throws m3::Error only on an invalid (cfg, B, T).
+CompareResult compare_captures(const Capture& oracle, const Capture& subject,
+                               const Capture* baseline, const Config& cfg, Idx B, Idx T,
+                               ScanMode mode, const CompareOptions& opt = {});
+
+}  // namespace m3::harness

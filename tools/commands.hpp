@@ -1,0 +1,12 @@
+// The m3h subcommands; each takes the arguments after its name and returns the exit status.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace m3::tools {
+
+int cmd_compare(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
+
+}  // namespace m3::tools

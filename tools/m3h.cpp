@@ -1,0 +1,75 @@
+// m3h: the command line of the differential harness.
+//
+//   m3h <command> [options]     m3h --help     m3h <command> --help
+//
+// Exit status (HARNESS.md §5): 0 success / all within budget, 1 some budget exceeded,
+// 2 bad usage or bad input — any m3::Error, option error or other exception ends here as ONE
+// line "m3h: error: ..." on stderr.
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "commands.hpp"
+
+namespace {
+
+using m3::tools::Command;
+
+// New subcommands (golden, dump, determinism) are one row here and one cmd_*.cpp.
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"compare", "compare the subject with the double oracle, stage by stage",
+       m3::tools::cmd_compare},
+      {"bench", "time the reference (--reference)", m3::tools::cmd_bench},
+  };
+  return table;
+}
+
+void print_usage(std::ostream& os) {
+  os << "Usage: m3h <command> [options]\n\n"
+        "The differential harness of the Mamba-3 SISO backbone: an Eigen reference in double\n"
+        "(the oracle) against the implementation under test, stage by stage.\n\n"
+        "Commands:\n";
+  for (const auto& c : commands()) {
+    std::string name = c.name;
+    name.resize(10, ' ');
+    os << "  " << name << c.summary << "\n";
+  }
+  os << "\n'm3h <command> --help' lists the options of a command.\n"
+        "Exit status: 0 success (all within budget), 1 some budget exceeded, 2 bad usage or "
+        "bad input.\n";
+}
+
+int dispatch(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(std::cerr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    if (cmd == "help" && argc > 2) {
+      for (const auto& c : commands())
+        if (argv[2] == std::string(c.name)) return c.run({"--help"});
+      throw m3::tools::UsageError(std::string("unknown command '") + argv[2] +
+                                  "' (see m3h --help)");
+    }
+    print_usage(std::cout);
+    return 0;
+  }
+  for (const auto& c : commands())
+    if (cmd == c.name) return c.run(std::vector<std::string>(argv + 2, argv + argc));
+  throw m3::tools::UsageError("unknown command '" + cmd + "' (see m3h --help)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const std::exception& e) {  // UsageError, m3::Error, program_options errors, …
+    std::cerr << "m3h: error: " << e.what() << "\n";
+  }
+  return 2;
+}
