@@ -37,8 +37,10 @@ void bias_backward(const Dims& d, const S* d_pre, S* d_normed, S* d_bias) {
       for (Idx n = 0; n < d.ds; ++n) dst[n] += src[n];
     }
   }
+  std::vector<S> sum(static_cast<size_t>(d.nh * d.ds), S(0));
   for (Idx r = 0; r < d.BT; ++r)
-    for (Idx i = 0; i < d.nh * d.ds; ++i) d_bias[i] += d_pre[r * d.nh * d.ds + i];
+    for (Idx i = 0; i < d.nh * d.ds; ++i) sum[i] += d_pre[r * d.nh * d.ds + i];
+  for (Idx i = 0; i < d.nh * d.ds; ++i) d_bias[i] += sum[i];
 }
 }  // namespace
 

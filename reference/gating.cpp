@@ -75,13 +75,14 @@ void gating_backward(const Dims& d, const LayerParams<S>& p, const LayerActs<S>&
         g.d_y[i] = (w * gg - yh * c1) * rstd;
       }
     }
-  // d norm_gate_weight: rows in ascending order.
+  // d norm_gate_weight: rows summed in ascending order, then added once.
+  std::vector<S> sum(static_cast<size_t>(d.di), S(0));
   for (Idx r = 0; r < d.BT; ++r)
     for (Idx dd = 0; dd < d.di; ++dd) {
       const Idx i = r * d.di + dd;
-      pg.norm_gate_weight[dd] +=
-          g.d_gated[i] * silu(a.z[i]) * a.y[i] * a.gated_rms_vals[r * d.nh + dd / d.hd];
+      sum[dd] += g.d_gated[i] * silu(a.z[i]) * a.y[i] * a.gated_rms_vals[r * d.nh + dd / d.hd];
     }
+  for (Idx dd = 0; dd < d.di; ++dd) pg.norm_gate_weight[dd] += sum[dd];
 }
 
 #define M3_INSTANTIATE(S)                                                                  \

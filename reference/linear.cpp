@@ -26,8 +26,9 @@ void linear_backward(Idx rows, Idx in, Idx out, const S* X, const S* W, const S*
   if (dX) MapM<S>(dX, rows, in).noalias() = dYm * Wm.transpose();
   MapM<S>(dW, in, out).noalias() += Xm.transpose() * dYm;
   if (db) {
-    Eigen::Map<Vec<S>> dbv(db, out);
-    for (Idx r = 0; r < rows; ++r) dbv += dYm.row(r).transpose();
+    Vec<S> sum = Vec<S>::Zero(out);
+    for (Idx r = 0; r < rows; ++r) sum += dYm.row(r).transpose();
+    Eigen::Map<Vec<S>>(db, out) += sum;  // ascending rows, then added once (MODEL.md §7)
   }
 }
 

@@ -5,7 +5,7 @@
 // Backward, with x̂ = u/rms and upstream g = ∂L/∂y:
 //   c[r]     = (1/dim) Σ_i g[r,i]·w[i]·x̂[r,i]
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]      (overwrite)
-//   dw[i]   += Σ_r g[r,i]·x̂[r,i]                           (accumulate, rows in ascending order)
+//   dw[i]   += Σ_r g[r,i]·x̂[r,i]     (rows summed in ascending order, then added once, §7)
 // Shapes: u, y, g, dx [rows, dim]; w, dw [dim]; rms [rows].
 #include "eigen.hpp"
 #include "stages.hpp"
@@ -31,16 +31,16 @@ void rmsnorm_backward(Idx rows, Idx dim, const S* u, const S* w, const S* rms, c
   CMapM<S> U(u, rows, dim), G(g, rows, dim);
   MapM<S> DX(dx, rows, dim);
   Eigen::Map<const Vec<S>> W(w, dim);
-  Eigen::Map<Vec<S>> DW(dw, dim);
-  Vec<S> xhat(dim);
+  Vec<S> xhat(dim), dw_sum = Vec<S>::Zero(dim);
   for (Idx r = 0; r < rows; ++r) {
     xhat = U.row(r).transpose() / rms[r];
     const S c = (G.row(r).transpose().array() * W.array() * xhat.array()).sum() / S(dim);
     DX.row(r) = ((W.array() * G.row(r).transpose().array() - xhat.array() * c) / rms[r])
                     .matrix()
                     .transpose();
-    DW.array() += G.row(r).transpose().array() * xhat.array();
+    dw_sum.array() += G.row(r).transpose().array() * xhat.array();
   }
+  Eigen::Map<Vec<S>>(dw, dim) += dw_sum;  // rows summed in ascending order, then added once
 }
 
 template void rmsnorm_forward<double>(Idx, Idx, const double*, const double*, double*, double*);

@@ -115,8 +115,11 @@ void activations_backward(const Dims& d, const LayerParams<S>& p, const LayerAct
       const bool clamped = -heavy_tail(v) > -floor_;
       g.d_dd_a[i] = clamped ? S(0) : d_adt * a.dt[i] * (-heavy_tail_grad(v));
     }
-  for (Idx r = 0; r < d.BT; ++r)
-    for (Idx h = 0; h < d.nh; ++h) pg.dt_bias[h] += g.d_dd_dt[r * d.nh + h];
+  for (Idx h = 0; h < d.nh; ++h) {
+    S sum = S(0);
+    for (Idx r = 0; r < d.BT; ++r) sum += g.d_dd_dt[r * d.nh + h];
+    pg.dt_bias[h] += sum;
+  }
 }
 
 template <class S>
