@@ -1,56 +1,107 @@
 // Comparison runs (see run.hpp).
 #include "run.hpp"
 
+#include <memory>
+
+#include "error.hpp"
+#include "presets.hpp"
+
 namespace m3::harness {
+
+Problem build_problem(const RunSpec& spec) {
+  return preset_problem(find_preset(spec.preset), spec.cfg, spec.B, spec.T, spec.seed,
+                        spec.random_states);
+}
 
 Implementation reference_oracle() {
   return {"reference<double>",
           [](const Problem& pb, ScanMode mode) { return run_reference<double>(pb, mode); }};
 }
 
-Implementation reference_float() {
-  return {"reference<float>",
-          [](const Problem& pb, ScanMode mode) { return run_reference<float>(pb, mode); }};
+Implementation reference_emulation(Precision storage) {
+  M3_REQUIRE(storage != Precision::F64, "reference_emulation", "no float subject stores f64",
+             "f64 is the oracle's precision");
+  std::string name = "reference<float>";
+  if (storage != Precision::F32) name += "+" + std::string(precision_name(storage)) + "-storage";
+  return {name, [storage](const Problem& pb, ScanMode mode) {
+            return run_reference<float>(pb, mode, storage);
+          }};
+}
+
+Implementation reference_float() { return reference_emulation(Precision::F32); }
+
+Implementation stored_captures(std::string name, std::map<ScanMode, Capture> captures) {
+  auto held = std::make_shared<const std::map<ScanMode, Capture>>(std::move(captures));
+  const std::string label = name;
+  return {std::move(name), [held, label](const Problem&, ScanMode mode) {
+            auto it = held->find(mode);
+            if (it == held->end())
+              throw Error(label, "no stored capture for this scan mode", scan_mode_name(mode));
+            return it->second;
+          }};
+}
+
+std::vector<Lineup> cpu_lineups(const std::vector<Precision>& precisions) {
+  std::vector<Lineup> out;
+  for (Precision p : precisions) out.push_back({p, reference_emulation(p), std::nullopt});
+  return out;
+}
+
+const CompareResult* Comparison::cell(Precision p, ScanMode m) const {
+  for (const auto& c : cells)
+    if (c.precision == p && c.mode == m) return &c;
+  return nullptr;
 }
 
 bool Comparison::pass() const {
-  for (const auto& m : modes)
-    if (!m.pass()) return false;
+  for (const auto& c : cells)
+    if (!c.pass()) return false;
   return true;
 }
 
 int Comparison::n_checks() const {
   int n = 0;
-  for (const auto& m : modes) n += static_cast<int>(m.rows.size());
+  for (const auto& c : cells) n += static_cast<int>(c.rows.size());
   return n;
 }
 
 int Comparison::n_fail() const {
   int n = 0;
-  for (const auto& m : modes) n += m.n_fail();
+  for (const auto& c : cells) n += c.n_fail();
   return n;
 }
 
-Comparison run_comparison(const RunSpec& spec, const Implementation& oracle,
-                          const Implementation& subject, const Implementation* baseline) {
+Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
+                          const std::vector<Lineup>& lineups) {
   validate_run(spec.cfg, spec.B, spec.T);
+  M3_REQUIRE(!lineups.empty(), "run_comparison", "no precision to compare", "");
+  M3_REQUIRE(!spec.modes.empty(), "run_comparison", "no scan mode to compare", "");
+  M3_REQUIRE(pb.B == spec.B && pb.T == spec.T && pb.cfg.describe() == spec.cfg.describe(),
+             "run_comparison", "the problem does not match the run spec",
+             "problem B=", pb.B, " T=", pb.T, ", spec B=", spec.B, " T=", spec.T);
   Comparison c;
   c.spec = spec;
   c.oracle_name = oracle.name;
-  c.subject_name = subject.name;
-  if (baseline) c.baseline_name = baseline->name;
-  const Problem pb = make_problem(spec.cfg, spec.B, spec.T, spec.seed, spec.random_states);
-  CompareOptions opt;
-  opt.precision = spec.precision;
-  opt.filter = spec.filter;
+  c.lineups = lineups;
+  std::vector<CompareResult> by_mode_then_precision;
   for (ScanMode mode : spec.modes) {
     const Capture o = oracle.run(pb, mode);
-    const Capture s = subject.run(pb, mode);
-    Capture b;
-    if (baseline) b = baseline->run(pb, mode);
-    c.modes.push_back(compare_captures(o, s, baseline ? &b : nullptr, spec.cfg, spec.B, spec.T,
-                                       mode, opt));
+    for (const Lineup& l : lineups) {
+      CompareOptions opt;
+      opt.precision = l.precision;
+      opt.filter = spec.filter;
+      const Capture s = l.subject.run(pb, mode);
+      Capture b;
+      if (l.baseline) b = l.baseline->run(pb, mode);
+      by_mode_then_precision.push_back(compare_captures(
+          o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode, opt));
+    }
   }
+  // Reorder precision-major (the report's column order).
+  const size_t np = lineups.size();
+  for (size_t p = 0; p < np; ++p)
+    for (size_t m = 0; m < spec.modes.size(); ++m)
+      c.cells.push_back(std::move(by_mode_then_precision[m * np + p]));
   return c;
 }
 

@@ -1,56 +1,86 @@
-// One comparison run: build the seeded Problem once, run the oracle, the subject (and the
-// baseline, when there is one) for every requested scan mode, and compare their Captures
-// (compare.hpp). An Implementation is anything that turns (Problem, scan mode) into a Capture
-// of every registry tensor and parameter gradient; today the subject is the float reference,
-// later the CUDA path (f32/bf16/f16) with the float or mixed-storage emulation as baseline,
-// and golden files as oracle, all through the same entry point.
+// One comparison run: a Problem (seeded from a preset, or read from a golden file), an oracle,
+// and per storage precision a subject (and a baseline, when there is one). For every requested
+// scan mode the oracle runs ONCE; then, per precision, the subject (and baseline) run and their
+// Captures are compared with the oracle's (compare.hpp). The result is one CompareResult per
+// (precision, scan mode) cell, precision-major: [p0·m0, p0·m1, p1·m0, …].
+//
+// An Implementation is anything that turns (Problem, scan mode) into a Capture of every registry
+// tensor and parameter gradient. Today on the CPU:
+//   oracle    reference<double> (or the Captures stored in a golden file)
+//   subject   reference<float> with the precision's storage: F32 exact float, BF16 / F16 the
+//             mixed-precision storage emulation of MODEL.md §8 (float compute, typed tensors
+//             rounded where the GPU stores them)
+//   baseline  none: the subject IS the precision's yardstick, so the floors of the tolerance
+//             table alone decide. With the CUDA subject, the baseline of each precision will be
+//             the emulation above (HARNESS.md §1).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "capture.hpp"
 #include "compare.hpp"
 #include "config.hpp"
-#include "ulps.hpp"
+#include "precision.hpp"
 #include "problem.hpp"
 
 namespace m3::harness {
 
 struct RunSpec {
-  std::string preset = "default";
+  std::string preset = "default";  // the preset the problem started from (its adjustment applies)
+  std::string source = "preset default";  // where the problem comes from, for the reports
   Config cfg;
   Idx B = 2, T = 256;
   std::uint64_t seed = 1234;
   bool random_states = true;
   std::vector<ScanMode> modes = {ScanMode::Sequential, ScanMode::Chunked};
-  Precision precision = Precision::F32;
   std::string filter;          // key_matches() pattern
   std::string device = "cpu";  // where the subject runs
 };
+
+// The seeded Problem of spec: make_problem + the preset's adjustment (presets.hpp).
+Problem build_problem(const RunSpec& spec);
 
 struct Implementation {
   std::string name;  // e.g. "reference<double>"
   std::function<Capture(const Problem&, ScanMode)> run;
 };
 
-Implementation reference_oracle();  // run_reference<double>
-Implementation reference_float();   // run_reference<float>
+Implementation reference_oracle();                    // run_reference<double>
+Implementation reference_emulation(Precision storage);  // run_reference<float>(…, storage)
+Implementation reference_float();                     // = reference_emulation(F32)
+// Captures computed elsewhere (a golden file's oracle); a mode it lacks is an m3::Error.
+Implementation stored_captures(std::string name, std::map<ScanMode, Capture> captures);
+
+// What runs at one precision.
+struct Lineup {
+  Precision precision = Precision::F32;
+  Implementation subject;
+  std::optional<Implementation> baseline;
+};
+
+// The CPU lineup of spec.precisions: subject = reference_emulation(p), no baseline.
+std::vector<Lineup> cpu_lineups(const std::vector<Precision>& precisions);
 
 struct Comparison {
   RunSpec spec;
-  std::string oracle_name, subject_name, baseline_name;  // baseline_name empty: none
-  std::vector<CompareResult> modes;                      // one per spec.modes, same order
+  std::string oracle_name;
+  std::vector<Lineup> lineups;       // one per precision (names only are used after the run)
+  std::vector<CompareResult> cells;  // precision-major: lineups × spec.modes
 
+  const CompareResult* cell(Precision p, ScanMode m) const;  // null when not run
   bool pass() const;
-  int n_checks() const;  // rows over all modes
+  int n_checks() const;  // rows over all cells
   int n_fail() const;
 };
 
-// `baseline` may be null. Throws m3::Error on an invalid config or run shape.
-Comparison run_comparison(const RunSpec& spec, const Implementation& oracle,
-                          const Implementation& subject, const Implementation* baseline);
+// Runs and compares every (precision, mode) cell on `pb` (which must match spec's cfg, B, T).
+// Throws m3::Error on an invalid config or run shape, or an empty lineup/mode list.
+Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
+                          const std::vector<Lineup>& lineups);
 
 }  // namespace m3::harness

@@ -18,12 +18,12 @@ std::string shape_str(const std::vector<Idx>& shape) {
 
 template <class S>
 void Capture::put_stage(int layer, const char* stage, const char* tensor, const S* data, Idx n) {
-  const TensorSpec& spec = find_spec(stage, tensor);
+  const TensorSpec* spec = &find_spec(stage, tensor);  // a pointer: g++ 13 -Wdangling-reference
   const std::string key = stage_key(layer, stage, tensor);
   M3_REQUIRE(bound_, "capture", "stage capture needs a Capture bound to (config, B, T)",
              "key ", key);
   Tensor t;
-  t.shape = resolve_shape(spec.shape, cfg_, B_, T_);
+  t.shape = resolve_shape(spec->shape, cfg_, B_, T_);
   M3_REQUIRE(t.numel() == n, "capture", "size of '" + key + "' does not match the registry",
              "got ", n, " elements, registry shape ", shape_str(t.shape));
   t.data.assign(data, data + n);

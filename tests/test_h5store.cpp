@@ -76,7 +76,8 @@ std::string error_of(const std::function<void()>& f) {
 // The message is one line and contains every part.
 void expect_message(const std::string& msg, std::initializer_list<std::string> parts) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  for (const auto& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
 }
 
 // --- brute-force references: the nearest representable value, ties to the even pattern -------
@@ -144,9 +145,8 @@ class H5Fixture : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("m3_h5store_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
-            info->name());
+    dir_ = fs::path(::testing::TempDir()) / ("m3_h5store_" + std::to_string(::getpid()) + "_" +
+                                             info->test_suite_name() + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -157,7 +157,8 @@ class H5Fixture : public ::testing::Test {
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -197,10 +198,14 @@ Tensor random_tensor(std::vector<Idx> shape, unsigned seed) {
 double stored_value(double v, DType d) {
   const float f = static_cast<float>(v);
   switch (d) {
-    case DType::F64: return v;
-    case DType::F32: return f;
-    case DType::BF16: return m3::round_bf16(f);
-    case DType::F16: return m3::round_f16(f);
+    case DType::F64:
+      return v;
+    case DType::F32:
+      return f;
+    case DType::BF16:
+      return m3::round_bf16(f);
+    case DType::F16:
+      return m3::round_f16(f);
   }
   return v;
 }
@@ -212,7 +217,8 @@ void expect_same_bits(const std::vector<double>& got, const std::vector<double>&
       EXPECT_TRUE(std::isnan(got[i])) << "index " << i;
       EXPECT_EQ(std::signbit(got[i]), std::signbit(want[i])) << "index " << i;
     } else {
-      EXPECT_EQ(bits_of(got[i]), bits_of(want[i])) << "index " << i << ": " << got[i] << " vs " << want[i];
+      EXPECT_EQ(bits_of(got[i]), bits_of(want[i]))
+          << "index " << i << ": " << got[i] << " vs " << want[i];
     }
   }
 }
@@ -238,8 +244,8 @@ TEST(Bf16Conversion, KnownPatterns) {
 }
 
 TEST(Bf16Conversion, TiesRoundToEvenBothWays) {
-  EXPECT_EQ(m3::float_to_bf16_bits(1.00390625f), 0x3F80);   // 1 + 2⁻⁸: tie, down to even
-  EXPECT_EQ(m3::float_to_bf16_bits(1.01171875f), 0x3F82);   // 1 + 3·2⁻⁸: tie, up to even
+  EXPECT_EQ(m3::float_to_bf16_bits(1.00390625f), 0x3F80);  // 1 + 2⁻⁸: tie, down to even
+  EXPECT_EQ(m3::float_to_bf16_bits(1.01171875f), 0x3F82);  // 1 + 3·2⁻⁸: tie, up to even
   EXPECT_EQ(m3::float_to_bf16_bits(-1.00390625f), 0xBF80);
   EXPECT_EQ(m3::float_to_bf16_bits(-1.01171875f), 0xBF82);
   EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x3F808001u)), 0x3F81);  // just above the tie
@@ -293,10 +299,10 @@ TEST(F16Conversion, KnownPatterns) {
   EXPECT_EQ(m3::float_to_f16_bits(0.0f), 0x0000);
   EXPECT_EQ(m3::float_to_f16_bits(-0.0f), 0x8000);
   EXPECT_EQ(m3::float_to_f16_bits(65504.0f), 0x7BFF);
-  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
-  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
+  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
   EXPECT_EQ(m3::float_to_f16_bits(1023 * std::ldexp(1.0f, -24)), 0x03FF);  // largest subnormal
-  EXPECT_EQ(m3::float_to_f16_bits(float_of(0x00000001u)), 0x0000);  // float subnormal → 0
+  EXPECT_EQ(m3::float_to_f16_bits(float_of(0x00000001u)), 0x0000);         // float subnormal → 0
   EXPECT_EQ(m3::f16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(m3::f16_bits_to_float(0x7BFF), 65504.0f);
   EXPECT_EQ(m3::f16_bits_to_float(0x7C00), std::numeric_limits<float>::infinity());
@@ -314,7 +320,7 @@ TEST(F16Conversion, OverflowAtHalfwayAboveMax) {
 }
 
 TEST(F16Conversion, TiesRoundToEvenInSubnormalAndNormalRange) {
-  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);      // ½ of the smallest: even
+  EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);  // ½ of the smallest: even
   EXPECT_EQ(m3::float_to_f16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
   EXPECT_EQ(m3::float_to_f16_bits(3 * std::ldexp(1.0f, -25)), 0x0002);  // 1.5 ulp: up to even
   EXPECT_EQ(m3::float_to_f16_bits(-std::ldexp(1.0f, -25)), 0x8000);
@@ -419,8 +425,8 @@ TEST_F(H5RoundTrip, F32IsBitExactForRandomFloats) {
 TEST_F(H5RoundTrip, Bf16KnownPatternsIncludingTiesSubnormalsInfAndNan) {
   const double inf = std::numeric_limits<double>::infinity();
   const Tensor t{{10},
-                 {1.0, 1.00390625, 1.01171875, -0.0, std::ldexp(1.0, -133), 3.4028235e38, inf,
-                  -inf, std::numeric_limits<double>::quiet_NaN(), -2.5}};
+                 {1.0, 1.00390625, 1.01171875, -0.0, std::ldexp(1.0, -133), 3.4028235e38, inf, -inf,
+                  std::numeric_limits<double>::quiet_NaN(), -2.5}};
   const std::vector<std::uint16_t> want = {0x3F80, 0x3F80, 0x3F82, 0x8000, 0x0001,
                                            0x7F80, 0x7F80, 0xFF80, 0x7FC0, 0xC020};
   const std::string p = file("bf16.h5");
@@ -441,9 +447,9 @@ TEST_F(H5RoundTrip, Bf16KnownPatternsIncludingTiesSubnormalsInfAndNan) {
 TEST_F(H5RoundTrip, F16KnownPatternsIncludingTiesSubnormalsInfAndNan) {
   const double inf = std::numeric_limits<double>::infinity();
   const Tensor t{{2, 6},
-                 {1.0, 1.0 + std::ldexp(1.0, -11), 1.0 + 3 * std::ldexp(1.0, -11), 65504.0,
-                  65520.0, std::ldexp(1.0, -24), std::ldexp(1.0, -25), 3 * std::ldexp(1.0, -25),
-                  -0.0, -inf, std::numeric_limits<double>::quiet_NaN(), 1023 * std::ldexp(1.0, -24)}};
+                 {1.0, 1.0 + std::ldexp(1.0, -11), 1.0 + 3 * std::ldexp(1.0, -11), 65504.0, 65520.0,
+                  std::ldexp(1.0, -24), std::ldexp(1.0, -25), 3 * std::ldexp(1.0, -25), -0.0, -inf,
+                  std::numeric_limits<double>::quiet_NaN(), 1023 * std::ldexp(1.0, -24)}};
   const std::vector<std::uint16_t> want = {0x3C00, 0x3C00, 0x3C02, 0x7BFF, 0x7C00, 0x0001,
                                            0x0000, 0x0002, 0x8000, 0xFC00, 0x7E00, 0x03FF};
   const std::string p = file("f16.h5");
@@ -516,8 +522,8 @@ TEST_F(H5RoundTrip, Ranks0To5AndZeroSizedDimensionForEveryDtype) {
     unsigned seed = 1;
     for (DType d : dtypes)
       for (std::size_t s = 0; s < shapes.size(); ++s)
-        w.write(std::string("/") + m3::precision_name(d) + "/rank" + std::to_string(shapes[s].size()) +
-                    "_" + std::to_string(s),
+        w.write(std::string("/") + m3::precision_name(d) + "/rank" +
+                    std::to_string(shapes[s].size()) + "_" + std::to_string(s),
                 random_tensor(shapes[s], seed++), d);
     w.commit();
   }
@@ -697,7 +703,9 @@ TEST_F(H5Writer, FailedWriteLeavesTheExistingFileByteIdentical) {
   {
     m3::h5::Writer w(p, true);
     w.write("/x", Tensor{{2}, {1, 2}}, DType::F64);
-    expect_message(error_of([&] { w.write("/x", Tensor{{2}, {3, 4}}, DType::F64); }),
+    expect_message(error_of([&] {
+                     w.write("/x", Tensor{{2}, {3, 4}}, DType::F64);
+                   }),
                    {p, "dataset '/x'", "written twice"});
   }  // destroyed without commit()
   EXPECT_EQ(bytes_of(p), before);
@@ -709,13 +717,21 @@ TEST_F(H5Writer, RejectsNonFiniteAndOverflowingValuesNamingTheIndex) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   m3::h5::Writer w(p, false);
-  expect_message(error_of([&] { w.write("/a", Tensor{{2, 3}, {0, 0, 0, 0, 0, nan}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/a", Tensor{{2, 3}, {0, 0, 0, 0, 0, nan}}, DType::F64);
+                 }),
                  {p, "dataset '/a': non-finite value nan at index [1, 2]", "NonFinite::Allow"});
-  expect_message(error_of([&] { w.write("/b", Tensor{{3}, {0, -inf, 0}}, DType::BF16); }),
+  expect_message(error_of([&] {
+                   w.write("/b", Tensor{{3}, {0, -inf, 0}}, DType::BF16);
+                 }),
                  {"dataset '/b': non-finite value -inf at index [1]"});
-  expect_message(error_of([&] { w.write("/c", Tensor{{2}, {1, 1e39}}, DType::F32); }),
+  expect_message(error_of([&] {
+                   w.write("/c", Tensor{{2}, {1, 1e39}}, DType::F32);
+                 }),
                  {"dataset '/c': value 1e+39 at index [1] overflows f32"});
-  expect_message(error_of([&] { w.write("/d", Tensor{{1}, {65520.0}}, DType::F16); }),
+  expect_message(error_of([&] {
+                   w.write("/d", Tensor{{1}, {65520.0}}, DType::F16);
+                 }),
                  {"dataset '/d': value 65520 at index [0] overflows f16"});
   const std::uint16_t f16_inf[2] = {0x3C00, 0x7C00};
   expect_message(error_of([&] { w.write_raw_u16("/e", {2}, f16_inf, DType::F16); }),
@@ -730,23 +746,36 @@ TEST_F(H5Writer, RejectsNonFiniteAndOverflowingValuesNamingTheIndex) {
 TEST_F(H5Writer, RejectsBadShapesPathsAndUseAfterCommit) {
   const std::string p = file("golden.h5");
   m3::h5::Writer w(p, false);
-  expect_message(error_of([&] { w.write("/a", Tensor{{2, 3}, {1, 2, 3}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/a", Tensor{{2, 3}, {1, 2, 3}}, DType::F64);
+                 }),
                  {"dataset '/a': tensor has 3 values for shape [2, 3] (6)"});
-  expect_message(error_of([&] { w.write("/a", Tensor{{-1}, {}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/a", Tensor{{-1}, {}}, DType::F64);
+                 }),
                  {"dataset '/a': negative dimension"});
-  expect_message(error_of([&] { w.write("", Tensor{{1}, {1}}, DType::F64); }), {"empty object path"});
+  expect_message(error_of([&] {
+                   w.write("", Tensor{{1}, {1}}, DType::F64);
+                 }),
+                 {"empty object path"});
   w.write("/a", Tensor{{1}, {1}}, DType::F64);
-  expect_message(error_of([&] { w.write("/a/b", Tensor{{1}, {1}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/a/b", Tensor{{1}, {1}}, DType::F64);
+                 }),
                  {"dataset '/a/b': cannot be created", "'/a' is a dataset, not a group"});
   expect_message(error_of([&] { w.group("/a"); }), {"group '/a': a dataset exists"});
-  expect_message(error_of([&] { w.write("/", Tensor{{1}, {1}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/", Tensor{{1}, {1}}, DType::F64);
+                 }),
                  {"dataset '/': already exists as a group"});
   const std::uint16_t one = 0x3C00;
   expect_message(error_of([&] { w.write_raw_u16("/r", {1}, &one, DType::F32); }),
                  {"write_raw_u16 needs bf16 or f16, got f32"});
   w.commit();
   expect_message(error_of([&] { w.commit(); }), {"already committed"});
-  expect_message(error_of([&] { w.write("/z", Tensor{{1}, {1}}, DType::F64); }),
+  expect_message(error_of([&] {
+                   w.write("/z", Tensor{{1}, {1}}, DType::F64);
+                 }),
                  {"already committed"});
   EXPECT_TRUE(fs::exists(p));
 }
@@ -803,7 +832,9 @@ TEST_F(H5Reader, MissingDatasetNamesItAndWhereThePathStops) {
     w.commit();
   }
   m3::h5::Reader r(p);
-  EXPECT_EQ(error_of([&] { r.read("/stages/L0/F3/dt", {512, 16}); }),
+  EXPECT_EQ(error_of([&] {
+              r.read("/stages/L0/F3/dt", {512, 16});
+            }),
             p + ": dataset '/stages/L0/F3/dt' does not exist (group '/stages/L0' has no 'F3')");
   expect_message(error_of([&] { r.shape("/stages/L1/x"); }),
                  {"dataset '/stages/L1/x' does not exist", "group '/stages' has no 'L1'"});
@@ -819,9 +850,13 @@ TEST_F(H5Reader, WrongShapeNamesTheDatasetAndBothShapes) {
     w.commit();
   }
   m3::h5::Reader r(p);
-  EXPECT_EQ(error_of([&] { r.read("/stages/L0/F3/dt", {512, 32}); }),
+  EXPECT_EQ(error_of([&] {
+              r.read("/stages/L0/F3/dt", {512, 32});
+            }),
             p + ": dataset '/stages/L0/F3/dt': shape [512, 16] does not match expected [512, 32]");
-  expect_message(error_of([&] { r.read_finite("/stages/L0/F3/dt", {16, 512}); }),
+  expect_message(error_of([&] {
+                   r.read_finite("/stages/L0/F3/dt", {16, 512});
+                 }),
                  {"shape [512, 16] does not match expected [16, 512]"});
   EXPECT_EQ(r.read("/stages/L0/F3/dt", {512, 16}).data.size(), 512u * 16u);
 }
@@ -837,7 +872,9 @@ TEST_F(H5Reader, NonFiniteValueNamesTheDatasetAndFirstBadIndex) {
     w.commit();
   }
   m3::h5::Reader r(p);
-  EXPECT_EQ(error_of([&] { r.read_finite("/grads/W", {3, 2}); }),
+  EXPECT_EQ(error_of([&] {
+              r.read_finite("/grads/W", {3, 2});
+            }),
             p + ": dataset '/grads/W': non-finite value inf at index [1, 0]");
   EXPECT_FALSE(m3::h5::all_finite(r.read("/grads/W")));
   EXPECT_TRUE(m3::h5::all_finite(r.read_finite("/grads/ok", {2})));

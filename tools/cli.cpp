@@ -3,33 +3,26 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
+#include "golden.hpp"
 #include "presets.hpp"
 
 namespace m3::tools {
 
-std::uint64_t parse_seed(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t");
-  if (first == std::string::npos || text[first] == '-' || text[first] == '+')
-    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 0);
-  if (errno == ERANGE || end == text.c_str() || *end != '\0')
-    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
-  return static_cast<std::uint64_t>(v);
-}
+namespace {
 
-po::options_description problem_options() {
+// The options that define a problem: on the command line and in a --config file.
+void add_problem_fields(po::options_description& d) {
   std::string names;
-  for (const auto& p : harness::presets())
-    names += (names.empty() ? "" : "; ") + p.name + ": " + p.about;
-  po::options_description d("Problem (a preset, then overrides)");
+  for (const auto& p : harness::presets()) names += (names.empty() ? "" : ", ") + p.name;
   // clang-format off
   d.add_options()
-    ("preset", po::value<std::string>()->default_value("default"), ("named preset (" + names + ")").c_str())
+    ("preset", po::value<std::string>()->default_value("default"), ("named preset: " + names + " (see m3h compare --help)").c_str())
     ("B", po::value<Idx>(), "batch size")
     ("T", po::value<Idx>(), "sequence length")
     ("seed", po::value<std::string>(), "seed of weights, inputs, output gradient and entering states (0 … 2^64-1, decimal or 0x hex)")
@@ -45,13 +38,115 @@ po::options_description problem_options() {
     ("chunk-size", po::value<Idx>(), "chunk size of the chunked scan")
     ("input-dim", po::value<Idx>(), "width of the backbone input X");
   // clang-format on
+}
+
+const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed",
+                                      "zero-states", "d-model", "d-state", "headdim",
+                                      "expand",   "ngroups", "layers",     "rope-fraction",
+                                      "outproj-norm", "chunk-size", "input-dim"};
+
+std::string trim(const std::string& s) {
+  const auto a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  const auto b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+
+bool given(const po::variables_map& vm, const char* name) {
+  return vm.count(name) && !vm[name].defaulted();
+}
+
+}  // namespace
+
+std::uint64_t parse_seed(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos || text[first] == '-' || text[first] == '+')
+    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 0);
+  if (errno == ERANGE || end == text.c_str() || *end != '\0')
+    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
+  return static_cast<std::uint64_t>(v);
+}
+
+po::options_description problem_options(bool golden) {
+  po::options_description d("Problem (a preset, then a --config file, then overrides)");
+  add_problem_fields(d);
+  // clang-format off
+  d.add_options()
+    ("config", po::value<std::string>(), "read problem options from FILE: 'name = value' lines ('d_model = 64', 'preset = long_t', '# comment'); the command line wins");
+  if (golden)
+    d.add_options()
+      ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option");
+  // clang-format on
   return d;
+}
+
+void store_config_file(const std::string& path, po::variables_map& vm) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("--config " + path + ": cannot open (" + std::strerror(errno) + ")");
+  po::options_description fields;
+  add_problem_fields(fields);
+  std::set<std::string> seen;
+  std::string raw;
+  int lineno = 0;
+  while (std::getline(in, raw)) {
+    ++lineno;
+    const std::string where = path + ":" + std::to_string(lineno);
+    const std::string line = trim(raw.substr(0, raw.find('#')));
+    if (line.empty()) continue;
+    if (line.front() == '[')
+      throw UsageError("config " + where + ": sections ('" + line + "') are not used; write 'name = value'");
+    const auto eq = line.find('=');
+    if (eq == std::string::npos)
+      throw UsageError("config " + where + ": expected 'name = value', got '" + line + "'");
+    const std::string written = trim(line.substr(0, eq));
+    const std::string value = trim(line.substr(eq + 1));
+    std::string name = written;
+    for (char& c : name)
+      if (c == '_') c = '-';
+    if (name == "config" || name == "golden")
+      throw UsageError("config " + where + ": '" + written + "' is not allowed in a config file");
+    if (!fields.find_nothrow(name, false))
+      throw UsageError("config " + where + ": unknown key '" + written + "'");
+    if (!seen.insert(name).second)
+      throw UsageError("config " + where + ": key '" + written + "' given twice");
+    if (value.empty())
+      throw UsageError("config " + where + ": key '" + written + "' has no value");
+    try {  // the seed and the preset are resolved later; check them here, naming the line
+      if (name == "seed") parse_seed(value);
+      if (name == "preset") harness::find_preset(value);
+    } catch (const std::exception& e) {
+      throw UsageError("config " + where + ": bad value '" + value + "' for '" + written + "' (" +
+                       (name == "seed" ? "expected an unsigned 64-bit integer" : e.what()) + ")");
+    }
+    // Parse the one line on its own, first into a scratch map so that a bad value is reported
+    // even when the command line already set the option (and then wins).
+    std::istringstream one(name + "=" + value + "\n");
+    try {
+      const po::parsed_options parsed = po::parse_config_file(one, fields);
+      po::variables_map scratch;
+      po::store(parsed, scratch);
+      po::notify(scratch);
+      po::store(parsed, vm);
+    } catch (const po::error&) {
+      const char* expected = name == "rope-fraction"                        ? "a number"
+                             : name == "outproj-norm" || name == "zero-states" ? "true or false"
+                                                                              : "an integer";
+      throw UsageError("config " + where + ": bad value '" + value + "' for '" + written +
+                       "' (expected " + expected + ")");
+    }
+  }
+  if (in.bad()) throw UsageError("--config " + path + ": read error");
 }
 
 harness::RunSpec problem_from(const po::variables_map& vm) {
   const harness::Preset& p = harness::find_preset(vm["preset"].as<std::string>());
   harness::RunSpec s;
   s.preset = p.name;
+  s.source = "preset " + p.name;
+  if (vm.count("config")) s.source += " + config " + vm["config"].as<std::string>();
   s.cfg = p.cfg;
   s.B = p.B;
   s.T = p.T;
@@ -73,11 +168,53 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   idx("chunk-size", s.cfg.chunk_size);
   if (vm.count("rope-fraction")) s.cfg.rope_fraction = vm["rope-fraction"].as<double>();
   if (vm.count("outproj-norm")) s.cfg.is_outproj_norm = vm["outproj-norm"].as<bool>();
-  // X keeps the model width unless told otherwise (the default preset has input_dim = d_model).
+  // X keeps the model width unless told otherwise (every preset has input_dim = d_model).
   if (vm.count("input-dim")) s.cfg.input_dim = vm["input-dim"].as<Idx>();
   else if (vm.count("d-model") && p.cfg.input_dim == p.cfg.d_model) s.cfg.input_dim = s.cfg.d_model;
   validate_run(s.cfg, s.B, s.T);
   return s;
+}
+
+ProblemSource load_problem(const po::variables_map& vm) {
+  const bool scan_given = given(vm, "scan");
+  if (!vm.count("golden")) {
+    harness::RunSpec spec = problem_from(vm);
+    spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+    Problem pb = harness::build_problem(spec);
+    return {spec, std::move(pb), harness::reference_oracle()};
+  }
+  const std::string path = vm["golden"].as<std::string>();
+  if (given(vm, "config"))
+    throw UsageError("--golden " + path + ": cannot be combined with --config (the problem comes from the file)");
+  for (const char* f : kProblemFields)
+    if (given(vm, f))
+      throw UsageError("--golden " + path + ": cannot be combined with --" + f +
+                       " (the problem comes from the file)");
+  golden::GoldenCase gc = golden::read_golden(path);
+  harness::RunSpec spec;
+  spec.preset = "";
+  spec.source = "golden " + path + " (case " + gc.name + ")";
+  spec.cfg = gc.problem.cfg;
+  spec.B = gc.problem.B;
+  spec.T = gc.problem.T;
+  spec.seed = gc.problem.seed;
+  bool nonzero = false;
+  for (const auto* v : {&gc.problem.states.ssm, &gc.problem.states.k, &gc.problem.states.v,
+                        &gc.problem.states.angle})
+    for (double x : *v) nonzero = nonzero || x != 0.0;
+  spec.random_states = nonzero;
+  if (scan_given) {
+    spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+    for (ScanMode m : spec.modes)
+      if (!gc.oracle.count(m))
+        throw UsageError("--golden " + path + ": scan mode '" + scan_mode_name(m) +
+                         "' is not stored in the file");
+  } else {
+    spec.modes = gc.modes;
+  }
+  harness::Implementation oracle =
+      harness::stored_captures("golden:" + gc.name + " (reference<double>, stored)", std::move(gc.oracle));
+  return {spec, std::move(gc.problem), std::move(oracle)};
 }
 
 std::vector<ScanMode> parse_scan_list(const std::string& s) {
@@ -96,6 +233,30 @@ std::vector<ScanMode> parse_scan_list(const std::string& s) {
   return modes;
 }
 
+std::vector<Precision> parse_dtype_list(const std::string& s) {
+  if (s == "all") return {Precision::F32, Precision::BF16, Precision::F16};
+  std::vector<Precision> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    Precision p;
+    try {
+      p = parse_precision(item);
+    } catch (const std::exception&) {
+      throw UsageError("--dtype '" + s + "': unknown precision '" + item + "' (f32, bf16, f16)");
+    }
+    if (p == Precision::F64)
+      throw UsageError("--dtype '" + s + "': f64 is the oracle's precision, not a subject's");
+    bool dup = false;
+    for (Precision x : out) dup = dup || x == p;
+    if (!dup) out.push_back(p);
+  }
+  if (out.empty()) throw UsageError("--dtype '" + s + "' names no precision (f32, bf16, f16)");
+  return out;
+}
+
 po::variables_map parse_args(const std::vector<std::string>& args,
                              const po::options_description& desc, const char* command) {
   po::variables_map vm;
@@ -105,6 +266,8 @@ po::variables_map parse_args(const std::vector<std::string>& args,
       throw UsageError(std::string(command) + ": unexpected argument '" + o.value.front() +
                        "' (see m3h " + command + " --help)");
   po::store(parsed, vm);
+  if (desc.find_nothrow("config", false) && vm.count("config"))
+    store_config_file(vm["config"].as<std::string>(), vm);
   po::notify(vm);
   return vm;
 }
@@ -112,6 +275,15 @@ po::variables_map parse_args(const std::vector<std::string>& args,
 void print_command_help(const char* command, const char* summary,
                         const po::options_description& desc) {
   std::cout << "Usage: m3h " << command << " [options]\n\n" << summary << "\n\n" << desc << "\n";
+}
+
+std::string command_line(const char* command, const std::vector<std::string>& args) {
+  std::string s = std::string("m3h ") + command;
+  for (const auto& a : args) {
+    const bool plain = !a.empty() && a.find_first_of(" \t\"'\\$*?[]{}();&|<>`") == std::string::npos;
+    s += " " + (plain ? a : "'" + a + "'");
+  }
+  return s;
 }
 
 }  // namespace m3::tools

@@ -1,6 +1,7 @@
-// Shared command-line pieces of `m3h`: the usage-error type, the config/run-shape options every
-// subcommand that builds a Problem accepts, and parsing helpers. Only parsing lives in tools/;
-// what a command does lives in harness/ (run.hpp, bench.hpp, report.hpp).
+// Shared command-line pieces of `m3h`: the usage-error type, the problem options every
+// subcommand that builds a Problem accepts (a preset, a --config file, overrides, or a --golden
+// file), and parsing helpers. Only parsing lives in tools/; what a command does lives in
+// harness/ (run.hpp, dump.hpp, bench.hpp, report.hpp, report_json.hpp).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <boost/program_options.hpp>
 
 #include "config.hpp"
+#include "precision.hpp"
+#include "problem.hpp"
 #include "run.hpp"
 
 namespace m3::tools {
@@ -29,13 +32,34 @@ struct Command {
   int (*run)(const std::vector<std::string>& args);
 };
 
-// --preset, --B, --T, --seed, --zero-states and the Config overrides (--d-model, --d-state,
-// --headdim, --expand, --ngroups, --layers, --rope-fraction, --outproj-norm, --chunk-size,
-// --input-dim).
-po::options_description problem_options();
+// --preset, --config, --B, --T, --seed, --zero-states and the Config overrides (--d-model,
+// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --outproj-norm,
+// --chunk-size, --input-dim). With golden = true also --golden FILE.
+po::options_description problem_options(bool golden = false);
 
-// The preset named by --preset with every given override applied; validated (throws m3::Error).
+// The preset named by --preset (or by the config file) with every given override applied;
+// validated (throws m3::Error). Precedence: command line, then --config file, then preset.
 harness::RunSpec problem_from(const po::variables_map& vm);
+
+// Where a command's problem and oracle come from:
+//   --golden FILE   the stored Problem and the stored oracle Captures (not recomputed); the
+//                   scan modes are the file's, or --scan's when given (each must be stored);
+//                   no preset, config or override option may be combined with it
+//   otherwise       problem_from(vm) + the preset's adjustment, oracle = reference<double>
+// Reads --scan from vm (every command that uses this has it).
+struct ProblemSource {
+  harness::RunSpec spec;
+  Problem problem;
+  harness::Implementation oracle;
+};
+ProblemSource load_problem(const po::variables_map& vm);
+
+// A config file (Boost.Program_options config-file syntax): one "name = value" per line, '#'
+// starts a comment, names are the problem options' (d_model or d-model, B, T, seed, preset, …;
+// '_' and '-' are the same). Unknown names, a name given twice, a line without '=' and a bad
+// value are UsageErrors of one line naming the file, the line and the name. Values already set
+// on the command line win. Not allowed in a file: config, golden.
+void store_config_file(const std::string& path, po::variables_map& vm);
 
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
@@ -43,12 +67,20 @@ std::uint64_t parse_seed(const std::string& text);
 // "seq,chunked" | "seq" | "chunked" | "both" → scan modes, in the given order, no duplicates.
 std::vector<ScanMode> parse_scan_list(const std::string& s);
 
+// "f32,bf16,f16" (any non-empty subset, in the given order, no duplicates; "all" = all three)
+// → subject storage precisions. f64 is the oracle's precision and not a subject: a UsageError.
+std::vector<Precision> parse_dtype_list(const std::string& s);
+
 // Parses args against `desc`; any positional argument is a UsageError naming the command.
+// When desc has --config and it is given, the file's values are stored too (store_config_file).
 po::variables_map parse_args(const std::vector<std::string>& args,
                              const po::options_description& desc, const char* command);
 
 // "Usage: m3h <command> [options]" + the description, for --help.
 void print_command_help(const char* command, const char* summary,
                         const po::options_description& desc);
+
+// "m3h compare --dtype f32 …": the command line for reports.
+std::string command_line(const char* command, const std::vector<std::string>& args);
 
 }  // namespace m3::tools

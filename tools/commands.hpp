@@ -8,5 +8,7 @@ namespace m3::tools {
 
 int cmd_compare(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_dump(const std::vector<std::string>& args);
+int cmd_golden(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

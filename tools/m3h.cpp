@@ -23,6 +23,8 @@ const std::vector<Command>& commands() {
       {"compare", "compare the subject with the double oracle, stage by stage",
        m3::tools::cmd_compare},
       {"bench", "time the reference (--reference)", m3::tools::cmd_bench},
+      {"dump", "write oracle/subject/diff arrays of chosen tensors to HDF5", m3::tools::cmd_dump},
+      {"golden", "regen / check / list the golden HDF5 files", m3::tools::cmd_golden},
   };
   return table;
 }

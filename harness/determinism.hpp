@@ -1,0 +1,41 @@
+// Determinism check (HARNESS.md §7, MODEL.md §12.9): run the same implementation N times on
+// the same Problem and compare a content hash of every captured tensor. Bit-identical output
+// is the requirement; on any difference the report names the first tensor in execution order
+// (forward, then backward, then parameter gradients) that diverged, and the run.
+//
+//   hash(t) = FNV-1a 64 over the shape (int64 little-endian) and the data bytes (the double
+//             values the capture holds, which widen float/bf16/f16 exactly).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "capture.hpp"
+#include "config.hpp"
+#include "problem.hpp"
+
+namespace m3::harness {
+
+std::uint64_t content_hash(const Tensor& t);
+
+struct DeterminismReport {
+  ScanMode mode = ScanMode::Sequential;
+  int runs = 0;
+  int tensors = 0;                 // tensors hashed per run
+  bool identical = true;
+  std::string first_key;           // first divergent tensor (execution order), if any
+  int first_run = -1;              // the run (1-based after run 0) where it diverged
+  std::uint64_t hash0 = 0, hash_run = 0;
+  std::uint64_t digest = 0;        // one hash over all tensor hashes of run 0
+};
+
+using RunFn = std::function<Capture(const Problem&, ScanMode)>;
+
+// Runs `run` `runs` times (≥ 2). Keys are compared in expected_keys() order; a key missing in
+// a later run is a divergence too.
+DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMode mode,
+                                    int runs);
+
+}  // namespace m3::harness

@@ -1,0 +1,165 @@
+// m3h dump (see dump.hpp for the file layout).
+#include "dump.hpp"
+
+#include <map>
+
+#include "error.hpp"
+#include "golden.hpp"
+#include "h5store.hpp"
+#include "metrics.hpp"
+
+namespace m3::harness {
+
+namespace {
+
+const char* sym_name(Sym s) {
+  switch (s) {
+    case Sym::B: return "B";
+    case Sym::T: return "T";
+    case Sym::BT: return "BT";
+    case Sym::Tp1: return "T+1";
+    case Sym::DM: return "DM";
+    case Sym::DI: return "DI";
+    case Sym::IP: return "IP";
+    case Sym::NH: return "NH";
+    case Sym::HD: return "HD";
+    case Sym::DS: return "DS";
+    case Sym::NG: return "NG";
+    case Sym::NA: return "NA";
+    case Sym::NC: return "NC";
+    case Sym::CS: return "CS";
+    case Sym::IN: return "IN";
+  }
+  return "?";
+}
+
+template <class T, class F>
+std::string join(const std::vector<T>& v, F&& f) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + std::string(f(x));
+  return s;
+}
+
+void write_meta(h5::Writer& w, const RunSpec& spec, const Problem& pb, const std::string& oracle,
+                const std::vector<Lineup>& lineups) {
+  const Config& c = pb.cfg;
+  const std::string m = "/meta";
+  w.group(m);
+  w.attr(m, "kind", "dump");
+  w.attr(m, "dump_schema_version", kDumpSchemaVersion);
+  w.attr(m, "generator", golden::kGenerator);
+  w.attr(m, "generator_version", golden::kGeneratorVersion);
+  w.attr(m, "git_revision", golden::git_revision());
+  w.attr(m, "d_model", c.d_model);
+  w.attr(m, "d_state", c.d_state);
+  w.attr(m, "expand", c.expand);
+  w.attr(m, "headdim", c.headdim);
+  w.attr(m, "ngroups", c.ngroups);
+  w.attr(m, "n_layers", c.n_layers);
+  w.attr(m, "rope_fraction", c.rope_fraction);
+  w.attr(m, "a_floor", c.a_floor);
+  w.attr(m, "is_outproj_norm", c.is_outproj_norm ? 1 : 0);
+  w.attr(m, "input_dim", c.input_dim);
+  w.attr(m, "input_proj_identity", c.input_proj_identity ? 1 : 0);
+  w.attr(m, "chunk_size", c.chunk_size);
+  w.attr(m, "d_inner", c.d_inner());
+  w.attr(m, "nheads", c.nheads());
+  w.attr(m, "num_rope_angles", c.num_rope_angles());
+  w.attr(m, "in_proj_dim", c.in_proj_dim());
+  w.attr(m, "B", pb.B);
+  w.attr(m, "T", pb.T);
+  w.attr(m, "seed", std::to_string(pb.seed));
+  w.attr(m, "scan_modes", join(spec.modes, scan_mode_name));
+  w.attr(m, "precision", precision_name(Precision::F64));
+  w.attr(m, "source", spec.source);
+  w.attr(m, "stage_pattern", spec.filter);
+  w.attr(m, "oracle", oracle);
+  w.attr(m, "precisions", join(lineups, [](const Lineup& l) { return precision_name(l.precision); }));
+  w.attr(m, "entering_states", spec.random_states ? "random" : "zero");
+}
+
+Tensor difference(const Tensor& subject, const Tensor& oracle, bool circular) {
+  Tensor d;
+  d.shape = oracle.shape;
+  d.data.resize(oracle.data.size());
+  for (size_t i = 0; i < d.data.size(); ++i)
+    d.data[i] = circular ? circular_diff(subject.data[i], oracle.data[i])
+                         : subject.data[i] - oracle.data[i];
+  return d;
+}
+
+}  // namespace
+
+std::string axes_name(const std::vector<Sym>& syms) { return join(syms, sym_name); }
+
+DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
+                      const Implementation& oracle, const std::vector<Lineup>& lineups) {
+  M3_REQUIRE(!spec.filter.empty(), "dump", "no --stage pattern", "say which keys to dump ('*' for all)");
+  M3_REQUIRE(!lineups.empty() && !spec.modes.empty(), "dump", "nothing to dump",
+             "no precision or no scan mode");
+  bool any = false;
+  for (ScanMode mode : spec.modes)
+    for (const auto& k : expected_keys(spec.cfg, spec.B, spec.T, mode))
+      any = any || key_matches(k, spec.filter);
+  M3_REQUIRE(any, "dump", "--stage '" + spec.filter + "' matches no tensor of this run", "");
+
+  h5::Writer w(path, force);
+  write_meta(w, spec, pb, oracle.name, lineups);
+  DumpResult res;
+  const auto nf = h5::NonFinite::Allow;
+  for (ScanMode mode : spec.modes) {
+    const Capture o = oracle.run(pb, mode);
+    for (const Lineup& l : lineups) {
+      const Capture s = l.subject.run(pb, mode);
+      Capture b;
+      if (l.baseline) b = l.baseline->run(pb, mode);
+      CompareOptions opt;
+      opt.precision = l.precision;
+      opt.filter = spec.filter;
+      CompareResult cr = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B,
+                                          spec.T, mode, opt);
+      for (const TensorResult& r : cr.rows) {
+        const std::string g = std::string("/dump/") + scan_mode_name(mode) + "/" +
+                              precision_name(l.precision) + "/" + r.key;
+        w.group(g);
+        const Tensor* ot = o.find(r.key);
+        const Tensor* st = s.find(r.key);
+        const Tensor* bt = l.baseline ? b.find(r.key) : nullptr;
+        if (ot) {
+          w.write(g + "/oracle", *ot, h5::DType::F64, nf);
+          ++res.n_datasets;
+        }
+        if (ot && st && st->shape == ot->shape) {
+          w.write(g + "/subject", *st, h5::DType::F64, nf);
+          w.write(g + "/diff", difference(*st, *ot, r.circular), h5::DType::F64, nf);
+          res.n_datasets += 2;
+        }
+        if (ot && bt && bt->shape == ot->shape) {
+          w.write(g + "/baseline", *bt, h5::DType::F64, nf);
+          ++res.n_datasets;
+        }
+        w.attr(g, "axes", r.syms ? axes_name(*r.syms) : std::string());
+        w.attr(g, "circular", r.circular ? 1 : 0);
+        w.attr(g, "status", status_name(r.status));
+        w.attr(g, "rel_l2", r.subject.rel_l2);
+        w.attr(g, "max_abs", r.subject.max_abs);
+        w.attr(g, "p95_rel", r.subject.p95_rel);
+        w.attr(g, "cosine", r.subject.cosine);
+        w.attr(g, "pct", r.verdict.pct());
+        w.attr(g, "worst_coords", r.worst_coords);
+        ++res.n_keys;
+      }
+      res.cells.push_back(std::move(cr));
+    }
+  }
+  w.commit();
+  // Precision-major, as run_comparison's cells.
+  std::vector<CompareResult> ordered;
+  const size_t np = lineups.size();
+  for (size_t p = 0; p < np; ++p)
+    for (size_t m = 0; m < spec.modes.size(); ++m) ordered.push_back(std::move(res.cells[m * np + p]));
+  res.cells = std::move(ordered);
+  return res;
+}
+
+}  // namespace m3::harness

@@ -1,0 +1,52 @@
+// `m3h dump` (HARNESS.md §5): for the keys matching a pattern, writes oracle, baseline (when
+// there is one), subject and difference arrays to an HDF5 file via h5::Writer (atomic: temp file
+// + rename; an existing file is replaced only with force). Layout (dump schema version 1):
+//
+//   /meta                                  attributes, named as in a golden file's /meta
+//                                          (golden/SCHEMA.md): generator, generator_version,
+//                                          git_revision, every Config field and the derived
+//                                          d_inner, nheads, num_rope_angles, in_proj_dim, B, T,
+//                                          seed (decimal string), scan_modes ("seq,chunked"),
+//                                          precision = "f64" (the stored values); plus
+//                                          kind = "dump", dump_schema_version = 1, source,
+//                                          stage_pattern, oracle, precisions ("f32,bf16"),
+//                                          entering_states ("random" | "zero")
+//   /dump/<mode>/<precision>/<key>/        one group per compared key, e.g.
+//                                          /dump/seq/bf16/L0/F3/dt/, /dump/chunked/f32/grad/L1/dt_bias/
+//       oracle     f64  the oracle's tensor (registry shape)
+//       subject    f64  the subject's values (exact: every f32/bf16/f16 value is a double)
+//       baseline   f64  only when the precision has a baseline
+//       diff       f64  subject − oracle; for angles (registry `circular`) the signed circular
+//                       distance remainder(subject − oracle, 2π) ∈ [−π, π]
+//     attributes: axes ("BT,NH,HD": the registry's symbolic shape), circular (0/1), status
+//                 ("ok", "FAIL", …), rel_l2, max_abs, p95_rel, cosine, pct (of budget),
+//                 worst_coords
+// NaN/Inf are stored as they are (a dump is for looking at failures). A subject that lacks a
+// key or has another shape gets no subject/diff datasets; its status attribute says why.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "compare.hpp"
+#include "problem.hpp"
+#include "run.hpp"
+
+namespace m3::harness {
+
+constexpr int kDumpSchemaVersion = 1;
+
+struct DumpResult {
+  std::vector<CompareResult> cells;  // as run_comparison's, precision-major
+  int n_keys = 0;                    // key groups written (over all cells)
+  int n_datasets = 0;
+};
+
+// Requires a non-empty spec.filter matching at least one key (m3::Error otherwise).
+DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
+                      const Implementation& oracle, const std::vector<Lineup>& lineups);
+
+// "BT,NH,HD".
+std::string axes_name(const std::vector<Sym>& syms);
+
+}  // namespace m3::harness

@@ -1,0 +1,56 @@
+// The machine-readable compare report (`m3h compare --json FILE`, HARNESS.md §5): every metric
+// of every cell, the budget and the verdict, plus config, seed, run shape, build and device.
+//
+// Layout (schema "m3h-compare/1"; non-finite numbers are the strings "inf", "-inf", "nan",
+// see json.hpp):
+//   { "schema", "pass", "exit_status" (0 pass / 1 some budget exceeded),
+//     "oracle": name, "device": {"subject", "cpu", "gpu"},
+//     "build": {"compiler", "build_type", "git_revision", "cuda"},
+//     "command_line",
+//     "source", "preset", "seed", "B", "T", "entering_states", "stage_filter",
+//     "modes": [..], "precisions": [..],
+//     "config": {every Config field, then the derived d_inner, nheads, num_rope_angles,
+//                in_proj_dim, n_chunks},
+//     "rule": {"k": {"f32", "bf16", "f16"}, "depth"},
+//     "lineups": [{"precision", "subject", "baseline" (null: none)}],
+//     "groups": [{"precision", "mode", "n", "n_fail", "first_fail" (key or null),
+//                 "tightest_pct", "tightest_key"}],
+//     "first_fail": {"key", "precision", "mode", "status", "note"} or null — the first failing
+//                   key in execution order over all cells (as the terminal summary),
+//     "n_checks", "n_fail",
+//     "cells": [ one per key × precision × mode, execution order within each group:
+//       {"key", "precision", "mode", "layer", "stage", "tensor", "is_param", "circular",
+//        "shape": [..], "status", "pass", "note",
+//        "metrics": {"numel", "max_abs", "worst_index", "worst_coords", "worst_oracle",
+//                    "worst_subject", "oracle_scale", "oracle_l2", "diff_l2", "rel_l2",
+//                    "rel_l2_absolute", "p95_rel", "max_rel", "rel_count", "cosine",
+//                    "max_ulps", "mean_ulps", "nan_count", "inf_count", "oracle_nonfinite"},
+//        "baseline_metrics": same keys or null,
+//        "budget": {"k", "depth", "floor_rel_l2", "floor_max_abs", "baseline_rel_l2",
+//                   "baseline_max_abs", "rel_l2", "max_abs",
+//                   "row": {"stage", "tensor", "reason"}} or null when not measured,
+//        "pct_rel_l2", "pct_max_abs", "pct"} ] }
+#pragma once
+
+#include <string>
+
+#include "run.hpp"
+
+namespace m3::harness {
+
+struct RunInfo {
+  std::string command_line;  // as typed (for reproduction)
+  std::string cpu;           // CPU model, from /proc/cpuinfo ("unknown" elsewhere)
+  std::string gpu;           // gpu::describe(), or "" when the tool has no GPU library
+  bool cuda = false;         // built with CUDA
+};
+
+// Build facts baked in at compile time.
+std::string build_compiler();      // e.g. "g++ 13.2.0"
+std::string build_type();          // CMAKE_BUILD_TYPE, e.g. "Release"
+std::string build_git_revision();  // m3::golden::git_revision(): configure-time short hash
+std::string cpu_model();           // /proc/cpuinfo "model name", or "unknown"
+
+std::string comparison_json(const Comparison& c, const RunInfo& info);
+
+}  // namespace m3::harness

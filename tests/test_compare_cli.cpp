@@ -1,0 +1,593 @@
+// The m3h command line, run as a program (HARNESS.md §5): `m3h compare` over f32/bf16/f16 exits
+// 0 on a small preset; --json writes valid JSON (checked by a small recursive-descent parser
+// below, not by the writer's own code) holding every cell (key × precision × scan mode) with
+// every metric; --config files are read, and their errors (unknown key, bad value) exit 2 with
+// one line naming the key; --stage filters; `m3h dump` writes an HDF5 file readable by
+// h5::Reader with the documented datasets and refuses to overwrite without --force; --golden
+// takes the oracle from the file, not from a recomputation. The JSON writer's escaping and
+// number formatting are checked directly too.
+//
+// M3H_PATH (a compile definition) is the m3h executable built alongside this test.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compare.hpp"
+#include "golden.hpp"
+#include "h5store.hpp"
+#include "json.hpp"
+#include "metrics.hpp"
+#include "precision.hpp"
+#include "problem.hpp"
+#include "registry.hpp"
+
+#ifndef M3H_PATH
+#error "M3H_PATH must name the m3h executable"
+#endif
+
+namespace m3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- a minimal JSON parser (RFC 8259 grammar; numbers as double) -------------------------
+
+struct JValue {
+  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+  bool b = false;
+  double num = 0;
+  std::string str;
+  std::vector<JValue> arr;
+  std::vector<std::pair<std::string, JValue>> obj;
+
+  const JValue* find(const std::string& k) const {
+    for (const auto& kv : obj)
+      if (kv.first == k) return &kv.second;
+    return nullptr;
+  }
+  const JValue& at(const std::string& k) const {
+    const JValue* v = find(k);
+    if (!v) throw std::runtime_error("missing key '" + k + "'");
+    return *v;
+  }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+  JValue parse() {
+    JValue v = value();
+    ws();
+    if (i_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) {
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
+  }
+  void ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
+      ++i_;
+  }
+  char peek() {
+    ws();
+    if (i_ >= s_.size()) fail("unexpected end");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  bool literal(const char* w) {
+    const size_t n = std::char_traits<char>::length(w);
+    if (s_.compare(i_, n, w) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  JValue value() {
+    const char c = peek();
+    JValue v;
+    if (c == '{') {
+      v.kind = JValue::Object;
+      ++i_;
+      if (peek() == '}') {
+        ++i_;
+        return v;
+      }
+      for (;;) {
+        if (peek() != '"') fail("expected a key");
+        std::string k = string();
+        expect(':');
+        v.obj.emplace_back(std::move(k), value());
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect('}');
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.kind = JValue::Array;
+      ++i_;
+      if (peek() == ']') {
+        ++i_;
+        return v;
+      }
+      for (;;) {
+        v.arr.push_back(value());
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect(']');
+        return v;
+      }
+    }
+    if (c == '"') {
+      v.kind = JValue::String;
+      v.str = string();
+      return v;
+    }
+    if (literal("true")) {
+      v.kind = JValue::Bool;
+      v.b = true;
+      return v;
+    }
+    if (literal("false")) {
+      v.kind = JValue::Bool;
+      return v;
+    }
+    if (literal("null")) return v;
+    v.kind = JValue::Number;
+    v.num = number();
+    return v;
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    for (;;) {
+      if (i_ >= s_.size()) fail("unterminated string");
+      const unsigned char c = static_cast<unsigned char>(s_[i_++]);
+      if (c == '"') return out;
+      if (c < 0x20) fail("raw control character in a string");
+      if (c != '\\') {
+        out += static_cast<char>(c);
+        continue;
+      }
+      if (i_ >= s_.size()) fail("unterminated escape");
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          if (i_ + 4 > s_.size()) fail("short \\u escape");
+          unsigned cp = 0;
+          for (int k = 0; k < 4; ++k) {
+            const char h = s_[i_++];
+            if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\u escape");
+            cp = cp * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h))
+                                                     ? h - '0'
+                                                     : std::tolower(h) - 'a' + 10);
+          }
+          if (cp >= 0x80) fail("test parser only decodes ASCII \\u escapes");
+          out += static_cast<char>(cp);
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+  }
+  double number() {
+    const size_t start = i_;
+    if (s_[i_] == '-') ++i_;
+    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad number");
+    if (s_[i_] == '0') {
+      ++i_;
+    } else {
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad fraction");
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad exponent");
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    return std::strtod(s_.substr(start, i_ - start).c_str(), nullptr);
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+JValue parse_json(const std::string& text) { return JsonParser(text).parse(); }
+
+// ---- running m3h ---------------------------------------------------------------------------
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct RunResult {
+  int status = -1;  // exit status
+  std::string out, err;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("m3h_cli_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path path(const std::string& name) const { return dir_ / name; }
+
+  // Runs `m3h <args>` (args already shell-quoted where needed).
+  RunResult m3h(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string("'") + M3H_PATH + "' " + args + " >'" + out.string() +
+                            "' 2>'" + err.string() + "'";
+    const int raw = std::system(cmd.c_str());
+    RunResult r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    r.out = read_file(out);
+    r.err = read_file(err);
+    return r;
+  }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name)) << text;
+  }
+  fs::path dir_;
+};
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// A small, fast problem: default widths, 1 layer, B 1, T 48.
+const char* kSmall = "--layers 1 --B 1 --T 48";
+
+// ---- compare -----------------------------------------------------------------------------
+
+TEST_F(CliTest, CompareAllThreePrecisionsOnASmallPresetExitsZero) {
+  const RunResult r = m3h(std::string("compare --dtype f32,bf16,f16 ") + kSmall);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("summary: PASS"), std::string::npos) << r.out;
+  for (const char* col : {"f32 seq", "f32 chunked", "bf16 seq", "bf16 chunked", "f16 seq",
+                          "f16 chunked"})
+    EXPECT_NE(r.out.find(col), std::string::npos) << col;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
+  const RunResult r = m3h(std::string("compare --scan seq --stage 'L0/F3/*' ") + kSmall);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("precisions=f32,bf16,f16"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
+  const fs::path json = path("out.json");
+  const RunResult r = m3h("compare --dtype f32,bf16,f16 --json '" + json.string() + "' " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const JValue doc = parse_json(read_file(json));
+  ASSERT_EQ(doc.kind, JValue::Object);
+  EXPECT_EQ(doc.at("schema").str, "m3h-compare/1");
+  EXPECT_TRUE(doc.at("pass").b);
+  EXPECT_EQ(doc.at("exit_status").num, 0);
+  EXPECT_EQ(doc.at("seed").num, 1234);
+  EXPECT_EQ(doc.at("B").num, 1);
+  EXPECT_EQ(doc.at("T").num, 48);
+  EXPECT_EQ(doc.at("config").at("d_model").num, 128);
+  EXPECT_EQ(doc.at("config").at("n_layers").num, 1);
+  EXPECT_FALSE(doc.at("build").at("compiler").str.empty());
+  EXPECT_FALSE(doc.at("build").at("build_type").str.empty());
+  EXPECT_FALSE(doc.at("build").at("git_revision").str.empty());
+  EXPECT_FALSE(doc.at("device").at("cpu").str.empty());
+  EXPECT_EQ(doc.at("first_fail").kind, JValue::Null);
+
+  // Every (key, precision, mode) the registry expects, exactly once.
+  Config cfg;
+  cfg.n_layers = 1;
+  std::multiset<std::string> expected, got;
+  for (const char* p : {"f32", "bf16", "f16"})
+    for (ScanMode m : {ScanMode::Sequential, ScanMode::Chunked})
+      for (const auto& k : harness::expected_keys(cfg, 1, 48, m))
+        expected.insert(k + "|" + p + "|" + scan_mode_name(m));
+  const JValue& cells = doc.at("cells");
+  ASSERT_EQ(cells.kind, JValue::Array);
+  for (const JValue& c : cells.arr) {
+    got.insert(c.at("key").str + "|" + c.at("precision").str + "|" + c.at("mode").str);
+    const JValue& m = c.at("metrics");
+    ASSERT_EQ(m.kind, JValue::Object) << c.at("key").str;
+    for (const char* f : {"max_abs", "worst_index", "rel_l2", "p95_rel", "max_rel", "cosine",
+                          "max_ulps", "mean_ulps", "nan_count", "inf_count", "oracle_scale"})
+      EXPECT_EQ(m.at(f).kind, JValue::Number) << c.at("key").str << " " << f;
+    EXPECT_EQ(m.at("worst_coords").kind, JValue::String);
+    EXPECT_EQ(c.at("budget").at("rel_l2").kind, JValue::Number);
+    EXPECT_EQ(c.at("budget").at("row").at("stage").kind, JValue::String);
+    EXPECT_EQ(c.at("pct").kind, JValue::Number);
+    EXPECT_TRUE(c.at("pass").b);
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(static_cast<size_t>(doc.at("n_checks").num), expected.size());
+  EXPECT_EQ(doc.at("groups").arr.size(), 6u);
+  // The angles are compared by circular distance, and say so.
+  bool any_circular = false;
+  for (const JValue& c : cells.arr)
+    if (c.at("tensor").str == "angle_cumsum") any_circular = c.at("circular").b;
+  EXPECT_TRUE(any_circular);
+}
+
+TEST_F(CliTest, StageFilterKeepsOnlyMatchingKeys) {
+  const fs::path json = path("f.json");
+  const RunResult r =
+      m3h("compare --stage 'L0/F5/*,grad/L0/dt_bias' --json '" + json.string() + "' " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const JValue doc = parse_json(read_file(json));
+  std::set<std::string> keys;
+  for (const JValue& c : doc.at("cells").arr) keys.insert(c.at("key").str);
+  EXPECT_EQ(keys, (std::set<std::string>{"L0/F5/angle_cumsum", "grad/L0/dt_bias"}));
+  EXPECT_EQ(r.out.find("L0/F3/dt"), std::string::npos);
+  EXPECT_EQ(doc.at("stage_filter").str, "L0/F5/*,grad/L0/dt_bias");
+}
+
+TEST_F(CliTest, StageFilterThatMatchesNothingIsBadUsage) {
+  const RunResult r = m3h(std::string("compare --stage 'nothing/*' ") + kSmall);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+// ---- --config ------------------------------------------------------------------------------
+
+TEST_F(CliTest, ConfigFileSetsTheProblemAndTheCommandLineWins) {
+  write("p.cfg", "# a small problem\nd_model = 64\nlayers = 1\nT = 40  # trailing comment\n"
+                 "B=1\nheaddim = 16\nseed = 7\n");
+  const fs::path json = path("c.json");
+  RunResult r = m3h("compare --dtype f32 --config '" + path("p.cfg").string() + "' --T 24 --json '" +
+                    json.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const JValue doc = parse_json(read_file(json));
+  EXPECT_EQ(doc.at("config").at("d_model").num, 64);
+  EXPECT_EQ(doc.at("config").at("input_dim").num, 64);  // follows d_model as on the command line
+  EXPECT_EQ(doc.at("T").num, 24);                        // the command line wins
+  EXPECT_EQ(doc.at("seed").num, 7);
+  EXPECT_NE(doc.at("source").str.find("config"), std::string::npos);
+}
+
+TEST_F(CliTest, ConfigFileUnknownKeyExitsTwoWithOneLineNamingIt) {
+  write("bad.cfg", "d_model = 64\ncolour = blue\n");
+  const RunResult r = m3h("compare --config '" + path("bad.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("colour"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bad.cfg:2"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST_F(CliTest, ConfigFileBadValueExitsTwoWithOneLineNamingTheKey) {
+  for (const char* text : {"d_model = sixty-four", "rope_fraction = half", "outproj_norm = maybe",
+                           "seed = -3", "preset = nope"}) {
+    const std::string line = text;
+    write("v.cfg", "B = 1\n" + line + "\n");
+    const RunResult r = m3h("compare --config '" + path("v.cfg").string() + "'");
+    EXPECT_EQ(r.status, 2) << line;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    const std::string key = line.substr(0, line.find(' '));
+    EXPECT_NE(r.err.find("'" + key + "'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("v.cfg:2"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(CliTest, ConfigFileThatDoesNotExistExitsTwo) {
+  const RunResult r = m3h("compare --config '" + path("missing.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+// ---- dump ----------------------------------------------------------------------------------
+
+TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
+  const fs::path h5 = path("d.h5");
+  const RunResult r = m3h("dump --stage 'L0/F5/*,grad/L0/dt_bias' --dtype f32,bf16 --scan seq --out '" +
+                          h5.string() + "' " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  h5::Reader rd(h5.string());
+  EXPECT_EQ(rd.attr_string("/meta", "kind"), "dump");
+  EXPECT_EQ(rd.attr_int("/meta", "d_model"), 128);
+  EXPECT_EQ(rd.attr_int("/meta", "T"), 48);
+  EXPECT_EQ(rd.attr_string("/meta", "seed"), "1234");
+  EXPECT_EQ(rd.attr_string("/meta", "precision"), "f64");
+  EXPECT_EQ(rd.children("/dump"), std::vector<std::string>{"seq"});
+  EXPECT_EQ(rd.children("/dump/seq"), (std::vector<std::string>{"bf16", "f32"}));
+  Config cfg;
+  const std::vector<Idx> th_shape = {48, cfg.nheads(), cfg.num_rope_angles()};
+  for (const char* p : {"f32", "bf16"}) {
+    const std::string g = std::string("/dump/seq/") + p + "/L0/F5/angle_cumsum";
+    const Tensor o = rd.read(g + "/oracle", th_shape);
+    const Tensor s = rd.read(g + "/subject", th_shape);
+    const Tensor d = rd.read(g + "/diff", th_shape);
+    EXPECT_FALSE(rd.has(g + "/baseline"));
+    EXPECT_EQ(rd.attr_int(g, "circular"), 1);
+    EXPECT_EQ(rd.attr_string(g, "axes"), "BT,NH,NA");
+    for (size_t i = 0; i < o.data.size(); ++i)
+      ASSERT_DOUBLE_EQ(d.data[i], harness::circular_diff(s.data[i], o.data[i])) << i;
+    const std::string gg = std::string("/dump/seq/") + p + "/grad/L0/dt_bias";
+    EXPECT_EQ(rd.shape(gg + "/oracle"), std::vector<Idx>{cfg.nheads()});
+    EXPECT_TRUE(rd.has(gg + "/diff"));
+  }
+
+  // An existing file is not replaced without --force, and stays as it was.
+  const std::string before = read_file(h5);
+  const RunResult again = m3h("dump --stage 'L0/F5/*' --out '" + h5.string() + "' " + kSmall);
+  EXPECT_EQ(again.status, 2);
+  EXPECT_EQ(count_lines(again.err), 1) << again.err;
+  EXPECT_NE(again.err.find("--force"), std::string::npos) << again.err;
+  EXPECT_EQ(read_file(h5), before);
+  const RunResult forced =
+      m3h("dump --force --stage 'L0/F3/dt' --scan chunked --out '" + h5.string() + "' " + kSmall);
+  EXPECT_EQ(forced.status, 0) << forced.err;
+  h5::Reader rd2(h5.string());
+  EXPECT_TRUE(rd2.has("/dump/chunked/f32/L0/F3/dt/diff"));
+  EXPECT_FALSE(rd2.has("/dump/seq"));
+}
+
+TEST_F(CliTest, DumpWithoutStageOrOutIsBadUsage) {
+  EXPECT_EQ(m3h("dump --out '" + path("x.h5").string() + "'").status, 2);
+  EXPECT_EQ(m3h("dump --stage 'L0/*'").status, 2);
+  EXPECT_FALSE(fs::exists(path("x.h5")));
+}
+
+// ---- --golden ------------------------------------------------------------------------------
+
+// A tiny golden case written by the golden library itself.
+golden::GoldenCase tiny_case() {
+  Config cfg;
+  cfg.d_model = 32;
+  cfg.headdim = 8;
+  cfg.d_state = 8;
+  cfg.n_layers = 1;
+  cfg.input_dim = 32;
+  cfg.chunk_size = 8;
+  const Problem pb = make_problem(cfg, 1, 20, 5, true);
+  return golden::compute_case("cli_tiny", pb, {ScanMode::Sequential, ScanMode::Chunked});
+}
+
+TEST_F(CliTest, GoldenFileIsTheOracleAndTheProblem) {
+  const fs::path g = path("tiny.h5");
+  golden::write_golden(g.string(), tiny_case(), false);
+  const fs::path json = path("g.json");
+  const RunResult r = m3h("compare --dtype f32 --golden '" + g.string() + "' --json '" +
+                          json.string() + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const JValue doc = parse_json(read_file(json));
+  EXPECT_EQ(doc.at("config").at("d_model").num, 32);
+  EXPECT_EQ(doc.at("T").num, 20);
+  EXPECT_EQ(doc.at("seed").num, 5);
+  EXPECT_NE(doc.at("source").str.find("golden"), std::string::npos);
+  EXPECT_NE(doc.at("oracle").str.find("stored"), std::string::npos);
+}
+
+TEST_F(CliTest, GoldenOracleIsReadNotRecomputed) {
+  // A stored oracle tensor that disagrees with the math must show up as that tensor failing.
+  golden::GoldenCase gc = tiny_case();
+  Capture& seq = gc.oracle.at(ScanMode::Sequential);
+  Tensor t = seq.at("L0/F3/dt");
+  t.data[3] *= 1.5;
+  seq.put("L0/F3/dt", t.shape, t.data.data());
+  const fs::path g = path("tampered.h5");
+  golden::write_golden(g.string(), gc, false);
+  const RunResult r = m3h("compare --dtype f32 --scan seq --golden '" + g.string() + "'");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("first failing stage: L0/F3/dt"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, GoldenCannotBeCombinedWithProblemOptions) {
+  const fs::path g = path("tiny.h5");
+  golden::write_golden(g.string(), tiny_case(), false);
+  for (const char* extra : {"--d-model 64", "--preset default", "--T 8", "--seed 3"}) {
+    const RunResult r = m3h("compare --golden '" + g.string() + "' " + extra);
+    EXPECT_EQ(r.status, 2) << extra;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  const RunResult missing = m3h("compare --golden '" + path("none.h5").string() + "'");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_EQ(count_lines(missing.err), 1) << missing.err;
+}
+
+// ---- the JSON writer itself ----------------------------------------------------------------
+
+TEST(JsonWriter, EscapesStringsAndWritesNonFiniteNumbersAsStrings) {
+  harness::Json j;
+  const std::string nasty = std::string("q\"b\\s/n\nt\tc") + '\x01' + '\x1f' + "é";
+  j.begin_object();
+  j.key(nasty).str(nasty);
+  j.key("inf").num(std::numeric_limits<double>::infinity());
+  j.key("ninf").num(-std::numeric_limits<double>::infinity());
+  j.key("nan").num(std::numeric_limits<double>::quiet_NaN());
+  j.key("tiny").num(1e-300);
+  j.key("third").num(1.0 / 3.0);
+  j.key("big").num(static_cast<std::uint64_t>(18446744073709551615ull));
+  j.key("neg").num(static_cast<std::int64_t>(-5));
+  j.key("list").begin_array().num(1).num(2.5).end_array();
+  j.key("empty").begin_object().end_object();
+  j.key("objs").begin_array().begin_object().key("a").null().end_object().end_array();
+  j.end_object();
+  const std::string text = j.text();
+  EXPECT_EQ(text.find('\x01'), std::string::npos);
+  EXPECT_NE(text.find("\\u0001"), std::string::npos);
+  EXPECT_NE(text.find("\\u001f"), std::string::npos);
+  // The test parser decodes only ASCII escapes; é is copied through as raw UTF-8.
+  const JValue doc = parse_json(text);
+  EXPECT_EQ(doc.at(nasty).str, nasty);
+  EXPECT_EQ(doc.at("inf").str, "inf");
+  EXPECT_EQ(doc.at("ninf").str, "-inf");
+  EXPECT_EQ(doc.at("nan").str, "nan");
+  EXPECT_EQ(doc.at("tiny").num, 1e-300);
+  EXPECT_EQ(doc.at("third").num, 1.0 / 3.0);  // 17 significant digits round-trip
+  EXPECT_NE(text.find("18446744073709551615"), std::string::npos);
+  EXPECT_EQ(doc.at("neg").num, -5);
+  EXPECT_EQ(doc.at("list").arr.size(), 2u);
+  EXPECT_EQ(doc.at("objs").arr.at(0).at("a").kind, JValue::Null);
+}
+
+TEST(JsonWriter, MisuseThrows) {
+  harness::Json j;
+  j.begin_object();
+  EXPECT_THROW(j.str("value without a key"), Error);
+  EXPECT_THROW(j.end_array(), Error);
+  EXPECT_THROW(j.text(), Error);
+}
+
+TEST(JsonWriter, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
+  const fs::path dir = fs::temp_directory_path() / ("m3h_json_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path p = dir / "a.json";
+  harness::write_file_atomic(p.string(), "{}\n");
+  harness::write_file_atomic(p.string(), "[1]\n");
+  EXPECT_EQ(read_file(p), "[1]\n");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  EXPECT_THROW(harness::write_file_atomic((dir / "no" / "such" / "x.json").string(), "{}"), Error);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace m3

@@ -1,0 +1,597 @@
+// Tests of the golden files (golden/golden.hpp, golden/SCHEMA.md) and of `m3h golden`.
+//
+//   GoldenCommitted   every committed case under golden/cases passes `check` (recomputed by
+//                     run_reference<double> from the stored problem)
+//   GoldenRoundTrip   write → read reconstructs the Problem and every oracle tensor bit-exactly
+//   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
+//                     tensor (the first in execution order when several differ); angles compare
+//                     by circular distance
+//   GoldenReader      schema-version mismatch, missing / mis-shaped / extra / non-f64 /
+//                     non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
+//                     that name the problem
+//   GoldenCli         the m3h binary: bad files exit 2 with one stderr line; a perturbed file
+//                     exits 1 naming the tensor; regen without --force exits 2 and leaves the
+//                     file byte-identical; regen --force on an unchanged case reports 0 changed
+//
+// Files are edited by copying them through m3::h5::Reader / Writer (copy_golden below), so the
+// tests depend on the store's API only, never on HDF5 itself.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "golden.hpp"
+#include "h5store.hpp"
+#include "registry.hpp"
+
+#ifndef M3_GOLDEN_CASES_DIR
+#error "M3_GOLDEN_CASES_DIR must be defined (tests/CMakeLists.txt)"
+#endif
+
+namespace fs = std::filesystem;
+using m3::Idx;
+using m3::ScanMode;
+using m3::Tensor;
+namespace golden = m3::golden;
+namespace h5 = m3::h5;
+
+namespace {
+
+// A fresh temporary folder per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string("m3_golden_") + (info ? info->name() : "x") + "_" +
+                       std::to_string(::getpid());
+    for (char& c : name)
+      if (c == '/') c = '_';
+    path_ = fs::temp_directory_path() / name;
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string committed(const std::string& name) {
+  return golden::case_path(M3_GOLDEN_CASES_DIR, name);
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+// The message of the m3::Error that f() throws ("" when it does not throw).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const m3::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- copying a golden file with edits -----------------------------------------------------
+
+// /meta attributes by kind (SCHEMA.md).
+const std::vector<std::string> kMetaStrings = {"generator", "generator_version", "git_revision",
+                                               "case",      "seed",              "scan_modes",
+                                               "precision"};
+const std::vector<std::string> kMetaDoubles = {"rope_fraction", "a_floor"};
+const std::vector<std::string> kMetaInts = {
+    "schema_version", "d_model",  "d_state",    "expand",     "headdim",
+    "ngroups",        "n_layers", "is_outproj_norm", "input_dim", "input_proj_identity",
+    "chunk_size",     "d_inner",  "nheads",     "num_rope_angles", "in_proj_dim",
+    "B",              "T"};
+
+struct Edits {
+  std::string skip;                                  // dataset not copied
+  std::function<void(const std::string&, Tensor&)> tensor;  // may change a dataset's values
+  std::function<void(h5::Writer&)> extra;            // more objects before commit
+  std::function<bool(const std::string& attr, h5::Writer&)> meta;  // true: attr handled
+  h5::DType dtype = h5::DType::F64;
+  std::string dtype_for;                             // dataset stored as `dtype`
+};
+
+void walk(const h5::Reader& r, const std::string& group, std::vector<std::string>& out) {
+  for (const auto& c : r.children(group)) {
+    const std::string p = (group == "/" ? "" : group) + "/" + c;
+    if (r.is_group(p))
+      walk(r, p, out);
+    else
+      out.push_back(p);
+  }
+}
+
+void copy_golden(const std::string& from, const std::string& to, const Edits& e) {
+  const h5::Reader r(from);
+  h5::Writer w(to, true);
+  w.group("/meta");
+  auto meta = [&](const std::string& a, auto&& copy) {
+    if (e.meta && e.meta(a, w)) return;
+    copy();
+  };
+  for (const auto& a : kMetaStrings)
+    meta(a, [&] { w.attr("/meta", a, r.attr_string("/meta", a)); });
+  for (const auto& a : kMetaDoubles)
+    meta(a, [&] { w.attr("/meta", a, r.attr_double("/meta", a)); });
+  for (const auto& a : kMetaInts) meta(a, [&] { w.attr("/meta", a, r.attr_int("/meta", a)); });
+  std::vector<std::string> paths;
+  walk(r, "/", paths);
+  for (const auto& p : paths) {
+    if (p == e.skip) continue;
+    Tensor t = r.read(p);
+    if (e.tensor) e.tensor(p, t);
+    const h5::DType dt = p == e.dtype_for ? e.dtype : h5::DType::F64;
+    w.write(p, t, dt, h5::NonFinite::Allow);
+  }
+  if (e.extra) e.extra(w);
+  w.commit();
+}
+
+// ---- running the m3h binary -----------------------------------------------------------------
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+bool have_m3h() {
+#ifdef M3H_PATH
+  return fs::exists(M3H_PATH);
+#else
+  return false;
+#endif
+}
+
+CliResult run_m3h(const std::string& args, const TempDir& tmp) {
+  CliResult res;
+#ifdef M3H_PATH
+  const std::string out = tmp.file("stdout.txt"), err = tmp.file("stderr.txt");
+  const std::string cmd = std::string("'") + M3H_PATH + "' " + args + " >'" + out + "' 2>'" +
+                          err + "'";
+  const int rc = std::system(cmd.c_str());
+  res.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  res.out = read_bytes(out);
+  res.err = read_bytes(err);
+#endif
+  return res;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// A Capture equal to `cap` with f applied to the tensor under `key`.
+m3::Capture with_change(const m3::Capture& cap, const std::string& key,
+                        const std::function<void(Tensor&)>& f) {
+  m3::Capture out;
+  for (const auto& k : cap.keys()) {
+    Tensor t = cap.at(k);
+    if (k == key) f(t);
+    out.put(k, t.shape, t.data.data());
+  }
+  return out;
+}
+
+// ---- tests ------------------------------------------------------------------------------------
+
+class GoldenCommitted : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenCommitted, CheckPasses) {
+  const golden::CheckResult r = golden::check_file(committed(GetParam()));
+  EXPECT_TRUE(r.pass()) << r.line();
+  EXPECT_EQ(r.name, GetParam());
+  EXPECT_FALSE(r.diff.inputs_changed) << r.diff.inputs_note;
+  EXPECT_GT(r.diff.tensors.size(), 0u);
+}
+
+TEST_P(GoldenCommitted, StoredProblemIsTheCaseTable) {
+  // The stored problem is exactly what the case table generates (regen would not change it).
+  const golden::GoldenCase stored = golden::read_golden(committed(GetParam()));
+  const golden::CaseDef& def = golden::find_case(GetParam());
+  const m3::Problem pb = m3::make_problem(def.cfg, def.B, def.T, def.seed, def.random_states);
+  golden::GoldenCase fresh;
+  fresh.name = def.name;
+  fresh.problem = pb;
+  fresh.modes = def.modes;
+  for (ScanMode m : def.modes) fresh.oracle[m] = stored.oracle.at(m);
+  const golden::CaseDiff d = golden::diff_cases(stored, fresh);
+  EXPECT_FALSE(d.inputs_changed) << d.inputs_note;
+  EXPECT_FALSE(d.modes_changed);
+}
+
+std::vector<std::string> case_names() {
+  std::vector<std::string> v;
+  for (const auto& d : golden::builtin_cases()) v.push_back(d.name);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenCommitted, ::testing::ValuesIn(case_names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(GoldenCases, EveryPropertyIsCovered) {
+  bool ngroups = false, rope1 = false, no_rope = false, outnorm = false, states = false,
+       ragged = false, deep_linear = false, identity = false, batch = false, seq = false,
+       chunked = false;
+  for (const auto& d : golden::builtin_cases()) {
+    const m3::Config& c = d.cfg;
+    ngroups |= c.ngroups > 1;
+    rope1 |= c.rope_fraction == 1.0 && c.num_rope_angles() > 0;
+    no_rope |= c.num_rope_angles() == 0;
+    outnorm |= c.is_outproj_norm;
+    states |= d.random_states;
+    ragged |= d.T % c.chunk_size != 0 && c.n_chunks(d.T) > 1;
+    deep_linear |= c.n_layers >= 3 && !c.input_proj_identity && c.input_dim != c.d_model;
+    identity |= c.input_proj_identity;
+    batch |= d.B > 1;
+    for (ScanMode m : d.modes) (m == ScanMode::Sequential ? seq : chunked) = true;
+  }
+  EXPECT_TRUE(ngroups && rope1 && no_rope && outnorm && states && ragged && deep_linear &&
+              identity && batch && seq && chunked);
+  EXPECT_NO_THROW(golden::find_case("default"));
+  EXPECT_NE(error_of([] { golden::find_case("nope"); }).find("known cases: default"),
+            std::string::npos);
+}
+
+TEST(GoldenRoundTrip, ProblemAndOracleAreBitExact) {
+  TempDir tmp;
+  const golden::GoldenCase gc = golden::make_case(golden::find_case("entering_states"));
+  const std::string path = tmp.file("rt.h5");
+  golden::write_golden(path, gc, false);
+  const golden::GoldenCase back = golden::read_golden(path);
+  EXPECT_EQ(back.name, gc.name);
+  EXPECT_EQ(back.modes, gc.modes);
+  EXPECT_EQ(back.problem.seed, gc.problem.seed);
+  const golden::CaseDiff d = golden::diff_cases(gc, back);
+  EXPECT_FALSE(d.inputs_changed) << d.inputs_note;
+  ASSERT_EQ(d.count(golden::DiffStatus::Unchanged), static_cast<int>(d.tensors.size()));
+  for (const auto& t : d.tensors) EXPECT_TRUE(t.identical) << t.path();
+  // Every key of every mode made the round trip.
+  for (ScanMode m : gc.modes) EXPECT_EQ(back.oracle.at(m).keys().size(), gc.oracle.at(m).keys().size());
+}
+
+TEST(GoldenRoundTrip, LargeSeedSurvives) {
+  TempDir tmp;
+  const golden::CaseDef& def = golden::find_case("no_rope");
+  const std::uint64_t seed = 0xFFFFFFFFFFFFFFF1ull;
+  const golden::GoldenCase gc = golden::compute_case(
+      "big_seed", m3::make_problem(def.cfg, def.B, def.T, seed, false), {ScanMode::Sequential});
+  golden::write_golden(tmp.file("s.h5"), gc, false);
+  EXPECT_EQ(golden::read_golden(tmp.file("s.h5")).problem.seed, seed);
+}
+
+TEST(GoldenWrite, RefusesToReplaceWithoutForce) {
+  TempDir tmp;
+  const std::string path = tmp.file("no_rope.h5");
+  fs::copy_file(committed("no_rope"), path);
+  const std::string before = read_bytes(path);
+  const golden::GoldenCase gc = golden::read_golden(path);
+  EXPECT_NE(error_of([&] { golden::write_golden(path, gc, false); }).find("file exists"),
+            std::string::npos);
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_NO_THROW(golden::write_golden(path, gc, true));
+}
+
+// One element of one oracle tensor changed → check names exactly that tensor and element.
+TEST(GoldenCheck, OnePerturbedValueIsNamed) {
+  TempDir tmp;
+  golden::GoldenCase gc = golden::read_golden(committed("ragged_chunks"));
+  const std::string key = "L0/F6/y";
+  const Idx index = 37;
+  Tensor orig = gc.oracle.at(ScanMode::Chunked).at(key);
+  gc.oracle[ScanMode::Chunked] =
+      with_change(gc.oracle.at(ScanMode::Chunked), key, [&](Tensor& t) { t.data[index] += 1e-7; });
+  const std::string path = tmp.file("perturbed.h5");
+  golden::write_golden(path, gc, false);
+
+  const golden::CheckResult r = golden::check_file(path);
+  ASSERT_FALSE(r.pass());
+  const golden::TensorDiff* f = r.diff.first_mismatch();
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->mode, ScanMode::Chunked);
+  EXPECT_EQ(f->key, key);
+  EXPECT_EQ(f->worst_index, index);
+  EXPECT_NEAR(f->max_abs, 1e-7, 1e-12);
+  EXPECT_EQ(f->old_value, orig.data[index] + 1e-7);
+  EXPECT_EQ(r.diff.count(golden::DiffStatus::Changed), 1);
+  EXPECT_NE(r.line().find("FAIL ragged_chunks: first mismatch chunked/L0/F6/y"), std::string::npos)
+      << r.line();
+  EXPECT_EQ(count_lines(r.line()), 0);
+}
+
+TEST(GoldenCheck, FirstMismatchIsInExecutionOrder) {
+  TempDir tmp;
+  golden::GoldenCase gc = golden::read_golden(committed("deep_linear_input"));
+  m3::Capture& seq = gc.oracle[ScanMode::Sequential];
+  // A parameter gradient (last in order), a backward tensor and a layer-2 forward tensor.
+  seq = with_change(seq, "grad/L0/in_proj_w", [](Tensor& t) { t.data[0] += 1.0; });
+  seq = with_change(seq, "L1/B6/d_x", [](Tensor& t) { t.data[3] *= 1.5; });
+  seq = with_change(seq, "L2/F3/dt", [](Tensor& t) { t.data[1] += 1e-3; });
+  golden::write_golden(tmp.file("p.h5"), gc, false);
+  const golden::CheckResult r = golden::check_file(tmp.file("p.h5"));
+  ASSERT_FALSE(r.pass());
+  EXPECT_EQ(r.diff.first_mismatch()->path(), "seq/L2/F3/dt");
+  EXPECT_EQ(r.diff.count(golden::DiffStatus::Changed), 3);
+}
+
+TEST(GoldenCheck, RoundOffWithinToleranceAndAnglesWrap) {
+  golden::GoldenCase a = golden::read_golden(committed("rope_full"));
+  golden::GoldenCase b = a;
+  m3::Capture& cap = b.oracle[ScanMode::Sequential];
+  // A relative change of 1e-13 passes; an angle moved by exactly 2π is the same angle.
+  cap = with_change(cap, "L0/F4ef/k", [](Tensor& t) { t.data[0] *= 1 + 1e-13; });
+  cap = with_change(cap, "L0/F5/angle_cumsum",
+                    [](Tensor& t) { t.data[2] += 6.283185307179586476925286766559; });
+  const golden::CaseDiff d = golden::diff_cases(a, b);
+  EXPECT_EQ(d.first_mismatch(), nullptr) << golden::describe(*d.first_mismatch());
+  int not_identical = 0;
+  for (const auto& t : d.tensors) not_identical += !t.identical;
+  EXPECT_EQ(not_identical, 2);
+}
+
+TEST(GoldenDiff, NewRemovedAndInputs) {
+  golden::GoldenCase a = golden::read_golden(committed("no_rope"));
+  golden::GoldenCase b = a;
+  b.modes = {ScanMode::Sequential};
+  b.oracle.erase(ScanMode::Chunked);
+  b.problem.x[0] += 1;
+  const golden::CaseDiff d = golden::diff_cases(a, b);
+  EXPECT_TRUE(d.inputs_changed);
+  EXPECT_EQ(d.inputs_note, "inputs/x");
+  EXPECT_TRUE(d.modes_changed);
+  EXPECT_EQ(d.count(golden::DiffStatus::Removed),
+            static_cast<int>(a.oracle.at(ScanMode::Chunked).keys().size()));
+  const auto lines = golden::summarize(d, 3);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines[0].rfind("unchanged: ", 0), 0u);
+  EXPECT_NE(lines[0].find("removed: "), std::string::npos);
+  EXPECT_EQ(lines.back().rfind("... and ", 0), 0u);
+}
+
+// ---- reader errors ------------------------------------------------------------------------
+
+class GoldenReader : public ::testing::Test {
+ protected:
+  TempDir tmp;
+  std::string src = committed("no_rope");
+  std::string edited(const Edits& e) {
+    const std::string p = tmp.file("edited.h5");
+    copy_golden(src, p, e);
+    return p;
+  }
+  std::string read_error(const std::string& path) {
+    const std::string msg = error_of([&] { golden::read_golden(path); });
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return msg;
+  }
+};
+
+TEST_F(GoldenReader, UneditedCopyReads) {
+  EXPECT_EQ(read_error(edited({})), "");
+}
+
+TEST_F(GoldenReader, SchemaVersionMismatchNamesBothAndTheFix) {
+  Edits e;
+  e.meta = [](const std::string& a, h5::Writer& w) {
+    if (a != "schema_version") return false;
+    w.attr("/meta", a, 7);
+    return true;
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("schema version 7 found, version 1 expected"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("regenerate with m3h golden regen --case no_rope --force"), std::string::npos)
+      << msg;
+}
+
+TEST_F(GoldenReader, MissingDatasetIsNamed) {
+  Edits e;
+  e.skip = "/stages/seq/L0/F3/dt";
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/stages/seq/L0/F3/dt'"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, MissingWeightAndGradAreNamed) {
+  Edits e;
+  e.skip = "/weights/L0/dt_bias";
+  EXPECT_NE(read_error(edited(e)).find("'/weights/L0/dt_bias'"), std::string::npos);
+  e.skip = "/grads/chunked/norm_f_weight";
+  EXPECT_NE(read_error(edited(e)).find("'/grads/chunked/norm_f_weight'"), std::string::npos);
+}
+
+TEST_F(GoldenReader, MisShapedDatasetIsNamedWithBothShapes) {
+  Edits e;
+  e.tensor = [](const std::string& p, Tensor& t) {
+    if (p != "/stages/chunked/L0/F4/b_rms") return;
+    t.shape = {t.shape[0] / 2, 2 * t.shape[1]};  // same element count, other shape
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("/stages/chunked/L0/F4/b_rms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[4, 2]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 1]"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, ExtraDatasetIsRejected) {
+  Edits e;
+  e.extra = [](h5::Writer& w) { w.write("/stages/seq/L0/F9/bogus", Tensor{{2}, {1, 2}}, h5::DType::F64); };
+  EXPECT_NE(read_error(edited(e)).find("unexpected dataset '/stages/seq/L0/F9/bogus'"),
+            std::string::npos);
+}
+
+TEST_F(GoldenReader, NonFiniteValueIsNamed) {
+  Edits e;
+  e.tensor = [](const std::string& p, Tensor& t) {
+    if (p == "/weights/L0/out_proj_w") t.data[5] = std::nan("");
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("/weights/L0/out_proj_w"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, NonF64DatasetIsRejected) {
+  Edits e;
+  e.dtype = h5::DType::F32;
+  e.dtype_for = "/inputs/x";
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("'/inputs/x' is stored as f32"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, InvalidConfigIsRejected) {
+  Edits e;
+  e.meta = [](const std::string& a, h5::Writer& w) {
+    if (a != "ngroups") return false;
+    w.attr("/meta", a, 3);  // does not divide 4 heads
+    return true;
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ngroups must divide nheads"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, BadFilesGiveOneLine) {
+  const std::string good = read_bytes(src);
+  write_bytes(tmp.file("empty.h5"), "");
+  write_bytes(tmp.file("text.h5"), "this is not an HDF5 file\n");
+  write_bytes(tmp.file("trunc.h5"), good.substr(0, good.size() / 3));
+  EXPECT_NE(read_error(tmp.file("empty.h5")).find("empty"), std::string::npos);
+  EXPECT_NE(read_error(tmp.file("text.h5")).find("not an HDF5 file"), std::string::npos);
+  EXPECT_NE(read_error(tmp.file("trunc.h5")).find("truncated"), std::string::npos);
+  EXPECT_NE(read_error(tmp.file("absent.h5")).find("does not exist"), std::string::npos);
+  // An HDF5 file that is not a golden file.
+  {
+    h5::Writer w(tmp.file("other.h5"), false);
+    w.write("/x", Tensor{{1}, {1.0}}, h5::DType::F64);
+    w.commit();
+  }
+  EXPECT_NE(read_error(tmp.file("other.h5")).find("not a golden file"), std::string::npos);
+}
+
+// ---- the m3h binary ---------------------------------------------------------------------------
+
+class GoldenCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_m3h()) GTEST_SKIP() << "m3h was not built (Boost.Program_options missing)";
+  }
+  TempDir tmp;
+};
+
+TEST_F(GoldenCli, BadFilesExit2WithOneStderrLine) {
+  const std::string good = read_bytes(committed("no_rope"));
+  write_bytes(tmp.file("empty.h5"), "");
+  write_bytes(tmp.file("text.h5"), "plain text");
+  write_bytes(tmp.file("trunc.h5"), good.substr(0, 4096));
+  for (const char* f : {"empty.h5", "text.h5", "trunc.h5", "absent.h5"}) {
+    const CliResult r = run_m3h("golden check --file '" + tmp.file(f) + "'", tmp);
+    EXPECT_EQ(r.status, 2) << f;
+    EXPECT_EQ(count_lines(r.err), 1) << f << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("m3h: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "") << f;
+  }
+}
+
+TEST_F(GoldenCli, PerturbedFileExits1NamingTheTensor) {
+  golden::GoldenCase gc = golden::read_golden(committed("outproj_norm"));
+  gc.oracle[ScanMode::Sequential] = with_change(
+      gc.oracle.at(ScanMode::Sequential), "L0/F7/gated_rms_vals", [](Tensor& t) { t.data[2] *= 1.01; });
+  golden::write_golden(tmp.file("outproj_norm.h5"), gc, false);
+  const CliResult r = run_m3h("golden check --file '" + tmp.file("outproj_norm.h5") + "'", tmp);
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL outproj_norm: first mismatch seq/L0/F7/gated_rms_vals"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(GoldenCli, CheckAllOnACopyPassesAndAMissingCaseIsExit2) {
+  for (const auto& d : golden::builtin_cases())
+    if (d.name != "default" && d.name != "official_small")
+      fs::copy_file(committed(d.name), tmp.file(d.name + ".h5"));
+  // Two built-in cases are missing from this folder: exit 2, one stderr line each.
+  CliResult r = run_m3h("golden check --all --dir '" + tmp.str() + "'", tmp);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 2) << r.err;
+  EXPECT_EQ(count_lines(r.out), static_cast<int>(golden::builtin_cases().size()) - 2) << r.out;
+  r = run_m3h("golden check --case no_rope --case ngroups2 --dir '" + tmp.str() + "'", tmp);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.rfind("PASS no_rope", 0), 0u) << r.out;
+}
+
+TEST_F(GoldenCli, RegenWithoutForceRefusesAndLeavesTheFileAlone) {
+  const std::string path = tmp.file("no_rope.h5");
+  fs::copy_file(committed("no_rope"), path);
+  const std::string before = read_bytes(path);
+  const CliResult r = run_m3h("golden regen --case no_rope --dir '" + tmp.str() + "'", tmp);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("file exists"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(read_bytes(path), before);
+  size_t n_files = 0;
+  for (const auto& e : fs::directory_iterator(tmp.str())) n_files += e.path().extension() == ".h5";
+  EXPECT_EQ(n_files, 1u);  // no temporary file left behind
+}
+
+TEST_F(GoldenCli, RegenForceOnAnUnchangedCaseReportsNothingChanged) {
+  const std::string path = tmp.file("ngroups2.h5");
+  fs::copy_file(committed("ngroups2"), path);
+  CliResult r = run_m3h("golden regen --case ngroups2 --force --dir '" + tmp.str() + "'", tmp);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("changed: 0; new: 0; removed: 0; shape: 0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("inputs changed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("wrote"), std::string::npos) << r.out;
+  r = run_m3h("golden check --file '" + path + "'", tmp);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+}
+
+TEST_F(GoldenCli, RegenForceReportsWhatChanged) {
+  // An old file whose stored oracle differs in one tensor: regen --force names it.
+  golden::GoldenCase gc = golden::read_golden(committed("ngroups2"));
+  gc.oracle[ScanMode::Chunked] = with_change(gc.oracle.at(ScanMode::Chunked), "L0/B3/d_proj",
+                                             [](Tensor& t) { t.data[0] += 0.5; });
+  golden::write_golden(tmp.file("ngroups2.h5"), gc, false);
+  const CliResult r =
+      run_m3h("golden regen --case ngroups2 --force --dir '" + tmp.str() + "'", tmp);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("changed: 1;"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("changed: chunked/L0/B3/d_proj max_abs 0.5"), std::string::npos) << r.out;
+}
+
+TEST_F(GoldenCli, UsageErrorsExit2) {
+  for (const char* args : {"golden", "golden frobnicate", "golden regen", "golden regen --all --case no_rope",
+                           "golden check --case nope", "golden check stray"}) {
+    const CliResult r = run_m3h(args, tmp);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+  }
+}
+
+}  // namespace

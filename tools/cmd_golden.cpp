@@ -1,0 +1,189 @@
+// m3h golden: write and check the golden HDF5 files (HARNESS.md §8, golden/SCHEMA.md).
+//
+//   m3h golden regen [--case NAME ... | --all] [--force] [--dir DIR]
+//       computes each built-in case with the double oracle and writes DIR/NAME.h5 (atomic).
+//       An existing file is replaced only with --force, which first prints what changed
+//       versus the old file, tensor by tensor. Without --force nothing is written when any
+//       selected file exists (exit 2, one line).
+//   m3h golden check [--case NAME ... | --all] [--dir DIR] [--file PATH ...]
+//       reads each file, recomputes every stored scan mode with run_reference<double> on the
+//       stored problem and compares every stored tensor (tolerance: SCHEMA.md). One line per
+//       file: PASS, or FAIL with the first mismatching tensor in execution order. Without a
+//       selection: --all. --all = every built-in case plus any other *.h5 in DIR.
+//   m3h golden list [--dir DIR]
+//       the built-in cases, what each covers, and its file's size.
+// DIR defaults to $M3_GOLDEN_DIR, else the source tree's golden/cases.
+// Exit status: 0 success / all pass, 1 some mismatch, 2 bad usage or bad input (a missing or
+// unreadable file: "m3h: error: <one line>" on stderr per file).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+#include "cli.hpp"
+#include "commands.hpp"
+#include "error.hpp"
+#include "golden.hpp"
+
+namespace m3::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kSummary =
+    "Golden HDF5 files: one per built-in case, written by the double oracle.\n"
+    "  regen  compute and write; an existing file is replaced only with --force, which prints\n"
+    "         what changed versus the old file\n"
+    "  check  recompute every stored scan mode from the stored problem and compare every\n"
+    "         stored tensor (max_abs and rel_l2 within 1e-10 of the tensor's scale)\n"
+    "  list   the built-in cases\n"
+    "Exit status: 0 success, 1 some tensor differs (check), 2 bad usage or bad input.";
+
+void print_help(const po::options_description& desc) {
+  std::cout << "Usage: m3h golden regen|check|list [options]\n\n" << kSummary << "\n\n"
+            << desc << "\n";
+}
+
+std::vector<std::string> selected_cases(const po::variables_map& vm, bool all) {
+  std::vector<std::string> names;
+  if (all) {
+    for (const auto& d : golden::builtin_cases()) names.push_back(d.name);
+    return names;
+  }
+  if (vm.count("case"))
+    for (const auto& n : vm["case"].as<std::vector<std::string>>()) {
+      golden::find_case(n);  // an unknown name is an error before anything runs
+      names.push_back(n);
+    }
+  return names;
+}
+
+std::string size_str(const std::string& path) {
+  std::error_code ec;
+  const auto n = fs::file_size(path, ec);
+  if (ec) return "?";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(n) / 1024.0);
+  return buf;
+}
+
+int regen(const po::variables_map& vm, const std::string& dir) {
+  const bool all = vm["all"].as<bool>();
+  if (vm.count("file")) throw UsageError("golden regen: --file is for check (regen uses --dir)");
+  if (all == (vm.count("case") != 0))
+    throw UsageError("golden regen: give --case NAME (repeatable) or --all");
+  const bool force = vm["force"].as<bool>();
+  const std::vector<std::string> names = selected_cases(vm, all);
+  if (!fs::is_directory(dir)) throw Error(dir, "golden folder does not exist", "see --dir");
+  if (!force) {
+    std::vector<std::string> existing;
+    for (const auto& n : names)
+      if (fs::exists(golden::case_path(dir, n))) existing.push_back(golden::case_path(dir, n));
+    if (!existing.empty()) {
+      std::string more =
+          existing.size() > 1 ? " (and " + std::to_string(existing.size() - 1) + " more)" : "";
+      throw Error(existing.front(), "file exists" + more,
+                  "pass --force to replace it; nothing was written");
+    }
+  }
+  for (const auto& n : names) {
+    const std::string path = golden::case_path(dir, n);
+    const golden::GoldenCase now = golden::make_case(golden::find_case(n));
+    if (fs::exists(path)) {
+      std::cout << n << ": replacing " << path << "\n";
+      try {
+        const golden::GoldenCase old = golden::read_golden(path);
+        for (const auto& line : golden::summarize(golden::diff_cases(old, now)))
+          std::cout << "  " << line << "\n";
+      } catch (const Error& e) {
+        std::cout << "  the old file is unreadable, nothing to compare: " << e.what() << "\n";
+      }
+    }
+    golden::write_golden(path, now, force);
+    size_t n_tensors = 0;
+    for (const auto& [mode, cap] : now.oracle) n_tensors += cap.keys().size();
+    std::cout << n << ": wrote " << path << " (" << size_str(path) << ", " << n_tensors
+              << " oracle tensors)\n";
+  }
+  return 0;
+}
+
+int check(const po::variables_map& vm, const std::string& dir) {
+  bool all = vm["all"].as<bool>();
+  if (all && vm.count("case")) throw UsageError("golden check: --case and --all exclude each other");
+  std::vector<std::string> paths;
+  if (vm.count("file"))
+    for (const auto& p : vm["file"].as<std::vector<std::string>>()) paths.push_back(p);
+  if (!all && !vm.count("case") && paths.empty()) all = true;
+  std::set<std::string> seen(paths.begin(), paths.end());
+  for (const auto& n : selected_cases(vm, all))
+    if (seen.insert(golden::case_path(dir, n)).second) paths.push_back(golden::case_path(dir, n));
+  if (all && fs::is_directory(dir)) {
+    std::vector<std::string> extra;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".h5" && !seen.count(e.path().string()))
+        extra.push_back(e.path().string());
+    std::sort(extra.begin(), extra.end());
+    paths.insert(paths.end(), extra.begin(), extra.end());
+  }
+  int status = 0;
+  for (const auto& p : paths) {
+    try {
+      const golden::CheckResult r = golden::check_file(p);
+      std::cout << r.line() << std::endl;
+      if (!r.pass()) status = std::max(status, 1);
+    } catch (const std::exception& e) {
+      std::cerr << "m3h: error: " << e.what() << std::endl;
+      status = 2;
+    }
+  }
+  return status;
+}
+
+int list(const std::string& dir) {
+  for (const auto& d : golden::builtin_cases()) {
+    const std::string p = golden::case_path(dir, d.name);
+    std::string name = d.name;
+    name.resize(18, ' ');
+    std::cout << name << (fs::exists(p) ? size_str(p) : std::string("(no file)")) << "  "
+              << d.about << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_golden(const std::vector<std::string>& args) {
+  po::options_description desc("Options");
+  // clang-format off
+  desc.add_options()
+    ("help,h", "this help")
+    ("case", po::value<std::vector<std::string>>()->composing(), "a built-in case by name (repeatable; see m3h golden list)")
+    ("all", po::bool_switch(), "every built-in case (check: also every other *.h5 in DIR)")
+    ("force", po::bool_switch(), "regen: replace existing files, printing what changed")
+    ("dir", po::value<std::string>(), "case folder (default: $M3_GOLDEN_DIR, else the source tree's golden/cases)")
+    ("file", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable)");
+  // clang-format on
+  if (args.empty()) throw UsageError("golden: give an action: regen, check or list");
+  if (args[0] == "--help" || args[0] == "-h") {
+    print_help(desc);
+    return 0;
+  }
+  const std::string action = args[0];
+  if (action != "regen" && action != "check" && action != "list")
+    throw UsageError("golden: unknown action '" + action + "' (regen, check or list)");
+  const po::variables_map vm =
+      parse_args(std::vector<std::string>(args.begin() + 1, args.end()), desc, "golden");
+  if (vm.count("help")) {
+    print_help(desc);
+    return 0;
+  }
+  const std::string dir = vm.count("dir") ? vm["dir"].as<std::string>() : golden::default_dir();
+  if (action == "regen") return regen(vm, dir);
+  if (action == "check") return check(vm, dir);
+  return list(dir);
+}
+
+}  // namespace m3::tools
