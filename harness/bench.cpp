@@ -67,13 +67,27 @@ double BenchRow::tokens_per_s() const {
   return s > 0 ? static_cast<double>(tokens) / s : 0.0;
 }
 
-std::vector<BenchRow> bench_reference(const BenchSpec& spec) {
+namespace {
+void check_spec(const BenchSpec& spec) {
   M3_REQUIRE(spec.repeats >= 1, "bench", "repeats must be >= 1", "repeats=", spec.repeats);
   M3_REQUIRE(spec.warmup >= 0, "bench", "warm-up count must be >= 0", "warmup=", spec.warmup);
   M3_REQUIRE(!spec.modes.empty(), "bench", "no scan mode to time", "");
+}
+}  // namespace
+
+std::vector<BenchRow> bench_reference(const BenchSpec& spec) {
+  check_spec(spec);
   const Problem pb = make_problem(spec.cfg, spec.B, spec.T, spec.seed, true);
   std::vector<BenchRow> rows;
   for (ScanMode m : spec.modes) rows.push_back(bench_one<double>(pb, m, spec.repeats, spec.warmup, "f64"));
+  for (ScanMode m : spec.modes) rows.push_back(bench_one<float>(pb, m, spec.repeats, spec.warmup, "f32"));
+  return rows;
+}
+
+std::vector<BenchRow> bench_reference_float(const BenchSpec& spec) {
+  check_spec(spec);
+  const Problem pb = make_problem(spec.cfg, spec.B, spec.T, spec.seed, true);
+  std::vector<BenchRow> rows;
   for (ScanMode m : spec.modes) rows.push_back(bench_one<float>(pb, m, spec.repeats, spec.warmup, "f32"));
   return rows;
 }

@@ -33,5 +33,7 @@ struct BenchRow {
 
 // f64 rows first, then f32, each in spec.modes order. Throws m3::Error on a bad spec.
 std::vector<BenchRow> bench_reference(const BenchSpec& spec);
+// The float rows only (the reference time next to the GPU rows of m3h bench).
+std::vector<BenchRow> bench_reference_float(const BenchSpec& spec);
 
 }  // namespace m3::harness

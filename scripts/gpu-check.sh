@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# For the GPU machine: builds with CUDA into build-gpu/, then runs each check below.
+# For the GPU machine: builds with CUDA into build-gpu/ and runs every GPU check in one go:
+#   configure, build          cmake -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (Ninja)
+#   nvidia-smi                what the card is
+#   ctest                     every test; GPU tests run the whole coverage grid
+#                             (M3_GPU_FULL_GRID=1) and 20-run determinism
+#   memcheck, racecheck       compute-sanitizer on the small sanitizer test
+#   golden                    m3h golden check --all
+#   compare-gpu               m3h compare --device gpu (oracle vs GPU, float reference baseline)
+#   determinism               m3h determinism --runs 20
+#   bench                     m3h bench (GPU presets + the reference time)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
-# Installs nothing: the GPU machine must already have the packages of scripts/setup.sh.
+# Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
+# taken from .boost/ when scripts/make-boost-bundle.sh made it here and the call carried it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,17 +30,19 @@ step() {
   local name="$1"
   shift
   echo "=== $name: $*"
-  if "$@" 2>&1 | tee "$LOGS/$name.log"; then
+  if "$@" >"$LOGS/$name.log" 2>&1; then
     results+=(PASS)
   else
     results+=(FAIL)
     failed=1
   fi
   names+=("$name")
+  tail -n 5 "$LOGS/$name.log"
 }
 
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then configure_args+=(-G Ninja); fi
+if [[ -d .boost ]]; then configure_args+=(-DM3_BOOST_BUNDLE="$PWD/.boost"); fi
 
 step configure cmake "${configure_args[@]}"
 if ((failed == 0)); then
@@ -38,11 +50,20 @@ if ((failed == 0)); then
 fi
 if ((failed == 0)); then
   if command -v nvidia-smi >/dev/null 2>&1; then step nvidia-smi nvidia-smi; fi
-  step ctest ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS"
+  step ctest env M3_GPU_FULL_GRID=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 4
+  gpu_tests="$BUILD_DIR/tests/m3_gpu_tests"
+  if [[ -x "$gpu_tests" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
+    for tool in memcheck racecheck; do
+      step "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+        "$gpu_tests" --gtest_filter='GpuSanitizer.*'
+    done
+  fi
   m3h="$BUILD_DIR/tools/m3h"
   if [[ -x "$m3h" ]]; then
-    step compare "$m3h" compare
-    step bench-reference "$m3h" bench --reference
+    step golden "$m3h" golden check --all
+    step compare-gpu "$m3h" compare --device gpu --dtype f32
+    step determinism "$m3h" determinism --runs 20
+    step bench "$m3h" bench
   fi
 fi
 

@@ -1,24 +1,113 @@
-// m3h bench: timing. Today only --reference (the Eigen reference, double and float, both scan
-// modes); the GPU benchmarks of the CUDA path will be further switches of this command.
+// m3h bench: timing.
+//   --reference   the Eigen reference (double and float, both scan modes) on one shape
+//   default       the GPU path per bench shape (--shapes): forward and forward+backward per
+//                 layer with CUDA events after warm-up (median of --repeats), tokens/s, both
+//                 scan modes, and the float reference's time for the same shape (one pass,
+//                 chunked; --no-reference skips it). Without a GPU: one line saying so, then
+//                 the reference rows.
+// Bench shapes: default = the default config at B = 2, T = 256 (4 layers); official = d_model
+// 1024, headdim 64, d_state 128, ngroups 1, expand 2, B = 8, T = 4096, 1 layer (the official
+// Mamba-3 defaults; the sequential reference is not timed there: its h_saved alone would need
+// B·(T+1)·d_state·d_inner·4 B = 34 GB).
+#include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include "bench.hpp"
+#include "bench_gpu.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
-#include "report.hpp"
-
-#if M3H_WITH_GPU
+#include "context.hpp"
 #include "device.hpp"
-#endif
+#include "gpu_lineup.hpp"
+#include "report.hpp"
 
 namespace m3::tools {
 
 namespace {
 
 const char* kSummary =
-    "--reference: times the Eigen reference forward and backward (median of --repeats after\n"
-    "--warmup untimed passes) in double and float, for each scan mode, and prints a table of\n"
-    "precision, scan, forward ms, backward ms and tokens/s.";
+    "Without --reference: times the GPU path per shape of --shapes (default, official): forward\n"
+    "and forward+backward per layer (CUDA events, median of --repeats after --warmup), tokens/s,\n"
+    "both scan modes, plus one pass of the float reference (chunked) on the same shape.\n"
+    "--reference: times the Eigen reference forward and backward in double and float on the\n"
+    "problem options' shape (default preset: B=2, T=256), both scan modes.";
+
+struct Shape {
+  std::string name;
+  Config cfg;
+  Idx B, T;
+};
+
+Shape bench_shape(const std::string& name) {
+  Shape s{name, Config{}, 2, 256};
+  if (name == "default") return s;
+  if (name == "official") {
+    s.cfg.d_model = 1024;
+    s.cfg.headdim = 64;
+    s.cfg.d_state = 128;
+    s.cfg.ngroups = 1;
+    s.cfg.expand = 2;
+    s.cfg.n_layers = 1;
+    s.cfg.input_dim = 1024;
+    s.B = 8;
+    s.T = 4096;
+    return s;
+  }
+  throw UsageError("--shapes: unknown bench shape '" + name + "' (default, official)");
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
+                      int warmup, int repeats, bool with_reference) {
+  gpu::GpuContext ctx(0);
+  std::cout << "m3h bench: GPU path (f32 storage), CUDA events, median of " << repeats
+            << " after " << warmup << " warm-up\n"
+            << "gpu: " << gpu::describe(gpu::query_device()) << "\n\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-9s %-8s %7s %6s %12s %14s %14s %12s %14s", "shape", "scan",
+                "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
+                "ref_fb_ms/lyr");
+  std::cout << buf << "\n" << std::string(std::char_traits<char>::length(buf), '-') << "\n";
+  for (const auto& sh : shapes) {
+    for (ScanMode m : modes) {
+      const gpu::GpuTiming t = gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats);
+      const double L = static_cast<double>(sh.cfg.n_layers);
+      const double tok = static_cast<double>(sh.B * sh.T);
+      std::string ref = "-";
+      const bool seq_too_big = m == ScanMode::Sequential && sh.name == "official";
+      if (with_reference && !seq_too_big) {
+        harness::BenchSpec spec;
+        spec.cfg = sh.cfg;
+        spec.B = sh.B;
+        spec.T = sh.T;
+        spec.repeats = 1;
+        spec.warmup = 0;
+        spec.modes = {m};
+        const auto rows = harness::bench_reference_float(spec);
+        std::snprintf(buf, sizeof buf, "%.1f", (rows.front().forward_ms + rows.front().backward_ms) / L);
+        ref = buf;
+      } else if (seq_too_big) {
+        ref = "n/a (34 GB)";
+      }
+      std::snprintf(buf, sizeof buf, "%-9s %-8s %7lld %6lld %12.3f %14.3f %14.3f %12.3f %14s",
+                    sh.name.c_str(), scan_mode_name(m), static_cast<long long>(sh.cfg.n_layers),
+                    static_cast<long long>(sh.B * sh.T), t.forward_ms, t.forward_ms / L,
+                    t.forward_backward_ms / L, tok / (t.forward_backward_ms / L) * 1e-3,
+                    ref.c_str());
+      std::cout << buf << std::endl;
+    }
+  }
+  std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
+               "layer); ref_fb_ms/lyr: float reference, one forward+backward pass, per layer\n";
+}
 
 }  // namespace
 
@@ -27,7 +116,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   // clang-format off
   run.add_options()
     ("help,h", "this help")
-    ("reference", po::bool_switch(), "time the Eigen CPU reference")
+    ("reference", po::bool_switch(), "time the Eigen CPU reference only (double and float)")
+    ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official)")
+    ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)");
@@ -39,9 +130,25 @@ int cmd_bench(const std::vector<std::string>& args) {
     print_command_help("bench", kSummary, all);
     return 0;
   }
-  if (!vm["reference"].as<bool>())
-    throw UsageError("bench: say what to time: --reference (the Eigen reference; GPU "
-                     "benchmarks come with the CUDA path)");
+  const int repeats = vm["repeats"].as<int>(), warmup = vm["warmup"].as<int>();
+  if (repeats < 1) throw UsageError("--repeats must be >= 1");
+  if (warmup < 0) throw UsageError("--warmup must be >= 0");
+  const std::vector<ScanMode> modes = parse_scan_list(vm["scan"].as<std::string>());
+
+  bool reference_only = vm["reference"].as<bool>();
+  if (!reference_only) {
+    const std::string absent = harness::gpu_absent_reason();
+    if (absent.empty()) {
+      std::vector<Shape> shapes;
+      for (const auto& n : split_commas(vm["shapes"].as<std::string>()))
+        shapes.push_back(bench_shape(n));
+      if (shapes.empty()) throw UsageError("--shapes: no shape given");
+      bench_gpu_shapes(shapes, modes, warmup, repeats, !vm["no-reference"].as<bool>());
+      return 0;
+    }
+    std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";
+    reference_only = true;
+  }
 
   const harness::RunSpec p = problem_from(vm);
   harness::BenchSpec spec;
@@ -49,17 +156,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   spec.B = p.B;
   spec.T = p.T;
   spec.seed = p.seed;
-  spec.repeats = vm["repeats"].as<int>();
-  spec.warmup = vm["warmup"].as<int>();
-  spec.modes = parse_scan_list(vm["scan"].as<std::string>());
-  if (spec.repeats < 1) throw UsageError("--repeats must be >= 1");
-  if (spec.warmup < 0) throw UsageError("--warmup must be >= 0");
-
+  spec.repeats = repeats;
+  spec.warmup = warmup;
+  spec.modes = modes;
   const std::vector<harness::BenchRow> rows = harness::bench_reference(spec);
   harness::print_bench(std::cout, spec, rows);
-#if M3H_WITH_GPU
-  std::cout << "gpu: " << gpu::describe(gpu::query_device()) << " (not used by --reference)\n";
-#endif
   return 0;
 }
 

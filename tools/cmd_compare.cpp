@@ -8,15 +8,14 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "gpu_lineup.hpp"
 #include "json.hpp"
 #include "precision.hpp"
 #include "presets.hpp"
 #include "report.hpp"
 #include "report_json.hpp"
 
-#if M3H_WITH_GPU
 #include "device.hpp"
-#endif
 
 namespace m3::tools {
 
@@ -32,6 +31,8 @@ std::string summary_text() {
       "CPU subject of precision p: reference<float> with p's storage (f32 exact; bf16/f16 round\n"
       "every typed tensor where the GPU stores it, MODEL.md sec. 8); no baseline yet, so the floors\n"
       "of the tolerance table (harness/budget.cpp) alone decide.\n"
+      "GPU subject (--device gpu, or auto with a device): the CUDA path, with the reference at\n"
+      "the same precision as the baseline (pass: err <= k*baseline + floor, HARNESS.md sec. 4).\n"
       "--json FILE writes every metric of every cell (key x precision x mode), the budgets, the\n"
       "config, seed, build and device (atomically; non-finite numbers as \"inf\"/\"-inf\"/\"nan\").\n"
       "Exit status: 0 all within budget, 1 some budget exceeded, 2 bad usage or bad input.\n\n"
@@ -55,7 +56,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
     ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "subject storage precisions (comma list of f32, bf16, f16)")
-    ("device", po::value<std::string>()->default_value("cpu"), "where the subject runs (cpu: the float reference / storage emulation)")
+    ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
     ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic)")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
@@ -69,11 +70,22 @@ int cmd_compare(const std::vector<std::string>& args) {
     return 0;
   }
 
-  const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
-  const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu")
-    throw UsageError("--device " + device +
-                     ": only cpu is available (the CUDA subject is not implemented yet)");
+  std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "gpu" && device != "auto")
+    throw UsageError("--device " + device + ": expected cpu, gpu or auto");
+  if (device != "cpu") {
+    const std::string absent = harness::gpu_absent_reason();
+    if (!absent.empty()) {
+      std::cout << "m3h: no GPU (" << absent << "): running the CPU rows only\n";
+      device = "cpu";
+    } else {
+      device = "gpu";
+      // The GPU path stores f32 only so far: the default precision list narrows to f32 there
+      // (an explicit --dtype bf16/f16 with the GPU is an error that says so).
+      if (vm["dtype"].defaulted()) precisions = {Precision::F32};
+    }
+  }
   if (vm.count("json")) {  // fail before the run, not after it
     const std::filesystem::path dir =
         std::filesystem::path(vm["json"].as<std::string>()).parent_path();
@@ -93,7 +105,9 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (!any) throw UsageError("--stage '" + spec.filter + "' matches no tensor of this run");
 
   const harness::Comparison c =
-      harness::run_comparison(spec, src.problem, src.oracle, harness::cpu_lineups(precisions));
+      harness::run_comparison(spec, src.problem, src.oracle,
+                              device == "gpu" ? harness::gpu_lineups(precisions)
+                                              : harness::cpu_lineups(precisions));
 
   harness::ReportOptions ropt;
   ropt.failures_only = vm["failures-only"].as<bool>();
@@ -105,10 +119,8 @@ int cmd_compare(const std::vector<std::string>& args) {
     harness::RunInfo info;
     info.command_line = command_line("compare", args);
     info.cpu = harness::cpu_model();
-#if M3H_WITH_GPU
     info.gpu = gpu::describe(gpu::query_device());
     info.cuda = gpu::cuda_compiled();
-#endif
     const std::string path = vm["json"].as<std::string>();
     harness::write_file_atomic(path, harness::comparison_json(c, info));
     std::cout << "json: " << path << " (" << c.n_checks() << " cells)\n";

@@ -10,5 +10,6 @@ int cmd_compare(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_golden(const std::vector<std::string>& args);
+int cmd_determinism(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

@@ -25,6 +25,8 @@ const std::vector<Command>& commands() {
       {"bench", "time the reference (--reference)", m3::tools::cmd_bench},
       {"dump", "write oracle/subject/diff arrays of chosen tensors to HDF5", m3::tools::cmd_dump},
       {"golden", "regen / check / list the golden HDF5 files", m3::tools::cmd_golden},
+      {"determinism", "run N times, require bit-identical tensors (names the first divergence)",
+       m3::tools::cmd_determinism},
   };
   return table;
 }

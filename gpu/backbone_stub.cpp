@@ -1,0 +1,48 @@
+// CPU-only build (M3_CUDA=OFF): the GPU API exists so that the harness and the tools link the
+// same way in every build, and every entry says in one line why it cannot run.
+#include "backbone_gpu.hpp"
+#include "bench_gpu.hpp"
+#include "error.hpp"
+
+namespace m3::gpu {
+
+namespace {
+[[noreturn]] void no_cuda(const char* where) {
+  throw Error(where, "no GPU", "built without CUDA (M3_CUDA=OFF)");
+}
+}  // namespace
+
+struct GpuContext::Impl {};
+GpuContext::GpuContext(int) { no_cuda("GpuContext"); }
+GpuContext::~GpuContext() = default;
+int GpuContext::device() const { no_cuda("GpuContext"); }
+void GpuContext::synchronize() const { no_cuda("GpuContext"); }
+
+struct GpuBackbone::Impl {};
+GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode) {
+  no_cuda("GpuBackbone");
+}
+GpuBackbone::~GpuBackbone() = default;
+std::string GpuBackbone::unsupported(const Config&, Idx, Idx) {
+  return "built without CUDA (M3_CUDA=OFF)";
+}
+void GpuBackbone::set_params(const Params<float>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_input(const std::vector<float>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_states(const States<float>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_dout(const std::vector<float>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_leaving_grads(const States<float>*) { no_cuda("GpuBackbone"); }
+void GpuBackbone::zero_grads() { no_cuda("GpuBackbone"); }
+void GpuBackbone::forward(Capture*) { no_cuda("GpuBackbone"); }
+void GpuBackbone::backward(Capture*) { no_cuda("GpuBackbone"); }
+std::vector<float> GpuBackbone::output() const { no_cuda("GpuBackbone"); }
+States<float> GpuBackbone::states() const { no_cuda("GpuBackbone"); }
+Params<float> GpuBackbone::grads() const { no_cuda("GpuBackbone"); }
+std::vector<float> GpuBackbone::d_x() const { no_cuda("GpuBackbone"); }
+States<float> GpuBackbone::d_entering() const { no_cuda("GpuBackbone"); }
+void GpuBackbone::synchronize() const { no_cuda("GpuBackbone"); }
+Capture run_gpu(GpuContext&, const Problem&, ScanMode) { no_cuda("run_gpu"); }
+GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int) {
+  no_cuda("bench_gpu");
+}
+
+}  // namespace m3::gpu

@@ -1,0 +1,166 @@
+// BCNorm with the per-head bias broadcast (F4a–d) and its backward (B4b, B4c).
+// MODEL.md §4 F4, §6.2 B4b/B4c; the same formulas, operation for operation, as
+// reference/bcnorm.cpp (+ the RMSNorm core of reference/rmsnorm.cpp). For X ∈ {B, C}, per
+// (r, g), n < ds, g(h) = ⌊h / hpg⌋:
+//   X_rms[r,g]      = sqrt( (1/ds) Σ_n X_raw[r,g,n]² + ε ),  ε = 1e-5   (saved: the RMS)
+//   X_normed[r,g,n] = X_raw[r,g,n] / X_rms[r,g] · w_X[n]                 (stored as T)
+//   X_biased[r,h,n] = X_normed[r,g(h),n] + X_bias[h,n]   for the hpg heads h of group g
+//                     (reads the stored X_normed)
+// Backward from d_X_pre_rope [BT, nh, ds] (f32):
+//   d_X_normed[r,g,n] = Σ_{h: g(h)=g} d_X_pre_rope[r,h,n]   (ascending h; stored as T)
+//   x̂ = X_raw / X_rms,  c1 = (1/ds) Σ_n d_X_normed·w_X·x̂     (reads the stored d_X_normed)
+//   d_X_raw[r,g,n]    = ( w_X[n]·d_X_normed[r,g,n] − x̂·c1 ) / X_rms[r,g]
+//   d X_bias[h,n]    += Σ_r d_X_pre_rope[r,h,n]             (colsum_rows, fixed order)
+//   d w_X[n]         += Σ_{(r,g)} d_X_normed[r,g,n]·x̂[r,g,n] (colsum_rows over rows (r,g))
+// Shapes: X_raw, X_normed, d_X_normed, d_X_raw [BT, ng, ds]; X_rms [BT, ng];
+// X_biased, d_X_pre_rope [BT, nh, ds]; w_X [ds]; X_bias [nh, ds].
+// One (r, g, X) row per warp segment (reduce.cuh): B and C rows interleave, unit = 2·(r·ng+g)+X.
+#include "convert.cuh"
+#include "reduce.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+constexpr float kEpsF = static_cast<float>(ref::kEps);
+
+struct BcShape {
+  Idx rows;  // BT·ng
+  Idx ng, nh, hpg, ds;
+};
+
+template <class T, int L>
+__global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, BcnormFwd<T> p) {
+  using S = Seg<L>;
+  const Idx units = 2 * sh.rows, ds = sh.ds;
+  for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
+    const Idx unit = w0 + S::seg();
+    const bool on = unit < units;
+    const bool is_c = (unit & 1) != 0;
+    const Idx row = unit >> 1;  // r·ng + g
+    const T* raw = (is_c ? p.c_raw : p.b_raw) + row * ds;
+    float ss = 0.0f;
+    if (on)
+      for (Idx n = S::lane(); n < ds; n += L) {
+        const float v = to_float(raw[n]);
+        ss += v * v;
+      }
+    ss = segment_sum<L>(ss);
+    if (!on) continue;
+    const float rr = sqrtf(ss / static_cast<float>(ds) + kEpsF);
+    if (S::lane() == 0) (is_c ? p.c_rms : p.b_rms)[row] = rr;
+    const float* w = is_c ? p.c_norm_weight : p.b_norm_weight;
+    const float* bias = is_c ? p.c_bias : p.b_bias;
+    T* normed = (is_c ? p.c_normed : p.b_normed) + row * ds;
+    const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
+    T* biased = (is_c ? p.c_biased : p.b_biased) + (r * sh.nh + h0) * ds;
+    for (Idx n = S::lane(); n < ds; n += L) {
+      const T stored = from_float<T>(to_float(raw[n]) / rr * w[n]);
+      normed[n] = stored;
+      const float nv = to_float(stored);
+      for (Idx k = 0; k < sh.hpg; ++k)
+        biased[k * ds + n] = from_float<T>(nv + bias[(h0 + k) * ds + n]);
+    }
+  }
+}
+
+template <class T, int L>
+__global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, BcnormBwd<T> p) {
+  using S = Seg<L>;
+  const Idx units = 2 * sh.rows, ds = sh.ds;
+  for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
+    const Idx unit = w0 + S::seg();
+    const bool on = unit < units;
+    const bool is_c = (unit & 1) != 0;
+    const Idx row = unit >> 1;
+    const T* raw = (is_c ? p.c_raw : p.b_raw) + row * ds;
+    const float* w = is_c ? p.c_norm_weight : p.b_norm_weight;
+    T* dnormed = (is_c ? p.d_c_normed : p.d_b_normed) + row * ds;
+    const float rr = on ? (is_c ? p.c_rms : p.b_rms)[row] : 1.0f;
+    float c1 = 0.0f;
+    if (on) {
+      const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
+      const float* dpre = (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds;
+      for (Idx n = S::lane(); n < ds; n += L) {
+        float acc = 0.0f;
+        for (Idx k = 0; k < sh.hpg; ++k) acc += dpre[k * ds + n];
+        const T stored = from_float<T>(acc);
+        dnormed[n] = stored;
+        c1 += to_float(stored) * w[n] * (to_float(raw[n]) / rr);
+      }
+    }
+    c1 = segment_sum<L>(c1) / static_cast<float>(ds);
+    if (!on) continue;
+    T* draw = (is_c ? p.d_c_raw : p.d_b_raw) + row * ds;
+    for (Idx n = S::lane(); n < ds; n += L) {
+      const float xh = to_float(raw[n]) / rr;
+      draw[n] = from_float<T>((w[n] * to_float(dnormed[n]) - xh * c1) / rr);
+    }
+  }
+}
+
+// d w_X term of row (r,g), column n: d_X_normed·x̂ (the stored d_X_normed).
+template <class T>
+struct NormWeightTerm {
+  const T* dnormed;
+  const T* raw;
+  const float* rms;
+  Idx ds;
+  __device__ float operator()(Idx row, Idx n) const {
+    return to_float(dnormed[row * ds + n]) * (to_float(raw[row * ds + n]) / rms[row]);
+  }
+};
+
+BcShape bc_shape(const Dims& d, const char* where) {
+  M3_REQUIRE(d.BT >= 0 && d.ds >= 1 && d.ng >= 1 && d.nh >= 1 && d.nh % d.ng == 0 &&
+                 d.hpg * d.ng == d.nh,
+             where, "bad dims", "BT=", d.BT, " ds=", d.ds, " ng=", d.ng, " nh=", d.nh,
+             " hpg=", d.hpg);
+  return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds};
+}
+
+Idx bcnorm_scratch_floats(const Dims& d) {
+  return std::max(colsum_scratch_floats(d.BT, d.nh * d.ds), colsum_scratch_floats(d.BT * d.ng, d.ds));
+}
+
+}  // namespace
+
+template <class T>
+void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p) {
+  const BcShape sh = bc_shape(d, "gpu::bcnorm_forward");
+  if (sh.rows == 0) return;
+  with_lanes(segment_lanes(d.ds), [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    bcnorm_forward_kernel<T, L><<<grid_for(2 * sh.rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+        sh, p);
+  });
+  M3_LAUNCH_CHECK();
+}
+
+template <class T>
+void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scratch scratch) {
+  const char* where = "gpu::bcnorm_backward";
+  const BcShape sh = bc_shape(d, where);
+  require_scratch(scratch, bcnorm_scratch_floats(d), where);
+  if (sh.rows == 0) return;
+  with_lanes(segment_lanes(d.ds), [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    bcnorm_backward_kernel<T, L><<<grid_for(2 * sh.rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+        sh, p);
+  });
+  M3_LAUNCH_CHECK();
+  // The four reductions run one after another on the stream and share the scratch.
+  const Idx nhds = d.nh * d.ds;
+  colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_b_pre_rope, nhds}, p.d_b_bias, true, scratch, where);
+  colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch, where);
+  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, d.ds},
+              p.d_b_norm_weight, true, scratch, where);
+  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, d.ds},
+              p.d_c_norm_weight, true, scratch, where);
+}
+
+template void bcnorm_forward<float>(cudaStream_t, const Dims&, const BcnormFwd<float>&);
+template void bcnorm_backward<float>(cudaStream_t, const Dims&, const BcnormBwd<float>&,
+                                     Scratch);
+
+}  // namespace m3::gpu

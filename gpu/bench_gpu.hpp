@@ -1,0 +1,20 @@
+// Timing of the GPU backbone (METHOD.md: CUDA events around the region, warm-up first, the
+// median of repeats): forward, and forward + backward, of one window of (B, T) with seeded
+// realistic inputs resident on the device. Plain C++ header.
+#pragma once
+
+#include "config.hpp"
+#include "context.hpp"
+
+namespace m3::gpu {
+
+struct GpuTiming {
+  double forward_ms = 0;           // median over repeats
+  double forward_backward_ms = 0;  // median over repeats
+  int repeats = 0;
+};
+
+GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
+                    int warmup, int repeats);
+
+}  // namespace m3::gpu

@@ -1,0 +1,105 @@
+// Internal to gpu/ (.cu files only): raw handles of a GpuContext, an RAII device array, launch
+// checks, and the fixed-order reductions every kernel uses (MODEL.md §7: no floating-point
+// atomics; warp reductions always in the same butterfly order; one writer per output).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "context.hpp"
+#include "cuda_check.hpp"
+#include "config.hpp"
+
+namespace m3::gpu {
+
+struct GpuContext::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* workspace = nullptr;  // fixed cuBLAS workspace
+  std::size_t workspace_bytes = 0;
+};
+
+inline cudaStream_t stream_of(const GpuContext& c) { return c.impl().stream; }
+inline cublasHandle_t cublas_of(const GpuContext& c) { return c.impl().cublas; }
+
+// Checks the launch that just happened (configuration errors surface here, not later).
+#define M3_LAUNCH_CHECK() M3_CUDA_CHECK(cudaGetLastError())
+
+inline unsigned int blocks_for(Idx n, int threads) {
+  return static_cast<unsigned int>((n + threads - 1) / threads);
+}
+
+// An owned device allocation of n elements of T (cudaMalloc, never managed memory).
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(Idx n) { resize(n); }
+  ~DeviceArray() { release(); }
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) { release(); p_ = o.p_; n_ = o.n_; o.p_ = nullptr; o.n_ = 0; }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void resize(Idx n) {
+    release();
+    n_ = n;
+    if (n > 0) M3_CUDA_CHECK(cudaMalloc(&p_, static_cast<std::size_t>(n) * sizeof(T)));
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  Idx size() const { return n_; }
+  void zero(cudaStream_t s) {
+    if (n_) M3_CUDA_CHECK(cudaMemsetAsync(p_, 0, static_cast<std::size_t>(n_) * sizeof(T), s));
+  }
+  void upload(const T* host, cudaStream_t s) {
+    if (n_) M3_CUDA_CHECK(cudaMemcpyAsync(p_, host, static_cast<std::size_t>(n_) * sizeof(T),
+                                          cudaMemcpyHostToDevice, s));
+  }
+  void download(T* host, cudaStream_t s) const {
+    if (n_) M3_CUDA_CHECK(cudaMemcpyAsync(host, p_, static_cast<std::size_t>(n_) * sizeof(T),
+                                          cudaMemcpyDeviceToHost, s));
+  }
+
+ private:
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  Idx n_ = 0;
+};
+
+// Sum over the 32 lanes of a warp, fixed butterfly order; every lane gets the same value.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over a block (blockDim.x a multiple of 32, ≤ 1024): warp sums, then warp 0 sums the
+// per-warp values in ascending warp order. `shared` holds ≥ 32 floats. Every thread gets the
+// result. Deterministic for a fixed blockDim.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // shared may still be in use by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float t = lane < nwarps ? shared[lane] : 0.0f;
+  if (warp == 0) t = warp_sum(t);
+  if (threadIdx.x == 0) shared[0] = t;
+  __syncthreads();
+  return shared[0];
+}
+
+}  // namespace m3::gpu

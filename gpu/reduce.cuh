@@ -1,0 +1,154 @@
+// Internal to gpu/ (.cu files only): the fixed-order reductions and launch helpers shared by the
+// elementwise / row-wise stages (MODEL.md §7: no floating-point atomics, one writer per
+// output, every sum in an order that depends only on the shapes, never on timing).
+//
+// colsum_rows: out[c] (+)= Σ_{r < rows} f(r, c) for a functor f giving element (r, c) of a
+// virtual [rows, cols] matrix (so a weight gradient's per-row terms are never materialised).
+//   stage 1: rows are cut into fixed chunks of kColsumChunk rows; block (chunk, column tile)
+//            has 32 × kColsumLanes threads; lane row ty sums rows chunk·kColsumChunk + ty,
+//            + kColsumLanes, … in ascending order, then thread ty = 0 adds the kColsumLanes
+//            lane sums in ascending ty → partial[chunk, c] (Scratch, [chunks, cols]);
+//   stage 2: one thread per column adds partial[0..chunks) in ascending order, then += / =.
+//   With a single chunk (rows ≤ kColsumChunk) stage 1 writes out directly; no scratch.
+//
+// Row kernels ("segments"): a warp is split into 32/L segments of L lanes (L a power of two);
+// a segment owns one row of `dim` elements, lane l handles l, l + L, …; Σ over the row is the
+// lane's ascending sum followed by segment_sum<L> (fixed butterfly). segment_lanes(dim) picks
+// L = the smallest power of two ≥ dim, capped at 32, so rows of 16 use half-warps and rows of
+// any width work.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include "common.cuh"
+#include "stages.cuh"
+
+namespace m3::gpu {
+
+constexpr int kThreads = 256;               // threads per block of every kernel here
+constexpr int kWarps = kThreads / 32;       // warps per block
+constexpr Idx kMaxBlocks = Idx(1) << 20;    // grid cap; kernels loop grid-stride beyond it
+constexpr int kColsumLanes = kThreads / 32;  // row lanes of a colsum block (32 columns wide)
+constexpr Idx kColsumChunk = 256;           // rows per colsum chunk (stage 1)
+
+// Blocks for n work items of `per_block` items each, at least 1, at most kMaxBlocks.
+inline unsigned int grid_for(Idx n, Idx per_block) {
+  const Idx b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned int>(std::min<Idx>(std::max<Idx>(b, 1), kMaxBlocks));
+}
+
+inline Idx colsum_chunks(Idx rows) { return std::max<Idx>(1, (rows + kColsumChunk - 1) / kColsumChunk); }
+// Scratch floats colsum_rows / colsum need for a [rows, cols] sum.
+inline Idx colsum_scratch_floats(Idx rows, Idx cols) {
+  const Idx chunks = colsum_chunks(rows);
+  return chunks > 1 ? chunks * cols : 0;
+}
+
+inline void require_scratch(const Scratch& s, Idx need, const char* where) {
+  M3_REQUIRE(need == 0 || (s.p != nullptr && s.n >= need), where, "scratch too small",
+             "need ", need, " floats, have ", s.n, s.p ? "" : " (null pointer)");
+}
+
+// Smallest power of two ≥ dim, at most 32 (lanes per row segment).
+inline int segment_lanes(Idx dim) {
+  int l = 1;
+  while (l < 32 && l < dim) l <<= 1;
+  return l;
+}
+
+// Sum over aligned segments of L lanes (L a power of two ≤ 32), fixed butterfly order; every
+// lane of a segment gets its segment's sum. All 32 lanes of the warp must call it.
+template <int L>
+__device__ __forceinline__ float segment_sum(float v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Warp-uniform iteration over rows by segments of L lanes:
+//   for (Idx w0 = Seg::first(); w0 < rows; w0 += Seg::stride()) {
+//     const Idx row = w0 + Seg::seg();  const bool on = row < rows;  … segment_sum<L> …
+//   }
+// The loop bound is the warp's first row, so every lane reaches every segment_sum.
+template <int L>
+struct Seg {
+  static constexpr int kPerWarp = 32 / L;   // rows per warp
+  static constexpr int kPerBlock = kWarps * kPerWarp;
+  __device__ static Idx first() {
+    return (Idx(blockIdx.x) * kWarps + threadIdx.x / 32) * kPerWarp;
+  }
+  __device__ static Idx stride() { return Idx(gridDim.x) * kPerBlock; }
+  __device__ static int seg() { return (threadIdx.x & 31) / L; }
+  __device__ static int lane() { return threadIdx.x & (L - 1); }
+};
+
+// Calls f(std::integral_constant<int, L>{}) with L = lanes ∈ {1, 2, 4, 8, 16, 32}.
+template <class F>
+void with_lanes(int lanes, F&& f) {
+  switch (lanes) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
+}
+
+// f(r, c) for a plain float matrix.
+struct LoadMatrix {
+  const float* m;
+  Idx cols;
+  __device__ float operator()(Idx r, Idx c) const { return m[r * cols + c]; }
+};
+
+template <class F>
+__global__ void __launch_bounds__(kThreads)
+colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* dst, bool accumulate) {
+  __shared__ float lane_sums[kColsumLanes][33];
+  const Idx chunk = blockIdx.x / col_tiles;
+  const Idx c = (blockIdx.x % col_tiles) * 32 + threadIdx.x;
+  const Idx r1 = min(rows, (chunk + 1) * kColsumChunk);
+  float acc = 0.0f;
+  if (c < cols)
+    for (Idx r = chunk * kColsumChunk + threadIdx.y; r < r1; r += kColsumLanes) acc += f(r, c);
+  lane_sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float s = lane_sums[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < kColsumLanes; ++k) s += lane_sums[k][threadIdx.x];
+    float* o = dst + chunk * cols + c;  // partial[chunk, c], or out[c] with one chunk
+    *o = accumulate ? *o + s : s;
+  }
+}
+
+// Stage 2 (reduce.cu): out[c] (+)= Σ_{k < chunks} partial[k, c], ascending k.
+void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, float* out,
+                   bool accumulate);
+
+template <class F>
+void colsum_rows(cudaStream_t s, Idx rows, Idx cols, const F& f, float* out, bool accumulate,
+                 Scratch scratch, const char* where) {
+  if (cols <= 0) return;
+  if (rows <= 0) {
+    if (!accumulate)
+      M3_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<std::size_t>(cols) * sizeof(float), s));
+    return;
+  }
+  const Idx chunks = colsum_chunks(rows), tiles = (cols + 31) / 32;
+  M3_REQUIRE(chunks * tiles <= INT_MAX, where, "column sum too large for one grid",
+             "rows=", rows, ", cols=", cols);
+  require_scratch(scratch, colsum_scratch_floats(rows, cols), where);
+  float* dst = chunks > 1 ? scratch.p : out;
+  colsum_partial_kernel<<<static_cast<unsigned int>(chunks * tiles), dim3(32, kColsumLanes), 0,
+                          s>>>(rows, cols, tiles, f, dst, chunks > 1 ? false : accumulate);
+  M3_LAUNCH_CHECK();
+  if (chunks > 1) colsum_finish(s, chunks, cols, scratch.p, out, accumulate);
+}
+
+}  // namespace m3::gpu

@@ -1,0 +1,955 @@
+// F6 as a chunked (parallel) scan, K0–K6 (MODEL.md §5.2, entering states §5.3/§12.4), and its
+// backward, steps 1–3 of §6.4 (step 4 is B5b, split.cu). Same formulas as
+// reference/ssm_chunked.cpp (its header comment is the authority; summarised here).
+//
+// Per (b, h); chunk c covers t ∈ [c·CS, min(T, (c+1)·CS)), local index τ, length L_c; any CS ≥ 1.
+// Forward:
+//   K0/K1 (prep_kernel, per (r, h)):  adt = a_val·dt;  γ = dt·trap;  sg = dt_{t+1}(1 − trap_{t+1})
+//         (t < T−1, else 0);  scale = γ + sg;  Ks = K·scale (stored typed);  qk = γ·(Q·K)
+//   K2/K3 (chunk_state_kernel, per (b, h, c)):  cum_τ = Σ_{τ' ≤ τ} adt (serial, restarted per
+//         chunk) → da_cumsum_saved [B, nc, nh, CS] (padding slots 0), Λ_c = cum at the end;
+//         contrib_c = Σ_s e^{Λ_c − cum_s} x_s Ks_sᵀ → chunk_states [B, nc, nh, hd, ds]
+//   K4/K6 (state_pass_fwd_kernel, per (b, h) element-parallel):  S_0 = ssm_in + sg_{−1} v_in k_inᵀ
+//         (sg_{−1} = dt_0(1 − trap_0));  chunk_states_saved[c] = S_c;  S_{c+1} = e^{Λ_c} S_c +
+//         contrib_c;  final_states = ssm_out = S_nc;  k_out = K_{T−1}, v_out = x_{T−1}
+//   K5 (chunk_scan_kernel, per (b, h, c, row tile)):
+//         y_t = e^{cum_t} S_c Q_t + Σ_{s∈c, s<t} e^{cum_t − cum_s}(Q_t·Ks_s) x_s + (D + qk_t) x_t
+// Backward (dO = d_y; dS_c = ∂L/∂(state leaving chunk c)):
+//   B1 (chunk_state_kernel, backward mode): dcontrib_c = Σ_t e^{cum_t} dO_t Q_tᵀ, da_cs_sum = Λ_c
+//   B2 (state_pass_bwd_kernel): dS_{nc−1} = d_ssm_out;  dS_{c−1} = e^{Λ_c} dS_c + dcontrib_c;
+//         after chunk 0: d_ssm_in = dS_{−1}
+//   B2b (entering_grad_kernel): d_v_in = sg_{−1} dS k_in, d_k_in = sg_{−1} dSᵀ v_in,
+//         dScale_{−1} = v_inᵀ dS k_in   (dS = d_ssm_in)
+//   B3 (chunk_bwd_kernel, step 1 per (b, h, c)), with M[t,s] = e^{cum_t − cum_s} (s < t),
+//         A = Q Ksᵀ, P = dO Xᵀ, W = M⊙P⊙A:
+//         dV = (M⊙A)ᵀ dO + diag(e^{Λ−cum}) Ks dSᵀ + diag(D + qk) dO  (+ d_v_out at t = T−1)  → d_x
+//         dQK_t = dO_t·x_t;  dK_mid = (M⊙P)ᵀ Q + diag(e^{Λ−cum}) X dS;
+//         dQ_mid = (M⊙P) Ks + diag(e^{cum}) dO S
+//         R_t = Σ_i W[t,i] − Σ_j W[j,t] + e^{cum_t}(dO S)_t·Q_t;  M_t = e^{Λ−cum_t}(X dS)_t·Ks_t;
+//         M_sc = e^{Λ}⟨S, dS⟩;  dADT_τ = Σ_{t ≥ τ}(R_t − M_t) + M_sc + Σ_t M_t
+//   dD: dD_partials[b,h] = Σ_t dQK_t;  d D[h] += Σ_b dD_partials (ascending b)
+//   step 2 (dqktheta_kernel + rope_backward of rope.cu): dScale = dK_mid·K;
+//         dGamma = dQK·(c_biased·b_biased); rope_backward with dv1 = scale·dK_mid (+ d_k_out at
+//         t = T−1), rot1 = k, dv2 = dQ_mid, rot2 = q, extra_scale = dQK·γ, extra_vec1 = c_biased,
+//         extra_vec2 = b_biased → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum
+//   step 3 (ddt_dtrap_kernel): dDT_t = (dGamma_t + dScale_t)·trap_t + dScale_{t−1}(1 − trap_t);
+//         d_trap_sig = ((dGamma_t + dScale_t) − dScale_{t−1})·dt_t; d_adt_total = dADT,
+//         d_dt_direct = dDT
+// Saved by the forward: adt, k_scaled_saved, qk_dot_saved, scale_saved, gamma_saved,
+// da_cumsum_saved, chunk_states (contributions), chunk_states_saved (entering S_c), final_states.
+//
+// Tiling: the per-chunk kernels use 256 threads as a 16 × 16 grid (tm = tid/16, tn = tid%16);
+// a thread owns rows tm + 16i and columns tn + 16j of every product (mma16: f32 FMA from shared
+// memory; operands contiguous in the reduction index are read as float4). Chunks are processed
+// in row tiles of kTR = 64 steps, so any chunk length works; headdim and d_state are padded
+// (with zeros) to 16·RH, 16·RD, RH, RD ∈ {2, 4, 8}.
+// Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
+// Scratch (backward only, floats): B·nc·nh·hd·ds (dS per chunk) + BT·nh·ds (dv1 of the rope
+// backward) + BT·nh (extra_scale) + B·nh (dScale_{−1}), each rounded up to 64.
+// Determinism: no atomics; every output has one writer; every sum runs in a fixed order.
+#include <algorithm>
+
+#include "convert.cuh"
+#include "reduce.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+constexpr int kCT = 256;  // threads of the per-chunk kernels (16 × 16)
+constexpr int kTR = 64;   // rows (time steps) per tile
+constexpr int kRM = kTR / 16;
+constexpr int kLM = kTR + 4;  // leading dimension of the [kTR][kTR] tiles
+constexpr int kNK = 32;       // width of a streamed slice of S / dS
+constexpr int kLS = kNK + 4;  // leading dimension of an n-slice [HP][kNK]
+
+struct ChunkGeom {
+  Idx B, T, nh, hd, ds, di, cs, nc;
+  int nt;  // row tiles per (longest) chunk
+  __device__ Idx t0(Idx c) const { return c * cs; }
+  __device__ int len(Idx c) const { return static_cast<int>(min(T, (c + 1) * cs) - c * cs); }
+  __device__ Idx cum_base(Idx b, Idx c, Idx h) const { return ((b * nc + c) * nh + h) * cs; }
+  __device__ Idx state_base(Idx b, Idx c, Idx h) const {
+    return ((b * nc + c) * nh + h) * hd * ds;
+  }
+};
+
+// acc[i][j] += Σ_{k<K} A[(tm + 16i)·AM + k·AK] · Bm[k·BK + (tn + 16j)·BN]   (shared memory),
+// k ascending. With A contiguous in k (AK = 1) the operands are read as float4 along k (B too
+// when BK = 1) and K is rounded up to a multiple of 4: the caller guarantees zeros in A (and
+// finite values in B) for k ∈ [K, ⌈K⌉₄). Leading dimensions ≡ 4 (mod 32) floats keep the
+// 16 rows a half-warp reads in distinct banks.
+template <int RM, int RN, int AM, int AK, int BK, int BN>
+__device__ __forceinline__ void mma16(float (&acc)[RM][RN], const float* A, const float* Bm,
+                                      int K, int tm, int tn) {
+  const float* a0 = A + tm * AM;
+  const float* b0 = Bm + tn * BN;
+  if constexpr (AK == 1) {
+    static_assert(AM % 4 == 0 && (BK != 1 || BN % 4 == 0), "float4 rows need 16-byte strides");
+#pragma unroll 1
+    for (int k = 0; k < K; k += 4) {
+      float a[RM][4], bv[RN][4];
+#pragma unroll
+      for (int i = 0; i < RM; ++i) {
+        const float4 v = *reinterpret_cast<const float4*>(a0 + 16 * i * AM + k);
+        a[i][0] = v.x;
+        a[i][1] = v.y;
+        a[i][2] = v.z;
+        a[i][3] = v.w;
+      }
+#pragma unroll
+      for (int j = 0; j < RN; ++j) {
+        if constexpr (BK == 1) {
+          const float4 v = *reinterpret_cast<const float4*>(b0 + 16 * j * BN + k);
+          bv[j][0] = v.x;
+          bv[j][1] = v.y;
+          bv[j][2] = v.z;
+          bv[j][3] = v.w;
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) bv[j][kk] = b0[(k + kk) * BK + 16 * j * BN];
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < RM; ++i)
+#pragma unroll
+          for (int j = 0; j < RN; ++j) acc[i][j] = fmaf(a[i][kk], bv[j][kk], acc[i][j]);
+    }
+  } else {
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+      float a[RM], bv[RN];
+#pragma unroll
+      for (int i = 0; i < RM; ++i) a[i] = a0[16 * i * AM + k * AK];
+#pragma unroll
+      for (int j = 0; j < RN; ++j) bv[j] = b0[k * BK + 16 * j * BN];
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+    }
+  }
+}
+
+template <int RM, int RN>
+__device__ __forceinline__ void zero(float (&acc)[RM][RN]) {
+#pragma unroll
+  for (int i = 0; i < RM; ++i)
+#pragma unroll
+    for (int j = 0; j < RN; ++j) acc[i][j] = 0.0f;
+}
+
+// dst[r·LD + c] = to_float(src[r·stride + c]) for r < rows, c < cols; 0 for the rest of the
+// [kTR][CP] tile (padding rows and columns read as zeros).
+template <int CP, int LD, class S>
+__device__ __forceinline__ void load_tile(float* dst, const S* src, Idx stride, int rows,
+                                          int cols) {
+  for (int e = threadIdx.x; e < kTR * CP; e += kCT) {
+    const int r = e / CP, c = e % CP;
+    dst[r * LD + c] = (r < rows && c < cols) ? to_float(src[r * stride + c]) : 0.0f;
+  }
+}
+
+// Sl[p·kLS + k] = M[p·ds + n0 + k] (an n-slice of a [hd][ds] matrix), zero-padded to [HP][kNK].
+template <int HP>
+__device__ __forceinline__ void load_nslice(float* Sl, const float* M, int hd, int ds, int n0) {
+  for (int e = threadIdx.x; e < HP * kNK; e += kCT) {
+    const int p = e / kNK, k = e % kNK;
+    Sl[p * kLS + k] = (p < hd && n0 + k < ds) ? M[p * ds + n0 + k] : 0.0f;
+  }
+}
+
+// Sl[k·LDD + n] = M[(p0 + k)·ds + n] (a p-slice of a [hd][ds] matrix), zero-padded to [kNK][DP].
+template <int DP, int LDD>
+__device__ __forceinline__ void load_pslice(float* Sl, const float* M, int hd, int ds, int p0) {
+  for (int e = threadIdx.x; e < kNK * DP; e += kCT) {
+    const int k = e / DP, n = e % DP;
+    Sl[k * LDD + n] = (p0 + k < hd && n < ds) ? M[(p0 + k) * ds + n] : 0.0f;
+  }
+}
+
+// Σ over the 16 tn lanes that share a row tm (xor 8, 4, 2, 1); every lane gets it.
+__device__ __forceinline__ float row16_sum(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- K0/K1 --------------------------------------------------------------------------------
+// One warp per (r, h); lanes over n.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
+  const int lane = threadIdx.x & 31;
+  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
+  for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
+    const Idx t = (i / g.nh) % g.T;
+    const float dt = p.dt[i], gam = dt * p.trap[i];
+    const float sg = t + 1 < g.T ? p.dt[i + g.nh] * (1.0f - p.trap[i + g.nh]) : 0.0f;
+    const float scale = gam + sg;
+    float qk = 0.0f;
+    for (Idx n = lane; n < g.ds; n += 32) {
+      const float kv = to_float(p.k[i * g.ds + n]);
+      qk += to_float(p.q[i * g.ds + n]) * kv;
+      p.k_scaled_saved[i * g.ds + n] = from_float<T>(kv * scale);
+    }
+    qk = warp_sum(qk);
+    if (lane == 0) {
+      p.adt[i] = p.a_val[i] * dt;
+      p.gamma_saved[i] = gam;
+      p.scale_saved[i] = scale;
+      p.qk_dot_saved[i] = gam * qk;
+    }
+  }
+}
+
+// ---- K2/K3 (forward) and B1 (backward) --------------------------------------------------------
+// Per (b, h, c) [grid (nc, nh, B)]: out[p, n] = Σ_s w_s U_s[p] V_s[n] over the chunk's rows, with
+// (U, V, w) = (x, Ks, e^{Λ − cum}) forward and (dO, Q, e^{cum}) backward. The forward first runs
+// the serial cumsum (thread 0 over each staged tile) and writes da_cumsum_saved; the backward
+// reads it and writes da_cs_sum. Shared: Us [kTR][LDH], Vs [kTR][LDD], w [kTR], scalars.
+struct ChunkStateArgs {
+  const void *u, *v;        // typed [BT, di] and [BT, nh, ds]
+  const float* adt;         // forward: adt [BT, nh]
+  float* cum_out;           // forward: da_cumsum_saved (written)
+  const float* cum_in;      // backward: da_cumsum_saved (read)
+  float* da_cs_sum;         // backward: [B, nc, nh]
+  float* out;               // [B, nc, nh, hd, ds]
+};
+
+template <class T, int RH, int RD, bool kFwd>
+__global__ void __launch_bounds__(kCT)
+chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
+  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 1, LDD = DP + 1;
+  extern __shared__ float sm[];
+  float* Us = sm;
+  float* Vs = Us + kTR * LDH;
+  float* w = Vs + kTR * LDD;
+  float* lam = w + kTR;
+  const int tid = threadIdx.x, tm = tid >> 4, tn = tid & 15;
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const Idx t0 = g.t0(c), row0 = b * g.T + t0;
+  const float* cum = (kFwd ? a.cum_out : a.cum_in) + g.cum_base(b, c, h);
+
+  if constexpr (kFwd) {
+    float* cum_w = a.cum_out + g.cum_base(b, c, h);
+    float run = 0.0f;  // thread 0 only
+    for (int base = 0; base < L; base += kTR) {
+      const int n = min(kTR, L - base);
+      if (tid < n) w[tid] = a.adt[(row0 + base + tid) * g.nh + h];
+      __syncthreads();
+      if (tid == 0)
+        for (int k = 0; k < n; ++k) w[k] = (run += w[k]);
+      __syncthreads();
+      if (tid < n) cum_w[base + tid] = w[tid];
+      __syncthreads();
+    }
+    for (Idx k = L + tid; k < g.cs; k += kCT) cum_w[k] = 0.0f;
+    if (tid == 0) lam[0] = run;
+  } else {
+    if (tid == 0) {
+      lam[0] = cum[L - 1];
+      a.da_cs_sum[(b * g.nc + c) * g.nh + h] = cum[L - 1];
+    }
+  }
+  __syncthreads();
+  const float Lam = lam[0];
+
+  float acc[RH][RD];
+  zero(acc);
+  const T* U = static_cast<const T*>(a.u);
+  const T* Vv = static_cast<const T*>(a.v);
+  for (int base = 0; base < L; base += kTR) {
+    const int n = min(kTR, L - base);
+    if (tid < kTR) {
+      const float cv = tid < n ? cum[base + tid] : 0.0f;
+      w[tid] = tid < n ? (kFwd ? expf(Lam - cv) : expf(cv)) : 0.0f;
+    }
+    __syncthreads();
+    for (int e = tid; e < kTR * HP; e += kCT) {
+      const int r = e / HP, q = e % HP;
+      Us[r * LDH + q] =
+          (r < n && q < hd) ? w[r] * to_float(U[(row0 + base + r) * g.di + h * hd + q]) : 0.0f;
+    }
+    load_tile<DP, LDD>(Vs, Vv + ((row0 + base) * g.nh + h) * ds, g.nh * g.ds, n, ds);
+    __syncthreads();
+    mma16<RH, RD, 1, LDH, LDD, 1>(acc, Us, Vs, n, tm, tn);
+    __syncthreads();
+  }
+  float* out = a.out + g.state_base(b, c, h);
+#pragma unroll
+  for (int i = 0; i < RH; ++i)
+#pragma unroll
+    for (int j = 0; j < RD; ++j) {
+      const int pi = tm + 16 * i, nj = tn + 16 * j;
+      if (pi < hd && nj < ds) out[pi * ds + nj] = acc[i][j];
+    }
+}
+
+// ---- K4/K6 ----------------------------------------------------------------------------------
+// grid (element tiles, nh, B): one thread per state element (p, n), serial over the chunks.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
+  const Idx h = blockIdx.y, b = blockIdx.z, sb = b * g.nh + h;
+  const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
+  if (blockIdx.x == 0) {
+    const Idx rl = b * g.T + g.T - 1;
+    for (Idx q = threadIdx.x; q < g.ds; q += kThreads)
+      p.k_out[sb * g.ds + q] = to_float(p.k[(rl * g.nh + h) * g.ds + q]);
+    for (Idx q = threadIdx.x; q < g.hd; q += kThreads)
+      p.v_out[sb * g.hd + q] = to_float(p.x[rl * g.di + h * g.hd + q]);
+  }
+  if (e >= hds) return;
+  const Idx pi = e / g.ds, n = e % g.ds, i0 = (b * g.T) * g.nh + h;
+  const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
+  float S = p.ssm_in[sb * hds + e] + sgm1 * (p.v_in[sb * g.hd + pi] * p.k_in[sb * g.ds + n]);
+#pragma unroll 4
+  for (Idx c = 0; c < g.nc; ++c) {
+    const Idx at = g.state_base(b, c, h) + e;
+    const float lam = p.da_cumsum_saved[g.cum_base(b, c, h) + g.len(c) - 1];
+    p.chunk_states_saved[at] = S;
+    S = expf(lam) * S + p.chunk_states[at];
+  }
+  p.final_states[sb * hds + e] = S;
+  p.ssm_out[sb * hds + e] = S;
+}
+
+// ---- K5 -------------------------------------------------------------------------------------
+// grid (nc·nt, nh, B); block = row tile J of chunk c (rows t of the tile, kTR at most).
+// Shared: Qs [kTR][LDD] (Q_J), Ks [kTR][LDD] (Ks_I; first an n-slice [HP][kLS] of S_c),
+// Xs [kTR][LDH] (X_I; X_J after the last I), MA [kTR][kLM], cumJ, cumI [kTR].
+// Registers: y tile acc [kRM][RH], the A tile [kRM][kRM].
+template <class T, int RH, int RD>
+__global__ void __launch_bounds__(kCT)
+chunk_scan_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
+  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 4, LDD = DP + 4;
+  constexpr int KS_SIZE = kTR * LDD > HP * kLS ? kTR * LDD : HP * kLS;
+  extern __shared__ float sm[];
+  float* Qs = sm;
+  float* Ks = Qs + kTR * LDD;
+  float* Xs = Ks + KS_SIZE;
+  float* MA = Xs + kTR * LDH;
+  float* cumJ = MA + kTR * kLM;
+  float* cumI = cumJ + kTR;
+  const int tid = threadIdx.x, tm = tid >> 4, tn = tid & 15;
+  const Idx c = blockIdx.x / g.nt, h = blockIdx.y, b = blockIdx.z;
+  const int J = static_cast<int>(blockIdx.x % g.nt);
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  if (J * kTR >= L) return;
+  const int nJ = min(kTR, L - J * kTR);
+  const Idx row0 = b * g.T + g.t0(c);
+  const float* cum = p.da_cumsum_saved + g.cum_base(b, c, h);
+  const Idx kst = g.nh * g.ds;
+
+  load_tile<DP, LDD>(Qs, p.q + ((row0 + J * kTR) * g.nh + h) * ds, kst, nJ, ds);
+  if (tid < kTR) cumJ[tid] = tid < nJ ? cum[J * kTR + tid] : 0.0f;
+
+  // Inter-chunk term: acc = e^{cum_t} Σ_n Q[t][n] S_c[p][n], S_c streamed in n-slices.
+  float acc[kRM][RH];
+  zero(acc);
+  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+  for (int n0 = 0; n0 < ds; n0 += kNK) {
+    __syncthreads();
+    load_nslice<HP>(Ks, S, hd, ds, n0);
+    __syncthreads();
+    mma16<kRM, RH, LDD, 1, 1, kLS>(acc, Qs + n0, Ks, min(kNK, ds - n0), tm, tn);
+  }
+#pragma unroll
+  for (int i = 0; i < kRM; ++i) {
+    const float e = expf(cumJ[tm + 16 * i]);
+#pragma unroll
+    for (int j = 0; j < RH; ++j) acc[i][j] *= e;
+  }
+
+  // Intra-chunk term over source tiles I ≤ J.
+  for (int I = 0; I <= J; ++I) {
+    const int nI = min(kTR, L - I * kTR);
+    __syncthreads();
+    load_tile<DP, LDD>(Ks, p.k_scaled_saved + ((row0 + I * kTR) * g.nh + h) * ds, kst, nI, ds);
+    load_tile<HP, LDH>(Xs, p.x + (row0 + I * kTR) * g.di + h * hd, g.di, nI, hd);
+    if (tid < kTR) cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
+    __syncthreads();
+    float A[kRM][kRM];
+    zero(A);
+    mma16<kRM, kRM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn);
+#pragma unroll
+    for (int i = 0; i < kRM; ++i)
+#pragma unroll
+      for (int j = 0; j < kRM; ++j) {
+        const int t = tm + 16 * i, s = tn + 16 * j;
+        const bool on = t < nJ && s < nI && I * kTR + s < J * kTR + t;
+        MA[t * kLM + s] = on ? expf(cumJ[t] - cumI[s]) * A[i][j] : 0.0f;
+      }
+    __syncthreads();
+    mma16<kRM, RH, kLM, 1, LDH, 1>(acc, MA, Xs, nI, tm, tn);
+  }
+
+  // Diagonal term (Xs holds X_J after I = J) and the store.
+#pragma unroll
+  for (int i = 0; i < kRM; ++i) {
+    const int t = tm + 16 * i;
+    if (t >= nJ) continue;
+    const Idx r = row0 + J * kTR + t;
+    const float dq = p.d_param[h] + p.qk_dot_saved[r * g.nh + h];
+#pragma unroll
+    for (int j = 0; j < RH; ++j) {
+      const int q = tn + 16 * j;
+      if (q < hd) p.y[r * g.di + h * hd + q] = from_float<T>(acc[i][j] + dq * Xs[t * LDH + q]);
+    }
+  }
+}
+
+// ---- B2 -------------------------------------------------------------------------------------
+// In place on the scratch dS buffer: slot c holds dcontrib_c on entry and dS_c on exit.
+__global__ void __launch_bounds__(kThreads)
+state_pass_bwd_kernel(ChunkGeom g, const float* da_cumsum, const float* d_ssm_out, float* dS,
+                      float* d_ssm_in) {
+  const Idx h = blockIdx.y, b = blockIdx.z, sb = b * g.nh + h;
+  const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
+  if (e >= hds) return;
+  float v = d_ssm_out[sb * hds + e];
+#pragma unroll 4
+  for (Idx c = g.nc - 1; c >= 0; --c) {
+    const Idx at = g.state_base(b, c, h) + e;
+    const float lam = da_cumsum[g.cum_base(b, c, h) + g.len(c) - 1];
+    const float contrib = dS[at];
+    dS[at] = v;
+    v = expf(lam) * v + contrib;
+  }
+  d_ssm_in[sb * hds + e] = v;
+}
+
+// ---- B2b ------------------------------------------------------------------------------------
+// Per (b, h) [grid (nh, B)]: u[p] = Σ_n dS[p,n] k_in[n] (ascending n); d_v_in = sg_{−1}·u;
+// d_k_in[n] = sg_{−1}·Σ_p dS[p,n] v_in[p] (ascending p); dScale_{−1} = Σ_p v_in[p]·u[p].
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+entering_grad_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dscale_prev) {
+  __shared__ float u[128];
+  const Idx h = blockIdx.x, b = blockIdx.y, sb = b * g.nh + h;
+  const Idx i0 = (b * g.T) * g.nh + h;
+  const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
+  const float* dS = p.d_ssm_in + sb * g.hd * g.ds;
+  const float* kin = p.k_in + sb * g.ds;
+  const float* vin = p.v_in + sb * g.hd;
+  for (Idx q = threadIdx.x; q < g.hd; q += kThreads) {
+    float s = 0.0f;
+    for (Idx n = 0; n < g.ds; ++n) s += dS[q * g.ds + n] * kin[n];
+    u[q] = s;
+    p.d_v_in[sb * g.hd + q] = sgm1 * s;
+  }
+  for (Idx n = threadIdx.x; n < g.ds; n += kThreads) {
+    float s = 0.0f;
+    for (Idx q = 0; q < g.hd; ++q) s += dS[q * g.ds + n] * vin[q];
+    p.d_k_in[sb * g.ds + n] = sgm1 * s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (Idx q = 0; q < g.hd; ++q) s += vin[q] * u[q];
+    dscale_prev[sb] = s;
+  }
+}
+
+// ---- B3 -------------------------------------------------------------------------------------
+// Per (b, h, c) [grid (nc, nh, B)], the chunk in row tiles (nt_c of them).
+//  Phase A, per tile J (target side): dQ_mid = e^{cum}·(dO S) → global; dADT = e^{cum}(dO S)·Q;
+//    dQK = dO·x.
+//  Phase B, per source tile I: registers dV, dK_mid [kRM][RH|RD] start at the dS / diagonal
+//    terms (dADT −= M_s); then for every target tile J ≥ I: A, P → MA, MP (shared);
+//    dADT[t] += Σ_s W (row sums), colsum[s] += Σ_t W; dQ_mid[J] += MP Ks_I (read-modify-write
+//    by its single owner thread); dV += MAᵀ dO_J, dK_mid += MPᵀ Q_J. At the end: d_x (+ d_v_out
+//    at t = T−1), dK_mid stored, dADT[s] −= colsum[s].
+//  Phase C: M_sc = e^{Λ}⟨S, dS⟩ (block_sum); reverse cumsum of dADT from M_sc + Σ_t M_t
+//    (thread 0, serial over the staged tile).
+// Shared: Qs [kTR][LDD] (Q_J), Os [kTR][LDH] (dO_J), Ks [kTR][LDD] (Ks_I), Xs [kTR][LDH] (X_I),
+// MA, MP [kTR][kLM] (also the S / dS slices), cumJ, cumI, colsum, mrow [kTR], colred [8][kTR],
+// red [32], scalars.
+template <class T, int RH, int RD>
+__global__ void __launch_bounds__(kCT, 1)
+chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
+  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 4, LDD = DP + 4;
+  extern __shared__ float sm[];
+  float* Qs = sm;
+  float* Os = Qs + kTR * LDD;
+  float* Ks = Os + kTR * LDH;
+  float* Xs = Ks + kTR * LDD;
+  float* MA = Xs + kTR * LDH;
+  float* MP = MA + kTR * kLM;
+  float* Sl = MA;  // slices alias MA/MP (never live at the same time)
+  float* cumJ = MP + kTR * kLM;
+  float* cumI = cumJ + kTR;
+  float* colsum = cumI + kTR;
+  float* mrow = colsum + kTR;
+  float* colred = mrow + kTR;   // [8][kTR]
+  float* red = colred + 8 * kTR;  // [32]
+  float* scal = red + 32;         // [0] Σ M_t, [1] running sum
+  const int tid = threadIdx.x, tm = tid >> 4, tn = tid & 15, warp = tid >> 5;
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const int nt = (L + kTR - 1) / kTR;
+  const Idx row0 = b * g.T + g.t0(c), nh = g.nh, di = g.di, kst = g.nh * g.ds;
+  const Idx sb = b * nh + h;
+  const float* cum = p.da_cumsum_saved + g.cum_base(b, c, h);
+  const float Lam = cum[L - 1];
+  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+  const float* dS = dS_all + g.state_base(b, c, h);
+  const float D = p.d_param[h];
+  if (tid == 0) scal[0] = 0.0f;
+
+  auto load_target = [&](int J) {
+    const int n = min(kTR, L - J * kTR);
+    const Idx r = row0 + J * kTR;
+    load_tile<DP, LDD>(Qs, p.q + (r * nh + h) * ds, kst, n, ds);
+    load_tile<HP, LDH>(Os, p.d_y + r * di + h * hd, di, n, hd);
+    if (tid < kTR) cumJ[tid] = tid < n ? cum[J * kTR + tid] : 0.0f;
+  };
+
+  // ---- phase A
+  for (int J = 0; J < nt; ++J) {
+    const int nJ = min(kTR, L - J * kTR);
+    const Idx r = row0 + J * kTR;
+    __syncthreads();
+    load_target(J);
+    load_tile<HP, LDH>(Xs, p.x + r * di + h * hd, di, nJ, hd);
+    float acc[kRM][RD];
+    zero(acc);
+    for (int p0 = 0; p0 < hd; p0 += kNK) {
+      __syncthreads();
+      load_pslice<DP, LDD>(Sl, S, hd, ds, p0);
+      __syncthreads();
+      mma16<kRM, RD, LDH, 1, LDD, 1>(acc, Os + p0, Sl, min(kNK, hd - p0), tm, tn);
+    }
+#pragma unroll
+    for (int i = 0; i < kRM; ++i) {
+      const int t = tm + 16 * i;
+      const float e = expf(cumJ[t]);
+      float rx = 0.0f, qk = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RD; ++j) {
+        const int n = tn + 16 * j;
+        rx += acc[i][j] * Qs[t * LDD + n];
+        if (t < nJ && n < ds) p.dQ_mid[((r + t) * nh + h) * ds + n] = e * acc[i][j];
+      }
+#pragma unroll
+      for (int j = 0; j < RH; ++j) {
+        const int q = tn + 16 * j;
+        qk += Os[t * LDH + q] * Xs[t * LDH + q];
+      }
+      rx = row16_sum(rx);
+      qk = row16_sum(qk);
+      if (tn == 0 && t < nJ) {
+        p.dADT[(r + t) * nh + h] = e * rx;
+        p.dQK_dot[(r + t) * nh + h] = qk;
+      }
+    }
+  }
+
+  // ---- phase B
+  for (int I = 0; I < nt; ++I) {
+    const int nI = min(kTR, L - I * kTR);
+    const Idx rI = row0 + I * kTR;
+    __syncthreads();
+    if (nt > 1) load_target(I);  // with one tile, phase A left Q_0, dO_0 (and X_0) in place
+    load_tile<DP, LDD>(Ks, p.k_scaled_saved + (rI * nh + h) * ds, kst, nI, ds);
+    if (nt > 1) load_tile<HP, LDH>(Xs, p.x + rI * di + h * hd, di, nI, hd);
+    if (tid < kTR) {
+      cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
+      colsum[tid] = 0.0f;
+    }
+    float dV[kRM][RH], dK[kRM][RD];
+    zero(dV);
+    zero(dK);
+    for (int n0 = 0; n0 < ds; n0 += kNK) {  // dV = Ks dSᵀ
+      __syncthreads();
+      load_nslice<HP>(Sl, dS, hd, ds, n0);
+      __syncthreads();
+      mma16<kRM, RH, LDD, 1, 1, kLS>(dV, Ks + n0, Sl, min(kNK, ds - n0), tm, tn);
+    }
+    for (int p0 = 0; p0 < hd; p0 += kNK) {  // dK = X dS
+      __syncthreads();
+      load_pslice<DP, LDD>(Sl, dS, hd, ds, p0);
+      __syncthreads();
+      mma16<kRM, RD, LDH, 1, LDD, 1>(dK, Xs + p0, Sl, min(kNK, hd - p0), tm, tn);
+    }
+#pragma unroll
+    for (int i = 0; i < kRM; ++i) {
+      const int s = tm + 16 * i;
+      const float e = expf(Lam - cumI[s]);
+      const float dq = s < nI ? D + p.qk_dot_saved[(rI + s) * nh + h] : 0.0f;
+      float m = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RD; ++j) m += dK[i][j] * Ks[s * LDD + tn + 16 * j];
+      m = e * row16_sum(m);
+#pragma unroll
+      for (int j = 0; j < RD; ++j) dK[i][j] *= e;
+#pragma unroll
+      for (int j = 0; j < RH; ++j) dV[i][j] = e * dV[i][j] + dq * Os[s * LDH + tn + 16 * j];
+      if (tn == 0) {
+        mrow[s] = s < nI ? m : 0.0f;
+        if (s < nI) p.dADT[(rI + s) * nh + h] -= m;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float ms = scal[0];
+      for (int s = 0; s < nI; ++s) ms += mrow[s];
+      scal[0] = ms;
+    }
+
+    for (int J = I; J < nt; ++J) {
+      const int nJ = min(kTR, L - J * kTR);
+      const Idx rJ = row0 + J * kTR;
+      if (J > I) {
+        __syncthreads();
+        load_target(J);
+        __syncthreads();
+      }
+      float A[kRM][kRM], P[kRM][kRM];
+      zero(A);
+      zero(P);
+      mma16<kRM, kRM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn);
+      mma16<kRM, kRM, LDH, 1, 1, LDH>(P, Os, Xs, hd, tm, tn);
+      float cpart[kRM];
+#pragma unroll
+      for (int j = 0; j < kRM; ++j) cpart[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRM; ++i) {
+        const int t = tm + 16 * i;
+        float rpart = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kRM; ++j) {
+          const int s = tn + 16 * j;
+          const bool on = t < nJ && s < nI && I * kTR + s < J * kTR + t;
+          const float dec = on ? expf(cumJ[t] - cumI[s]) : 0.0f;
+          const float mp = dec * P[i][j];
+          MA[t * kLM + s] = dec * A[i][j];
+          MP[t * kLM + s] = mp;
+          const float wv = mp * A[i][j];
+          rpart += wv;
+          cpart[j] += wv;
+        }
+        rpart = row16_sum(rpart);
+        if (tn == 0 && t < nJ) p.dADT[(rJ + t) * nh + h] += rpart;
+      }
+#pragma unroll
+      for (int j = 0; j < kRM; ++j) {
+        const float v = cpart[j] + __shfl_xor_sync(0xffffffffu, cpart[j], 16);
+        if ((tid & 31) < 16) colred[warp * kTR + tn + 16 * j] = v;
+      }
+      __syncthreads();
+      if (tid < kTR) {
+        float cs = colred[tid];
+        for (int w = 1; w < 8; ++w) cs += colred[w * kTR + tid];
+        colsum[tid] += cs;
+      }
+      float dq[kRM][RD];
+      zero(dq);
+      mma16<kRM, RD, kLM, 1, LDD, 1>(dq, MP, Ks, nI, tm, tn);
+#pragma unroll
+      for (int i = 0; i < kRM; ++i) {
+        const int t = tm + 16 * i;
+        if (t >= nJ) continue;
+        float* o = p.dQ_mid + ((rJ + t) * nh + h) * ds;
+#pragma unroll
+        for (int j = 0; j < RD; ++j) {
+          const int n = tn + 16 * j;
+          if (n < ds) o[n] += dq[i][j];
+        }
+      }
+      mma16<kRM, RH, 1, kLM, LDH, 1>(dV, MA, Os, nJ, tm, tn);
+      mma16<kRM, RD, 1, kLM, LDD, 1>(dK, MP, Qs, nJ, tm, tn);
+      __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRM; ++i) {
+      const int s = tm + 16 * i;
+      if (s >= nI) continue;
+      const Idx r = rI + s;
+      const bool last = g.t0(c) + I * kTR + s == g.T - 1;
+#pragma unroll
+      for (int j = 0; j < RH; ++j) {
+        const int q = tn + 16 * j;
+        if (q < hd)
+          p.d_x[r * di + h * hd + q] =
+              from_float<T>(last ? dV[i][j] + p.d_v_out[sb * hd + q] : dV[i][j]);
+      }
+#pragma unroll
+      for (int j = 0; j < RD; ++j) {
+        const int n = tn + 16 * j;
+        if (n < ds) p.dK_mid[(r * nh + h) * ds + n] = dK[i][j];
+      }
+    }
+    if (tid < nI) p.dADT[(rI + tid) * nh + h] -= colsum[tid];
+  }
+
+  // ---- phase C
+  float part = 0.0f;
+  for (Idx e = tid; e < g.hd * g.ds; e += kCT) part += S[e] * dS[e];
+  const float msc = expf(Lam) * block_sum(part, red);
+  if (tid == 0) scal[1] = msc + scal[0];
+  for (int I = nt - 1; I >= 0; --I) {
+    const int nI = min(kTR, L - I * kTR);
+    float* o = p.dADT + (row0 + I * kTR) * nh + h;
+    __syncthreads();
+    if (tid < nI) mrow[tid] = o[tid * nh];
+    __syncthreads();
+    if (tid == 0) {
+      float run = scal[1];
+      for (int k = nI - 1; k >= 0; --k) mrow[k] = (run += mrow[k]);
+      scal[1] = run;
+    }
+    __syncthreads();
+    if (tid < nI) o[tid * nh] = mrow[tid];
+  }
+}
+
+// ---- dD -------------------------------------------------------------------------------------
+// dD_partials[b, h] = Σ_t dQK_dot (threads stride over t, then block_sum); grid (nh, B).
+__global__ void __launch_bounds__(kThreads)
+dd_partials_kernel(Idx T, Idx nh, const float* dQK, float* dD_partials) {
+  __shared__ float red[32];
+  const Idx h = blockIdx.x, b = blockIdx.y;
+  float s = 0.0f;
+  for (Idx t = threadIdx.x; t < T; t += kThreads) s += dQK[(b * T + t) * nh + h];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) dD_partials[b * nh + h] = s;
+}
+
+// d D[h] += Σ_b dD_partials[b, h], ascending b (one thread per head).
+__global__ void __launch_bounds__(kThreads)
+dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
+  const Idx h = Idx(blockIdx.x) * kThreads + threadIdx.x;
+  if (h >= nh) return;
+  float acc = 0.0f;
+  for (Idx b = 0; b < B; ++b) acc += dD_partials[b * nh + h];
+  d_d_param[h] += acc;
+}
+
+// ---- step 2 (before the rope backward) --------------------------------------------------------
+// One warp per (r, h): dScale = dK_mid·k, dGamma = dQK·(c_biased·b_biased),
+// dv1 = scale·dK_mid (+ d_k_out at t = T−1), extra = dQK·γ.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+dqktheta_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dv1, float* extra) {
+  const int lane = threadIdx.x & 31;
+  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
+  for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
+    const Idx r = i / g.nh, h = i % g.nh;
+    const bool last = r % g.T == g.T - 1;
+    const float* dkout = p.d_k_out + ((r / g.T) * g.nh + h) * g.ds;
+    const float sc = p.scale_saved[i];
+    float dsc = 0.0f, qk = 0.0f;
+    for (Idx n = lane; n < g.ds; n += 32) {
+      const float dk = p.dK_mid[i * g.ds + n];
+      dsc += dk * to_float(p.k[i * g.ds + n]);
+      qk += to_float(p.c_biased[i * g.ds + n]) * to_float(p.b_biased[i * g.ds + n]);
+      dv1[i * g.ds + n] = last ? sc * dk + dkout[n] : sc * dk;
+    }
+    dsc = warp_sum(dsc);
+    qk = warp_sum(qk);
+    if (lane == 0) {
+      const float dqk = p.dQK_dot[i];
+      p.dScale[i] = dsc;
+      p.dGamma[i] = dqk * qk;
+      extra[i] = dqk * p.gamma_saved[i];
+    }
+  }
+}
+
+// ---- step 3 ---------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+ddt_dtrap_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dscale_prev) {
+  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = Idx(blockIdx.x) * kThreads + threadIdx.x; i < rows; i += stride) {
+    const Idx r = i / g.nh, h = i % g.nh, t = r % g.T;
+    const float prev = t > 0 ? p.dScale[i - g.nh] : dscale_prev[(r / g.T) * g.nh + h];
+    const float own = p.dGamma[i] + p.dScale[i];
+    const float trap = p.trap[i];
+    const float ddt = own * trap + prev * (1.0f - trap);
+    p.dDT[i] = ddt;
+    p.d_trap_sig[i] = (own - prev) * p.dt[i];
+    p.d_dt_direct[i] = ddt;
+    p.d_adt_total[i] = p.dADT[i];
+  }
+}
+
+// ---- launch helpers ---------------------------------------------------------------------------
+const char* const kChunkWhere = "gpu::ssm_chunked";
+
+int pad_class(Idx v) { return v <= 32 ? 2 : v <= 64 ? 4 : 8; }
+
+ChunkGeom chunk_geom(const Dims& d) {
+  M3_REQUIRE(d.hd >= 1 && d.ds >= 1 && d.nh >= 1 && d.B >= 1 && d.T >= 1 && d.cs >= 1,
+             kChunkWhere, "bad dims", "B=", d.B, " T=", d.T, " nh=", d.nh, " headdim=", d.hd,
+             " d_state=", d.ds, " chunk_size=", d.cs);
+  M3_REQUIRE(d.hd <= 128 && d.ds <= 128, kChunkWhere, "unsupported SSM shape",
+             "headdim=", d.hd, " d_state=", d.ds, " (the GPU scan supports headdim ≤ 128 and "
+             "d_state ≤ 128)");
+  M3_REQUIRE(d.nc == (d.T + d.cs - 1) / d.cs, kChunkWhere, "n_chunks != ceil(T / chunk_size)",
+             "nc=", d.nc, " T=", d.T, " chunk_size=", d.cs);
+  M3_REQUIRE(d.di == d.nh * d.hd, kChunkWhere, "d_inner != nheads·headdim", "d_inner=", d.di,
+             " nheads=", d.nh, " headdim=", d.hd);
+  M3_REQUIRE(d.nh <= 65535 && d.B <= 65535, kChunkWhere, "grid too large", "nheads=", d.nh,
+             " B=", d.B, " (each ≤ 65535)");
+  const Idx lmax = std::min(d.cs, d.T);
+  const int nt = static_cast<int>((lmax + kTR - 1) / kTR);
+  M3_REQUIRE(d.nc * nt <= 0x7fffffff, kChunkWhere, "grid too large", "chunks=", d.nc,
+             " tiles per chunk=", nt);
+  return ChunkGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, d.cs, d.nc, nt};
+}
+
+// Calls f(RH, RD) as integral constants for the padded sizes of headdim and d_state.
+template <class F>
+void with_pads(const Dims& d, F&& f) {
+  auto on_rd = [&](auto rh) {
+    switch (pad_class(d.ds)) {
+      case 2: f(rh, std::integral_constant<int, 2>{}); break;
+      case 4: f(rh, std::integral_constant<int, 4>{}); break;
+      default: f(rh, std::integral_constant<int, 8>{}); break;
+    }
+  };
+  switch (pad_class(d.hd)) {
+    case 2: on_rd(std::integral_constant<int, 2>{}); break;
+    case 4: on_rd(std::integral_constant<int, 4>{}); break;
+    default: on_rd(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// Leading dimensions: odd (16R + 1) for chunk_state_kernel's scalar reads, 16R + 4 for the
+// float4 rows of chunk_scan_kernel and chunk_bwd_kernel.
+constexpr std::size_t ld_odd(int r) { return 16 * r + 1; }
+constexpr std::size_t ld_vec(int r) { return 16 * r + 4; }
+
+std::size_t smem_chunk_state(int rh, int rd) {
+  return sizeof(float) * (kTR * ld_odd(rh) + kTR * ld_odd(rd) + kTR + 1);
+}
+std::size_t smem_chunk_scan(int rh, int rd) {
+  const std::size_t ks = std::max<std::size_t>(kTR * ld_vec(rd), 16 * rh * std::size_t(kLS));
+  return sizeof(float) * (kTR * ld_vec(rd) + ks + kTR * ld_vec(rh) + kTR * kLM + 2 * kTR);
+}
+std::size_t smem_chunk_bwd(int rh, int rd) {
+  return sizeof(float) *
+         (2 * kTR * ld_vec(rd) + 2 * kTR * ld_vec(rh) + 2 * kTR * kLM + 4 * kTR + 8 * kTR + 32 + 2);
+}
+
+template <class K>
+void set_smem(K kernel, std::size_t bytes) {
+  int dev = 0, optin = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  M3_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  M3_REQUIRE(bytes <= static_cast<std::size_t>(optin), kChunkWhere,
+             "shared memory per block exceeds the device limit", "need ", bytes, " bytes, have ",
+             optin);
+  if (bytes > 48 * 1024)
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+}
+
+Idx round64(Idx n) { return (n + 63) / 64 * 64; }
+
+struct BwdScratch {
+  float *dS, *dv1, *extra, *dscale_prev;
+};
+
+BwdScratch carve(const Dims& d, Scratch scratch) {
+  const Idx n_dS = round64(d.B * d.nc * d.nh * d.hd * d.ds), n_dv1 = round64(d.BT * d.nh * d.ds);
+  const Idx n_ex = round64(d.BT * d.nh);
+  require_scratch(scratch, ssm_chunked_scratch_floats(d), "gpu::ssm_chunked_backward");
+  BwdScratch s{};
+  s.dS = scratch.p;
+  s.dv1 = s.dS + n_dS;
+  s.extra = s.dv1 + n_dv1;
+  s.dscale_prev = s.extra + n_ex;
+  return s;
+}
+
+dim3 grid3(Idx x, Idx y, Idx z) {
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
+}
+
+}  // namespace
+
+Idx ssm_chunked_scratch_floats(const Dims& d) {
+  return round64(d.B * d.nc * d.nh * d.hd * d.ds) + round64(d.BT * d.nh * d.ds) +
+         round64(d.BT * d.nh) + round64(d.B * d.nh);
+}
+
+template <class T>
+void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, Scratch) {
+  const ChunkGeom g = chunk_geom(d);
+  const Idx rows = d.BT * d.nh;
+  prep_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p);
+  M3_LAUNCH_CHECK();
+  with_pads(d, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
+                           p.chunk_states};
+    auto k23 = chunk_state_kernel<T, RH, RD, true>;
+    const std::size_t sm23 = smem_chunk_state(RH, RD);
+    set_smem(k23, sm23);
+    k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
+    M3_LAUNCH_CHECK();
+    state_pass_fwd_kernel<T>
+        <<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0, s>>>(g, p);
+    M3_LAUNCH_CHECK();
+    auto k5 = chunk_scan_kernel<T, RH, RD>;
+    const std::size_t sm5 = smem_chunk_scan(RH, RD);
+    set_smem(k5, sm5);
+    k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
+    M3_LAUNCH_CHECK();
+  });
+}
+
+template <class T>
+void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
+                          Scratch scratch) {
+  const ChunkGeom g = chunk_geom(d);
+  const BwdScratch w = carve(d, scratch);
+  const Idx rows = d.BT * d.nh;
+  with_pads(d, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
+    auto k1 = chunk_state_kernel<T, RH, RD, false>;
+    const std::size_t sm1 = smem_chunk_state(RH, RD);
+    set_smem(k1, sm1);
+    k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
+    M3_LAUNCH_CHECK();
+    state_pass_bwd_kernel<<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0,
+                            s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
+    M3_LAUNCH_CHECK();
+    entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
+    M3_LAUNCH_CHECK();
+    auto k3 = chunk_bwd_kernel<T, RH, RD>;
+    const std::size_t sm3 = smem_chunk_bwd(RH, RD);
+    set_smem(k3, sm3);
+    k3<<<grid3(d.nc, d.nh, d.B), kCT, sm3, s>>>(g, p, w.dS);
+    M3_LAUNCH_CHECK();
+  });
+  dd_partials_kernel<<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(d.T, d.nh, p.dQK_dot,
+                                                              p.dD_partials);
+  M3_LAUNCH_CHECK();
+  dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
+                                                                  p.d_d_param);
+  M3_LAUNCH_CHECK();
+  dqktheta_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p, w.dv1, w.extra);
+  M3_LAUNCH_CHECK();
+  rope_backward<T>(s, d,
+                   RopeBwd<T>{p.theta, w.dv1, p.dQ_mid, p.k, p.q, p.d_b_pre_rope, p.d_c_pre_rope,
+                              p.d_angle_cumsum, w.extra, p.c_biased, p.b_biased});
+  ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
+  M3_LAUNCH_CHECK();
+}
+
+template void ssm_chunked_forward<float>(cudaStream_t, const Dims&, const SsmChunkFwd<float>&,
+                                         Scratch);
+template void ssm_chunked_backward<float>(cudaStream_t, const Dims&, const SsmChunkBwd<float>&,
+                                          Scratch);
+
+}  // namespace m3::gpu

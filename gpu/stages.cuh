@@ -1,0 +1,258 @@
+// Launchers of every GPU stage (internal to gpu/, .cu files only). Each stage computes exactly
+// what the reference stage of the same name computes (reference/stages.hpp and the MODEL.md
+// section named in the comment); backbone_gpu.cu chains them like reference/backbone.cpp.
+//
+// Conventions
+//  * Row-major device buffers, r = b·T + t, names as in MODEL.md §10 / reference LayerActs.
+//  * T is the storage type of the "typed" tensors of MODEL.md §8 (only float is instantiated
+//    now; bf16/f16 follow). Coefficients, states, reductions and f32-policy tensors are float.
+//  * Determinism (MODEL.md §7, §12.9): no floating-point atomics, one writer per output
+//    element, every reduction in a fixed order (gpu/common.cuh block_sum / warp_sum, or the
+//    two-stage column sums of reduce.cu). The same inputs give the same bits on every run.
+//  * Weight/bias gradients ACCUMULATE (+=) into their f32 buffers; activation gradients are
+//    overwritten.
+//  * Each launcher checks its launch (M3_LAUNCH_CHECK) and throws m3::Error on a bad launch.
+//  * Scratch: a float workspace owned by the caller, sized by scratch_floats(); launchers use
+//    it for reduction partials and may overwrite all of it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common.cuh"
+#include "stages.hpp"  // reference: m3::ref::Dims
+
+namespace m3::gpu {
+
+using ref::Dims;
+
+struct Scratch {
+  float* p = nullptr;
+  Idx n = 0;  // floats available
+};
+// Floats of scratch the launchers below need at most for dims d.
+Idx scratch_floats(const Dims& d);
+
+// ---- reduce.cu: out[c] (+)= Σ_{r < rows} in[r, c], deterministic two-stage (fixed row blocks,
+// then the block partials summed in ascending order). accumulate: += into out, else =.
+void colsum(cudaStream_t s, Idx rows, Idx cols, const float* in, float* out, bool accumulate,
+            Scratch scratch);
+
+// ---- gemm.cu (cuBLAS, fixed configuration: FP32 compute, pedantic math, no TF32) ----------
+// Y[rows,out] = X[rows,in]·W[in,out] (+ bias[out] broadcast when bias != nullptr)
+template <class T>
+void gemm_forward(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, const T* W,
+                  const float* bias, T* Y);
+// dX[rows,in] = dY[rows,out]·Wᵀ   (overwrite)
+template <class T>
+void gemm_backward_dx(const GpuContext& c, Idx rows, Idx in, Idx out, const T* dY, const T* W,
+                      T* dX);
+// dW[in,out] += Xᵀ·dY   (f32 accumulate, β = 1)
+template <class T>
+void gemm_backward_dw(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, const T* dY,
+                      float* dW);
+
+// ---- norm.cu: RMSNorm (MODEL.md §4 F1, §6.1; norm_f; also BCNorm's core with rows = BT·ng)
+// y[r,i] = u[r,i]/rms[r]·w[i], rms[r] = sqrt(mean_i u² + 1e-5)  (rms saved, not its inverse)
+template <class T>
+void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w, T* y,
+                     float* rms);
+// dx = (w⊙g − x̂·c)/rms, c = mean(g⊙w⊙x̂), x̂ = u/rms  (overwrite);
+// dw += Σ_r g⊙x̂ (deterministic, accumulate). g is T (typed d_post_norm) or float (dOut).
+template <class T>
+void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
+                      const float* rms, const T* g, float* dx, float* dw, Scratch scratch);
+
+// ---- split.cu ------------------------------------------------------------------------------
+// F3 (§4): proj [BT, ip] → z, x [BT, di]; b_raw, c_raw [BT, ng·ds]; dd_dt_raw, dd_a_raw,
+// trap_raw [BT, nh]; angles_raw [BT, na]; dt = softplus(dd_dt_raw + dt_bias) (v > 20 → v),
+// a_val = min(−φ(dd_a_raw), −a_floor), trap = σ(trap_raw).
+template <class T>
+struct SplitFwd {
+  const T* proj;
+  const float* dt_bias;
+  T *z, *x, *b_raw, *c_raw;
+  float *dd_dt_raw, *dd_a_raw, *trap_raw, *angles_raw, *dt, *a_val, *trap;
+};
+template <class T>
+void split_forward(cudaStream_t s, const Dims& d, const SplitFwd<T>& p);
+// F5b: alpha = exp(a_val·dt), beta = alpha·dt·(1 − trap), gamma = trap·dt   [BT, nh]
+void abg_forward(cudaStream_t s, const Dims& d, const float* a_val, const float* dt,
+                 const float* trap, float* alpha, float* beta, float* gamma);
+// Sequential-path glue (reference abg_backward): from d_alpha, d_beta, d_gamma:
+// d_adt_total = dα·α + dβ·β; d_dt_direct = dβ·α(1−trap) + dγ·trap; d_trap_sig = (γ-path) …
+struct AbgBwd {
+  const float *alpha, *beta, *dt, *trap, *d_alpha, *d_beta, *d_gamma;
+  float *d_adt_total, *d_dt_direct, *d_trap_sig;
+};
+void abg_backward(cudaStream_t s, const Dims& d, const AbgBwd& p);
+// B5b (§6.2, §12.1–2; reference activations_backward): d_dd_dt, d_dd_a, d_trap_raw [BT, nh]
+// and d dt_bias += Σ_r d_dd_dt (deterministic).
+struct ActBwd {
+  const float *dd_dt_raw, *dd_a_raw, *dt_bias, *dt, *a_val, *trap;
+  const float *d_adt_total, *d_dt_direct, *d_dt_angle, *d_trap_sig;
+  float *d_dd_dt, *d_dd_a, *d_trap_raw;
+  float* d_dt_bias;  // [nh], accumulate
+  double a_floor;
+};
+void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratch scratch);
+// B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
+// d_angles_raw] (column order of §2.1).
+template <class T>
+struct SplitBwd {
+  const T *d_z, *d_x, *d_b_raw, *d_c_raw;
+  const float *d_dd_dt, *d_dd_a, *d_trap_raw, *d_angles_raw;
+  T* d_proj;
+};
+template <class T>
+void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p);
+
+// ---- bcnorm.cu (§4 F4, §6.2 B4b/B4c; reference bcnorm.cpp) -------------------------------
+// With typed storage, X_normed is stored (rounded) and the bias add reads the stored value.
+template <class T>
+struct BcnormFwd {
+  const T *b_raw, *c_raw;
+  const float *b_norm_weight, *c_norm_weight, *b_bias, *c_bias;
+  T *b_normed, *c_normed, *b_biased, *c_biased;
+  float *b_rms, *c_rms;
+};
+template <class T>
+void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p);
+// B4b: d_X_normed[r,g,n] = Σ_{h∈g} d_X_pre_rope[r,h,n] (ascending h); d X_bias += Σ_r;
+// B4c: RMSNorm backward per (r,g) → d_X_raw, d w_X += (deterministic).
+template <class T>
+struct BcnormBwd {
+  const T *b_raw, *c_raw;
+  const float *b_norm_weight, *c_norm_weight, *b_rms, *c_rms;
+  const float *d_b_pre_rope, *d_c_pre_rope;
+  T *d_b_normed, *d_c_normed, *d_b_raw, *d_c_raw;  // B4c reads the stored d_X_normed
+  float *d_b_norm_weight, *d_c_norm_weight, *d_b_bias, *d_c_bias;  // accumulate
+};
+template <class T>
+void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scratch scratch);
+
+// ---- rope.cu (§4 F5, F4e/f, §6.2 B6 tail, B5a; §12.3; reference rope.cpp) ----------------
+// F5: θ_t = wrap(θ_{t−1} + π·tanh(angles_raw)·dt) carried in DOUBLE per (b,h,a), wrapped to
+// [0, 2π) every step (the increment formed in float, as the reference does for float);
+// θ_{−1} = angle_in [B, nh, na]; writes angle_cumsum [BT, nh, na] and angle_out.
+void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const float* dt,
+                   const float* angle_in, float* angle_cumsum, float* angle_out);
+// F4e/f: k = R(θ)·b_biased, q = R(θ)·c_biased on pairs (2a, 2a+1); n ≥ 2na copied.
+template <class T>
+void rope_forward(cudaStream_t s, const Dims& d, const float* theta, const T* b_biased,
+                  const T* c_biased, T* k, T* q);
+// Rᵀ of gradients wrt rotated vectors + angle gradient (reference rope_backward_into):
+// dpre = Rᵀ dv; dtheta (+)= Σ_a −dv[2a]·rot[2a+1] + dv[2a+1]·rot[2a].
+// Two rotated inputs at once (k path and q path): dtheta = contribution(dv1) + contribution(dv2),
+// OVERWRITTEN (not accumulated). Optional extra (all nullptr, or all set): after the rotation,
+// dpre1 += extra_scale[r,h]·extra_vec1 and dpre2 += extra_scale[r,h]·extra_vec2 (the chunked
+// qk path: extra_scale = dQK·γ, extra_vec1 = c_biased, extra_vec2 = b_biased).
+template <class T>
+struct RopeBwd {
+  const float* theta;
+  const float *dv1, *dv2;
+  const T *rot1, *rot2;
+  float *dpre1, *dpre2, *dtheta;
+  const float* extra_scale;            // all three nullptr, or all set
+  const T *extra_vec1, *extra_vec2;
+};
+template <class T>
+void rope_backward(cudaStream_t s, const Dims& d, const RopeBwd<T>& p);
+// B5a: Θ̄ = reverse cumsum over t of d_angle_cumsum (+ d_angle_out at t = T−1), then
+// d_angles_raw[r,a] = Σ_h Θ̄·π·dt·(1 − tanh²) (ascending h), d_dt_angle[r,h] = Σ_a Θ̄·π·tanh
+// (ascending a), d_angle_in = Θ̄ at t = 0. All overwritten. With na = 0: d_dt_angle = 0.
+struct AngleBwd {
+  const float *angles_raw, *dt, *d_angle_cumsum, *d_angle_out;
+  float *d_angles_raw, *d_dt_angle, *d_angle_in;
+};
+void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch);
+
+// ---- gating.cu (§4 F7, §6.2 B7; reference gating.cpp) ------------------------------------
+// gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr).
+template <class T>
+void gating_forward(cudaStream_t s, const Dims& d, const T* y, const T* z,
+                    const float* norm_gate_weight, T* gated, float* gated_rms_vals);
+template <class T>
+struct GatingBwd {
+  const T *y, *z, *d_gated;
+  const float *norm_gate_weight, *gated_rms_vals;
+  T *d_y, *d_z;
+  float* d_norm_gate_weight;  // accumulate (only with is_outproj_norm)
+};
+template <class T>
+void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scratch scratch);
+
+// ---- ssm_seq.cu (§4 F6 recurrence, §6.3 BPTT; reference ssm_sequential.cpp) --------------
+template <class T>
+struct SsmSeqFwd {
+  const T *x, *k, *q;
+  const float *alpha, *beta, *gamma, *d_param;
+  const float *ssm_in, *k_in, *v_in;                  // entering states [B, nh, …]
+  T* y;
+  float *h_saved, *k_prev_saved, *v_prev_saved;       // h_saved [B, T+1, ds, di] (transposed)
+  float *ssm_out, *k_out, *v_out;
+};
+template <class T>
+void ssm_seq_forward(cudaStream_t s, const Dims& d, const SsmSeqFwd<T>& p);
+template <class T>
+struct SsmSeqBwd {
+  const T *x, *k, *q, *d_y;
+  const float *alpha, *beta, *gamma, *d_param;
+  const float *h_saved, *k_prev_saved, *v_prev_saved;
+  const float *d_ssm_out, *d_k_out, *d_v_out;  // gradients wrt the leaving states
+  T* d_x;
+  float *d_k, *d_q, *d_alpha, *d_beta, *d_gamma, *d_d_local;
+  float *d_ssm_in, *d_k_in, *d_v_in;
+  float* d_d_param;  // [nh], accumulate: Σ_b Σ_p d_d_local (fixed order)
+};
+template <class T>
+void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scratch scratch);
+
+// ---- ssm_chunked.cu (§5.2 K0–K6 with §5.3 entering states, §6.4 steps 1–3; reference
+// ssm_chunked.cpp, whose header comment states every formula; run-time chunk size) ----------
+template <class T>
+struct SsmChunkFwd {
+  const T *x, *k, *q;
+  const float *dt, *trap, *a_val, *d_param;
+  const float *ssm_in, *k_in, *v_in;
+  T *k_scaled_saved, *y;  // K_scaled is stored typed, and K3/K5 read the stored value
+  float *adt, *qk_dot_saved, *scale_saved, *gamma_saved, *da_cumsum_saved;
+  float *chunk_states, *chunk_states_saved, *final_states;
+  float *ssm_out, *k_out, *v_out;
+};
+template <class T>
+void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
+                         Scratch scratch);
+// Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dqktheta: dScale,
+// dGamma, d_b_pre_rope, d_c_pre_rope, d_angle_cumsum — via rope_backward with the qk extra),
+// step 3 (ddt_dtrap: dDT, d_trap_sig; d_adt_total = dADT, d_dt_direct = dDT). ∂L/∂v_out is
+// added to d_x at t = T−1 and ∂L/∂k_out to the k-path gradient at t = T−1 (before Rᵀ).
+template <class T>
+struct SsmChunkBwd {
+  const T *x, *k, *q, *b_biased, *c_biased, *k_scaled_saved, *d_y;
+  const float *theta, *dt, *trap, *a_val, *d_param;
+  const float *qk_dot_saved, *scale_saved, *gamma_saved, *da_cumsum_saved;
+  const float *chunk_states_saved, *k_in, *v_in;
+  const float *d_ssm_out, *d_k_out, *d_v_out;
+  float *da_cs_sum, *dQ_mid, *dK_mid, *dADT, *dQK_dot, *dD_partials, *dScale, *dGamma, *dDT;
+  T* d_x;
+  float *d_b_pre_rope, *d_c_pre_rope, *d_angle_cumsum;
+  float *d_adt_total, *d_dt_direct, *d_trap_sig;
+  float *d_ssm_in, *d_k_in, *d_v_in;
+  float* d_d_param;  // [nh], accumulate Σ_b dD_partials (ascending b)
+};
+template <class T>
+void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
+                          Scratch scratch);
+// Floats of scratch ssm_chunked_backward needs: dS per chunk boundary B·nc·nh·hd·ds, the k-path
+// gradient for the RoPE backward BT·nh·ds, the qk scale BT·nh, dScale_{−1} B·nh (each rounded
+// up to 64). The largest user of the scratch (≈ 134 M floats at the official shape).
+Idx ssm_chunked_scratch_floats(const Dims& d);
+
+// Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:
+// f32 residual + typed out_flat); convert/copy between storage types.
+template <class T>
+void add(cudaStream_t s, Idx n, const float* a, const T* b, float* out);
+template <class Tin, class Tout>
+void convert(cudaStream_t s, Idx n, const Tin* in, Tout* out);
+
+}  // namespace m3::gpu

@@ -1,0 +1,653 @@
+// GPU stages of family A (reduce.cu, norm.cu, split.cu, bcnorm.cu, rope.cu, gating.cu) against
+// the float reference, stage by stage (MODEL.md §4, §6, §7, §12).
+//
+// For each config of kCases, one "world" is built on the host: seeded realistic inputs run
+// through the reference forward stages (split → BCNorm → angles → RoPE → α/β/γ → gating) in
+// float, plus seeded U(−1, 1) upstream gradients and U(−1, 1) initial weight-gradient buffers
+// (so the accumulate contract (+=) is checked). proj carries branch cases on purpose: dt
+// logits above the softplus threshold (v > 20), heavy-tail logits at 0 and far below −1/a_floor
+// (clamp active). Each test uploads exactly the inputs of one stage, runs the GPU launcher and
+// the reference stage on the same inputs, and compares every output:
+//   rel_l2 = ‖gpu − ref‖₂ / ‖ref‖₂ ≤ 1e-5   and   max|gpu − ref| / max|ref| ≤ 1e-4
+// (float vs float, different summation orders, ulp-level differences of expf/tanhf/sincosf);
+// angles θ ∈ [0, 2π) by circular distance ≤ 1e-4. Determinism (§7): the reducing launchers run
+// twice on the same inputs give bitwise equal outputs. The launchers reject a short scratch.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "config.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "params.hpp"
+#include "stages.cuh"
+#include "stages.hpp"
+
+namespace {
+
+using m3::Config;
+using m3::Idx;
+using m3::Rng;
+using m3::gpu::DeviceArray;
+using m3::gpu::Scratch;
+using m3::ref::Dims;
+using Vec = std::vector<float>;
+using Acts = m3::ref::LayerActs<float>;
+using Grads = m3::ref::LayerGrads<float>;
+using LParams = m3::LayerParams<float>;
+
+constexpr double kRelL2 = 1e-5;
+constexpr double kRelMax = 1e-4;
+constexpr double kAngleTol = 1e-4;
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+
+#define M3_SKIP_WITHOUT_GPU()                                                       \
+  do {                                                                              \
+    if (!m3::gpu::query_device().present)                                           \
+      GTEST_SKIP() << m3::gpu::describe(m3::gpu::query_device());                   \
+  } while (0)
+
+struct Case {
+  const char* name;
+  Idx d_model, headdim, d_state, ngroups;
+  double rope_fraction;
+  Idx B, T;
+};
+
+// ragged small dims (hd 6, ds 10, one colsum chunk); the official defaults hd 64 / ds 128 with
+// two groups; na = 0 (ds 3); hd 128 with every dim rotated; hd 32 / ds 16 with one head per
+// group and a row count just past one colsum chunk.
+const Case kCases[] = {
+    {"ragged_dm21_hd6_ds10_B2_T37", 21, 6, 10, 1, 0.5, 2, 37},
+    {"hd64_ds128_ng2_B2_T160", 256, 64, 128, 2, 0.5, 2, 160},
+    {"na0_hd16_ds3_ng2_B3_T100", 32, 16, 3, 2, 0.5, 3, 100},
+    {"hd128_ds64_rf1_B1_T300", 128, 128, 64, 1, 1.0, 1, 300},
+    {"hd32_ds16_ng4_rf1_B4_T65", 64, 32, 16, 4, 1.0, 4, 65},
+};
+
+Config make_config(const Case& c, bool outproj_norm) {
+  Config cfg;
+  cfg.d_model = c.d_model;
+  cfg.expand = 2;
+  cfg.headdim = c.headdim;
+  cfg.d_state = c.d_state;
+  cfg.ngroups = c.ngroups;
+  cfg.n_layers = 1;
+  cfg.rope_fraction = c.rope_fraction;
+  cfg.is_outproj_norm = outproj_norm;
+  cfg.input_dim = c.d_model;
+  cfg.validate();
+  return cfg;
+}
+
+void fill(Vec& v, Rng& rng, double lo, double hi) {
+  for (auto& e : v) e = static_cast<float>(rng.uniform(lo, hi));
+}
+
+// Every host tensor a stage of family A reads or writes, from the reference forward in float.
+struct World {
+  Dims d;
+  LParams p, pg0;  // parameters; initial values of the weight-gradient buffers
+  Acts a;
+  Grads g;
+};
+
+World make_world(const Case& c, bool outproj_norm, std::uint64_t seed = 7) {
+  const Config cfg = make_config(c, outproj_norm);
+  World w;
+  w.d = Dims::of(cfg, c.B, c.T, m3::Precision::F32);
+  const Dims& d = w.d;
+  w.p = m3::make_params<float>(cfg, seed, m3::Init::Perturbed).layers[0];
+  w.pg0 = m3::zero_params<float>(cfg).layers[0];
+  Rng rng(seed * 1000 + 17);
+  for (Vec* v : {&w.pg0.norm_weight, &w.pg0.dt_bias, &w.pg0.b_norm_weight, &w.pg0.c_norm_weight,
+                 &w.pg0.b_bias, &w.pg0.c_bias, &w.pg0.norm_gate_weight})
+    fill(*v, rng, -1.0, 1.0);
+  w.a.allocate(d, m3::ScanMode::Sequential);
+  w.g.allocate(d, m3::ScanMode::Sequential);
+  Acts& a = w.a;
+  for (auto& e : a.proj) e = static_cast<float>(rng.normalish());
+  const Idx ddt = 2 * d.di + 2 * d.ng * d.ds, dda = ddt + d.nh;
+  for (Idx r = 0; r < d.BT; ++r)
+    for (Idx h = 0; h < d.nh; ++h) {
+      const Idx k = r + 3 * h;
+      if (k % 17 == 0) a.proj[r * d.ip + ddt + h] = 30.0f;      // softplus: v > 20 branch
+      if (k % 5 == 0) a.proj[r * d.ip + dda + h] = -2.0e4f;     // heavy-tail clamp active
+      if (k % 11 == 0) a.proj[r * d.ip + dda + h] = 0.0f;       // φ'(0) = 1
+    }
+  m3::ref::split_forward(d, w.p, a);
+  m3::ref::bcnorm_forward(d, w.p, a);
+  fill(a.angle_in, rng, 0.0, kTwoPi);
+  m3::ref::angle_forward(d, a);
+  m3::ref::rope_forward(d, a);
+  m3::ref::abg_forward(d, a);
+  for (auto& e : a.y) e = static_cast<float>(rng.normalish());
+  m3::ref::gating_forward(d, w.p, a);
+  Grads& g = w.g;
+  for (Vec* v : {&g.d_gated, &g.d_k, &g.d_q, &g.d_alpha, &g.d_beta, &g.d_gamma,
+                 &g.d_angle_cumsum, &g.d_angle_out, &g.d_adt_total, &g.d_dt_direct,
+                 &g.d_dt_angle, &g.d_trap_sig, &g.d_b_pre_rope, &g.d_c_pre_rope, &g.d_z, &g.d_x,
+                 &g.d_b_raw, &g.d_c_raw, &g.d_dd_dt, &g.d_dd_a, &g.d_trap_raw, &g.d_angles_raw})
+    fill(*v, rng, -1.0, 1.0);
+  return w;
+}
+
+// ---- device helpers ----------------------------------------------------------------------
+class Stream {
+ public:
+  Stream() { M3_CUDA_CHECK(cudaStreamCreate(&s_)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+DeviceArray<float> up(const Vec& v, cudaStream_t s) {
+  DeviceArray<float> a(static_cast<Idx>(v.size()));
+  a.upload(v.data(), s);
+  return a;
+}
+
+Vec down(const DeviceArray<float>& a, cudaStream_t s) {
+  Vec v(static_cast<size_t>(a.size()));
+  a.download(v.data(), s);
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  return v;
+}
+
+struct ScratchBuf {
+  DeviceArray<float> buf;
+  explicit ScratchBuf(const Dims& d) : buf(m3::gpu::scratch_floats(d)) {}
+  Scratch get() { return Scratch{buf.data(), buf.size()}; }
+};
+
+// ---- comparisons -------------------------------------------------------------------------
+void expect_close(const std::string& what, const Vec& got, const Vec& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double d2 = 0, r2 = 0, dmax = 0, rmax = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << "[" << i << "] = " << got[i];
+    const double diff = std::abs(static_cast<double>(got[i]) - want[i]);
+    d2 += diff * diff;
+    r2 += static_cast<double>(want[i]) * want[i];
+    if (diff > dmax) dmax = diff, worst = i;
+    rmax = std::max(rmax, std::abs(static_cast<double>(want[i])));
+  }
+  const double rel_l2 = r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+  const double rel_max = rmax > 0 ? dmax / rmax : dmax;
+  EXPECT_LE(rel_l2, kRelL2) << what << ": rel_l2, worst at " << worst;
+  EXPECT_LE(rel_max, kRelMax) << what << ": max_abs/max, worst at [" << worst << "] gpu "
+                              << (got.empty() ? 0.f : got[worst]) << " ref "
+                              << (want.empty() ? 0.f : want[worst]);
+}
+
+void expect_close_angles(const std::string& what, const Vec& got, const Vec& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i] >= 0.0f && got[i] < static_cast<float>(kTwoPi) + 1e-6f)
+        << what << "[" << i << "] = " << got[i] << " outside [0, 2π)";
+    const double dist = std::abs(std::remainder(static_cast<double>(got[i]) - want[i], kTwoPi));
+    worst = std::max(worst, dist);
+  }
+  EXPECT_LE(worst, kAngleTol) << what << ": max circular distance";
+}
+
+void expect_bitwise(const std::string& what, const Vec& x, const Vec& y) {
+  ASSERT_EQ(x.size(), y.size()) << what;
+  EXPECT_EQ(0, x.empty() ? 0 : std::memcmp(x.data(), y.data(), x.size() * sizeof(float)))
+      << what << ": two runs differ";
+}
+
+class GpuStagesA : public ::testing::TestWithParam<Case> {};
+
+// ---- tests -------------------------------------------------------------------------------
+TEST_P(GpuStagesA, RmsNormMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  Rng rng(99);
+  Vec u(static_cast<size_t>(d.BT * d.dm)), gy(u.size());
+  for (auto& e : u) e = static_cast<float>(3.0 * rng.normalish());
+  fill(gy, rng, -1.0, 1.0);
+  Vec y(u.size()), rms(static_cast<size_t>(d.BT)), dx(u.size()), dw = w.pg0.norm_weight;
+  m3::ref::rmsnorm_forward(d.BT, d.dm, u.data(), w.p.norm_weight.data(), y.data(), rms.data());
+  m3::ref::rmsnorm_backward(d.BT, d.dm, u.data(), w.p.norm_weight.data(), rms.data(), gy.data(),
+                            dx.data(), dw.data());
+
+  Stream s;
+  ScratchBuf sc(d);
+  auto du = up(u, s), dwt = up(w.p.norm_weight, s), dgy = up(gy, s), ddw = up(w.pg0.norm_weight, s);
+  DeviceArray<float> dy(d.BT * d.dm), drms(d.BT), ddx(d.BT * d.dm);
+  m3::gpu::rmsnorm_forward<float>(s, d.BT, d.dm, du.data(), dwt.data(), dy.data(), drms.data());
+  expect_close("y", down(dy, s), y);
+  expect_close("rms", down(drms, s), rms);
+  // backward from the reference rms (the stage's own input)
+  auto drms_ref = up(rms, s);
+  m3::gpu::rmsnorm_backward<float>(s, d.BT, d.dm, du.data(), dwt.data(), drms_ref.data(),
+                                   dgy.data(), ddx.data(), ddw.data(), sc.get());
+  expect_close("dx", down(ddx, s), dx);
+  expect_close("dw (accumulated)", down(ddw, s), dw);
+}
+
+TEST_P(GpuStagesA, SplitForwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  Stream s;
+  auto proj = up(w.a.proj, s), dt_bias = up(w.p.dt_bias, s);
+  DeviceArray<float> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
+      c_raw(d.BT * d.ng * d.ds), dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
+      ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
+  m3::gpu::SplitFwd<float> p{proj.data(),   dt_bias.data(), z.data(),     x.data(),
+                             b_raw.data(),  c_raw.data(),   dd_dt.data(), dd_a.data(),
+                             trap_raw.data(), ang.data(),   dt.data(),    a_val.data(),
+                             trap.data()};
+  m3::gpu::split_forward<float>(s, d, p);
+  expect_close("z", down(z, s), w.a.z);
+  expect_close("x", down(x, s), w.a.x);
+  expect_close("b_raw", down(b_raw, s), w.a.b_raw);
+  expect_close("c_raw", down(c_raw, s), w.a.c_raw);
+  expect_close("dd_dt_raw", down(dd_dt, s), w.a.dd_dt_raw);
+  expect_close("dd_a_raw", down(dd_a, s), w.a.dd_a_raw);
+  expect_close("trap_raw", down(trap_raw, s), w.a.trap_raw);
+  expect_close("angles_raw", down(ang, s), w.a.angles_raw);
+  expect_close("dt", down(dt, s), w.a.dt);
+  expect_close("a_val", down(a_val, s), w.a.a_val);
+  expect_close("trap", down(trap, s), w.a.trap);
+}
+
+TEST_P(GpuStagesA, AbgForwardAndBackwardMatchReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  m3::ref::abg_backward(d, w.a, w.g);
+  Stream s;
+  const Idx n = d.BT * d.nh;
+  auto a_val = up(w.a.a_val, s), dt = up(w.a.dt, s), trap = up(w.a.trap, s);
+  DeviceArray<float> alpha(n), beta(n), gamma(n);
+  m3::gpu::abg_forward(s, d, a_val.data(), dt.data(), trap.data(), alpha.data(), beta.data(),
+                       gamma.data());
+  expect_close("alpha", down(alpha, s), w.a.alpha);
+  expect_close("beta", down(beta, s), w.a.beta);
+  expect_close("gamma", down(gamma, s), w.a.gamma);
+  auto r_alpha = up(w.a.alpha, s), r_beta = up(w.a.beta, s), da = up(w.g.d_alpha, s),
+       db = up(w.g.d_beta, s), dg = up(w.g.d_gamma, s);
+  DeviceArray<float> d_adt(n), d_dt(n), d_trap(n);
+  m3::gpu::AbgBwd p{r_alpha.data(), r_beta.data(), dt.data(),    trap.data(), da.data(),
+                    db.data(),      dg.data(),     d_adt.data(), d_dt.data(), d_trap.data()};
+  m3::gpu::abg_backward(s, d, p);
+  expect_close("d_adt_total", down(d_adt, s), w.g.d_adt_total);
+  expect_close("d_dt_direct", down(d_dt, s), w.g.d_dt_direct);
+  expect_close("d_trap_sig", down(d_trap, s), w.g.d_trap_sig);
+}
+
+TEST_P(GpuStagesA, ActivationsBackwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  LParams pg = w.pg0;
+  m3::ref::activations_backward(d, w.p, w.a, w.g, pg);
+  Stream s;
+  ScratchBuf sc(d);
+  const Idx n = d.BT * d.nh;
+  auto dd_dt = up(w.a.dd_dt_raw, s), dd_a = up(w.a.dd_a_raw, s), dt_bias = up(w.p.dt_bias, s),
+       dt = up(w.a.dt, s), a_val = up(w.a.a_val, s), trap = up(w.a.trap, s),
+       d_adt = up(w.g.d_adt_total, s), d_dt = up(w.g.d_dt_direct, s),
+       d_ang = up(w.g.d_dt_angle, s), d_trap = up(w.g.d_trap_sig, s),
+       d_bias = up(w.pg0.dt_bias, s);
+  DeviceArray<float> o_dt(n), o_a(n), o_trap(n);
+  m3::gpu::ActBwd p{dd_dt.data(), dd_a.data(),  dt_bias.data(), dt.data(),   a_val.data(),
+                    trap.data(),  d_adt.data(), d_dt.data(),    d_ang.data(), d_trap.data(),
+                    o_dt.data(),  o_a.data(),   o_trap.data(),  d_bias.data(), d.a_floor};
+  m3::gpu::activations_backward(s, d, p, sc.get());
+  expect_close("d_dd_dt", down(o_dt, s), w.g.d_dd_dt);
+  expect_close("d_dd_a", down(o_a, s), w.g.d_dd_a);
+  expect_close("d_trap_raw", down(o_trap, s), w.g.d_trap_raw);
+  expect_close("d dt_bias (accumulated)", down(d_bias, s), pg.dt_bias);
+}
+
+TEST_P(GpuStagesA, SplitBackwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  m3::ref::split_backward(d, w.g);
+  Stream s;
+  auto dz = up(w.g.d_z, s), dx = up(w.g.d_x, s), db = up(w.g.d_b_raw, s), dc = up(w.g.d_c_raw, s),
+       ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
+       dan = up(w.g.d_angles_raw, s);
+  DeviceArray<float> d_proj(d.BT * d.ip);
+  m3::gpu::SplitBwd<float> p{dz.data(),  dx.data(),  db.data(),  dc.data(),    ddt.data(),
+                             dda.data(), dtr.data(), dan.data(), d_proj.data()};
+  m3::gpu::split_backward<float>(s, d, p);
+  expect_close("d_proj", down(d_proj, s), w.g.d_proj);
+}
+
+TEST_P(GpuStagesA, BcnormForwardAndBackwardMatchReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  LParams pg = w.pg0;
+  m3::ref::bcnorm_backward(d, w.p, w.a, w.g, pg);
+  Stream s;
+  ScratchBuf sc(d);
+  const Idx ngds = d.BT * d.ng * d.ds, nhds = d.BT * d.nh * d.ds;
+  auto b_raw = up(w.a.b_raw, s), c_raw = up(w.a.c_raw, s), bw = up(w.p.b_norm_weight, s),
+       cw = up(w.p.c_norm_weight, s), bb = up(w.p.b_bias, s), cb = up(w.p.c_bias, s);
+  DeviceArray<float> b_normed(ngds), c_normed(ngds), b_biased(nhds), c_biased(nhds),
+      b_rms(d.BT * d.ng), c_rms(d.BT * d.ng);
+  m3::gpu::BcnormFwd<float> f{b_raw.data(),    c_raw.data(),    bw.data(),       cw.data(),
+                              bb.data(),       cb.data(),       b_normed.data(), c_normed.data(),
+                              b_biased.data(), c_biased.data(), b_rms.data(),    c_rms.data()};
+  m3::gpu::bcnorm_forward<float>(s, d, f);
+  expect_close("b_normed", down(b_normed, s), w.a.b_normed);
+  expect_close("c_normed", down(c_normed, s), w.a.c_normed);
+  expect_close("b_biased", down(b_biased, s), w.a.b_biased);
+  expect_close("c_biased", down(c_biased, s), w.a.c_biased);
+  expect_close("b_rms", down(b_rms, s), w.a.b_rms);
+  expect_close("c_rms", down(c_rms, s), w.a.c_rms);
+
+  auto r_brms = up(w.a.b_rms, s), r_crms = up(w.a.c_rms, s), dbp = up(w.g.d_b_pre_rope, s),
+       dcp = up(w.g.d_c_pre_rope, s), dbw = up(w.pg0.b_norm_weight, s),
+       dcw = up(w.pg0.c_norm_weight, s), dbb = up(w.pg0.b_bias, s), dcb = up(w.pg0.c_bias, s);
+  DeviceArray<float> dbn(ngds), dcn(ngds), dbr(ngds), dcr(ngds);
+  m3::gpu::BcnormBwd<float> b{b_raw.data(),  c_raw.data(),  bw.data(),    cw.data(),
+                              r_brms.data(), r_crms.data(), dbp.data(),   dcp.data(),
+                              dbn.data(),    dcn.data(),    dbr.data(),   dcr.data(),
+                              dbw.data(),    dcw.data(),    dbb.data(),   dcb.data()};
+  m3::gpu::bcnorm_backward<float>(s, d, b, sc.get());
+  expect_close("d_b_normed", down(dbn, s), w.g.d_b_normed);
+  expect_close("d_c_normed", down(dcn, s), w.g.d_c_normed);
+  expect_close("d_b_raw", down(dbr, s), w.g.d_b_raw);
+  expect_close("d_c_raw", down(dcr, s), w.g.d_c_raw);
+  expect_close("d b_norm_weight (accumulated)", down(dbw, s), pg.b_norm_weight);
+  expect_close("d c_norm_weight (accumulated)", down(dcw, s), pg.c_norm_weight);
+  expect_close("d b_bias (accumulated)", down(dbb, s), pg.b_bias);
+  expect_close("d c_bias (accumulated)", down(dcb, s), pg.c_bias);
+}
+
+TEST_P(GpuStagesA, AngleForwardMatchesReferenceByCircularDistance) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  Stream s;
+  auto raw = up(w.a.angles_raw, s), dt = up(w.a.dt, s), ain = up(w.a.angle_in, s);
+  DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na);
+  m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data());
+  expect_close_angles("angle_cumsum", down(cum, s), w.a.angle_cumsum);
+  expect_close_angles("angle_out", down(aout, s), w.a.angle_out);
+}
+
+TEST_P(GpuStagesA, RopeForwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  Stream s;
+  auto th = up(w.a.angle_cumsum, s), bb = up(w.a.b_biased, s), cb = up(w.a.c_biased, s);
+  DeviceArray<float> k(d.BT * d.nh * d.ds), q(d.BT * d.nh * d.ds);
+  m3::gpu::rope_forward<float>(s, d, th.data(), bb.data(), cb.data(), k.data(), q.data());
+  expect_close("k", down(k, s), w.a.k);
+  expect_close("q", down(q, s), w.a.q);
+}
+
+TEST_P(GpuStagesA, RopeBackwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  m3::ref::rope_backward(d, w.a, w.g);
+  Stream s;
+  const Idx n = d.BT * d.nh * d.ds;
+  auto th = up(w.a.angle_cumsum, s), dk = up(w.g.d_k, s), dq = up(w.g.d_q, s), k = up(w.a.k, s),
+       q = up(w.a.q, s);
+  DeviceArray<float> db(n), dc(n), dth(d.BT * d.nh * d.na);
+  m3::gpu::RopeBwd<float> p{th.data(), dk.data(), dq.data(),  k.data(), q.data(),
+                            db.data(), dc.data(), dth.data(), nullptr,  nullptr, nullptr};
+  m3::gpu::rope_backward<float>(s, d, p);
+  expect_close("d_b_pre_rope", down(db, s), w.g.d_b_pre_rope);
+  expect_close("d_c_pre_rope", down(dc, s), w.g.d_c_pre_rope);
+  expect_close("d_angle_cumsum", down(dth, s), w.g.d_angle_cumsum);
+}
+
+// The chunked path's use (reference ssm_chunked.cpp step 2): path 1 = (scale·dK_mid, k),
+// path 2 = (dQ_mid, q), then d_b_pre_rope += w·c_biased, d_c_pre_rope += w·b_biased with
+// w = dQK_dot·γ per (r, h).
+TEST_P(GpuStagesA, RopeBackwardWithQkExtraMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  Rng rng(5);
+  Vec wqk(static_cast<size_t>(d.BT * d.nh));
+  fill(wqk, rng, -1.0, 1.0);
+  Vec db(w.g.d_b_pre_rope.size()), dc(db.size()), dth(w.g.d_angle_cumsum.size(), 0.0f);
+  m3::ref::rope_backward_into(d, w.a.angle_cumsum.data(), w.g.d_k.data(), w.a.k.data(), db.data(),
+                              dth.data());
+  m3::ref::rope_backward_into(d, w.a.angle_cumsum.data(), w.g.d_q.data(), w.a.q.data(), dc.data(),
+                              dth.data());
+  for (Idx i = 0; i < d.BT * d.nh; ++i)
+    for (Idx n = 0; n < d.ds; ++n) {
+      db[i * d.ds + n] += wqk[i] * w.a.c_biased[i * d.ds + n];
+      dc[i * d.ds + n] += wqk[i] * w.a.b_biased[i * d.ds + n];
+    }
+  Stream s;
+  const Idx n = d.BT * d.nh * d.ds;
+  auto th = up(w.a.angle_cumsum, s), dk = up(w.g.d_k, s), dq = up(w.g.d_q, s), k = up(w.a.k, s),
+       q = up(w.a.q, s), ew = up(wqk, s), ev1 = up(w.a.c_biased, s), ev2 = up(w.a.b_biased, s);
+  DeviceArray<float> gdb(n), gdc(n), gdth(d.BT * d.nh * d.na);
+  m3::gpu::RopeBwd<float> p{th.data(),  dk.data(),  dq.data(),   k.data(),  q.data(),
+                            gdb.data(), gdc.data(), gdth.data(), ew.data(), ev1.data(),
+                            ev2.data()};
+  m3::gpu::rope_backward<float>(s, d, p);
+  expect_close("d_b_pre_rope", down(gdb, s), db);
+  expect_close("d_c_pre_rope", down(gdc, s), dc);
+  expect_close("d_angle_cumsum", down(gdth, s), dth);
+}
+
+TEST_P(GpuStagesA, AngleBackwardMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), false);
+  const Dims& d = w.d;
+  m3::ref::angle_backward(d, w.a, w.g);
+  Stream s;
+  ScratchBuf sc(d);
+  auto raw = up(w.a.angles_raw, s), dt = up(w.a.dt, s), dcs = up(w.g.d_angle_cumsum, s),
+       dout = up(w.g.d_angle_out, s);
+  DeviceArray<float> d_raw(d.BT * d.na), d_dt(d.BT * d.nh), d_in(d.B * d.nh * d.na);
+  m3::gpu::AngleBwd p{raw.data(),   dt.data(),   dcs.data(), dout.data(),
+                      d_raw.data(), d_dt.data(), d_in.data()};
+  m3::gpu::angle_backward(s, d, p, sc.get());
+  expect_close("d_angles_raw", down(d_raw, s), w.g.d_angles_raw);
+  expect_close("d_dt_angle", down(d_dt, s), w.g.d_dt_angle);
+  expect_close("d_angle_in", down(d_in, s), w.g.d_angle_in);
+}
+
+TEST_P(GpuStagesA, GatingMatchesReferenceBothVariants) {
+  M3_SKIP_WITHOUT_GPU();
+  for (bool norm : {false, true}) {
+    SCOPED_TRACE(norm ? "is_outproj_norm" : "silu gate");
+    World w = make_world(GetParam(), norm);
+    const Dims& d = w.d;
+    LParams pg = w.pg0;
+    m3::ref::gating_backward(d, w.p, w.a, w.g, pg);
+    Stream s;
+    ScratchBuf sc(d);
+    const Idx n = d.BT * d.di;
+    auto y = up(w.a.y, s), z = up(w.a.z, s), ngw = up(w.p.norm_gate_weight, s);
+    DeviceArray<float> gated(n), rstd(norm ? d.BT * d.nh : 0);
+    m3::gpu::gating_forward<float>(s, d, y.data(), z.data(), ngw.data(), gated.data(),
+                                   norm ? rstd.data() : nullptr);
+    expect_close("gated", down(gated, s), w.a.gated);
+    if (norm) expect_close("gated_rms_vals", down(rstd, s), w.a.gated_rms_vals);
+
+    auto r_rstd = up(w.a.gated_rms_vals, s), dg = up(w.g.d_gated, s),
+         dngw = up(w.pg0.norm_gate_weight, s);
+    DeviceArray<float> dy(n), dz(n);
+    m3::gpu::GatingBwd<float> p{y.data(),  z.data(),  dg.data(),   ngw.data(),
+                                norm ? r_rstd.data() : nullptr,   dy.data(),
+                                dz.data(), dngw.data()};
+    m3::gpu::gating_backward<float>(s, d, p, sc.get());
+    expect_close("d_y", down(dy, s), w.g.d_y);
+    expect_close("d_z", down(dz, s), w.g.d_z);
+    expect_close("d norm_gate_weight (accumulated / untouched)", down(dngw, s),
+                 pg.norm_gate_weight);
+  }
+}
+
+// Every reducing launcher twice on the same inputs (accumulators reset to the same start):
+// identical bits (MODEL.md §7).
+TEST_P(GpuStagesA, ReducingStagesAreBitwiseDeterministic) {
+  M3_SKIP_WITHOUT_GPU();
+  World w = make_world(GetParam(), true);
+  const Dims& d = w.d;
+  Stream s;
+  ScratchBuf sc(d);
+  const Idx nh = d.BT * d.nh, ngds = d.BT * d.ng * d.ds;
+  auto run = [&]() {
+    std::vector<Vec> out;
+    {  // RMSNorm over [BT, di] rows (wide rows) with the gate weight as w
+      auto u = up(w.a.y, s), wt = up(w.p.norm_gate_weight, s), g = up(w.g.d_gated, s),
+           dw = up(w.pg0.norm_gate_weight, s);
+      DeviceArray<float> y(d.BT * d.di), rms(d.BT), dx(d.BT * d.di);
+      m3::gpu::rmsnorm_forward<float>(s, d.BT, d.di, u.data(), wt.data(), y.data(), rms.data());
+      m3::gpu::rmsnorm_backward<float>(s, d.BT, d.di, u.data(), wt.data(), rms.data(), g.data(),
+                                       dx.data(), dw.data(), sc.get());
+      for (auto* a : {&y, &rms, &dx, &dw}) out.push_back(down(*a, s));
+    }
+    {
+      auto dd_dt = up(w.a.dd_dt_raw, s), dd_a = up(w.a.dd_a_raw, s), bias = up(w.p.dt_bias, s),
+           dt = up(w.a.dt, s), a_val = up(w.a.a_val, s), trap = up(w.a.trap, s),
+           d_adt = up(w.g.d_adt_total, s), d_dt = up(w.g.d_dt_direct, s),
+           d_ang = up(w.g.d_dt_angle, s), d_trap = up(w.g.d_trap_sig, s),
+           d_bias = up(w.pg0.dt_bias, s);
+      DeviceArray<float> o1(nh), o2(nh), o3(nh);
+      m3::gpu::ActBwd p{dd_dt.data(), dd_a.data(),  bias.data(), dt.data(),    a_val.data(),
+                        trap.data(),  d_adt.data(), d_dt.data(), d_ang.data(), d_trap.data(),
+                        o1.data(),    o2.data(),    o3.data(),   d_bias.data(), d.a_floor};
+      m3::gpu::activations_backward(s, d, p, sc.get());
+      for (auto* a : {&o1, &o2, &o3, &d_bias}) out.push_back(down(*a, s));
+    }
+    {
+      auto b_raw = up(w.a.b_raw, s), c_raw = up(w.a.c_raw, s), bw = up(w.p.b_norm_weight, s),
+           cw = up(w.p.c_norm_weight, s), brms = up(w.a.b_rms, s), crms = up(w.a.c_rms, s),
+           dbp = up(w.g.d_b_pre_rope, s), dcp = up(w.g.d_c_pre_rope, s),
+           dbw = up(w.pg0.b_norm_weight, s), dcw = up(w.pg0.c_norm_weight, s),
+           dbb = up(w.pg0.b_bias, s), dcb = up(w.pg0.c_bias, s);
+      DeviceArray<float> dbn(ngds), dcn(ngds), dbr(ngds), dcr(ngds);
+      m3::gpu::BcnormBwd<float> p{b_raw.data(), c_raw.data(), bw.data(),  cw.data(),
+                                  brms.data(),  crms.data(),  dbp.data(), dcp.data(),
+                                  dbn.data(),   dcn.data(),   dbr.data(), dcr.data(),
+                                  dbw.data(),   dcw.data(),   dbb.data(), dcb.data()};
+      m3::gpu::bcnorm_backward<float>(s, d, p, sc.get());
+      for (auto* a : {&dbn, &dcn, &dbr, &dcr, &dbw, &dcw, &dbb, &dcb}) out.push_back(down(*a, s));
+    }
+    {
+      auto raw = up(w.a.angles_raw, s), dt = up(w.a.dt, s), ain = up(w.a.angle_in, s),
+           dcs = up(w.g.d_angle_cumsum, s), dout = up(w.g.d_angle_out, s);
+      DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na), d_raw(d.BT * d.na),
+          d_dt(nh), d_in(d.B * d.nh * d.na);
+      m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data());
+      m3::gpu::AngleBwd p{raw.data(),   dt.data(),   dcs.data(), dout.data(),
+                          d_raw.data(), d_dt.data(), d_in.data()};
+      m3::gpu::angle_backward(s, d, p, sc.get());
+      for (auto* a : {&cum, &aout, &d_raw, &d_dt, &d_in}) out.push_back(down(*a, s));
+    }
+    {
+      auto y = up(w.a.y, s), z = up(w.a.z, s), ngw = up(w.p.norm_gate_weight, s),
+           dg = up(w.g.d_gated, s), dngw = up(w.pg0.norm_gate_weight, s);
+      DeviceArray<float> gated(d.BT * d.di), rstd(nh), dy(d.BT * d.di), dz(d.BT * d.di);
+      m3::gpu::gating_forward<float>(s, d, y.data(), z.data(), ngw.data(), gated.data(),
+                                     rstd.data());
+      m3::gpu::GatingBwd<float> p{y.data(),  z.data(),  dg.data(),   ngw.data(),
+                                  rstd.data(), dy.data(), dz.data(), dngw.data()};
+      m3::gpu::gating_backward<float>(s, d, p, sc.get());
+      for (auto* a : {&gated, &rstd, &dy, &dz, &dngw}) out.push_back(down(*a, s));
+    }
+    {
+      auto in = up(w.g.d_b_pre_rope, s), acc = up(w.pg0.b_bias, s);
+      m3::gpu::colsum(s, d.BT, d.nh * d.ds, in.data(), acc.data(), true, sc.get());
+      out.push_back(down(acc, s));
+    }
+    return out;
+  };
+  const std::vector<Vec> first = run(), second = run();
+  ASSERT_EQ(first.size(), second.size());
+  for (size_t i = 0; i < first.size(); ++i) expect_bitwise("output " + std::to_string(i), first[i], second[i]);
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(Configs, GpuStagesA, ::testing::ValuesIn(kCases), case_name);
+
+// ---- reduce.cu on its own ----------------------------------------------------------------
+TEST(GpuReduce, ColsumMatchesDoubleSumAcrossChunkBoundaries) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(3);
+  for (Idx rows : {1, 255, 256, 257, 1000}) {
+    for (Idx cols : {1, 33, 300}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     (accumulate ? " accumulate" : " overwrite"));
+        Vec in(static_cast<size_t>(rows * cols)), start(static_cast<size_t>(cols));
+        fill(in, rng, -1.0, 1.0);
+        fill(start, rng, -1.0, 1.0);
+        Vec want(start.size());
+        for (Idx c = 0; c < cols; ++c) {
+          double sum = 0;
+          for (Idx r = 0; r < rows; ++r) sum += in[r * cols + c];
+          want[c] = static_cast<float>((accumulate ? start[c] : 0.0) + sum);
+        }
+        DeviceArray<float> scratch(((rows + 255) / 256) * cols);
+        auto din = up(in, s), dout = up(start, s);
+        m3::gpu::colsum(s, rows, cols, din.data(), dout.data(), accumulate,
+                        Scratch{scratch.data(), scratch.size()});
+        expect_close("colsum", down(dout, s), want);
+      }
+    }
+  }
+}
+
+TEST(GpuReduce, AddAndConvertAreExact) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(4);
+  const Idx n = 1000;
+  Vec a(n), b(n), want(n);
+  fill(a, rng, -1.0, 1.0);
+  fill(b, rng, -1.0, 1.0);
+  for (Idx i = 0; i < n; ++i) want[i] = a[i] + b[i];
+  auto da = up(a, s), db = up(b, s);
+  DeviceArray<float> sum(n), copy(n);
+  m3::gpu::add<float>(s, n, da.data(), db.data(), sum.data());
+  m3::gpu::convert<float, float>(s, n, da.data(), copy.data());
+  expect_bitwise("add", down(sum, s), want);
+  expect_bitwise("convert", down(copy, s), a);
+}
+
+TEST(GpuReduce, LaunchersRejectShortScratch) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  const Idx rows = 1000, cols = 8;
+  DeviceArray<float> in(rows * cols), out(cols), small(cols);
+  EXPECT_THROW(m3::gpu::colsum(s, rows, cols, in.data(), out.data(), false, Scratch{}),
+               m3::Error);
+  EXPECT_THROW(m3::gpu::colsum(s, rows, cols, in.data(), out.data(), false,
+                               Scratch{small.data(), small.size()}),
+               m3::Error);
+  DeviceArray<float> w(cols), rms(rows), dx(rows * cols);
+  EXPECT_THROW(m3::gpu::rmsnorm_backward<float>(s, rows, cols, in.data(), w.data(), rms.data(),
+                                                in.data(), dx.data(), out.data(), Scratch{}),
+               m3::Error);
+}
+
+}  // namespace
