@@ -95,9 +95,11 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   __syncthreads();  // shared may still be in use by a previous call
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  float t = lane < nwarps ? shared[lane] : 0.0f;
-  if (warp == 0) t = warp_sum(t);
-  if (threadIdx.x == 0) shared[0] = t;
+  if (warp == 0) {  // only warp 0 reads the partials, so thread 0 may overwrite shared[0]
+    float t = lane < nwarps ? shared[lane] : 0.0f;
+    t = warp_sum(t);  // the shuffles order every lane's read before lane 0's write
+    if (lane == 0) shared[0] = t;
+  }
   __syncthreads();
   return shared[0];
 }

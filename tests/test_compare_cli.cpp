@@ -287,7 +287,7 @@ const char* kSmall = "--layers 1 --B 1 --T 48";
 // ---- compare -----------------------------------------------------------------------------
 
 TEST_F(CliTest, CompareAllThreePrecisionsOnASmallPresetExitsZero) {
-  const RunResult r = m3h(std::string("compare --dtype f32,bf16,f16 ") + kSmall);
+  const RunResult r = m3h(std::string("compare --device cpu --dtype f32,bf16,f16 ") + kSmall);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("summary: PASS"), std::string::npos) << r.out;
   for (const char* col : {"f32 seq", "f32 chunked", "bf16 seq", "bf16 chunked", "f16 seq",
@@ -297,14 +297,14 @@ TEST_F(CliTest, CompareAllThreePrecisionsOnASmallPresetExitsZero) {
 }
 
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
-  const RunResult r = m3h(std::string("compare --scan seq --stage 'L0/F3/*' ") + kSmall);
+  const RunResult r = m3h(std::string("compare --device cpu --scan seq --stage 'L0/F3/*' ") + kSmall);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("precisions=f32,bf16,f16"), std::string::npos) << r.out;
 }
 
 TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
   const fs::path json = path("out.json");
-  const RunResult r = m3h("compare --dtype f32,bf16,f16 --json '" + json.string() + "' " + kSmall);
+  const RunResult r = m3h("compare --device cpu --dtype f32,bf16,f16 --json '" + json.string() + "' " + kSmall);
   ASSERT_EQ(r.status, 0) << r.err;
   const JValue doc = parse_json(read_file(json));
   ASSERT_EQ(doc.kind, JValue::Object);
@@ -358,7 +358,7 @@ TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
 TEST_F(CliTest, StageFilterKeepsOnlyMatchingKeys) {
   const fs::path json = path("f.json");
   const RunResult r =
-      m3h("compare --stage 'L0/F5/*,grad/L0/dt_bias' --json '" + json.string() + "' " + kSmall);
+      m3h("compare --device cpu --stage 'L0/F5/*,grad/L0/dt_bias' --json '" + json.string() + "' " + kSmall);
   ASSERT_EQ(r.status, 0) << r.err;
   const JValue doc = parse_json(read_file(json));
   std::set<std::string> keys;
@@ -369,7 +369,7 @@ TEST_F(CliTest, StageFilterKeepsOnlyMatchingKeys) {
 }
 
 TEST_F(CliTest, StageFilterThatMatchesNothingIsBadUsage) {
-  const RunResult r = m3h(std::string("compare --stage 'nothing/*' ") + kSmall);
+  const RunResult r = m3h(std::string("compare --device cpu --stage 'nothing/*' ") + kSmall);
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
@@ -380,7 +380,7 @@ TEST_F(CliTest, ConfigFileSetsTheProblemAndTheCommandLineWins) {
   write("p.cfg", "# a small problem\nd_model = 64\nlayers = 1\nT = 40  # trailing comment\n"
                  "B=1\nheaddim = 16\nseed = 7\n");
   const fs::path json = path("c.json");
-  RunResult r = m3h("compare --dtype f32 --config '" + path("p.cfg").string() + "' --T 24 --json '" +
+  RunResult r = m3h("compare --device cpu --dtype f32 --config '" + path("p.cfg").string() + "' --T 24 --json '" +
                     json.string() + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   const JValue doc = parse_json(read_file(json));
@@ -393,7 +393,7 @@ TEST_F(CliTest, ConfigFileSetsTheProblemAndTheCommandLineWins) {
 
 TEST_F(CliTest, ConfigFileUnknownKeyExitsTwoWithOneLineNamingIt) {
   write("bad.cfg", "d_model = 64\ncolour = blue\n");
-  const RunResult r = m3h("compare --config '" + path("bad.cfg").string() + "'");
+  const RunResult r = m3h("compare --device cpu --config '" + path("bad.cfg").string() + "'");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("colour"), std::string::npos) << r.err;
@@ -406,7 +406,7 @@ TEST_F(CliTest, ConfigFileBadValueExitsTwoWithOneLineNamingTheKey) {
                            "seed = -3", "preset = nope"}) {
     const std::string line = text;
     write("v.cfg", "B = 1\n" + line + "\n");
-    const RunResult r = m3h("compare --config '" + path("v.cfg").string() + "'");
+    const RunResult r = m3h("compare --device cpu --config '" + path("v.cfg").string() + "'");
     EXPECT_EQ(r.status, 2) << line;
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     const std::string key = line.substr(0, line.find(' '));
@@ -416,7 +416,7 @@ TEST_F(CliTest, ConfigFileBadValueExitsTwoWithOneLineNamingTheKey) {
 }
 
 TEST_F(CliTest, ConfigFileThatDoesNotExistExitsTwo) {
-  const RunResult r = m3h("compare --config '" + path("missing.cfg").string() + "'");
+  const RunResult r = m3h("compare --device cpu --config '" + path("missing.cfg").string() + "'");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
@@ -493,7 +493,7 @@ TEST_F(CliTest, GoldenFileIsTheOracleAndTheProblem) {
   const fs::path g = path("tiny.h5");
   golden::write_golden(g.string(), tiny_case(), false);
   const fs::path json = path("g.json");
-  const RunResult r = m3h("compare --dtype f32 --golden '" + g.string() + "' --json '" +
+  const RunResult r = m3h("compare --device cpu --dtype f32 --golden '" + g.string() + "' --json '" +
                           json.string() + "'");
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const JValue doc = parse_json(read_file(json));
@@ -513,7 +513,7 @@ TEST_F(CliTest, GoldenOracleIsReadNotRecomputed) {
   seq.put("L0/F3/dt", t.shape, t.data.data());
   const fs::path g = path("tampered.h5");
   golden::write_golden(g.string(), gc, false);
-  const RunResult r = m3h("compare --dtype f32 --scan seq --golden '" + g.string() + "'");
+  const RunResult r = m3h("compare --device cpu --dtype f32 --scan seq --golden '" + g.string() + "'");
   EXPECT_EQ(r.status, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("first failing stage: L0/F3/dt"), std::string::npos) << r.out;
 }
@@ -522,11 +522,11 @@ TEST_F(CliTest, GoldenCannotBeCombinedWithProblemOptions) {
   const fs::path g = path("tiny.h5");
   golden::write_golden(g.string(), tiny_case(), false);
   for (const char* extra : {"--d-model 64", "--preset default", "--T 8", "--seed 3"}) {
-    const RunResult r = m3h("compare --golden '" + g.string() + "' " + extra);
+    const RunResult r = m3h("compare --device cpu --golden '" + g.string() + "' " + extra);
     EXPECT_EQ(r.status, 2) << extra;
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
   }
-  const RunResult missing = m3h("compare --golden '" + path("none.h5").string() + "'");
+  const RunResult missing = m3h("compare --device cpu --golden '" + path("none.h5").string() + "'");
   EXPECT_EQ(missing.status, 2);
   EXPECT_EQ(count_lines(missing.err), 1) << missing.err;
 }
