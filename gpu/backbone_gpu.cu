@@ -12,6 +12,7 @@
 // gradients its d_states/* tensors.
 #include "backbone_gpu.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "backbone.hpp"  // reference: capture_grads
@@ -74,6 +75,43 @@ struct GpuBackbone::Impl {
   Buf scratch;
   bool have_forward = false;
 
+  // Stage profile: events from a pool (made on first use, reused), a mark after each stage.
+  bool profiling = false;
+  std::vector<cudaEvent_t> pool;
+  std::vector<std::string> mark_names;  // the stage that ended at each recorded event
+  std::vector<std::pair<std::string, double>> times;
+
+  void mark(const std::string& stage) {
+    if (!profiling) return;
+    if (mark_names.size() == pool.size()) {
+      cudaEvent_t e;
+      M3_CUDA_CHECK(cudaEventCreate(&e));
+      pool.push_back(e);
+    }
+    M3_CUDA_CHECK(cudaEventRecord(pool[mark_names.size()], s));
+    mark_names.push_back(stage);
+  }
+  // Turns the marks of one forward() or backward() into per-stage times.
+  void collect_marks() {
+    if (!profiling || mark_names.size() < 2) {
+      mark_names.clear();
+      return;
+    }
+    M3_CUDA_CHECK(cudaEventSynchronize(pool[mark_names.size() - 1]));
+    for (size_t i = 1; i < mark_names.size(); ++i) {
+      float ms = 0;
+      M3_CUDA_CHECK(cudaEventElapsedTime(&ms, pool[i - 1], pool[i]));
+      auto it = std::find_if(times.begin(), times.end(),
+                             [&](const auto& t) { return t.first == mark_names[i]; });
+      if (it == times.end()) times.emplace_back(mark_names[i], ms);
+      else it->second += ms;
+    }
+    mark_names.clear();
+  }
+  ~Impl() {
+    for (cudaEvent_t e : pool) cudaEventDestroy(e);
+  }
+
   Impl(GpuContext& c, const Config& cf, Idx B, Idx T, ScanMode m)
       : ctx(c), cfg(cf), d(ref::Dims::of(cf, B, T, Precision::F32)), mode(m), s(stream_of(c)) {
     layers.resize(static_cast<size_t>(cf.n_layers));
@@ -122,6 +160,7 @@ struct GpuBackbone::Impl {
 
   // Downloads every registry tensor of (scope of `layer`, stage, direction) into cap.
   void capture(Capture* cap, int layer, const char* stage, Dir dir) {
+    mark(layer < 0 && dir == Dir::Backward ? std::string(stage) + " (bwd)" : std::string(stage));
     if (!cap) return;
     const Scope scope = layer >= 0 ? Scope::Layer : Scope::Backbone;
     std::vector<float> host;
@@ -291,6 +330,7 @@ struct GpuBackbone::Impl {
   }
 
   void forward(Capture* cap) {
+    mark("start");
     float* x = bb["input_proj/input_proj_inputs"];
     float* h0 = bb["input_proj/input_proj_outputs"];
     if (cfg.input_proj_identity) {
@@ -310,11 +350,13 @@ struct GpuBackbone::Impl {
     rmsnorm_forward<float>(s, d.BT, d.dm, hin, P(-1, "norm_f_weight"), bb["norm_f/Out"],
                            bb["norm_f/norm_f_rms"]);
     capture(cap, -1, "norm_f", Dir::Forward);
+    collect_marks();
     have_forward = true;
   }
 
   void backward(Capture* cap) {
     M3_REQUIRE(have_forward, "GpuBackbone::backward", "backward called before forward", "");
+    mark("start");
     float* dnorm = bb["norm_f/d_norm"];
     rmsnorm_backward<float>(s, d.BT, d.dm, bb["norm_f/norm_f_input"], P(-1, "norm_f_weight"),
                             bb["norm_f/norm_f_rms"], bb["d_out"], dnorm, G(-1, "norm_f_weight"),
@@ -333,6 +375,7 @@ struct GpuBackbone::Impl {
       colsum(s, d.BT, d.dm, delta, G(-1, "input_proj_b"), true, scr());
     }
     capture(cap, -1, "input_proj", Dir::Backward);
+    collect_marks();
   }
 };
 
@@ -431,6 +474,12 @@ void GpuBackbone::zero_grads() {
 void GpuBackbone::forward(Capture* cap) { impl_->forward(cap); }
 void GpuBackbone::backward(Capture* cap) { impl_->backward(cap); }
 void GpuBackbone::synchronize() const { impl_->ctx.synchronize(); }
+
+void GpuBackbone::set_profiling(bool on) { impl_->profiling = on; }
+std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
+  return impl_->times;
+}
+void GpuBackbone::reset_stage_times() { impl_->times.clear(); }
 
 std::vector<float> GpuBackbone::output() const {
   const Buf& b = impl_->bb.at("norm_f/Out");

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capture.hpp"
@@ -53,6 +54,14 @@ class GpuBackbone {
   States<float> d_entering() const;      // ∂L/∂(entering states) of the last backward
 
   void synchronize() const;
+
+  // Stage profile (for m3h bench --profile): when on, a CUDA event is recorded after every
+  // stage of forward()/backward() and stage_times() gives the milliseconds per stage name
+  // ("F6", "B6", "norm_f", …; summed over layers), in first-seen order, since the last reset.
+  // Events come from a pool made once; off, nothing is recorded.
+  void set_profiling(bool on);
+  std::vector<std::pair<std::string, double>> stage_times() const;
+  void reset_stage_times();
 
   struct Impl;
 

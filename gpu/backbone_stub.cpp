@@ -40,8 +40,13 @@ Params<float> GpuBackbone::grads() const { no_cuda("GpuBackbone"); }
 std::vector<float> GpuBackbone::d_x() const { no_cuda("GpuBackbone"); }
 States<float> GpuBackbone::d_entering() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::synchronize() const { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_profiling(bool) { no_cuda("GpuBackbone"); }
+std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
+  no_cuda("GpuBackbone");
+}
+void GpuBackbone::reset_stage_times() { no_cuda("GpuBackbone"); }
 Capture run_gpu(GpuContext&, const Problem&, ScanMode) { no_cuda("run_gpu"); }
-GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int) {
+GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool) {
   no_cuda("bench_gpu");
 }
 

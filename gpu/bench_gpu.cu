@@ -36,7 +36,7 @@ struct Events {
 }  // namespace
 
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode, int warmup,
-                    int repeats) {
+                    int repeats, bool profile) {
   const Problem pb = make_problem(cfg, B, T, 1234, true);
   GpuBackbone net(ctx, cfg, B, T, mode);
   net.set_params(cast_params<float>(pb.params));
@@ -64,7 +64,16 @@ GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode m
       fb.push_back(fbms);
     }
   }
-  return {median(fwd), median(fb), repeats};
+  GpuTiming out{median(fwd), median(fb), repeats, {}};
+  if (profile) {
+    net.set_states(st);
+    net.set_profiling(true);
+    net.forward();
+    net.backward();
+    net.synchronize();
+    out.stages = net.stage_times();
+  }
+  return out;
 }
 
 }  // namespace m3::gpu

@@ -425,7 +425,7 @@ TEST_F(CliTest, ConfigFileThatDoesNotExistExitsTwo) {
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
   const fs::path h5 = path("d.h5");
-  const RunResult r = m3h("dump --stage 'L0/F5/*,grad/L0/dt_bias' --dtype f32,bf16 --scan seq --out '" +
+  const RunResult r = m3h("dump --device cpu --stage 'L0/F5/*,grad/L0/dt_bias' --dtype f32,bf16 --scan seq --out '" +
                           h5.string() + "' " + kSmall);
   ASSERT_EQ(r.status, 0) << r.err;
   h5::Reader rd(h5.string());
@@ -455,13 +455,13 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
 
   // An existing file is not replaced without --force, and stays as it was.
   const std::string before = read_file(h5);
-  const RunResult again = m3h("dump --stage 'L0/F5/*' --out '" + h5.string() + "' " + kSmall);
+  const RunResult again = m3h("dump --device cpu --stage 'L0/F5/*' --out '" + h5.string() + "' " + kSmall);
   EXPECT_EQ(again.status, 2);
   EXPECT_EQ(count_lines(again.err), 1) << again.err;
   EXPECT_NE(again.err.find("--force"), std::string::npos) << again.err;
   EXPECT_EQ(read_file(h5), before);
   const RunResult forced =
-      m3h("dump --force --stage 'L0/F3/dt' --scan chunked --out '" + h5.string() + "' " + kSmall);
+      m3h("dump --device cpu --force --stage 'L0/F3/dt' --scan chunked --out '" + h5.string() + "' " + kSmall);
   EXPECT_EQ(forced.status, 0) << forced.err;
   h5::Reader rd2(h5.string());
   EXPECT_TRUE(rd2.has("/dump/chunked/f32/L0/F3/dt/diff"));
@@ -469,8 +469,8 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
 }
 
 TEST_F(CliTest, DumpWithoutStageOrOutIsBadUsage) {
-  EXPECT_EQ(m3h("dump --out '" + path("x.h5").string() + "'").status, 2);
-  EXPECT_EQ(m3h("dump --stage 'L0/*'").status, 2);
+  EXPECT_EQ(m3h("dump --device cpu --out '" + path("x.h5").string() + "'").status, 2);
+  EXPECT_EQ(m3h("dump --device cpu --stage 'L0/*'").status, 2);
   EXPECT_FALSE(fs::exists(path("x.h5")));
 }
 

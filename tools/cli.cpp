@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "golden.hpp"
+#include "gpu_lineup.hpp"
 #include "presets.hpp"
 
 namespace m3::tools {
@@ -231,6 +232,16 @@ std::vector<ScanMode> parse_scan_list(const std::string& s) {
   }
   if (modes.empty()) throw UsageError("--scan '" + s + "' names no scan mode (seq, chunked)");
   return modes;
+}
+
+std::string resolve_device(const std::string& device, const char* fallback) {
+  if (device != "cpu" && device != "gpu" && device != "auto")
+    throw UsageError("--device " + device + ": expected cpu, gpu or auto");
+  if (device == "cpu") return "cpu";
+  const std::string absent = harness::gpu_absent_reason();
+  if (absent.empty()) return "gpu";
+  std::cout << "m3h: no GPU (" << absent << "): " << fallback << "\n";
+  return "cpu";
 }
 
 std::vector<Precision> parse_dtype_list(const std::string& s) {

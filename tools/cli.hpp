@@ -71,6 +71,12 @@ std::vector<ScanMode> parse_scan_list(const std::string& s);
 // → subject storage precisions. f64 is the oracle's precision and not a subject: a UsageError.
 std::vector<Precision> parse_dtype_list(const std::string& s);
 
+// --device of compare, dump and determinism: "gpu", "cpu" or "auto" (the default: gpu when a
+// usable GPU is present). Returns "gpu" or "cpu"; when gpu was asked for (or auto) and there is
+// none, prints ONE line on stdout saying why and what runs instead ("m3h: no GPU (<why>):
+// <fallback>") and returns "cpu". Anything else is a UsageError.
+std::string resolve_device(const std::string& device, const char* fallback);
+
 // Parses args against `desc`; any positional argument is a UsageError naming the command.
 // When desc has --config and it is given, the file's values are stored too (store_config_file).
 po::variables_map parse_args(const std::vector<std::string>& args,

@@ -65,8 +65,21 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+void print_profile(const gpu::GpuTiming& t) {
+  double total = 0;
+  for (const auto& [name, ms] : t.stages) total += ms;
+  std::cout << "    stage profile (one forward+backward, all layers):";
+  for (const auto& [name, ms] : t.stages) {
+    char b[96];
+    std::snprintf(b, sizeof b, " %s %.3f ms (%.0f%%);", name.c_str(), ms,
+                  total > 0 ? 100.0 * ms / total : 0.0);
+    std::cout << b;
+  }
+  std::cout << "\n";
+}
+
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
-                      int warmup, int repeats, bool with_reference) {
+                      int warmup, int repeats, bool with_reference, bool profile) {
   gpu::GpuContext ctx(0);
   std::cout << "m3h bench: GPU path (f32 storage), CUDA events, median of " << repeats
             << " after " << warmup << " warm-up\n"
@@ -78,7 +91,8 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
   std::cout << buf << "\n" << std::string(std::char_traits<char>::length(buf), '-') << "\n";
   for (const auto& sh : shapes) {
     for (ScanMode m : modes) {
-      const gpu::GpuTiming t = gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats);
+      const gpu::GpuTiming t =
+          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile);
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
@@ -103,6 +117,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                     t.forward_backward_ms / L, tok / (t.forward_backward_ms / L) * 1e-3,
                     ref.c_str());
       std::cout << buf << std::endl;
+      if (profile) print_profile(t);
     }
   }
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
@@ -119,6 +134,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("reference", po::bool_switch(), "time the Eigen CPU reference only (double and float)")
     ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official)")
     ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
+    ("profile", po::bool_switch(), "after each GPU row, the time per stage of one forward+backward")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)");
@@ -143,7 +159,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       for (const auto& n : split_commas(vm["shapes"].as<std::string>()))
         shapes.push_back(bench_shape(n));
       if (shapes.empty()) throw UsageError("--shapes: no shape given");
-      bench_gpu_shapes(shapes, modes, warmup, repeats, !vm["no-reference"].as<bool>());
+      bench_gpu_shapes(shapes, modes, warmup, repeats, !vm["no-reference"].as<bool>(),
+                       vm["profile"].as<bool>());
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";

@@ -71,21 +71,11 @@ int cmd_compare(const std::vector<std::string>& args) {
   }
 
   std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
-  std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "gpu" && device != "auto")
-    throw UsageError("--device " + device + ": expected cpu, gpu or auto");
-  if (device != "cpu") {
-    const std::string absent = harness::gpu_absent_reason();
-    if (!absent.empty()) {
-      std::cout << "m3h: no GPU (" << absent << "): running the CPU rows only\n";
-      device = "cpu";
-    } else {
-      device = "gpu";
-      // The GPU path stores f32 only so far: the default precision list narrows to f32 there
-      // (an explicit --dtype bf16/f16 with the GPU is an error that says so).
-      if (vm["dtype"].defaulted()) precisions = {Precision::F32};
-    }
-  }
+  const std::string device = resolve_device(vm["device"].as<std::string>(),
+                                            "running the CPU rows only");
+  // The GPU path stores f32 only so far: the default precision list narrows to f32 there (an
+  // explicit --dtype bf16/f16 with the GPU is an error that says so).
+  if (device == "gpu" && vm["dtype"].defaulted()) precisions = {Precision::F32};
   if (vm.count("json")) {  // fail before the run, not after it
     const std::filesystem::path dir =
         std::filesystem::path(vm["json"].as<std::string>()).parent_path();

@@ -8,7 +8,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "determinism.hpp"
-#include "gpu_lineup.hpp"
+#include "gpu_lineup.hpp"  // gpu_subject
 
 namespace m3::tools {
 
@@ -39,18 +39,8 @@ int cmd_determinism(const std::vector<std::string>& args) {
   }
   const int runs = vm["runs"].as<int>();
   if (runs < 2) throw UsageError("--runs must be >= 2");
-  std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "gpu" && device != "auto")
-    throw UsageError("--device " + device + ": expected cpu, gpu or auto");
-  if (device != "cpu") {
-    const std::string absent = harness::gpu_absent_reason();
-    if (!absent.empty()) {
-      std::cout << "m3h: no GPU (" << absent << "): checking the CPU reference only\n";
-      device = "cpu";
-    } else {
-      device = "gpu";
-    }
-  }
+  const std::string device = resolve_device(vm["device"].as<std::string>(),
+                                            "checking the CPU reference only");
   const ProblemSource src = load_problem(vm);
   const harness::Implementation impl = device == "gpu" ? harness::gpu_subject(Precision::F32)
                                                        : harness::reference_float();

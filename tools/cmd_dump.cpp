@@ -5,6 +5,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "dump.hpp"
+#include "gpu_lineup.hpp"
 #include "report.hpp"
 
 namespace m3::tools {
@@ -39,7 +40,7 @@ int cmd_dump(const std::vector<std::string>& args) {
     ("force", po::bool_switch(), "replace an existing file")
     ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions (comma list of f32, bf16, f16)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
-    ("device", po::value<std::string>()->default_value("cpu"), "where the subject runs (cpu)");
+    ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)");
   // clang-format on
   po::options_description all;
   all.add(run).add(problem_options(true));
@@ -52,16 +53,16 @@ int cmd_dump(const std::vector<std::string>& args) {
     throw UsageError("dump: say which tensors: --stage PATTERN ('*' for all)");
   if (!vm.count("out")) throw UsageError("dump: say where: --out FILE.h5");
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
-  const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu")
-    throw UsageError("--device " + device + ": only cpu is available (no CUDA subject yet)");
+  const std::string device =
+      resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
 
   ProblemSource src = load_problem(vm);
   src.spec.filter = vm["stage"].as<std::string>();
   const std::string out = vm["out"].as<std::string>();
   const harness::DumpResult r =
       harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,
-                          harness::cpu_lineups(precisions));
+                          device == "gpu" ? harness::gpu_lineups(precisions)
+                                          : harness::cpu_lineups(precisions));
   std::cout << "m3h dump: wrote " << r.n_keys << " key group(s) (" << r.n_datasets
             << " datasets) to " << out << " under /dump/<mode>/<precision>/<key>/\n";
   for (const auto& c : r.cells)

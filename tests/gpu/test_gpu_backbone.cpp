@@ -78,7 +78,7 @@ std::vector<GridCase> grid(bool full) {
         << "_ng" << ng;
       out.push_back({n.str(), grid_config(hd, ds, rope, outnorm, ng), 2, 100});
     }
-  // Edge shapes: no RoPE at all (na = 0), identity input_proj, chunk > T, T = 1.
+  // Edge shapes: no RoPE at all (na = 0), identity input_proj, chunk > T, T = 1, d_inner 4096.
   Config c = grid_config(16, 2, 0.5, false, 1);
   out.push_back({"na0_ds2", c, 2, 70});
   c = grid_config(32, 16, 1.0, true, 1);
@@ -89,6 +89,12 @@ std::vector<GridCase> grid(bool full) {
   out.push_back({"chunk_gt_T", c, 2, 50});
   c = grid_config(32, 32, 0.5, true, 1);
   out.push_back({"T1", c, 3, 1});
+  // d_inner 4096 with the gated norm (the seeds' kernels stopped at 1024), 64 heads, 8 groups.
+  c = grid_config(64, 64, 1.0, true, 8);
+  c.d_model = 2048;
+  c.input_dim = 2048;
+  c.n_layers = 1;
+  out.push_back({"d_inner4096_outnorm", c, 1, 24});
   return out;
 }
 
