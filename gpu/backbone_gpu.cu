@@ -3,20 +3,31 @@
 //   forward : input_proj → per layer F1 F2 F3 F4 F5 F4ef F5b F6 F7 F8 (+ states) → norm_f
 //   backward: norm_f → per layer (last first) B8 B7 B6 B5a B5b B4b/B4c B3 B2 B1 (+ d_states)
 //             → input_proj
-// Buffers are named exactly as the stage registry names the tensors (reference/registry.cpp)
-// and allocated from it, so the capture of a stage is "download every registry tensor of that
-// stage" — the registry is the single source of names and shapes for both implementations.
-// Per layer, beyond the registry: the entering states (ssm_in, k_in, v_in, angle_in), the
-// gradients wrt the leaving states (d_*_out) and the B6→B5b glue (d_adt_total, d_dt_direct,
-// d_trap_sig). The leaving states are the registry's states/* tensors, the entering-state
-// gradients its d_states/* tensors.
+// The storage type T (float, __nv_bfloat16, __half) is dispatched ONCE, in the constructor;
+// BackboneT<T> holds every buffer. Buffers are named exactly as the stage registry names the
+// tensors (reference/registry.cpp) and allocated from it, typed (T) where the registry says
+// `typed` (MODEL.md §8) and f32 otherwise — so a stage's capture is "download every registry
+// tensor of that stage", and the isolated mode is "upload the oracle's tensors, run one stage".
+// Per layer, beyond the registry: the entering states (ssm_in, k_in, v_in, angle_in) and the
+// gradients wrt the leaving states (d_*_out). The leaving states are the registry's states/*
+// tensors, the entering-state gradients its d_states/* tensors.
+// Typed GEMM weights are compute copies of the f32 masters refreshed in set_params; the f32
+// residual-stream gradient δ gets a staged typed copy for the GEMMs that read it (as the
+// reference's typed_copy).
 #include "backbone_gpu.hpp"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <map>
+#include <type_traits>
 
 #include "backbone.hpp"  // reference: capture_grads
 #include "common.cuh"
+#include "convert.cuh"
 #include "error.hpp"
 #include "registry.hpp"
 #include "stages.cuh"
@@ -25,25 +36,82 @@ namespace m3::gpu {
 
 namespace {
 
-using Buf = DeviceArray<float>;
+template <class T>
+constexpr Precision precision_of() {
+  if constexpr (std::is_same_v<T, float>) return Precision::F32;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return Precision::BF16;
+  return Precision::F16;
+}
+
+// A device buffer of n elements of 4 (float) or 2 (bf16/f16) bytes.
+struct NamedBuf {
+  DeviceArray<unsigned char> bytes;
+  std::size_t elem = 4;
+  Idx n = 0;
+};
+
+// Host floats → the buffer's storage (RNE to 16 bits for typed buffers), and back.
+void upload_floats(NamedBuf& b, const float* host, Precision storage, cudaStream_t s) {
+  if (b.n == 0) return;
+  if (b.elem == 4) {
+    M3_CUDA_CHECK(cudaMemcpyAsync(b.bytes.data(), host, static_cast<size_t>(b.n) * 4,
+                                  cudaMemcpyHostToDevice, s));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  std::vector<std::uint16_t> bits(static_cast<size_t>(b.n));
+  for (Idx i = 0; i < b.n; ++i)
+    bits[i] = storage == Precision::BF16 ? float_to_bf16_bits(host[i]) : float_to_f16_bits(host[i]);
+  M3_CUDA_CHECK(cudaMemcpyAsync(b.bytes.data(), bits.data(), bits.size() * 2,
+                                cudaMemcpyHostToDevice, s));
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void download_floats(const NamedBuf& b, float* host, Precision storage, cudaStream_t s) {
+  if (b.n == 0) return;
+  if (b.elem == 4) {
+    M3_CUDA_CHECK(cudaMemcpyAsync(host, b.bytes.data(), static_cast<size_t>(b.n) * 4,
+                                  cudaMemcpyDeviceToHost, s));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  std::vector<std::uint16_t> bits(static_cast<size_t>(b.n));
+  M3_CUDA_CHECK(cudaMemcpyAsync(bits.data(), b.bytes.data(), bits.size() * 2,
+                                cudaMemcpyDeviceToHost, s));
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (Idx i = 0; i < b.n; ++i)
+    host[i] = storage == Precision::BF16 ? bf16_bits_to_float(bits[i]) : f16_bits_to_float(bits[i]);
+}
 
 // Device buffers of one scope (a layer, or the backbone), by tensor name.
 class Buffers {
  public:
-  void add(const std::string& name, Idx n) { m_[name].resize(n); }
-  // nullptr when the run has no such tensor (e.g. angle tensors with na = 0).
-  float* operator[](const std::string& name) {
-    auto it = m_.find(name);
-    return it == m_.end() || it->second.size() == 0 ? nullptr : it->second.data();
+  void add(const std::string& name, Idx n, std::size_t elem) {
+    NamedBuf& b = m_[name];
+    b.elem = elem;
+    b.n = n;
+    b.bytes.resize(n * static_cast<Idx>(elem));
   }
-  Buf& at(const std::string& name) {
+  // nullptr when the run has no such tensor (e.g. angle tensors with na = 0). Asking for the
+  // wrong element type (a typed tensor as float, or the reverse) is an m3::Error.
+  template <class U>
+  U* get(const std::string& name) {
+    auto it = m_.find(name);
+    if (it == m_.end() || it->second.n == 0) return nullptr;
+    M3_REQUIRE(it->second.elem == sizeof(U), "GpuBackbone",
+               "buffer '" + name + "' accessed with the wrong storage type",
+               "element size ", it->second.elem, ", asked ", sizeof(U));
+    return reinterpret_cast<U*>(it->second.bytes.data());
+  }
+  float* f(const std::string& name) { return get<float>(name); }
+  NamedBuf& at(const std::string& name) {
     auto it = m_.find(name);
     M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'", "");
     return it->second;
   }
 
  private:
-  std::map<std::string, Buf> m_;
+  std::map<std::string, NamedBuf> m_;
 };
 
 Idx numel(const std::vector<Idx>& shape) {
@@ -52,332 +120,697 @@ Idx numel(const std::vector<Idx>& shape) {
   return n;
 }
 
-void copy_d2d(cudaStream_t s, float* dst, const float* src, Idx n) {
+template <class U>
+void copy_d2d(cudaStream_t s, U* dst, const U* src, Idx n) {
   if (n > 0)
-    M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
+    M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(U),
                                   cudaMemcpyDeviceToDevice, s));
+}
+
+// ---- fault kernels (negative controls only; see Fault in backbone_gpu.hpp) ------------------
+__global__ void fault_flip_angle_kernel(Idx n, float* theta) {
+  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && theta[i] > 0.0f) theta[i] = 6.2831853071795864769f - theta[i];
+}
+
+// y[b, t] ← y[b, t−1] for every chunk start t = c·cs, c ≥ 1 (rows of width di).
+template <class T>
+__global__ void fault_chunk_boundary_kernel(Idx B, Idx T_, Idx cs, Idx di, T* y) {
+  const Idx nc = (T_ + cs - 1) / cs;
+  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * (nc - 1) * di) return;
+  const Idx col = i % di, c = 1 + (i / di) % (nc - 1), b = i / (di * (nc - 1));
+  const Idx t = c * cs;
+  y[(b * T_ + t) * di + col] = y[(b * T_ + t - 1) * di + col];
+}
+
+// One more rounding to a coarser format: bf16 (f32/f16 storage), or 5 mantissa bits (bf16).
+template <class T>
+__global__ void fault_round_twice_kernel(Idx n, T* y) {
+  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = to_float(y[i]);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    unsigned int u = __float_as_uint(v);
+    u = (u + 0x3FFFFu + ((u >> 18) & 1u)) & 0xFFFC0000u;  // RNE to 5 explicit mantissa bits
+    v = __uint_as_float(u);
+  } else {
+    v = __bfloat162float(__float2bfloat16_rn(v));
+  }
+  y[i] = from_float<T>(v);
 }
 
 }  // namespace
 
+// The storage-independent interface behind GpuBackbone; BackboneT<T> implements it.
 struct GpuBackbone::Impl {
-  GpuContext& ctx;
-  Config cfg;
-  ref::Dims d;
-  ScanMode mode;
-  cudaStream_t s;
-  std::vector<Buffers> layers;
-  Buffers bb;                  // backbone tensors
-  std::map<std::string, Buf> params, grads;  // by param_key(...) without "grad/"
-  Buf st_ssm, st_k, st_v, st_angle;          // states [L][B][…]
-  Buf dl_ssm, dl_k, dl_v, dl_angle;          // gradients wrt the leaving states
-  Buf de_ssm, de_k, de_v, de_angle;          // gradients wrt the entering states
-  Buf scratch;
-  bool have_forward = false;
+  virtual ~Impl() = default;
+  virtual Precision storage() const = 0;
+  virtual void set_params(const Params<float>& p) = 0;
+  virtual void set_input(const std::vector<float>& X) = 0;
+  virtual void set_states(const States<float>& s) = 0;
+  virtual void set_dout(const std::vector<float>& d) = 0;
+  virtual void set_leaving_grads(const States<float>* d) = 0;
+  virtual void zero_grads() = 0;
+  virtual void set_fault(Fault f, int layer) = 0;
+  virtual void forward(Capture* cap) = 0;
+  virtual void backward(Capture* cap) = 0;
+  virtual Capture run_isolated(const Capture& oracle) = 0;
+  virtual std::vector<float> output() = 0;
+  virtual States<float> states() = 0;
+  virtual Params<float> grads() = 0;
+  virtual std::vector<float> d_x() = 0;
+  virtual States<float> d_entering() = 0;
+  virtual void synchronize() = 0;
+  virtual void set_profiling(bool on) = 0;
+  virtual std::vector<std::pair<std::string, double>> stage_times() const = 0;
+  virtual void reset_stage_times() = 0;
+};
 
-  // Stage profile: events from a pool (made on first use, reused), a mark after each stage.
-  bool profiling = false;
-  std::vector<cudaEvent_t> pool;
-  std::vector<std::string> mark_names;  // the stage that ended at each recorded event
-  std::vector<std::pair<std::string, double>> times;
+namespace {
 
-  void mark(const std::string& stage) {
-    if (!profiling) return;
-    if (mark_names.size() == pool.size()) {
-      cudaEvent_t e;
-      M3_CUDA_CHECK(cudaEventCreate(&e));
-      pool.push_back(e);
-    }
-    M3_CUDA_CHECK(cudaEventRecord(pool[mark_names.size()], s));
-    mark_names.push_back(stage);
-  }
-  // Turns the marks of one forward() or backward() into per-stage times.
-  void collect_marks() {
-    if (!profiling || mark_names.size() < 2) {
-      mark_names.clear();
-      return;
-    }
-    M3_CUDA_CHECK(cudaEventSynchronize(pool[mark_names.size() - 1]));
-    for (size_t i = 1; i < mark_names.size(); ++i) {
-      float ms = 0;
-      M3_CUDA_CHECK(cudaEventElapsedTime(&ms, pool[i - 1], pool[i]));
-      auto it = std::find_if(times.begin(), times.end(),
-                             [&](const auto& t) { return t.first == mark_names[i]; });
-      if (it == times.end()) times.emplace_back(mark_names[i], ms);
-      else it->second += ms;
-    }
-    mark_names.clear();
-  }
-  ~Impl() {
-    for (cudaEvent_t e : pool) cudaEventDestroy(e);
-  }
+// The layer stages in execution order (the registry's stage names).
+constexpr const char* kForwardStages[] = {"F1", "F2", "F3", "F4", "F5", "F4ef",
+                                          "F5b", "F6", "F7", "F8", "states"};
+constexpr const char* kBackwardStages[] = {"B8", "B7", "B6", "B5a", "B5b", "B4b",
+                                           "B4c", "B3", "B2", "B1", "d_states"};
 
-  Impl(GpuContext& c, const Config& cf, Idx B, Idx T, ScanMode m)
-      : ctx(c), cfg(cf), d(ref::Dims::of(cf, B, T, Precision::F32)), mode(m), s(stream_of(c)) {
-    layers.resize(static_cast<size_t>(cf.n_layers));
+template <class T>
+class BackboneT final : public GpuBackbone::Impl {
+ public:
+  BackboneT(GpuContext& c, const Config& cf, Idx B, Idx T_, ScanMode m)
+      : ctx_(c), cfg_(cf), d_(ref::Dims::of(cf, B, T_, precision_of<T>())), mode_(m),
+        s_(stream_of(c)) {
+    layers_.resize(static_cast<size_t>(cf.n_layers));
     const StateSizes z = state_sizes(cf);
     for (const auto& spec : stage_registry()) {
       if (!exists_in(spec, cf, m)) continue;
-      const Idx n = numel(resolve_shape(spec.shape, cf, B, T));
+      const Idx n = numel(resolve_shape(spec.shape, cf, B, T_));
+      const std::size_t elem = spec.typed ? sizeof(T) : sizeof(float);
       if (spec.scope == Scope::Layer) {
-        for (auto& L : layers) L.add(spec.tensor, n);
+        for (auto& L : layers_) L.add(spec.tensor, n, elem);
       } else {
-        bb.add(std::string(spec.stage) + "/" + spec.tensor, n);
+        bb_.add(backbone_name(spec.stage, spec.tensor), n, elem);
       }
     }
-    for (auto& L : layers) {
-      L.add("ssm_in", B * z.ssm);
-      L.add("k_in", B * z.k);
-      L.add("v_in", B * z.v);
-      L.add("angle_in", B * z.angle);
-      L.add("d_ssm_out", B * z.ssm);
-      L.add("d_k_out", B * z.k);
-      L.add("d_v_out", B * z.v);
-      L.add("d_angle_out", B * z.angle);
-      for (const char* n : {"d_adt_total", "d_dt_direct", "d_trap_sig"}) L.add(n, d.BT * d.nh);
+    for (auto& L : layers_) {
+      L.add("ssm_in", B * z.ssm, 4);
+      L.add("k_in", B * z.k, 4);
+      L.add("v_in", B * z.v, 4);
+      L.add("angle_in", B * z.angle, 4);
+      L.add("d_ssm_out", B * z.ssm, 4);
+      L.add("d_k_out", B * z.k, 4);
+      L.add("d_v_out", B * z.v, 4);
+      L.add("d_angle_out", B * z.angle, 4);
     }
-    bb.add("d_out", d.BT * d.dm);
-    bb.add("delta", d.BT * d.dm);
+    bb_.add("d_out", d_.BT * d_.dm, 4);
+    bb_.add("delta", d_.BT * d_.dm, 4);
+    bb_.add("delta_typed", d_.BT * d_.dm, sizeof(T));
     const Params<float> shapes = zero_params<float>(cf);
     for_each_param(shapes, [&](int l, const char* name, const std::vector<float>& v) {
       const std::string key = param_key(l, name).substr(5);
-      params[key].resize(static_cast<Idx>(v.size()));
-      grads[key].resize(static_cast<Idx>(v.size()));
+      params_[key].resize(static_cast<Idx>(v.size()));
+      grads_[key].resize(static_cast<Idx>(v.size()));
     });
+    if constexpr (!std::is_same_v<T, float>) {
+      w_in_t_.resize(layers_.size());
+      w_out_t_.resize(layers_.size());
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        w_in_t_[l].resize(d_.dm * d_.ip);
+        w_out_t_[l].resize(d_.di * d_.dm);
+      }
+      if (!cf.input_proj_identity) w_input_t_.resize(d_.in * d_.dm);
+    }
     const Idx LB = cf.n_layers * B;
-    for (Buf* b : {&st_ssm, &dl_ssm, &de_ssm}) b->resize(LB * z.ssm);
-    for (Buf* b : {&st_k, &dl_k, &de_k}) b->resize(LB * z.k);
-    for (Buf* b : {&st_v, &dl_v, &de_v}) b->resize(LB * z.v);
-    for (Buf* b : {&st_angle, &dl_angle, &de_angle}) b->resize(LB * z.angle);
-    scratch.resize(scratch_floats(d));
-    for (Buf* b : {&dl_ssm, &dl_k, &dl_v, &dl_angle}) b->zero(s);
-    for (auto& [k, g] : grads) g.zero(s);
+    for (StateArrays* a : {&st_, &dl_, &de_}) {
+      a->ssm.resize(LB * z.ssm);
+      a->k.resize(LB * z.k);
+      a->v.resize(LB * z.v);
+      a->angle.resize(LB * z.angle);
+    }
+    scratch_.resize(scratch_floats(d_));
+    zero_states(dl_);
+    for (auto& [k, g] : grads_) g.zero(s_);
   }
 
-  Scratch scr() { return {scratch.data(), scratch.size()}; }
-  float* P(int l, const char* name) { return params.at(param_key(l, name).substr(5)).data(); }
-  float* G(int l, const char* name) { return grads.at(param_key(l, name).substr(5)).data(); }
+  ~BackboneT() override {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
 
-  // Downloads every registry tensor of (scope of `layer`, stage, direction) into cap.
+  Precision storage() const override { return precision_of<T>(); }
+
+  // ---- uploads / downloads ------------------------------------------------------------------
+  void set_params(const Params<float>& p) override {
+    check_params(p, cfg_, "GpuBackbone::set_params");
+    for_each_param(p, [&](int l, const char* name, const std::vector<float>& v) {
+      params_.at(param_key(l, name).substr(5)).upload(v.data(), s_);
+    });
+    if constexpr (!std::is_same_v<T, float>) {  // typed compute copies of the GEMM weights
+      for (size_t l = 0; l < layers_.size(); ++l) {
+        const int li = static_cast<int>(l);
+        convert<float, T>(s_, d_.dm * d_.ip, P(li, "in_proj_w"), w_in_t_[l].data());
+        convert<float, T>(s_, d_.di * d_.dm, P(li, "out_proj_w"), w_out_t_[l].data());
+      }
+      if (!cfg_.input_proj_identity)
+        convert<float, T>(s_, d_.in * d_.dm, P(-1, "input_proj_w"), w_input_t_.data());
+    }
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+
+  void set_input(const std::vector<float>& X) override {
+    NamedBuf& b = bb_.at("input_proj/input_proj_inputs");
+    M3_REQUIRE(static_cast<Idx>(X.size()) == b.n, "GpuBackbone::set_input",
+               "input X has the wrong size", "got ", X.size(), ", expected ", b.n);
+    upload_floats(b, X.data(), storage(), s_);
+  }
+
+  void set_states(const States<float>& st) override {
+    upload_states(st, st_, "GpuBackbone::set_states");
+  }
+
+  void set_dout(const std::vector<float>& d) override {
+    NamedBuf& b = bb_.at("d_out");
+    M3_REQUIRE(static_cast<Idx>(d.size()) == b.n, "GpuBackbone::set_dout",
+               "dOut has the wrong size", "got ", d.size(), ", expected ", b.n);
+    upload_floats(b, d.data(), Precision::F32, s_);
+  }
+
+  void set_leaving_grads(const States<float>* dl) override {
+    if (dl) {
+      upload_states(*dl, dl_, "GpuBackbone::set_leaving_grads");
+    } else {
+      zero_states(dl_);
+    }
+  }
+
+  void zero_grads() override {
+    for (auto& [k, g] : grads_) g.zero(s_);
+  }
+
+  void set_fault(Fault f, int layer) override {
+    M3_REQUIRE(layer >= 0 && layer < static_cast<int>(cfg_.n_layers), "GpuBackbone::set_fault",
+               "fault layer out of range", "layer ", layer, ", n_layers ", cfg_.n_layers);
+    fault_ = f;
+    fault_layer_ = layer;
+  }
+
+  std::vector<float> output() override { return download(bb_.at("norm_f/Out")); }
+  std::vector<float> d_x() override { return download(bb_.at("input_proj/d_input_proj_dx")); }
+  States<float> states() override { return download_states(st_); }
+  States<float> d_entering() override { return download_states(de_); }
+  Params<float> grads() override {
+    Params<float> g = zero_params<float>(cfg_);
+    for_each_param(g, [&](int l, const char* name, std::vector<float>& v) {
+      grads_.at(param_key(l, name).substr(5)).download(v.data(), s_);
+    });
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return g;
+  }
+  void synchronize() override { ctx_.synchronize(); }
+
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<std::pair<std::string, double>> stage_times() const override { return times_; }
+  void reset_stage_times() override { times_.clear(); }
+
+  // ---- the two passes ---------------------------------------------------------------------
+  void forward(Capture* cap) override {
+    mark("start");
+    run_stage(-1, "input_proj", Dir::Forward, cap);
+    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
+      enter_layer(l, l == 0 ? nullptr : layers_[l - 1].f("layer_output"));
+      for (const char* st : kForwardStages) run_stage(l, st, Dir::Forward, cap);
+      leave_layer(l);
+    }
+    copy_d2d(s_, bb_.f("norm_f/norm_f_input"), layers_.back().f("layer_output"), d_.BT * d_.dm);
+    run_stage(-1, "norm_f", Dir::Forward, cap);
+    collect_marks();
+    have_forward_ = true;
+  }
+
+  void backward(Capture* cap) override {
+    M3_REQUIRE(have_forward_, "GpuBackbone::backward", "backward called before forward", "");
+    mark("start");
+    run_stage(-1, "norm_f", Dir::Backward, cap);
+    copy_d2d(s_, bb_.f("delta"), bb_.f("norm_f/d_norm"), d_.BT * d_.dm);
+    for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
+      load_leaving_grads(l);
+      for (const char* st : kBackwardStages) run_stage(l, st, Dir::Backward, cap);
+      store_entering_grads(l);
+      copy_d2d(s_, bb_.f("delta"), layers_[l].f("d_temporal"), d_.BT * d_.dm);
+    }
+    run_stage(-1, "input_proj", Dir::Backward, cap);
+    collect_marks();
+  }
+
+  Capture run_isolated(const Capture& oracle) override {
+    Capture out(cfg_, d_.B, d_.T);
+    zero_grads();
+    zero_states(dl_);
+    // Everything the oracle holds goes into the buffers of the same name.
+    for (const auto& ks : expected_stage_keys(cfg_, d_.B, d_.T, mode_)) restore(oracle, ks);
+    const auto keys = expected_stage_keys(cfg_, d_.B, d_.T, mode_);
+    auto stage_keys = [&](int layer, const char* stage, Dir dir) {
+      std::vector<const KeyedSpec*> v;
+      for (const auto& ks : keys)
+        if (ks.layer == layer && ks.spec->dir == dir && std::string(ks.spec->stage) == stage)
+          v.push_back(&ks);
+      return v;
+    };
+    auto isolated = [&](int layer, const char* stage, Dir dir) {
+      run_stage(layer, stage, dir, &out);  // captures this stage's outputs
+      for (const KeyedSpec* ks : stage_keys(layer, stage, dir)) restore(oracle, *ks);
+    };
+    isolated(-1, "input_proj", Dir::Forward);
+    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
+      load_entering_states(l);
+      for (const char* st : kForwardStages) isolated(l, st, Dir::Forward);
+    }
+    isolated(-1, "norm_f", Dir::Forward);
+    isolated(-1, "norm_f", Dir::Backward);
+    const int L = static_cast<int>(cfg_.n_layers);
+    for (int l = L - 1; l >= 0; --l) {
+      // δ entering layer l's backward: the oracle's ∂L/∂(layer output).
+      upload_floats(bb_.at("delta"),
+                    oracle_data(oracle, l == L - 1 ? stage_key(-1, "norm_f", "d_norm")
+                                                   : stage_key(l + 1, "B1", "d_temporal")),
+                    Precision::F32, s_);
+      for (const char* st : kBackwardStages) isolated(l, st, Dir::Backward);
+    }
+    upload_floats(bb_.at("delta"), oracle_data(oracle, stage_key(0, "B1", "d_temporal")),
+                  Precision::F32, s_);
+    isolated(-1, "input_proj", Dir::Backward);
+    capture_grads(grads(), cfg_, out);
+    have_forward_ = false;  // the buffers hold a mix of oracle and GPU values now
+    return out;
+  }
+
+ private:
+
+  static std::string backbone_name(const char* stage, const char* tensor) {
+    return std::string(stage) + "/" + tensor;
+  }
+
+  Scratch scr() { return {scratch_.data(), scratch_.size()}; }
+  float* P(int l, const char* name) { return params_.at(param_key(l, name).substr(5)).data(); }
+  float* G(int l, const char* name) { return grads_.at(param_key(l, name).substr(5)).data(); }
+  const T* w_in(int l) {
+    if constexpr (std::is_same_v<T, float>) return P(l, "in_proj_w");
+    else return w_in_t_[l].data();
+  }
+  const T* w_out(int l) {
+    if constexpr (std::is_same_v<T, float>) return P(l, "out_proj_w");
+    else return w_out_t_[l].data();
+  }
+  const T* w_input() {
+    if constexpr (std::is_same_v<T, float>) return P(-1, "input_proj_w");
+    else return w_input_t_.data();
+  }
+  // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy).
+  const T* delta_typed() {
+    if constexpr (std::is_same_v<T, float>) {
+      return bb_.f("delta");
+    } else {
+      T* t = bb_.get<T>("delta_typed");
+      convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), t);
+      return t;
+    }
+  }
+
+  // The four persistent states of every layer, [L][B][…] each (MODEL.md §9, §12.6).
+  struct StateArrays {
+    DeviceArray<float> ssm, k, v, angle;
+  };
+  // Copies layer l's [B, …] slices between a StateArrays and the layer's four buffers named
+  // `names` (ssm, k, v, angle order): into the layer (to_layer) or out of it.
+  void copy_states(int l, StateArrays& all, const std::array<const char*, 4>& names,
+                   bool to_layer) {
+    Buffers& L = layers_[l];
+    const StateSizes z = state_sizes(cfg_);
+    DeviceArray<float>* arrays[4] = {&all.ssm, &all.k, &all.v, &all.angle};
+    const Idx per[4] = {d_.B * z.ssm, d_.B * z.k, d_.B * z.v, d_.B * z.angle};
+    for (int i = 0; i < 4; ++i) {
+      float* slice = arrays[i]->data() + l * per[i];
+      float* layer = L.f(names[i]);
+      to_layer ? copy_d2d(s_, layer, slice, per[i]) : copy_d2d(s_, slice, layer, per[i]);
+    }
+  }
+  void load_entering_states(int l) {
+    copy_states(l, st_, {"ssm_in", "k_in", "v_in", "angle_in"}, true);
+  }
+  // Layer l's input u (layer l−1's output, or H⁰ for l = 0) → residual; entering states.
+  void enter_layer(int l, const float* u) {
+    Buffers& L = layers_[l];
+    if (u) {
+      copy_d2d(s_, L.f("residual"), u, d_.BT * d_.dm);
+    } else {
+      convert<T, float>(s_, d_.BT * d_.dm, bb_.get<T>("input_proj/input_proj_outputs"),
+                        L.f("residual"));
+    }
+    load_entering_states(l);
+  }
+  void leave_layer(int l) {
+    copy_states(l, st_, {"ssm_state", "k_state", "v_state", "angle_state"}, false);
+  }
+  void load_leaving_grads(int l) {
+    copy_states(l, dl_, {"d_ssm_out", "d_k_out", "d_v_out", "d_angle_out"}, true);
+  }
+  void store_entering_grads(int l) {
+    copy_states(l, de_, {"d_ssm_state", "d_k_state", "d_v_state", "d_angle_state"}, false);
+  }
+
+  // ---- one stage ----------------------------------------------------------------------------
+  void run_stage(int l, const char* stage, Dir dir, Capture* cap) {
+    const std::string st = stage;
+    if (l < 0) {
+      if (st == "input_proj") dir == Dir::Forward ? input_proj_forward() : input_proj_backward();
+      if (st == "norm_f") dir == Dir::Forward ? norm_f_forward() : norm_f_backward();
+    } else if (dir == Dir::Forward) {
+      layer_forward_stage(l, st);
+    } else {
+      layer_backward_stage(l, st);
+    }
+    if (l == fault_layer_ && fault_ != Fault::None && st == fault_stage(fault_)) apply_fault(l);
+    mark(l < 0 && dir == Dir::Backward ? st + " (bwd)" : st);
+    capture(cap, l, stage, dir);
+  }
+
+  void input_proj_forward() {
+    T* x = bb_.get<T>("input_proj/input_proj_inputs");
+    T* h0 = bb_.get<T>("input_proj/input_proj_outputs");
+    if (cfg_.input_proj_identity) {
+      copy_d2d(s_, h0, x, d_.BT * d_.dm);
+    } else {
+      gemm_forward<T>(ctx_, d_.BT, d_.in, d_.dm, x, w_input(), P(-1, "input_proj_b"), h0, scr());
+    }
+  }
+  void norm_f_forward() {
+    rmsnorm_forward<T>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"), P(-1, "norm_f_weight"),
+                       bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
+  }
+  void norm_f_backward() {
+    rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
+                            P(-1, "norm_f_weight"), bb_.f("norm_f/norm_f_rms"), bb_.f("d_out"),
+                            bb_.f("norm_f/d_norm"), G(-1, "norm_f_weight"), scr());
+  }
+  void input_proj_backward() {
+    T* dx = bb_.get<T>("input_proj/d_input_proj_dx");
+    if (cfg_.input_proj_identity) {
+      convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), dx);
+    } else {
+      const T* dt = delta_typed();
+      gemm_backward_dx<T>(ctx_, d_.BT, d_.in, d_.dm, dt, w_input(), dx);
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.in, d_.dm, bb_.get<T>("input_proj/input_proj_inputs"),
+                          dt, G(-1, "input_proj_w"));
+      colsum(s_, d_.BT, d_.dm, bb_.f("delta"), G(-1, "input_proj_b"), true, scr());
+    }
+  }
+
+  void layer_forward_stage(int l, const std::string& st) {
+    Buffers& L = layers_[l];
+    auto t = [&](const char* n) { return L.get<T>(n); };
+    auto f = [&](const char* n) { return L.f(n); };
+    if (st == "F1") {
+      rmsnorm_forward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), t("post_norm"),
+                         f("rms_vals"));
+    } else if (st == "F2") {
+      gemm_forward<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), w_in(l), nullptr, t("proj"));
+    } else if (st == "F3") {
+      split_forward<T>(s_, d_,
+                       {t("proj"), P(l, "dt_bias"), t("z"), t("x"), t("b_raw"), t("c_raw"),
+                        f("dd_dt_raw"), f("dd_a_raw"), f("trap_raw"), f("angles_raw"), f("dt"),
+                        f("a_val"), f("trap")});
+    } else if (st == "F4") {
+      bcnorm_forward<T>(s_, d_,
+                        {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
+                         P(l, "b_bias"), P(l, "c_bias"), t("b_normed"), t("c_normed"),
+                         t("b_biased"), t("c_biased"), f("b_rms"), f("c_rms")});
+    } else if (st == "F5") {
+      angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
+                    f("angle_state"));
+    } else if (st == "F4ef") {
+      rope_forward<T>(s_, d_, f("angle_cumsum"), t("b_biased"), t("c_biased"), t("k"), t("q"));
+    } else if (st == "F5b") {
+      abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
+    } else if (st == "F6") {
+      if (mode_ == ScanMode::Sequential) {
+        ssm_seq_forward<T>(s_, d_,
+                           {t("x"), t("k"), t("q"), f("alpha"), f("beta"), f("gamma"),
+                            P(l, "d_param"), f("ssm_in"), f("k_in"), f("v_in"), t("y"),
+                            f("h_saved"), f("k_prev_saved"), f("v_prev_saved"), f("ssm_state"),
+                            f("k_state"), f("v_state")});
+      } else {
+        ssm_chunked_forward<T>(
+            s_, d_,
+            {t("x"), t("k"), t("q"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
+             f("ssm_in"), f("k_in"), f("v_in"), t("k_scaled_saved"), t("y"), f("adt"),
+             f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
+             f("chunk_states"), f("chunk_states_saved"), f("final_states"), f("ssm_state"),
+             f("k_state"), f("v_state")},
+            scr());
+      }
+    } else if (st == "F7") {
+      gating_forward<T>(s_, d_, t("y"), t("z"), P(l, "norm_gate_weight"), t("gated"),
+                        f("gated_rms_vals"));
+    } else if (st == "F8") {
+      gemm_forward<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), w_out(l), nullptr, t("out_flat"));
+      add<T>(s_, d_.BT * d_.dm, f("residual"), t("out_flat"), f("layer_output"));
+    }
+    // "states": the leaving states are written by F5/F6; nothing to run.
+  }
+
+  void layer_backward_stage(int l, const std::string& st) {
+    Buffers& L = layers_[l];
+    auto t = [&](const char* n) { return L.get<T>(n); };
+    auto f = [&](const char* n) { return L.f(n); };
+    if (st == "B8") {
+      const T* dt = delta_typed();
+      gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t("d_gated"));
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), dt, G(l, "out_proj_w"));
+    } else if (st == "B7") {
+      gating_backward<T>(s_, d_,
+                         {t("y"), t("z"), t("d_gated"), P(l, "norm_gate_weight"),
+                          f("gated_rms_vals"), t("d_y"), t("d_z"), G(l, "norm_gate_weight")},
+                         scr());
+    } else if (st == "B6") {
+      if (mode_ == ScanMode::Sequential) {
+        ssm_seq_backward<T>(
+            s_, d_,
+            {t("x"), t("k"), t("q"), t("d_y"), f("alpha"), f("beta"), f("gamma"),
+             P(l, "d_param"), f("h_saved"), f("k_prev_saved"), f("v_prev_saved"),
+             f("d_ssm_out"), f("d_k_out"), f("d_v_out"), t("d_x"), f("d_k"), f("d_q"),
+             f("d_alpha"), f("d_beta"), f("d_gamma"), f("d_d_local"), f("d_ssm_state"),
+             f("d_k_state"), f("d_v_state"), G(l, "d_param")},
+            scr());
+        rope_backward<T>(s_, d_,
+                         {f("angle_cumsum"), f("d_k"), f("d_q"), t("k"), t("q"),
+                          f("d_b_pre_rope"), f("d_c_pre_rope"), f("d_angle_cumsum"), nullptr,
+                          nullptr, nullptr});
+        abg_backward(s_, d_,
+                     {f("alpha"), f("beta"), f("dt"), f("trap"), f("d_alpha"), f("d_beta"),
+                      f("d_gamma"), f("d_adt_total"), f("d_dt_direct"), f("d_trap_sig")});
+      } else {
+        ssm_chunked_backward<T>(
+            s_, d_,
+            {t("x"), t("k"), t("q"), t("b_biased"), t("c_biased"), t("k_scaled_saved"), t("d_y"),
+             f("angle_cumsum"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
+             f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
+             f("chunk_states_saved"), f("k_in"), f("v_in"), f("d_ssm_out"), f("d_k_out"),
+             f("d_v_out"), f("da_cs_sum"), f("dQ_mid"), f("dK_mid"), f("dADT"), f("dQK_dot"),
+             f("dD_partials"), f("dScale"), f("dGamma"), f("dDT"), t("d_x"), f("d_b_pre_rope"),
+             f("d_c_pre_rope"), f("d_angle_cumsum"), f("d_adt_total"), f("d_dt_direct"),
+             f("d_trap_sig"), f("d_ssm_state"), f("d_k_state"), f("d_v_state"),
+             G(l, "d_param")},
+            scr());
+      }
+    } else if (st == "B5a") {
+      angle_backward(s_, d_,
+                     {f("angles_raw"), f("dt"), f("d_angle_cumsum"), f("d_angle_out"),
+                      f("d_angles_raw"), f("d_dt_angle"), f("d_angle_state")},
+                     scr());
+    } else if (st == "B5b") {
+      const ActBwd act{f("dd_dt_raw"),    f("dd_a_raw"),    P(l, "dt_bias"),  f("dt"),
+                       f("a_val"),        f("trap"),        f("d_adt_total"), f("d_dt_direct"),
+                       f("d_dt_angle"),   f("d_trap_sig"),  f("d_dd_dt"),     f("d_dd_a"),
+                       f("d_trap_raw"),   G(l, "dt_bias"),  cfg_.a_floor};
+      activations_backward(s_, d_, act, scr());
+    } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
+      bcnorm_backward<T>(s_, d_,
+                         {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
+                          f("b_rms"), f("c_rms"), f("d_b_pre_rope"), f("d_c_pre_rope"),
+                          t("d_b_normed"), t("d_c_normed"), t("d_b_raw"), t("d_c_raw"),
+                          G(l, "b_norm_weight"), G(l, "c_norm_weight"), G(l, "b_bias"),
+                          G(l, "c_bias")},
+                         scr());
+    } else if (st == "B3") {
+      split_backward<T>(s_, d_,
+                        {t("d_z"), t("d_x"), t("d_b_raw"), t("d_c_raw"), f("d_dd_dt"),
+                         f("d_dd_a"), f("d_trap_raw"), f("d_angles_raw"), t("d_proj")});
+    } else if (st == "B2") {
+      gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t("d_proj"), w_in(l), t("d_norm"));
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), t("d_proj"),
+                          G(l, "in_proj_w"));
+    } else if (st == "B1") {
+      rmsnorm_backward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), f("rms_vals"),
+                          t("d_norm"), f("d_pre_norm"), G(l, "norm_weight"), scr());
+      add<float>(s_, d_.BT * d_.dm, bb_.f("delta"), f("d_pre_norm"), f("d_temporal"));
+    }
+    // "B4c" ran with B4b; "d_states": written by B6/B5a.
+  }
+
+  void apply_fault(int l) {
+    Buffers& L = layers_[l];
+    switch (fault_) {
+      case Fault::DropBeta:
+        L.at("beta").bytes.zero(s_);
+        break;
+      case Fault::FlipAngleSign: {
+        NamedBuf& b = L.at("angle_cumsum");
+        if (b.n > 0) {
+          fault_flip_angle_kernel<<<blocks_for(b.n, 256), 256, 0, s_>>>(b.n, L.f("angle_cumsum"));
+          M3_LAUNCH_CHECK();
+        }
+        break;
+      }
+      case Fault::ChunkBoundaryOff:
+        if (d_.nc > 1) {
+          fault_chunk_boundary_kernel<T><<<blocks_for(d_.B * (d_.nc - 1) * d_.di, 256), 256, 0,
+                                           s_>>>(d_.B, d_.T, d_.cs, d_.di, L.get<T>("y"));
+          M3_LAUNCH_CHECK();
+        }
+        break;
+      case Fault::RoundTwice:
+        fault_round_twice_kernel<T><<<blocks_for(d_.BT * d_.di, 256), 256, 0, s_>>>(
+            d_.BT * d_.di, L.get<T>("y"));
+        M3_LAUNCH_CHECK();
+        break;
+      case Fault::None:
+        break;
+    }
+  }
+
+  // ---- capture, isolated-mode restore ---------------------------------------------------------
+  NamedBuf& buffer_of(int layer, const char* stage, const char* tensor) {
+    return layer >= 0 ? layers_[layer].at(tensor) : bb_.at(backbone_name(stage, tensor));
+  }
   void capture(Capture* cap, int layer, const char* stage, Dir dir) {
-    mark(layer < 0 && dir == Dir::Backward ? std::string(stage) + " (bwd)" : std::string(stage));
     if (!cap) return;
     const Scope scope = layer >= 0 ? Scope::Layer : Scope::Backbone;
     std::vector<float> host;
     for (const auto& spec : stage_registry()) {
       if (spec.scope != scope || spec.dir != dir || std::string(spec.stage) != stage ||
-          !exists_in(spec, cfg, mode))
+          !exists_in(spec, cfg_, mode_))
         continue;
-      Buf& b = layer >= 0 ? layers[layer].at(spec.tensor)
-                          : bb.at(std::string(spec.stage) + "/" + spec.tensor);
-      host.resize(static_cast<size_t>(b.size()));
-      b.download(host.data(), s);
-      M3_CUDA_CHECK(cudaStreamSynchronize(s));
-      cap->put_stage(layer, spec.stage, spec.tensor, host.data(), b.size());
+      NamedBuf& b = buffer_of(layer, spec.stage, spec.tensor);
+      host.resize(static_cast<size_t>(b.n));
+      download_floats(b, host.data(), storage(), s_);
+      cap->put_stage(layer, spec.stage, spec.tensor, host.data(), b.n);
     }
   }
-
-  // The [B, …] slice of layer l in a [L][B][…] state array.
-  static float* slice(Buf& all, int l, Idx per_layer) { return all.data() + l * per_layer; }
-
-  void layer_forward(int l, const float* u, Capture* cap) {
-    Buffers& L = layers[l];
-    const StateSizes z = state_sizes(cfg);
-    const Idx B = d.B;
-    copy_d2d(s, L["ssm_in"], slice(st_ssm, l, B * z.ssm), B * z.ssm);
-    copy_d2d(s, L["k_in"], slice(st_k, l, B * z.k), B * z.k);
-    copy_d2d(s, L["v_in"], slice(st_v, l, B * z.v), B * z.v);
-    copy_d2d(s, L["angle_in"], slice(st_angle, l, B * z.angle), B * z.angle);
-
-    copy_d2d(s, L["residual"], u, d.BT * d.dm);
-    rmsnorm_forward<float>(s, d.BT, d.dm, u, P(l, "norm_weight"), L["post_norm"], L["rms_vals"]);
-    capture(cap, l, "F1", Dir::Forward);
-    gemm_forward<float>(ctx, d.BT, d.dm, d.ip, L["post_norm"], P(l, "in_proj_w"), nullptr,
-                        L["proj"]);
-    capture(cap, l, "F2", Dir::Forward);
-    split_forward<float>(s, d,
-                         {L["proj"], P(l, "dt_bias"), L["z"], L["x"], L["b_raw"], L["c_raw"],
-                          L["dd_dt_raw"], L["dd_a_raw"], L["trap_raw"], L["angles_raw"], L["dt"],
-                          L["a_val"], L["trap"]});
-    capture(cap, l, "F3", Dir::Forward);
-    bcnorm_forward<float>(s, d,
-                          {L["b_raw"], L["c_raw"], P(l, "b_norm_weight"), P(l, "c_norm_weight"),
-                           P(l, "b_bias"), P(l, "c_bias"), L["b_normed"], L["c_normed"],
-                           L["b_biased"], L["c_biased"], L["b_rms"], L["c_rms"]});
-    capture(cap, l, "F4", Dir::Forward);
-    angle_forward(s, d, L["angles_raw"], L["dt"], L["angle_in"], L["angle_cumsum"],
-                  L["angle_state"]);
-    capture(cap, l, "F5", Dir::Forward);
-    rope_forward<float>(s, d, L["angle_cumsum"], L["b_biased"], L["c_biased"], L["k"], L["q"]);
-    capture(cap, l, "F4ef", Dir::Forward);
-    abg_forward(s, d, L["a_val"], L["dt"], L["trap"], L["alpha"], L["beta"], L["gamma"]);
-    capture(cap, l, "F5b", Dir::Forward);
-    if (mode == ScanMode::Sequential) {
-      ssm_seq_forward<float>(
-          s, d,
-          {L["x"], L["k"], L["q"], L["alpha"], L["beta"], L["gamma"], P(l, "d_param"),
-           L["ssm_in"], L["k_in"], L["v_in"], L["y"], L["h_saved"], L["k_prev_saved"],
-           L["v_prev_saved"], L["ssm_state"], L["k_state"], L["v_state"]});
-    } else {
-      ssm_chunked_forward<float>(
-          s, d,
-          {L["x"], L["k"], L["q"], L["dt"], L["trap"], L["a_val"], P(l, "d_param"), L["ssm_in"],
-           L["k_in"], L["v_in"], L["k_scaled_saved"], L["y"], L["adt"], L["qk_dot_saved"],
-           L["scale_saved"], L["gamma_saved"], L["da_cumsum_saved"], L["chunk_states"],
-           L["chunk_states_saved"], L["final_states"], L["ssm_state"], L["k_state"],
-           L["v_state"]},
-          scr());
-    }
-    capture(cap, l, "F6", Dir::Forward);
-    gating_forward<float>(s, d, L["y"], L["z"], P(l, "norm_gate_weight"), L["gated"],
-                          L["gated_rms_vals"]);
-    capture(cap, l, "F7", Dir::Forward);
-    gemm_forward<float>(ctx, d.BT, d.di, d.dm, L["gated"], P(l, "out_proj_w"), nullptr,
-                        L["out_flat"]);
-    add<float>(s, d.BT * d.dm, L["residual"], L["out_flat"], L["layer_output"]);
-    capture(cap, l, "F8", Dir::Forward);
-    copy_d2d(s, slice(st_ssm, l, B * z.ssm), L["ssm_state"], B * z.ssm);
-    copy_d2d(s, slice(st_k, l, B * z.k), L["k_state"], B * z.k);
-    copy_d2d(s, slice(st_v, l, B * z.v), L["v_state"], B * z.v);
-    copy_d2d(s, slice(st_angle, l, B * z.angle), L["angle_state"], B * z.angle);
-    capture(cap, l, "states", Dir::Forward);
+  static const float* oracle_data(const Capture& oracle, const std::string& key) {
+    static thread_local std::vector<float> tmp;
+    const Tensor& t = oracle.at(key);
+    tmp.assign(t.data.begin(), t.data.end());
+    return tmp.data();
+  }
+  void restore(const Capture& oracle, const KeyedSpec& ks) {
+    NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+    const Tensor& t = oracle.at(ks.key);
+    M3_REQUIRE(static_cast<Idx>(t.data.size()) == b.n, "GpuBackbone::run_isolated",
+               "oracle tensor '" + ks.key + "' has the wrong size", "got ", t.data.size(),
+               ", expected ", b.n);
+    std::vector<float> host(t.data.begin(), t.data.end());
+    upload_floats(b, host.data(), storage(), s_);
   }
 
-  // delta: ∂L/∂(layer output) on entry; on return ∂L/∂(layer input) (= d_temporal).
-  void layer_backward(int l, float* delta, Capture* cap) {
-    Buffers& L = layers[l];
-    const StateSizes z = state_sizes(cfg);
-    const Idx B = d.B;
-    copy_d2d(s, L["d_ssm_out"], slice(dl_ssm, l, B * z.ssm), B * z.ssm);
-    copy_d2d(s, L["d_k_out"], slice(dl_k, l, B * z.k), B * z.k);
-    copy_d2d(s, L["d_v_out"], slice(dl_v, l, B * z.v), B * z.v);
-    copy_d2d(s, L["d_angle_out"], slice(dl_angle, l, B * z.angle), B * z.angle);
-
-    gemm_backward_dx<float>(ctx, d.BT, d.di, d.dm, delta, P(l, "out_proj_w"), L["d_gated"]);
-    gemm_backward_dw<float>(ctx, d.BT, d.di, d.dm, L["gated"], delta, G(l, "out_proj_w"));
-    capture(cap, l, "B8", Dir::Backward);
-    gating_backward<float>(s, d,
-                           {L["y"], L["z"], L["d_gated"], P(l, "norm_gate_weight"),
-                            L["gated_rms_vals"], L["d_y"], L["d_z"], G(l, "norm_gate_weight")},
-                           scr());
-    capture(cap, l, "B7", Dir::Backward);
-    if (mode == ScanMode::Sequential) {
-      ssm_seq_backward<float>(
-          s, d,
-          {L["x"], L["k"], L["q"], L["d_y"], L["alpha"], L["beta"], L["gamma"], P(l, "d_param"),
-           L["h_saved"], L["k_prev_saved"], L["v_prev_saved"], L["d_ssm_out"], L["d_k_out"],
-           L["d_v_out"], L["d_x"], L["d_k"], L["d_q"], L["d_alpha"], L["d_beta"], L["d_gamma"],
-           L["d_d_local"], L["d_ssm_state"], L["d_k_state"], L["d_v_state"], G(l, "d_param")},
-          scr());
-      rope_backward<float>(s, d,
-                           {L["angle_cumsum"], L["d_k"], L["d_q"], L["k"], L["q"],
-                            L["d_b_pre_rope"], L["d_c_pre_rope"], L["d_angle_cumsum"], nullptr,
-                            nullptr, nullptr});
-      abg_backward(s, d,
-                   {L["alpha"], L["beta"], L["dt"], L["trap"], L["d_alpha"], L["d_beta"],
-                    L["d_gamma"], L["d_adt_total"], L["d_dt_direct"], L["d_trap_sig"]});
-    } else {
-      ssm_chunked_backward<float>(
-          s, d,
-          {L["x"], L["k"], L["q"], L["b_biased"], L["c_biased"], L["k_scaled_saved"], L["d_y"],
-           L["angle_cumsum"], L["dt"], L["trap"], L["a_val"], P(l, "d_param"),
-           L["qk_dot_saved"], L["scale_saved"], L["gamma_saved"], L["da_cumsum_saved"],
-           L["chunk_states_saved"], L["k_in"], L["v_in"], L["d_ssm_out"], L["d_k_out"],
-           L["d_v_out"], L["da_cs_sum"], L["dQ_mid"], L["dK_mid"], L["dADT"], L["dQK_dot"],
-           L["dD_partials"], L["dScale"], L["dGamma"], L["dDT"], L["d_x"], L["d_b_pre_rope"],
-           L["d_c_pre_rope"], L["d_angle_cumsum"], L["d_adt_total"], L["d_dt_direct"],
-           L["d_trap_sig"], L["d_ssm_state"], L["d_k_state"], L["d_v_state"], G(l, "d_param")},
-          scr());
+  // ---- stage profile ------------------------------------------------------------------------
+  void mark(const std::string& stage) {
+    if (!profiling_) return;
+    if (mark_names_.size() == pool_.size()) {
+      cudaEvent_t e;
+      M3_CUDA_CHECK(cudaEventCreate(&e));
+      pool_.push_back(e);
     }
-    capture(cap, l, "B6", Dir::Backward);
-    angle_backward(s, d,
-                   {L["angles_raw"], L["dt"], L["d_angle_cumsum"], L["d_angle_out"],
-                    L["d_angles_raw"], L["d_dt_angle"], L["d_angle_state"]},
-                   scr());
-    capture(cap, l, "B5a", Dir::Backward);
-    ActBwd act{L["dd_dt_raw"], L["dd_a_raw"], P(l, "dt_bias"), L["dt"], L["a_val"], L["trap"],
-               L["d_adt_total"], L["d_dt_direct"], L["d_dt_angle"], L["d_trap_sig"],
-               L["d_dd_dt"], L["d_dd_a"], L["d_trap_raw"], G(l, "dt_bias"), cfg.a_floor};
-    activations_backward(s, d, act, scr());
-    capture(cap, l, "B5b", Dir::Backward);
-    bcnorm_backward<float>(
-        s, d,
-        {L["b_raw"], L["c_raw"], P(l, "b_norm_weight"), P(l, "c_norm_weight"), L["b_rms"],
-         L["c_rms"], L["d_b_pre_rope"], L["d_c_pre_rope"], L["d_b_normed"], L["d_c_normed"],
-         L["d_b_raw"], L["d_c_raw"], G(l, "b_norm_weight"), G(l, "c_norm_weight"),
-         G(l, "b_bias"), G(l, "c_bias")},
-        scr());
-    capture(cap, l, "B4b", Dir::Backward);
-    capture(cap, l, "B4c", Dir::Backward);
-    split_backward<float>(s, d,
-                          {L["d_z"], L["d_x"], L["d_b_raw"], L["d_c_raw"], L["d_dd_dt"],
-                           L["d_dd_a"], L["d_trap_raw"], L["d_angles_raw"], L["d_proj"]});
-    capture(cap, l, "B3", Dir::Backward);
-    gemm_backward_dx<float>(ctx, d.BT, d.dm, d.ip, L["d_proj"], P(l, "in_proj_w"), L["d_norm"]);
-    gemm_backward_dw<float>(ctx, d.BT, d.dm, d.ip, L["post_norm"], L["d_proj"],
-                            G(l, "in_proj_w"));
-    capture(cap, l, "B2", Dir::Backward);
-    rmsnorm_backward<float>(s, d.BT, d.dm, L["residual"], P(l, "norm_weight"), L["rms_vals"],
-                            L["d_norm"], L["d_pre_norm"], G(l, "norm_weight"), scr());
-    add<float>(s, d.BT * d.dm, delta, L["d_pre_norm"], L["d_temporal"]);
-    capture(cap, l, "B1", Dir::Backward);
-    copy_d2d(s, slice(de_ssm, l, B * z.ssm), L["d_ssm_state"], B * z.ssm);
-    copy_d2d(s, slice(de_k, l, B * z.k), L["d_k_state"], B * z.k);
-    copy_d2d(s, slice(de_v, l, B * z.v), L["d_v_state"], B * z.v);
-    copy_d2d(s, slice(de_angle, l, B * z.angle), L["d_angle_state"], B * z.angle);
-    capture(cap, l, "d_states", Dir::Backward);
-    copy_d2d(s, delta, L["d_temporal"], d.BT * d.dm);
+    M3_CUDA_CHECK(cudaEventRecord(pool_[mark_names_.size()], s_));
+    mark_names_.push_back(stage);
+  }
+  void collect_marks() {
+    if (!profiling_ || mark_names_.size() < 2) {
+      mark_names_.clear();
+      return;
+    }
+    M3_CUDA_CHECK(cudaEventSynchronize(pool_[mark_names_.size() - 1]));
+    for (size_t i = 1; i < mark_names_.size(); ++i) {
+      float ms = 0;
+      M3_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[i - 1], pool_[i]));
+      auto it = std::find_if(times_.begin(), times_.end(),
+                             [&](const auto& e) { return e.first == mark_names_[i]; });
+      if (it == times_.end()) {
+        times_.emplace_back(mark_names_[i], ms);
+      } else {
+        it->second += ms;
+      }
+    }
+    mark_names_.clear();
   }
 
-  void forward(Capture* cap) {
-    mark("start");
-    float* x = bb["input_proj/input_proj_inputs"];
-    float* h0 = bb["input_proj/input_proj_outputs"];
-    if (cfg.input_proj_identity) {
-      copy_d2d(s, h0, x, d.BT * d.dm);
-    } else {
-      gemm_forward<float>(ctx, d.BT, d.in, d.dm, x, P(-1, "input_proj_w"), P(-1, "input_proj_b"),
-                          h0);
+  // ---- host helpers ---------------------------------------------------------------------------
+  std::vector<float> download(const NamedBuf& b) {
+    std::vector<float> h(static_cast<size_t>(b.n));
+    download_floats(b, h.data(), storage(), s_);
+    return h;
+  }
+  void zero_states(StateArrays& a) {
+    for (DeviceArray<float>* b : {&a.ssm, &a.k, &a.v, &a.angle}) b->zero(s_);
+  }
+  void upload_states(const States<float>& st, StateArrays& a, const char* what) {
+    auto put = [&](const std::vector<float>& h, DeviceArray<float>& b, const char* name) {
+      M3_REQUIRE(static_cast<Idx>(h.size()) == b.size(), what,
+                 std::string(name) + " state has the wrong size", "got ", h.size(),
+                 ", expected ", b.size());
+      b.upload(h.data(), s_);
+    };
+    put(st.ssm, a.ssm, "ssm");
+    put(st.k, a.k, "k");
+    put(st.v, a.v, "v");
+    put(st.angle, a.angle, "angle");
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  States<float> download_states(const StateArrays& a) {
+    States<float> st;
+    std::vector<float>* host[4] = {&st.ssm, &st.k, &st.v, &st.angle};
+    const DeviceArray<float>* dev[4] = {&a.ssm, &a.k, &a.v, &a.angle};
+    for (int i = 0; i < 4; ++i) {
+      host[i]->resize(static_cast<size_t>(dev[i]->size()));
+      dev[i]->download(host[i]->data(), s_);
     }
-    capture(cap, -1, "input_proj", Dir::Forward);
-    const float* h = h0;
-    for (int l = 0; l < static_cast<int>(cfg.n_layers); ++l) {
-      layer_forward(l, h, cap);
-      h = layers[l]["layer_output"];
-    }
-    float* hin = bb["norm_f/norm_f_input"];
-    copy_d2d(s, hin, h, d.BT * d.dm);
-    rmsnorm_forward<float>(s, d.BT, d.dm, hin, P(-1, "norm_f_weight"), bb["norm_f/Out"],
-                           bb["norm_f/norm_f_rms"]);
-    capture(cap, -1, "norm_f", Dir::Forward);
-    collect_marks();
-    have_forward = true;
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return st;
   }
 
-  void backward(Capture* cap) {
-    M3_REQUIRE(have_forward, "GpuBackbone::backward", "backward called before forward", "");
-    mark("start");
-    float* dnorm = bb["norm_f/d_norm"];
-    rmsnorm_backward<float>(s, d.BT, d.dm, bb["norm_f/norm_f_input"], P(-1, "norm_f_weight"),
-                            bb["norm_f/norm_f_rms"], bb["d_out"], dnorm, G(-1, "norm_f_weight"),
-                            scr());
-    capture(cap, -1, "norm_f", Dir::Backward);
-    float* delta = bb["delta"];
-    copy_d2d(s, delta, dnorm, d.BT * d.dm);
-    for (int l = static_cast<int>(cfg.n_layers) - 1; l >= 0; --l) layer_backward(l, delta, cap);
-    float* dx = bb["input_proj/d_input_proj_dx"];
-    if (cfg.input_proj_identity) {
-      copy_d2d(s, dx, delta, d.BT * d.dm);
-    } else {
-      gemm_backward_dx<float>(ctx, d.BT, d.in, d.dm, delta, P(-1, "input_proj_w"), dx);
-      gemm_backward_dw<float>(ctx, d.BT, d.in, d.dm, bb["input_proj/input_proj_inputs"], delta,
-                              G(-1, "input_proj_w"));
-      colsum(s, d.BT, d.dm, delta, G(-1, "input_proj_b"), true, scr());
-    }
-    capture(cap, -1, "input_proj", Dir::Backward);
-    collect_marks();
-  }
+  GpuContext& ctx_;
+  Config cfg_;
+  ref::Dims d_;
+  ScanMode mode_;
+  cudaStream_t s_;
+  std::vector<Buffers> layers_;
+  Buffers bb_;
+  std::map<std::string, DeviceArray<float>> params_, grads_;  // by param_key without "grad/"
+  std::vector<DeviceArray<T>> w_in_t_, w_out_t_;              // typed GEMM weight copies
+  DeviceArray<T> w_input_t_;
+  StateArrays st_;  // the states: entering before forward(), leaving after it
+  StateArrays dl_;  // ∂L/∂(leaving states), set_leaving_grads
+  StateArrays de_;  // ∂L/∂(entering states), from the last backward
+  DeviceArray<float> scratch_;
+  bool have_forward_ = false;
+  Fault fault_ = Fault::None;
+  int fault_layer_ = 0;
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> pool_;
+  std::vector<std::string> mark_names_;
+  std::vector<std::pair<std::string, double>> times_;
 };
+
+}  // namespace
 
 std::string GpuBackbone::unsupported(const Config& cfg, Idx B, Idx T) {
   try {
@@ -393,142 +826,76 @@ std::string GpuBackbone::unsupported(const Config& cfg, Idx B, Idx T) {
   return "";
 }
 
-GpuBackbone::GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode) {
+GpuBackbone::GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
+                         Precision storage) {
   const std::string why = unsupported(cfg, B, T);
   M3_REQUIRE(why.empty(), "GpuBackbone", "configuration not supported on the GPU", why);
-  impl_ = std::make_unique<Impl>(ctx, cfg, B, T, mode);
+  switch (storage) {  // the one dtype dispatch of the GPU path
+    case Precision::F32: impl_ = std::make_unique<BackboneT<float>>(ctx, cfg, B, T, mode); break;
+    case Precision::BF16:
+      impl_ = std::make_unique<BackboneT<__nv_bfloat16>>(ctx, cfg, B, T, mode);
+      break;
+    case Precision::F16: impl_ = std::make_unique<BackboneT<__half>>(ctx, cfg, B, T, mode); break;
+    case Precision::F64:
+      throw Error("GpuBackbone", "f64 storage is not a GPU precision",
+                  "f64 is the oracle's; the GPU stores f32, bf16 or f16");
+  }
 }
 
 GpuBackbone::~GpuBackbone() = default;
 
-void GpuBackbone::set_params(const Params<float>& p) {
-  check_params(p, impl_->cfg, "GpuBackbone::set_params");
-  for_each_param(p, [&](int l, const char* name, const std::vector<float>& v) {
-    impl_->params.at(param_key(l, name).substr(5)).upload(v.data(), impl_->s);
-  });
-}
-
-void GpuBackbone::set_input(const std::vector<float>& X) {
-  Buf& b = impl_->bb.at("input_proj/input_proj_inputs");
-  M3_REQUIRE(static_cast<Idx>(X.size()) == b.size(), "GpuBackbone::set_input",
-             "input X has the wrong size", "got ", X.size(), ", expected ", b.size());
-  b.upload(X.data(), impl_->s);
-}
-
-namespace {
-void upload_states(const States<float>& st, Buf& ssm, Buf& k, Buf& v, Buf& angle,
-                   cudaStream_t s, const char* what) {
-  auto put = [&](const std::vector<float>& h, Buf& b, const char* name) {
-    M3_REQUIRE(static_cast<Idx>(h.size()) == b.size(), what,
-               std::string(name) + " state has the wrong size", "got ", h.size(), ", expected ",
-               b.size());
-    b.upload(h.data(), s);
-  };
-  put(st.ssm, ssm, "ssm");
-  put(st.k, k, "k");
-  put(st.v, v, "v");
-  put(st.angle, angle, "angle");
-}
-States<float> download_states(const Buf& ssm, const Buf& k, const Buf& v, const Buf& angle,
-                              cudaStream_t s) {
-  States<float> st;
-  st.ssm.resize(static_cast<size_t>(ssm.size()));
-  st.k.resize(static_cast<size_t>(k.size()));
-  st.v.resize(static_cast<size_t>(v.size()));
-  st.angle.resize(static_cast<size_t>(angle.size()));
-  ssm.download(st.ssm.data(), s);
-  k.download(st.k.data(), s);
-  v.download(st.v.data(), s);
-  angle.download(st.angle.data(), s);
-  M3_CUDA_CHECK(cudaStreamSynchronize(s));
-  return st;
-}
-}  // namespace
-
-void GpuBackbone::set_states(const States<float>& st) {
-  Impl& m = *impl_;
-  upload_states(st, m.st_ssm, m.st_k, m.st_v, m.st_angle, m.s, "GpuBackbone::set_states");
-}
-
-void GpuBackbone::set_dout(const std::vector<float>& d_out) {
-  Buf& b = impl_->bb.at("d_out");
-  M3_REQUIRE(static_cast<Idx>(d_out.size()) == b.size(), "GpuBackbone::set_dout",
-             "dOut has the wrong size", "got ", d_out.size(), ", expected ", b.size());
-  b.upload(d_out.data(), impl_->s);
-}
-
-void GpuBackbone::set_leaving_grads(const States<float>* dl) {
-  Impl& m = *impl_;
-  if (!dl) {
-    for (Buf* b : {&m.dl_ssm, &m.dl_k, &m.dl_v, &m.dl_angle}) b->zero(m.s);
-    return;
-  }
-  upload_states(*dl, m.dl_ssm, m.dl_k, m.dl_v, m.dl_angle, m.s,
-                "GpuBackbone::set_leaving_grads");
-}
-
-void GpuBackbone::zero_grads() {
-  for (auto& [k, g] : impl_->grads) g.zero(impl_->s);
-}
-
+Precision GpuBackbone::storage() const { return impl_->storage(); }
+void GpuBackbone::set_params(const Params<float>& p) { impl_->set_params(p); }
+void GpuBackbone::set_input(const std::vector<float>& X) { impl_->set_input(X); }
+void GpuBackbone::set_states(const States<float>& s) { impl_->set_states(s); }
+void GpuBackbone::set_dout(const std::vector<float>& d) { impl_->set_dout(d); }
+void GpuBackbone::set_leaving_grads(const States<float>* d) { impl_->set_leaving_grads(d); }
+void GpuBackbone::zero_grads() { impl_->zero_grads(); }
+void GpuBackbone::set_fault(Fault f, int layer) { impl_->set_fault(f, layer); }
 void GpuBackbone::forward(Capture* cap) { impl_->forward(cap); }
 void GpuBackbone::backward(Capture* cap) { impl_->backward(cap); }
-void GpuBackbone::synchronize() const { impl_->ctx.synchronize(); }
-
-void GpuBackbone::set_profiling(bool on) { impl_->profiling = on; }
+Capture GpuBackbone::run_isolated(const Capture& oracle) { return impl_->run_isolated(oracle); }
+std::vector<float> GpuBackbone::output() const { return impl_->output(); }
+States<float> GpuBackbone::states() const { return impl_->states(); }
+Params<float> GpuBackbone::grads() const { return impl_->grads(); }
+std::vector<float> GpuBackbone::d_x() const { return impl_->d_x(); }
+States<float> GpuBackbone::d_entering() const { return impl_->d_entering(); }
+void GpuBackbone::synchronize() const { impl_->synchronize(); }
+void GpuBackbone::set_profiling(bool on) { impl_->set_profiling(on); }
 std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
-  return impl_->times;
+  return impl_->stage_times();
 }
-void GpuBackbone::reset_stage_times() { impl_->times.clear(); }
+void GpuBackbone::reset_stage_times() { impl_->reset_stage_times(); }
 
-std::vector<float> GpuBackbone::output() const {
-  const Buf& b = impl_->bb.at("norm_f/Out");
-  std::vector<float> h(static_cast<size_t>(b.size()));
-  b.download(h.data(), impl_->s);
-  impl_->ctx.synchronize();
-  return h;
-}
-
-std::vector<float> GpuBackbone::d_x() const {
-  const Buf& b = impl_->bb.at("input_proj/d_input_proj_dx");
-  std::vector<float> h(static_cast<size_t>(b.size()));
-  b.download(h.data(), impl_->s);
-  impl_->ctx.synchronize();
-  return h;
-}
-
-States<float> GpuBackbone::states() const {
-  const Impl& m = *impl_;
-  return download_states(m.st_ssm, m.st_k, m.st_v, m.st_angle, m.s);
-}
-
-States<float> GpuBackbone::d_entering() const {
-  const Impl& m = *impl_;
-  return download_states(m.de_ssm, m.de_k, m.de_v, m.de_angle, m.s);
-}
-
-Params<float> GpuBackbone::grads() const {
-  Params<float> g = zero_params<float>(impl_->cfg);
-  for_each_param(g, [&](int l, const char* name, std::vector<float>& v) {
-    impl_->grads.at(param_key(l, name).substr(5)).download(v.data(), impl_->s);
-  });
-  impl_->ctx.synchronize();
-  return g;
-}
-
-Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode) {
-  Capture cap(pb.cfg, pb.B, pb.T);
-  GpuBackbone net(ctx, pb.cfg, pb.B, pb.T, mode);
+namespace {
+void load_problem(GpuBackbone& net, const Problem& pb) {
   net.set_params(cast_params<float>(pb.params));
   net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
   net.set_states(cast_states<float>(pb.states));
   net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
   net.set_leaving_grads(nullptr);
   net.zero_grads();
+}
+}  // namespace
+
+Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode, Precision storage,
+                Fault fault) {
+  Capture cap(pb.cfg, pb.B, pb.T);
+  GpuBackbone net(ctx, pb.cfg, pb.B, pb.T, mode, storage);
+  load_problem(net, pb);
+  net.set_fault(fault, 0);
   net.forward(&cap);
   net.backward(&cap);
   capture_grads(net.grads(), pb.cfg, cap);
   return cap;
+}
+
+Capture run_gpu_isolated(GpuContext& ctx, const Problem& pb, ScanMode mode,
+                         const Capture& oracle, Precision storage, Fault fault) {
+  GpuBackbone net(ctx, pb.cfg, pb.B, pb.T, mode, storage);
+  load_problem(net, pb);
+  net.set_fault(fault, 0);
+  return net.run_isolated(oracle);
 }
 
 }  // namespace m3::gpu

@@ -1,13 +1,15 @@
-// The production GPU backbone (f32 storage): the same computation as the reference Backbone
+// The production GPU backbone: the same computation as the reference Backbone
 // (reference/backbone.hpp, MODEL.md §3–§6) with every stage a CUDA kernel or a cuBLAS GEMM,
-// both scan modes, entering states and their gradients, deterministic (§7, §12.9).
+// both scan modes, entering states and their gradients, deterministic (§7, §12.9), in f32,
+// bf16 or f16 storage (§8: typed activations at kernel boundaries, everything else f32; the
+// storage type is chosen once, in the constructor).
 //
 // Plain C++ header (no CUDA types), so the harness and the tools include it without nvcc.
-// All device memory for (config, B, T, mode) is allocated in the constructor; forward() and
-// backward() allocate nothing. Data stays on the device between calls: set_*() upload,
-// output()/states()/grads()/… download. A Capture passed to forward()/backward() receives
-// every registry tensor of every stage under the reference's names (a download per tensor,
-// so only for verification runs).
+// All device memory for (config, B, T, mode, storage) is allocated in the constructor;
+// forward() and backward() allocate nothing. Data stays on the device between calls: set_*()
+// upload, output()/states()/grads()/… download. A Capture passed to forward()/backward()
+// receives every registry tensor of every stage under the reference's names (a download per
+// tensor, so only for verification runs).
 #pragma once
 
 #include <memory>
@@ -19,14 +21,32 @@
 #include "config.hpp"
 #include "context.hpp"
 #include "params.hpp"
+#include "precision.hpp"
 #include "problem.hpp"
 
 namespace m3::gpu {
 
+// Faults for the harness's negative controls (HARNESS.md §4, issue: "an injected fault in one
+// GPU stage must fail the budget and be named as the first failing stage"). Each corrupts the
+// stage's output on the device right after the stage, in layer `layer` only:
+//   DropBeta          F5b: beta = 0 (the trapezoid's β·v_{t−1}k_{t−1} term dropped; in the
+//                     chunked mode F5b's β is still computed and compared)
+//   FlipAngleSign     F5:  θ → 2π − θ (the angle sign flipped)
+//   ChunkBoundaryOff  F6:  y of the first step of every chunk replaced by the step before
+//                     (a chunk boundary off by one; also applied in the sequential mode at the
+//                     same positions, so both modes have the fault)
+//   RoundTwice        F6:  y rounded once more, to a coarser format (bf16 for f32/f16 storage,
+//                     bf16 with 2 fewer mantissa bits for bf16 storage)
+enum class Fault { None, DropBeta, FlipAngleSign, ChunkBoundaryOff, RoundTwice };
+const char* fault_name(Fault f);
+Fault parse_fault(const std::string& s);  // "none", "drop-beta", …; throws m3::Error
+const char* fault_stage(Fault f);         // the registry stage the fault corrupts ("F5b", …)
+
 class GpuBackbone {
  public:
   // Throws m3::Error when the config is invalid or the GPU path cannot run it (see unsupported).
-  GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode);
+  GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
+              Precision storage = Precision::F32);
   ~GpuBackbone();
   GpuBackbone(const GpuBackbone&) = delete;
   GpuBackbone& operator=(const GpuBackbone&) = delete;
@@ -34,18 +54,29 @@ class GpuBackbone {
   // Why the GPU path cannot run this shape ("" when it can).
   static std::string unsupported(const Config& cfg, Idx B, Idx T);
 
-  void set_params(const Params<float>& p);        // master weights (f32)
-  void set_input(const std::vector<float>& X);     // [B*T, input_dim]
-  void set_states(const States<float>& s);        // entering states [L][B][…]
-  void set_dout(const std::vector<float>& d_out);  // [B*T, d_model]
+  Precision storage() const;
+
+  void set_params(const Params<float>& p);        // f32 masters; typed GEMM copies refreshed
+  void set_input(const std::vector<float>& X);     // [B*T, input_dim] (rounded to storage)
+  void set_states(const States<float>& s);        // entering states [L][B][…] (f32)
+  void set_dout(const std::vector<float>& d_out);  // [B*T, d_model] (f32)
   void set_leaving_grads(const States<float>* d);  // nullptr: zero
   void zero_grads();
+  void set_fault(Fault f, int layer = 0);          // a negative control; Fault::None clears it
 
   // forward: reads the entering states set last; the leaving states replace them (so a second
   // forward continues the sequence, as chained windows do).
   void forward(Capture* cap = nullptr);
   // backward of the last forward; gradients accumulate into the weight-gradient buffers.
   void backward(Capture* cap = nullptr);
+
+  // Isolated (teacher-forced) mode, HARNESS.md §2: every stage, in execution order, is fed the
+  // ORACLE's values of everything it reads (rounded to this storage), runs alone, and only its
+  // own outputs are captured (then the oracle's values are restored for the next stage).
+  // Parameter gradients: each comes from one stage of one layer, so the capture's "grad/…" are
+  // that stage's contributions. Uses the parameters, entering states and dOut set before;
+  // `oracle` must hold every registry tensor of this run (run_reference<double>).
+  Capture run_isolated(const Capture& oracle);
 
   std::vector<float> output() const;     // Out [B*T, d_model]
   States<float> states() const;          // current (leaving) states
@@ -69,8 +100,15 @@ class GpuBackbone {
   std::unique_ptr<Impl> impl_;
 };
 
-// The GPU counterpart of run_reference<float>(pb, mode): forward + backward of pb.d_out with
-// zero leaving-state gradients, capturing every stage tensor and every parameter gradient.
-Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode);
+// The GPU counterpart of run_reference<float>(pb, mode, storage): forward + backward of
+// pb.d_out with zero leaving-state gradients, capturing every stage tensor and every parameter
+// gradient. `fault` (layer 0) is for negative controls.
+Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode,
+                Precision storage = Precision::F32, Fault fault = Fault::None);
+
+// The isolated (teacher-forced) run of GpuBackbone::run_isolated on pb.
+Capture run_gpu_isolated(GpuContext& ctx, const Problem& pb, ScanMode mode,
+                         const Capture& oracle, Precision storage = Precision::F32,
+                         Fault fault = Fault::None);
 
 }  // namespace m3::gpu

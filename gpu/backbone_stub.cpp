@@ -1,5 +1,6 @@
 // CPU-only build (M3_CUDA=OFF): the GPU API exists so that the harness and the tools link the
-// same way in every build, and every entry says in one line why it cannot run.
+// same way in every build, and every entry says in one line why it cannot run. (The fault
+// helpers fault_name, parse_fault and fault_stage are real in both builds: fault.cpp.)
 #include "backbone_gpu.hpp"
 #include "bench_gpu.hpp"
 #include "error.hpp"
@@ -19,21 +20,24 @@ int GpuContext::device() const { no_cuda("GpuContext"); }
 void GpuContext::synchronize() const { no_cuda("GpuContext"); }
 
 struct GpuBackbone::Impl {};
-GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode) {
+GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode, Precision) {
   no_cuda("GpuBackbone");
 }
 GpuBackbone::~GpuBackbone() = default;
 std::string GpuBackbone::unsupported(const Config&, Idx, Idx) {
   return "built without CUDA (M3_CUDA=OFF)";
 }
+Precision GpuBackbone::storage() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_params(const Params<float>&) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_input(const std::vector<float>&) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_states(const States<float>&) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_dout(const std::vector<float>&) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_leaving_grads(const States<float>*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::zero_grads() { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_fault(Fault, int) { no_cuda("GpuBackbone"); }
 void GpuBackbone::forward(Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward(Capture*) { no_cuda("GpuBackbone"); }
+Capture GpuBackbone::run_isolated(const Capture&) { no_cuda("GpuBackbone"); }
 std::vector<float> GpuBackbone::output() const { no_cuda("GpuBackbone"); }
 States<float> GpuBackbone::states() const { no_cuda("GpuBackbone"); }
 Params<float> GpuBackbone::grads() const { no_cuda("GpuBackbone"); }
@@ -45,8 +49,11 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   no_cuda("GpuBackbone");
 }
 void GpuBackbone::reset_stage_times() { no_cuda("GpuBackbone"); }
-Capture run_gpu(GpuContext&, const Problem&, ScanMode) { no_cuda("run_gpu"); }
-GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool) {
+Capture run_gpu(GpuContext&, const Problem&, ScanMode, Precision, Fault) { no_cuda("run_gpu"); }
+Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, Precision, Fault) {
+  no_cuda("run_gpu_isolated");
+}
+GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision) {
   no_cuda("bench_gpu");
 }
 

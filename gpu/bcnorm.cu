@@ -159,8 +159,10 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
               p.d_c_norm_weight, true, scratch, where);
 }
 
-template void bcnorm_forward<float>(cudaStream_t, const Dims&, const BcnormFwd<float>&);
-template void bcnorm_backward<float>(cudaStream_t, const Dims&, const BcnormBwd<float>&,
-                                     Scratch);
+#define M3_INSTANTIATE(T)                                                               \
+  template void bcnorm_forward<T>(cudaStream_t, const Dims&, const BcnormFwd<T>&);      \
+  template void bcnorm_backward<T>(cudaStream_t, const Dims&, const BcnormBwd<T>&, Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

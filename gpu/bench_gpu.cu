@@ -36,9 +36,9 @@ struct Events {
 }  // namespace
 
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode, int warmup,
-                    int repeats, bool profile) {
+                    int repeats, bool profile, Precision storage) {
   const Problem pb = make_problem(cfg, B, T, 1234, true);
-  GpuBackbone net(ctx, cfg, B, T, mode);
+  GpuBackbone net(ctx, cfg, B, T, mode, storage);
   net.set_params(cast_params<float>(pb.params));
   net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
   const States<float> st = cast_states<float>(pb.states);

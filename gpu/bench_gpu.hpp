@@ -9,6 +9,7 @@
 
 #include "config.hpp"
 #include "context.hpp"
+#include "precision.hpp"
 
 namespace m3::gpu {
 
@@ -22,6 +23,7 @@ struct GpuTiming {
 };
 
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
-                    int warmup, int repeats, bool profile = false);
+                    int warmup, int repeats, bool profile = false,
+                    Precision storage = Precision::F32);
 
 }  // namespace m3::gpu

@@ -12,6 +12,7 @@
 //     c1   = (1/hd) Σ_p ŷ·w·g;   d_y = (w·g − ŷ·c1)·rstd
 //     d w[d] += Σ_r d_gated·silu(z)·y·rstd                 (colsum_rows, fixed order)
 // Shapes: y, z, gated, d_gated, d_y, d_z typed T [BT, di]; gated_rms_vals [BT, nh]; w [di].
+// gated, d_y, d_z are rounded to T once, at their store (the reference's store_typed after F7/B7).
 // (b) runs one (r, h) row per warp segment of min(32, pow2 ≥ hd) lanes (reduce.cuh), so any
 // headdim works and hd = 16 packs two heads per warp.
 #include "activations.cuh"
@@ -88,6 +89,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
       }
     c1 = segment_sum<L>(c1) / static_cast<float>(hd);
     if (!on) continue;
+#pragma unroll 1  // unrolled, ptxas spills 4 bytes in the bf16 instantiation
     for (Idx q = S::lane(); q < hd; q += L) {
       const Idx i = unit * hd + q;
       const float yh = to_float(p.y[i]) * rstd;
@@ -165,9 +167,11 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
               p.d_norm_gate_weight, true, scratch, where);
 }
 
-template void gating_forward<float>(cudaStream_t, const Dims&, const float*, const float*,
-                                    const float*, float*, float*);
-template void gating_backward<float>(cudaStream_t, const Dims&, const GatingBwd<float>&,
-                                     Scratch);
+#define M3_INSTANTIATE(T)                                                                  \
+  template void gating_forward<T>(cudaStream_t, const Dims&, const T*, const T*, const float*, \
+                                  T*, float*);                                             \
+  template void gating_backward<T>(cudaStream_t, const Dims&, const GatingBwd<T>&, Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

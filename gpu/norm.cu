@@ -6,9 +6,9 @@
 //   c[r]     = (1/dim) Σ_i g[r,i]·w[i]·x̂[r,i]
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (colsum_rows, fixed order)
-// Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim]; w, dw [dim];
-// rms [rows]. One row per warp segment (reduce.cuh): lanes stride over the row, so any dim
-// works; Σ_i is each lane's ascending sum, then segment_sum.
+// Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim] (y rounded once
+// at its store); w, dw [dim]; rms [rows]. One row per warp segment (reduce.cuh): lanes stride
+// over the row, so any dim works; Σ_i is each lane's ascending sum, then segment_sum.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -105,9 +105,12 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
   colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);
 }
 
-template void rmsnorm_forward<float>(cudaStream_t, Idx, Idx, const float*, const float*, float*,
-                                     float*);
-template void rmsnorm_backward<float>(cudaStream_t, Idx, Idx, const float*, const float*,
-                                      const float*, const float*, float*, float*, Scratch);
+#define M3_INSTANTIATE(T)                                                                   \
+  template void rmsnorm_forward<T>(cudaStream_t, Idx, Idx, const float*, const float*, T*,  \
+                                   float*);                                                 \
+  template void rmsnorm_backward<T>(cudaStream_t, Idx, Idx, const float*, const float*,     \
+                                    const float*, const T*, float*, float*, Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

@@ -5,10 +5,12 @@
 //            two stages with fixed row chunks, partials [chunks, cols] in Scratch, summed in
 //            ascending chunk order (reduce.cuh colsum_rows states the exact order).
 //   add:     out[i] = a[i] + b[i]                    a, out f32 [n]; b typed [n]
-//   convert: out[i] = in[i] converted Tin → Tout     [n]
+//   convert: out[i] = in[i] converted Tin → Tout     [n]  (to a 16-bit type: nearest even)
+//   round_to: convert<float, T> of a master weight to its typed compute copy
 //
-// scratch_floats(d) is the most any launcher needs for dims d (reduction partials and the Θ̄
-// buffer of angle_backward); the launchers check their share and throw m3::Error if short.
+// scratch_floats(d) is the most any launcher needs for dims d (reduction partials, the Θ̄
+// buffer of angle_backward, the f32 product of a typed biased GEMM); the launchers check their
+// share and throw m3::Error if short.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -45,6 +47,8 @@ convert_kernel(Idx n, const Tin* in, Tout* out) {
 Idx scratch_floats(const Dims& d) {
   const Idx bt = d.BT;
   Idx need = colsum_scratch_floats(bt, d.dm);                     // rmsnorm_backward, input_proj_b
+  if (d.storage == Precision::BF16 || d.storage == Precision::F16)
+    need = std::max(need, bt * d.dm);                              // typed gemm_forward + bias
   need = std::max(need, colsum_scratch_floats(bt, d.nh));          // activations_backward
   need = std::max(need, colsum_scratch_floats(bt, d.nh * d.ds));   // bcnorm_backward: biases
   need = std::max(need, colsum_scratch_floats(bt * d.ng, d.ds));   // bcnorm_backward: norm w
@@ -80,7 +84,21 @@ void convert(cudaStream_t s, Idx n, const Tin* in, Tout* out) {
   M3_LAUNCH_CHECK();
 }
 
-template void add<float>(cudaStream_t, Idx, const float*, const float*, float*);
-template void convert<float, float>(cudaStream_t, Idx, const float*, float*);
+template <class T>
+void round_to(cudaStream_t s, Idx n, const float* in, T* out) {
+  convert<float, T>(s, n, in, out);
+}
+
+#define M3_INSTANTIATE(T)                                                             \
+  template void add<T>(cudaStream_t, Idx, const float*, const T*, float*);            \
+  template void convert<float, T>(cudaStream_t, Idx, const float*, T*);               \
+  template void round_to<T>(cudaStream_t, Idx, const float*, T*);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
+
+#define M3_INSTANTIATE(T)                                                             \
+  template void convert<T, float>(cudaStream_t, Idx, const T*, float*);
+M3_FOR_EACH_TYPED_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

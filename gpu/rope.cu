@@ -19,6 +19,8 @@
 // then one thread per output:
 //   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − tanh²(angles_raw[r,a]))   (ascending h)
 //   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·tanh(angles_raw[r,a])                  (ascending a)
+// Typed storage T: b/c_biased, rot and extra_vec are read as f32, k and q rounded once at their
+// store; θ, dv, dpre, dθ and every angle tensor are f32.
 // Shapes: angles_raw, d_angles_raw [BT, na]; dt, d_dt_angle [BT, nh]; θ, dθ [BT, nh, na];
 // angle_in/out [B, nh, na]; b/c_biased, k, q, dv, rot, dpre, extra_vec [BT, nh, ds];
 // extra_scale [BT, nh]. Nullable: angle_in (zeros), d_angle_out (zeros), d_angle_in (not
@@ -252,8 +254,11 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   M3_LAUNCH_CHECK();
 }
 
-template void rope_forward<float>(cudaStream_t, const Dims&, const float*, const float*,
-                                  const float*, float*, float*);
-template void rope_backward<float>(cudaStream_t, const Dims&, const RopeBwd<float>&);
+#define M3_INSTANTIATE(T)                                                                \
+  template void rope_forward<T>(cudaStream_t, const Dims&, const float*, const T*, const T*, \
+                                T*, T*);                                                 \
+  template void rope_backward<T>(cudaStream_t, const Dims&, const RopeBwd<T>&);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

@@ -208,7 +208,10 @@ void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p) {
   M3_LAUNCH_CHECK();
 }
 
-template void split_forward<float>(cudaStream_t, const Dims&, const SplitFwd<float>&);
-template void split_backward<float>(cudaStream_t, const Dims&, const SplitBwd<float>&);
+#define M3_INSTANTIATE(T)                                                          \
+  template void split_forward<T>(cudaStream_t, const Dims&, const SplitFwd<T>&);   \
+  template void split_backward<T>(cudaStream_t, const Dims&, const SplitBwd<T>&);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

@@ -37,6 +37,10 @@
 //         d_dt_direct = dDT
 // Saved by the forward: adt, k_scaled_saved, qk_dot_saved, scale_saved, gamma_saved,
 // da_cumsum_saved, chunk_states (contributions), chunk_states_saved (entering S_c), final_states.
+// Typed storage T (MODEL.md §8): x, k, q, d_y, b_biased, c_biased are read as f32. K1 rounds Ks
+// to T as it stores k_scaled_saved, and K3, K5 and B3 read that stored value (the reference's
+// store_typed right after K1); y is rounded once as K5 stores it, d_x once, after the d_v_out
+// term. Every other saved or gradient tensor is f32.
 //
 // Tiling: the per-chunk kernels use 256 threads as a 16 × 16 grid (tm = tid/16, tn = tid%16);
 // a thread owns rows tm + 16i and columns tn + 16j of every product (mma16: f32 FMA from shared
@@ -188,7 +192,9 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     const Idx t = (i / g.nh) % g.T;
     const float dt = p.dt[i], gam = dt * p.trap[i];
     const float sg = t + 1 < g.T ? p.dt[i + g.nh] * (1.0f - p.trap[i + g.nh]) : 0.0f;
-    const float scale = gam + sg;
+    // Not contracted into an fma: the reference rounds γ and sg, then adds, and Ks is stored
+    // typed from K·scale, so the same scale gives the same rounded Ks.
+    const float scale = __fadd_rn(gam, sg);
     float qk = 0.0f;
     for (Idx n = lane; n < g.ds; n += 32) {
       const float kv = to_float(p.k[i * g.ds + n]);
@@ -947,9 +953,12 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   M3_LAUNCH_CHECK();
 }
 
-template void ssm_chunked_forward<float>(cudaStream_t, const Dims&, const SsmChunkFwd<float>&,
-                                         Scratch);
-template void ssm_chunked_backward<float>(cudaStream_t, const Dims&, const SsmChunkBwd<float>&,
-                                          Scratch);
+#define M3_INSTANTIATE(T)                                                                   \
+  template void ssm_chunked_forward<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&,    \
+                                       Scratch);                                            \
+  template void ssm_chunked_backward<T>(cudaStream_t, const Dims&, const SsmChunkBwd<T>&,   \
+                                        Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

@@ -25,6 +25,8 @@
 //     lanes of a segment (fixed order), leaving each total in one lane; scalars then summed over
 //     the TN segments in ascending order.
 // Per step, x/K/Q (and d_y, k_prev, v_prev) are staged in double-buffered shared memory.
+// Typed storage T (MODEL.md §8): x, k, q, d_y are read as f32; y and d_x are rounded once as they
+// are stored (d_x after its carry and d_v_out terms); states, saves and other gradients are f32.
 // Shapes supported: headdim ≤ 128, d_state ≤ 128 (any values in range); others throw m3::Error.
 #include <algorithm>
 
@@ -479,8 +481,10 @@ void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scra
   M3_LAUNCH_CHECK();
 }
 
-template void ssm_seq_forward<float>(cudaStream_t, const Dims&, const SsmSeqFwd<float>&);
-template void ssm_seq_backward<float>(cudaStream_t, const Dims&, const SsmSeqBwd<float>&,
-                                      Scratch);
+#define M3_INSTANTIATE(T)                                                             \
+  template void ssm_seq_forward<T>(cudaStream_t, const Dims&, const SsmSeqFwd<T>&);   \
+  template void ssm_seq_backward<T>(cudaStream_t, const Dims&, const SsmSeqBwd<T>&, Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
 
 }  // namespace m3::gpu

@@ -4,8 +4,10 @@
 //
 // Conventions
 //  * Row-major device buffers, r = b·T + t, names as in MODEL.md §10 / reference LayerActs.
-//  * T is the storage type of the "typed" tensors of MODEL.md §8 (only float is instantiated
-//    now; bf16/f16 follow). Coefficients, states, reductions and f32-policy tensors are float.
+//  * T is the storage type of the "typed" tensors of MODEL.md §8: float, __nv_bfloat16 or
+//    __half (every launcher is instantiated for the three; gpu/convert.cuh rounds to nearest
+//    even on store, as reference/precision.cpp). Coefficients, states, reductions and
+//    f32-policy tensors are float.
 //  * Determinism (MODEL.md §7, §12.9): no floating-point atomics, one writer per output
 //    element, every reduction in a fixed order (gpu/common.cuh block_sum / warp_sum, or the
 //    two-stage column sums of reduce.cu). The same inputs give the same bits on every run.
@@ -37,11 +39,15 @@ Idx scratch_floats(const Dims& d);
 void colsum(cudaStream_t s, Idx rows, Idx cols, const float* in, float* out, bool accumulate,
             Scratch scratch);
 
-// ---- gemm.cu (cuBLAS, fixed configuration: FP32 compute, pedantic math, no TF32) ----------
-// Y[rows,out] = X[rows,in]·W[in,out] (+ bias[out] broadcast when bias != nullptr)
+// ---- gemm.cu (cuBLAS, fixed configuration: f32 accumulation; f32 inputs in pedantic FP32, no
+// TF32; typed inputs through cublasGemmEx with CUBLAS_COMPUTE_32F) -------------------------
+// Y[rows,out] = X[rows,in]·W[in,out] (+ bias[out] broadcast when bias != nullptr), rounded once
+// to T. A typed Y with a bias needs scratch ≥ rows·out floats (the f32 product before the bias
+// add; scratch_floats(d) covers rows·out = BT·dm when d.storage is BF16 or F16); otherwise
+// scratch is unused.
 template <class T>
 void gemm_forward(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, const T* W,
-                  const float* bias, T* Y);
+                  const float* bias, T* Y, Scratch scratch = {});
 // dX[rows,in] = dY[rows,out]·Wᵀ   (overwrite)
 template <class T>
 void gemm_backward_dx(const GpuContext& c, Idx rows, Idx in, Idx out, const T* dY, const T* W,
@@ -254,5 +260,9 @@ template <class T>
 void add(cudaStream_t s, Idx n, const float* a, const T* b, float* out);
 template <class Tin, class Tout>
 void convert(cudaStream_t s, Idx n, const Tin* in, Tout* out);
+// out[i] = in[i] rounded to T (to nearest even): the typed compute copy of an f32 master weight
+// (MODEL.md §8, refreshed after every optimizer step). T = float copies.
+template <class T>
+void round_to(cudaStream_t s, Idx n, const float* in, T* out);
 
 }  // namespace m3::gpu

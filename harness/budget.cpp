@@ -203,6 +203,102 @@ std::vector<ToleranceRow> build_table() {
   // clang-format on
 }
 
+// ---- the isolated section (HARNESS.md §2) ---------------------------------------------------
+// A stage fed the oracle's inputs (rounded to its storage) errs only by what it adds itself:
+// the rounding of its typed inputs and outputs and its own f32 arithmetic. The end-to-end
+// floors above hold error carried through layers and time (θ drift, RoPE, BPTT, correlated
+// GEMM rounding, up to 0.55 relative in bf16): against them a broken stage could pass, so
+// isolated cells use these floors instead — no baseline, no depth factor.
+//
+// Calibration: the CPU reference run teacher-forced (harness/isolated.hpp, the GPU's isolated
+// run in float with the same storage rounding) against the double oracle, on default, official,
+// strong_decay, near_zero, large_angles, long_t, and default with --seed 1, --outproj-norm,
+// --zero-states, --rope-fraction 1.0, --ngroups 4, --T 333 --chunk-size 32, --d-state 64
+// --headdim 32, and the negative-control shape (d_model 32, headdim 16, d_state 16, 2 layers,
+// B 2, T 40, chunk 16, with and without --outproj-norm): worst over layers, both scan modes,
+// rel_l2 / rel_max (= max_abs / max|oracle|):
+//   f32, every tensor                        2.4e-6 / 5.4e-6  (B6 d_angle_cumsum, d_b_pre_rope)
+//   bf16, tensors a typed value reaches      3.8e-3 / 9.0e-3  (B6 d_adt_total; d_k)
+//   f16,  tensors a typed value reaches      6.3e-4 / 1.0e-3  (F3 dt)
+//   tensors of stages that read and write f32 only (MODEL.md §8: θ, α/β/γ, the chunked scan's
+//   coefficients, B5a, B5b, the reduction saves, the bias-like gradients): the f32 numbers in
+//   every precision (≤ 1.6e-6 / 3.0e-6, d_angle_state).
+// Then validated on runs not used to set them (default --seed 3, 5; strong_decay --seed 9;
+// near_zero --seed 10; large_angles --seed 11; long_t --seed 12; --outproj-norm --ngroups 2
+// --T 200 --chunk-size 48 --seed 11; the negative-control shape --seed 2, 3, 4; identity
+// input_proj): every cell passes.
+// What must fail (tests/test_isolated.cpp on the CPU, tests/test_isolated_negative.cpp on the
+// GPU): the negative controls of backbone_gpu.hpp. drop-beta (F5b beta rel_l2 1), flip-angle
+// (F5 θ, ≥ 0.4) and chunk-boundary (F6 y, ≥ 0.2) are gross; round-twice is one extra rounding
+// of F6 y: rel_l2 1.64e-3 (f32: to bf16), 1.70e-3 (f16: to bf16), 7.4e-3 (bf16: to 5 mantissa
+// bits), measured on every run above. Hence the tighter F6/y row: it sits between a correct
+// y (bf16 ≤ 2.7e-3, f16 ≤ 3.3e-4) and a twice-rounded one with ≥ 1.6x on both sides.
+std::vector<ToleranceRow> build_isolated_rows() {
+  // f32: ~4x the worst CPU measurement (the GPU sums in other orders: cuBLAS, block trees).
+  constexpr Floors kIsoF32 = {1e-5, 2e-5};
+  // bf16 / f16, the default: ~2x the worst measurement (≈ 4 half-ulps of the storage type).
+  constexpr Floors kIsoBf16 = {8e-3, 1.8e-2};
+  constexpr Floors kIsoF16 = {1.2e-3, 2.5e-3};
+  // Sums of products of two independently rounded typed tensors over B·T rows that cancel:
+  // bf16 7.7e-3 / 6.9e-3 (grad d_param, d_model 32 --outproj-norm), 5.2e-3 / 5.7e-3 (B6
+  // dD_partials).
+  constexpr Floors kIsoBf16Sum = {1.5e-2, 1.8e-2};
+  // F6 y: between a correct y and a twice-rounded one (see above).
+  constexpr Floors kIsoBf16Y = {4.5e-3, 1.8e-2};
+  constexpr Floors kIsoF16Y = {8e-4, 2.5e-3};
+  const char* const kF32Only =
+      "the stage reads and writes f32 tensors only (MODEL.md sec. 8), so in every precision it "
+      "is exact to f32 round-off (calibration: <= 1.6e-6 / 3.0e-6 everywhere)";
+  // clang-format off
+  std::vector<ToleranceRow> rows = {
+    // stage     tensor                modes f32        bf16         f16        reason
+    {"*",        "*",                  BOTH, kIsoF32,   kIsoBf16,    kIsoF16,
+     "the isolated section's default: one stage's own rounding, ~2x (f32 ~4x) the worst "
+     "teacher-forced measurement (bf16 3.8e-3 / 9.0e-3, f16 6.3e-4 / 1.0e-3, f32 2.4e-6 / 5.4e-6)"},
+    {"F6",       "y",                  BOTH, kIsoF32,   kIsoBf16Y,   kIsoF16Y,
+     "tighter than the default, to fail a y rounded twice (round-twice: bf16 7.4e-3, f16 "
+     "1.70e-3) while a correct y passes (bf16 <= 2.7e-3 / 7.1e-3, f16 <= 3.3e-4 / 7.7e-4)"},
+    {"grad",     "d_param",            BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16,
+     "sum over B*T of d_y*x, two rounded typed tensors, with cancellation (bf16 7.7e-3 / 6.9e-3, "
+     "d_model 32 --outproj-norm)"},
+    {"B6",       "dD_partials",        CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16,
+     "per-(b, head) partial sums of d_y*x (bf16 5.2e-3 / 5.7e-3)"},
+    {"B6",       "d_d_local",          SEQ,  kIsoF32,   kIsoBf16Sum, kIsoF16,
+     "per-(b, channel) sums of d_y*x over T (bf16 3.4e-3 / 4.5e-3, d_model 32)"},
+    // stages with f32 inputs and outputs only: f32 floors in every precision
+    {"F1",       "residual",           BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F1",       "rms_vals",           BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F5",       "*",                  BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"states",   "angle_state",        BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F5b",      "*",                  BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F6",       "adt",                CHK,  kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F6",       "scale_saved",        CHK,  kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F6",       "gamma_saved",        CHK,  kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"F6",       "da_cumsum_saved",    CHK,  kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"norm_f",   "norm_f_input",       BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"norm_f",   "norm_f_rms",         BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"norm_f",   "d_norm",             BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"B6",       "da_cs_sum",          CHK,  kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"B5a",      "*",                  BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"d_states", "d_angle_state",      BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"B5b",      "*",                  BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"grad",     "dt_bias",            BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"grad",     "b_bias",             BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"grad",     "c_bias",             BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"grad",     "input_proj_b",       BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+    {"grad",     "norm_f_weight",      BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
+  };
+  // clang-format on
+  for (auto& r : rows) r.cmp = CompareMode::Isolated;
+  return rows;
+}
+
+std::vector<ToleranceRow> build_all() {
+  std::vector<ToleranceRow> t = build_table();
+  for (const auto& r : build_isolated_rows()) t.push_back(r);
+  return t;
+}
+
 bool mode_matches(Modes m, ScanMode mode) {
   if (m == Modes::Both) return true;
   return (m == Modes::Seq) == (mode == ScanMode::Sequential);
@@ -210,18 +306,22 @@ bool mode_matches(Modes m, ScanMode mode) {
 
 }  // namespace
 
+const char* compare_mode_name(CompareMode m) {
+  return m == CompareMode::Isolated ? "isolated" : "e2e";
+}
+
 const std::vector<ToleranceRow>& tolerance_table() {
-  static const std::vector<ToleranceRow> table = build_table();
+  static const std::vector<ToleranceRow> table = build_all();
   return table;
 }
 
 const ToleranceRow& find_tolerance(const std::string& stage, const std::string& tensor,
-                                   ScanMode mode) {
+                                   ScanMode mode, CompareMode cmp) {
   const auto& table = tolerance_table();
-  const ToleranceRow* best = &table.front();
+  const ToleranceRow* best = nullptr;
   int best_score = -1;
   for (const auto& row : table) {
-    if (!mode_matches(row.modes, mode)) continue;
+    if (row.cmp != cmp || !mode_matches(row.modes, mode)) continue;
     const bool any_stage = std::string(row.stage) == "*";
     const bool any_tensor = std::string(row.tensor) == "*";
     if (!any_stage && stage != row.stage) continue;
@@ -233,6 +333,7 @@ const ToleranceRow& find_tolerance(const std::string& stage, const std::string& 
       best_score = score;
     }
   }
+  if (!best) throw Error("find_tolerance", "the tolerance table has no default row", compare_mode_name(cmp));
   return *best;
 }
 

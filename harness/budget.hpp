@@ -14,7 +14,11 @@
 //                    (measured: layer 3 ≈ 3× layer 0, forward and backward alike)
 //
 // Without a baseline (the f32 reference compared with the double oracle, where the subject IS
-// the baseline) e(baseline, oracle) is taken as 0 and the floor alone decides. Headroom is
+// the baseline; and every isolated comparison, where the end-to-end baseline would measure
+// something else) e(baseline, oracle) is taken as 0 and the floor alone decides. Isolated
+// comparisons take their floors from the isolated section of the table: a stage fed the
+// oracle's inputs errs by its own rounding only, far less than the end-to-end floors allow
+// (those hold error propagated through layers and time), so a broken stage must fail there. Headroom is
 // reported as e / budget in percent (100 % = at the limit); a cell's %budget is the larger of
 // its two percentages. Non-finite subject values make e = +Inf, which no budget passes.
 //
@@ -33,6 +37,12 @@
 
 namespace m3::harness {
 
+// The two ways of running a comparison (HARNESS.md §2): end to end (every implementation runs
+// the whole backbone) or isolated (teacher-forced: each subject stage is fed the oracle's
+// inputs, rounded to its storage, and only its own outputs are compared).
+enum class CompareMode { EndToEnd, Isolated };
+const char* compare_mode_name(CompareMode m);  // "e2e" | "isolated"
+
 struct Floors {
   double rel_l2;   // floor on rel_l2
   double rel_max;  // floor on max_abs, as a fraction of max|oracle|
@@ -43,15 +53,19 @@ struct ToleranceRow {
   const char* tensor;  // tensor or parameter name, or "*"
   Modes modes;         // scan modes the row applies to
   Floors f32, bf16, f16;
-  const char* reason;  // why this row is looser than the default (empty for the default)
+  const char* reason;  // why this row differs from its section's default (empty only for the
+                       // end-to-end default, the table's first row)
+  CompareMode cmp = CompareMode::EndToEnd;  // the section: end-to-end or isolated floors
 };
 
-// Every row, the default first.
+// Every row: the end-to-end section (its default first), then the isolated section (its
+// default first). Each section is searched on its own.
 const std::vector<ToleranceRow>& tolerance_table();
 
-// The row that applies to (stage, tensor) in `mode` (never fails: the default row matches all).
+// The row that applies to (stage, tensor) in `mode` for comparison mode `cmp` (never fails:
+// each section's default row matches all).
 const ToleranceRow& find_tolerance(const std::string& stage, const std::string& tensor,
-                                   ScanMode mode);
+                                   ScanMode mode, CompareMode cmp = CompareMode::EndToEnd);
 
 double k_factor(Precision p);
 const Floors& floors_of(const ToleranceRow& row, Precision p);

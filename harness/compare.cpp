@@ -95,8 +95,8 @@ namespace {
 
 void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
                const Capture* baseline, const Config& cfg, Idx B, Idx T, ScanMode mode,
-               Precision precision) {
-  const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode);
+               Precision precision, CompareMode cmp) {
+  const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode, cmp);
   const Tensor* o = oracle.find(row.key);
   const Tensor* s = subject.find(row.key);
   if (!o) {
@@ -134,7 +134,7 @@ void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
     row.baseline = compute_metrics(*o, *bl, row.circular, precision);
   }
   row.budget = make_budget(tol, precision, row.subject, row.has_baseline ? &row.baseline : nullptr,
-                           depth_factor(cfg));
+                           cmp == CompareMode::EndToEnd ? depth_factor(cfg) : 1.0);
   row.verdict = judge(row.subject, row.budget);
   if (row.subject.worst_index >= 0 && row.syms)
     row.worst_coords = decode_index(*row.syms, row.shape, row.subject.worst_index, cfg, B, T);
@@ -166,12 +166,16 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
                                const Capture* baseline, const Config& cfg, Idx B, Idx T,
                                ScanMode mode, const CompareOptions& opt) {
   validate_run(cfg, B, T);
+  M3_REQUIRE(!baseline || opt.compare_mode == CompareMode::EndToEnd, "compare_captures",
+             "an isolated comparison has no baseline",
+             "the end-to-end baseline measures propagated error, not one stage's");
   CompareResult res;
   res.mode = mode;
   res.cfg = cfg;
   res.B = B;
   res.T = T;
   res.precision = opt.precision;
+  res.compare_mode = opt.compare_mode;
   std::set<std::string> expected;
 
   for (const KeyedSpec& ks : expected_stage_keys(cfg, B, T, mode)) {
@@ -201,8 +205,11 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
     res.rows.push_back(std::move(row));
   }
   for (size_t i = 0; i < res.rows.size(); ++i) {
-    judge_row(res.rows[i], oracle, subject, baseline, cfg, B, T, mode, opt.precision);
-    if (!res.rows[i].pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
+    TensorResult& r = res.rows[i];
+    judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode);
+    if (!r.pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
+    if (r.subject.nan_count + r.subject.inf_count > 0 && res.first_nonfinite < 0)
+      res.first_nonfinite = static_cast<int>(i);
   }
   for (const std::string& k : subject.keys())
     if (!expected.count(k)) res.extra_keys.push_back(k);

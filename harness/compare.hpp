@@ -7,7 +7,15 @@
 // the tolerance table (budget.hpp) and a status. A key missing from the subject, a shape that
 // differs from the oracle's, or a subject value that is NaN/Inf where the oracle is finite is
 // a failure with its own status, never a crash. The first failing key in execution order is
-// recorded. Keys can be filtered by name (key_matches).
+// recorded, and so is the first key whose subject holds a NaN/Inf where the oracle is finite
+// (whatever that key's status: a non-finite value is never hidden behind another failure).
+// Keys can be filtered by name (key_matches).
+//
+// Comparison mode (budget.hpp, HARNESS.md §2): end to end (the default; the table's end-to-end
+// floors × the depth factor, plus k · the baseline's error when there is a baseline) or
+// isolated (the subject Capture holds each stage's outputs when fed the oracle's inputs; the
+// table's isolated floors, no baseline, no depth factor — a teacher-forced stage does not
+// accumulate error over layers).
 #pragma once
 
 #include <string>
@@ -56,6 +64,7 @@ struct TensorResult {
 
 struct CompareOptions {
   Precision precision = Precision::F32;  // the subject's storage precision (budget, ulps)
+  CompareMode compare_mode = CompareMode::EndToEnd;
   std::string filter;                    // key_matches() pattern; empty = every key
   bool include_params = true;            // also compare "grad/…"
 };
@@ -65,8 +74,11 @@ struct CompareResult {
   Config cfg;
   Idx B = 0, T = 0;
   Precision precision = Precision::F32;
+  CompareMode compare_mode = CompareMode::EndToEnd;
   std::vector<TensorResult> rows;         // execution order
   int first_fail = -1;                    // index into rows, -1 when all pass
+  int first_nonfinite = -1;               // first row with subject NaN/Inf where the oracle is
+                                          // finite (any status), -1 when none
   std::vector<std::string> extra_keys;    // captured by the subject but not expected
 
   bool pass() const { return first_fail < 0; }
@@ -81,7 +93,8 @@ bool key_matches(const std::string& key, const std::string& pattern);
 std::vector<std::string> expected_keys(const Config& cfg, Idx B, Idx T, ScanMode mode,
                                        bool include_params = true);
 
-// `baseline` may be null. Throws m3::Error only on an invalid (cfg, B, T).
+// `baseline` may be null (and must be, in isolated mode). Throws m3::Error only on an invalid
+// (cfg, B, T) or a baseline given to an isolated comparison.
 CompareResult compare_captures(const Capture& oracle, const Capture& subject,
                                const Capture* baseline, const Config& cfg, Idx B, Idx T,
                                ScanMode mode, const CompareOptions& opt = {});

@@ -1,7 +1,6 @@
 // The GPU lineups (see gpu_lineup.hpp).
 #include "gpu_lineup.hpp"
 
-#include "backbone_gpu.hpp"
 #include "device.hpp"
 #include "error.hpp"
 
@@ -19,17 +18,24 @@ std::string gpu_absent_reason() {
   return info.present ? std::string() : info.why_absent;
 }
 
-Implementation gpu_subject(Precision storage) {
-  M3_REQUIRE(storage == Precision::F32, "gpu", "the GPU path stores f32 only so far",
-             precision_name(storage), " storage on the GPU comes with the mixed-precision path");
-  return {"gpu<f32>", [](const Problem& pb, ScanMode mode) {
-            return gpu::run_gpu(context(), pb, mode);
+Implementation gpu_subject(Precision storage, gpu::Fault fault) {
+  M3_REQUIRE(storage != Precision::F64, "gpu", "the GPU path stores f32, bf16 or f16",
+             "f64 is the oracle's precision");
+  std::string name = std::string("gpu<") + precision_name(storage) + ">";
+  if (fault != gpu::Fault::None) name += std::string(" fault=") + gpu::fault_name(fault);
+  return {name,
+          [storage, fault](const Problem& pb, ScanMode mode) {
+            return gpu::run_gpu(context(), pb, mode, storage, fault);
+          },
+          [storage, fault](const Problem& pb, ScanMode mode, const Capture& oracle) {
+            return gpu::run_gpu_isolated(context(), pb, mode, oracle, storage, fault);
           }};
 }
 
-std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions) {
+std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions, gpu::Fault fault) {
   std::vector<Lineup> out;
-  for (Precision p : precisions) out.push_back({p, gpu_subject(p), reference_emulation(p)});
+  for (Precision p : precisions)
+    out.push_back({p, gpu_subject(p, fault), reference_emulation(p)});
   return out;
 }
 

@@ -1,13 +1,18 @@
-// The CUDA subject in the harness (HARNESS.md §1): per precision p, subject = the GPU backbone,
-// baseline = the reference with p's storage (float for f32; the bf16/f16 emulation for the
-// typed precisions), oracle = reference<double>. One GpuContext per process, made on first use.
-// Today the GPU path stores f32 only; asking for bf16/f16 on the GPU is an m3::Error that says
-// so (they come with the mixed-precision GPU path).
+// The CUDA subject in the harness (HARNESS.md §1): per precision p, subject = the GPU backbone
+// storing p (f32, bf16 or f16: MODEL.md §8), baseline = the reference with p's storage
+// (reference_emulation(p): float for f32, the bf16/f16 storage emulation for the typed
+// precisions), oracle = reference<double>. The subject's isolated (teacher-forced) runner is
+// gpu::run_gpu_isolated. One GpuContext per process, made on first use.
+//
+// `fault` (a negative control of backbone_gpu.hpp, injected in layer 0) makes the subject
+// deliberately wrong in one stage: a self-test of the harness, which must fail the budget and
+// name that stage first (m3h compare --fault, tests/test_isolated_negative.cpp).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "backbone_gpu.hpp"  // gpu::Fault (plain C++)
 #include "run.hpp"
 
 namespace m3::harness {
@@ -15,7 +20,9 @@ namespace m3::harness {
 // "" when a usable GPU is present, else why not (one line, e.g. "built without CUDA").
 std::string gpu_absent_reason();
 
-Implementation gpu_subject(Precision storage);
-std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions);
+// Named "gpu<f32>", "gpu<bf16>", … (+ " fault=<name>" with a fault).
+Implementation gpu_subject(Precision storage, gpu::Fault fault = gpu::Fault::None);
+std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions,
+                                gpu::Fault fault = gpu::Fault::None);
 
 }  // namespace m3::harness

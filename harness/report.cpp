@@ -51,8 +51,8 @@ bool measured(const TensorResult& r) {
          r.status == Status::NonFinite || (r.status == Status::OracleBad && r.subject.numel > 0);
 }
 
-// Compact: rel_l2 (8) %budget (7) flag (4).   Wide: max_abs rel_l2 p95_rel %budget flag.
-constexpr int kCompactWidth = 21;
+// Compact: rel_l2 (8) %budget (8) flag (4).   Wide: max_abs rel_l2 p95_rel %budget flag.
+constexpr int kCompactWidth = 22;
 constexpr int kWideWidth = 43;
 
 std::string cell_text(const TensorResult* r, bool wide) {
@@ -62,7 +62,7 @@ std::string cell_text(const TensorResult* r, bool wide) {
     if (wide)
       std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", "-", "-", "-", "-", flag);
     else
-      std::snprintf(buf, sizeof buf, "%8s %7s %-4s", "-", "-", flag);
+      std::snprintf(buf, sizeof buf, "%8s %8s %-4s", "-", "-", flag);
     return buf;
   }
   const std::string pct = fmt_pct(r->verdict.pct());
@@ -71,7 +71,7 @@ std::string cell_text(const TensorResult* r, bool wide) {
     std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", fmt_sci(r->subject.max_abs).c_str(),
                   fmt_sci(r->subject.rel_l2).c_str(), p95.c_str(), pct.c_str(), flag);
   } else {
-    std::snprintf(buf, sizeof buf, "%8s %7s %-4s", fmt_sci(r->subject.rel_l2).c_str(),
+    std::snprintf(buf, sizeof buf, "%8s %8s %-4s", fmt_sci(r->subject.rel_l2).c_str(),
                   pct.c_str(), flag);
   }
   return buf;
@@ -127,8 +127,12 @@ std::string fmt_pct(double p) {
   return printf_str("%.1f%%", p);
 }
 
-std::string cell_name(const CompareResult& r) {
+std::string group_name(const CompareResult& r) {
   return std::string(precision_name(r.precision)) + " " + scan_mode_name(r.mode);
+}
+
+std::string cell_name(const CompareResult& r) {
+  return group_name(r) + (r.compare_mode == CompareMode::Isolated ? " iso" : "");
 }
 
 std::vector<std::string> merged_keys(const Comparison& c) {
@@ -161,12 +165,21 @@ void print_compare_header(std::ostream& os, const Comparison& c) {
      << " precisions=" << join(c.lineups, ",", [](const Lineup& l) {
           return precision_name(l.precision);
         })
-     << " stage=" << (s.filter.empty() ? "*" : s.filter) << "\n";
-  bool any_baseline = false;
+     << " stage=" << (s.filter.empty() ? "*" : s.filter)
+     << " compare=" << join(s.compare_modes, ",", compare_mode_name) << "\n";
+  bool any_baseline = false, e2e = false, iso = false;
   for (const Lineup& l : c.lineups) any_baseline = any_baseline || l.baseline.has_value();
-  os << "rule: pass when rel_l2 and max_abs <= k*baseline + floor (k=2 f32, 3 bf16/f16"
-     << (any_baseline ? "" : "; no baseline: the floors alone decide") << "; floors x"
-     << depth_factor(s.cfg) << " for depth); %budget = err/limit, the larger of the two\n";
+  for (CompareMode m : s.compare_modes) (m == CompareMode::Isolated ? iso : e2e) = true;
+  if (e2e)
+    os << "rule" << (iso ? " e2e" : "")
+       << ": pass when rel_l2 and max_abs <= k*baseline + floor (k=2 f32, 3 bf16/f16"
+       << (any_baseline ? "" : "; no baseline: the floors alone decide") << "; floors x"
+       << depth_factor(s.cfg) << " for depth); %budget = err/limit, the larger of the two\n";
+  if (iso)
+    os << "rule" << (e2e ? " iso" : "")
+       << ": isolated (teacher-forced: each stage fed the oracle's inputs, rounded to its "
+          "storage); pass when rel_l2 and max_abs <= the isolated floor (no baseline, no depth "
+          "factor)\n";
   os << "flags: FAIL over budget, NAN non-finite subject, MISS not captured, SHPE shape "
         "differs, ORCL oracle/baseline unusable\n";
 }
@@ -178,19 +191,34 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
   size_t kw = 3;
   for (const auto& k : keys) kw = std::max(kw, k.size());
 
+  // Cells come in groups of nc (one per comparison mode) for each (precision, scan mode): with
+  // more than one mode a group is headed by its name, its sub-columns by "e2e" / "iso", and
+  // ":" separates the sub-columns of a group, "|" the groups.
+  const size_t nc = std::max<size_t>(1, c.spec.compare_modes.size());
+  auto sep = [&](size_t m) { return std::string(nc > 1 && m % nc != 0 ? " : " : " | "); };
   std::string line = pad_right("", kw);
-  for (const auto& m : c.cells) line += " | " + center(cell_name(m), cw);
+  if (nc > 1) {
+    for (size_t m = 0; m < c.cells.size(); m += nc)
+      line += " | " + center(group_name(c.cells[m]), nc * cw + (nc - 1) * 3);
+    os << rstrip(line) << "\n";
+    line = pad_right("", kw);
+    for (size_t m = 0; m < c.cells.size(); ++m)
+      line += sep(m) + center(c.cells[m].compare_mode == CompareMode::Isolated ? "iso" : "e2e", cw);
+  } else {
+    for (const auto& m : c.cells) line += " | " + center(cell_name(m), cw);
+  }
   os << rstrip(line) << "\n";
   char buf[128];
   if (opt.wide)
     std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", "max_abs", "rel_l2", "p95_rel",
                   "%budget", "");
   else
-    std::snprintf(buf, sizeof buf, "%8s %7s %-4s", "rel_l2", "%budget", "");
+    std::snprintf(buf, sizeof buf, "%8s %8s %-4s", "rel_l2", "%budget", "");
   line = pad_right("key", kw);
-  for (size_t m = 0; m < c.cells.size(); ++m) line += std::string(" | ") + buf;
+  for (size_t m = 0; m < c.cells.size(); ++m) line += sep(m) + buf;
   os << rstrip(line) << "\n" << std::string(kw, '-');
-  for (size_t m = 0; m < c.cells.size(); ++m) os << "-+-" << std::string(cw, '-');
+  for (size_t m = 0; m < c.cells.size(); ++m)
+    os << (nc > 1 && m % nc != 0 ? "-:-" : "-+-") << std::string(cw, '-');
   os << "\n";
 
   for (const auto& k : keys) {
@@ -203,7 +231,7 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
     line = pad_right(k, kw);
     for (size_t m = 0; m < c.cells.size(); ++m) {
       auto it = idx[m].find(k);
-      line += " | " + cell_text(it == idx[m].end() ? nullptr : it->second, opt.wide);
+      line += sep(m) + cell_text(it == idx[m].end() ? nullptr : it->second, opt.wide);
     }
     os << rstrip(line) << "\n";
   }
@@ -227,46 +255,121 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
     }
 }
 
+namespace {
+
+// The cells of one comparison mode (all cells when `only` is null).
+std::vector<size_t> cells_of(const Comparison& c, const CompareMode* only) {
+  std::vector<size_t> out;
+  for (size_t m = 0; m < c.cells.size(); ++m)
+    if (!only || c.cells[m].compare_mode == *only) out.push_back(m);
+  return out;
+}
+
+// The first key, in execution order, that `pick` selects in any of `cells`, with the names of
+// the cells it is selected in and the first such row.
+template <class Pick>
+const TensorResult* first_key(const Comparison& c, const std::vector<size_t>& cells, Pick pick,
+                              std::string& where) {
+  const RowIndex idx = index_rows(c);
+  for (const auto& k : merged_keys(c)) {
+    const TensorResult* first = nullptr;
+    where.clear();
+    for (size_t m : cells) {
+      auto it = idx[m].find(k);
+      if (it == idx[m].end() || !pick(*it->second)) continue;
+      where += (where.empty() ? "" : ", ") + cell_name(c.cells[m]);
+      if (!first) first = it->second;
+    }
+    if (first) return first;
+  }
+  where.clear();
+  return nullptr;
+}
+
+bool has_nonfinite(const TensorResult& r) { return r.subject.nan_count + r.subject.inf_count > 0; }
+
+// "summary<label>: PASS …" or "summary<label>: FAIL first failing stage: …" over `cells`.
+void summary_line(std::ostream& os, const Comparison& c, const std::vector<size_t>& cells,
+                  const std::string& label) {
+  int n_checks = 0, n_fail = 0;
+  for (size_t m : cells) {
+    n_checks += static_cast<int>(c.cells[m].rows.size());
+    n_fail += c.cells[m].n_fail();
+  }
+  std::string where;
+  if (const TensorResult* first =
+          first_key(c, cells, [](const TensorResult& r) { return !r.pass(); }, where)) {
+    os << "summary" << label << ": FAIL first failing stage: " << first->key << " [" << where
+       << "] (" << status_name(first->status) << ": " << first->note << "); " << n_fail
+       << " of " << n_checks << " tensor checks failed\n";
+    return;
+  }
+  std::string per;
+  for (const Lineup& l : c.lineups) {
+    std::string modes;
+    for (size_t m : cells)
+      if (c.cells[m].precision == l.precision)
+        modes += (modes.empty() ? "" : ", ") + std::string(scan_mode_name(c.cells[m].mode)) +
+                 (c.cells[m].compare_mode == CompareMode::Isolated ? " iso " : " ") +
+                 std::to_string(c.cells[m].rows.size());
+    per += (per.empty() ? "" : "; ") + std::string(precision_name(l.precision)) + ": " + modes;
+  }
+  os << "summary" << label << ": PASS all " << n_checks << " tensor checks within budget (" << per
+     << ")\n";
+}
+
+}  // namespace
+
 void print_compare_summary(std::ostream& os, const Comparison& c) {
   // Per cell: counts and the tightest headroom.
   for (const auto& m : c.cells) {
     const TensorResult* worst = nullptr;
     for (const auto& r : m.rows)
       if (r.pass() && (!worst || r.verdict.pct() > worst->verdict.pct())) worst = &r;
-    os << "cell " << pad_right(cell_name(m), 12) << ": " << m.rows.size() << " tensors, "
+    os << "cell " << pad_right(cell_name(m), 16) << ": " << m.rows.size() << " tensors, "
        << m.n_fail() << " failing";
     if (worst) os << ", tightest passing " << fmt_pct(worst->verdict.pct()) << " at " << worst->key;
     if (!m.pass()) os << ", first failing " << m.rows[static_cast<size_t>(m.first_fail)].key;
     os << "\n";
   }
-  // The first failing key in execution order over all cells.
-  const std::vector<std::string> keys = merged_keys(c);
-  const RowIndex idx = index_rows(c);
-  for (const auto& k : keys) {
+  const std::vector<CompareMode>& cms = c.spec.compare_modes;
+  const bool several = cms.size() > 1;
+  // Non-finite subject values, never hidden behind an earlier failure: the first stage in
+  // execution order that produced one (per comparison mode).
+  for (CompareMode cm : cms) {
     std::string where;
-    const TensorResult* first = nullptr;
-    for (size_t m = 0; m < c.cells.size(); ++m) {
-      auto it = idx[m].find(k);
-      if (it == idx[m].end() || it->second->pass()) continue;
-      where += (where.empty() ? "" : ", ") + cell_name(c.cells[m]);
-      if (!first) first = it->second;
-    }
-    if (!first) continue;
-    os << "summary: FAIL first failing stage: " << k << " [" << where << "] ("
-       << status_name(first->status) << ": " << first->note << "); " << c.n_fail() << " of "
-       << c.n_checks() << " tensor checks failed\n";
+    const TensorResult* r = first_key(c, cells_of(c, &cm), has_nonfinite, where);
+    if (!r) continue;
+    os << "first non-finite" << (several ? std::string(" ") + compare_mode_name(cm) : "")
+       << ": " << r->key << " (" << where << "): " << r->subject.nan_count << " NaN, "
+       << r->subject.inf_count << " Inf in the subject where the oracle is finite\n";
+  }
+  if (!several) {
+    summary_line(os, c, cells_of(c, nullptr), "");
     return;
   }
-  std::string per;
-  for (const Lineup& l : c.lineups) {
-    std::string modes;
-    for (const auto& m : c.cells)
-      if (m.precision == l.precision)
-        modes += (modes.empty() ? "" : ", ") + std::string(scan_mode_name(m.mode)) + " " +
-                 std::to_string(m.rows.size());
-    per += (per.empty() ? "" : "; ") + std::string(precision_name(l.precision)) + ": " + modes;
+  for (CompareMode cm : cms)
+    summary_line(os, c, cells_of(c, &cm), std::string(" ") + compare_mode_name(cm));
+  // HARNESS.md §2: a stage that fails isolated is broken; one that passes isolated but fails
+  // end to end amplifies error arriving from upstream.
+  const CompareMode e2e = CompareMode::EndToEnd, iso = CompareMode::Isolated;
+  std::string we, wi;
+  const auto fails = [](const TensorResult& r) { return !r.pass(); };
+  const TensorResult* fe = first_key(c, cells_of(c, &e2e), fails, we);
+  const TensorResult* fi = first_key(c, cells_of(c, &iso), fails, wi);
+  if (fi)
+    os << "diagnosis: " << fi->key << " fails isolated [" << wi
+       << "]: that stage itself is wrong (fed the oracle's inputs, it misses its budget)\n";
+  else if (fe)
+    os << "diagnosis: every stage passes isolated; " << fe->key << " fails end to end only ["
+       << we << "]: error amplified from upstream, not a broken stage\n";
+  os << "summary: " << (c.pass() ? "PASS" : "FAIL");
+  for (CompareMode cm : cms) {
+    bool ok = true;
+    for (size_t m : cells_of(c, &cm)) ok = ok && c.cells[m].pass();
+    os << (cm == cms.front() ? " (" : ", ") << compare_mode_name(cm) << " " << (ok ? "PASS" : "FAIL");
   }
-  os << "summary: PASS all " << c.n_checks() << " tensor checks within budget (" << per << ")\n";
+  os << "); " << c.n_fail() << " of " << c.n_checks() << " tensor checks failed\n";
 }
 
 void print_compare(std::ostream& os, const Comparison& c, const ReportOptions& opt) {

@@ -1,21 +1,41 @@
 // Terminal reports (HARNESS.md §5).
 //
 // compare: a header (oracle, subject and baseline per precision, device, config, run shape,
-// seed, entering states, scan modes, filter, the pass rule), then ONE table — a row per
-// stage/tensor key in execution order (the union of the cells' keys; a key a cell lacks shows
-// "-" there), a column group per (precision, scan mode) cell, precision-major, each holding
-// rel_l2 and %budget (with --wide: max_abs, rel_l2, p95_rel, %budget) and a flag on failure:
+// seed, entering states, scan modes, filter, comparison modes, the pass rule), then ONE table —
+// a row per stage/tensor key in execution order (the union of the cells' keys; a key a cell
+// lacks shows "-" there), a column group per (precision, scan mode), precision-major, each
+// holding rel_l2 and %budget (with --wide: max_abs, rel_l2, p95_rel, %budget) and a flag on
+// failure. With both comparison modes (e2e and isolated, HARNESS.md §2) each group has two
+// sub-columns side by side, "e2e" and "iso", separated by ":" (groups by "|"), so that the
+// stage that ADDS the error (failing iso) stands out from those that only amplify it (failing
+// e2e alone):
+//
+//                   |                  f32 seq                  | …
+//                   |         e2e          :         iso          | …
+//   key             |   rel_l2 %budget      :   rel_l2 %budget      | …
+//
+// Flags:
 //
 //   FAIL over budget   NAN subject NaN/Inf where the oracle is finite   MISS not captured
 //   SHPE shape differs   ORCL oracle (or baseline) missing or unusable
 //
 // then one detail line per failure (worst element's decoded coordinates, oracle and subject
 // values, budget, cosine, max_rel, ulps), one line per cell (counts and the tightest passing
-// %budget), and a summary line naming the FIRST FAILING STAGE in execution order (forward,
-// then backward) and the cells it fails in:
+// %budget), a line naming the first key in execution order whose subject holds NaN/Inf where
+// the oracle is finite (only when there is one; never hidden behind an earlier failure), and a
+// summary line naming the FIRST FAILING STAGE in execution order (forward, then backward) and
+// the cells it fails in:
 //
+//   first non-finite: <key> (<cells>): <n> NaN, <m> Inf in the subject where the oracle is finite
 //   summary: PASS all <n> tensor checks within budget (f32: seq …, chunked …; bf16: …)
 //   summary: FAIL first failing stage: <key> [<precision> <mode>, …] (<status>: <why>); …
+//
+// With both comparison modes: a "first non-finite e2e|isolated" line per mode that has one, a
+// "summary e2e: …" and a "summary isolated: …" line (each naming its first failing stage), a
+// "diagnosis: …" line (the isolated failure = the broken stage; or, when every stage passes
+// isolated, the end-to-end failure = amplified upstream error), and a last line
+// "summary: PASS|FAIL (e2e PASS|FAIL, isolated PASS|FAIL); <n> of <m> tensor checks failed".
+// Isolated cells are named "<precision> <mode> iso" ("bf16 chunked iso").
 //
 // bench: a header and a table of precision, scan, forward ms, backward ms, tokens/s.
 // Every line is plain ASCII with fixed-width columns so that grep/awk can read it.
@@ -42,8 +62,10 @@ void print_compare_summary(std::ostream& os, const Comparison& c);
 // Header, table, summary.
 void print_compare(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
 
-// The cell label "f32 seq", "bf16 chunked".
+// The cell label "f32 seq", "bf16 chunked", "f16 seq iso" (isolated).
 std::string cell_name(const CompareResult& r);
+// The (precision, scan mode) group label: "f32 seq".
+std::string group_name(const CompareResult& r);
 
 // Keys of all cells merged in execution order (each cell's keys keep their relative order).
 std::vector<std::string> merged_keys(const Comparison& c);

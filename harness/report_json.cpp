@@ -77,6 +77,7 @@ void write_cell(Json& j, const CompareResult& cell, const TensorResult& r) {
   j.key("key").str(r.key);
   j.key("precision").str(precision_name(cell.precision));
   j.key("mode").str(scan_mode_name(cell.mode));
+  j.key("compare_mode").str(compare_mode_name(cell.compare_mode));
   j.key("layer").num(r.layer);
   j.key("stage").str(r.stage);
   j.key("tensor").str(r.tensor);
@@ -111,6 +112,7 @@ void write_cell(Json& j, const CompareResult& cell, const TensorResult& r) {
     j.key("stage").str(b.row->stage);
     j.key("tensor").str(b.row->tensor);
     j.key("reason").str(b.row->reason);
+    j.key("section").str(compare_mode_name(b.row->cmp));
     j.end_object();
     j.end_object();
   } else {
@@ -176,6 +178,9 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
   j.key("modes").begin_array();
   for (ScanMode m : s.modes) j.str(scan_mode_name(m));
   j.end_array();
+  j.key("compare_modes").begin_array();
+  for (CompareMode m : s.compare_modes) j.str(compare_mode_name(m));
+  j.end_array();
   j.key("precisions").begin_array();
   for (const Lineup& l : c.lineups) j.str(precision_name(l.precision));
   j.end_array();
@@ -208,6 +213,7 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
     j.begin_object();
     j.key("precision").str(precision_name(cell.precision));
     j.key("mode").str(scan_mode_name(cell.mode));
+    j.key("compare_mode").str(compare_mode_name(cell.compare_mode));
     j.key("n").num(static_cast<std::int64_t>(cell.rows.size()));
     j.key("n_fail").num(cell.n_fail());
     j.key("first_fail");
@@ -219,34 +225,64 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
     j.key("tightest_key");
     if (tight) j.str(tight->key);
     else j.null();
+    j.key("first_nonfinite");
+    if (cell.first_nonfinite < 0) j.null();
+    else j.str(cell.rows[static_cast<size_t>(cell.first_nonfinite)].key);
     j.end_object();
   }
   j.end_array();
 
-  // The first failing key in execution order over all cells (as the terminal summary).
-  const TensorResult* first = nullptr;
-  const CompareResult* first_cell = nullptr;
-  for (const std::string& k : merged_keys(c)) {
-    for (const CompareResult& cell : c.cells)
-      for (const auto& r : cell.rows)
-        if (r.key == k && !r.pass() && !first) {
-          first = &r;
-          first_cell = &cell;
+  // The first failing key in execution order over all cells (as the terminal summary), and per
+  // comparison mode; the first key with a non-finite subject value per comparison mode.
+  const std::vector<std::string> keys = merged_keys(c);
+  auto first_of = [&](const CompareMode* only, bool nonfinite, const CompareResult** where) {
+    for (const std::string& k : keys)
+      for (const CompareResult& cell : c.cells) {
+        if (only && cell.compare_mode != *only) continue;
+        for (const auto& r : cell.rows) {
+          const bool hit = nonfinite ? r.subject.nan_count + r.subject.inf_count > 0 : !r.pass();
+          if (r.key == k && hit) {
+            *where = &cell;
+            return &r;
+          }
         }
-    if (first) break;
-  }
-  j.key("first_fail");
-  if (first) {
+      }
+    return static_cast<const TensorResult*>(nullptr);
+  };
+  auto write_fail = [&](const TensorResult* first, const CompareResult* cell) {
+    if (!first) {
+      j.null();
+      return;
+    }
     j.begin_object();
     j.key("key").str(first->key);
-    j.key("precision").str(precision_name(first_cell->precision));
-    j.key("mode").str(scan_mode_name(first_cell->mode));
+    j.key("precision").str(precision_name(cell->precision));
+    j.key("mode").str(scan_mode_name(cell->mode));
+    j.key("compare_mode").str(compare_mode_name(cell->compare_mode));
     j.key("status").str(status_name(first->status));
     j.key("note").str(first->note);
+    j.key("nan_count").num(static_cast<std::int64_t>(first->subject.nan_count));
+    j.key("inf_count").num(static_cast<std::int64_t>(first->subject.inf_count));
     j.end_object();
-  } else {
-    j.null();
+  };
+  const CompareResult* cell = nullptr;
+  j.key("first_fail");
+  const TensorResult* first = first_of(nullptr, false, &cell);
+  write_fail(first, cell);
+  j.key("first_fail_by_mode").begin_object();
+  for (CompareMode m : s.compare_modes) {
+    j.key(compare_mode_name(m));
+    first = first_of(&m, false, &cell);
+    write_fail(first, cell);
   }
+  j.end_object();
+  j.key("first_nonfinite_by_mode").begin_object();
+  for (CompareMode m : s.compare_modes) {
+    j.key(compare_mode_name(m));
+    first = first_of(&m, true, &cell);
+    write_fail(first, cell);
+  }
+  j.end_object();
   j.key("n_checks").num(c.n_checks());
   j.key("n_fail").num(c.n_fail());
 

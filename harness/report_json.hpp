@@ -8,18 +8,24 @@
 //     "build": {"compiler", "build_type", "git_revision", "cuda"},
 //     "command_line",
 //     "source", "preset", "seed", "B", "T", "entering_states", "stage_filter",
-//     "modes": [..], "precisions": [..],
+//     "modes": [..], "compare_modes": [..] ("e2e", "isolated"), "precisions": [..],
 //     "config": {every Config field, then the derived d_inner, nheads, num_rope_angles,
 //                in_proj_dim, n_chunks},
 //     "rule": {"k": {"f32", "bf16", "f16"}, "depth"},
 //     "lineups": [{"precision", "subject", "baseline" (null: none)}],
-//     "groups": [{"precision", "mode", "n", "n_fail", "first_fail" (key or null),
-//                 "tightest_pct", "tightest_key"}],
-//     "first_fail": {"key", "precision", "mode", "status", "note"} or null — the first failing
-//                   key in execution order over all cells (as the terminal summary),
+//     "groups": [{"precision", "mode", "compare_mode", "n", "n_fail", "first_fail" (key or
+//                 null), "tightest_pct", "tightest_key", "first_nonfinite" (key or null)}],
+//     "first_fail": {"key", "precision", "mode", "compare_mode", "status", "note", "nan_count",
+//                   "inf_count"} or null — the first failing key in execution order over all
+//                   cells (as the terminal summary),
+//     "first_fail_by_mode": {"e2e": as first_fail, over that mode's cells, "isolated": …} (the
+//                   comparison modes run),
+//     "first_nonfinite_by_mode": {"e2e": as first_fail, the first key whose subject has NaN/Inf
+//                   where the oracle is finite, or null, …},
 //     "n_checks", "n_fail",
 //     "cells": [ one per key × precision × mode, execution order within each group:
-//       {"key", "precision", "mode", "layer", "stage", "tensor", "is_param", "circular",
+//       {"key", "precision", "mode", "compare_mode", "layer", "stage", "tensor", "is_param",
+//        "circular",
 //        "shape": [..], "status", "pass", "note",
 //        "metrics": {"numel", "max_abs", "worst_index", "worst_coords", "worst_oracle",
 //                    "worst_subject", "oracle_scale", "oracle_l2", "diff_l2", "rel_l2",
@@ -28,7 +34,8 @@
 //        "baseline_metrics": same keys or null,
 //        "budget": {"k", "depth", "floor_rel_l2", "floor_max_abs", "baseline_rel_l2",
 //                   "baseline_max_abs", "rel_l2", "max_abs",
-//                   "row": {"stage", "tensor", "reason"}} or null when not measured,
+//                   "row": {"stage", "tensor", "reason", "section" (the table section:
+//                   "e2e" or "isolated")}} or null when not measured,
 //        "pct_rel_l2", "pct_max_abs", "pct"} ] }
 #pragma once
 

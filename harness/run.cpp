@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "error.hpp"
+#include "isolated.hpp"
 #include "presets.hpp"
 
 namespace m3::harness {
@@ -23,8 +24,12 @@ Implementation reference_emulation(Precision storage) {
              "f64 is the oracle's precision");
   std::string name = "reference<float>";
   if (storage != Precision::F32) name += "+" + std::string(precision_name(storage)) + "-storage";
-  return {name, [storage](const Problem& pb, ScanMode mode) {
+  return {name,
+          [storage](const Problem& pb, ScanMode mode) {
             return run_reference<float>(pb, mode, storage);
+          },
+          [storage](const Problem& pb, ScanMode mode, const Capture& oracle) {
+            return run_reference_isolated(pb, mode, oracle, storage);
           }};
 }
 
@@ -38,7 +43,7 @@ Implementation stored_captures(std::string name, std::map<ScanMode, Capture> cap
             if (it == held->end())
               throw Error(label, "no stored capture for this scan mode", scan_mode_name(mode));
             return it->second;
-          }};
+          }, nullptr};
 }
 
 std::vector<Lineup> cpu_lineups(const std::vector<Precision>& precisions) {
@@ -47,9 +52,9 @@ std::vector<Lineup> cpu_lineups(const std::vector<Precision>& precisions) {
   return out;
 }
 
-const CompareResult* Comparison::cell(Precision p, ScanMode m) const {
+const CompareResult* Comparison::cell(Precision p, ScanMode m, CompareMode cm) const {
   for (const auto& c : cells)
-    if (c.precision == p && c.mode == m) return &c;
+    if (c.precision == p && c.mode == m && c.compare_mode == cm) return &c;
   return nullptr;
 }
 
@@ -76,32 +81,51 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
   validate_run(spec.cfg, spec.B, spec.T);
   M3_REQUIRE(!lineups.empty(), "run_comparison", "no precision to compare", "");
   M3_REQUIRE(!spec.modes.empty(), "run_comparison", "no scan mode to compare", "");
+  M3_REQUIRE(!spec.compare_modes.empty(), "run_comparison", "no comparison mode (e2e, isolated)",
+             "");
   M3_REQUIRE(pb.B == spec.B && pb.T == spec.T && pb.cfg.describe() == spec.cfg.describe(),
              "run_comparison", "the problem does not match the run spec",
              "problem B=", pb.B, " T=", pb.T, ", spec B=", spec.B, " T=", spec.T);
+  bool isolated = false;
+  for (CompareMode cm : spec.compare_modes) isolated = isolated || cm == CompareMode::Isolated;
+  if (isolated)  // before any run: say so now, not after the end-to-end cells
+    for (const Lineup& l : lineups)
+      M3_REQUIRE(static_cast<bool>(l.subject.isolated), "run_comparison",
+                 "the subject has no isolated (teacher-forced) mode", l.subject.name, " at ",
+                 precision_name(l.precision));
   Comparison c;
   c.spec = spec;
   c.oracle_name = oracle.name;
   c.lineups = lineups;
-  std::vector<CompareResult> by_mode_then_precision;
-  for (ScanMode mode : spec.modes) {
+  // Scan mode outermost (the oracle runs once per mode), then stored precision-major.
+  const size_t np = lineups.size(), nm = spec.modes.size(), nc = spec.compare_modes.size();
+  std::vector<CompareResult> cells(np * nm * nc);
+  for (size_t m = 0; m < nm; ++m) {
+    const ScanMode mode = spec.modes[m];
     const Capture o = oracle.run(pb, mode);
-    for (const Lineup& l : lineups) {
-      CompareOptions opt;
-      opt.precision = l.precision;
-      opt.filter = spec.filter;
-      const Capture s = l.subject.run(pb, mode);
-      Capture b;
-      if (l.baseline) b = l.baseline->run(pb, mode);
-      by_mode_then_precision.push_back(compare_captures(
-          o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode, opt));
+    for (size_t p = 0; p < np; ++p) {
+      const Lineup& l = lineups[p];
+      for (size_t k = 0; k < nc; ++k) {
+        CompareOptions opt;
+        opt.precision = l.precision;
+        opt.filter = spec.filter;
+        opt.compare_mode = spec.compare_modes[k];
+        CompareResult r;
+        if (opt.compare_mode == CompareMode::Isolated) {
+          const Capture s = l.subject.isolated(pb, mode, o);
+          r = compare_captures(o, s, nullptr, spec.cfg, spec.B, spec.T, mode, opt);
+        } else {
+          const Capture s = l.subject.run(pb, mode);
+          Capture b;
+          if (l.baseline) b = l.baseline->run(pb, mode);
+          r = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode,
+                               opt);
+        }
+        cells[(p * nm + m) * nc + k] = std::move(r);
+      }
     }
   }
-  // Reorder precision-major (the report's column order).
-  const size_t np = lineups.size();
-  for (size_t p = 0; p < np; ++p)
-    for (size_t m = 0; m < spec.modes.size(); ++m)
-      c.cells.push_back(std::move(by_mode_then_precision[m * np + p]));
+  c.cells = std::move(cells);
   return c;
 }
 

@@ -2,17 +2,28 @@
 // and per storage precision a subject (and a baseline, when there is one). For every requested
 // scan mode the oracle runs ONCE; then, per precision, the subject (and baseline) run and their
 // Captures are compared with the oracle's (compare.hpp). The result is one CompareResult per
-// (precision, scan mode) cell, precision-major: [p0·m0, p0·m1, p1·m0, …].
+// (precision, scan mode, comparison mode) cell, precision-major: [p0·m0·e2e, p0·m0·iso,
+// p0·m1·e2e, …] (with one comparison mode: [p0·m0, p0·m1, p1·m0, …]).
+//
+// Comparison modes (HARNESS.md §2, spec.compare_modes): end to end — the subject runs the whole
+// backbone — and/or isolated — the subject's teacher-forced runner is handed the ORACLE's
+// Capture of the same scan mode (computed first, once) and returns each stage's outputs when
+// fed the oracle's inputs; isolated cells have no baseline (the floors of the table's isolated
+// section decide). Cells are precision-major, then scan mode, then comparison mode (e2e before
+// isolated), so that a report shows the two side by side.
 //
 // An Implementation is anything that turns (Problem, scan mode) into a Capture of every registry
-// tensor and parameter gradient. Today on the CPU:
+// tensor and parameter gradient; it may also have a teacher-forced (isolated) runner. Today on
+// the CPU:
 //   oracle    reference<double> (or the Captures stored in a golden file)
 //   subject   reference<float> with the precision's storage: F32 exact float, BF16 / F16 the
 //             mixed-precision storage emulation of MODEL.md §8 (float compute, typed tensors
 //             rounded where the GPU stores them)
 //   baseline  none: the subject IS the precision's yardstick, so the floors of the tolerance
-//             table alone decide. With the CUDA subject, the baseline of each precision will be
-//             the emulation above (HARNESS.md §1).
+//             table alone decide. With the CUDA subject (gpu_lineup.hpp) the baseline of each
+//             precision is the emulation above (HARNESS.md §1).
+//   isolated  reference_emulation's teacher-forced runner is run_reference_isolated
+//             (isolated.hpp): every reference stage alone on the oracle's inputs.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +49,7 @@ struct RunSpec {
   std::uint64_t seed = 1234;
   bool random_states = true;
   std::vector<ScanMode> modes = {ScanMode::Sequential, ScanMode::Chunked};
+  std::vector<CompareMode> compare_modes = {CompareMode::EndToEnd};  // e2e and/or isolated
   std::string filter;          // key_matches() pattern
   std::string device = "cpu";  // where the subject runs
 };
@@ -45,13 +57,19 @@ struct RunSpec {
 // The seeded Problem of spec: make_problem + the preset's adjustment (presets.hpp).
 Problem build_problem(const RunSpec& spec);
 
+// The teacher-forced runner of a subject: (problem, scan mode, the oracle's Capture of that
+// scan mode) → every stage's outputs when the stage is fed the oracle's inputs.
+using IsolatedRun = std::function<Capture(const Problem&, ScanMode, const Capture& oracle)>;
+
 struct Implementation {
   std::string name;  // e.g. "reference<double>"
   std::function<Capture(const Problem&, ScanMode)> run;
+  IsolatedRun isolated = nullptr;  // empty: no isolated mode
 };
 
 Implementation reference_oracle();                    // run_reference<double>
-Implementation reference_emulation(Precision storage);  // run_reference<float>(…, storage)
+// run_reference<float>(…, storage); isolated: run_reference_isolated(…, storage).
+Implementation reference_emulation(Precision storage);
 Implementation reference_float();                     // = reference_emulation(F32)
 // Captures computed elsewhere (a golden file's oracle); a mode it lacks is an m3::Error.
 Implementation stored_captures(std::string name, std::map<ScanMode, Capture> captures);
@@ -70,16 +88,20 @@ struct Comparison {
   RunSpec spec;
   std::string oracle_name;
   std::vector<Lineup> lineups;       // one per precision (names only are used after the run)
-  std::vector<CompareResult> cells;  // precision-major: lineups × spec.modes
+  // precision-major: lineups × spec.modes × spec.compare_modes
+  std::vector<CompareResult> cells;
 
-  const CompareResult* cell(Precision p, ScanMode m) const;  // null when not run
+  // null when not run
+  const CompareResult* cell(Precision p, ScanMode m,
+                            CompareMode cm = CompareMode::EndToEnd) const;
   bool pass() const;
   int n_checks() const;  // rows over all cells
   int n_fail() const;
 };
 
-// Runs and compares every (precision, mode) cell on `pb` (which must match spec's cfg, B, T).
-// Throws m3::Error on an invalid config or run shape, or an empty lineup/mode list.
+// Runs and compares every (precision, scan mode, comparison mode) cell on `pb` (which must
+// match spec's cfg, B, T). Throws m3::Error on an invalid config or run shape, an empty
+// lineup/mode list, or an isolated comparison of a subject without a teacher-forced runner.
 Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
                           const std::vector<Lineup>& lineups);
 

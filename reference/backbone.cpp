@@ -311,7 +311,8 @@ struct Backbone<S>::Impl {
           {"dQK_dot", &g.dQK_dot}, {"dD_partials", &g.dD_partials}, {"dScale", &g.dScale},
           {"dGamma", &g.dGamma}, {"dDT", &g.dDT}, {"d_x", &g.d_x},
           {"d_b_pre_rope", &g.d_b_pre_rope}, {"d_c_pre_rope", &g.d_c_pre_rope},
-          {"d_angle_cumsum", &g.d_angle_cumsum}})
+          {"d_angle_cumsum", &g.d_angle_cumsum}, {"d_adt_total", &g.d_adt_total},
+          {"d_dt_direct", &g.d_dt_direct}, {"d_trap_sig", &g.d_trap_sig}})
       put(cap, l, "B6", name, *v);
     ref::angle_backward(d, a, g);
     put(cap, l, "B5a", "d_angles_raw", g.d_angles_raw);
@@ -480,9 +481,16 @@ void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
   if (m.cfg.input_proj_identity) {
     d_x = m.delta;
   } else {
+    // The GEMMs take the staged typed copy of δ⁰; the bias gradient is a reduction of the f32
+    // δ⁰ itself (a reduction save, MODEL.md §8).
     ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), m.typed_copy(m.delta),
-                         d_x.data(), grads.input_proj_w.data(), grads.input_proj_b.data());
+                         d_x.data(), grads.input_proj_w.data(), static_cast<S*>(nullptr));
+    std::vector<S> db(static_cast<size_t>(d.dm), S(0));
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx j = 0; j < d.dm; ++j) db[j] += m.delta[r * d.dm + j];
+    for (Idx j = 0; j < d.dm; ++j) grads.input_proj_b[j] += db[j];
   }
+  ref::store_typed(d, d_x);
   m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);
 }
 

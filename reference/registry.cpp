@@ -104,6 +104,10 @@ std::vector<TensorSpec> build_stage_registry() {
       {LY, BW, BOTH, ALW, "B6", "d_b_pre_rope", {S::BT, S::NH, S::DS}, false},
       {LY, BW, BOTH, ALW, "B6", "d_c_pre_rope", {S::BT, S::NH, S::DS}, false},
       {LY, BW, BOTH, ANG, "B6", "d_angle_cumsum", {S::BT, S::NH, S::NA}, false},
+      // What B5b consumes from either B6 variant: ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (σ out)
+      {LY, BW, BOTH, ALW, "B6", "d_adt_total", {S::BT, S::NH}, false},
+      {LY, BW, BOTH, ALW, "B6", "d_dt_direct", {S::BT, S::NH}, false},
+      {LY, BW, BOTH, ALW, "B6", "d_trap_sig", {S::BT, S::NH}, false},
       {LY, BW, BOTH, ANG, "B5a", "d_angles_raw", {S::BT, S::NA}, false},
       {LY, BW, BOTH, ALW, "B5a", "d_dt_angle", {S::BT, S::NH}, false},
       {LY, BW, BOTH, ALW, "B5b", "d_dd_dt", {S::BT, S::NH}, false},
@@ -144,12 +148,37 @@ std::vector<ParamSpec> build_param_registry() {
   };
 }
 
+// MODEL.md §8, typed storage: activations at kernel boundaries and the activation gradients
+// that cross typed kernels. (The raw logits dd_dt_raw … are f32 copies of typed proj columns.)
+bool is_typed_tensor(const std::string& stage, const std::string& tensor) {
+  static const char* const kTyped[][2] = {
+      {"input_proj", "input_proj_inputs"}, {"input_proj", "input_proj_outputs"},
+      {"F1", "post_norm"},   {"F2", "proj"},         {"F3", "z"},          {"F3", "x"},
+      {"F3", "b_raw"},       {"F3", "c_raw"},        {"F4", "b_normed"},   {"F4", "c_normed"},
+      {"F4", "b_biased"},    {"F4", "c_biased"},     {"F4ef", "k"},        {"F4ef", "q"},
+      {"F6", "k_scaled_saved"}, {"F6", "y"},         {"F7", "gated"},      {"F8", "out_flat"},
+      {"norm_f", "Out"},     {"B8", "d_gated"},      {"B7", "d_y"},        {"B7", "d_z"},
+      {"B6", "d_x"},         {"B4b", "d_b_normed"},  {"B4b", "d_c_normed"}, {"B4c", "d_b_raw"},
+      {"B4c", "d_c_raw"},    {"B3", "d_proj"},       {"B2", "d_norm"},
+      {"input_proj", "d_input_proj_dx"},
+  };
+  for (const auto& t : kTyped)
+    if (stage == t[0] && tensor == t[1]) return true;
+  return false;
+}
+
+std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
+  for (auto& s : reg) s.typed = is_typed_tensor(s.stage, s.tensor);
+  return reg;
+}
+
 }  // namespace
 
 const std::vector<TensorSpec>& stage_registry() {
-  static const std::vector<TensorSpec> reg = build_stage_registry();
+  static const std::vector<TensorSpec> reg = typed_marked(build_stage_registry());
   return reg;
 }
+
 
 const std::vector<ParamSpec>& param_registry() {
   static const std::vector<ParamSpec> reg = build_param_registry();

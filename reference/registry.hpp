@@ -35,6 +35,10 @@ struct TensorSpec {
   const char* tensor;
   std::vector<Sym> shape;
   bool circular;  // an angle in [0, 2π): compare by circular distance (MODEL.md §12.3)
+  // Stored in the run's typed format (bf16/f16) by the mixed-precision policy of MODEL.md §8
+  // ("activations at kernel I/O" and "activation grads crossing typed kernels"); every other
+  // tensor is f32 in every mode. The reference emulation rounds exactly these.
+  bool typed = false;
 };
 
 // Every stage tensor, in execution order within each scope (see the file comment).

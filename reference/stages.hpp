@@ -71,8 +71,8 @@ struct LayerGrads {
   std::vector<S> da_cs_sum, dQ_mid, dK_mid, dADT, dQK_dot, dD_partials, dScale, dGamma, dDT;
   // B6 common outputs
   std::vector<S> d_x, d_b_pre_rope, d_c_pre_rope, d_angle_cumsum;
-  // What B5b consumes from either B6 variant (not in the registry: a re-grouping of
-  // dα/dβ/dγ resp. dADT/dDT/dScale): ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (post-sigmoid).
+  // What B5b consumes from either B6 variant (a re-grouping of dα/dβ/dγ resp.
+  // dADT/dDT/dScale): ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (post-sigmoid).
   std::vector<S> d_adt_total, d_dt_direct, d_trap_sig;
   // B5a, B5b, B4, B3, B2, B1
   std::vector<S> d_angles_raw, d_dt_angle, d_dd_dt, d_dd_a, d_trap_raw;

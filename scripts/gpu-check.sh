@@ -6,9 +6,13 @@
 #                             (M3_GPU_FULL_GRID=1) and 20-run determinism
 #   memcheck, racecheck       compute-sanitizer on the small sanitizer test
 #   golden                    m3h golden check --all
-#   compare-gpu               m3h compare --device gpu (oracle vs GPU, float reference baseline)
-#   determinism               m3h determinism --runs 20
-#   bench                     m3h bench (GPU presets + the reference time)
+#   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
+#                             end-to-end and isolated, baseline = the reference at the same
+#                             storage precision
+#   compare-presets           the same, end-to-end, on the adversarial presets
+#   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes)
+#   bench                     m3h bench --profile (default and official shapes, f32 and bf16,
+#                             per-stage times, the reference time on the f32 rows)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
@@ -40,6 +44,15 @@ step() {
   tail -n 5 "$LOGS/$name.log"
 }
 
+# m3h compare on the GPU for every adversarial preset (end-to-end, all precisions).
+compare_presets() {
+  local p
+  for p in strong_decay near_zero large_angles long_t official; do
+    echo "--- preset $p"
+    "$1" compare --device gpu --preset "$p" --failures-only || return 1
+  done
+}
+
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then configure_args+=(-G Ninja); fi
 if [[ -d .boost ]]; then configure_args+=(-DM3_BOOST_BUNDLE="$PWD/.boost"); fi
@@ -61,9 +74,10 @@ if ((failed == 0)); then
   m3h="$BUILD_DIR/tools/m3h"
   if [[ -x "$m3h" ]]; then
     step golden "$m3h" golden check --all
-    step compare-gpu "$m3h" compare --device gpu --dtype f32
+    step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
+    step compare-presets compare_presets "$m3h"
     step determinism "$m3h" determinism --runs 20
-    step bench "$m3h" bench
+    step bench "$m3h" bench --profile
   fi
 fi
 

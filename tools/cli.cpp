@@ -234,6 +234,13 @@ std::vector<ScanMode> parse_scan_list(const std::string& s) {
   return modes;
 }
 
+std::vector<harness::CompareMode> parse_compare_modes(const std::string& s) {
+  if (s == "e2e") return {harness::CompareMode::EndToEnd};
+  if (s == "isolated") return {harness::CompareMode::Isolated};
+  if (s == "both") return {harness::CompareMode::EndToEnd, harness::CompareMode::Isolated};
+  throw UsageError("--mode '" + s + "': expected e2e, isolated or both");
+}
+
 std::string resolve_device(const std::string& device, const char* fallback) {
   if (device != "cpu" && device != "gpu" && device != "auto")
     throw UsageError("--device " + device + ": expected cpu, gpu or auto");

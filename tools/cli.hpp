@@ -71,6 +71,10 @@ std::vector<ScanMode> parse_scan_list(const std::string& s);
 // → subject storage precisions. f64 is the oracle's precision and not a subject: a UsageError.
 std::vector<Precision> parse_dtype_list(const std::string& s);
 
+// --mode of compare: "e2e" | "isolated" | "both" (= e2e then isolated); anything else is a
+// UsageError.
+std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
+
 // --device of compare, dump and determinism: "gpu", "cpu" or "auto" (the default: gpu when a
 // usable GPU is present). Returns "gpu" or "cpu"; when gpu was asked for (or auto) and there is
 // none, prints ONE line on stdout saying why and what runs instead ("m3h: no GPU (<why>):

@@ -79,25 +79,27 @@ void print_profile(const gpu::GpuTiming& t) {
 }
 
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
-                      int warmup, int repeats, bool with_reference, bool profile) {
+                      const std::vector<Precision>& precisions, int warmup, int repeats,
+                      bool with_reference, bool profile) {
   gpu::GpuContext ctx(0);
-  std::cout << "m3h bench: GPU path (f32 storage), CUDA events, median of " << repeats
+  std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
             << " after " << warmup << " warm-up\n"
             << "gpu: " << gpu::describe(gpu::query_device()) << "\n\n";
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-9s %-8s %7s %6s %12s %14s %14s %12s %14s", "shape", "scan",
-                "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
+  std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %7s %6s %12s %14s %14s %12s %14s", "shape",
+                "dtype", "scan", "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
                 "ref_fb_ms/lyr");
   std::cout << buf << "\n" << std::string(std::char_traits<char>::length(buf), '-') << "\n";
   for (const auto& sh : shapes) {
+    for (Precision p : precisions) {
     for (ScanMode m : modes) {
       const gpu::GpuTiming t =
-          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile);
+          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p);
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
       const bool seq_too_big = m == ScanMode::Sequential && sh.name == "official";
-      if (with_reference && !seq_too_big) {
+      if (with_reference && !seq_too_big && p == Precision::F32) {
         harness::BenchSpec spec;
         spec.cfg = sh.cfg;
         spec.B = sh.B;
@@ -111,13 +113,14 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
       } else if (seq_too_big) {
         ref = "n/a (34 GB)";
       }
-      std::snprintf(buf, sizeof buf, "%-9s %-8s %7lld %6lld %12.3f %14.3f %14.3f %12.3f %14s",
-                    sh.name.c_str(), scan_mode_name(m), static_cast<long long>(sh.cfg.n_layers),
+      std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %7lld %6lld %12.3f %14.3f %14.3f %12.3f %14s",
+                    sh.name.c_str(), precision_name(p), scan_mode_name(m), static_cast<long long>(sh.cfg.n_layers),
                     static_cast<long long>(sh.B * sh.T), t.forward_ms, t.forward_ms / L,
                     t.forward_backward_ms / L, tok / (t.forward_backward_ms / L) * 1e-3,
                     ref.c_str());
       std::cout << buf << std::endl;
       if (profile) print_profile(t);
+    }
     }
   }
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
@@ -135,6 +138,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official)")
     ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
     ("profile", po::bool_switch(), "after each GPU row, the time per stage of one forward+backward")
+    ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)");
@@ -159,8 +163,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       for (const auto& n : split_commas(vm["shapes"].as<std::string>()))
         shapes.push_back(bench_shape(n));
       if (shapes.empty()) throw UsageError("--shapes: no shape given");
-      bench_gpu_shapes(shapes, modes, warmup, repeats, !vm["no-reference"].as<bool>(),
-                       vm["profile"].as<bool>());
+      bench_gpu_shapes(shapes, modes, parse_dtype_list(vm["dtype"].as<std::string>()), warmup,
+                       repeats, !vm["no-reference"].as<bool>(), vm["profile"].as<bool>());
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";

@@ -1,8 +1,11 @@
-// m3h compare: the subject against the double oracle, stage by stage (HARNESS.md §3–§5), for
-// every storage precision of --dtype and every scan mode of --scan. On the CPU the subject of
-// precision p is the float reference with p's storage (f32 exact; bf16/f16 the mixed-precision
-// storage emulation of MODEL.md §8) and there is no baseline: the floors of the tolerance table
-// decide. The CUDA subject (with the emulation as baseline) plugs into the same lineups.
+// m3h compare: the subject against the double oracle, stage by stage (HARNESS.md §2–§5), for
+// every storage precision of --dtype, every scan mode of --scan and every comparison mode of
+// --mode (end to end and/or isolated). On the CPU the subject of precision p is the float
+// reference with p's storage (f32 exact; bf16/f16 the mixed-precision storage emulation of
+// MODEL.md §8), without a baseline: the floors of the tolerance table decide; its isolated run
+// is the same reference teacher-forced (harness/isolated.hpp). On the GPU the subject is the
+// CUDA path at p, with the emulation at p as the baseline, and gpu::run_gpu_isolated as its
+// isolated run; --fault injects a negative control (a self-test of the harness).
 #include <filesystem>
 #include <iostream>
 
@@ -29,10 +32,24 @@ std::string summary_text() {
       "execution order, columns = precision x scan mode (rel_l2 and %budget; --wide adds max_abs\n"
       "and p95_rel), then the failures and a summary naming the first failing stage.\n"
       "CPU subject of precision p: reference<float> with p's storage (f32 exact; bf16/f16 round\n"
-      "every typed tensor where the GPU stores it, MODEL.md sec. 8); no baseline yet, so the floors\n"
+      "every typed tensor where the GPU stores it, MODEL.md sec. 8); no baseline, so the floors\n"
       "of the tolerance table (harness/budget.cpp) alone decide.\n"
-      "GPU subject (--device gpu, or auto with a device): the CUDA path, with the reference at\n"
-      "the same precision as the baseline (pass: err <= k*baseline + floor, HARNESS.md sec. 4).\n"
+      "GPU subject (--device gpu, or auto with a device): the CUDA path storing p, with the\n"
+      "reference at the same precision as the baseline (pass: err <= k*baseline + floor, k = 2\n"
+      "f32, 3 bf16/f16, HARNESS.md sec. 4).\n"
+      "--mode (HARNESS.md sec. 2): e2e = every implementation runs the whole backbone (error as it\n"
+      "propagates); isolated = each subject stage is fed the ORACLE's inputs (rounded to its\n"
+      "storage) and only its own outputs are compared, against the isolated floors of the table\n"
+      "(no baseline): the error a stage adds by itself; both = the two side by side per\n"
+      "precision x scan mode, with a diagnosis line (fails isolated: the stage is broken; fails\n"
+      "e2e only: upstream error amplified). On the CPU, isolated runs the float reference\n"
+      "teacher-forced the same way.\n"
+      "--fault (GPU only): a self-test of the harness, not of the kernels: the GPU subject is\n"
+      "deliberately broken in one stage of layer 0 (drop-beta: F5b beta = 0; flip-angle: F5\n"
+      "theta -> 2pi - theta; chunk-boundary: F6 y off by one step at every chunk start;\n"
+      "round-twice: F6 y rounded once more to a coarser format). The run must FAIL and name\n"
+      "L0/<that stage>/... as the first failing stage in isolated mode (and in e2e, except a\n"
+      "round-twice in bf16/f16, whose extra rounding can hide within the e2e budget).\n"
       "--json FILE writes every metric of every cell (key x precision x mode), the budgets, the\n"
       "config, seed, build and device (atomically; non-finite numbers as \"inf\"/\"-inf\"/\"nan\").\n"
       "Exit status: 0 all within budget, 1 some budget exceeded, 2 bad usage or bad input.\n\n"
@@ -42,6 +59,8 @@ std::string summary_text() {
        "  m3h compare                                  # default preset, f32,bf16,f16 x seq,chunked\n"
        "  m3h compare --preset long_t --dtype bf16 --stage 'L0/F5/*,L0/F4ef/*'\n"
        "  m3h compare --config my.cfg --json out.json\n"
+       "  m3h compare --mode both --dtype bf16 --failures-only  # isolated next to end-to-end\n"
+       "  m3h compare --device gpu --mode both --fault round-twice --T 40 --layers 2  # self-test\n"
        "  m3h compare --golden golden/cases/default.h5 --dtype f32";
   return s;
 }
@@ -57,6 +76,8 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
     ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "subject storage precisions (comma list of f32, bf16, f16)")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
+    ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors, no baseline), or both (side by side)")
+    ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
     ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic)")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
@@ -70,12 +91,21 @@ int cmd_compare(const std::vector<std::string>& args) {
     return 0;
   }
 
-  std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  const std::vector<harness::CompareMode> compare_modes =
+      parse_compare_modes(vm["mode"].as<std::string>());
+  gpu::Fault fault = gpu::Fault::None;
+  try {
+    fault = gpu::parse_fault(vm["fault"].as<std::string>());
+  } catch (const std::exception&) {
+    throw UsageError("--fault '" + vm["fault"].as<std::string>() +
+                     "': expected none, drop-beta, flip-angle, chunk-boundary or round-twice");
+  }
   const std::string device = resolve_device(vm["device"].as<std::string>(),
                                             "running the CPU rows only");
-  // The GPU path stores f32 only so far: the default precision list narrows to f32 there (an
-  // explicit --dtype bf16/f16 with the GPU is an error that says so).
-  if (device == "gpu" && vm["dtype"].defaulted()) precisions = {Precision::F32};
+  if (fault != gpu::Fault::None && device != "gpu")
+    throw UsageError(std::string("--fault ") + gpu::fault_name(fault) +
+                     ": faults are injected in the GPU subject only (--device gpu)");
   if (vm.count("json")) {  // fail before the run, not after it
     const std::filesystem::path dir =
         std::filesystem::path(vm["json"].as<std::string>()).parent_path();
@@ -87,6 +117,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   harness::RunSpec& spec = src.spec;
   spec.filter = vm["stage"].as<std::string>();
   spec.device = device;
+  spec.compare_modes = compare_modes;
 
   bool any = false;
   for (ScanMode m : spec.modes)
@@ -96,7 +127,7 @@ int cmd_compare(const std::vector<std::string>& args) {
 
   const harness::Comparison c =
       harness::run_comparison(spec, src.problem, src.oracle,
-                              device == "gpu" ? harness::gpu_lineups(precisions)
+                              device == "gpu" ? harness::gpu_lineups(precisions, fault)
                                               : harness::cpu_lineups(precisions));
 
   harness::ReportOptions ropt;

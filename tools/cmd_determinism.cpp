@@ -2,6 +2,11 @@
 // compares a content hash of every captured tensor (harness/determinism.hpp); bit-identical
 // output is required for every precision and scan mode. On a difference it names the first
 // divergent stage/tensor in execution order and the run. Exit 0 identical, 1 divergent.
+//
+// --dtype: the GPU subject runs at each storage precision given (default f32,bf16,f16). On the
+// CPU the subject is the float reference (reference_emulation): an explicit --dtype runs each
+// precision's storage emulation; the default is f32 only there (the CPU reference is
+// single-threaded and deterministic by construction; the requirement is the GPU's).
 #include <cstdio>
 #include <iostream>
 
@@ -15,9 +20,12 @@ namespace m3::tools {
 namespace {
 const char* kSummary =
     "Runs the subject (--device gpu: the CUDA path; cpu: the float reference) forward and\n"
-    "backward --runs times on one seeded problem per scan mode, hashes every captured tensor\n"
-    "(FNV-1a 64 over shape and values) and requires every run to equal the first. Prints one\n"
-    "line per scan mode; a divergence names the first tensor in execution order and the run.\n"
+    "backward --runs times on one seeded problem per precision of --dtype and scan mode, hashes\n"
+    "every captured tensor (FNV-1a 64 over shape and values) and requires every run to equal\n"
+    "the first. Prints one line per precision and scan mode; a divergence names the first\n"
+    "tensor in execution order and the run.\n"
+    "--dtype: on the GPU every precision given (default f32,bf16,f16); on the CPU the float\n"
+    "reference with that storage emulation, f32 only unless --dtype is given.\n"
     "Exit status: 0 bit-identical, 1 divergent, 2 bad usage or bad input.";
 }  // namespace
 
@@ -28,6 +36,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("runs", po::value<int>()->default_value(20), "number of runs (>= 2)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)")
+    ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "storage precisions (comma list of f32, bf16, f16); on the CPU the default is f32 only")
     ("device", po::value<std::string>()->default_value("auto"), "gpu, cpu, or auto (gpu when present, else cpu with a one-line note)");
   // clang-format on
   po::options_description all;
@@ -41,25 +50,30 @@ int cmd_determinism(const std::vector<std::string>& args) {
   if (runs < 2) throw UsageError("--runs must be >= 2");
   const std::string device = resolve_device(vm["device"].as<std::string>(),
                                             "checking the CPU reference only");
+  std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  if (device != "gpu" && vm["dtype"].defaulted()) precisions = {Precision::F32};
   const ProblemSource src = load_problem(vm);
-  const harness::Implementation impl = device == "gpu" ? harness::gpu_subject(Precision::F32)
-                                                       : harness::reference_float();
-  std::cout << "m3h determinism: subject=" << impl.name << " runs=" << runs
-            << " seed=" << src.spec.seed << " B=" << src.spec.B << " T=" << src.spec.T << "\n"
+  std::cout << "m3h determinism: device=" << device << " runs=" << runs << " seed=" << src.spec.seed
+            << " B=" << src.spec.B << " T=" << src.spec.T << "\n"
             << "config: " << src.spec.cfg.describe() << "\n";
   bool all_identical = true;
-  for (ScanMode mode : src.spec.modes) {
-    const harness::DeterminismReport r =
-        harness::check_determinism(impl.run, src.problem, mode, runs);
-    char digest[32];
-    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(r.digest));
-    if (r.identical) {
-      std::cout << scan_mode_name(mode) << ": IDENTICAL over " << runs << " runs (" << r.tensors
-                << " tensors, digest " << digest << ")\n";
-    } else {
-      all_identical = false;
-      std::cout << scan_mode_name(mode) << ": DIVERGED at run " << r.first_run
-                << ": first divergent tensor " << r.first_key << "\n";
+  for (Precision p : precisions) {
+    const harness::Implementation impl =
+        device == "gpu" ? harness::gpu_subject(p) : harness::reference_emulation(p);
+    for (ScanMode mode : src.spec.modes) {
+      const harness::DeterminismReport r =
+          harness::check_determinism(impl.run, src.problem, mode, runs);
+      char digest[32];
+      std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(r.digest));
+      std::cout << precision_name(p) << " " << scan_mode_name(mode) << " (" << impl.name << "): ";
+      if (r.identical) {
+        std::cout << "IDENTICAL over " << runs << " runs (" << r.tensors << " tensors, digest "
+                  << digest << ")\n";
+      } else {
+        all_identical = false;
+        std::cout << "DIVERGED at run " << r.first_run << ": first divergent tensor "
+                  << r.first_key << "\n";
+      }
     }
   }
   return all_identical ? 0 : 1;

@@ -1,0 +1,432 @@
+// The teacher-forced CPU reference (see isolated.hpp). Only glue lives here — loading the
+// oracle's tensors, calling the reference's stage functions of stages.hpp in the backbone's
+// order, rounding where the backbone rounds, capturing — no stage's math.
+#include "isolated.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backbone.hpp"  // capture_grads
+#include "error.hpp"
+#include "registry.hpp"
+#include "stages.hpp"
+
+namespace m3::harness {
+
+float round_mantissa(float f, int mantissa_bits) {
+  M3_REQUIRE(mantissa_bits >= 1 && mantissa_bits <= 23, "round_mantissa",
+             "mantissa bits out of range", mantissa_bits);
+  if (!std::isfinite(f) || mantissa_bits == 23) return f;
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const int drop = 23 - mantissa_bits;
+  const std::uint32_t lsb = (u >> drop) & 1u;
+  u += ((1u << (drop - 1)) - 1u) + lsb;  // round to nearest, ties to even (a carry may overflow
+  u &= ~((1u << drop) - 1u);             // into the exponent: the next binade, or ±inf)
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+namespace {
+
+using ref::Dims;
+using Acts = ref::LayerActs<float>;
+using Grads = ref::LayerGrads<float>;
+using Vec = std::vector<float>;
+
+struct Field {
+  const char* stage;
+  const char* tensor;
+  Vec* v;
+};
+
+// Every per-layer registry tensor of the forward, and the buffer holding it.
+std::vector<Field> act_fields(Acts& a) {
+  return {{"F1", "residual", &a.residual},       {"F1", "rms_vals", &a.rms_vals},
+          {"F1", "post_norm", &a.post_norm},     {"F2", "proj", &a.proj},
+          {"F3", "z", &a.z},                     {"F3", "x", &a.x},
+          {"F3", "b_raw", &a.b_raw},             {"F3", "c_raw", &a.c_raw},
+          {"F3", "dd_dt_raw", &a.dd_dt_raw},     {"F3", "dd_a_raw", &a.dd_a_raw},
+          {"F3", "trap_raw", &a.trap_raw},       {"F3", "angles_raw", &a.angles_raw},
+          {"F3", "dt", &a.dt},                   {"F3", "a_val", &a.a_val},
+          {"F3", "trap", &a.trap},               {"F4", "b_normed", &a.b_normed},
+          {"F4", "c_normed", &a.c_normed},       {"F4", "b_rms", &a.b_rms},
+          {"F4", "c_rms", &a.c_rms},             {"F4", "b_biased", &a.b_biased},
+          {"F4", "c_biased", &a.c_biased},       {"F5", "angle_cumsum", &a.angle_cumsum},
+          {"F4ef", "k", &a.k},                   {"F4ef", "q", &a.q},
+          {"F5b", "alpha", &a.alpha},            {"F5b", "beta", &a.beta},
+          {"F5b", "gamma", &a.gamma},            {"F6", "h_saved", &a.h_saved},
+          {"F6", "k_prev_saved", &a.k_prev_saved}, {"F6", "v_prev_saved", &a.v_prev_saved},
+          {"F6", "adt", &a.adt},                 {"F6", "k_scaled_saved", &a.k_scaled_saved},
+          {"F6", "qk_dot_saved", &a.qk_dot_saved}, {"F6", "scale_saved", &a.scale_saved},
+          {"F6", "gamma_saved", &a.gamma_saved}, {"F6", "da_cumsum_saved", &a.da_cumsum_saved},
+          {"F6", "chunk_states", &a.chunk_states},
+          {"F6", "chunk_states_saved", &a.chunk_states_saved},
+          {"F6", "final_states", &a.final_states}, {"F6", "y", &a.y},
+          {"F7", "gated_rms_vals", &a.gated_rms_vals}, {"F7", "gated", &a.gated},
+          {"F8", "out_flat", &a.out_flat},       {"F8", "layer_output", &a.layer_output},
+          {"states", "ssm_state", &a.ssm_out},   {"states", "k_state", &a.k_out},
+          {"states", "v_state", &a.v_out},       {"states", "angle_state", &a.angle_out}};
+}
+
+// Every per-layer registry tensor of the backward.
+std::vector<Field> grad_fields(Grads& g) {
+  return {{"B8", "d_gated", &g.d_gated},          {"B7", "d_y", &g.d_y},
+          {"B7", "d_z", &g.d_z},                  {"B6", "d_q", &g.d_q},
+          {"B6", "d_k", &g.d_k},                  {"B6", "d_alpha", &g.d_alpha},
+          {"B6", "d_beta", &g.d_beta},            {"B6", "d_gamma", &g.d_gamma},
+          {"B6", "d_d_local", &g.d_d_local},      {"B6", "da_cs_sum", &g.da_cs_sum},
+          {"B6", "dQ_mid", &g.dQ_mid},            {"B6", "dK_mid", &g.dK_mid},
+          {"B6", "dADT", &g.dADT},                {"B6", "dQK_dot", &g.dQK_dot},
+          {"B6", "dD_partials", &g.dD_partials},  {"B6", "dScale", &g.dScale},
+          {"B6", "dGamma", &g.dGamma},            {"B6", "dDT", &g.dDT},
+          {"B6", "d_x", &g.d_x},                  {"B6", "d_b_pre_rope", &g.d_b_pre_rope},
+          {"B6", "d_c_pre_rope", &g.d_c_pre_rope}, {"B6", "d_angle_cumsum", &g.d_angle_cumsum},
+          {"B6", "d_adt_total", &g.d_adt_total},  {"B6", "d_dt_direct", &g.d_dt_direct},
+          {"B6", "d_trap_sig", &g.d_trap_sig},    {"B5a", "d_angles_raw", &g.d_angles_raw},
+          {"B5a", "d_dt_angle", &g.d_dt_angle},   {"B5b", "d_dd_dt", &g.d_dd_dt},
+          {"B5b", "d_dd_a", &g.d_dd_a},           {"B5b", "d_trap_raw", &g.d_trap_raw},
+          {"B4b", "d_b_normed", &g.d_b_normed},   {"B4b", "d_c_normed", &g.d_c_normed},
+          {"B4c", "d_b_raw", &g.d_b_raw},         {"B4c", "d_c_raw", &g.d_c_raw},
+          {"B3", "d_proj", &g.d_proj},            {"B2", "d_norm", &g.d_norm},
+          {"B1", "d_pre_norm", &g.d_pre_norm},    {"B1", "d_temporal", &g.d_temporal},
+          {"d_states", "d_ssm_state", &g.d_ssm_in}, {"d_states", "d_k_state", &g.d_k_in},
+          {"d_states", "d_v_state", &g.d_v_in},   {"d_states", "d_angle_state", &g.d_angle_in}};
+}
+
+class Runner {
+ public:
+  Runner(const Problem& pb, ScanMode mode, const Capture& oracle, Precision storage,
+         gpu::Fault fault)
+      : pb_(pb),
+        cfg_(pb.cfg),
+        mode_(mode),
+        oracle_(oracle),
+        d_(Dims::of(pb.cfg, pb.B, pb.T, storage)),
+        fault_(fault),
+        p_(cast_params<float>(pb.params)),
+        states_(cast_states<float>(pb.states)),
+        grads_(zero_params<float>(pb.cfg)),
+        cap_(pb.cfg, pb.B, pb.T) {
+    a_.allocate(d_, mode);
+    g_.allocate(d_, mode);
+    w_input_ = typed(p_.input_proj_w);
+    for (const auto& L : p_.layers) {
+      w_in_.push_back(typed(L.in_proj_w));
+      w_out_.push_back(typed(L.out_proj_w));
+    }
+  }
+
+  Capture run() {
+    forward();
+    backward();
+    capture_grads(grads_, cfg_, cap_);
+    return std::move(cap_);
+  }
+
+ private:
+  // ---- loading the oracle's values --------------------------------------------------------
+  Vec typed(Vec v) const {
+    ref::store_typed(d_, v);
+    return v;
+  }
+  // The oracle's tensor `key`, rounded to float (and to the storage type when `is_typed`).
+  void load(const std::string& key, Vec& v, bool is_typed) const {
+    const Tensor* t = oracle_.find(key);
+    M3_REQUIRE(t != nullptr, "run_reference_isolated", "the oracle lacks '" + key + "'",
+               "an isolated run needs every registry tensor of the oracle");
+    M3_REQUIRE(static_cast<size_t>(t->numel()) == v.size(), "run_reference_isolated",
+               "the oracle's '" + key + "' has the wrong size", "got ", t->numel(),
+               ", expected ", v.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(t->data[i]);
+    if (is_typed) ref::store_typed(d_, v);
+  }
+  void load_fields(int l, const std::vector<Field>& fields) {
+    for (const Field& f : fields) {
+      const TensorSpec& spec = find_spec(f.stage, f.tensor);
+      if (!exists_in(spec, cfg_, mode_)) continue;
+      load(stage_key(l, f.stage, f.tensor), *f.v, spec.typed);
+    }
+  }
+  // Before each forward stage of layer l: every forward tensor of the layer is the oracle's,
+  // the entering states the Problem's.
+  void fresh_forward(int l) {
+    load_fields(l, act_fields(a_));
+    take(states_.ssm, l, a_.ssm_in);
+    take(states_.k, l, a_.k_in);
+    take(states_.v, l, a_.v_in);
+    take(states_.angle, l, a_.angle_in);
+  }
+  // Before each backward stage: the forward tensors, every backward tensor of the layer the
+  // oracle's, zero gradients wrt the leaving states.
+  void fresh_backward(int l) {
+    fresh_forward(l);
+    load_fields(l, grad_fields(g_));
+    for (Vec* v : {&g_.d_ssm_out, &g_.d_k_out, &g_.d_v_out, &g_.d_angle_out})
+      std::fill(v->begin(), v->end(), 0.0f);
+  }
+  static void take(const Vec& all, int l, Vec& slice) {
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()), slice.size(),
+                slice.begin());
+  }
+
+  void put(int l, const char* stage, const char* tensor, const Vec& v) {
+    if (!exists_in(find_spec(stage, tensor), cfg_, mode_)) return;
+    cap_.put_stage(l, stage, tensor, v.data(), static_cast<Idx>(v.size()));
+  }
+  void put_stage(int l, const char* stage, const std::vector<Field>& fields) {
+    for (const Field& f : fields)
+      if (std::strcmp(f.stage, stage) == 0) put(l, f.stage, f.tensor, *f.v);
+  }
+
+  bool faulted(int l, gpu::Fault f) const { return l == 0 && fault_ == f; }
+
+  // ---- forward ----------------------------------------------------------------------------
+  void forward() {
+    const Idx BT = d_.BT;
+    Vec x_in(pb_.x.begin(), pb_.x.end());
+    ref::store_typed(d_, x_in);
+    Vec h0(static_cast<size_t>(BT * d_.dm));
+    if (cfg_.input_proj_identity) {
+      h0 = x_in;
+    } else {
+      ref::linear_forward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), p_.input_proj_b.data(),
+                          h0.data());
+      ref::store_typed(d_, h0);
+    }
+    put(-1, "input_proj", "input_proj_inputs", x_in);
+    put(-1, "input_proj", "input_proj_outputs", h0);
+
+    const auto acts = act_fields(a_);
+    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
+      const auto& P = p_.layers[static_cast<size_t>(l)];
+      fresh_forward(l);  // F1
+      ref::rmsnorm_forward(BT, d_.dm, a_.residual.data(), P.norm_weight.data(),
+                           a_.post_norm.data(), a_.rms_vals.data());
+      ref::store_typed(d_, a_.post_norm);
+      put_stage(l, "F1", acts);
+      fresh_forward(l);  // F2
+      ref::linear_forward(BT, d_.dm, d_.ip, a_.post_norm.data(), w_in_[static_cast<size_t>(l)].data(),
+                          static_cast<const float*>(nullptr), a_.proj.data());
+      ref::store_typed(d_, a_.proj);
+      put_stage(l, "F2", acts);
+      fresh_forward(l);  // F3
+      ref::split_forward(d_, P, a_);
+      put_stage(l, "F3", acts);
+      fresh_forward(l);  // F4
+      ref::bcnorm_forward(d_, P, a_);
+      put_stage(l, "F4", acts);
+      fresh_forward(l);  // F5 (and the leaving angle state)
+      ref::angle_forward(d_, a_);
+      if (faulted(l, gpu::Fault::FlipAngleSign))
+        for (float& th : a_.angle_cumsum) th = static_cast<float>(ref::kTwoPi - th);
+      put_stage(l, "F5", acts);
+      put(l, "states", "angle_state", a_.angle_out);
+      fresh_forward(l);  // F4ef
+      ref::rope_forward(d_, a_);
+      ref::store_typed(d_, a_.k);
+      ref::store_typed(d_, a_.q);
+      put_stage(l, "F4ef", acts);
+      fresh_forward(l);  // F5b
+      ref::abg_forward(d_, a_);
+      if (faulted(l, gpu::Fault::DropBeta)) std::fill(a_.beta.begin(), a_.beta.end(), 0.0f);
+      put_stage(l, "F5b", acts);
+      fresh_forward(l);  // F6 (and the leaving ssm, k, v states)
+      if (mode_ == ScanMode::Sequential) ref::ssm_seq_forward(d_, P, a_);
+      else ref::ssm_chunked_forward(d_, P, a_);
+      ref::store_typed(d_, a_.y);
+      inject_f6_faults(l);
+      put_stage(l, "F6", acts);
+      put(l, "states", "ssm_state", a_.ssm_out);
+      put(l, "states", "k_state", a_.k_out);
+      put(l, "states", "v_state", a_.v_out);
+      fresh_forward(l);  // F7
+      ref::gating_forward(d_, P, a_);
+      ref::store_typed(d_, a_.gated);
+      put_stage(l, "F7", acts);
+      fresh_forward(l);  // F8
+      ref::linear_forward(BT, d_.di, d_.dm, a_.gated.data(), w_out_[static_cast<size_t>(l)].data(),
+                          static_cast<const float*>(nullptr), a_.out_flat.data());
+      ref::store_typed(d_, a_.out_flat);
+      for (Idx i = 0; i < BT * d_.dm; ++i) a_.layer_output[i] = a_.residual[i] + a_.out_flat[i];
+      put_stage(l, "F8", acts);
+    }
+
+    Vec nf_in(static_cast<size_t>(BT * d_.dm)), nf_rms(static_cast<size_t>(BT)),
+        out(static_cast<size_t>(BT * d_.dm));
+    load("norm_f/norm_f_input", nf_in, false);
+    ref::rmsnorm_forward(BT, d_.dm, nf_in.data(), p_.norm_f_weight.data(), out.data(),
+                         nf_rms.data());
+    ref::store_typed(d_, out);
+    put(-1, "norm_f", "norm_f_input", nf_in);
+    put(-1, "norm_f", "norm_f_rms", nf_rms);
+    put(-1, "norm_f", "Out", out);
+  }
+
+  // The F6 faults of backbone_gpu.hpp on y [B·T, nh, hd] (after y's typed store).
+  void inject_f6_faults(int l) {
+    if (faulted(l, gpu::Fault::ChunkBoundaryOff)) {
+      const size_t row = static_cast<size_t>(d_.nh * d_.hd);
+      for (Idx b = 0; b < d_.B; ++b)
+        for (Idx c = 1; c < d_.nc; ++c) {
+          const Idx t = d_.chunk_begin(c);
+          std::copy_n(a_.y.begin() + static_cast<std::ptrdiff_t>((b * d_.T + t - 1) * row), row,
+                      a_.y.begin() + static_cast<std::ptrdiff_t>((b * d_.T + t) * row));
+        }
+    }
+    if (faulted(l, gpu::Fault::RoundTwice)) {
+      const int bits = d_.storage == Precision::BF16 ? 5 : 7;
+      for (float& v : a_.y) v = round_mantissa(v, bits);
+    }
+  }
+
+  // ---- backward ---------------------------------------------------------------------------
+  void backward() {
+    const Idx BT = d_.BT;
+    const size_t n_dm = static_cast<size_t>(BT * d_.dm);
+    {
+      Vec nf_in(n_dm), nf_rms(static_cast<size_t>(BT)), d_norm_f(n_dm);
+      load("norm_f/norm_f_input", nf_in, false);
+      load("norm_f/norm_f_rms", nf_rms, false);
+      const Vec d_out(pb_.d_out.begin(), pb_.d_out.end());
+      ref::rmsnorm_backward(BT, d_.dm, nf_in.data(), p_.norm_f_weight.data(), nf_rms.data(),
+                            d_out.data(), d_norm_f.data(), grads_.norm_f_weight.data());
+      put(-1, "norm_f", "d_norm", d_norm_f);
+    }
+    const auto grads = grad_fields(g_);
+    Vec delta(n_dm), delta_typed;
+    for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
+      const size_t li = static_cast<size_t>(l);
+      const auto& P = p_.layers[li];
+      auto& PG = grads_.layers[li];
+      load(l + 1 == static_cast<int>(cfg_.n_layers) ? std::string("norm_f/d_norm")
+                                                    : stage_key(l + 1, "B1", "d_temporal"),
+           delta, false);
+      fresh_backward(l);  // B8: the GEMMs take the staged typed copy of δ
+      delta_typed = typed(delta);
+      ref::linear_backward(BT, d_.di, d_.dm, a_.gated.data(), w_out_[li].data(),
+                           delta_typed.data(), g_.d_gated.data(), PG.out_proj_w.data(),
+                           static_cast<float*>(nullptr));
+      ref::store_typed(d_, g_.d_gated);
+      put_stage(l, "B8", grads);
+      fresh_backward(l);  // B7
+      ref::gating_backward(d_, P, a_, g_, PG);
+      ref::store_typed(d_, g_.d_y);
+      ref::store_typed(d_, g_.d_z);
+      put_stage(l, "B7", grads);
+      fresh_backward(l);  // B6 (and the entering ssm, k, v state gradients)
+      if (mode_ == ScanMode::Sequential) {
+        ref::ssm_seq_backward(d_, P, a_, g_, PG);
+        ref::rope_backward(d_, a_, g_);
+        ref::abg_backward(d_, a_, g_);
+      } else {
+        ref::ssm_chunked_backward(d_, P, a_, g_, PG);
+      }
+      ref::store_typed(d_, g_.d_x);
+      put_stage(l, "B6", grads);
+      put(l, "d_states", "d_ssm_state", g_.d_ssm_in);
+      put(l, "d_states", "d_k_state", g_.d_k_in);
+      put(l, "d_states", "d_v_state", g_.d_v_in);
+      fresh_backward(l);  // B5a (and the entering angle state gradient)
+      ref::angle_backward(d_, a_, g_);
+      put_stage(l, "B5a", grads);
+      put(l, "d_states", "d_angle_state", g_.d_angle_in);
+      fresh_backward(l);  // B5b
+      ref::activations_backward(d_, P, a_, g_, PG);
+      put_stage(l, "B5b", grads);
+      fresh_backward(l);  // B4b, B4c
+      ref::bcnorm_backward(d_, P, a_, g_, PG);
+      put_stage(l, "B4b", grads);
+      put_stage(l, "B4c", grads);
+      fresh_backward(l);  // B3
+      ref::split_backward(d_, g_);
+      ref::store_typed(d_, g_.d_proj);
+      put_stage(l, "B3", grads);
+      fresh_backward(l);  // B2
+      ref::linear_backward(BT, d_.dm, d_.ip, a_.post_norm.data(), w_in_[li].data(),
+                           g_.d_proj.data(), g_.d_norm.data(), PG.in_proj_w.data(),
+                           static_cast<float*>(nullptr));
+      ref::store_typed(d_, g_.d_norm);
+      put_stage(l, "B2", grads);
+      fresh_backward(l);  // B1
+      ref::rmsnorm_backward(BT, d_.dm, a_.residual.data(), P.norm_weight.data(),
+                            a_.rms_vals.data(), g_.d_norm.data(), g_.d_pre_norm.data(),
+                            PG.norm_weight.data());
+      for (Idx i = 0; i < BT * d_.dm; ++i) g_.d_temporal[i] = delta[i] + g_.d_pre_norm[i];
+      put_stage(l, "B1", grads);
+    }
+
+    // input_proj backward: dX = δ⁰·W_inᵀ from the typed copy of δ⁰; the bias gradient is a
+    // reduction of the f32 δ⁰ (as the backbone).
+    load(stage_key(0, "B1", "d_temporal"), delta, false);
+    Vec d_x(static_cast<size_t>(BT * d_.in), 0.0f);
+    if (cfg_.input_proj_identity) {
+      d_x = delta;
+    } else {
+      Vec x_in(pb_.x.begin(), pb_.x.end());
+      ref::store_typed(d_, x_in);
+      delta_typed = typed(delta);
+      ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
+                           d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      Vec db(static_cast<size_t>(d_.dm), 0.0f);
+      for (Idx r = 0; r < BT; ++r)
+        for (Idx j = 0; j < d_.dm; ++j) db[j] += delta[r * d_.dm + j];
+      for (Idx j = 0; j < d_.dm; ++j) grads_.input_proj_b[j] += db[j];
+    }
+    ref::store_typed(d_, d_x);
+    put(-1, "input_proj", "d_input_proj_dx", d_x);
+  }
+
+  const Problem& pb_;
+  const Config& cfg_;
+  ScanMode mode_;
+  const Capture& oracle_;
+  Dims d_;
+  gpu::Fault fault_;
+  Params<float> p_;
+  States<float> states_;
+  Params<float> grads_;
+  Capture cap_;
+  Acts a_;
+  Grads g_;
+  Vec w_input_;
+  std::vector<Vec> w_in_, w_out_;
+};
+
+// Every per-layer registry tensor of (cfg, mode) must have a buffer above (a registry entry
+// added without one here would silently be left out of the isolated run).
+void check_fields_cover_registry(const Config& cfg, ScanMode mode) {
+  Acts a;
+  Grads g;
+  std::vector<Field> all = act_fields(a);
+  for (const Field& f : grad_fields(g)) all.push_back(f);
+  for (const TensorSpec& spec : stage_registry()) {
+    if (spec.scope != Scope::Layer || !exists_in(spec, cfg, mode)) continue;
+    bool found = false;
+    for (const Field& f : all)
+      found = found || (std::strcmp(f.stage, spec.stage) == 0 &&
+                        std::strcmp(f.tensor, spec.tensor) == 0);
+    M3_REQUIRE(found, "run_reference_isolated", "no buffer for a registry tensor",
+               spec.stage, "/", spec.tensor);
+  }
+}
+
+}  // namespace
+
+Capture run_reference_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
+                               Precision storage, gpu::Fault fault) {
+  M3_REQUIRE(storage == Precision::F32 || storage == Precision::BF16 ||
+                 storage == Precision::F16,
+             "run_reference_isolated", "storage must be f32, bf16 or f16",
+             precision_name(storage));
+  validate_run(pb.cfg, pb.B, pb.T);
+  check_fields_cover_registry(pb.cfg, mode);
+  return Runner(pb, mode, oracle, storage, fault).run();
+}
+
+}  // namespace m3::harness
