@@ -252,6 +252,29 @@ GoldenCase compute_case(const std::string& name, const Problem& pb,
   return gc;
 }
 
+void write_run_attrs(h5::Writer& w, const std::string& g, const Config& c, Idx B, Idx T,
+                     std::uint64_t seed) {
+  w.attr(g, "d_model", c.d_model);
+  w.attr(g, "d_state", c.d_state);
+  w.attr(g, "expand", c.expand);
+  w.attr(g, "headdim", c.headdim);
+  w.attr(g, "ngroups", c.ngroups);
+  w.attr(g, "n_layers", c.n_layers);
+  w.attr(g, "rope_fraction", c.rope_fraction);
+  w.attr(g, "a_floor", c.a_floor);
+  w.attr(g, "is_outproj_norm", c.is_outproj_norm ? 1 : 0);
+  w.attr(g, "input_dim", c.input_dim);
+  w.attr(g, "input_proj_identity", c.input_proj_identity ? 1 : 0);
+  w.attr(g, "chunk_size", c.chunk_size);
+  w.attr(g, "d_inner", c.d_inner());
+  w.attr(g, "nheads", c.nheads());
+  w.attr(g, "num_rope_angles", c.num_rope_angles());
+  w.attr(g, "in_proj_dim", c.in_proj_dim());
+  w.attr(g, "B", B);
+  w.attr(g, "T", T);
+  w.attr(g, "seed", std::to_string(seed));
+}
+
 void write_golden(const std::string& path, const GoldenCase& gc, bool force) {
   const char* where = "golden::write_golden";
   M3_REQUIRE(!gc.name.empty(), where, "empty case name", path);
@@ -270,25 +293,7 @@ void write_golden(const std::string& path, const GoldenCase& gc, bool force) {
   w.attr(kMeta, "generator_version", kGeneratorVersion);
   w.attr(kMeta, "git_revision", git_revision());
   w.attr(kMeta, "case", gc.name);
-  w.attr(kMeta, "d_model", c.d_model);
-  w.attr(kMeta, "d_state", c.d_state);
-  w.attr(kMeta, "expand", c.expand);
-  w.attr(kMeta, "headdim", c.headdim);
-  w.attr(kMeta, "ngroups", c.ngroups);
-  w.attr(kMeta, "n_layers", c.n_layers);
-  w.attr(kMeta, "rope_fraction", c.rope_fraction);
-  w.attr(kMeta, "a_floor", c.a_floor);
-  w.attr(kMeta, "is_outproj_norm", c.is_outproj_norm ? 1 : 0);
-  w.attr(kMeta, "input_dim", c.input_dim);
-  w.attr(kMeta, "input_proj_identity", c.input_proj_identity ? 1 : 0);
-  w.attr(kMeta, "chunk_size", c.chunk_size);
-  w.attr(kMeta, "d_inner", c.d_inner());
-  w.attr(kMeta, "nheads", c.nheads());
-  w.attr(kMeta, "num_rope_angles", c.num_rope_angles());
-  w.attr(kMeta, "in_proj_dim", c.in_proj_dim());
-  w.attr(kMeta, "B", pb.B);
-  w.attr(kMeta, "T", pb.T);
-  w.attr(kMeta, "seed", std::to_string(pb.seed));
+  write_run_attrs(w, kMeta, c, pb.B, pb.T, pb.seed);
   w.attr(kMeta, "scan_modes", mode_list(gc.modes));
   w.attr(kMeta, "precision", precision_name(Precision::F64));
 

@@ -25,6 +25,7 @@
 
 #include "capture.hpp"
 #include "config.hpp"
+#include "h5store.hpp"
 #include "problem.hpp"
 
 namespace m3::golden {
@@ -35,6 +36,12 @@ constexpr const char* kGeneratorVersion = "0.1";
 
 // The git revision baked in at configure time (`git rev-parse --short HEAD`), or "unknown".
 const char* git_revision();
+
+// The attributes that describe a run, written on `group` of both golden files and dumps:
+// every Config field, the derived dimensions (d_inner, nheads, num_rope_angles, in_proj_dim),
+// B, T and the seed (as a decimal string: HDF5's int64 cannot hold every uint64 seed).
+void write_run_attrs(h5::Writer& w, const std::string& group, const Config& c, Idx B, Idx T,
+                     std::uint64_t seed);
 
 struct GoldenCase {             // everything a golden file holds
   std::string name;             // case name

@@ -78,6 +78,23 @@ Preset base(const char* name, const char* about) {
   return p;
 }
 
+}  // namespace
+
+Config official_config() {
+  Config c;
+  c.d_model = 1024;
+  c.d_state = 128;
+  c.headdim = 64;
+  c.expand = 2;
+  c.ngroups = 1;
+  c.n_layers = 1;
+  c.input_dim = 1024;
+  c.chunk_size = 64;
+  return c;
+}
+
+namespace {
+
 std::vector<Preset> build_presets() {
   std::vector<Preset> p;
   p.push_back(base("default",
@@ -87,14 +104,7 @@ std::vector<Preset> build_presets() {
     Preset o = base("official",
                     "official Mamba-3 width (d_model 1024, d_state 128, headdim 64, expand 2, "
                     "ngroups 1) but 1 layer, B=1, T=64 so the CPU oracle takes seconds");
-    o.cfg.d_model = 1024;
-    o.cfg.d_state = 128;
-    o.cfg.headdim = 64;
-    o.cfg.expand = 2;
-    o.cfg.ngroups = 1;
-    o.cfg.n_layers = 1;
-    o.cfg.input_dim = 1024;
-    o.cfg.chunk_size = 64;
+    o.cfg = official_config();
     o.B = 1;
     o.T = 64;
     p.push_back(o);

@@ -46,6 +46,10 @@ const std::vector<Preset>& presets();
 // Throws m3::Error listing the known names.
 const Preset& find_preset(const std::string& name);
 
+// The official Mamba-3 widths (MODEL.md §1.1): d_model 1024, d_state 128, headdim 64,
+// expand 2, ngroups 1, chunk 64; one layer, linear input_proj of width d_model.
+Config official_config();
+
 // make_problem(cfg, B, T, seed, random_states), then the preset's adjustment.
 Problem preset_problem(const Preset& p, const Config& cfg, Idx B, Idx T, std::uint64_t seed,
                        bool random_states);

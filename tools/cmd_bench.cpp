@@ -20,6 +20,7 @@
 #include "context.hpp"
 #include "device.hpp"
 #include "gpu_lineup.hpp"
+#include "presets.hpp"
 #include "report.hpp"
 
 namespace m3::tools {
@@ -43,13 +44,7 @@ Shape bench_shape(const std::string& name) {
   Shape s{name, Config{}, 2, 256};
   if (name == "default") return s;
   if (name == "official") {
-    s.cfg.d_model = 1024;
-    s.cfg.headdim = 64;
-    s.cfg.d_state = 128;
-    s.cfg.ngroups = 1;
-    s.cfg.expand = 2;
-    s.cfg.n_layers = 1;
-    s.cfg.input_dim = 1024;
+    s.cfg = harness::official_config();
     s.B = 8;
     s.T = 4096;
     return s;
