@@ -1,24 +1,50 @@
 // Angle accumulation (F5), RoPE on B → k and C → q (F4e/f), and their backward (B6 RoPE tail,
 // B5a). MODEL.md §4 F5, F4e/f, §6.2 B6-tail/B5a, §12.3; the same formulas, operation for
-// operation, as reference/rope.cpp.
+// operation, as reference/rope.cpp (F5 and B5a re-associated over t as stated below).
 //
-// F5, one thread per (b, h, a), sequential in t, the running θ carried in DOUBLE:
+// F5, per (b, h, a) the serial recurrence of the reference, θ carried in DOUBLE:
 //   ω      = π·tanh(angles_raw[r,a])          (float)
-//   incr   = ω·dt[r,h]                        (float)
-//   θ_t    = wrap(θ_{t−1} + incr),  θ_{−1} = angle_in[b,h,a]   (double)
+//   incr_t = ω·dt[r,h]                        (float)
+//   θ_t    = wrap(θ_{t−1} + incr_t),  θ_{−1} = angle_in[b,h,a]   (double)
 //   wrap(v) = v − 2π·⌊v/2π⌋ ∈ [0, 2π)  (a result that rounds up to 2π becomes 0)
 //   angle_cumsum[r,h,a] = float(θ_t);  angle_out[b,h,a] = float(θ_{T−1})
+// Parallel over t. j = h·na + a (θ is [BT, nh·na], j fastest); one block per (b, group of
+// kAngleJ = 8 consecutive j); thread (s, jl) owns segment s < kAngleSegs = 32 of kAngleSteps = 8
+// consecutive steps of a tile (32·8 = 256 steps). Tiles run in ascending t with a carried θ c
+// (c = θ_{−1} before the first tile, then the θ walked at the previous tile's last step):
+//   1. Σ_s = Σ_k double(incr) over segment s, ascending k                           (double)
+//   2. entering value E_0 = c,  E_s = wrap((…((c + Σ_0) + Σ_1) + …) + Σ_{s−1})  for s ≥ 1
+//   3. walk from E_s: θ = wrap(θ + double(incr)) after every step, store float(θ); c ← the θ of
+//      the tile's last step.
+// In exact arithmetic E_s = θ_{t−1} for t the segment's first step (wrap(wrap(x) + y) =
+// wrap(x + y)), so this is the serial recurrence re-associated; in double the two differ only by
+// the rounding of the sums in 1–2 (magnitudes ≤ |c| + 256·max|incr|): |Δθ| ≲ 2⁻⁵²·(|θ_{−1}| +
+// Σ_t |incr_t|), at most ~1e-11 rad at T = 4096 with |incr| ≤ 2π (0 whenever those sums of f32
+// increments are exact in double), far below the f32 rounding of the stored θ (up to 2.4e-7
+// near 2π). wrap_two_pi takes ⌊v/2π⌋ ∈ {−1, 0, 1} without the division, bit for bit equal to
+// the full formula; the walk in 3 is the serial recurrence itself.
 // F4e/f, adjacent pairs (2a, 2a+1), a < na, c = cos θ[r,h,a], s = sin θ[r,h,a]; n ≥ 2na copied:
 //   k[2a] = c·b[2a] − s·b[2a+1],   k[2a+1] = s·b[2a] + c·b[2a+1]     (b = b_biased; q from c)
 // RoPE backward, two rotated vectors at once (path 1 = k, path 2 = q), dv = ∂L/∂rotated:
 //   dpre[2a]   = c·dv[2a] + s·dv[2a+1] (+ extra_scale·extra_vec[2a])        (n ≥ 2na: dv + …)
 //   dpre[2a+1] = −s·dv[2a] + c·dv[2a+1] (+ extra_scale·extra_vec[2a+1])
 //   dθ[r,h,a]  = (−dv1[2a]·rot1[2a+1] + dv1[2a+1]·rot1[2a]) + (same for path 2)   (overwrite)
-// B5a (wrap = identity for differentiation): one thread per (b, h, a) forms
-//   Θ̄_t = Σ_{s ≥ t} dθ_s  (+ ∂L/∂angle_out at t = T−1), in Scratch [BT, nh, na], d_angle_in = Θ̄_0;
-// then one thread per output:
+// B5a (wrap = identity for differentiation):
+//   Θ̄_t = Σ_{s ≥ t} dθ_s (+ ∂L/∂angle_out at t = T−1), in Scratch [BT, nh, na], d_angle_in = Θ̄_0,
+// in f32, parallel over t with the blocks, threads and tiles of F5, tiles in descending t with
+// a carried c (c = ∂L/∂angle_out (0 if null) before the last tile, then Θ̄ at the first step of
+// the tile just done):
+//   1. R_s = Σ dθ over segment s, descending t
+//   2. entering value F_s = (…((c + R_{31}) + R_{30}) + …) + R_{s+1}   (non-empty segments only)
+//   3. walk from F_s in descending t: Θ̄ += dθ_t, store Θ̄_t; c ← Θ̄ at the tile's first step.
+// Exactly Θ̄ in exact arithmetic; in f32 a fixed summation order other than the reference's.
+// Then one thread per output:
 //   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − tanh²(angles_raw[r,a]))   (ascending h)
 //   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·tanh(angles_raw[r,a])                  (ascending a)
+// Every order above depends only on the shapes (deterministic, no atomics). Coalescing: a warp
+// is 4 segments × 8 consecutive j, so each access to θ, dθ, Θ̄ is 4 whole 32-byte sectors;
+// angles_raw[r,a] (read by the nh threads of (r, a)) and dt[r,h] (by the na of (r, h)) are
+// small and come from L1/L2.
 // Typed storage T: b/c_biased, rot and extra_vec are read as f32, k and q rounded once at their
 // store; θ, dv, dpre, dθ and every angle tensor are f32.
 // Shapes: angles_raw, d_angles_raw [BT, na]; dt, d_dt_angle [BT, nh]; θ, dθ [BT, nh, na];
@@ -34,42 +60,82 @@ namespace {
 
 constexpr double kTwoPiD = ref::kTwoPi;
 constexpr float kPiF = static_cast<float>(ref::kPi);
-constexpr int kAngleBatch = 8;  // time steps whose loads are issued together
+// F5 / B5a blocks: kAngleJ consecutive j = h·na + a × kAngleSegs segments of kAngleSteps steps.
+constexpr int kAngleJ = 8;                                // 8 floats = one 32-byte sector
+constexpr int kAngleSegs = kThreads / kAngleJ;            // 32 segments per tile
+constexpr int kAngleSteps = 8;                            // steps per segment
+constexpr Idx kAngleTile = Idx(kAngleSegs) * kAngleSteps;  // 256 steps per tile
+// Fast-path bounds of wrap_two_pi: for 0 ≤ v < kWrapLo the rounded v/2π is < 1; for
+// 2π ≤ v < kWrapHi it is in [1, 2); for −kWrapLo < v < −kWrapTiny it is in (−1, 0) (no underflow).
+constexpr double kWrapLo = 6.28, kWrapHi = 12.5, kWrapTiny = 1e-300;
 
-// v − 2π·⌊v/2π⌋ without contraction into an fma (the reference rounds the product first).
+// v − 2π·⌊v/2π⌋ without contraction into an fma (the reference rounds the product first);
+// ⌊v/2π⌋ ∈ {0, 1, −1} are taken without the division, with the same result bit for bit
+// (2π·k is then exact and v + 0 turns −0 into +0 as v − 2π·(−0) does).
 __device__ __forceinline__ double wrap_two_pi(double v) {
-  const double w = __dsub_rn(v, __dmul_rn(kTwoPiD, floor(v / kTwoPiD)));
+  if (v >= 0.0 && v < kWrapLo) return __dadd_rn(v, 0.0);
+  if (v >= kTwoPiD && v < kWrapHi) return __dsub_rn(v, kTwoPiD);
+  const double w = v < -kWrapTiny && v > -kWrapLo
+                       ? __dadd_rn(v, kTwoPiD)
+                       : __dsub_rn(v, __dmul_rn(kTwoPiD, floor(v / kTwoPiD)));
   return w >= kTwoPiD ? 0.0 : w;
 }
 
+// Steps t < T of the segment starting at ts: min(kAngleSteps, T − ts), 0 if ts ≥ T.
+__device__ __forceinline__ int segment_steps(Idx T, Idx ts) {
+  return ts >= T ? 0 : T - ts >= kAngleSteps ? kAngleSteps : static_cast<int>(T - ts);
+}
+
+// One block per (b, group of kAngleJ consecutive j); thread (s, jl); see the header (F5 1–3).
 __global__ void __launch_bounds__(kThreads)
-angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* angles_raw, const float* dt,
-                     const float* angle_in, float* angle_cumsum, float* angle_out) {
-  const Idx units = B * nh * na;
-  for (Idx u = blockIdx.x * Idx(kThreads) + threadIdx.x; u < units;
-       u += Idx(gridDim.x) * kThreads) {
-    const Idx a = u % na, h = (u / na) % nh, b = u / (na * nh);
+angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ angles_raw,
+                     const float* __restrict__ dt, const float* __restrict__ angle_in,
+                     float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
+  __shared__ double seg_sum[kAngleSegs][kAngleJ];
+  __shared__ double carry[kAngleJ];
+  const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
+  for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
+    const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
+    const bool on = j < nj;
+    const Idx h = on ? j / na : 0, a = on ? j % na : 0;
     const float* raw = angles_raw + b * T * na + a;
     const float* dtp = dt + b * T * nh + h;
-    float* out = angle_cumsum + (b * T * nh + h) * na + a;
-    double theta = angle_in ? static_cast<double>(angle_in[u]) : 0.0;
-    // Steps in batches of kAngleBatch: the increments (independent of θ) are loaded and
-    // formed first, so the loads of a batch are in flight together; then the θ chain.
-    for (Idx t0 = 0; t0 < T; t0 += kAngleBatch) {
-      float incr[kAngleBatch];
+    float* out = angle_cumsum + b * T * nj + j;
+    if (s == 0) carry[jl] = on && angle_in ? static_cast<double>(angle_in[b * nj + j]) : 0.0;
+    for (Idx t0 = 0; t0 < T; t0 += kAngleTile) {
+      const Idx ts = t0 + Idx(s) * kAngleSteps;  // this segment's first step
+      const int steps = on ? segment_steps(T, ts) : 0;
+      const float *raw_s = raw + ts * na, *dt_s = dtp + ts * nh;
+      double incr[kAngleSteps];  // double((π·tanh)·dt), 0 past T
 #pragma unroll
-      for (int k = 0; k < kAngleBatch; ++k) {
-        const Idx t = t0 + k;
-        incr[k] = t < T ? kPiF * tanhf(raw[t * na]) * dtp[t * nh] : 0.0f;  // (π·tanh)·dt
+      for (int k = 0; k < kAngleSteps; ++k) {
+        const float inc = k < steps ? kPiF * tanhf(raw_s[k * na]) * dt_s[k * nh] : 0.0f;
+        incr[k] = static_cast<double>(inc);
       }
+      double sum = incr[0];  // 1. Σ_s
 #pragma unroll
-      for (int k = 0; k < kAngleBatch; ++k) {
-        if (t0 + k >= T) break;
-        theta = wrap_two_pi(theta + static_cast<double>(incr[k]));
-        out[(t0 + k) * nh * na] = static_cast<float>(theta);
+      for (int k = 1; k < kAngleSteps; ++k) sum += incr[k];
+      seg_sum[s][jl] = sum;
+      __syncthreads();
+      double theta = carry[jl];  // 2. E_s
+      if (s > 0) {
+        for (int q = 0; q < s; ++q) theta += seg_sum[q][jl];
+        theta = wrap_two_pi(theta);
       }
+      __syncthreads();  // seg_sum and carry read before they are written again
+      float* out_s = out + ts * nj;
+#pragma unroll
+      for (int k = 0; k < kAngleSteps; ++k) {  // 3. walk
+        if (k < steps) {
+          theta = wrap_two_pi(theta + incr[k]);
+          out_s[k * nj] = static_cast<float>(theta);
+        }
+      }
+      if (s == kAngleSegs - 1) carry[jl] = theta;
+      if (steps > 0 && ts + steps == T) angle_out[b * nj + j] = static_cast<float>(theta);
     }
-    angle_out[u] = static_cast<float>(theta);
+    __syncthreads();  // carry and seg_sum free for the next (b, group)
   }
 }
 
@@ -146,28 +212,50 @@ rope_backward_kernel(Idx units, Idx ds, Idx na, RopeBwd<T> p) {
 }
 
 // Θ̄ (reverse cumulative sum over t) per (b, h, a) → bar [BT, nh, na]; d_angle_in = Θ̄_0.
+// Blocks and threads as angle_forward_kernel; see the header (B5a 1–3).
 __global__ void __launch_bounds__(kThreads)
-angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na, const float* d_angle_cumsum,
-                            const float* d_angle_out, float* bar, float* d_angle_in) {
-  const Idx units = B * nh * na;
-  for (Idx u = blockIdx.x * Idx(kThreads) + threadIdx.x; u < units;
-       u += Idx(gridDim.x) * kThreads) {
-    const Idx a = u % na, h = (u / na) % nh, b = u / (na * nh);
-    const Idx first = (b * T * nh + h) * na + a, step = nh * na;
-    float run = d_angle_out ? d_angle_out[u] : 0.0f;
-    for (Idx t1 = T - 1; t1 >= 0; t1 -= kAngleBatch) {  // batches of steps t1, t1 − 1, …
-      float dth[kAngleBatch];
+angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
+                            const float* __restrict__ d_angle_cumsum,
+                            const float* __restrict__ d_angle_out, float* __restrict__ bar,
+                            float* __restrict__ d_angle_in) {
+  __shared__ float seg_sum[kAngleSegs][kAngleJ];
+  __shared__ float carry[kAngleJ];
+  const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
+  for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
+    const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
+    const bool on = j < nj;
+    const float* dth = d_angle_cumsum + b * T * nj + j;
+    float* out = bar + b * T * nj + j;
+    if (s == 0) carry[jl] = on && d_angle_out ? d_angle_out[b * nj + j] : 0.0f;
+    for (Idx t0 = (T - 1) / kAngleTile * kAngleTile; t0 >= 0; t0 -= kAngleTile) {
+      const Idx ts = t0 + Idx(s) * kAngleSteps;
+      const int steps = on ? segment_steps(T, ts) : 0;
+      const float* dth_s = dth + ts * nj;
+      float* out_s = out + ts * nj;
+      float g[kAngleSteps];  // dθ, 0 past T
 #pragma unroll
-      for (int k = 0; k < kAngleBatch; ++k)
-        dth[k] = t1 - k >= 0 ? d_angle_cumsum[first + (t1 - k) * step] : 0.0f;
+      for (int k = 0; k < kAngleSteps; ++k) g[k] = k < steps ? dth_s[k * nj] : 0.0f;
+      float sum = g[kAngleSteps - 1];  // 1. R_s
 #pragma unroll
-      for (int k = 0; k < kAngleBatch; ++k) {
-        if (t1 - k < 0) break;
-        run += dth[k];
-        bar[first + (t1 - k) * step] = run;
+      for (int k = kAngleSteps - 2; k >= 0; --k) sum += g[k];
+      seg_sum[s][jl] = sum;
+      __syncthreads();
+      float run = carry[jl];  // 2. F_s
+      for (int q = kAngleSegs - 1; q > s; --q)
+        if (t0 + Idx(q) * kAngleSteps < T) run += seg_sum[q][jl];
+      __syncthreads();  // seg_sum and carry read before they are written again
+#pragma unroll
+      for (int k = kAngleSteps - 1; k >= 0; --k) {  // 3. walk
+        if (k < steps) {
+          run += g[k];
+          out_s[k * nj] = run;
+        }
       }
+      if (s == 0) carry[jl] = run;
+      if (s == 0 && t0 == 0 && on && d_angle_in) d_angle_in[b * nj + j] = run;
     }
-    if (d_angle_in) d_angle_in[u] = run;
+    __syncthreads();  // carry and seg_sum free for the next (b, group)
   }
 }
 
@@ -202,15 +290,19 @@ void check_rope_dims(const Dims& d, const char* where) {
              " na=", d.na, " (needs 2·na ≤ ds)");
 }
 
+// Blocks of angle_forward_kernel / angle_reverse_cumsum_kernel: one per (b, group of kAngleJ j).
+unsigned int angle_blocks(const Dims& d) {
+  return grid_for(d.B * ((d.nh * d.na + kAngleJ - 1) / kAngleJ), 1);
+}
+
 }  // namespace
 
 void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const float* dt,
                    const float* angle_in, float* angle_cumsum, float* angle_out) {
   check_rope_dims(d, "gpu::angle_forward");
-  const Idx units = d.B * d.nh * d.na;
-  if (units == 0) return;
-  angle_forward_kernel<<<grid_for(units, kThreads), kThreads, 0, s>>>(
-      d.B, d.T, d.nh, d.na, angles_raw, dt, angle_in, angle_cumsum, angle_out);
+  if (d.na == 0) return;
+  angle_forward_kernel<<<angle_blocks(d), kThreads, 0, s>>>(d.B, d.T, d.nh, d.na, angles_raw, dt,
+                                                            angle_in, angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
 }
 
@@ -242,10 +334,9 @@ void rope_backward(cudaStream_t s, const Dims& d, const RopeBwd<T>& p) {
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch) {
   const char* where = "gpu::angle_backward";
   check_rope_dims(d, where);
-  const Idx units = d.B * d.nh * d.na;
   require_scratch(scratch, d.BT * d.nh * d.na, where);
-  if (units > 0) {
-    angle_reverse_cumsum_kernel<<<grid_for(units, kThreads), kThreads, 0, s>>>(
+  if (d.na > 0) {
+    angle_reverse_cumsum_kernel<<<angle_blocks(d), kThreads, 0, s>>>(
         d.B, d.T, d.nh, d.na, p.d_angle_cumsum, p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
   }

@@ -192,7 +192,8 @@ void expect_close(const std::string& what, const Vec& got, const Vec& want) {
                               << (want.empty() ? 0.f : want[worst]);
 }
 
-void expect_close_angles(const std::string& what, const Vec& got, const Vec& want) {
+void expect_close_angles(const std::string& what, const Vec& got, const Vec& want,
+                         double tol = kAngleTol) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -201,7 +202,7 @@ void expect_close_angles(const std::string& what, const Vec& got, const Vec& wan
     const double dist = std::abs(std::remainder(static_cast<double>(got[i]) - want[i], kTwoPi));
     worst = std::max(worst, dist);
   }
-  EXPECT_LE(worst, kAngleTol) << what << ": max circular distance";
+  EXPECT_LE(worst, tol) << what << ": max circular distance";
 }
 
 void expect_bitwise(const std::string& what, const Vec& x, const Vec& y) {
@@ -587,6 +588,142 @@ TEST_P(GpuStagesA, ReducingStagesAreBitwiseDeterministic) {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
 
 INSTANTIATE_TEST_SUITE_P(Configs, GpuStagesA, ::testing::ValuesIn(kCases), case_name);
+
+// ---- F5 / B5a over lengths (rope.cu: tiles of 32 segments × 8 steps, carried across tiles) --
+// Shapes around the tiling: T = 1, T < 32, a last segment of one step (33, 257, 513, 4097),
+// exactly one tile (256), several tiles (300, 513, 4097 = 16 tiles + 1 step); nh·na not a
+// multiple of the 8-wide j groups (1, 15) and wider rows (64). Increments up to 2.5π reach
+// every branch of the wrap; dt_max 40 (up to 40π) makes the general branch the common one.
+struct AngleCase {
+  const char* name;
+  Idx B, T, nh, na;
+  double dt_max;
+};
+
+const AngleCase kAngleCases[] = {
+    {"B1_T1_nh1_na1", 1, 1, 1, 1, 2.5},
+    {"B2_T1_nh3_na5", 2, 1, 3, 5, 2.5},
+    {"B1_T31_nh2_na4", 1, 31, 2, 4, 2.5},
+    {"B2_T33_nh3_na5", 2, 33, 3, 5, 2.5},
+    {"B1_T256_nh2_na4", 1, 256, 2, 4, 2.5},
+    {"B2_T257_nh3_na5", 2, 257, 3, 5, 2.5},
+    {"B2_T300_nh4_na16_dt40", 2, 300, 4, 16, 40.0},
+    {"B3_T513_nh5_na3", 3, 513, 5, 3, 2.5},
+    {"B1_T4097_nh2_na32", 1, 4097, 2, 32, 2.5},
+};
+
+Dims angle_dims(const AngleCase& c) {
+  Dims d{};
+  d.B = c.B;
+  d.T = c.T;
+  d.BT = c.B * c.T;
+  d.nh = c.nh;
+  d.na = c.na;
+  d.ds = 2 * c.na;
+  return d;
+}
+
+// Entering angles: a third in [0, 2π), a third near 1000, a third near −50 (outside the range).
+Vec angle_in_values(Idx n, Rng& rng) {
+  Vec v(static_cast<size_t>(n));
+  for (Idx i = 0; i < n; ++i)
+    v[i] = static_cast<float>(i % 3 == 0 ? rng.uniform(0.0, kTwoPi)
+                              : i % 3 == 1 ? 1000.0 + rng.uniform(0.0, 1.0)
+                                           : -50.0 - rng.uniform(0.0, 1.0));
+  return v;
+}
+
+class GpuAngles : public ::testing::TestWithParam<AngleCase> {};
+
+// angles_raw ∈ {−20, 0, 20}: tanh is exactly −1, 0, 1 in float on host and device, so the f32
+// increments are bit-identical to the reference's and θ agrees with its serial double
+// recurrence up to double rounding: circular distance ≤ 1e-6 (one f32 ulp of θ near 2π is
+// 4.8e-7), with and without angle_in, at every step and for angle_out.
+TEST_P(GpuAngles, ForwardMatchesSerialReferenceAtEveryStep) {
+  M3_SKIP_WITHOUT_GPU();
+  const AngleCase& c = GetParam();
+  const Dims d = angle_dims(c);
+  Rng rng(static_cast<std::uint64_t>(c.T * 131 + c.nh * 7 + c.na));
+  Acts a;
+  a.angles_raw.resize(static_cast<size_t>(d.BT * d.na));
+  for (auto& e : a.angles_raw) {
+    const double u = rng.uniform(0.0, 1.0);
+    e = u < 0.45 ? 20.0f : u < 0.8 ? -20.0f : 0.0f;
+  }
+  a.dt.resize(static_cast<size_t>(d.BT * d.nh));
+  fill(a.dt, rng, 0.0, c.dt_max);
+  a.angle_cumsum.resize(static_cast<size_t>(d.BT * d.nh * d.na));
+  a.angle_out.resize(static_cast<size_t>(d.B * d.nh * d.na));
+  Stream s;
+  auto raw = up(a.angles_raw, s), dt = up(a.dt, s);
+  for (bool with_in : {true, false}) {
+    SCOPED_TRACE(with_in ? "angle_in set" : "angle_in null (zeros)");
+    a.angle_in = with_in ? angle_in_values(d.B * d.nh * d.na, rng)
+                         : Vec(static_cast<size_t>(d.B * d.nh * d.na), 0.0f);
+    m3::ref::angle_forward(d, a);
+    auto ain = up(a.angle_in, s);
+    DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na);
+    m3::gpu::angle_forward(s, d, raw.data(), dt.data(), with_in ? ain.data() : nullptr,
+                           cum.data(), aout.data());
+    expect_close_angles("angle_cumsum", down(cum, s), a.angle_cumsum, 1e-6);
+    expect_close_angles("angle_out", down(aout, s), a.angle_out, 1e-6);
+  }
+}
+
+// Θ̄ and the two reductions against the double reference on the same f32 inputs, with and
+// without d_angle_out; d_angle_in = Θ̄_0. Bitwise equal on a second run.
+TEST_P(GpuAngles, BackwardMatchesDoubleReference) {
+  M3_SKIP_WITHOUT_GPU();
+  const AngleCase& c = GetParam();
+  const Dims d = angle_dims(c);
+  Rng rng(static_cast<std::uint64_t>(c.T * 17 + c.nh * 3 + c.na));
+  const size_t nraw = static_cast<size_t>(d.BT * d.na), ndt = static_cast<size_t>(d.BT * d.nh),
+               nth = static_cast<size_t>(d.BT * d.nh * d.na),
+               nst = static_cast<size_t>(d.B * d.nh * d.na);
+  Vec raw(nraw), dt(ndt), dth(nth), dout(nst);
+  fill(raw, rng, -3.0, 3.0);
+  fill(dt, rng, 0.0, c.dt_max);
+  fill(dth, rng, -1.0, 1.0);
+  fill(dout, rng, -1.0, 1.0);
+  Stream s;
+  DeviceArray<float> scratch(d.BT * d.nh * d.na);  // Θ̄, all that angle_backward needs
+  auto draw = up(raw, s), ddt = up(dt, s), ddth = up(dth, s), ddout = up(dout, s);
+  for (bool with_out : {true, false}) {
+    SCOPED_TRACE(with_out ? "d_angle_out set" : "d_angle_out null (zeros)");
+    m3::ref::LayerActs<double> a;
+    m3::ref::LayerGrads<double> g;
+    a.angles_raw.assign(raw.begin(), raw.end());
+    a.dt.assign(dt.begin(), dt.end());
+    g.d_angle_cumsum.assign(dth.begin(), dth.end());
+    g.d_angle_out.assign(nst, 0.0);
+    if (with_out) g.d_angle_out.assign(dout.begin(), dout.end());
+    g.d_angles_raw.resize(nraw);
+    g.d_dt_angle.resize(ndt);
+    g.d_angle_in.resize(nst);
+    m3::ref::angle_backward(d, a, g);
+    auto run = [&]() {
+      DeviceArray<float> d_raw(d.BT * d.na), d_dt(d.BT * d.nh), d_in(d.B * d.nh * d.na);
+      m3::gpu::AngleBwd p{draw.data(),  ddt.data(),  ddth.data(),
+                          with_out ? ddout.data() : nullptr,
+                          d_raw.data(), d_dt.data(), d_in.data()};
+      m3::gpu::angle_backward(s, d, p, Scratch{scratch.data(), scratch.size()});
+      return std::vector<Vec>{down(d_raw, s), down(d_dt, s), down(d_in, s)};
+    };
+    const std::vector<Vec> first = run(), second = run();
+    const char* names[] = {"d_angles_raw", "d_dt_angle", "d_angle_in"};
+    const std::vector<double>* want[] = {&g.d_angles_raw, &g.d_dt_angle, &g.d_angle_in};
+    for (int i = 0; i < 3; ++i) {
+      expect_close(names[i], first[i], Vec(want[i]->begin(), want[i]->end()));
+      expect_bitwise(names[i], first[i], second[i]);
+    }
+  }
+}
+
+std::string angle_case_name(const ::testing::TestParamInfo<AngleCase>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, GpuAngles, ::testing::ValuesIn(kAngleCases), angle_case_name);
 
 // ---- reduce.cu on its own ----------------------------------------------------------------
 TEST(GpuReduce, ColsumMatchesDoubleSumAcrossChunkBoundaries) {
