@@ -56,5 +56,6 @@ Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, 
 GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision) {
   no_cuda("bench_gpu");
 }
+Ceilings measure_ceilings(GpuContext&, const CeilingSpec&) { no_cuda("measure_ceilings"); }
 
 }  // namespace m3::gpu

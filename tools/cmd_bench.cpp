@@ -5,6 +5,12 @@
 //                 scan modes, and the float reference's time for the same shape (one pass,
 //                 chunked; --no-reference skips it). Without a GPU: one line saying so, then
 //                 the reference rows.
+//   --ceilings    only the device's ceilings (gpu::measure_ceilings): D2D copy bandwidth (bytes
+//                 read + written) and the bf16, f16, f32 (pedantic) cuBLAS GEMM rates.
+//   --profile     the ceilings first (once), then after each GPU row a table of the stages of
+//                 one forward+backward: ms, share, the minimum bytes and FLOPs of the stage
+//                 (harness/roofline.hpp), achieved GB/s and TFLOP/s as % of the ceilings, the
+//                 floor max(bytes/copy, FLOPs/ceiling), time over floor, and the closer bound.
 // Bench shapes: default = the default config at B = 2, T = 256 (4 layers); official = d_model
 // 1024, headdim 64, d_state 128, ngroups 1, expand 2, B = 8, T = 4096, 1 layer (the official
 // Mamba-3 defaults; the sequential reference is not timed there: its h_saved alone would need
@@ -22,6 +28,7 @@
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
 #include "report.hpp"
+#include "roofline.hpp"
 
 namespace m3::tools {
 
@@ -32,7 +39,13 @@ const char* kSummary =
     "and forward+backward per layer (CUDA events, median of --repeats after --warmup), tokens/s,\n"
     "both scan modes, plus one pass of the float reference (chunked) on the same shape.\n"
     "--reference: times the Eigen reference forward and backward in double and float on the\n"
-    "problem options' shape (default preset: B=2, T=256), both scan modes.";
+    "problem options' shape (default preset: B=2, T=256), both scan modes.\n"
+    "--ceilings: measures the device's ceilings only: device-to-device copy bandwidth (bytes\n"
+    "read + written, 2 GiB buffers) and cuBLAS GEMM rates (8192^3; bf16 and f16 with f32\n"
+    "compute, f32 pedantic without TF32); CUDA events, median of 10 after 2 warm-up.\n"
+    "--profile: measures the ceilings once, then after each GPU row one line per stage of one\n"
+    "forward+backward: time, the stage's minimum bytes and FLOPs, achieved GB/s and TFLOP/s\n"
+    "against the ceilings, the floor, time over floor, and whether memory or compute bounds it.";
 
 struct Shape {
   std::string name;
@@ -60,17 +73,71 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-void print_profile(const gpu::GpuTiming& t) {
-  double total = 0;
-  for (const auto& [name, ms] : t.stages) total += ms;
-  std::cout << "    stage profile (one forward+backward, all layers):";
-  for (const auto& [name, ms] : t.stages) {
-    char b[96];
-    std::snprintf(b, sizeof b, " %s %.3f ms (%.0f%%);", name.c_str(), ms,
-                  total > 0 ? 100.0 * ms / total : 0.0);
+void print_ceilings(const gpu::Ceilings& c) {
+  char what[96], b[200];
+  std::cout << "ceilings: CUDA events, median of " << c.repeats << " after " << c.warmup
+            << " warm-up\n";
+  std::snprintf(what, sizeof what, "copy  D2D cudaMemcpyAsync, %.2f GiB",
+                static_cast<double>(c.copy_bytes) / (1 << 30));
+  std::snprintf(b, sizeof b, "  %-40s %9.3f ms %9.1f GB/s (bytes read + written)\n", what,
+                c.copy_ms, c.copy_bytes_per_s * 1e-9);
+  std::cout << b;
+  for (const gpu::GemmCeiling* g : {&c.bf16, &c.f16, &c.f32}) {
+    std::snprintf(what, sizeof what, "gemm  %-4s %d^3, %s", precision_name(g->type), c.gemm_n,
+                  g->type == Precision::F32 ? "f32 pedantic (no TF32)" : "f32 compute");
+    std::snprintf(b, sizeof b, "  %-40s %9.3f ms %9.1f TFLOP/s (spot check %.1e)\n", what,
+                  g->ms, g->flops_per_s * 1e-12, g->check_err);
     std::cout << b;
   }
-  std::cout << "\n";
+}
+
+// One line per stage of t.stages against the work model of (shape, mode, p) and the ceilings.
+void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, ScanMode mode,
+                   Precision p, const gpu::Ceilings& c) {
+  harness::Roof roof;
+  roof.bytes_per_s = c.copy_bytes_per_s;
+  roof.matrix_flops_per_s = c.gemm(p).flops_per_s;
+  roof.fma32_flops_per_s = c.f32.flops_per_s;
+  const auto work = harness::stage_work(cfg, B, T, mode, p);
+  const auto rows = harness::roofline_rows(t.stages, work, roof);
+  char b[256];
+  std::snprintf(b, sizeof b,
+                "    stage profile, one forward+backward, all layers; gemm = %s GEMM %.1f TFLOP/s, "
+                "fma32 = f32 GEMM %.1f TFLOP/s, copy %.0f GB/s\n",
+                precision_name(p), roof.matrix_flops_per_s * 1e-12,
+                roof.fma32_flops_per_s * 1e-12, roof.bytes_per_s * 1e-9);
+  std::cout << b;
+  std::snprintf(b, sizeof b, "    %-16s %9s %6s %10s %8s %6s %10s %8s %6s %-5s %9s %7s  %s\n",
+                "stage", "ms", "%tot", "MB", "GB/s", "%copy", "GFLOP", "TFLOP/s", "%peak", "unit",
+                "floor_ms", "x_floor", "bound");
+  std::cout << b;
+  auto line = [&](const harness::RooflineRow& r) {
+    if (!r.modeled) {
+      std::snprintf(b, sizeof b, "    %-16s %9.3f %6.1f %10s\n", r.stage.c_str(), r.ms,
+                    100 * r.share, "(no model)");
+      std::cout << b;
+      return;
+    }
+    char flops[64] = "", floor[48] = "";
+    if (r.flops > 0) {
+      std::snprintf(flops, sizeof flops, "%10.3f %8.2f %6.1f %-5s", r.flops * 1e-9,
+                    r.flops_per_s * 1e-12, 100 * r.flop_fraction,
+                    r.stage == "total" ? "" : harness::flop_unit_name(r.unit));
+    } else {
+      std::snprintf(flops, sizeof flops, "%10s %8s %6s %-5s", "-", "-", "-", "");
+    }
+    if (r.floor_ms > 0) {
+      std::snprintf(floor, sizeof floor, "%9.3f %7.1f", r.floor_ms, r.ms / r.floor_ms);
+    } else {
+      std::snprintf(floor, sizeof floor, "%9s %7s", "-", "-");
+    }
+    std::snprintf(b, sizeof b, "    %-16s %9.3f %6.1f %10.2f %8.1f %6.1f %s %s  %s\n",
+                  r.stage.c_str(), r.ms, 100 * r.share, r.bytes * 1e-6, r.bytes_per_s * 1e-9,
+                  100 * r.bw_fraction, flops, floor, r.bound());
+    std::cout << b;
+  };
+  for (const auto& r : rows) line(r);
+  line(harness::roofline_total(rows));
 }
 
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
@@ -80,6 +147,12 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
   std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
             << " after " << warmup << " warm-up\n"
             << "gpu: " << gpu::describe(gpu::query_device()) << "\n\n";
+  gpu::Ceilings ceilings;
+  if (profile) {  // once per process, before any backbone holds device memory
+    ceilings = gpu::measure_ceilings(ctx);
+    print_ceilings(ceilings);
+    std::cout << "\n";
+  }
   char buf[256];
   std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %7s %6s %12s %14s %14s %12s %14s", "shape",
                 "dtype", "scan", "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
@@ -114,12 +187,22 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                     t.forward_backward_ms / L, tok / (t.forward_backward_ms / L) * 1e-3,
                     ref.c_str());
       std::cout << buf << std::endl;
-      if (profile) print_profile(t);
+      if (profile) print_profile(t, sh.cfg, sh.B, sh.T, m, p, ceilings);
     }
     }
   }
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
                "layer); ref_fb_ms/lyr: float reference, one forward+backward pass, per layer\n";
+  if (profile)
+    std::cout << "profile: one extra forward+backward, events between stages (its total can differ "
+                 "from fwdbwd_ms);\n"
+                 "  MB, GFLOP: the stage's minimum work (each tensor read once and written once at "
+                 "its storage size;\n"
+                 "  FLOPs of the GEMMs and scans only; see harness/roofline.hpp);\n"
+                 "  %copy, %peak: achieved rate over the ceiling (peak: gemm or fma32, the unit "
+                 "column);\n"
+                 "  floor_ms = max(bytes / copy, FLOPs / peak); x_floor = ms / floor_ms; bound: the "
+                 "larger floor term\n";
 }
 
 }  // namespace
@@ -132,7 +215,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("reference", po::bool_switch(), "time the Eigen CPU reference only (double and float)")
     ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official)")
     ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
-    ("profile", po::bool_switch(), "after each GPU row, the time per stage of one forward+backward")
+    ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
+    ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
@@ -151,6 +235,15 @@ int cmd_bench(const std::vector<std::string>& args) {
   const std::vector<ScanMode> modes = parse_scan_list(vm["scan"].as<std::string>());
 
   bool reference_only = vm["reference"].as<bool>();
+  if (vm["ceilings"].as<bool>()) {
+    if (reference_only) throw UsageError("--ceilings and --reference exclude each other");
+    const std::string absent = harness::gpu_absent_reason();
+    if (!absent.empty()) throw Error("m3h bench --ceilings", "no GPU", absent);
+    gpu::GpuContext ctx(0);
+    std::cout << "gpu: " << gpu::describe(gpu::query_device()) << "\n";
+    print_ceilings(gpu::measure_ceilings(ctx));
+    return 0;
+  }
   if (!reference_only) {
     const std::string absent = harness::gpu_absent_reason();
     if (absent.empty()) {
