@@ -42,19 +42,30 @@
 // store_typed right after K1); y is rounded once as K5 stores it, d_x once, after the d_v_out
 // term. Every other saved or gradient tensor is f32.
 //
-// Tiling: the per-chunk kernels use 256 threads as a 16 × 16 grid (tm = tid/16, tn = tid%16);
-// a thread owns rows tm + 16i and columns tn + 16j of every product (mma16: f32 FMA from shared
-// memory; operands contiguous in the reduction index are read as float4). Chunks are processed
-// in row tiles of kTR = 64 steps, so any chunk length works; headdim and d_state are padded
-// (with zeros) to 16·RH, 16·RD, RH, RD ∈ {2, 4, 8}.
+// Products. f32 runs: f32 FMA from shared memory (mma16; MODEL.md §12.8 keeps f32 off the
+// tensor cores). bf16/f16 runs: tensor cores (tc_mma.cuh: bf16 split operands, f32
+// accumulation, relative error ≲ 2⁻¹⁶ of Σ|terms|, two orders under the storage rounding);
+// K3/B1 and K5 keep the accumulators in the mma fragment layout and apply their epilogues
+// (decay mask, y) there, B3 goes through the shared tile Cs (mm below).
+// Tiling: K3/B1 and K5 use 256 threads, B3 512 (kBwdThreads), as a (threads/16) × 16 grid
+// (tm = tid/16, tn = tid%16); in the FMA path a thread owns rows tm + (threads/16)·i and columns
+// tn + 16j of every product (operands contiguous in the reduction index read as float4).
+// Global → shared tile loads are issued in batches (fill_tile), the state-passing kernels load
+// kChunkBatch chunks ahead: these kernels are latency-bound (one or two blocks per SM), not
+// bandwidth-bound (docs/PERF.md). Chunks are processed in row tiles of kTR = 64 steps, so any
+// chunk length works; headdim and d_state are padded (with zeros) to 16·RH, 16·RD,
+// RH, RD ∈ {2, 4, 8}.
 // Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
 // Scratch (backward only, floats): B·nc·nh·hd·ds (dS per chunk) + BT·nh·ds (dv1 of the rope
 // backward) + BT·nh (extra_scale) + B·nh (dScale_{−1}), each rounded up to 64.
 // Determinism: no atomics; every output has one writer; every sum runs in a fixed order.
 #include <algorithm>
 
+#include <type_traits>
+
 #include "convert.cuh"
 #include "reduce.cuh"
+#include "tc_mma.cuh"
 
 namespace m3::gpu {
 
@@ -78,12 +89,12 @@ struct ChunkGeom {
   }
 };
 
-// acc[i][j] += Σ_{k<K} A[(tm + 16i)·AM + k·AK] · Bm[k·BK + (tn + 16j)·BN]   (shared memory),
-// k ascending. With A contiguous in k (AK = 1) the operands are read as float4 along k (B too
+// acc[i][j] += Σ_{k<K} A[(tm + RS·i)·AM + k·AK] · Bm[k·BK + (tn + 16j)·BN]   (shared memory),
+// k ascending; RS = the number of row threads (kCT/16 = 16, or 32 in chunk_bwd_kernel). With A contiguous in k (AK = 1) the operands are read as float4 along k (B too
 // when BK = 1) and K is rounded up to a multiple of 4: the caller guarantees zeros in A (and
 // finite values in B) for k ∈ [K, ⌈K⌉₄). Leading dimensions ≡ 4 (mod 32) floats keep the
 // 16 rows a half-warp reads in distinct banks.
-template <int RM, int RN, int AM, int AK, int BK, int BN>
+template <int RM, int RN, int AM, int AK, int BK, int BN, int RS = 16>
 __device__ __forceinline__ void mma16(float (&acc)[RM][RN], const float* A, const float* Bm,
                                       int K, int tm, int tn) {
   const float* a0 = A + tm * AM;
@@ -95,7 +106,7 @@ __device__ __forceinline__ void mma16(float (&acc)[RM][RN], const float* A, cons
       float a[RM][4], bv[RN][4];
 #pragma unroll
       for (int i = 0; i < RM; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(a0 + 16 * i * AM + k);
+        const float4 v = *reinterpret_cast<const float4*>(a0 + RS * i * AM + k);
         a[i][0] = v.x;
         a[i][1] = v.y;
         a[i][2] = v.z;
@@ -126,7 +137,7 @@ __device__ __forceinline__ void mma16(float (&acc)[RM][RN], const float* A, cons
     for (int k = 0; k < K; ++k) {
       float a[RM], bv[RN];
 #pragma unroll
-      for (int i = 0; i < RM; ++i) a[i] = a0[16 * i * AM + k * AK];
+      for (int i = 0; i < RM; ++i) a[i] = a0[RS * i * AM + k * AK];
 #pragma unroll
       for (int j = 0; j < RN; ++j) bv[j] = b0[k * BK + 16 * j * BN];
 #pragma unroll
@@ -134,6 +145,46 @@ __device__ __forceinline__ void mma16(float (&acc)[RM][RN], const float* A, cons
 #pragma unroll
         for (int j = 0; j < RN; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
     }
+  }
+}
+
+// The products of chunk_bwd_kernel (B3), by storage type: acc += A·B with acc in the thread's
+// (tm + kBwdRows·i, tn + 16j) layout. f32 runs: mma16. Typed runs: the tensor-core product into
+// the shared tile Cs ([kTR][16·RN + 16]), then acc += Cs (B3's epilogues work in the thread
+// layout; Cs costs shared memory, which B3 can spare: one block per SM either way).
+// AX / BX: the operand holds values of a typed tensor (exact in bf16 when T is bf16, so its
+// correction pass is skipped). Called by all threads of the block together (it has barriers),
+// with A and B visible in shared memory.
+template <class T>
+constexpr bool kTensorProducts = !std::is_same_v<T, float>;
+// A typed operand is exact in bf16 (its tensor-core correction pass can be skipped) only when
+// the storage is bf16; an f16 value needs both halves of the split.
+template <class T>
+constexpr bool kExactBf16 = std::is_same_v<T, __nv_bfloat16>;
+// chunk_bwd_kernel runs 512 threads (16 warps: the only block on its SM, for its registers and
+// shared memory) as a 32 × 16 grid: a thread owns rows tm + 32i (i < kBR = 2) of a time tile
+// and columns tn + 16j, so its register tiles are half those of the 256-thread kernels.
+constexpr int kBwdThreads = 512;
+constexpr int kBwdRows = kBwdThreads / 16;
+constexpr int kBR = kTR / kBwdRows;
+constexpr int ld_c(int rn) { return 16 * rn + 16; }
+
+template <class T, bool AX, bool BX, int RM, int RN, int AM, int AK, int BK, int BN>
+__device__ __forceinline__ void mm(float (&acc)[RM][RN], const float* A, const float* Bm, int K,
+                                   int tm, int tn, float* Cs) {
+  if constexpr (!kTensorProducts<T>) {
+    mma16<RM, RN, AM, AK, BK, BN, kBwdRows>(acc, A, Bm, K, tm, tn);
+  } else {
+    constexpr int LDC = ld_c(RN);
+    tc::gemm<kTR, 16 * RN, AM, AK, BK, BN, kExactBf16<T> && AX, kExactBf16<T> && BX, LDC,
+             kBwdThreads / 32>(
+        Cs, A, Bm, K);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int j = 0; j < RN; ++j) acc[i][j] += Cs[(tm + kBwdRows * i) * LDC + tn + 16 * j];
+    __syncthreads();
   }
 }
 
@@ -145,33 +196,61 @@ __device__ __forceinline__ void zero(float (&acc)[RM][RN]) {
     for (int j = 0; j < RN; ++j) acc[i][j] = 0.0f;
 }
 
+// Tile loaders. The per-chunk kernels hold one block of 8 warps per SM (shared memory), so a
+// global load that waits for the previous one costs a full memory latency: every loader issues
+// its loads in batches of kLoadBatch per thread, all before the batch's shared-memory stores
+// (which could alias them as far as the compiler knows), so that many are in flight at once.
+constexpr int kLoadBatch = 8;
+// Chunks per batch of the state-passing kernels (one thread per state element, serial over chunks).
+constexpr int kChunkBatch = 16;
+
+// dst[r·LD + c] = value(r, c) for the [R][CP] tile by a block of NT threads, R·CP a multiple of NT.
+template <int R, int CP, int LD, int NT = kCT, class F>
+__device__ __forceinline__ void fill_tile(float* dst, F&& value) {
+  constexpr int kIter = R * CP / NT;
+  static_assert(R * CP % NT == 0, "the block must tile the tile");
+  constexpr int kB = kIter < kLoadBatch ? kIter : kLoadBatch;
+  static_assert(kIter % kB == 0, "batches must tile the iterations");
+#pragma unroll 1
+  for (int i0 = 0; i0 < kIter; i0 += kB) {
+    float v[kB];
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (i0 + k) * NT;
+      v[k] = value(e / CP, e % CP);
+    }
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (i0 + k) * NT;
+      dst[(e / CP) * LD + e % CP] = v[k];
+    }
+  }
+}
+
 // dst[r·LD + c] = to_float(src[r·stride + c]) for r < rows, c < cols; 0 for the rest of the
 // [kTR][CP] tile (padding rows and columns read as zeros).
-template <int CP, int LD, class S>
+template <int CP, int LD, int NT = kCT, class S>
 __device__ __forceinline__ void load_tile(float* dst, const S* src, Idx stride, int rows,
                                           int cols) {
-  for (int e = threadIdx.x; e < kTR * CP; e += kCT) {
-    const int r = e / CP, c = e % CP;
-    dst[r * LD + c] = (r < rows && c < cols) ? to_float(src[r * stride + c]) : 0.0f;
-  }
+  fill_tile<kTR, CP, LD, NT>(dst, [&](int r, int c) {
+    return (r < rows && c < cols) ? to_float(src[r * stride + c]) : 0.0f;
+  });
 }
 
 // Sl[p·kLS + k] = M[p·ds + n0 + k] (an n-slice of a [hd][ds] matrix), zero-padded to [HP][kNK].
-template <int HP>
+template <int HP, int NT = kCT>
 __device__ __forceinline__ void load_nslice(float* Sl, const float* M, int hd, int ds, int n0) {
-  for (int e = threadIdx.x; e < HP * kNK; e += kCT) {
-    const int p = e / kNK, k = e % kNK;
-    Sl[p * kLS + k] = (p < hd && n0 + k < ds) ? M[p * ds + n0 + k] : 0.0f;
-  }
+  fill_tile<HP, kNK, kLS, NT>(Sl, [&](int p, int k) {
+    return (p < hd && n0 + k < ds) ? M[p * ds + n0 + k] : 0.0f;
+  });
 }
 
 // Sl[k·LDD + n] = M[(p0 + k)·ds + n] (a p-slice of a [hd][ds] matrix), zero-padded to [kNK][DP].
-template <int DP, int LDD>
+template <int DP, int LDD, int NT = kCT>
 __device__ __forceinline__ void load_pslice(float* Sl, const float* M, int hd, int ds, int p0) {
-  for (int e = threadIdx.x; e < kNK * DP; e += kCT) {
-    const int k = e / DP, n = e % DP;
-    Sl[k * LDD + n] = (p0 + k < hd && n < ds) ? M[(p0 + k) * ds + n] : 0.0f;
-  }
+  fill_tile<kNK, DP, LDD, NT>(Sl, [&](int k, int n) {
+    return (p0 + k < hd && n < ds) ? M[(p0 + k) * ds + n] : 0.0f;
+  });
 }
 
 // Σ over the 16 tn lanes that share a row tm (xor 8, 4, 2, 1); every lane gets it.
@@ -228,7 +307,11 @@ struct ChunkStateArgs {
 template <class T, int RH, int RD, bool kFwd>
 __global__ void __launch_bounds__(kCT)
 chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
-  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 1, LDD = DP + 1;
+  // f32: odd leading dimensions for mma16's scalar column reads; typed (tensor cores): ≡ 4
+  // (mod 32), so that a fragment's 32 scalar reads (8c + g) hit distinct banks.
+  constexpr bool kTC = kTensorProducts<T>;
+  constexpr int HP = 16 * RH, DP = 16 * RD;
+  constexpr int LDH = kTC ? HP + 4 : HP + 1, LDD = kTC ? DP + 4 : DP + 1;
   extern __shared__ float sm[];
   float* Us = sm;
   float* Vs = Us + kTR * LDH;
@@ -264,8 +347,13 @@ chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
   __syncthreads();
   const float Lam = lam[0];
 
-  float acc[RH][RD];
-  zero(acc);
+  float acc[kTC ? 1 : RH][kTC ? 1 : RD];
+  tc::Acc<HP, DP, kCT / 32> tacc;
+  if constexpr (kTC) {
+    tacc.zero();
+  } else {
+    zero(acc);
+  }
   const T* U = static_cast<const T*>(a.u);
   const T* Vv = static_cast<const T*>(a.v);
   for (int base = 0; base < L; base += kTR) {
@@ -275,24 +363,32 @@ chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
       w[tid] = tid < n ? (kFwd ? expf(Lam - cv) : expf(cv)) : 0.0f;
     }
     __syncthreads();
-    for (int e = tid; e < kTR * HP; e += kCT) {
-      const int r = e / HP, q = e % HP;
-      Us[r * LDH + q] =
-          (r < n && q < hd) ? w[r] * to_float(U[(row0 + base + r) * g.di + h * hd + q]) : 0.0f;
-    }
+    fill_tile<kTR, HP, LDH>(Us, [&](int r, int q) {
+      return (r < n && q < hd) ? w[r] * to_float(U[(row0 + base + r) * g.di + h * hd + q]) : 0.0f;
+    });
     load_tile<DP, LDD>(Vs, Vv + ((row0 + base) * g.nh + h) * ds, g.nh * g.ds, n, ds);
     __syncthreads();
-    mma16<RH, RD, 1, LDH, LDD, 1>(acc, Us, Vs, n, tm, tn);
+    if constexpr (kTC) {
+      tacc.template add<1, LDH, LDD, 1, false, kExactBf16<T>>(Us, Vs, n);  // w·U f32, V typed
+    } else {
+      mma16<RH, RD, 1, LDH, LDD, 1>(acc, Us, Vs, n, tm, tn);
+    }
     __syncthreads();
   }
   float* out = a.out + g.state_base(b, c, h);
+  if constexpr (kTC) {
+    tacc.for_each([&](int pi, int nj, float v) {
+      if (pi < hd && nj < ds) out[pi * ds + nj] = v;
+    });
+  } else {
 #pragma unroll
-  for (int i = 0; i < RH; ++i)
+    for (int i = 0; i < RH; ++i)
 #pragma unroll
-    for (int j = 0; j < RD; ++j) {
-      const int pi = tm + 16 * i, nj = tn + 16 * j;
-      if (pi < hd && nj < ds) out[pi * ds + nj] = acc[i][j];
-    }
+      for (int j = 0; j < RD; ++j) {
+        const int pi = tm + 16 * i, nj = tn + 16 * j;
+        if (pi < hd && nj < ds) out[pi * ds + nj] = acc[i][j];
+      }
+  }
 }
 
 // ---- K4/K6 ----------------------------------------------------------------------------------
@@ -313,12 +409,22 @@ state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const Idx pi = e / g.ds, n = e % g.ds, i0 = (b * g.T) * g.nh + h;
   const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
   float S = p.ssm_in[sb * hds + e] + sgm1 * (p.v_in[sb * g.hd + pi] * p.k_in[sb * g.ds + n]);
-#pragma unroll 4
-  for (Idx c = 0; c < g.nc; ++c) {
-    const Idx at = g.state_base(b, c, h) + e;
-    const float lam = p.da_cumsum_saved[g.cum_base(b, c, h) + g.len(c) - 1];
-    p.chunk_states_saved[at] = S;
-    S = expf(lam) * S + p.chunk_states[at];
+  // Chunks in batches of kChunkBatch: the batch's loads are all issued before its stores.
+  for (Idx c0 = 0; c0 < g.nc; c0 += kChunkBatch) {
+    float con[kChunkBatch], dec[kChunkBatch];
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k) {
+      const Idx c = c0 + k;
+      const bool in = c < g.nc;
+      con[k] = in ? p.chunk_states[g.state_base(b, c, h) + e] : 0.0f;
+      dec[k] = in ? p.da_cumsum_saved[g.cum_base(b, c, h) + g.len(c) - 1] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k) {
+      if (c0 + k >= g.nc) break;
+      p.chunk_states_saved[g.state_base(b, c0 + k, h) + e] = S;
+      S = expf(dec[k]) * S + con[k];
+    }
   }
   p.final_states[sb * hds + e] = S;
   p.ssm_out[sb * hds + e] = S;
@@ -353,11 +459,54 @@ chunk_scan_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
 
   load_tile<DP, LDD>(Qs, p.q + ((row0 + J * kTR) * g.nh + h) * ds, kst, nJ, ds);
   if (tid < kTR) cumJ[tid] = tid < nJ ? cum[J * kTR + tid] : 0.0f;
+  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+  // Source tile I: Ks ← Ks_I, Xs ← X_I, cumI (after a barrier; the caller syncs before use).
+  auto load_source = [&](int I, int nI) {
+    __syncthreads();
+    load_tile<DP, LDD>(Ks, p.k_scaled_saved + ((row0 + I * kTR) * g.nh + h) * ds, kst, nI, ds);
+    load_tile<HP, LDH>(Xs, p.x + (row0 + I * kTR) * g.di + h * hd, g.di, nI, hd);
+    if (tid < kTR) cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
+    __syncthreads();
+  };
+
+  if constexpr (kTensorProducts<T>) {
+    // The same three terms on the tensor cores, in the accumulators' own layout (tc_mma.cuh):
+    // inter = Q S_cᵀ, intra = Σ_I MA_I X_I, then y = e^{cum_t}·inter + intra + (D + qk)·x.
+    tc::Acc<kTR, HP, kCT / 32> inter, intra;
+    inter.zero();
+    intra.zero();
+    for (int n0 = 0; n0 < ds; n0 += kNK) {
+      __syncthreads();
+      load_nslice<HP>(Ks, S, hd, ds, n0);
+      __syncthreads();
+      inter.template add<LDD, 1, 1, kLS, kExactBf16<T>, false>(Qs + n0, Ks, min(kNK, ds - n0));
+    }
+    for (int I = 0; I <= J; ++I) {
+      const int nI = min(kTR, L - I * kTR);
+      load_source(I, nI);
+      tc::Acc<kTR, kTR, kCT / 32> A;
+      A.zero();
+      A.template add<LDD, 1, 1, LDD, kExactBf16<T>, kExactBf16<T>>(Qs, Ks, ds);
+      A.for_each([&](int t, int s, float v) {
+        const bool on = t < nJ && s < nI && I * kTR + s < J * kTR + t;
+        MA[t * kLM + s] = on ? expf(cumJ[t] - cumI[s]) * v : 0.0f;
+      });
+      __syncthreads();
+      intra.template add<kLM, 1, LDH, 1, false, kExactBf16<T>>(MA, Xs, nI);
+    }
+    // Xs holds X_J after I = J.
+    inter.for_each2(intra, [&](int t, int q, float vi, float va) {
+      if (t >= nJ || q >= hd) return;
+      const Idx r = row0 + J * kTR + t;
+      const float dq = p.d_param[h] + p.qk_dot_saved[r * g.nh + h];
+      p.y[r * g.di + h * hd + q] = from_float<T>(expf(cumJ[t]) * vi + va + dq * Xs[t * LDH + q]);
+    });
+    return;
+  }
 
   // Inter-chunk term: acc = e^{cum_t} Σ_n Q[t][n] S_c[p][n], S_c streamed in n-slices.
   float acc[kRM][RH];
   zero(acc);
-  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
   for (int n0 = 0; n0 < ds; n0 += kNK) {
     __syncthreads();
     load_nslice<HP>(Ks, S, hd, ds, n0);
@@ -374,11 +523,7 @@ chunk_scan_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   // Intra-chunk term over source tiles I ≤ J.
   for (int I = 0; I <= J; ++I) {
     const int nI = min(kTR, L - I * kTR);
-    __syncthreads();
-    load_tile<DP, LDD>(Ks, p.k_scaled_saved + ((row0 + I * kTR) * g.nh + h) * ds, kst, nI, ds);
-    load_tile<HP, LDH>(Xs, p.x + (row0 + I * kTR) * g.di + h * hd, g.di, nI, hd);
-    if (tid < kTR) cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
-    __syncthreads();
+    load_source(I, nI);
     float A[kRM][kRM];
     zero(A);
     mma16<kRM, kRM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn);
@@ -418,13 +563,23 @@ state_pass_bwd_kernel(ChunkGeom g, const float* da_cumsum, const float* d_ssm_ou
   const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
   if (e >= hds) return;
   float v = d_ssm_out[sb * hds + e];
-#pragma unroll 4
-  for (Idx c = g.nc - 1; c >= 0; --c) {
-    const Idx at = g.state_base(b, c, h) + e;
-    const float lam = da_cumsum[g.cum_base(b, c, h) + g.len(c) - 1];
-    const float contrib = dS[at];
-    dS[at] = v;
-    v = expf(lam) * v + contrib;
+  // Chunks (descending) in batches of kChunkBatch: the batch's loads are all issued before its
+  // in-place stores.
+  for (Idx c0 = g.nc - 1; c0 >= 0; c0 -= kChunkBatch) {
+    float con[kChunkBatch], dec[kChunkBatch];
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k) {
+      const Idx c = c0 - k;
+      const bool in = c >= 0;
+      con[k] = in ? dS[g.state_base(b, c, h) + e] : 0.0f;
+      dec[k] = in ? da_cumsum[g.cum_base(b, c, h) + g.len(c) - 1] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k) {
+      if (c0 - k < 0) break;
+      dS[g.state_base(b, c0 - k, h) + e] = v;
+      v = expf(dec[k]) * v + con[k];
+    }
   }
   d_ssm_in[sb * hds + e] = v;
 }
@@ -465,7 +620,7 @@ entering_grad_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dscale_prev) {
 // Per (b, h, c) [grid (nc, nh, B)], the chunk in row tiles (nt_c of them).
 //  Phase A, per tile J (target side): dQ_mid = e^{cum}·(dO S) → global; dADT = e^{cum}(dO S)·Q;
 //    dQK = dO·x.
-//  Phase B, per source tile I: registers dV, dK_mid [kRM][RH|RD] start at the dS / diagonal
+//  Phase B, per source tile I: registers dV, dK_mid [kBR][RH|RD] start at the dS / diagonal
 //    terms (dADT −= M_s); then for every target tile J ≥ I: A, P → MA, MP (shared);
 //    dADT[t] += Σ_s W (row sums), colsum[s] += Σ_t W; dQ_mid[J] += MP Ks_I (read-modify-write
 //    by its single owner thread); dV += MAᵀ dO_J, dK_mid += MPᵀ Q_J. At the end: d_x (+ d_v_out
@@ -473,12 +628,15 @@ entering_grad_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dscale_prev) {
 //  Phase C: M_sc = e^{Λ}⟨S, dS⟩ (block_sum); reverse cumsum of dADT from M_sc + Σ_t M_t
 //    (thread 0, serial over the staged tile).
 // Shared: Qs [kTR][LDD] (Q_J), Os [kTR][LDH] (dO_J), Ks [kTR][LDD] (Ks_I), Xs [kTR][LDH] (X_I),
-// MA, MP [kTR][kLM] (also the S / dS slices), cumJ, cumI, colsum, mrow [kTR], colred [8][kTR],
-// red [32], scalars.
+// MA, MP [kTR][kLM] (also the S / dS slices), cumJ, cumI, colsum, mrow [kTR],
+// colred [16][kTR], red [32], scalars; typed runs: Cs, the product tile of mm.
+// Threads: kBwdThreads = 512 as a 32 × 16 grid (rows tm + 32i, i < kBR; columns tn + 16j; the
+// [kTR][kTR] tiles A, P: columns tn + 16j, j < kCM).
 template <class T, int RH, int RD>
-__global__ void __launch_bounds__(kCT, 1)
+__global__ void __launch_bounds__(kBwdThreads, 1)
 chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 4, LDD = DP + 4;
+  constexpr int NT = kBwdThreads, kCM = kTR / 16, kWarpsB = NT / 32;
   extern __shared__ float sm[];
   float* Qs = sm;
   float* Os = Qs + kTR * LDD;
@@ -491,9 +649,10 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   float* cumI = cumJ + kTR;
   float* colsum = cumI + kTR;
   float* mrow = colsum + kTR;
-  float* colred = mrow + kTR;   // [8][kTR]
-  float* red = colred + 8 * kTR;  // [32]
+  float* colred = mrow + kTR;         // [kWarpsB][kTR]
+  float* red = colred + kWarpsB * kTR;  // [32]
   float* scal = red + 32;         // [0] Σ M_t, [1] running sum
+  float* Cs = scal + 4;           // typed runs: [kTR][ld_c(max(RH, RD, kCM))] product tile
   const int tid = threadIdx.x, tm = tid >> 4, tn = tid & 15, warp = tid >> 5;
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
@@ -510,8 +669,8 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   auto load_target = [&](int J) {
     const int n = min(kTR, L - J * kTR);
     const Idx r = row0 + J * kTR;
-    load_tile<DP, LDD>(Qs, p.q + (r * nh + h) * ds, kst, n, ds);
-    load_tile<HP, LDH>(Os, p.d_y + r * di + h * hd, di, n, hd);
+    load_tile<DP, LDD, NT>(Qs, p.q + (r * nh + h) * ds, kst, n, ds);
+    load_tile<HP, LDH, NT>(Os, p.d_y + r * di + h * hd, di, n, hd);
     if (tid < kTR) cumJ[tid] = tid < n ? cum[J * kTR + tid] : 0.0f;
   };
 
@@ -521,18 +680,18 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     const Idx r = row0 + J * kTR;
     __syncthreads();
     load_target(J);
-    load_tile<HP, LDH>(Xs, p.x + r * di + h * hd, di, nJ, hd);
-    float acc[kRM][RD];
+    load_tile<HP, LDH, NT>(Xs, p.x + r * di + h * hd, di, nJ, hd);
+    float acc[kBR][RD];
     zero(acc);
     for (int p0 = 0; p0 < hd; p0 += kNK) {
       __syncthreads();
-      load_pslice<DP, LDD>(Sl, S, hd, ds, p0);
+      load_pslice<DP, LDD, NT>(Sl, S, hd, ds, p0);
       __syncthreads();
-      mma16<kRM, RD, LDH, 1, LDD, 1>(acc, Os + p0, Sl, min(kNK, hd - p0), tm, tn);
+      mm<T, true, false, kBR, RD, LDH, 1, LDD, 1>(acc, Os + p0, Sl, min(kNK, hd - p0), tm, tn, Cs);
     }
 #pragma unroll
-    for (int i = 0; i < kRM; ++i) {
-      const int t = tm + 16 * i;
+    for (int i = 0; i < kBR; ++i) {
+      const int t = tm + kBwdRows * i;
       const float e = expf(cumJ[t]);
       float rx = 0.0f, qk = 0.0f;
 #pragma unroll
@@ -561,30 +720,30 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     const Idx rI = row0 + I * kTR;
     __syncthreads();
     if (nt > 1) load_target(I);  // with one tile, phase A left Q_0, dO_0 (and X_0) in place
-    load_tile<DP, LDD>(Ks, p.k_scaled_saved + (rI * nh + h) * ds, kst, nI, ds);
-    if (nt > 1) load_tile<HP, LDH>(Xs, p.x + rI * di + h * hd, di, nI, hd);
+    load_tile<DP, LDD, NT>(Ks, p.k_scaled_saved + (rI * nh + h) * ds, kst, nI, ds);
+    if (nt > 1) load_tile<HP, LDH, NT>(Xs, p.x + rI * di + h * hd, di, nI, hd);
     if (tid < kTR) {
       cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
       colsum[tid] = 0.0f;
     }
-    float dV[kRM][RH], dK[kRM][RD];
+    float dV[kBR][RH], dK[kBR][RD];
     zero(dV);
     zero(dK);
     for (int n0 = 0; n0 < ds; n0 += kNK) {  // dV = Ks dSᵀ
       __syncthreads();
-      load_nslice<HP>(Sl, dS, hd, ds, n0);
+      load_nslice<HP, NT>(Sl, dS, hd, ds, n0);
       __syncthreads();
-      mma16<kRM, RH, LDD, 1, 1, kLS>(dV, Ks + n0, Sl, min(kNK, ds - n0), tm, tn);
+      mm<T, true, false, kBR, RH, LDD, 1, 1, kLS>(dV, Ks + n0, Sl, min(kNK, ds - n0), tm, tn, Cs);
     }
     for (int p0 = 0; p0 < hd; p0 += kNK) {  // dK = X dS
       __syncthreads();
-      load_pslice<DP, LDD>(Sl, dS, hd, ds, p0);
+      load_pslice<DP, LDD, NT>(Sl, dS, hd, ds, p0);
       __syncthreads();
-      mma16<kRM, RD, LDH, 1, LDD, 1>(dK, Xs + p0, Sl, min(kNK, hd - p0), tm, tn);
+      mm<T, true, false, kBR, RD, LDH, 1, LDD, 1>(dK, Xs + p0, Sl, min(kNK, hd - p0), tm, tn, Cs);
     }
 #pragma unroll
-    for (int i = 0; i < kRM; ++i) {
-      const int s = tm + 16 * i;
+    for (int i = 0; i < kBR; ++i) {
+      const int s = tm + kBwdRows * i;
       const float e = expf(Lam - cumI[s]);
       const float dq = s < nI ? D + p.qk_dot_saved[(rI + s) * nh + h] : 0.0f;
       float m = 0.0f;
@@ -615,20 +774,20 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
         load_target(J);
         __syncthreads();
       }
-      float A[kRM][kRM], P[kRM][kRM];
+      float A[kBR][kCM], P[kBR][kCM];
       zero(A);
       zero(P);
-      mma16<kRM, kRM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn);
-      mma16<kRM, kRM, LDH, 1, 1, LDH>(P, Os, Xs, hd, tm, tn);
-      float cpart[kRM];
+      mm<T, true, true, kBR, kCM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn, Cs);
+      mm<T, true, true, kBR, kCM, LDH, 1, 1, LDH>(P, Os, Xs, hd, tm, tn, Cs);
+      float cpart[kCM];
 #pragma unroll
-      for (int j = 0; j < kRM; ++j) cpart[j] = 0.0f;
+      for (int j = 0; j < kCM; ++j) cpart[j] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kRM; ++i) {
-        const int t = tm + 16 * i;
+      for (int i = 0; i < kBR; ++i) {
+        const int t = tm + kBwdRows * i;
         float rpart = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kRM; ++j) {
+        for (int j = 0; j < kCM; ++j) {
           const int s = tn + 16 * j;
           const bool on = t < nJ && s < nI && I * kTR + s < J * kTR + t;
           const float dec = on ? expf(cumJ[t] - cumI[s]) : 0.0f;
@@ -643,22 +802,22 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
         if (tn == 0 && t < nJ) p.dADT[(rJ + t) * nh + h] += rpart;
       }
 #pragma unroll
-      for (int j = 0; j < kRM; ++j) {
+      for (int j = 0; j < kCM; ++j) {
         const float v = cpart[j] + __shfl_xor_sync(0xffffffffu, cpart[j], 16);
         if ((tid & 31) < 16) colred[warp * kTR + tn + 16 * j] = v;
       }
       __syncthreads();
       if (tid < kTR) {
         float cs = colred[tid];
-        for (int w = 1; w < 8; ++w) cs += colred[w * kTR + tid];
+        for (int w = 1; w < kWarpsB; ++w) cs += colred[w * kTR + tid];
         colsum[tid] += cs;
       }
-      float dq[kRM][RD];
+      float dq[kBR][RD];
       zero(dq);
-      mma16<kRM, RD, kLM, 1, LDD, 1>(dq, MP, Ks, nI, tm, tn);
+      mm<T, false, true, kBR, RD, kLM, 1, LDD, 1>(dq, MP, Ks, nI, tm, tn, Cs);
 #pragma unroll
-      for (int i = 0; i < kRM; ++i) {
-        const int t = tm + 16 * i;
+      for (int i = 0; i < kBR; ++i) {
+        const int t = tm + kBwdRows * i;
         if (t >= nJ) continue;
         float* o = p.dQ_mid + ((rJ + t) * nh + h) * ds;
 #pragma unroll
@@ -667,14 +826,14 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
           if (n < ds) o[n] += dq[i][j];
         }
       }
-      mma16<kRM, RH, 1, kLM, LDH, 1>(dV, MA, Os, nJ, tm, tn);
-      mma16<kRM, RD, 1, kLM, LDD, 1>(dK, MP, Qs, nJ, tm, tn);
+      mm<T, false, true, kBR, RH, 1, kLM, LDH, 1>(dV, MA, Os, nJ, tm, tn, Cs);
+      mm<T, false, true, kBR, RD, 1, kLM, LDD, 1>(dK, MP, Qs, nJ, tm, tn, Cs);
       __syncthreads();
     }
 
 #pragma unroll
-    for (int i = 0; i < kRM; ++i) {
-      const int s = tm + 16 * i;
+    for (int i = 0; i < kBR; ++i) {
+      const int s = tm + kBwdRows * i;
       if (s >= nI) continue;
       const Idx r = rI + s;
       const bool last = g.t0(c) + I * kTR + s == g.T - 1;
@@ -696,7 +855,8 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
 
   // ---- phase C
   float part = 0.0f;
-  for (Idx e = tid; e < g.hd * g.ds; e += kCT) part += S[e] * dS[e];
+#pragma unroll 8
+  for (Idx e = tid; e < g.hd * g.ds; e += NT) part += S[e] * dS[e];
   const float msc = expf(Lam) * block_sum(part, red);
   if (tid == 0) scal[1] = msc + scal[0];
   for (int I = nt - 1; I >= 0; --I) {
@@ -833,16 +993,22 @@ void with_pads(const Dims& d, F&& f) {
 constexpr std::size_t ld_odd(int r) { return 16 * r + 1; }
 constexpr std::size_t ld_vec(int r) { return 16 * r + 4; }
 
-std::size_t smem_chunk_state(int rh, int rd) {
-  return sizeof(float) * (kTR * ld_odd(rh) + kTR * ld_odd(rd) + kTR + 1);
+// The product tile Cs of the typed runs (0 floats in f32 runs): rows × ld_c(widest RN).
+std::size_t cs_floats(bool typed, int rows, int rn) {
+  return typed ? std::size_t(rows) * ld_c(rn) : 0;
+}
+std::size_t smem_chunk_state(int rh, int rd, bool typed) {
+  return typed ? sizeof(float) * (kTR * ld_vec(rh) + kTR * ld_vec(rd) + kTR + 1)
+               : sizeof(float) * (kTR * ld_odd(rh) + kTR * ld_odd(rd) + kTR + 1);
 }
 std::size_t smem_chunk_scan(int rh, int rd) {
   const std::size_t ks = std::max<std::size_t>(kTR * ld_vec(rd), 16 * rh * std::size_t(kLS));
   return sizeof(float) * (kTR * ld_vec(rd) + ks + kTR * ld_vec(rh) + kTR * kLM + 2 * kTR);
 }
-std::size_t smem_chunk_bwd(int rh, int rd) {
-  return sizeof(float) *
-         (2 * kTR * ld_vec(rd) + 2 * kTR * ld_vec(rh) + 2 * kTR * kLM + 4 * kTR + 8 * kTR + 32 + 2);
+std::size_t smem_chunk_bwd(int rh, int rd, bool typed) {
+  return sizeof(float) * (2 * kTR * ld_vec(rd) + 2 * kTR * ld_vec(rh) + 2 * kTR * kLM + 4 * kTR +
+                          (kBwdThreads / 32) * kTR + 32 + 4 +
+                          cs_floats(typed, kTR, std::max({rh, rd, kTR / 16})));
 }
 
 template <class K>
@@ -898,7 +1064,7 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
     const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
                            p.chunk_states};
     auto k23 = chunk_state_kernel<T, RH, RD, true>;
-    const std::size_t sm23 = smem_chunk_state(RH, RD);
+    const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
     set_smem(k23, sm23);
     k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
     M3_LAUNCH_CHECK();
@@ -916,6 +1082,7 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
                           Scratch scratch) {
+  constexpr bool kTyped = kTensorProducts<T>;
   const ChunkGeom g = chunk_geom(d);
   const BwdScratch w = carve(d, scratch);
   const Idx rows = d.BT * d.nh;
@@ -923,7 +1090,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
     auto k1 = chunk_state_kernel<T, RH, RD, false>;
-    const std::size_t sm1 = smem_chunk_state(RH, RD);
+    const std::size_t sm1 = smem_chunk_state(RH, RD, kTensorProducts<T>);
     set_smem(k1, sm1);
     k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
     M3_LAUNCH_CHECK();
@@ -933,9 +1100,9 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
     auto k3 = chunk_bwd_kernel<T, RH, RD>;
-    const std::size_t sm3 = smem_chunk_bwd(RH, RD);
+    const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
     set_smem(k3, sm3);
-    k3<<<grid3(d.nc, d.nh, d.B), kCT, sm3, s>>>(g, p, w.dS);
+    k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
     M3_LAUNCH_CHECK();
   });
   dd_partials_kernel<<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(d.T, d.nh, p.dQK_dot,
