@@ -239,10 +239,21 @@ std::vector<ToleranceRow> build_isolated_rows() {
   // bf16 / f16, the default: ~2x the worst measurement (≈ 4 half-ulps of the storage type).
   constexpr Floors kIsoBf16 = {8e-3, 1.8e-2};
   constexpr Floors kIsoF16 = {1.2e-3, 2.5e-3};
-  // Sums of products of two independently rounded typed tensors over B·T rows that cancel:
-  // bf16 7.7e-3 / 6.9e-3 (grad d_param, d_model 32 --outproj-norm), 5.2e-3 / 5.7e-3 (B6
-  // dD_partials).
-  constexpr Floors kIsoBf16Sum = {1.5e-2, 1.8e-2};
+  // Sums of products of two independently rounded typed tensors that cancel (B6: dQK = d_y·x
+  // over a head, dGamma = dQK·(q·k), dScale = dK_mid·k and d_trap_sig, a difference of such
+  // sums, the pre-RoPE gradients that carry the qk path, dD_partials; grad d_param): their error
+  // follows Σ|terms|, not the result. Presets: bf16 7.7e-3 / 6.9e-3 (grad d_param, d_model 32
+  // --outproj-norm). The committed golden cases go further (CPU teacher-forced run against the
+  // stored oracle, m3h compare --golden … --mode isolated): bf16 1.70e-2 / 2.0e-2 (d_trap_sig,
+  // official_small), 1.67e-2 (dGamma, outproj_norm), 1.12e-2 (dQK_dot), 9.5e-3 (d_b_pre_rope);
+  // f16 1.76e-3 / 2.5e-3 (d_trap_sig, rope_full), 1.57e-3 (dQK_dot), 1.46e-3 (d_param,
+  // outproj_norm). ~2x those.
+  constexpr Floors kIsoBf16Sum = {3.5e-2, 4e-2};
+  constexpr Floors kIsoF16Sum = {3.5e-3, 5e-3};
+  const char* const kCancel =
+      "sums of products of two rounded typed tensors that cancel (error follows sum |terms|): "
+      "golden bf16 <= 1.70e-2 / 2.0e-2 (d_trap_sig, official_small), f16 <= 1.76e-3 / 2.5e-3 "
+      "(d_trap_sig, rope_full)";
   // F6 y: between a correct y and a twice-rounded one (see above).
   constexpr Floors kIsoBf16Y = {4.5e-3, 1.8e-2};
   constexpr Floors kIsoF16Y = {8e-4, 2.5e-3};
@@ -258,13 +269,20 @@ std::vector<ToleranceRow> build_isolated_rows() {
     {"F6",       "y",                  BOTH, kIsoF32,   kIsoBf16Y,   kIsoF16Y,
      "tighter than the default, to fail a y rounded twice (round-twice: bf16 7.4e-3, f16 "
      "1.70e-3) while a correct y passes (bf16 <= 2.7e-3 / 7.1e-3, f16 <= 3.3e-4 / 7.7e-4)"},
-    {"grad",     "d_param",            BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16,
+    {"grad",     "d_param",            BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16Sum,
      "sum over B*T of d_y*x, two rounded typed tensors, with cancellation (bf16 7.7e-3 / 6.9e-3, "
-     "d_model 32 --outproj-norm)"},
-    {"B6",       "dD_partials",        CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16,
-     "per-(b, head) partial sums of d_y*x (bf16 5.2e-3 / 5.7e-3)"},
-    {"B6",       "d_d_local",          SEQ,  kIsoF32,   kIsoBf16Sum, kIsoF16,
+     "d_model 32 --outproj-norm; f16 1.46e-3, golden outproj_norm)"},
+    {"B6",       "dD_partials",        CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16Sum,
+     "per-(b, head) partial sums of d_y*x (bf16 5.2e-3 / 5.7e-3; f16 1.46e-3, golden "
+     "outproj_norm)"},
+    {"B6",       "d_d_local",          SEQ,  kIsoF32,   kIsoBf16Sum, kIsoF16Sum,
      "per-(b, channel) sums of d_y*x over T (bf16 3.4e-3 / 4.5e-3, d_model 32)"},
+    {"B6",       "dQK_dot",            CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
+    {"B6",       "dGamma",             CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
+    {"B6",       "dScale",             CHK,  kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
+    {"B6",       "d_trap_sig",         BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
+    {"B6",       "d_b_pre_rope",       BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
+    {"B6",       "d_c_pre_rope",       BOTH, kIsoF32,   kIsoBf16Sum, kIsoF16Sum, kCancel},
     // stages with f32 inputs and outputs only: f32 floors in every precision
     {"F1",       "residual",           BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},
     {"F1",       "rms_vals",           BOTH, kIsoF32,   kIsoF32,     kIsoF32,   kF32Only},

@@ -10,9 +10,11 @@
 #                             end-to-end and isolated, baseline = the reference at the same
 #                             storage precision
 #   compare-presets           the same, end-to-end, on the adversarial presets
+#   compare-golden            the same, end-to-end and isolated, on every golden case
 #   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes)
-#   bench                     m3h bench --profile (default and official shapes, f32 and bf16,
-#                             per-stage times, the reference time on the f32 rows)
+#   bench                     m3h bench --profile (the measured copy/GEMM ceilings; default and
+#                             official shapes, f32 and bf16, per-stage time, bytes, FLOPs and
+#                             achieved rates; the reference time on the f32 rows)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
@@ -29,10 +31,18 @@ names=()
 results=()
 failed=0
 
+# GPU_CHECK_ONLY="name name ...": run only those steps (configure and build always run), e.g. to
+# split the check over two calls of a time-limited device session.
+wanted() {
+  [[ -z "${GPU_CHECK_ONLY:-}" || "$1" == configure || "$1" == build ||
+    " ${GPU_CHECK_ONLY} " == *" $1 "* ]]
+}
+
 # step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL.
 step() {
   local name="$1"
   shift
+  wanted "$name" || return 0
   echo "=== $name: $*"
   if "$@" >"$LOGS/$name.log" 2>&1; then
     results+=(PASS)
@@ -42,6 +52,18 @@ step() {
   fi
   names+=("$name")
   tail -n 5 "$LOGS/$name.log"
+}
+
+# m3h compare on the GPU for every committed golden case: f32, bf16, f16 x the file's scan
+# modes, end-to-end and isolated (oracle = the file's double tensors).
+compare_golden() {
+  local f rc=0
+  for f in golden/cases/*.h5; do
+    echo "--- golden $f"
+    "$1" compare --device gpu --golden "$f" --dtype f32,bf16,f16 --mode both --failures-only ||
+      rc=1
+  done
+  return "$rc"
 }
 
 # m3h compare on the GPU for every adversarial preset (end-to-end, all precisions).
@@ -76,6 +98,7 @@ if ((failed == 0)); then
     step golden "$m3h" golden check --all
     step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
     step compare-presets compare_presets "$m3h"
+    step compare-golden compare_golden "$m3h"
     step determinism "$m3h" determinism --runs 20
     step bench "$m3h" bench --profile
   fi
