@@ -23,6 +23,7 @@ namespace m3::gpu {
 namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
+constexpr int kHeadBatch = 8;  // heads whose d_X_pre_rope loads the backward issues together
 
 struct BcShape {
   Idx rows;  // BT·ng
@@ -82,8 +83,18 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
       const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
       const float* dpre = (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds;
       for (Idx n = S::lane(); n < ds; n += L) {
+        // Ascending h as always; the heads' loads are issued kHeadBatch at a time before they
+        // are added, so that they are in flight together (hpg = nheads when ngroups = 1).
         float acc = 0.0f;
-        for (Idx k = 0; k < sh.hpg; ++k) acc += dpre[k * ds + n];
+        Idx k = 0;
+        for (; k + kHeadBatch <= sh.hpg; k += kHeadBatch) {
+          float v[kHeadBatch];
+#pragma unroll
+          for (int q = 0; q < kHeadBatch; ++q) v[q] = dpre[(k + q) * ds + n];
+#pragma unroll
+          for (int q = 0; q < kHeadBatch; ++q) acc += v[q];
+        }
+        for (; k < sh.hpg; ++k) acc += dpre[k * ds + n];
         const T stored = from_float<T>(acc);
         dnormed[n] = stored;
         c1 += to_float(stored) * w[n] * (to_float(raw[n]) / rr);
