@@ -8,7 +8,9 @@
 // elements a thread holds); gemm() writes one product to a shared tile C[m·LDC + n].
 //
 // Precision. Every f32 operand v is split into two bf16 parts, hi = bf16(v) (round to nearest
-// even) and lo = bf16(v − hi); hi + lo carries 16 significant bits, so a product is formed as
+// even) and lo = bf16(v − hi); hi + lo carries 16 significant bits (|v − hi − lo| ≤ 2⁻¹⁶·|v| for
+// |v| ≥ 2⁻¹¹⁰; below, an absolute error under 2⁻¹²⁶; tests/gpu/test_tc_split.cu checks these
+// bounds on the host), so a product is formed as
 //   a·b ≈ ah·bh + (ah·bl + al·bh)          (the dropped al·bl is below 2⁻¹⁶·|a·b|)
 // with the two bracketed groups in separate f32 accumulators (tensor-core mma.sync m16n8k16,
 // bf16 in, f32 accumulate) that are added once at the end. An operand known to be a bf16 value
@@ -38,22 +40,24 @@
 
 namespace m3::gpu::tc {
 
-// (x0, x1) → packed bf16 pairs hi, lo with hi + lo ≈ (x0, x1) (see the header).
-__device__ __forceinline__ void split2(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+// (x0, x1) → packed bf16 pairs hi, lo with hi + lo ≈ (x0, x1) (see the header). Host-callable
+// so that tests/gpu/test_tc_split.cu can check the precision claims without a device.
+__host__ __device__ __forceinline__ void split2(float x0, float x1, std::uint32_t& hi,
+                                                std::uint32_t& lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
   const float2 hf = __bfloat1622float2(h);
   const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
   hi = *reinterpret_cast<const std::uint32_t*>(&h);
   lo = *reinterpret_cast<const std::uint32_t*>(&l);
 }
-__device__ __forceinline__ std::uint32_t pack2(float x0, float x1) {
+__host__ __device__ __forceinline__ std::uint32_t pack2(float x0, float x1) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
 // A pair of operand values as packed bf16 (hi, lo): exact values (X) have lo = 0.
 template <bool X>
-__device__ __forceinline__ void operand_pair(float2 v, std::uint32_t& hi, std::uint32_t& lo) {
+__host__ __device__ __forceinline__ void operand_pair(float2 v, std::uint32_t& hi, std::uint32_t& lo) {
   if constexpr (X) {
     hi = pack2(v.x, v.y);
     lo = 0u;

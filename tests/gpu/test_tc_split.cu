@@ -1,0 +1,103 @@
+// Host checks of the operand split behind the tensor-core products of gpu/tc_mma.cuh (the
+// chunked scan of bf16/f16 runs); no device needed, so they run in CI too.
+//   hi = bf16(v), lo = bf16(v − hi):
+//     |v − hi − lo| ≤ 2⁻¹⁶·|v|                for |v| ∈ [2⁻¹¹⁰, 2¹²⁰]    (random f32 values)
+//     hi + lo = v exactly                     for every finite f16 value
+//     lo = 0                                   for every bf16 value (the skipped pass)
+//   |a·b − (ah·bh + ah·bl + al·bh)| ≤ 3.1·2⁻¹⁶·|a·b|   (the three passes; al·bl dropped)
+// Each check also asserts that the bound is not slack by orders of magnitude (the worst case
+// seen comes within 4x of it), so a split that silently degraded to one bf16 part would fail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "tc_mma.cuh"
+
+namespace {
+
+float bf16_bits_value(std::uint32_t bits16) {
+  const std::uint32_t u = (bits16 & 0xFFFFu) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// (hi, lo) of v as floats, through the packed split (v in the low half, a dummy in the high).
+void split(float v, float& hi, float& lo) {
+  std::uint32_t h = 0, l = 0;
+  m3::gpu::tc::split2(v, 1.0f, h, l);
+  hi = bf16_bits_value(h);
+  lo = bf16_bits_value(l);
+}
+
+float random_float(std::mt19937_64& rng, int emin, int emax) {
+  std::uniform_int_distribution<int> e(emin, emax);
+  std::uniform_real_distribution<float> m(1.0f, 2.0f);
+  std::bernoulli_distribution neg(0.5);
+  const float v = std::ldexp(m(rng), e(rng));
+  return neg(rng) ? -v : v;
+}
+
+constexpr double kTwoM16 = 1.0 / 65536.0;
+
+TEST(TcSplit, HiPlusLoCarriesSixteenBits) {
+  std::mt19937_64 rng(7);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float v = random_float(rng, -110, 120);
+    float hi, lo;
+    split(v, hi, lo);
+    const double err = std::abs(static_cast<double>(v) - hi - lo) / std::abs(v);
+    ASSERT_LE(err, kTwoM16) << "v=" << v << " hi=" << hi << " lo=" << lo;
+    worst = std::max(worst, err);
+  }
+  EXPECT_GT(worst, kTwoM16 / 4) << "bound far from the worst case: the test lost its teeth";
+}
+
+TEST(TcSplit, EveryF16ValueSplitsExactly) {
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    if ((bits & 0x7C00u) == 0x7C00u) continue;  // inf / NaN
+    const float v = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    float hi, lo;
+    split(v, hi, lo);
+    ASSERT_EQ(static_cast<double>(v), static_cast<double>(hi) + lo) << "f16 bits " << bits;
+  }
+}
+
+TEST(TcSplit, Bf16ValuesHaveNoLowPart) {
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 100000; ++i) {
+    const float v = bf16_bits_value(m3::gpu::tc::pack2(random_float(rng, -120, 120), 0.0f));
+    std::uint32_t h = 0, l = 0;
+    m3::gpu::tc::operand_pair<false>(make_float2(v, v), h, l);
+    ASSERT_EQ(l, 0u) << "v=" << v;
+    ASSERT_EQ(bf16_bits_value(h), v);
+    std::uint32_t he = 0, le = 1;
+    m3::gpu::tc::operand_pair<true>(make_float2(v, v), he, le);  // the exact path
+    ASSERT_EQ(he, h);
+    ASSERT_EQ(le, 0u);
+  }
+}
+
+TEST(TcSplit, ThreePassProductWithinBound) {
+  std::mt19937_64 rng(13);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float a = random_float(rng, -50, 50), b = random_float(rng, -50, 50);
+    float ah, al, bh, bl;
+    split(a, ah, al);
+    split(b, bh, bl);
+    const double exact = static_cast<double>(a) * b;
+    const double three = static_cast<double>(ah) * bh + static_cast<double>(ah) * bl +
+                         static_cast<double>(al) * bh;  // each product exact in double
+    const double err = std::abs(three - exact) / std::abs(exact);
+    ASSERT_LE(err, 3.1 * kTwoM16) << "a=" << a << " b=" << b;
+    worst = std::max(worst, err);
+  }
+  EXPECT_GT(worst, 3.1 * kTwoM16 / 4) << "bound far from the worst case: the test lost its teeth";
+}
+
+}  // namespace
