@@ -238,14 +238,14 @@ void add_flops(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage
     matrix(L * 4 * BT * di * dm);
   } else if (n == "B2") {
     matrix(L * 4 * BT * dm * ip);
-  } else if (n == "F6") {
-    fma32(seq ? L * per_bh * static_cast<double>(T) * 7 * hd * ds
-              : L * per_bh * 2 * (sum_l2 * (ds + hd) + 2 * sum_l * hd * ds));
-  } else if (n == "B6") {
-    const double f = seq ? L * per_bh * static_cast<double>(T) * 15 * hd * ds
-                         : L * per_bh * 2 * (sum_l2 * (3 * ds + 2 * hd) + 4 * sum_l * hd * ds);
-    // The chunked backward of typed runs forms its products on the tensor cores
-    // (gpu/ssm_chunked.cu, chunk_bwd_kernel); everything else in the scans is f32 FMA.
+  } else if (n == "F6" || n == "B6") {
+    const bool fwd = n == "F6";
+    const double f =
+        seq ? L * per_bh * static_cast<double>(T) * (fwd ? 7 : 15) * hd * ds
+        : fwd ? L * per_bh * 2 * (sum_l2 * (ds + hd) + 2 * sum_l * hd * ds)
+              : L * per_bh * 2 * (sum_l2 * (3 * ds + 2 * hd) + 4 * sum_l * hd * ds);
+    // The chunked scan of typed runs forms its products on the tensor cores
+    // (gpu/ssm_chunked.cu, gpu/tc_mma.cuh); the sequential scan and f32 runs use f32 FMA.
     if (!seq && storage != Precision::F32) {
       matrix(f);
     } else {

@@ -34,8 +34,8 @@
 //       backward 15: G += dy·Qᵀ, d_q = hᵀ·dy, dα = ⟨G, h_prev⟩, G·K, Gᵀ·x, G·k_prev, Gᵀ·v_prev
 //                    (7 FMA), G ← α·G (1 multiply)
 //     The scans run on f32 FMA units, so they are held against the f32 (pedantic, no TF32) GEMM
-//     rate — except the chunked backward of bf16/f16 runs, whose products run on the tensor
-//     cores (gpu/tc_mma.cuh) and are held against the GEMM rate of the storage type.
+//     rate — except the chunked scan of bf16/f16 runs, whose products run on the tensor cores
+//     (gpu/tc_mma.cuh) and are held against the GEMM rate of the storage type.
 //   Every other stage is elementwise or a row reduction: bytes only (FLOPs 0).
 // All figures are summed over the layers, as the profile sums a stage's time over the layers.
 #pragma once

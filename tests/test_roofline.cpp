@@ -95,11 +95,16 @@ TEST(Roofline, ScanFlopsFollowTheDocumentedCounts) {
   EXPECT_DOUBLE_EQ(stage(wc, "B6").flops, L * B * nh * bwd_chunked);
   EXPECT_EQ(stage(wc, "F6").unit, FlopUnit::Fma32);
   EXPECT_EQ(stage(wc, "B6").unit, FlopUnit::Fma32);
-  // Typed runs: the chunked backward's products run on the tensor cores, the forward's do not.
+  // Typed runs: the chunked scan's products run on the tensor cores; the sequential scan's
+  // do not.
   const auto wt = stage_work(hand_cfg(), kB, kT, ScanMode::Chunked, Precision::BF16);
-  EXPECT_EQ(stage(wt, "F6").unit, FlopUnit::Fma32);
+  EXPECT_EQ(stage(wt, "F6").unit, FlopUnit::Matrix);
   EXPECT_EQ(stage(wt, "B6").unit, FlopUnit::Matrix);
+  EXPECT_DOUBLE_EQ(stage(wt, "F6").flops, stage(wc, "F6").flops);
   EXPECT_DOUBLE_EQ(stage(wt, "B6").flops, stage(wc, "B6").flops);
+  const auto wts = stage_work(hand_cfg(), kB, kT, ScanMode::Sequential, Precision::F16);
+  EXPECT_EQ(stage(wts, "F6").unit, FlopUnit::Fma32);
+  EXPECT_EQ(stage(wts, "B6").unit, FlopUnit::Fma32);
   const auto ws = stage_work(hand_cfg(), kB, kT, ScanMode::Sequential, Precision::F32);
   EXPECT_DOUBLE_EQ(stage(ws, "F6").flops, L * B * nh * 100 * 7 * hd * ds);
   EXPECT_DOUBLE_EQ(stage(ws, "B6").flops, L * B * nh * 100 * 15 * hd * ds);
