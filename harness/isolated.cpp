@@ -12,6 +12,7 @@
 
 #include "backbone.hpp"  // capture_grads
 #include "error.hpp"
+#include "precision.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
 
@@ -21,15 +22,12 @@ float round_mantissa(float f, int mantissa_bits) {
   M3_REQUIRE(mantissa_bits >= 1 && mantissa_bits <= 23, "round_mantissa",
              "mantissa bits out of range", mantissa_bits);
   if (!std::isfinite(f) || mantissa_bits == 23) return f;
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
+  std::uint32_t u = float_bits(f);
   const int drop = 23 - mantissa_bits;
   const std::uint32_t lsb = (u >> drop) & 1u;
   u += ((1u << (drop - 1)) - 1u) + lsb;  // round to nearest, ties to even (a carry may overflow
   u &= ~((1u << drop) - 1u);             // into the exponent: the next binade, or ±inf)
-  float r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
+  return bits_float(u);
 }
 
 namespace {

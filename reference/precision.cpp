@@ -8,18 +8,16 @@
 
 namespace m3 {
 
-namespace {
-std::uint32_t bits_of(float f) {
+std::uint32_t float_bits(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
-float float_of(std::uint32_t u) {
+float bits_float(std::uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
-}  // namespace
 
 const char* precision_name(Precision p) {
   switch (p) {
@@ -40,7 +38,7 @@ Precision parse_precision(const std::string& s) {
 }
 
 std::uint16_t float_to_bf16_bits(float f) {
-  const std::uint32_t u = bits_of(f);
+  const std::uint32_t u = float_bits(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u)  // NaN: keep sign, force quiet
     return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
   // Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; a carry out of the
@@ -49,10 +47,10 @@ std::uint16_t float_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(rounded >> 16);
 }
 
-float bf16_bits_to_float(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
+float bf16_bits_to_float(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
 
 std::uint16_t float_to_f16_bits(float f) {
-  const std::uint32_t u = bits_of(f);
+  const std::uint32_t u = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u)  // NaN: quiet, top mantissa bits kept
@@ -61,7 +59,7 @@ std::uint16_t float_to_f16_bits(float f) {
     return static_cast<std::uint16_t>(sign | 0x7C00u);
   if (a < 0x38800000u) {  // below 2⁻¹⁴: f16 subnormal m·2⁻²⁴ (or zero)
     // Scaling by 2²⁴ is exact; nearbyint rounds half to even in the default rounding mode.
-    const float scaled = float_of(a) * 16777216.0f;
+    const float scaled = bits_float(a) * 16777216.0f;
     const auto m = static_cast<std::uint16_t>(std::nearbyint(scaled));
     return static_cast<std::uint16_t>(sign | m);  // m = 1024 encodes the smallest normal
   }
@@ -81,8 +79,8 @@ float f16_bits_to_float(std::uint16_t h) {
     const float v = static_cast<float>(mant) * 0x1.0p-24f;
     return sign ? -v : v;
   }
-  if (exp == 31) return float_of(sign | 0x7F800000u | (mant << 13));
-  return float_of(sign | ((exp - 15 + 127) << 23) | (mant << 13));
+  if (exp == 31) return bits_float(sign | 0x7F800000u | (mant << 13));
+  return bits_float(sign | ((exp - 15 + 127) << 23) | (mant << 13));
 }
 
 }  // namespace m3

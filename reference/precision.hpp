@@ -17,6 +17,10 @@ enum class Precision { F64, F32, BF16, F16 };
 const char* precision_name(Precision p);          // "f64" | "f32" | "bf16" | "f16"
 Precision parse_precision(const std::string& s);  // throws m3::Error on anything else
 
+// The IEEE-754 bits of a float, and the float of given bits (a memcpy: no aliasing).
+std::uint32_t float_bits(float f);
+float bits_float(std::uint32_t u);
+
 std::uint16_t float_to_bf16_bits(float f);
 float bf16_bits_to_float(std::uint16_t h);
 std::uint16_t float_to_f16_bits(float f);

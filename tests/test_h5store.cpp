@@ -38,16 +38,8 @@ using m3::h5::NonFinite;
 
 namespace {
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+// bits_of: one name for the bits of a float or a double (the double pair stays local).
+std::uint32_t bits_of(float f) { return m3::float_bits(f); }
 std::uint64_t bits_of(double d) {
   std::uint64_t u;
   std::memcpy(&u, &d, sizeof u);
@@ -124,7 +116,7 @@ void check_against_reference(bool bf16) {
   }
   std::mt19937 rng(12345);
   for (int i = 0; i < 1000000; ++i) {
-    const float f = float_of(static_cast<std::uint32_t>(rng()));
+    const float f = m3::bits_float(static_cast<std::uint32_t>(rng()));
     if (std::isfinite(f)) xs.push_back(f);
   }
   int mismatches = 0;
@@ -235,9 +227,9 @@ TEST(Bf16Conversion, KnownPatterns) {
   EXPECT_EQ(m3::float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7F80);
   EXPECT_EQ(m3::float_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xFF80);
   // bf16 subnormals are the upper halves of float subnormals.
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x00010000u)), 0x0001);
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x00000001u)), 0x0000);  // rounds to zero
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x80000001u)), 0x8000);  // to −0
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x00010000u)), 0x0001);
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x00000001u)), 0x0000);  // rounds to zero
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x80000001u)), 0x8000);  // to −0
   EXPECT_EQ(m3::bf16_bits_to_float(0x3F80), 1.0f);
   EXPECT_EQ(bits_of(m3::bf16_bits_to_float(0x8000)), 0x80000000u);
   EXPECT_EQ(bits_of(m3::bf16_bits_to_float(0x0001)), 0x00010000u);
@@ -248,30 +240,30 @@ TEST(Bf16Conversion, TiesRoundToEvenBothWays) {
   EXPECT_EQ(m3::float_to_bf16_bits(1.01171875f), 0x3F82);  // 1 + 3·2⁻⁸: tie, up to even
   EXPECT_EQ(m3::float_to_bf16_bits(-1.00390625f), 0xBF80);
   EXPECT_EQ(m3::float_to_bf16_bits(-1.01171875f), 0xBF82);
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x3F808001u)), 0x3F81);  // just above the tie
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x3F817FFFu)), 0x3F81);  // just below the tie
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x00008000u)), 0x0000);  // subnormal tie, even
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x00018000u)), 0x0002);
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x3F808001u)), 0x3F81);  // just above the tie
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x3F817FFFu)), 0x3F81);  // just below the tie
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x00008000u)), 0x0000);  // subnormal tie, even
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x00018000u)), 0x0002);
 }
 
 TEST(Bf16Conversion, OverflowRoundsToInfinity) {
   EXPECT_EQ(m3::float_to_bf16_bits(3.4028235e38f), 0x7F80);  // FLT_MAX rounds up past 0x7F7F
   EXPECT_EQ(m3::float_to_bf16_bits(-3.4028235e38f), 0xFF80);
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x7F7F8000u)), 0x7F80);  // tie at the top: odd → up
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x7F7F7FFFu)), 0x7F7F);
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x7F7F8000u)), 0x7F80);  // tie at the top: odd → up
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x7F7F7FFFu)), 0x7F7F);
 }
 
 TEST(Bf16Conversion, NanStaysNanWithItsSign) {
   for (std::uint32_t u : {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7F810000u}) {
-    const std::uint16_t pos = m3::float_to_bf16_bits(float_of(u));
-    const std::uint16_t neg = m3::float_to_bf16_bits(float_of(u | 0x80000000u));
+    const std::uint16_t pos = m3::float_to_bf16_bits(m3::bits_float(u));
+    const std::uint16_t neg = m3::float_to_bf16_bits(m3::bits_float(u | 0x80000000u));
     EXPECT_TRUE(bf16_is_nan(pos)) << std::hex << u << " → " << pos;
     EXPECT_TRUE(bf16_is_nan(neg)) << std::hex << u << " → " << neg;
     EXPECT_EQ(pos & 0x8000, 0);
     EXPECT_EQ(neg & 0x8000, 0x8000);
   }
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0x7FC00000u)), 0x7FC0);
-  EXPECT_EQ(m3::float_to_bf16_bits(float_of(0xFFC00000u)), 0xFFC0);
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0x7FC00000u)), 0x7FC0);
+  EXPECT_EQ(m3::float_to_bf16_bits(m3::bits_float(0xFFC00000u)), 0xFFC0);
 }
 
 TEST(Bf16Conversion, EveryPatternDecodesAndEncodesBackExactly) {
@@ -302,7 +294,7 @@ TEST(F16Conversion, KnownPatterns) {
   EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
   EXPECT_EQ(m3::float_to_f16_bits(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
   EXPECT_EQ(m3::float_to_f16_bits(1023 * std::ldexp(1.0f, -24)), 0x03FF);  // largest subnormal
-  EXPECT_EQ(m3::float_to_f16_bits(float_of(0x00000001u)), 0x0000);         // float subnormal → 0
+  EXPECT_EQ(m3::float_to_f16_bits(m3::bits_float(0x00000001u)), 0x0000);         // float subnormal → 0
   EXPECT_EQ(m3::f16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(m3::f16_bits_to_float(0x7BFF), 65504.0f);
   EXPECT_EQ(m3::f16_bits_to_float(0x7C00), std::numeric_limits<float>::infinity());
@@ -333,8 +325,8 @@ TEST(F16Conversion, TiesRoundToEvenInSubnormalAndNormalRange) {
 
 TEST(F16Conversion, NanStaysNanWithItsSign) {
   for (std::uint32_t u : {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7F802000u}) {
-    const std::uint16_t pos = m3::float_to_f16_bits(float_of(u));
-    const std::uint16_t neg = m3::float_to_f16_bits(float_of(u | 0x80000000u));
+    const std::uint16_t pos = m3::float_to_f16_bits(m3::bits_float(u));
+    const std::uint16_t neg = m3::float_to_f16_bits(m3::bits_float(u | 0x80000000u));
     EXPECT_TRUE(f16_is_nan(pos)) << std::hex << u << " → " << pos;
     EXPECT_TRUE(f16_is_nan(neg)) << std::hex << u << " → " << neg;
     EXPECT_EQ(pos & 0x8000, 0);
@@ -403,7 +395,7 @@ TEST_F(H5RoundTrip, F32IsBitExactForRandomFloats) {
                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::min()};
   std::mt19937 rng(11);
   while (v.size() < 200) {
-    const float f = float_of(static_cast<std::uint32_t>(rng()));
+    const float f = m3::bits_float(static_cast<std::uint32_t>(rng()));
     if (std::isfinite(f)) v.push_back(f);
   }
   const Tensor t{{200}, v};

@@ -49,7 +49,9 @@
 
 namespace {
 
+using m3::bits_float;
 using m3::Config;
+using m3::float_bits;
 using m3::Idx;
 using m3::Rng;
 using m3::ScanMode;
@@ -93,17 +95,6 @@ struct StorageName {
     return std::is_same_v<T, __half> ? "f16" : "bf16";
   }
 };
-
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // The bits of a storage value, and back.
 __host__ __device__ std::uint16_t raw(__nv_bfloat16 h) { return __bfloat16_as_ushort(h); }
@@ -321,19 +312,19 @@ Vec conversion_inputs() {
   for (std::uint32_t h = 0; h < 65536u; ++h) {
     const float f = Storage<T>::value(static_cast<std::uint16_t>(h));
     if (!std::isfinite(f)) continue;
-    const std::uint32_t b = bits_of(f);
+    const std::uint32_t b = float_bits(f);
     u.push_back(b);
     // halfway to the next representable value (exact in f32), and ± one f32 ulp around it
     const float next = Storage<T>::value(static_cast<std::uint16_t>(h + 1 < 65536u ? h + 1 : h));
     if (std::isfinite(next) && std::signbit(next) == std::signbit(f) && next != f) {
-      const std::uint32_t mid = bits_of(0.5f * f + 0.5f * next);
+      const std::uint32_t mid = float_bits(0.5f * f + 0.5f * next);
       for (std::uint32_t m : {mid - 1, mid, mid + 1}) u.push_back(m);
     }
   }
   Rng rng(12345);
   for (int i = 0; i < (1 << 20); ++i) u.push_back(static_cast<std::uint32_t>(rng.next()));
   Vec v(u.size());
-  for (size_t i = 0; i < u.size(); ++i) v[i] = float_of(u[i]);
+  for (size_t i = 0; i < u.size(); ++i) v[i] = bits_float(u[i]);
   return v;
 }
 
@@ -350,11 +341,11 @@ TYPED_TEST(TypedConversion, HostStoreAndLoadMatchReferenceBits) {
     const std::uint16_t want = Storage<T>::bits(in[i]);
     const std::uint16_t got = raw(m3::gpu::from_float<T>(in[i]));
     const float back = m3::gpu::to_float(from_raw<T>(want));
-    if (got != want || bits_of(back) != bits_of(Storage<T>::value(want))) {
+    if (got != want || float_bits(back) != float_bits(Storage<T>::value(want))) {
       if (++bad <= 5)
-        ADD_FAILURE() << std::hex << "float 0x" << bits_of(in[i]) << ": store 0x" << got
-                      << " (reference 0x" << want << "), load 0x" << bits_of(back)
-                      << " (reference 0x" << bits_of(Storage<T>::value(want)) << ")";
+        ADD_FAILURE() << std::hex << "float 0x" << float_bits(in[i]) << ": store 0x" << got
+                      << " (reference 0x" << want << "), load 0x" << float_bits(back)
+                      << " (reference 0x" << float_bits(Storage<T>::value(want)) << ")";
     }
   }
   EXPECT_EQ(bad, 0u) << "of " << in.size() << " inputs";
@@ -380,20 +371,20 @@ TYPED_TEST(TypedConversion, DeviceStoreAndLoadMatchReferenceBits) {
   for (size_t i = 0; i < in.size(); ++i) {
     const std::uint16_t want = Storage<T>::bits(in[i]);
     const float want_back = Storage<T>::value(want);
-    if (bits[i] != want || bits_of(back[i]) != bits_of(want_back)) {
+    if (bits[i] != want || float_bits(back[i]) != float_bits(want_back)) {
       if (++bad <= 5)
-        ADD_FAILURE() << std::hex << "float 0x" << bits_of(in[i]) << ": device store 0x"
+        ADD_FAILURE() << std::hex << "float 0x" << float_bits(in[i]) << ": device store 0x"
                       << bits[i] << " (reference 0x" << want << "), round trip 0x"
-                      << bits_of(back[i]) << " (reference 0x" << bits_of(want_back) << ")";
+                      << float_bits(back[i]) << " (reference 0x" << float_bits(want_back) << ")";
     }
   }
   EXPECT_EQ(bad, 0u) << "stores of " << in.size() << " inputs";
   size_t bad_load = 0;
   for (std::uint32_t h = 0; h < 65536u; ++h) {
     const float want = Storage<T>::value(static_cast<std::uint16_t>(h));
-    if (bits_of(all[h]) != bits_of(want) && ++bad_load <= 5)
-      ADD_FAILURE() << std::hex << "load of 0x" << h << ": 0x" << bits_of(all[h])
-                    << " (reference 0x" << bits_of(want) << ")";
+    if (float_bits(all[h]) != float_bits(want) && ++bad_load <= 5)
+      ADD_FAILURE() << std::hex << "load of 0x" << h << ": 0x" << float_bits(all[h])
+                    << " (reference 0x" << float_bits(want) << ")";
   }
   EXPECT_EQ(bad_load, 0u) << "loads of the 65536 patterns";
 }
@@ -417,7 +408,7 @@ TYPED_TEST(TypedConversion, ConvertRoundToAndAddLaunchersAreExact) {
   for (size_t i = 0; i < in.size(); ++i) {
     const std::uint16_t want = Storage<T>::bits(in[i]);
     if ((raw(h1[i]) != want || raw(h2[i]) != want) && ++bad <= 5)
-      ADD_FAILURE() << std::hex << "float 0x" << bits_of(in[i]) << ": convert 0x" << raw(h1[i])
+      ADD_FAILURE() << std::hex << "float 0x" << float_bits(in[i]) << ": convert 0x" << raw(h1[i])
                     << ", round_to 0x" << raw(h2[i]) << " (reference 0x" << want << ")";
   }
   EXPECT_EQ(bad, 0u);

@@ -11,18 +11,16 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 
+#include "precision.hpp"
 #include "tc_mma.cuh"
 
 namespace {
 
+// The float of the bf16 in the low half of a packed pair.
 float bf16_bits_value(std::uint32_t bits16) {
-  const std::uint32_t u = (bits16 & 0xFFFFu) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return m3::bf16_bits_to_float(static_cast<std::uint16_t>(bits16 & 0xFFFFu));
 }
 
 // (hi, lo) of v as floats, through the packed split (v in the low half, a dummy in the high).
