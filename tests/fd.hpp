@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace m3::test {
@@ -29,23 +30,10 @@ constexpr double kTestPi = 3.141592653589793238462643383280;
 
 inline double fd_step(double x) { return kFdRelStep * std::max(1.0, std::abs(x)); }
 
-// Central finite difference of f() with respect to the scalar x (which f reads by reference).
-// x is restored bit-exactly afterwards. Uses the actually representable step (x+h) − x.
-template <class F>
-double central_diff(double& x, F&& f, double h = -1.0) {
-  const double x0 = x;
-  if (h <= 0) h = fd_step(x0);
-  const double xp = x0 + h, xm = x0 - h;
-  x = xp;
-  const double fp = f();
-  x = xm;
-  const double fm = f();
-  x = x0;
-  return (fp - fm) / (xp - xm);
-}
-
-// Same, also reporting the two function values (to detect discontinuities such as the angle
-// wrap: a jump of |fp − fm| far above |df·2h| means the FD straddled a discontinuity).
+// Central finite difference of f() with respect to the scalar x (which f reads by reference),
+// also reporting the two function values (to detect discontinuities such as the angle wrap: a
+// jump of |fp − fm| far above |df·2h| means the FD straddled a discontinuity). x is restored
+// bit-exactly afterwards. Uses the actually representable step (x+h) − (x−h).
 struct FdSample {
   double deriv, f_plus, f_minus, h;
 };
@@ -60,6 +48,12 @@ FdSample central_diff_sample(double& x, F&& f, double h = -1.0) {
   const double fm = f();
   x = x0;
   return {(fp - fm) / (xp - xm), fp, fm, xp - xm};
+}
+
+// The derivative alone.
+template <class F>
+double central_diff(double& x, F&& f, double h = -1.0) {
+  return central_diff_sample(x, std::forward<F>(f), h).deriv;
 }
 
 // Fourth-order central difference (five-point stencil):

@@ -31,6 +31,7 @@
 #include "compare.hpp"
 #include "error.hpp"
 #include "isolated.hpp"
+#include "negative_control.hpp"
 #include "report.hpp"
 #include "report_json.hpp"
 #include "run.hpp"
@@ -42,23 +43,11 @@ using gpu::Fault;
 
 constexpr Precision kPrecisions[] = {Precision::F32, Precision::BF16, Precision::F16};
 constexpr ScanMode kModes[] = {ScanMode::Sequential, ScanMode::Chunked};
-constexpr Fault kFaults[] = {Fault::DropBeta, Fault::FlipAngleSign, Fault::ChunkBoundaryOff,
-                             Fault::RoundTwice};
+using negative::kFaults;
 
-// The negative-control shape of the issue: d_model 32, headdim 16, d_state 16, 2 layers, B 2,
-// T 40 (3 chunks of 16, the last one short).
+// The negative-control shape (negative_control.hpp).
 RunSpec small_spec(bool outproj_norm = false) {
-  RunSpec s;
-  s.cfg.d_model = 32;
-  s.cfg.input_dim = 32;
-  s.cfg.headdim = 16;
-  s.cfg.d_state = 16;
-  s.cfg.n_layers = 2;
-  s.cfg.chunk_size = 16;
-  s.cfg.is_outproj_norm = outproj_norm;
-  s.B = 2;
-  s.T = 40;
-  s.seed = 21;
+  RunSpec s = negative::spec(outproj_norm);
   s.source = "test";
   return s;
 }

@@ -12,8 +12,8 @@
 // That is what the isolated comparison is for; end to end this test then only requires that
 // nothing BEFORE the faulted stage fails (a fault never blames an earlier stage).
 //
-// The shape: d_model 32, headdim 16, d_state 16, 2 layers, B 2, T 40, chunk 16 (3 chunks, the
-// last one short). Compiled in every build; each test skips itself, saying why, without a GPU.
+// The shape: tests/negative_control.hpp (d_model 32, headdim 16, d_state 16, 2 layers, B 2,
+// T 40, chunk 16: 3 chunks, the last one short). Compiled in every build; each test skips itself, saying why, without a GPU.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -24,6 +24,7 @@
 #include "compare.hpp"
 #include "device.hpp"
 #include "gpu_lineup.hpp"
+#include "negative_control.hpp"
 #include "report.hpp"
 #include "run.hpp"
 
@@ -40,20 +41,10 @@ using gpu::Fault;
     }                                                   \
   } while (0)
 
-constexpr Fault kFaults[] = {Fault::DropBeta, Fault::FlipAngleSign, Fault::ChunkBoundaryOff,
-                             Fault::RoundTwice};
+using negative::kFaults;
 
 RunSpec small_spec() {
-  RunSpec s;
-  s.cfg.d_model = 32;
-  s.cfg.input_dim = 32;
-  s.cfg.headdim = 16;
-  s.cfg.d_state = 16;
-  s.cfg.n_layers = 2;
-  s.cfg.chunk_size = 16;
-  s.B = 2;
-  s.T = 40;
-  s.seed = 21;
+  RunSpec s = negative::spec();
   s.source = "negative controls";
   s.device = "gpu";
   s.modes = {ScanMode::Sequential, ScanMode::Chunked};
