@@ -65,6 +65,8 @@
 
 #include "convert.cuh"
 #include "reduce.cuh"
+#include "chunk_fwd_tc.cuh"
+#include "ssm_chunk_geom.cuh"
 #include "tc_mma.cuh"
 
 namespace m3::gpu {
@@ -72,22 +74,10 @@ namespace m3::gpu {
 namespace {
 
 constexpr int kCT = 256;  // threads of the per-chunk kernels (16 × 16)
-constexpr int kTR = 64;   // rows (time steps) per tile
 constexpr int kRM = kTR / 16;
 constexpr int kLM = kTR + 4;  // leading dimension of the [kTR][kTR] tiles
 constexpr int kNK = 32;       // width of a streamed slice of S / dS
 constexpr int kLS = kNK + 4;  // leading dimension of an n-slice [HP][kNK]
-
-struct ChunkGeom {
-  Idx B, T, nh, hd, ds, di, cs, nc;
-  int nt;  // row tiles per (longest) chunk
-  __device__ Idx t0(Idx c) const { return c * cs; }
-  __device__ int len(Idx c) const { return static_cast<int>(min(T, (c + 1) * cs) - c * cs); }
-  __device__ Idx cum_base(Idx b, Idx c, Idx h) const { return ((b * nc + c) * nh + h) * cs; }
-  __device__ Idx state_base(Idx b, Idx c, Idx h) const {
-    return ((b * nc + c) * nh + h) * hd * ds;
-  }
-};
 
 // acc[i][j] += Σ_{k<K} A[(tm + RS·i)·AM + k·AK] · Bm[k·BK + (tn + 16j)·BN]   (shared memory),
 // k ascending; RS = the number of row threads (kCT/16 = 16, or 32 in chunk_bwd_kernel). With A contiguous in k (AK = 1) the operands are read as float4 along k (B too
@@ -295,14 +285,6 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
 // (U, V, w) = (x, Ks, e^{Λ − cum}) forward and (dO, Q, e^{cum}) backward. The forward first runs
 // the serial cumsum (thread 0 over each staged tile) and writes da_cumsum_saved; the backward
 // reads it and writes da_cs_sum. Shared: Us [kTR][LDH], Vs [kTR][LDD], w [kTR], scalars.
-struct ChunkStateArgs {
-  const void *u, *v;        // typed [BT, di] and [BT, nh, ds]
-  const float* adt;         // forward: adt [BT, nh]
-  float* cum_out;           // forward: da_cumsum_saved (written)
-  const float* cum_in;      // backward: da_cumsum_saved (read)
-  float* da_cs_sum;         // backward: [B, nc, nh]
-  float* out;               // [B, nc, nh, hd, ds]
-};
 
 template <class T, int RH, int RD, bool kFwd>
 __global__ void __launch_bounds__(kCT)
@@ -947,9 +929,7 @@ ddt_dtrap_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dscale_prev) {
 }
 
 // ---- launch helpers ---------------------------------------------------------------------------
-const char* const kChunkWhere = "gpu::ssm_chunked";
 
-int pad_class(Idx v) { return v <= 32 ? 2 : v <= 64 ? 4 : 8; }
 
 ChunkGeom chunk_geom(const Dims& d) {
   M3_REQUIRE(d.hd >= 1 && d.ds >= 1 && d.nh >= 1 && d.B >= 1 && d.T >= 1 && d.cs >= 1,
@@ -971,22 +951,6 @@ ChunkGeom chunk_geom(const Dims& d) {
   return ChunkGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, d.cs, d.nc, nt};
 }
 
-// Calls f(RH, RD) as integral constants for the padded sizes of headdim and d_state.
-template <class F>
-void with_pads(const Dims& d, F&& f) {
-  auto on_rd = [&](auto rh) {
-    switch (pad_class(d.ds)) {
-      case 2: f(rh, std::integral_constant<int, 2>{}); break;
-      case 4: f(rh, std::integral_constant<int, 4>{}); break;
-      default: f(rh, std::integral_constant<int, 8>{}); break;
-    }
-  };
-  switch (pad_class(d.hd)) {
-    case 2: on_rd(std::integral_constant<int, 2>{}); break;
-    case 4: on_rd(std::integral_constant<int, 4>{}); break;
-    default: on_rd(std::integral_constant<int, 8>{}); break;
-  }
-}
 
 // Leading dimensions: odd (16R + 1) for chunk_state_kernel's scalar reads, 16R + 4 for the
 // float4 rows of chunk_scan_kernel and chunk_bwd_kernel.
@@ -1011,18 +975,6 @@ std::size_t smem_chunk_bwd(int rh, int rd, bool typed) {
                           cs_floats(typed, kTR, std::max({rh, rd, kTR / 16})));
 }
 
-template <class K>
-void set_smem(K kernel, std::size_t bytes) {
-  int dev = 0, optin = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  M3_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  M3_REQUIRE(bytes <= static_cast<std::size_t>(optin), kChunkWhere,
-             "shared memory per block exceeds the device limit", "need ", bytes, " bytes, have ",
-             optin);
-  if (bytes > 48 * 1024)
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-}
 
 Idx round64(Idx n) { return (n + 63) / 64 * 64; }
 
@@ -1059,7 +1011,7 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
   const Idx rows = d.BT * d.nh;
   prep_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p);
   M3_LAUNCH_CHECK();
-  with_pads(d, [&](auto rh, auto rd) {
+  with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
                            p.chunk_states};
@@ -1071,12 +1023,17 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
     state_pass_fwd_kernel<T>
         <<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0, s>>>(g, p);
     M3_LAUNCH_CHECK();
+    if (kTensorProducts<T> && g.nt == 1) return;  // K5 below, on the plane kernel
     auto k5 = chunk_scan_kernel<T, RH, RD>;
     const std::size_t sm5 = smem_chunk_scan(RH, RD);
     set_smem(k5, sm5);
     k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
     M3_LAUNCH_CHECK();
   });
+  // K5: typed runs whose chunks fit one row tile take the plane kernel (chunk_fwd_tc.cu).
+  if constexpr (kTensorProducts<T>) {
+    if (g.nt == 1) chunk_scan_tc<T>(s, g, p);
+  }
 }
 
 template <class T>
@@ -1086,7 +1043,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   const ChunkGeom g = chunk_geom(d);
   const BwdScratch w = carve(d, scratch);
   const Idx rows = d.BT * d.nh;
-  with_pads(d, [&](auto rh, auto rd) {
+  with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
     auto k1 = chunk_state_kernel<T, RH, RD, false>;
@@ -1099,12 +1056,22 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     M3_LAUNCH_CHECK();
     entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
-    auto k3 = chunk_bwd_kernel<T, RH, RD>;
-    const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
-    set_smem(k3, sm3);
-    k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
-    M3_LAUNCH_CHECK();
   });
+  // B3: typed runs whose chunks fit one row tile take the plane kernel (chunk_bwd_tc.cu); longer
+  // chunks and f32 runs the tiled kernel above.
+  if constexpr (kTyped) {
+    if (g.nt == 1) chunk_bwd_tc<T>(s, g, p, w.dS);
+  }
+  if (!kTyped || g.nt > 1) {
+    with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
+      constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+      auto k3 = chunk_bwd_kernel<T, RH, RD>;
+      const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
+      set_smem(k3, sm3);
+      k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
+      M3_LAUNCH_CHECK();
+    });
+  }
   dd_partials_kernel<<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(d.T, d.nh, p.dQK_dot,
                                                               p.dD_partials);
   M3_LAUNCH_CHECK();

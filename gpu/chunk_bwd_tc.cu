@@ -1,0 +1,423 @@
+// B3 — step 1 of the chunked backward (MODEL.md §6.4) — for typed runs (bf16/f16) whose chunks
+// fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands as bf16 planes in
+// shared memory and the products in registers (tc_frag.cuh). Same formulas as
+// chunk_bwd_kernel of ssm_chunked.cu (its header is the authority); per (b, h, c), with
+// M[t,s] = e^{cum_t − cum_s} (s < t), A = Q Ksᵀ, P = dO Xᵀ, MA = M⊙A, MP = M⊙P, W = MP⊙A,
+// e_s = e^{Λ − cum_s}:
+//   dQ_mid = e^{cum_t}·(dO S) + MP Ks                                   [t][n]
+//   dV     = MAᵀ dO + e_s·(Ks dSᵀ) + (D + qk_s)·dO  (+ d_v_out at t = T−1) → d_x (typed)
+//   dK_mid = MPᵀ Q + e_s·(X dS)                                         [s][n]
+//   dQK_t  = dO_t·x_t
+//   loc_t  = e^{cum_t}(dO S)_t·Q_t + Σ_s W[t,s] − Σ_j W[j,t];  M_t = e_t·(X dS)_t·Ks_t
+//   dADT_τ = e^{Λ}⟨S, dS⟩ + Σ_t M_t + Σ_{t ≥ τ} (loc_t − M_t)
+//
+// Block: 256 threads (8 warps), grid (nc, nh, B); every product is a Frag<64, N, 8>.
+// Shared memory (bf16 planes, plane_ld padding): Q, Ks [64][DP], dO, X [64][HP] (one plane for
+// bf16 storage — exact —, hi/lo for f16), and one region R that holds in turn S [HP][DP] (hi/lo),
+// then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row floats. At the
+// official shape (bf16, HP = 64, DP = 128) that is ≈ 92 KB: two blocks per SM, so one block's
+// loads overlap the other's products.
+// Order: (0) loads: typed tiles (bf16 rows aligned: cp.async straight into the planes), S split
+// into R, ⟨S, dS⟩ from the f32 values; (1) dq = dO·S, rx; (2) A, P → MA, MP into R, row and
+// column sums of W; dq += MP·Ks → dQ_mid; (3) dV = MAᵀ·dO, dK = MPᵀ·Q; dS split into R;
+// (4) dV += e_s·(Ks·dSᵀ) + (D + qk)·dO → d_x; dK += e_s·(X·dS), M_t → dK_mid; (5) dADT (warp 0).
+// Precision: products as tc_frag.cuh (≈ 2⁻¹⁶ of Σ|terms|); ⟨S, dS⟩, the epilogues and every
+// sum in f32. Determinism: no atomics, one writer per output, fixed orders (the cross-warp
+// sums in ascending warp order, the dADT suffix sum as a fixed shuffle tree).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "convert.cuh"
+#include "reduce.cuh"
+#include "ssm_chunk_geom.cuh"
+#include "tc_frag.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+using tcf::bf16;
+using tcf::Frag;
+using tcf::Opnd;
+
+constexpr int kNT = 256, kNW = kNT / 32;
+constexpr int kLD64 = tcf::plane_ld(kTR);
+
+template <class T>
+__device__ __forceinline__ std::uint16_t raw16(const T* p) {
+  return *reinterpret_cast<const std::uint16_t*>(p);
+}
+
+// Eight storage values (as raw 16-bit words) → the planes at hi[at] (and hi[lo_off + at]).
+template <class T>
+__device__ __forceinline__ void put_typed8(bf16* hi, int lo_off, int at, uint4 v) {
+  if constexpr (!tcf::kSplitStorage<T>) {
+    *reinterpret_cast<uint4*>(hi + at) = v;
+  } else {
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    std::uint32_t h[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+      tc::split2(f.x, f.y, h[k], l[k]);
+    }
+    *reinterpret_cast<uint4*>(hi + at) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4*>(hi + lo_off + at) = make_uint4(l[0], l[1], l[2], l[3]);
+  }
+}
+
+// Planes of a [kTR][W] tile of storage values: element (r, c) = src[r·stride + c] for r < rows,
+// c < cols, 0 elsewhere. Units of 8 columns. bf16 rows that are 16-byte aligned go by cp.async
+// (the caller waits: cp_async_wait); every other case is loaded into registers, all of the
+// thread's units before any store.
+template <class T, int W, int LD>
+__device__ __forceinline__ void load_typed(bf16* hi, int lo_off, const T* src, Idx stride,
+                                           int rows, int cols, bool vec) {
+  constexpr int kU = kTR * W / 8 / kNT;  // units per thread
+  static_assert(kTR * W / 8 % kNT == 0, "the block must tile the tile");
+  const int tid = threadIdx.x;
+  if constexpr (!tcf::kSplitStorage<T>) {
+    if (vec) {
+#pragma unroll
+      for (int k = 0; k < kU; ++k) {
+        const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
+        bf16* dst = hi + r * LD + c;
+        if (r < rows && c < cols) {
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(tcf::smem_addr(dst)),
+                       "l"(src + r * stride + c));
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      return;
+    }
+  }
+  uint4 v[kU];
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
+    if (vec) {
+      v[k] = (r < rows && c < cols) ? *reinterpret_cast<const uint4*>(src + r * stride + c)
+                                    : make_uint4(0, 0, 0, 0);
+    } else {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c0 = c + 2 * e;
+        const std::uint32_t a = (r < rows && c0 < cols) ? raw16(src + r * stride + c0) : 0u;
+        const std::uint32_t b = (r < rows && c0 + 1 < cols) ? raw16(src + r * stride + c0 + 1) : 0u;
+        w[e] = a | (b << 16);
+      }
+      v[k] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
+    put_typed8<T>(hi, lo_off, r * LD + c, v[k]);
+  }
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// hi/lo planes of an f32 [hd][ds] state M padded to [HP][DP] (element (p, n) at p·LD + n).
+// With kDot, also returns this thread's Σ M·O over its elements (O another [hd][ds] state),
+// in a fixed order. Units of 4 columns, in batches of 4 units per thread.
+template <int HP, int DP, int LD, bool kDot>
+__device__ __forceinline__ float load_state(bf16* hi, int lo_off, const float* M, const float* O,
+                                            int hd, int ds, bool vec) {
+  constexpr int kU = HP * DP / 4 / kNT, kB = kU < 4 ? kU : 4;
+  static_assert(HP * DP / 4 % kNT == 0 && kU % kB == 0, "the block must tile the state");
+  float dot = 0.0f;
+#pragma unroll 1
+  for (int k0 = 0; k0 < kU; k0 += kB) {
+    float4 m[kB], o[kB];
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int u = threadIdx.x + (k0 + k) * kNT, r = u / (DP / 4), c = (u % (DP / 4)) * 4;
+      auto get = [&](const float* X) {
+        if (vec) {
+          return (r < hd && c < ds) ? *reinterpret_cast<const float4*>(X + r * ds + c)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float e[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) e[q] = (r < hd && c + q < ds) ? X[r * ds + c + q] : 0.0f;
+        return make_float4(e[0], e[1], e[2], e[3]);
+      };
+      m[k] = get(M);
+      if constexpr (kDot) o[k] = get(O);
+    }
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int u = threadIdx.x + (k0 + k) * kNT, r = u / (DP / 4), c = (u % (DP / 4)) * 4;
+      tcf::put_split(hi, lo_off, r * LD + c, m[k].x, m[k].y);
+      tcf::put_split(hi, lo_off, r * LD + c + 2, m[k].z, m[k].w);
+      if constexpr (kDot) dot += m[k].x * o[k].x + m[k].y * o[k].y + m[k].z * o[k].z + m[k].w * o[k].w;
+    }
+  }
+  return dot;
+}
+
+template <int HP, int DP, int NPT>
+constexpr std::size_t smem_bytes() {
+  constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
+  constexpr std::size_t typed = std::size_t(NPT) * kTR * (2 * LDD + 2 * LDH);
+  constexpr std::size_t state = std::size_t(2) * HP * LDD, mamp = std::size_t(4) * kTR * kLD64;
+  constexpr std::size_t planes = typed + (state > mamp ? state : mamp);
+  return planes * sizeof(bf16) + sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1) + 32);
+}
+
+template <class T, int RH, int RD>
+__global__ void __launch_bounds__(kNT, 2)
+chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
+  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
+  constexpr bool kTS = tcf::kSplitStorage<T>;
+  constexpr int NPT = kTS ? 2 : 1;
+  constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // lo-plane offsets of the typed tiles
+  constexpr int kSo = HP * LDD, kMo = kTR * kLD64;  // … of S / dS, and of MA / MP
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* Qp = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Kp = Qp + NPT * kQo;
+  bf16* Op = Kp + NPT * kQo;
+  bf16* Xp = Op + NPT * kHo;
+  bf16* R = Xp + NPT * kHo;
+  bf16* MAp = R;
+  bf16* MPp = R + 2 * kMo;
+  constexpr int kR = 2 * HP * LDD > 4 * kMo ? 2 * HP * LDD : 4 * kMo;
+  float* cum = reinterpret_cast<float*>(R + kR);
+  float* qkD = cum + kTR;       // D + qk_s (0 beyond L)
+  float* rrow = qkD + kTR;      // [2][kTR] cross-warp row sums (rx, then M)
+  float* wrow = rrow + 2 * kTR;  // [2][kTR] Σ_s W[t, s]
+  float* wcol = wrow + 2 * kTR;  // [4][kTR] Σ_t W[t, s]
+  float* loc = wcol + 4 * kTR;   // loc_t
+  float* red = loc + kTR;        // [32] block_sum
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const Idx row0 = b * g.T + g.t0(c), nh = g.nh, di = g.di, kst = nh * g.ds;
+  const Idx sb = b * nh + h;
+  const float* cumg = p.da_cumsum_saved + g.cum_base(b, c, h);
+  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+  const float* dS = dS_all + g.state_base(b, c, h);
+
+  // ---- (0) loads
+  const T* q = p.q + (row0 * nh + h) * ds;
+  const T* ks = p.k_scaled_saved + (row0 * nh + h) * ds;
+  const T* dy = p.d_y + row0 * di + h * hd;
+  const T* x = p.x + row0 * di + h * hd;
+  auto al16 = [](const void* v) { return (reinterpret_cast<std::uintptr_t>(v) & 15) == 0; };
+  const bool vd = ds % 8 == 0 && al16(q) && al16(ks);
+  const bool vh = hd % 8 == 0 && di % 8 == 0 && al16(dy) && al16(x);
+  load_typed<T, DP, LDD>(Qp, kQo, q, kst, L, ds, vd);
+  load_typed<T, DP, LDD>(Kp, kQo, ks, kst, L, ds, vd);
+  load_typed<T, HP, LDH>(Op, kHo, dy, di, L, hd, vh);
+  load_typed<T, HP, LDH>(Xp, kHo, x, di, L, hd, vh);
+  if (tid < kTR) {
+    cum[tid] = tid < L ? cumg[tid] : 0.0f;
+    qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
+  }
+  const bool vs = ds % 4 == 0 && al16(S) && al16(dS);
+  const float sds = load_state<HP, DP, LDD, true>(R, kSo, S, dS, hd, ds, vs);
+  cp_async_wait();
+  const float Lam = cumg[L - 1];
+  const float msc = expf(Lam) * block_sum(sds, red);  // barriers: the planes are visible after
+
+  // dQK_t = dO_t·x_t: four lanes per row, a quarter of the row each.
+  {
+    const int t = tid >> 2, q4 = tid & 3;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HP / 4; k += 2) {
+      const int at = t * LDH + q4 * (HP / 4) + k;
+      const float2 o = tcf::get_pair<kTS>(Op, kHo, at), xv = tcf::get_pair<kTS>(Xp, kHo, at);
+      acc += o.x * xv.x + o.y * xv.y;
+    }
+    acc = tcf::quad_sum(acc);
+    if (q4 == 0 && t < L) p.dQK_dot[(row0 + t) * nh + h] = acc;
+  }
+
+  const Opnd<LDD, true, kTS> oQ{Qp, kQo}, oK{Kp, kQo};
+  const Opnd<LDH, true, kTS> oO{Op, kHo}, oX{Xp, kHo};
+  const int g4 = lane >> 2, c4 = lane & 3;
+
+  // ---- (1) dq = dO·S; rx_t = Σ_n (dO S)[t][n] Q[t][n]; dq ← e^{cum_t}·dq
+  Frag<kTR, DP, kNW> dq;
+  dq.zero();
+  dq.template add<HP>(oO, Opnd<LDD, false, true>{R, kSo});
+  {
+    float rx[2] = {0.0f, 0.0f};
+    const float e[2] = {expf(cum[dq.wm() * 16 + g4]), expf(cum[dq.wm() * 16 + g4 + 8])};
+    dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
+      const float2 qv = tcf::get_pair<kTS>(Qp, kQo, m * LDD + n);
+      rx[hh] += v0 * qv.x + v1 * qv.y;
+      v0 *= e[hh];
+      v1 *= e[hh];
+    });
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float v = tcf::quad_sum(rx[hh]);
+      if (c4 == 0) rrow[dq.wn() * kTR + dq.wm() * 16 + g4 + 8 * hh] = e[hh] * v;
+    }
+  }
+
+  // ---- (2) A = Q·Ksᵀ, P = dO·Xᵀ → MA, MP (into R, once every warp is done with S)
+  {
+    using F64 = Frag<kTR, kTR, kNW>;
+    F64 A, P;
+    A.zero();
+    P.zero();
+    A.template add<DP>(oQ, oK);
+    P.template add<HP>(oO, oX);
+    float wr[2] = {0.0f, 0.0f}, wc[F64::FN][2];
+#pragma unroll
+    for (int j = 0; j < F64::FN; ++j) wc[j][0] = wc[j][1] = 0.0f;
+    __syncthreads();
+    A.pairs([&](int i, int hh, int j, int t, int s, float& a0, float& a1) {
+      const float p0 = P.d[i][j][2 * hh], p1 = P.d[i][j][2 * hh + 1];
+      const bool on0 = t < L && s < t, on1 = t < L && s + 1 < t;  // s < t < L implies s < L
+      const float d0 = on0 ? expf(cum[t] - cum[s]) : 0.0f;
+      const float d1 = on1 ? expf(cum[t] - cum[s + 1]) : 0.0f;
+      const float mp0 = d0 * p0, mp1 = d1 * p1;
+      tcf::put_split(MAp, kMo, t * kLD64 + s, d0 * a0, d1 * a1);
+      tcf::put_split(MPp, kMo, t * kLD64 + s, mp0, mp1);
+      const float w0 = mp0 * a0, w1 = mp1 * a1;
+      wr[hh] += w0 + w1;
+      wc[j][0] += w0;
+      wc[j][1] += w1;
+    });
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float v = tcf::quad_sum(wr[hh]);
+      if (c4 == 0) wrow[A.wn() * kTR + A.wm() * 16 + g4 + 8 * hh] = v;
+    }
+#pragma unroll
+    for (int j = 0; j < F64::FN; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = tcf::column_sum(wc[j][e]);
+        if (g4 == 0) wcol[A.wm() * kTR + (A.wn() * F64::FN + j) * 8 + 2 * c4 + e] = v;
+      }
+  }
+  __syncthreads();
+  if (tid < kTR)
+    loc[tid] = tid < L ? (rrow[tid] + rrow[kTR + tid]) + (wrow[tid] + wrow[kTR + tid]) -
+                             ((wcol[tid] + wcol[kTR + tid]) + (wcol[2 * kTR + tid] + wcol[3 * kTR + tid]))
+                       : 0.0f;
+  dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Kp, kQo});
+  dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
+    if (t >= L) return;
+    float* o = p.dQ_mid + ((row0 + t) * nh + h) * ds;
+    if (n < ds) o[n] = v0;
+    if (n + 1 < ds) o[n + 1] = v1;
+  });
+
+  // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R
+  Frag<kTR, HP, kNW> dV;
+  Frag<kTR, DP, kNW> dK;
+  dV.zero();
+  dK.zero();
+  dV.template add<kTR>(Opnd<kLD64, false, true>{MAp, kMo}, Opnd<LDH, false, kTS>{Op, kHo});
+  dK.template add<kTR>(Opnd<kLD64, false, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Qp, kQo});
+  __syncthreads();
+  load_state<HP, DP, LDD, false>(R, kSo, dS, nullptr, hd, ds, vs);
+  __syncthreads();
+
+  // ---- (4) the dS terms, the diagonal term, stores
+  const float es[2] = {expf(Lam - cum[dV.wm() * 16 + g4]), expf(Lam - cum[dV.wm() * 16 + g4 + 8])};
+  {
+    Frag<kTR, HP, kNW> v2;
+    v2.zero();
+    v2.template add<DP>(oK, Opnd<LDD, true, true>{R, kSo});
+    dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
+      const float2 o = tcf::get_pair<kTS>(Op, kHo, s * LDH + q4);
+      v0 += es[hh] * v2.d[i][j][2 * hh] + qkD[s] * o.x;
+      v1 += es[hh] * v2.d[i][j][2 * hh + 1] + qkD[s] * o.y;
+      if (s >= L) return;
+      const Idx r = row0 + s;
+      const bool last = g.t0(c) + s == g.T - 1;
+      T* o_dx = p.d_x + r * di + h * hd;
+      if (q4 < hd) o_dx[q4] = from_float<T>(last ? v0 + p.d_v_out[sb * hd + q4] : v0);
+      if (q4 + 1 < hd) o_dx[q4 + 1] = from_float<T>(last ? v1 + p.d_v_out[sb * hd + q4 + 1] : v1);
+    });
+  }
+  {
+    Frag<kTR, DP, kNW> k2;
+    k2.zero();
+    k2.template add<HP>(oX, Opnd<LDD, false, true>{R, kSo});
+    float m[2] = {0.0f, 0.0f};
+    dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
+      const float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
+      const float2 kv = tcf::get_pair<kTS>(Kp, kQo, s * LDD + n);
+      m[hh] += u0 * kv.x + u1 * kv.y;
+      v0 += es[hh] * u0;
+      v1 += es[hh] * u1;
+      if (s >= L) return;
+      float* o = p.dK_mid + ((row0 + s) * nh + h) * ds;
+      if (n < ds) o[n] = v0;
+      if (n + 1 < ds) o[n + 1] = v1;
+    });
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float v = tcf::quad_sum(m[hh]);
+      if (c4 == 0) rrow[dK.wn() * kTR + dK.wm() * 16 + g4 + 8 * hh] = es[hh] * v;
+    }
+  }
+  __syncthreads();
+
+  // ---- (5) dADT_τ = msc + Σ_t M_t + Σ_{t ≥ τ}(loc_t − M_t), warp 0, lane l holds τ = 2l, 2l+1
+  if (tid < 32) {
+    float mv[2], v[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int t = 2 * lane + k;
+      mv[k] = t < L ? rrow[t] + rrow[kTR + t] : 0.0f;
+      v[k] = t < L ? loc[t] - mv[k] : 0.0f;
+    }
+    const float base = msc + warp_sum(mv[0] + mv[1]);
+    float suf = v[0] + v[1];  // becomes Σ over the lanes ≥ this one
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_down_sync(0xffffffffu, suf, o);
+      if (lane + o < 32) suf += y;
+    }
+    float next = __shfl_down_sync(0xffffffffu, suf, 1);
+    if (lane == 31) next = 0.0f;
+    float* o = p.dADT + row0 * nh + h;
+    if (2 * lane < L) o[(2 * lane) * nh] = base + suf;
+    if (2 * lane + 1 < L) o[(2 * lane + 1) * nh] = base + (next + v[1]);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS) {
+  M3_REQUIRE(g.nt == 1, kChunkWhere, "chunk_bwd_tc needs chunks of at most 64 rows",
+             "chunk_size=", g.cs, " T=", g.T);
+  with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    constexpr std::size_t bytes =
+        smem_bytes<16 * RH, 16 * RD, tcf::kSplitStorage<T> ? 2 : 1>();
+    auto k = chunk_bwd_tc_kernel<T, RH, RD>;
+    set_smem(k, bytes);
+    k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
+             static_cast<unsigned>(g.B)),
+        kNT, bytes, s>>>(g, p, dS);
+    M3_LAUNCH_CHECK();
+  });
+}
+
+#define M3_INSTANTIATE(T)                                                           \
+  template void chunk_bwd_tc<T>(cudaStream_t, const ChunkGeom&, const SsmChunkBwd<T>&, \
+                                const float*);
+M3_FOR_EACH_TYPED_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
+
+}  // namespace m3::gpu

@@ -1,0 +1,300 @@
+// K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/ssm_chunked.cu, whose header
+// states the algorithm) for typed runs (bf16 / f16) whose chunks fit one row tile (L ≤ kTR = 64),
+// on the tensor cores with the operands in bf16 planes and the accumulators in registers
+// (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256 threads], t, s < L:
+//   y[t][p] = e^{cum_t} Σ_n Q[t][n] S[p][n]
+//             + Σ_{s<t} e^{cum_t − cum_s} (Σ_n Q[t][n] Ks[s][n]) X[s][p] + (D + qk_t) X[t][p]
+// Q = q, Ks = k_scaled_saved [BT, nh, ds] (typed); X = x [BT, di] (typed, columns h·hd…);
+// S = chunk_states_saved [B, nc, nh, hd, ds], cum = da_cumsum_saved [B, nc, nh, cs], qk =
+// qk_dot_saved [BT, nh] (f32); y [BT, di] rounded to T once, as it is stored.
+//   1. Loads (all issued before their shared stores; bf16 rows by cp.async): planes Q, Ks
+//      [64][DP], X [64][HP] (bf16: one exact plane; f16: hi/lo, exact), S [HP][DP] (f32 split
+//      hi/lo); rows ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
+//   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
+//   3. MA = [s < t < L]·e^{cum_t − cum_s}·A → hi/lo planes over S (dead); y ·= e^{cum_t}.
+//   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
+// Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
+// terms share one accumulator (ssm_chunked.cu's K5 keeps two), a reordering within f32 rounding.
+// Determinism: fixed order everywhere, no atomics, one writer per y element.
+#include <cstdint>
+#include <type_traits>
+
+#include "chunk_fwd_tc.cuh"
+#include "convert.cuh"
+#include "tc_frag.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+using tcf::bf16;
+using tcf::plane_ld;
+
+constexpr int kThreads5 = 256, kWarps5 = kThreads5 / 32;
+constexpr int kBatch = 8;  // loads in flight per thread before their stores
+
+// Shared memory (bf16 elements, then floats): Q, Ks [kTR][LDD]·NP, X [kTR][LDH]·NP,
+// S [HP][LDD]·2 aliased by MA [kTR][LDM]·2, then cum, e^{cum}, D + qk [kTR] (floats);
+// NP = the planes of a typed tile.
+template <class T, int RH, int RD>
+struct Layout {
+  static constexpr int HP = 16 * RH, DP = 16 * RD;
+  static constexpr int LDH = plane_ld(HP), LDD = plane_ld(DP), LDM = plane_ld(kTR);
+  static constexpr int NP = tcf::kSplitStorage<T> ? 2 : 1;
+  static constexpr int kQ = kTR * LDD * NP, kX = kTR * LDH * NP;
+  static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
+  static constexpr std::size_t kBytes = 2 * std::size_t(2 * kQ + kX + kSM) + 4 * 3 * kTR;
+};
+
+__device__ __forceinline__ bool aligned(const void* p, int bytes) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tcf::smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(bytes)
+               : "memory");
+}
+
+// For the R × (C/W) slots (r, c = W·j) of a tile, thread tid takes slots tid + k·kThreads5:
+// v = ld(r, c) for a batch of up to kBatch slots, then st(r, c, v) for each.
+template <int R, int C, int W, class Ld, class St>
+__device__ __forceinline__ void batched(Ld&& ld, St&& st) {
+  constexpr int kW = C / W, kIt = R * kW / kThreads5, kB = kIt < kBatch ? kIt : kBatch;
+  static_assert(R * kW % kThreads5 == 0 && kIt % kB == 0, "the block must tile the slots");
+#pragma unroll 1
+  for (int k0 = 0; k0 < kIt; k0 += kB) {
+    decltype(ld(0, 0)) v[kB];
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (k0 + k) * kThreads5;
+      v[k] = ld(e / kW, e % kW * W);
+    }
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (k0 + k) * kThreads5;
+      st(e / kW, e % kW * W, v[k]);
+    }
+  }
+}
+
+template <class V, int N>
+struct Pack {
+  V v[N];
+};
+
+// N typed tiles of one geometry: src[i][r·stride + c] (r < rows, c < cols) → the [kTR][C] planes
+// dst[i] (f16: lo plane kTR·plane_ld(C) further), zeros elsewhere. vec: 16-byte rows (cols % 8
+// == 0, sources 16-byte aligned).
+template <class T, int C, int N>
+__device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
+                                           Idx stride, int rows, int cols, bool vec) {
+  constexpr int LD = plane_ld(C), kLo = kTR * LD;
+  if (vec && !tcf::kSplitStorage<T>) {  // bf16: straight into the plane (zero-filled outside)
+    constexpr int kW = C / 8;
+#pragma unroll
+    for (int k = 0; k < kTR * kW / kThreads5; ++k) {
+      const int e = threadIdx.x + k * kThreads5, r = e / kW, c = e % kW * 8;
+      const bool in = r < rows && c < cols;
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
+    }
+  } else if (vec) {  // f16: 8 values → hi, lo 16-byte stores
+    batched<kTR, C, 8>(
+        [&](int r, int c) {
+          Pack<uint4, N> v;
+#pragma unroll
+          for (int i = 0; i < N; ++i)
+            v.v[i] = r < rows && c < cols
+                         ? *reinterpret_cast<const uint4*>(src[i] + r * stride + c)
+                         : make_uint4(0u, 0u, 0u, 0u);
+          return v;
+        },
+        [&](int r, int c, const Pack<uint4, N>& v) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const T* x = reinterpret_cast<const T*>(&v.v[i]);
+            std::uint32_t hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              tc::split2(to_float(x[2 * j]), to_float(x[2 * j + 1]), hi[j], lo[j]);
+            *reinterpret_cast<uint4*>(dst[i] + r * LD + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            *reinterpret_cast<uint4*>(dst[i] + kLo + r * LD + c) =
+                make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          }
+        });
+  } else {  // any width: pairs of scalars
+    batched<kTR, C, 2>(
+        [&](int r, int c) {
+          Pack<float2, N> v;
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const T* a = src[i] + r * stride + c;
+            v.v[i].x = r < rows && c < cols ? to_float(a[0]) : 0.0f;
+            v.v[i].y = r < rows && c + 1 < cols ? to_float(a[1]) : 0.0f;
+          }
+          return v;
+        },
+        [&](int r, int c, const Pack<float2, N>& v) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            if constexpr (tcf::kSplitStorage<T>) {
+              tcf::put_split(dst[i], kLo, r * LD + c, v.v[i].x, v.v[i].y);
+            } else {  // bf16 values: exact in the hi plane
+              *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) =
+                  tc::pack2(v.v[i].x, v.v[i].y);
+            }
+          }
+        });
+  }
+}
+
+// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
+// vec: float4 rows (ds % 4 == 0, S 16-byte aligned).
+template <int R, int C>
+__device__ __forceinline__ void load_state(bf16* dst, const float* S, int hd, int ds, bool vec) {
+  constexpr int LD = plane_ld(C), kLo = R * LD;
+  if (vec) {
+    batched<R, C, 4>(
+        [&](int r, int c) {
+          return r < hd && c < ds ? *reinterpret_cast<const float4*>(S + r * ds + c)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        },
+        [&](int r, int c, float4 v) {
+          uint2 hi, lo;
+          tc::split2(v.x, v.y, hi.x, lo.x);
+          tc::split2(v.z, v.w, hi.y, lo.y);
+          *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
+          *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+        });
+  } else {
+    batched<R, C, 2>(
+        [&](int r, int c) {
+          const bool in = r < hd;
+          return make_float2(in && c < ds ? S[r * ds + c] : 0.0f,
+                             in && c + 1 < ds ? S[r * ds + c + 1] : 0.0f);
+        },
+        [&](int r, int c, float2 v) { tcf::put_split(dst, kLo, r * LD + c, v.x, v.y); });
+  }
+}
+
+template <class T, int RH, int RD>
+__global__ void __launch_bounds__(kThreads5, 2)
+chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
+  using Ly = Layout<T, RH, RD>;
+  constexpr int HP = Ly::HP, DP = Ly::DP, LDH = Ly::LDH, LDD = Ly::LDD, LDM = Ly::LDM;
+  constexpr bool kSp = tcf::kSplitStorage<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Qp = reinterpret_cast<bf16*>(smem);
+  bf16* Kp = Qp + Ly::kQ;
+  bf16* Xp = Kp + Ly::kQ;
+  bf16* Sp = Xp + Ly::kX;  // S, then MA
+  float* cum = reinterpret_cast<float*>(Sp + Ly::kSM);
+  float* ecum = cum + kTR;
+  float* dq = ecum + kTR;
+  const int tid = threadIdx.x, st = tid % kTR;
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const Idx row0 = b * g.T + g.t0(c);
+
+  // 1. Row scalars (stored after the tiles' loads are issued), Q and Ks, X, S.
+  float sv = 0.0f;
+  if (tid < kTR && st < L) sv = p.da_cumsum_saved[g.cum_base(b, c, h) + st];
+  if (tid >= kTR && tid < 2 * kTR && st < L)
+    sv = p.d_param[h] + p.qk_dot_saved[(row0 + st) * g.nh + h];
+  {
+    const Idx qb = (row0 * g.nh + h) * ds;
+    const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
+    bf16* const qk_dst[2] = {Qp, Kp};
+    load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
+                         ds % 8 == 0 && aligned(p.q, 16) && aligned(p.k_scaled_saved, 16));
+    const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
+    bf16* const x_dst[1] = {Xp};
+    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && aligned(p.x, 16));
+    load_state<HP, DP>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
+                       ds % 4 == 0 && aligned(p.chunk_states_saved, 16));
+  }
+  if (tid < kTR) {
+    cum[st] = sv;
+    ecum[st] = st < L ? expf(sv) : 0.0f;
+  } else if (tid < 2 * kTR) {
+    dq[st] = sv;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+
+  // 2. y = Q Sᵀ, A = Q Ksᵀ.
+  const tcf::Opnd<LDD, true, kSp> Q{Qp, kTR * LDD}, Ks{Kp, kTR * LDD};
+  tcf::Frag<kTR, HP, kWarps5> y;
+  y.zero();
+  y.template add<DP>(Q, tcf::Opnd<LDD, true, true>{Sp, HP * LDD});
+  tcf::Frag<kTR, kTR, kWarps5> A;
+  A.zero();
+  A.template add<DP>(Q, Ks);
+  __syncthreads();  // every warp is done with S: MA takes its place
+
+  // 3. MA = mask · e^{cum_t − cum_s} · A;  y ·= e^{cum_t}.
+  bf16* MA = Sp;
+  A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
+    const float ct = cum[t];
+    const float m0 = t < L && s < t ? expf(ct - cum[s]) * v0 : 0.0f;
+    const float m1 = t < L && s + 1 < t ? expf(ct - cum[s + 1]) * v1 : 0.0f;
+    tcf::put_split(MA, kTR * LDM, t * LDM + s, m0, m1);
+  });
+  y.pairs([&](int, int, int, int t, int, float& v0, float& v1) {
+    const float e = ecum[t];
+    v0 *= e;
+    v1 *= e;
+  });
+  __syncthreads();
+
+  // 4. y += MA X;  y + (D + qk_t) x → global.
+  y.template add<kTR>(tcf::Opnd<LDM, true, true>{MA, kTR * LDM},
+                      tcf::Opnd<LDH, false, kSp>{Xp, kTR * LDH});
+  using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
+  const bool pair_store = hd % 2 == 0 && aligned(p.y, 4);
+  T* yb = p.y + row0 * g.di + h * hd;
+  y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
+    if (t >= L || q >= hd) return;
+    const float2 x = tcf::get_pair<kSp>(Xp, kTR * LDH, t * LDH + q);
+    const float d = dq[t];
+    const T y0 = from_float<T>(v0 + d * x.x), y1 = from_float<T>(v1 + d * x.y);
+    T* out = yb + t * g.di + q;
+    if (pair_store) {
+      T2 w;
+      w.x = y0;
+      w.y = y1;
+      *reinterpret_cast<T2*>(out) = w;
+    } else {
+      out[0] = y0;
+      if (q + 1 < hd) out[1] = y1;
+    }
+  });
+}
+
+}  // namespace
+
+template <class T>
+void chunk_scan_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkFwd<T>& p) {
+  M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, "gpu::chunk_scan_tc",
+             "unsupported chunk geometry", "row tiles per chunk=", g.nt, " headdim=", g.hd,
+             " d_state=", g.ds, " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+  with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    auto kernel = chunk_scan_tc_kernel<T, RH, RD>;
+    const std::size_t bytes = Layout<T, RH, RD>::kBytes;
+    set_smem(kernel, bytes);
+    const dim3 grid(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
+                    static_cast<unsigned>(g.B));
+    kernel<<<grid, kThreads5, bytes, s>>>(g, p);
+    M3_LAUNCH_CHECK();
+  });
+}
+
+#define M3_INST(T) \
+  template void chunk_scan_tc<T>(cudaStream_t, const ChunkGeom&, const SsmChunkFwd<T>&);
+M3_FOR_EACH_TYPED_STORAGE(M3_INST)
+#undef M3_INST
+
+}  // namespace m3::gpu

@@ -1,0 +1,82 @@
+// Internal to gpu/ (.cu files only): the chunk geometry shared by the chunked-scan kernels
+// (gpu/ssm_chunked.cu, gpu/chunk_bwd_tc.cu). Per (b, h); chunk c covers t ∈ [c·cs,
+// min(T, (c+1)·cs)), local index τ, length len(c); per-chunk scalars ([B, nc, nh, cs]:
+// da_cumsum_saved) at cum_base, per-chunk states ([B, nc, nh, hd, ds]) at state_base.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+#include "common.cuh"
+#include "stages.cuh"
+
+namespace m3::gpu {
+
+constexpr int kTR = 64;  // rows (time steps) per tile of the per-chunk kernels
+
+struct ChunkGeom {
+  Idx B, T, nh, hd, ds, di, cs, nc;
+  int nt;  // row tiles of kTR per (longest) chunk
+  __device__ Idx t0(Idx c) const { return c * cs; }
+  __device__ int len(Idx c) const { return static_cast<int>(min(T, (c + 1) * cs) - c * cs); }
+  __device__ Idx cum_base(Idx b, Idx c, Idx h) const { return ((b * nc + c) * nh + h) * cs; }
+  __device__ Idx state_base(Idx b, Idx c, Idx h) const {
+    return ((b * nc + c) * nh + h) * hd * ds;
+  }
+};
+
+// ---- host helpers of the launchers --------------------------------------------------------
+inline const char* const kChunkWhere = "gpu::ssm_chunked";
+
+// headdim and d_state are padded (with zeros) to 16·R, R ∈ {2, 4, 8}.
+inline int pad_class(Idx v) { return v <= 32 ? 2 : v <= 64 ? 4 : 8; }
+
+// Calls f(RH, RD) as integral constants for the padded sizes of headdim and d_state.
+template <class F>
+inline void with_pads(Idx hd, Idx ds, F&& f) {
+  auto on_rd = [&](auto rh) {
+    switch (pad_class(ds)) {
+      case 2: f(rh, std::integral_constant<int, 2>{}); break;
+      case 4: f(rh, std::integral_constant<int, 4>{}); break;
+      default: f(rh, std::integral_constant<int, 8>{}); break;
+    }
+  };
+  switch (pad_class(hd)) {
+    case 2: on_rd(std::integral_constant<int, 2>{}); break;
+    case 4: on_rd(std::integral_constant<int, 4>{}); break;
+    default: on_rd(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// Opt a kernel in to `bytes` of dynamic shared memory (refused with m3::Error beyond the
+// device's per-block limit).
+template <class K>
+inline void set_smem(K kernel, std::size_t bytes) {
+  int dev = 0, optin = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  M3_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  M3_REQUIRE(bytes <= static_cast<std::size_t>(optin), kChunkWhere,
+             "shared memory per block exceeds the device limit", "need ", bytes, " bytes, have ",
+             optin);
+  if (bytes > 48 * 1024)
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+}
+
+// Arguments of K2/K3 (forward) and B1 (backward): out[p, n] = Σ_s w_s U_s[p] V_s[n] per chunk.
+struct ChunkStateArgs {
+  const void *u, *v;        // typed [BT, di] and [BT, nh, ds]
+  const float* adt;         // forward: adt [BT, nh]
+  float* cum_out;           // forward: da_cumsum_saved (written)
+  const float* cum_in;      // backward: da_cumsum_saved (read)
+  float* da_cs_sum;         // backward: [B, nc, nh]
+  float* out;               // [B, nc, nh, hd, ds]
+};
+
+// B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile
+// (g.nt == 1), on the tensor cores over bf16 planes (gpu/chunk_bwd_tc.cu); dS: the per-chunk
+// state gradients of state_pass_bwd. Writes dQ_mid, dK_mid, d_x, dADT, dQK_dot.
+template <class T>
+void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS);
+
+}  // namespace m3::gpu

@@ -1,0 +1,215 @@
+// Internal to gpu/ (.cu files only): tensor-core products over bf16 operand planes held in
+// shared memory, with the accumulators kept in registers in the mma fragment layout. Used by
+// the typed (bf16/f16) chunked-scan kernels that are built for speed (gpu/chunk_bwd_tc.cu).
+//
+//   C[m][n] += Σ_{k < K} A(m, k) · B(k, n)        (K a multiple of 16, compile-time)
+//
+// Planes. A tile of f32 values v is stored once, when it is written to shared memory, as two
+// bf16 planes hi = bf16(v), lo = bf16(v − hi) (tc::split2: hi + lo carries 16 significant bits,
+// |v − hi − lo| ≤ 2⁻¹⁶·|v|). A tile of bf16 storage values is exact in its hi plane and has no lo
+// plane; a tile of f16 storage values splits exactly (11 significant bits). A product forms
+//   a·b ≈ ah·bh + ah·bl + al·bh       (the dropped al·bl is below 2⁻¹⁶·|a·b|)
+// with the terms of an operand without a lo plane skipped, all into one f32 accumulator per
+// output element in a fixed order (k ascending in steps of 16; per step hh, then hl, then lh):
+// the relative error of a dot product is ≈ 2⁻¹⁶ of Σ|a·b| plus the f32 accumulation, as in
+// tc_mma.cuh, and results are bit-identical run to run.
+//
+// Storage of an operand (Opnd<LD, KIn, Split>): a row-major [rows][LD] bf16 plane (lo plane, if
+// any, lo_off elements after hi). KIn = the reduction index k is the column (contiguous) index:
+// A stored [m][k] or B stored [n][k]; otherwise A is stored [k][m] or B [k][n] and the fragments
+// are loaded transposed (ldmatrix .trans). LD = columns + 8 (plane_ld): rows 16 bytes apart
+// modulo 128, so the eight rows an ldmatrix phase reads hit distinct banks; addresses 16-byte
+// aligned.
+//
+// Work split (Frag<M, N, NW>): the M/16 × N/8 m16n8 output tiles go to the NW warps as a
+// WM × WN grid (WM = min(M/16, 4)); each warp owns FM × FN tiles (FN even: B fragments are loaded
+// two n-tiles at a time). Element (m, n) of tile (i, j), register e: m = (wm + WM·i)·16 + g +
+// 8·(e >> 1), n = (wn·FN + j)·8 + 2c + (e & 1), with g = lane / 4, c = lane % 4.
+// Caller: all NW·32 threads call add() together, with the planes written and visible (after a
+// barrier); rows/columns beyond the live data hold zeros (finite values at least in one operand
+// and zeros in the other for k beyond the data).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tc_mma.cuh"
+
+namespace m3::gpu::tcf {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int plane_ld(int cols) { return cols + 8; }
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8×8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldsm4(std::uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(std::uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+template <int LD, bool KIn, bool Split>
+struct Opnd {
+  const bf16* p;  // hi plane
+  int lo_off;     // elements from hi to lo (Split only)
+  static constexpr int kLD = LD;
+  static constexpr bool kKIn = KIn, kSplit = Split;
+};
+
+// The A fragment (m16 × k16 at m0, k0) of m16n8k16: regs a0..a3 = (g, 2c), (g+8, 2c),
+// (g, 2c+8), (g+8, 2c+8) — matrices (m0–7, k0–7), (m8–15, k0–7), (m0–7, k8–15), (m8–15, k8–15).
+template <int LD, bool KIn>
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* p, int m0, int k0) {
+  const int l = threadIdx.x & 31;
+  if constexpr (KIn) {
+    ldsm4(a, p + (m0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + k0 + 8 * (l >> 4));
+  } else {
+    ldsm4t(a, p + (k0 + (l & 7) + 8 * (l >> 4)) * LD + m0 + 8 * ((l >> 3) & 1));
+  }
+}
+
+// The B fragments of the two n-tiles n0, n0 + 8 at k0: b0 = {r0, r1}, b1 = {r2, r3}; matrices
+// (n0–7, k0–7), (n0–7, k8–15), (n8–15, k0–7), (n8–15, k8–15).
+template <int LD, bool KIn>
+__device__ __forceinline__ void load_b2(std::uint32_t (&b)[4], const bf16* p, int n0, int k0) {
+  const int l = threadIdx.x & 31;
+  if constexpr (KIn) {
+    ldsm4(b, p + (n0 + (l & 7) + 8 * (l >> 4)) * LD + k0 + 8 * ((l >> 3) & 1));
+  } else {
+    ldsm4t(b, p + (k0 + (l & 7) + 8 * ((l >> 3) & 1)) * LD + n0 + 8 * (l >> 4));
+  }
+}
+
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  const std::uint32_t b[2] = {b0, b1};
+  tc::mma_bf16(d, a, b);
+}
+
+template <int M, int N, int NW>
+struct Frag {
+  static constexpr int TM = M / 16, TN = N / 8;
+  static constexpr int WM = TM < 4 ? TM : 4, WN = NW / WM;
+  static_assert(M % 16 == 0 && N % 16 == 0, "tile shape");
+  static_assert(TM % WM == 0 && TN % WN == 0, "the warps must tile the output");
+  static constexpr int FM = TM / WM, FN = TN / WN;
+  static_assert(FN % 2 == 0, "B fragments come two n-tiles at a time");
+  float d[FM][FN][4];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int j = 0; j < FN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[i][j][e] = 0.0f;
+  }
+
+  static __device__ __forceinline__ int wm() { return (threadIdx.x >> 5) % WM; }
+  static __device__ __forceinline__ int wn() { return (threadIdx.x >> 5) / WM; }
+
+  // C += A·B over k < K.
+  template <int K, class OA, class OB>
+  __device__ __forceinline__ void add(OA A, OB B) {
+    static_assert(K % 16 == 0, "K is a multiple of 16");
+    const int m_w = wm(), n_w = wn();
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      std::uint32_t ah[FM][4], al[FM][4];
+#pragma unroll
+      for (int i = 0; i < FM; ++i) {
+        const int m0 = (m_w + WM * i) * 16;
+        load_a<OA::kLD, OA::kKIn>(ah[i], A.p, m0, k0);
+        if constexpr (OA::kSplit) load_a<OA::kLD, OA::kKIn>(al[i], A.p + A.lo_off, m0, k0);
+      }
+#pragma unroll
+      for (int j = 0; j < FN; j += 2) {
+        const int n0 = (n_w * FN + j) * 8;
+        std::uint32_t bh[4], bl[4];
+        load_b2<OB::kLD, OB::kKIn>(bh, B.p, n0, k0);
+        if constexpr (OB::kSplit) load_b2<OB::kLD, OB::kKIn>(bl, B.p + B.lo_off, n0, k0);
+#pragma unroll
+        for (int i = 0; i < FM; ++i) {
+          mma(d[i][j], ah[i], bh[0], bh[1]);
+          mma(d[i][j + 1], ah[i], bh[2], bh[3]);
+          if constexpr (OB::kSplit) {
+            mma(d[i][j], ah[i], bl[0], bl[1]);
+            mma(d[i][j + 1], ah[i], bl[2], bl[3]);
+          }
+          if constexpr (OA::kSplit) {
+            mma(d[i][j], al[i], bh[0], bh[1]);
+            mma(d[i][j + 1], al[i], bh[2], bh[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // f(i, h, j, m, n, v0, v1): the pair of elements (m, n), (m, n + 1) this thread holds in
+  // tile (i, j), half h (rows g / g + 8), as references.
+  template <class F>
+  __device__ __forceinline__ void pairs(F&& f) {
+    const int l = threadIdx.x & 31, g = l >> 2, c = l & 3;
+    const int m_w = wm(), n_w = wn();
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int j = 0; j < FN; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          f(i, h, j, (m_w + WM * i) * 16 + g + 8 * h, (n_w * FN + j) * 8 + 2 * c,
+            d[i][j][2 * h], d[i][j][2 * h + 1]);
+  }
+};
+
+// Σ over the four lanes of a quad (the lanes holding one row of a fragment): xor 1, 2.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+// Σ over the eight quads (the lanes holding one column of a fragment): xor 4, 8, 16.
+__device__ __forceinline__ float column_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  v += __shfl_xor_sync(0xffffffffu, v, 16);
+  return v;
+}
+
+// Writing planes. f32 pair → hi/lo planes (split); a storage pair → its planes (bf16: hi only,
+// exact; f16: split exactly). `at` is the element index of the pair's first element (even).
+__device__ __forceinline__ void put_split(bf16* hi, int lo_off, int at, float v0, float v1) {
+  std::uint32_t h, l;
+  tc::split2(v0, v1, h, l);
+  *reinterpret_cast<std::uint32_t*>(hi + at) = h;
+  *reinterpret_cast<std::uint32_t*>(hi + lo_off + at) = l;
+}
+// hi + lo of the pair at `at`, as floats (lo plane only when Split).
+template <bool Split>
+__device__ __forceinline__ float2 get_pair(const bf16* hi, int lo_off, int at) {
+  float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi + at));
+  if constexpr (Split) {
+    const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi + lo_off + at));
+    v.x += w.x;
+    v.y += w.y;
+  }
+  return v;
+}
+
+// Planes of a storage type: bf16 values are their own hi plane; f16 (and f32) values split.
+template <class T>
+constexpr bool kSplitStorage = !std::is_same_v<T, __nv_bfloat16>;
+
+}  // namespace m3::gpu::tcf
