@@ -34,6 +34,7 @@
 #include "reduce.cuh"
 #include "ssm_chunk_geom.cuh"
 #include "tc_frag.cuh"
+#include "tc_tiles.cuh"
 
 namespace m3::gpu {
 
@@ -43,126 +44,8 @@ using tcf::bf16;
 using tcf::Frag;
 using tcf::Opnd;
 
-constexpr int kNT = 256, kNW = kNT / 32;
+constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
-
-template <class T>
-__device__ __forceinline__ std::uint16_t raw16(const T* p) {
-  return *reinterpret_cast<const std::uint16_t*>(p);
-}
-
-// Eight storage values (as raw 16-bit words) → the planes at hi[at] (and hi[lo_off + at]).
-template <class T>
-__device__ __forceinline__ void put_typed8(bf16* hi, int lo_off, int at, uint4 v) {
-  if constexpr (!tcf::kSplitStorage<T>) {
-    *reinterpret_cast<uint4*>(hi + at) = v;
-  } else {
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    std::uint32_t h[4], l[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-      tc::split2(f.x, f.y, h[k], l[k]);
-    }
-    *reinterpret_cast<uint4*>(hi + at) = make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4*>(hi + lo_off + at) = make_uint4(l[0], l[1], l[2], l[3]);
-  }
-}
-
-// Planes of a [kTR][W] tile of storage values: element (r, c) = src[r·stride + c] for r < rows,
-// c < cols, 0 elsewhere. Units of 8 columns. bf16 rows that are 16-byte aligned go by cp.async
-// (the caller waits: cp_async_wait); every other case is loaded into registers, all of the
-// thread's units before any store.
-template <class T, int W, int LD>
-__device__ __forceinline__ void load_typed(bf16* hi, int lo_off, const T* src, Idx stride,
-                                           int rows, int cols, bool vec) {
-  constexpr int kU = kTR * W / 8 / kNT;  // units per thread
-  static_assert(kTR * W / 8 % kNT == 0, "the block must tile the tile");
-  const int tid = threadIdx.x;
-  if constexpr (!tcf::kSplitStorage<T>) {
-    if (vec) {
-#pragma unroll
-      for (int k = 0; k < kU; ++k) {
-        const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
-        bf16* dst = hi + r * LD + c;
-        if (r < rows && c < cols) {
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(tcf::smem_addr(dst)),
-                       "l"(src + r * stride + c));
-        } else {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-        }
-      }
-      return;
-    }
-  }
-  uint4 v[kU];
-#pragma unroll
-  for (int k = 0; k < kU; ++k) {
-    const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
-    if (vec) {
-      v[k] = (r < rows && c < cols) ? *reinterpret_cast<const uint4*>(src + r * stride + c)
-                                    : make_uint4(0, 0, 0, 0);
-    } else {
-      std::uint32_t w[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c0 = c + 2 * e;
-        const std::uint32_t a = (r < rows && c0 < cols) ? raw16(src + r * stride + c0) : 0u;
-        const std::uint32_t b = (r < rows && c0 + 1 < cols) ? raw16(src + r * stride + c0 + 1) : 0u;
-        w[e] = a | (b << 16);
-      }
-      v[k] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kU; ++k) {
-    const int u = tid + k * kNT, r = u / (W / 8), c = (u % (W / 8)) * 8;
-    put_typed8<T>(hi, lo_off, r * LD + c, v[k]);
-  }
-}
-
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-// hi/lo planes of an f32 [hd][ds] state M padded to [HP][DP] (element (p, n) at p·LD + n).
-// With kDot, also returns this thread's Σ M·O over its elements (O another [hd][ds] state),
-// in a fixed order. Units of 4 columns, in batches of 4 units per thread.
-template <int HP, int DP, int LD, bool kDot>
-__device__ __forceinline__ float load_state(bf16* hi, int lo_off, const float* M, const float* O,
-                                            int hd, int ds, bool vec) {
-  constexpr int kU = HP * DP / 4 / kNT, kB = kU < 4 ? kU : 4;
-  static_assert(HP * DP / 4 % kNT == 0 && kU % kB == 0, "the block must tile the state");
-  float dot = 0.0f;
-#pragma unroll 1
-  for (int k0 = 0; k0 < kU; k0 += kB) {
-    float4 m[kB], o[kB];
-#pragma unroll
-    for (int k = 0; k < kB; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kNT, r = u / (DP / 4), c = (u % (DP / 4)) * 4;
-      auto get = [&](const float* X) {
-        if (vec) {
-          return (r < hd && c < ds) ? *reinterpret_cast<const float4*>(X + r * ds + c)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        float e[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) e[q] = (r < hd && c + q < ds) ? X[r * ds + c + q] : 0.0f;
-        return make_float4(e[0], e[1], e[2], e[3]);
-      };
-      m[k] = get(M);
-      if constexpr (kDot) o[k] = get(O);
-    }
-#pragma unroll
-    for (int k = 0; k < kB; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kNT, r = u / (DP / 4), c = (u % (DP / 4)) * 4;
-      tcf::put_split(hi, lo_off, r * LD + c, m[k].x, m[k].y);
-      tcf::put_split(hi, lo_off, r * LD + c + 2, m[k].z, m[k].w);
-      if constexpr (kDot) dot += m[k].x * o[k].x + m[k].y * o[k].y + m[k].z * o[k].z + m[k].w * o[k].w;
-    }
-  }
-  return dot;
-}
 
 template <int HP, int DP, int NPT>
 constexpr std::size_t smem_bytes() {
@@ -208,24 +91,25 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   const float* dS = dS_all + g.state_base(b, c, h);
 
   // ---- (0) loads
-  const T* q = p.q + (row0 * nh + h) * ds;
-  const T* ks = p.k_scaled_saved + (row0 * nh + h) * ds;
-  const T* dy = p.d_y + row0 * di + h * hd;
-  const T* x = p.x + row0 * di + h * hd;
-  auto al16 = [](const void* v) { return (reinterpret_cast<std::uintptr_t>(v) & 15) == 0; };
-  const bool vd = ds % 8 == 0 && al16(q) && al16(ks);
-  const bool vh = hd % 8 == 0 && di % 8 == 0 && al16(dy) && al16(x);
-  load_typed<T, DP, LDD>(Qp, kQo, q, kst, L, ds, vd);
-  load_typed<T, DP, LDD>(Kp, kQo, ks, kst, L, ds, vd);
-  load_typed<T, HP, LDH>(Op, kHo, dy, di, L, hd, vh);
-  load_typed<T, HP, LDH>(Xp, kHo, x, di, L, hd, vh);
+  {
+    const Idx qb = (row0 * nh + h) * ds, xb = row0 * di + h * hd;
+    const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
+    bf16* const qk_dst[2] = {Qp, Kp};
+    tcf::load_typed<T, DP, 2>(qk_src, qk_dst, kst, L, ds,
+                              ds % 8 == 0 && tcf::aligned(p.q, 16) &&
+                                  tcf::aligned(p.k_scaled_saved, 16));
+    const T* const ox_src[2] = {p.d_y + xb, p.x + xb};
+    bf16* const ox_dst[2] = {Op, Xp};
+    tcf::load_typed<T, HP, 2>(ox_src, ox_dst, di, L, hd,
+                              hd % 8 == 0 && tcf::aligned(p.d_y, 16) && tcf::aligned(p.x, 16));
+  }
   if (tid < kTR) {
     cum[tid] = tid < L ? cumg[tid] : 0.0f;
     qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
   }
-  const bool vs = ds % 4 == 0 && al16(S) && al16(dS);
-  const float sds = load_state<HP, DP, LDD, true>(R, kSo, S, dS, hd, ds, vs);
-  cp_async_wait();
+  const bool vs = ds % 4 == 0 && tcf::aligned(p.chunk_states_saved, 16) && tcf::aligned(dS_all, 16);
+  const float sds = tcf::load_state<HP, DP, true>(R, S, hd, ds, vs, dS);
+  tcf::cp_async_wait();
   const float Lam = cumg[L - 1];
   const float msc = expf(Lam) * block_sum(sds, red);  // barriers: the planes are visible after
 
@@ -326,7 +210,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   dV.template add<kTR>(Opnd<kLD64, false, true>{MAp, kMo}, Opnd<LDH, false, kTS>{Op, kHo});
   dK.template add<kTR>(Opnd<kLD64, false, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Qp, kQo});
   __syncthreads();
-  load_state<HP, DP, LDD, false>(R, kSo, dS, nullptr, hd, ds, vs);
+  tcf::load_state<HP, DP>(R, dS, hd, ds, vs);
   __syncthreads();
 
   // ---- (4) the dS terms, the diagonal term, stores

@@ -22,6 +22,7 @@
 #include "chunk_fwd_tc.cuh"
 #include "convert.cuh"
 #include "tc_frag.cuh"
+#include "tc_tiles.cuh"
 
 namespace m3::gpu {
 
@@ -29,9 +30,10 @@ namespace {
 
 using tcf::bf16;
 using tcf::plane_ld;
+using tcf::load_state;
+using tcf::load_typed;
 
-constexpr int kThreads5 = 256, kWarps5 = kThreads5 / 32;
-constexpr int kBatch = 8;  // loads in flight per thread before their stores
+constexpr int kThreads5 = tcf::kTileThreads, kWarps5 = kThreads5 / 32;
 
 // Shared memory (bf16 elements, then floats): Q, Ks [kTR][LDD]·NP, X [kTR][LDH]·NP,
 // S [HP][LDD]·2 aliased by MA [kTR][LDM]·2, then cum, e^{cum}, D + qk [kTR] (floats);
@@ -45,139 +47,6 @@ struct Layout {
   static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
   static constexpr std::size_t kBytes = 2 * std::size_t(2 * kQ + kX + kSM) + 4 * 3 * kTR;
 };
-
-__device__ __forceinline__ bool aligned(const void* p, int bytes) {
-  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tcf::smem_addr(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(bytes)
-               : "memory");
-}
-
-// For the R × (C/W) slots (r, c = W·j) of a tile, thread tid takes slots tid + k·kThreads5:
-// v = ld(r, c) for a batch of up to kBatch slots, then st(r, c, v) for each.
-template <int R, int C, int W, class Ld, class St>
-__device__ __forceinline__ void batched(Ld&& ld, St&& st) {
-  constexpr int kW = C / W, kIt = R * kW / kThreads5, kB = kIt < kBatch ? kIt : kBatch;
-  static_assert(R * kW % kThreads5 == 0 && kIt % kB == 0, "the block must tile the slots");
-#pragma unroll 1
-  for (int k0 = 0; k0 < kIt; k0 += kB) {
-    decltype(ld(0, 0)) v[kB];
-#pragma unroll
-    for (int k = 0; k < kB; ++k) {
-      const int e = threadIdx.x + (k0 + k) * kThreads5;
-      v[k] = ld(e / kW, e % kW * W);
-    }
-#pragma unroll
-    for (int k = 0; k < kB; ++k) {
-      const int e = threadIdx.x + (k0 + k) * kThreads5;
-      st(e / kW, e % kW * W, v[k]);
-    }
-  }
-}
-
-template <class V, int N>
-struct Pack {
-  V v[N];
-};
-
-// N typed tiles of one geometry: src[i][r·stride + c] (r < rows, c < cols) → the [kTR][C] planes
-// dst[i] (f16: lo plane kTR·plane_ld(C) further), zeros elsewhere. vec: 16-byte rows (cols % 8
-// == 0, sources 16-byte aligned).
-template <class T, int C, int N>
-__device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
-                                           Idx stride, int rows, int cols, bool vec) {
-  constexpr int LD = plane_ld(C), kLo = kTR * LD;
-  if (vec && !tcf::kSplitStorage<T>) {  // bf16: straight into the plane (zero-filled outside)
-    constexpr int kW = C / 8;
-#pragma unroll
-    for (int k = 0; k < kTR * kW / kThreads5; ++k) {
-      const int e = threadIdx.x + k * kThreads5, r = e / kW, c = e % kW * 8;
-      const bool in = r < rows && c < cols;
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-        cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
-    }
-  } else if (vec) {  // f16: 8 values → hi, lo 16-byte stores
-    batched<kTR, C, 8>(
-        [&](int r, int c) {
-          Pack<uint4, N> v;
-#pragma unroll
-          for (int i = 0; i < N; ++i)
-            v.v[i] = r < rows && c < cols
-                         ? *reinterpret_cast<const uint4*>(src[i] + r * stride + c)
-                         : make_uint4(0u, 0u, 0u, 0u);
-          return v;
-        },
-        [&](int r, int c, const Pack<uint4, N>& v) {
-#pragma unroll
-          for (int i = 0; i < N; ++i) {
-            const T* x = reinterpret_cast<const T*>(&v.v[i]);
-            std::uint32_t hi[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              tc::split2(to_float(x[2 * j]), to_float(x[2 * j + 1]), hi[j], lo[j]);
-            *reinterpret_cast<uint4*>(dst[i] + r * LD + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            *reinterpret_cast<uint4*>(dst[i] + kLo + r * LD + c) =
-                make_uint4(lo[0], lo[1], lo[2], lo[3]);
-          }
-        });
-  } else {  // any width: pairs of scalars
-    batched<kTR, C, 2>(
-        [&](int r, int c) {
-          Pack<float2, N> v;
-#pragma unroll
-          for (int i = 0; i < N; ++i) {
-            const T* a = src[i] + r * stride + c;
-            v.v[i].x = r < rows && c < cols ? to_float(a[0]) : 0.0f;
-            v.v[i].y = r < rows && c + 1 < cols ? to_float(a[1]) : 0.0f;
-          }
-          return v;
-        },
-        [&](int r, int c, const Pack<float2, N>& v) {
-#pragma unroll
-          for (int i = 0; i < N; ++i) {
-            if constexpr (tcf::kSplitStorage<T>) {
-              tcf::put_split(dst[i], kLo, r * LD + c, v.v[i].x, v.v[i].y);
-            } else {  // bf16 values: exact in the hi plane
-              *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) =
-                  tc::pack2(v.v[i].x, v.v[i].y);
-            }
-          }
-        });
-  }
-}
-
-// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
-// vec: float4 rows (ds % 4 == 0, S 16-byte aligned).
-template <int R, int C>
-__device__ __forceinline__ void load_state(bf16* dst, const float* S, int hd, int ds, bool vec) {
-  constexpr int LD = plane_ld(C), kLo = R * LD;
-  if (vec) {
-    batched<R, C, 4>(
-        [&](int r, int c) {
-          return r < hd && c < ds ? *reinterpret_cast<const float4*>(S + r * ds + c)
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        },
-        [&](int r, int c, float4 v) {
-          uint2 hi, lo;
-          tc::split2(v.x, v.y, hi.x, lo.x);
-          tc::split2(v.z, v.w, hi.y, lo.y);
-          *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
-          *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
-        });
-  } else {
-    batched<R, C, 2>(
-        [&](int r, int c) {
-          const bool in = r < hd;
-          return make_float2(in && c < ds ? S[r * ds + c] : 0.0f,
-                             in && c + 1 < ds ? S[r * ds + c + 1] : 0.0f);
-        },
-        [&](int r, int c, float2 v) { tcf::put_split(dst, kLo, r * LD + c, v.x, v.y); });
-  }
-}
 
 template <class T, int RH, int RD>
 __global__ void __launch_bounds__(kThreads5, 2)
@@ -208,12 +77,12 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
     load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
-                         ds % 8 == 0 && aligned(p.q, 16) && aligned(p.k_scaled_saved, 16));
+                         ds % 8 == 0 && tcf::aligned(p.q, 16) && tcf::aligned(p.k_scaled_saved, 16));
     const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && aligned(p.x, 16));
+    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && tcf::aligned(p.x, 16));
     load_state<HP, DP>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
-                       ds % 4 == 0 && aligned(p.chunk_states_saved, 16));
+                       ds % 4 == 0 && tcf::aligned(p.chunk_states_saved, 16));
   }
   if (tid < kTR) {
     cum[st] = sv;
@@ -221,7 +90,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   } else if (tid < 2 * kTR) {
     dq[st] = sv;
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  tcf::cp_async_wait();
   __syncthreads();
 
   // 2. y = Q Sᵀ, A = Q Ksᵀ.
@@ -253,7 +122,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   y.template add<kTR>(tcf::Opnd<LDM, true, true>{MA, kTR * LDM},
                       tcf::Opnd<LDH, false, kSp>{Xp, kTR * LDH});
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
-  const bool pair_store = hd % 2 == 0 && aligned(p.y, 4);
+  const bool pair_store = hd % 2 == 0 && tcf::aligned(p.y, 4);
   T* yb = p.y + row0 * g.di + h * hd;
   y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
     if (t >= L || q >= hd) return;

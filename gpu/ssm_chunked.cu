@@ -28,10 +28,10 @@
 //         R_t = Σ_i W[t,i] − Σ_j W[j,t] + e^{cum_t}(dO S)_t·Q_t;  M_t = e^{Λ−cum_t}(X dS)_t·Ks_t;
 //         M_sc = e^{Λ}⟨S, dS⟩;  dADT_τ = Σ_{t ≥ τ}(R_t − M_t) + M_sc + Σ_t M_t
 //   dD: dD_partials[b,h] = Σ_t dQK_t;  d D[h] += Σ_b dD_partials (ascending b)
-//   step 2 (dqktheta_kernel + rope_backward of rope.cu): dScale = dK_mid·K;
-//         dGamma = dQK·(c_biased·b_biased); rope_backward with dv1 = scale·dK_mid (+ d_k_out at
-//         t = T−1), rot1 = k, dv2 = dQ_mid, rot2 = q, extra_scale = dQK·γ, extra_vec1 = c_biased,
-//         extra_vec2 = b_biased → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum
+//   step 2 (qk_rope_bwd_kernel: the RoPE backward of rope.cu fused with the qk terms):
+//         dScale = dK_mid·K; dGamma = dQK·(c_biased·b_biased); the RoPE backward with
+//         dv1 = scale·dK_mid (+ d_k_out at t = T−1), rot1 = k, dv2 = dQ_mid, rot2 = q, plus
+//         dQK·γ·c_biased, dQK·γ·b_biased → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum
 //   step 3 (ddt_dtrap_kernel): dDT_t = (dGamma_t + dScale_t)·trap_t + dScale_{t−1}(1 − trap_t);
 //         d_trap_sig = ((dGamma_t + dScale_t) − dScale_{t−1})·dt_t; d_adt_total = dADT,
 //         d_dt_direct = dDT
@@ -47,6 +47,10 @@
 // accumulation, relative error ≲ 2⁻¹⁶ of Σ|terms|, two orders under the storage rounding);
 // K3/B1 and K5 keep the accumulators in the mma fragment layout and apply their epilogues
 // (decay mask, y) there, B3 goes through the shared tile Cs (mm below).
+// Plane kernels: typed runs whose chunks fit one row tile (chunk_size ≤ 64) run K3/B1, K5 and B3
+// as the kernels of chunk_state_tc.cu, chunk_fwd_tc.cu and chunk_bwd_tc.cu (bf16 operand planes,
+// ldmatrix, accumulators in registers; tc_frag.cuh); the tiled kernels below serve f32 runs and
+// longer chunks.
 // Tiling: K3/B1 and K5 use 256 threads, B3 512 (kBwdThreads), as a (threads/16) × 16 grid
 // (tm = tid/16, tn = tid%16); in the FMA path a thread owns rows tm + (threads/16)·i and columns
 // tn + 16j of every product (operands contiguous in the reduction index read as float4).
@@ -56,8 +60,8 @@
 // chunk length works; headdim and d_state are padded (with zeros) to 16·RH, 16·RD,
 // RH, RD ∈ {2, 4, 8}.
 // Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
-// Scratch (backward only, floats): B·nc·nh·hd·ds (dS per chunk) + BT·nh·ds (dv1 of the rope
-// backward) + BT·nh (extra_scale) + B·nh (dScale_{−1}), each rounded up to 64.
+// Scratch (backward only, floats): B·nc·nh·hd·ds (dS per chunk) + B·nh (dScale_{−1}), each
+// rounded up to 64.
 // Determinism: no atomics; every output has one writer; every sum runs in a fixed order.
 #include <algorithm>
 
@@ -66,6 +70,7 @@
 #include "convert.cuh"
 #include "reduce.cuh"
 #include "chunk_fwd_tc.cuh"
+#include "chunk_state_tc.cuh"
 #include "ssm_chunk_geom.cuh"
 #include "tc_mma.cuh"
 
@@ -264,12 +269,15 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     // Not contracted into an fma: the reference rounds γ and sg, then adds, and Ks is stored
     // typed from K·scale, so the same scale gives the same rounded Ks.
     const float scale = __fadd_rn(gam, sg);
+    // Q·K first, with no store in the loop (the loads may all be in flight at once), then Ks
+    // (the second read of k hits L1).
+    const T* k = p.k + i * g.ds;
+    const T* q = p.q + i * g.ds;
     float qk = 0.0f;
-    for (Idx n = lane; n < g.ds; n += 32) {
-      const float kv = to_float(p.k[i * g.ds + n]);
-      qk += to_float(p.q[i * g.ds + n]) * kv;
-      p.k_scaled_saved[i * g.ds + n] = from_float<T>(kv * scale);
-    }
+#pragma unroll 4
+    for (Idx n = lane; n < g.ds; n += 32) qk += to_float(q[n]) * to_float(k[n]);
+    for (Idx n = lane; n < g.ds; n += 32)
+      p.k_scaled_saved[i * g.ds + n] = from_float<T>(to_float(k[n]) * scale);
     qk = warp_sum(qk);
     if (lane == 0) {
       p.adt[i] = p.a_val[i] * dt;
@@ -879,33 +887,67 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
   d_d_param[h] += acc;
 }
 
-// ---- step 2 (before the rope backward) --------------------------------------------------------
-// One warp per (r, h): dScale = dK_mid·k, dGamma = dQK·(c_biased·b_biased),
-// dv1 = scale·dK_mid (+ d_k_out at t = T−1), extra = dQK·γ.
+// ---- step 2: dqktheta and the RoPE backward, fused ----------------------------------------------
+// One warp per (r, h) row; lane l takes the pairs j = l, l + 32, … (elements n = 2j, 2j + 1):
+//   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
+//   rotated pair (j < na, angle θ_j = theta[r, h, j], R its rotation):
+//     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
+//     d_angle_cumsum_j = (−dv1_{2j}·k_{2j+1} + dv1_{2j+1}·k_{2j}) + (−dv2_{2j}·q_{2j+1} + dv2_{2j+1}·q_{2j});
+//   other elements (j ≥ na, and the last one when ds is odd): the same without R;
+//   dScale = Σ_n dK_mid·k, dGamma = dQK·Σ_n c_biased·b_biased (lane sums, then warp_sum).
+// The formulas of rope_backward (rope.cu) with the qk extra, and of the former separate
+// dqktheta step; fused so that dv1 is never stored and dK_mid, k, c, b are read once.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-dqktheta_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dv1, float* extra) {
+qk_rope_bwd_kernel(ChunkGeom g, Idx na, SsmChunkBwd<T> p) {
   const int lane = threadIdx.x & 31;
   const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
+  const Idx ds = g.ds, slots = (ds + 1) / 2;
   for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
-    const Idx r = i / g.nh, h = i % g.nh;
-    const bool last = r % g.T == g.T - 1;
-    const float* dkout = p.d_k_out + ((r / g.T) * g.nh + h) * g.ds;
-    const float sc = p.scale_saved[i];
+    const Idx r = i / g.nh, h = i % g.nh, base = i * ds;
+    const float* dkout = r % g.T == g.T - 1 ? p.d_k_out + ((r / g.T) * g.nh + h) * ds : nullptr;
+    const float sc = p.scale_saved[i], dqk = p.dQK_dot[i], e = dqk * p.gamma_saved[i];
+    const float* dK = p.dK_mid + base;
+    const float* dQ = p.dQ_mid + base;
+    const T *k = p.k + base, *q = p.q + base, *cb = p.c_biased + base, *bb = p.b_biased + base;
     float dsc = 0.0f, qk = 0.0f;
-    for (Idx n = lane; n < g.ds; n += 32) {
-      const float dk = p.dK_mid[i * g.ds + n];
-      dsc += dk * to_float(p.k[i * g.ds + n]);
-      qk += to_float(p.c_biased[i * g.ds + n]) * to_float(p.b_biased[i * g.ds + n]);
-      dv1[i * g.ds + n] = last ? sc * dk + dkout[n] : sc * dk;
+    for (Idx j = lane; j < slots; j += 32) {
+      const Idx n = 2 * j;
+      const int m = n + 1 < ds ? 2 : 1;
+      float g1[2] = {0.0f, 0.0f}, g2[2] = {0.0f, 0.0f}, kv[2] = {0.0f, 0.0f},
+            qv[2] = {0.0f, 0.0f}, cv[2] = {0.0f, 0.0f}, bv[2] = {0.0f, 0.0f};
+      for (int o = 0; o < m; ++o) {
+        const float dk = dK[n + o];
+        g1[o] = dkout ? sc * dk + dkout[n + o] : sc * dk;
+        g2[o] = dQ[n + o];
+        kv[o] = to_float(k[n + o]);
+        qv[o] = to_float(q[n + o]);
+        cv[o] = to_float(cb[n + o]);
+        bv[o] = to_float(bb[n + o]);
+        dsc += dk * kv[o];
+        qk += cv[o] * bv[o];
+      }
+      float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[0], g2[1]};
+      if (j < na) {
+        float sn, cs;
+        sincosf(p.theta[i * na + j], &sn, &cs);
+        o1[0] = cs * g1[0] + sn * g1[1];
+        o1[1] = -sn * g1[0] + cs * g1[1];
+        o2[0] = cs * g2[0] + sn * g2[1];
+        o2[1] = -sn * g2[0] + cs * g2[1];
+        p.d_angle_cumsum[i * na + j] =
+            (-g1[0] * kv[1] + g1[1] * kv[0]) + (-g2[0] * qv[1] + g2[1] * qv[0]);
+      }
+      for (int o = 0; o < m; ++o) {
+        p.d_b_pre_rope[base + n + o] = o1[o] + e * cv[o];
+        p.d_c_pre_rope[base + n + o] = o2[o] + e * bv[o];
+      }
     }
     dsc = warp_sum(dsc);
     qk = warp_sum(qk);
     if (lane == 0) {
-      const float dqk = p.dQK_dot[i];
       p.dScale[i] = dsc;
       p.dGamma[i] = dqk * qk;
-      extra[i] = dqk * p.gamma_saved[i];
     }
   }
 }
@@ -979,18 +1021,14 @@ std::size_t smem_chunk_bwd(int rh, int rd, bool typed) {
 Idx round64(Idx n) { return (n + 63) / 64 * 64; }
 
 struct BwdScratch {
-  float *dS, *dv1, *extra, *dscale_prev;
+  float *dS, *dscale_prev;
 };
 
 BwdScratch carve(const Dims& d, Scratch scratch) {
-  const Idx n_dS = round64(d.B * d.nc * d.nh * d.hd * d.ds), n_dv1 = round64(d.BT * d.nh * d.ds);
-  const Idx n_ex = round64(d.BT * d.nh);
   require_scratch(scratch, ssm_chunked_scratch_floats(d), "gpu::ssm_chunked_backward");
   BwdScratch s{};
   s.dS = scratch.p;
-  s.dv1 = s.dS + n_dS;
-  s.extra = s.dv1 + n_dv1;
-  s.dscale_prev = s.extra + n_ex;
+  s.dscale_prev = s.dS + round64(d.B * d.nc * d.nh * d.hd * d.ds);
   return s;
 }
 
@@ -1001,13 +1039,16 @@ dim3 grid3(Idx x, Idx y, Idx z) {
 }  // namespace
 
 Idx ssm_chunked_scratch_floats(const Dims& d) {
-  return round64(d.B * d.nc * d.nh * d.hd * d.ds) + round64(d.BT * d.nh * d.ds) +
-         round64(d.BT * d.nh) + round64(d.B * d.nh);
+  return round64(d.B * d.nc * d.nh * d.hd * d.ds) + round64(d.B * d.nh);
 }
 
+// Typed runs whose chunks fit one row tile (the usual case: chunk_size ≤ 64) take the plane
+// kernels (chunk_state_tc.cu, chunk_fwd_tc.cu, chunk_bwd_tc.cu; instantiated for bf16 and f16
+// only, hence the if constexpr); f32 runs and longer chunks the tiled kernels of this file.
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, Scratch) {
   const ChunkGeom g = chunk_geom(d);
+  const bool planes = kTensorProducts<T> && g.nt == 1;
   const Idx rows = d.BT * d.nh;
   prep_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p);
   M3_LAUNCH_CHECK();
@@ -1015,25 +1056,28 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
                            p.chunk_states};
-    auto k23 = chunk_state_kernel<T, RH, RD, true>;
-    const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
-    set_smem(k23, sm23);
-    k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
-    M3_LAUNCH_CHECK();
+    if (planes) {
+      if constexpr (kTensorProducts<T>) chunk_state_tc<T, true>(s, g, a);
+    } else {
+      auto k23 = chunk_state_kernel<T, RH, RD, true>;
+      const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
+      set_smem(k23, sm23);
+      k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
+      M3_LAUNCH_CHECK();
+    }
     state_pass_fwd_kernel<T>
         <<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0, s>>>(g, p);
     M3_LAUNCH_CHECK();
-    if (kTensorProducts<T> && g.nt == 1) return;  // K5 below, on the plane kernel
-    auto k5 = chunk_scan_kernel<T, RH, RD>;
-    const std::size_t sm5 = smem_chunk_scan(RH, RD);
-    set_smem(k5, sm5);
-    k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
-    M3_LAUNCH_CHECK();
+    if (planes) {
+      if constexpr (kTensorProducts<T>) chunk_scan_tc<T>(s, g, p);
+    } else {
+      auto k5 = chunk_scan_kernel<T, RH, RD>;
+      const std::size_t sm5 = smem_chunk_scan(RH, RD);
+      set_smem(k5, sm5);
+      k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
+      M3_LAUNCH_CHECK();
+    }
   });
-  // K5: typed runs whose chunks fit one row tile take the plane kernel (chunk_fwd_tc.cu).
-  if constexpr (kTensorProducts<T>) {
-    if (g.nt == 1) chunk_scan_tc<T>(s, g, p);
-  }
 }
 
 template <class T>
@@ -1041,48 +1085,46 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                           Scratch scratch) {
   constexpr bool kTyped = kTensorProducts<T>;
   const ChunkGeom g = chunk_geom(d);
+  const bool planes = kTyped && g.nt == 1;
+  M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds, kChunkWhere, "bad dims", "na=", d.na, " ds=", d.ds,
+             " (needs 2·na ≤ ds)");
   const BwdScratch w = carve(d, scratch);
   const Idx rows = d.BT * d.nh;
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
-    auto k1 = chunk_state_kernel<T, RH, RD, false>;
-    const std::size_t sm1 = smem_chunk_state(RH, RD, kTensorProducts<T>);
-    set_smem(k1, sm1);
-    k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
-    M3_LAUNCH_CHECK();
+    if (planes) {
+      if constexpr (kTyped) chunk_state_tc<T, false>(s, g, a);
+    } else {
+      auto k1 = chunk_state_kernel<T, RH, RD, false>;
+      const std::size_t sm1 = smem_chunk_state(RH, RD, kTyped);
+      set_smem(k1, sm1);
+      k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
+      M3_LAUNCH_CHECK();
+    }
     state_pass_bwd_kernel<<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0,
                             s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
     M3_LAUNCH_CHECK();
     entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
-  });
-  // B3: typed runs whose chunks fit one row tile take the plane kernel (chunk_bwd_tc.cu); longer
-  // chunks and f32 runs the tiled kernel above.
-  if constexpr (kTyped) {
-    if (g.nt == 1) chunk_bwd_tc<T>(s, g, p, w.dS);
-  }
-  if (!kTyped || g.nt > 1) {
-    with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
-      constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    if (planes) {
+      if constexpr (kTyped) chunk_bwd_tc<T>(s, g, p, w.dS);
+    } else {
       auto k3 = chunk_bwd_kernel<T, RH, RD>;
       const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
       set_smem(k3, sm3);
       k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
       M3_LAUNCH_CHECK();
-    });
-  }
+    }
+  });
   dd_partials_kernel<<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(d.T, d.nh, p.dQK_dot,
                                                               p.dD_partials);
   M3_LAUNCH_CHECK();
   dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
                                                                   p.d_d_param);
   M3_LAUNCH_CHECK();
-  dqktheta_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p, w.dv1, w.extra);
+  qk_rope_bwd_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, d.na, p);
   M3_LAUNCH_CHECK();
-  rope_backward<T>(s, d,
-                   RopeBwd<T>{p.theta, w.dv1, p.dQ_mid, p.k, p.q, p.d_b_pre_rope, p.d_c_pre_rope,
-                              p.d_angle_cumsum, w.extra, p.c_biased, p.b_biased});
   ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
   M3_LAUNCH_CHECK();
 }

@@ -228,8 +228,8 @@ struct SsmChunkFwd {
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
                          Scratch scratch);
-// Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dqktheta: dScale,
-// dGamma, d_b_pre_rope, d_c_pre_rope, d_angle_cumsum — via rope_backward with the qk extra),
+// Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dScale, dGamma,
+// d_b_pre_rope, d_c_pre_rope, d_angle_cumsum: the formulas of rope_backward with the qk extra),
 // step 3 (ddt_dtrap: dDT, d_trap_sig; d_adt_total = dADT, d_dt_direct = dDT). ∂L/∂v_out is
 // added to d_x at t = T−1 and ∂L/∂k_out to the k-path gradient at t = T−1 (before Rᵀ).
 template <class T>
@@ -249,9 +249,9 @@ struct SsmChunkBwd {
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
                           Scratch scratch);
-// Floats of scratch ssm_chunked_backward needs: dS per chunk boundary B·nc·nh·hd·ds, the k-path
-// gradient for the RoPE backward BT·nh·ds, the qk scale BT·nh, dScale_{−1} B·nh (each rounded
-// up to 64). The largest user of the scratch (≈ 134 M floats at the official shape).
+// Floats of scratch ssm_chunked_backward needs: dS per chunk boundary B·nc·nh·hd·ds and
+// dScale_{−1} B·nh (each rounded up to 64). The largest user of the scratch (≈ 134 M floats at
+// the official shape).
 Idx ssm_chunked_scratch_floats(const Dims& d);
 
 // Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:

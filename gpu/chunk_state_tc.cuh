@@ -1,0 +1,14 @@
+// Internal to gpu/ (.cu files only): K2/K3 and B1 of the chunked scan (chunk_state_kernel of
+// gpu/ssm_chunked.cu) for typed runs on the tensor cores over bf16 planes (gpu/chunk_state_tc.cu).
+#pragma once
+
+#include "ssm_chunk_geom.cuh"
+
+namespace m3::gpu {
+
+// K2/K3 (kFwd: da_cumsum_saved and the chunk contributions) or B1 (!kFwd: dcontrib and
+// da_cs_sum) of a typed run whose chunks fit one row tile (g.nt == 1).
+template <class T, bool kFwd>
+void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a);
+
+}  // namespace m3::gpu

@@ -1,0 +1,177 @@
+// Internal to gpu/ (.cu files only): global → shared loads of the operand planes of
+// tc_frag.cuh for the per-chunk plane kernels (chunk_fwd_tc.cu, chunk_bwd_tc.cu), by a block of
+// kTileThreads threads. These kernels are latency-bound: every loader issues a batch of loads
+// per thread before any of the batch's shared stores, and bf16 rows go by cp.async (the caller
+// waits with cp_async_wait() and a barrier).
+//   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
+//     elsewhere) → their planes (bf16: the exact hi plane; f16: hi/lo, exact);
+//   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] (zeros beyond hd, ds), optionally
+//     with this thread's part of ⟨state, other⟩ in f32 (a fixed order per thread).
+#pragma once
+
+#include <cstdint>
+
+#include "convert.cuh"
+#include "ssm_chunk_geom.cuh"
+#include "tc_frag.cuh"
+
+namespace m3::gpu::tcf {
+
+constexpr int kTileThreads = 256;
+constexpr int kBatch = 8;  // loads in flight per thread before their stores
+
+__device__ __forceinline__ bool aligned(const void* p, int bytes) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(bytes)
+               : "memory");
+}
+
+// For the R × (C/W) slots (r, c = W·j) of a tile, thread tid takes slots tid + k·kTileThreads:
+// v = ld(r, c) for a batch of up to kBatch slots, then st(r, c, v) for each.
+template <int R, int C, int W, class Ld, class St>
+__device__ __forceinline__ void batched(Ld&& ld, St&& st) {
+  constexpr int kW = C / W, kIt = R * kW / kTileThreads, kB = kIt < kBatch ? kIt : kBatch;
+  static_assert(R * kW % kTileThreads == 0 && kIt % kB == 0, "the block must tile the slots");
+#pragma unroll 1
+  for (int k0 = 0; k0 < kIt; k0 += kB) {
+    decltype(ld(0, 0)) v[kB];
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (k0 + k) * kTileThreads;
+      v[k] = ld(e / kW, e % kW * W);
+    }
+#pragma unroll
+    for (int k = 0; k < kB; ++k) {
+      const int e = threadIdx.x + (k0 + k) * kTileThreads;
+      st(e / kW, e % kW * W, v[k]);
+    }
+  }
+}
+
+template <class V, int N>
+struct Pack {
+  V v[N];
+};
+
+// N typed tiles of one geometry: src[i][r·stride + c] (r < rows, c < cols) → the [kTR][C] planes
+// dst[i] (f16: lo plane kTR·plane_ld(C) further), zeros elsewhere. vec: 16-byte rows (cols % 8
+// == 0, sources 16-byte aligned).
+template <class T, int C, int N>
+__device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
+                                           Idx stride, int rows, int cols, bool vec) {
+  constexpr int LD = plane_ld(C), kLo = kTR * LD;
+  if (vec && !kSplitStorage<T>) {  // bf16: straight into the plane (zero-filled outside)
+    constexpr int kW = C / 8;
+#pragma unroll
+    for (int k = 0; k < kTR * kW / kTileThreads; ++k) {
+      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 8;
+      const bool in = r < rows && c < cols;
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
+    }
+  } else if (vec) {  // f16: 8 values → hi, lo 16-byte stores
+    batched<kTR, C, 8>(
+        [&](int r, int c) {
+          Pack<uint4, N> v;
+#pragma unroll
+          for (int i = 0; i < N; ++i)
+            v.v[i] = r < rows && c < cols
+                         ? *reinterpret_cast<const uint4*>(src[i] + r * stride + c)
+                         : make_uint4(0u, 0u, 0u, 0u);
+          return v;
+        },
+        [&](int r, int c, const Pack<uint4, N>& v) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const T* x = reinterpret_cast<const T*>(&v.v[i]);
+            std::uint32_t hi[4], lo[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              tc::split2(to_float(x[2 * j]), to_float(x[2 * j + 1]), hi[j], lo[j]);
+            *reinterpret_cast<uint4*>(dst[i] + r * LD + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            *reinterpret_cast<uint4*>(dst[i] + kLo + r * LD + c) =
+                make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          }
+        });
+  } else {  // any width: pairs of scalars
+    batched<kTR, C, 2>(
+        [&](int r, int c) {
+          Pack<float2, N> v;
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            const T* a = src[i] + r * stride + c;
+            v.v[i].x = r < rows && c < cols ? to_float(a[0]) : 0.0f;
+            v.v[i].y = r < rows && c + 1 < cols ? to_float(a[1]) : 0.0f;
+          }
+          return v;
+        },
+        [&](int r, int c, const Pack<float2, N>& v) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            if constexpr (kSplitStorage<T>) {
+              put_split(dst[i], kLo, r * LD + c, v.v[i].x, v.v[i].y);
+            } else {  // bf16 values: exact in the hi plane
+              *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) =
+                  tc::pack2(v.v[i].x, v.v[i].y);
+            }
+          }
+        });
+  }
+}
+
+// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
+// vec: float4 rows (ds % 4 == 0, S 16-byte aligned).
+// With kDot, returns this thread's Σ S·O over the elements it loads (O: another [hd][ds] f32
+// state, read alongside), else 0.
+template <int R, int C, bool kDot = false>
+__device__ __forceinline__ float load_state(bf16* dst, const float* S, int hd, int ds, bool vec,
+                                            const float* O = nullptr) {
+  constexpr int LD = plane_ld(C), kLo = R * LD;
+  float dot = 0.0f;
+  if (vec) {
+    auto get = [&](const float* M, int r, int c) {
+      return r < hd && c < ds ? *reinterpret_cast<const float4*>(M + r * ds + c)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    };
+    batched<R, C, 4>(
+        [&](int r, int c) {
+          return Pack<float4, 2>{{get(S, r, c), kDot ? get(O, r, c) : float4{}}};
+        },
+        [&](int r, int c, const Pack<float4, 2>& v) {
+          const float4 m = v.v[0];
+          uint2 hi, lo;
+          tc::split2(m.x, m.y, hi.x, lo.x);
+          tc::split2(m.z, m.w, hi.y, lo.y);
+          *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
+          *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+          if constexpr (kDot) {
+            const float4 o = v.v[1];
+            dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
+          }
+        });
+  } else {
+    auto get = [&](const float* M, int r, int c) {
+      const bool in = r < hd;
+      return make_float2(in && c < ds ? M[r * ds + c] : 0.0f,
+                         in && c + 1 < ds ? M[r * ds + c + 1] : 0.0f);
+    };
+    batched<R, C, 2>(
+        [&](int r, int c) {
+          return Pack<float2, 2>{{get(S, r, c), kDot ? get(O, r, c) : float2{}}};
+        },
+        [&](int r, int c, const Pack<float2, 2>& v) {
+          put_split(dst, kLo, r * LD + c, v.v[0].x, v.v[0].y);
+          if constexpr (kDot) dot += v.v[0].x * v.v[1].x + v.v[0].y * v.v[1].y;
+        });
+  }
+  return dot;
+}
+
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+}  // namespace m3::gpu::tcf
