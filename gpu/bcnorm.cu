@@ -15,6 +15,12 @@
 // Shapes: X_raw, X_normed, d_X_normed, d_X_raw [BT, ng, ds]; X_rms [BT, ng];
 // X_biased, d_X_pre_rope [BT, nh, ds]; w_X [ds]; X_bias [nh, ds].
 // One (r, g, X) row per warp segment (reduce.cuh): B and C rows interleave, unit = 2·(r·ng+g)+X.
+// A segment has L = segment_lanes(⌈ds/V⌉) lanes; lane l owns the groups of V consecutive n
+// starting at V·(l + k·L), k = 0, 1, …: V = 16/sizeof(T) in the forward (one 16-byte access of
+// the typed rows, X_biased being most of its traffic), V = 4 in the backward (16 bytes of the f32
+// d_X_pre_rope). Σ_n is each lane's sum in ascending n, then segment_sum (a fixed order that
+// depends on ds and T only). With ds % V == 0 and aligned pointers a group is read and written
+// with vector accesses, otherwise the same groups element by element.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -23,17 +29,22 @@ namespace m3::gpu {
 namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
-constexpr int kHeadBatch = 8;  // heads whose d_X_pre_rope loads the backward issues together
+constexpr int kHeadBatch = 4;  // heads whose d_X_pre_rope loads the backward issues together
+template <class T>
+constexpr int kFwdV = 16 / sizeof(T);  // forward group: 16 bytes of T
+constexpr int kBwdV = 4;               // backward group: 16 bytes of f32
 
 struct BcShape {
   Idx rows;  // BT·ng
   Idx ng, nh, hpg, ds;
 };
 
-template <class T, int L>
+template <class T, int L, bool kVec>
 __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, BcnormFwd<T> p) {
   using S = Seg<L>;
-  const Idx units = 2 * sh.rows, ds = sh.ds;
+  constexpr int V = kFwdV<T>;
+  constexpr Idx kStep = Idx(L) * V;  // values from one of a lane's groups to the next
+  const Idx units = 2 * sh.rows, ds = sh.ds, n0 = Idx(S::lane()) * V;
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();
     const bool on = unit < units;
@@ -42,33 +53,48 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
     const T* raw = (is_c ? p.c_raw : p.b_raw) + row * ds;
     float ss = 0.0f;
     if (on)
-      for (Idx n = S::lane(); n < ds; n += L) {
-        const float v = to_float(raw[n]);
-        ss += v * v;
+      for (Idx n = n0; n < ds; n += kStep) {
+        float x[V];
+        load_group<kVec>(raw + n, ds - n, x);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (kVec || j < ds - n) ss += x[j] * x[j];
       }
     ss = segment_sum<L>(ss);
     if (!on) continue;
     const float rr = sqrtf(ss / static_cast<float>(ds) + kEpsF);
     if (S::lane() == 0) (is_c ? p.c_rms : p.b_rms)[row] = rr;
     const float* w = is_c ? p.c_norm_weight : p.b_norm_weight;
-    const float* bias = is_c ? p.c_bias : p.b_bias;
-    T* normed = (is_c ? p.c_normed : p.b_normed) + row * ds;
     const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
+    const float* bias = (is_c ? p.c_bias : p.b_bias) + h0 * ds;
+    T* normed = (is_c ? p.c_normed : p.b_normed) + row * ds;
     T* biased = (is_c ? p.c_biased : p.b_biased) + (r * sh.nh + h0) * ds;
-    for (Idx n = S::lane(); n < ds; n += L) {
-      const T stored = from_float<T>(to_float(raw[n]) / rr * w[n]);
-      normed[n] = stored;
-      const float nv = to_float(stored);
-      for (Idx k = 0; k < sh.hpg; ++k)
-        biased[k * ds + n] = from_float<T>(nv + bias[(h0 + k) * ds + n]);
+    for (Idx n = n0; n < ds; n += kStep) {
+      float x[V], wv[V], nv[V];
+      load_group<kVec>(raw + n, ds - n, x);
+      load_group<kVec>(w + n, ds - n, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) nv[j] = x[j] / rr * wv[j];
+      store_group<kVec>(normed + n, ds - n, nv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) nv[j] = round_trip<T>(nv[j]);  // the stored X_normed
+      for (Idx k = 0; k < sh.hpg; ++k) {
+        float bv[V], o[V];
+        load_group<kVec>(bias + k * ds + n, ds - n, bv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) o[j] = nv[j] + bv[j];
+        store_group<kVec>(biased + k * ds + n, ds - n, o);
+      }
     }
   }
 }
 
-template <class T, int L>
+template <class T, int L, bool kVec>
 __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, BcnormBwd<T> p) {
   using S = Seg<L>;
-  const Idx units = 2 * sh.rows, ds = sh.ds;
+  constexpr int V = kBwdV;
+  constexpr Idx kStep = Idx(L) * V;
+  const Idx units = 2 * sh.rows, ds = sh.ds, n0 = Idx(S::lane()) * V;
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();
     const bool on = unit < units;
@@ -82,30 +108,50 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     if (on) {
       const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
       const float* dpre = (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds;
-      for (Idx n = S::lane(); n < ds; n += L) {
+      for (Idx n = n0; n < ds; n += kStep) {
         // Ascending h as always; the heads' loads are issued kHeadBatch at a time before they
         // are added, so that they are in flight together (hpg = nheads when ngroups = 1).
-        float acc = 0.0f;
+        float acc[V] = {};
         Idx k = 0;
         for (; k + kHeadBatch <= sh.hpg; k += kHeadBatch) {
-          float v[kHeadBatch];
+          float v[kHeadBatch][V];
 #pragma unroll
-          for (int q = 0; q < kHeadBatch; ++q) v[q] = dpre[(k + q) * ds + n];
+          for (int q = 0; q < kHeadBatch; ++q)
+            load_group<kVec>(dpre + (k + q) * ds + n, ds - n, v[q]);
 #pragma unroll
-          for (int q = 0; q < kHeadBatch; ++q) acc += v[q];
+          for (int q = 0; q < kHeadBatch; ++q)
+#pragma unroll
+            for (int j = 0; j < V; ++j) acc[j] += v[q][j];
         }
-        for (; k < sh.hpg; ++k) acc += dpre[k * ds + n];
-        const T stored = from_float<T>(acc);
-        dnormed[n] = stored;
-        c1 += to_float(stored) * w[n] * (to_float(raw[n]) / rr);
+        for (; k < sh.hpg; ++k) {
+          float v[V];
+          load_group<kVec>(dpre + k * ds + n, ds - n, v);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] += v[j];
+        }
+        store_group<kVec>(dnormed + n, ds - n, acc);
+        float x[V], wv[V];
+        load_group<kVec>(raw + n, ds - n, x);
+        load_group<kVec>(w + n, ds - n, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (kVec || j < ds - n) c1 += round_trip<T>(acc[j]) * wv[j] * (x[j] / rr);
       }
     }
     c1 = segment_sum<L>(c1) / static_cast<float>(ds);
     if (!on) continue;
     T* draw = (is_c ? p.d_c_raw : p.d_b_raw) + row * ds;
-    for (Idx n = S::lane(); n < ds; n += L) {
-      const float xh = to_float(raw[n]) / rr;
-      draw[n] = from_float<T>((w[n] * to_float(dnormed[n]) - xh * c1) / rr);
+    for (Idx n = n0; n < ds; n += kStep) {
+      float x[V], d[V], wv[V], o[V];
+      load_group<kVec>(raw + n, ds - n, x);
+      load_group<kVec>(dnormed + n, ds - n, d);  // as stored
+      load_group<kVec>(w + n, ds - n, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xh = x[j] / rr;
+        o[j] = (wv[j] * d[j] - xh * c1) / rr;
+      }
+      store_group<kVec>(draw + n, ds - n, o);
     }
   }
 }
@@ -130,6 +176,11 @@ BcShape bc_shape(const Dims& d, const char* where) {
   return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds};
 }
 
+template <class... P>
+bool all_aligned(unsigned bytes, const P*... ps) {
+  return (is_aligned(ps, bytes) && ...);
+}
+
 Idx bcnorm_scratch_floats(const Dims& d) {
   return std::max(colsum_scratch_floats(d.BT, d.nh * d.ds), colsum_scratch_floats(d.BT * d.ng, d.ds));
 }
@@ -140,10 +191,17 @@ template <class T>
 void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p) {
   const BcShape sh = bc_shape(d, "gpu::bcnorm_forward");
   if (sh.rows == 0) return;
-  with_lanes(segment_lanes(d.ds), [&](auto lanes) {
+  constexpr int V = kFwdV<T>;
+  const bool vec = d.ds % V == 0 &&
+                   all_aligned(16, p.b_raw, p.c_raw, p.b_norm_weight, p.c_norm_weight, p.b_bias,
+                               p.c_bias, p.b_normed, p.c_normed, p.b_biased, p.c_biased);
+  with_lanes(segment_lanes((d.ds + V - 1) / V), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    bcnorm_forward_kernel<T, L><<<grid_for(2 * sh.rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        sh, p);
+    const unsigned int grid = grid_for(2 * sh.rows, Seg<L>::kPerBlock);
+    if (vec)
+      bcnorm_forward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(sh, p);
+    else
+      bcnorm_forward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(sh, p);
   });
   M3_LAUNCH_CHECK();
 }
@@ -154,10 +212,19 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
   const BcShape sh = bc_shape(d, where);
   require_scratch(scratch, bcnorm_scratch_floats(d), where);
   if (sh.rows == 0) return;
-  with_lanes(segment_lanes(d.ds), [&](auto lanes) {
+  constexpr int V = kBwdV;
+  const bool vec = d.ds % V == 0 &&
+                   all_aligned(16, p.b_norm_weight, p.c_norm_weight, p.d_b_pre_rope,
+                               p.d_c_pre_rope) &&
+                   all_aligned(V * sizeof(T), p.b_raw, p.c_raw, p.d_b_normed, p.d_c_normed,
+                               p.d_b_raw, p.d_c_raw);
+  with_lanes(segment_lanes((d.ds + V - 1) / V), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    bcnorm_backward_kernel<T, L><<<grid_for(2 * sh.rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        sh, p);
+    const unsigned int grid = grid_for(2 * sh.rows, Seg<L>::kPerBlock);
+    if (vec)
+      bcnorm_backward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(sh, p);
+    else
+      bcnorm_backward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(sh, p);
   });
   M3_LAUNCH_CHECK();
   // The four reductions run one after another on the stream and share the scratch.

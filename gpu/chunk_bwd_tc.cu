@@ -96,18 +96,18 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
     tcf::load_typed<T, DP, 2>(qk_src, qk_dst, kst, L, ds,
-                              ds % 8 == 0 && tcf::aligned(p.q, 16) &&
-                                  tcf::aligned(p.k_scaled_saved, 16));
+                              ds % 8 == 0 && is_aligned(p.q, 16) &&
+                                  is_aligned(p.k_scaled_saved, 16));
     const T* const ox_src[2] = {p.d_y + xb, p.x + xb};
     bf16* const ox_dst[2] = {Op, Xp};
     tcf::load_typed<T, HP, 2>(ox_src, ox_dst, di, L, hd,
-                              hd % 8 == 0 && tcf::aligned(p.d_y, 16) && tcf::aligned(p.x, 16));
+                              hd % 8 == 0 && is_aligned(p.d_y, 16) && is_aligned(p.x, 16));
   }
   if (tid < kTR) {
     cum[tid] = tid < L ? cumg[tid] : 0.0f;
     qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
   }
-  const bool vs = ds % 4 == 0 && tcf::aligned(p.chunk_states_saved, 16) && tcf::aligned(dS_all, 16);
+  const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
   const float sds = tcf::load_state<HP, DP, true>(R, S, hd, ds, vs, dS);
   tcf::cp_async_wait();
   const float Lam = cumg[L - 1];

@@ -77,12 +77,12 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
     load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
-                         ds % 8 == 0 && tcf::aligned(p.q, 16) && tcf::aligned(p.k_scaled_saved, 16));
+                         ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
     const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && tcf::aligned(p.x, 16));
+    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(p.x, 16));
     load_state<HP, DP>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
-                       ds % 4 == 0 && tcf::aligned(p.chunk_states_saved, 16));
+                       ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16));
   }
   if (tid < kTR) {
     cum[st] = sv;
@@ -122,7 +122,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   y.template add<kTR>(tcf::Opnd<LDM, true, true>{MA, kTR * LDM},
                       tcf::Opnd<LDH, false, kSp>{Xp, kTR * LDH});
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
-  const bool pair_store = hd % 2 == 0 && tcf::aligned(p.y, 4);
+  const bool pair_store = hd % 2 == 0 && is_aligned(p.y, 4);
   T* yb = p.y + row0 * g.di + h * hd;
   y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
     if (t >= L || q >= hd) return;

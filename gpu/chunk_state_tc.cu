@@ -106,10 +106,10 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
     const T* V = static_cast<const T*>(a.v);
     const T* const u_src[1] = {U + row0 * g.di + h * hd};
     bf16* const u_dst[1] = {Up};
-    tcf::load_typed<T, HP, 1>(u_src, u_dst, g.di, L, hd, hd % 8 == 0 && tcf::aligned(U, 16));
+    tcf::load_typed<T, HP, 1>(u_src, u_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(U, 16));
     const T* const v_src[1] = {V + (row0 * g.nh + h) * ds};
     bf16* const v_dst[1] = {Vp};
-    tcf::load_typed<T, DQ, 1>(v_src, v_dst, g.nh * ds, L, ds, ds % 8 == 0 && tcf::aligned(V, 16));
+    tcf::load_typed<T, DQ, 1>(v_src, v_dst, g.nh * ds, L, ds, ds % 8 == 0 && is_aligned(V, 16));
   }
 
   // ---- 2. cumsum / weights
@@ -183,7 +183,7 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
   f.zero();
   f.template add<kTR>(tcf::Opnd<LDH, false, true>{Up, kUo}, tcf::Opnd<LDQ, false, kSp>{Vp, kVo});
   float* out = a.out + g.state_base(b, c, h);
-  const bool pair_store = ds % 2 == 0 && tcf::aligned(a.out, 8);
+  const bool pair_store = ds % 2 == 0 && is_aligned(a.out, 8);
   f.pairs([&](int, int, int, int p, int n, float& v0, float& v1) {
     if (p >= hd || n >= ds) return;
     float* o = out + p * ds + n;

@@ -84,4 +84,89 @@ __host__ __device__ __forceinline__ float round_trip(float v) {
   return to_float(from_float<T>(v));
 }
 
+// Vector access: N consecutive values of storage T as floats, in one load / store of
+// N·sizeof(T) bytes (4, 8 or 16; the caller guarantees that alignment — see is_aligned). The
+// values are the same as N scalar to_float / from_float calls.
+template <class T, int N>
+struct alignas(sizeof(T) * N) VecOf {
+  T e[N];
+};
+template <int N, class T>
+__device__ __forceinline__ void load_n(const T* p, float (&v)[N]) {
+  static_assert(sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16, "vector width");
+  const VecOf<T, N> w = *reinterpret_cast<const VecOf<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = to_float(w.e[i]);
+}
+template <int N, class T>
+__device__ __forceinline__ void store_n(T* p, const float (&v)[N]) {
+  static_assert(sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16, "vector width");
+  VecOf<T, N> w;
+#pragma unroll
+  for (int i = 0; i < N; ++i) w.e[i] = from_float<T>(v[i]);
+  *reinterpret_cast<VecOf<T, N>*>(p) = w;
+}
+// N consecutive values at p as floats (and back): accesses of min(16, N·sizeof(T)) bytes (p
+// aligned to that) when that is at least 4 bytes, else element by element.
+template <int N, class T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[N]) {
+  constexpr int P = N * sizeof(T) > 16 ? 16 / sizeof(T) : N;  // values per access
+#pragma unroll
+  for (int h = 0; h < N; h += P) {
+    float w[P];
+    if constexpr (P * sizeof(T) >= 4) {
+      load_n<P>(p + h, w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < P; ++e) w[e] = to_float(p[h + e]);
+    }
+#pragma unroll
+    for (int e = 0; e < P; ++e) v[h + e] = w[e];
+  }
+}
+template <int N, class T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[N]) {
+  constexpr int P = N * sizeof(T) > 16 ? 16 / sizeof(T) : N;
+#pragma unroll
+  for (int h = 0; h < N; h += P) {
+    float w[P];
+#pragma unroll
+    for (int e = 0; e < P; ++e) w[e] = v[h + e];
+    if constexpr (P * sizeof(T) >= 4) {
+      store_n<P>(p + h, w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < P; ++e) p[h + e] = from_float<T>(w[e]);
+    }
+  }
+}
+
+// The group of V values at p of a row with m values left: load_vec / store_vec when kVec (the
+// caller checked width and alignment), else element by element, values at or past m neither
+// read (set to 0) nor written. Both give the same values.
+template <bool kVec, int V, class T>
+__device__ __forceinline__ void load_group(const T* p, long long m, float (&v)[V]) {
+  if constexpr (kVec) {
+    load_vec<V>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = j < m ? to_float(p[j]) : 0.0f;
+  }
+}
+template <bool kVec, int V, class T>
+__device__ __forceinline__ void store_group(T* p, long long m, const float (&v)[V]) {
+  if constexpr (kVec) {
+    store_vec<V>(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (j < m) p[j] = from_float<T>(v[j]);
+  }
+}
+
+// Whether p is aligned to `bytes` (a power of two).
+__host__ __device__ __forceinline__ bool is_aligned(const void* p, unsigned bytes) {
+  return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+
 }  // namespace m3::gpu

@@ -13,8 +13,16 @@
 //     d w[d] += Σ_r d_gated·silu(z)·y·rstd                 (colsum_rows, fixed order)
 // Shapes: y, z, gated, d_gated, d_y, d_z typed T [BT, di]; gated_rms_vals [BT, nh]; w [di].
 // gated, d_y, d_z are rounded to T once, at their store (the reference's store_typed after F7/B7).
-// (b) runs one (r, h) row per warp segment of min(32, pow2 ≥ hd) lanes (reduce.cuh), so any
-// headdim works and hd = 16 packs two heads per warp.
+// Vector access: V = 16 / sizeof(T) values per access of a typed tensor (16 bytes; f32 w in
+// two) when the pointers are 16-byte aligned (for (b) also hd % V == 0), else V = 1.
+// (a) runs one thread per vector of V values (the last n mod V values one per thread).
+// (b) runs one (r, h) row per warp segment of L = min(32, pow2 ≥ hd / V) lanes (reduce.cuh), so
+// any headdim works and short heads share a warp; lane l takes the V values at l·V, then at
+// l·V + L·V, …. With V > 1 the sums for rstd and c1 thus add values in another fixed order than
+// with V = 1 (a lane's vectors in ascending order, then the lanes by the butterfly).
+#include <initializer_list>
+#include <type_traits>
+
 #include "activations.cuh"
 #include "convert.cuh"
 #include "reduce.cuh"
@@ -25,14 +33,25 @@ namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
 
+// (a): values [0, nv·V) in vectors of V, then [nv·V, n) one per thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-gate_silu_forward_kernel(Idx n, const T* y, const T* z, T* gated) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads)
+gate_silu_forward_kernel(Idx n, Idx nv, const T* y, const T* z, T* gated) {
+  constexpr int V = 16 / sizeof(T);
+  const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = first * V; i < nv * V; i += stride * V) {
+    float yv[V], zv[V];
+    load_n<V>(y + i, yv);
+    load_n<V>(z + i, zv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) yv[e] = yv[e] * silu(zv[e]);
+    store_n<V>(gated + i, yv);
+  }
+  for (Idx i = nv * V + first; i < n; i += stride)
     gated[i] = from_float<T>(to_float(y[i]) * silu(to_float(z[i])));
 }
 
-template <class T, int L>
+template <class T, int L, int V>
 __global__ void __launch_bounds__(kThreads)
 gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, const float* w,
                          T* gated, float* rstd_out) {
@@ -40,61 +59,99 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, cons
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();  // r·nh + h
     const bool on = unit < units;
-    const T* yr = y + unit * hd;
+    const Idx row = unit * hd;
     float ss = 0.0f;
     if (on)
-      for (Idx p = S::lane(); p < hd; p += L) {
-        const float v = to_float(yr[p]);
-        ss += v * v;
+      for (Idx p = S::lane() * V; p < hd; p += L * V) {
+        float yv[V];
+        load_vec(y + row + p, yv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) ss += yv[e] * yv[e];
       }
     ss = segment_sum<L>(ss);
     if (!on) continue;
     const float rstd = 1.0f / sqrtf(ss / static_cast<float>(hd) + kEpsF);
     if (S::lane() == 0) rstd_out[unit] = rstd;
     const float* wh = w + (unit % nh) * hd;
-    for (Idx p = S::lane(); p < hd; p += L) {
-      const Idx i = unit * hd + p;
-      gated[i] = from_float<T>(to_float(y[i]) * (rstd * wh[p]) * silu(to_float(z[i])));
+    for (Idx p = S::lane() * V; p < hd; p += L * V) {
+      float yv[V], zv[V], wv[V];
+      load_vec(y + row + p, yv);
+      load_vec(z + row + p, zv);
+      load_vec(wh + p, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
+      store_vec(gated + row + p, yv);
     }
   }
 }
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-gate_silu_backward_kernel(Idx n, GatingBwd<T> p) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads) {
+gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p) {
+  constexpr int V = 16 / sizeof(T);
+  const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = first * V; i < nv * V; i += stride * V) {
+    float dg[V], zv[V], yv[V];
+    load_n<V>(p.d_gated + i, dg);
+    load_n<V>(p.z + i, zv);
+    load_n<V>(p.y + i, yv);
+    float dy[V], dz[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      dy[e] = dg[e] * silu(zv[e]);
+      dz[e] = dg[e] * yv[e] * silu_grad(zv[e]);
+    }
+    store_n<V>(p.d_y + i, dy);
+    store_n<V>(p.d_z + i, dz);
+  }
+  for (Idx i = nv * V + first; i < n; i += stride) {
     const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[i]);
     p.d_y[i] = from_float<T>(dg * silu(zi));
     p.d_z[i] = from_float<T>(dg * to_float(p.y[i]) * silu_grad(zi));
   }
 }
 
-template <class T, int L>
+template <class T, int L, int V>
 __global__ void __launch_bounds__(kThreads)
 gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
   using S = Seg<L>;
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();
     const bool on = unit < units;
+    const Idx row = unit * hd;
     const float rstd = on ? p.gated_rms_vals[unit] : 0.0f;
     const float* wh = p.norm_gate_weight + (unit % nh) * hd;
     float c1 = 0.0f;
     if (on)
-      for (Idx q = S::lane(); q < hd; q += L) {
-        const Idx i = unit * hd + q;
-        const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[i]);
-        const float yh = to_float(p.y[i]) * rstd, gg = dg * silu(zi);
-        p.d_z[i] = from_float<T>(dg * yh * wh[q] * silu_grad(zi));
-        c1 += yh * wh[q] * gg;
+      for (Idx q = S::lane() * V; q < hd; q += L * V) {
+        float dg[V], zv[V], yv[V], wv[V], dz[V];
+        load_vec(p.d_gated + row + q, dg);
+        load_vec(p.z + row + q, zv);
+        load_vec(p.y + row + q, yv);
+        load_vec(wh + q, wv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float yh = yv[e] * rstd, gg = dg[e] * silu(zv[e]);
+          dz[e] = dg[e] * yh * wv[e] * silu_grad(zv[e]);
+          c1 += yh * wv[e] * gg;
+        }
+        store_vec(p.d_z + row + q, dz);
       }
     c1 = segment_sum<L>(c1) / static_cast<float>(hd);
     if (!on) continue;
 #pragma unroll 1  // unrolled, ptxas spills 4 bytes in the bf16 instantiation
-    for (Idx q = S::lane(); q < hd; q += L) {
-      const Idx i = unit * hd + q;
-      const float yh = to_float(p.y[i]) * rstd;
-      const float gg = to_float(p.d_gated[i]) * silu(to_float(p.z[i]));
-      p.d_y[i] = from_float<T>((wh[q] * gg - yh * c1) * rstd);
+    for (Idx q = S::lane() * V; q < hd; q += L * V) {
+      float dg[V], zv[V], yv[V], wv[V], dy[V];
+      load_vec(p.d_gated + row + q, dg);
+      load_vec(p.z + row + q, zv);
+      load_vec(p.y + row + q, yv);
+      load_vec(wh + q, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float yh = yv[e] * rstd, gg = dg[e] * silu(zv[e]);
+        dy[e] = (wv[e] * gg - yh * c1) * rstd;
+      }
+      store_vec(p.d_y + row + q, dy);
     }
   }
 }
@@ -116,6 +173,34 @@ void check_gating_dims(const Dims& d, const char* where) {
              "BT=", d.BT, " di=", d.di, " nh=", d.nh, " hd=", d.hd);
 }
 
+// Vectors of V = 16 / sizeof(T) values an (a) kernel takes: n / V if every pointer is 16-byte
+// aligned, else 0; and its blocks (one thread per vector and per leftover value).
+template <class T>
+Idx silu_vectors(Idx n, std::initializer_list<const void*> ptrs) {
+  for (const void* q : ptrs)
+    if (!is_aligned(q, 16)) return 0;
+  return n / static_cast<Idx>(16 / sizeof(T));
+}
+template <class T>
+unsigned int silu_blocks(Idx n, Idx nv) {
+  return grid_for(std::max(nv, n - nv * static_cast<Idx>(16 / sizeof(T))), kThreads);
+}
+
+// Calls f(integral_constant L, integral_constant V) for the (b) kernels: V = 16 / sizeof(T) when
+// hd % V == 0 and every pointer is 16-byte aligned, else 1; L = segment_lanes(hd / V).
+template <class T, class F>
+void with_norm_layout(Idx hd, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = hd % V == 0;
+  for (const void* q : ptrs) vec = vec && is_aligned(q, 16);
+  with_lanes(segment_lanes(vec ? hd / V : hd), [&](auto lanes) {
+    if (vec)
+      f(lanes, std::integral_constant<int, V>{});
+    else
+      f(lanes, std::integral_constant<int, 1>{});
+  });
+}
+
 }  // namespace
 
 template <class T>
@@ -126,15 +211,16 @@ void gating_forward(cudaStream_t s, const Dims& d, const T* y, const T* z,
   const Idx n = d.BT * d.di, units = d.BT * d.nh;
   if (n == 0) return;
   if (!d.outproj_norm) {
-    gate_silu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, y, z, gated);
+    const Idx nv = silu_vectors<T>(n, {y, z, gated});
+    gate_silu_forward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, y, z, gated);
     M3_LAUNCH_CHECK();
     return;
   }
   M3_REQUIRE(norm_gate_weight && gated_rms_vals, where,
              "is_outproj_norm needs norm_gate_weight and gated_rms_vals", "a pointer is null");
-  with_lanes(segment_lanes(d.hd), [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    gate_norm_forward_kernel<T, L><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+  with_norm_layout<T>(d.hd, {y, z, gated, norm_gate_weight}, [&](auto lanes, auto vec) {
+    constexpr int L = decltype(lanes)::value, V = decltype(vec)::value;
+    gate_norm_forward_kernel<T, L, V><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
         units, d.hd, d.nh, y, z, norm_gate_weight, gated, gated_rms_vals);
   });
   M3_LAUNCH_CHECK();
@@ -147,7 +233,8 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
   const Idx n = d.BT * d.di, units = d.BT * d.nh;
   if (!d.outproj_norm) {
     if (n == 0) return;
-    gate_silu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, p);
+    const Idx nv = silu_vectors<T>(n, {p.y, p.z, p.d_gated, p.d_y, p.d_z});
+    gate_silu_backward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, p);
     M3_LAUNCH_CHECK();
     return;
   }
@@ -156,9 +243,10 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
              "a pointer is null");
   require_scratch(scratch, colsum_scratch_floats(d.BT, d.di), where);
   if (n == 0) return;
-  with_lanes(segment_lanes(d.hd), [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    gate_norm_backward_kernel<T, L><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+  with_norm_layout<T>(d.hd, {p.y, p.z, p.d_gated, p.d_y, p.d_z, p.norm_gate_weight},
+                      [&](auto lanes, auto vec) {
+    constexpr int L = decltype(lanes)::value, V = decltype(vec)::value;
+    gate_norm_backward_kernel<T, L, V><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
         units, d.hd, d.nh, p);
   });
   M3_LAUNCH_CHECK();

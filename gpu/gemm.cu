@@ -39,21 +39,38 @@ cublasComputeType_t compute_type() { return CUBLAS_COMPUTE_32F; }
 template <>
 cublasComputeType_t compute_type<float>() { return CUBLAS_COMPUTE_32F_PEDANTIC; }
 
-// Y[r, j] (+)= bias[j]  (Y is [rows, out]): float in place.
-__global__ void __launch_bounds__(kThreads)
-add_bias_rows_kernel(Idx rows, Idx out, const float* bias, float* Y) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < rows * out;
-       i += Idx(gridDim.x) * kThreads)
-    Y[i] = Y[i] + bias[i % out];
-}
-
-// Y[r, j] = from_float<T>(acc[r, j] + bias[j]): the single rounding of a typed biased output.
+// Y[r, j] = from_float<T>(acc[r, j] + bias[j]) (Y, acc [rows, out]): the single rounding of a
+// typed biased output; for float, acc = Y gives Y += bias in place. With vpr = out / V > 0
+// (out % V == 0 and 16-byte aligned pointers) one thread per V = 16 / sizeof(T) values of a row,
+// all loads before the store; else one thread per value.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-bias_round_kernel(Idx rows, Idx out, const float* acc, const float* bias, T* Y) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < rows * out;
-       i += Idx(gridDim.x) * kThreads)
-    Y[i] = from_float<T>(acc[i] + bias[i % out]);
+bias_round_kernel(Idx rows, Idx out, Idx vpr, const float* acc, const float* bias, T* Y) {
+  constexpr int V = 16 / sizeof(T);
+  const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
+  if (vpr > 0) {
+    for (Idx i = first; i < rows * vpr; i += stride) {
+      float a[V], b[V];
+      load_vec(acc + i * V, a);
+      load_vec(bias + (i % vpr) * V, b);
+#pragma unroll
+      for (int e = 0; e < V; ++e) a[e] = a[e] + b[e];
+      store_n<V>(Y + i * V, a);
+    }
+  } else {
+    for (Idx i = first; i < rows * out; i += stride) Y[i] = from_float<T>(acc[i] + bias[i % out]);
+  }
+}
+
+// Launches bias_round_kernel over [rows, out] (n = rows·out > 0 values).
+template <class T>
+void bias_round(cudaStream_t s, Idx rows, Idx out, const float* acc, const float* bias, T* Y) {
+  constexpr int V = 16 / sizeof(T);
+  const bool vec = out % V == 0 && is_aligned(acc, 16) && is_aligned(bias, 16) && is_aligned(Y, 16);
+  const Idx vpr = vec ? out / V : 0;
+  bias_round_kernel<T><<<grid_for(vec ? rows * vpr : rows * out, kThreads), kThreads, 0, s>>>(
+      rows, out, vpr, acc, bias, Y);
+  M3_LAUNCH_CHECK();
 }
 
 template <class T>
@@ -78,11 +95,7 @@ void gemm_forward(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, co
   if constexpr (std::is_same_v<T, float>) {
     gemm<T>(c, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, W, out, X, in, 0.0f, Y, CUDA_R_32F,
             out);
-    if (bias && n > 0) {
-      add_bias_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(c)>>>(rows, out,
-                                                                               bias, Y);
-      M3_LAUNCH_CHECK();
-    }
+    if (bias && n > 0) bias_round<float>(stream_of(c), rows, out, Y, bias, Y);
   } else {
     if (!bias) {
       gemm<T>(c, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, W, out, X, in, 0.0f, Y,
@@ -93,9 +106,7 @@ void gemm_forward(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, co
     if (n == 0) return;
     gemm<T>(c, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, W, out, X, in, 0.0f, scratch.p,
             CUDA_R_32F, out);
-    bias_round_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(c)>>>(
-        rows, out, scratch.p, bias, Y);
-    M3_LAUNCH_CHECK();
+    bias_round<T>(stream_of(c), rows, out, scratch.p, bias, Y);
   }
 }
 

@@ -7,8 +7,13 @@
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (colsum_rows, fixed order)
 // Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim] (y rounded once
-// at its store); w, dw [dim]; rms [rows]. One row per warp segment (reduce.cuh): lanes stride
-// over the row, so any dim works; Σ_i is each lane's ascending sum, then segment_sum.
+// at its store); w, dw [dim]; rms [rows]. One row per warp segment (reduce.cuh) of
+// L = segment_lanes(⌈dim/4⌉) lanes; lane l owns the groups of kV = 4 consecutive elements
+// starting at 4·(l + k·L), k = 0, 1, …, so any dim works. Σ_i is each lane's sum in ascending i,
+// then segment_sum (a fixed order that depends on dim only). With dim % 4 == 0 and aligned
+// pointers a group is one vector access (16 bytes of f32, 4·sizeof(T) of T), otherwise the same
+// groups are read element by element. A lane holds a chunk of kGroups = 8 groups in registers,
+// so a row of up to 32·L elements (dim ≤ 1024) is read from memory once for both passes.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -17,44 +22,124 @@ namespace m3::gpu {
 namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
+constexpr int kV = 4;       // values per lane group (one 16-byte access of an f32 row)
+constexpr int kGroups = 8;  // groups per lane in registers at a time: a chunk of the row
+// Blocks per SM promised to ptxas (a 128-register budget): without it, ptxas squeezes some
+// instantiations into 64 registers with spills.
+constexpr int kMinBlocks = 2;
 
-template <class T, int L>
-__global__ void __launch_bounds__(kThreads)
-rmsnorm_forward_kernel(Idx rows, Idx dim, const float* u, const float* w, T* y, float* rms) {
+// The lane's chunk of a row from element c0: groups c0 + k·L·kV, k < kGroups, all loads issued
+// before any is used; groups past the row are left unset.
+template <int L, bool kVec, class X>
+__device__ __forceinline__ void load_chunk(const X* row, Idx c0, Idx dim,
+                                           float (&v)[kGroups][kV]) {
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k) {
+    const Idx i = c0 + Idx(k) * L * kV;
+    if (i < dim) load_group<kVec>(row + i, dim - i, v[k]);
+  }
+}
+
+// The first pass walks the lane's chunks c0 = i0, i0 + kChunk, …; the second pass walks them
+// backwards: the last one is still in registers, the earlier ones (rows over 32·L elements
+// only) are loaded again. A lane past the row (i0 ≥ dim) finds no group in either pass.
+template <class T, int L, bool kVec>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
+                       const float* __restrict__ w, T* __restrict__ y, float* __restrict__ rms) {
   using S = Seg<L>;
+  constexpr Idx kStep = Idx(L) * kV, kChunk = kGroups * kStep;
+  const Idx i0 = Idx(S::lane()) * kV;
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
     const Idx r = w0 + S::seg();
     const bool on = r < rows;
     const float* ur = u + r * dim;
+    float x[kGroups][kV];  // the lane's current chunk of u
     float ss = 0.0f;
     if (on)
-      for (Idx i = S::lane(); i < dim; i += L) ss += ur[i] * ur[i];
+      for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
+        load_chunk<L, kVec>(ur, c0, dim, x);
+#pragma unroll
+        for (int k = 0; k < kGroups; ++k) {
+          const Idx i = c0 + k * kStep;
+#pragma unroll
+          for (int j = 0; j < kV; ++j)
+            if (i + (kVec ? 0 : j) < dim) ss += x[k][j] * x[k][j];
+        }
+      }
     ss = segment_sum<L>(ss);
     if (!on) continue;
     const float rr = sqrtf(ss / static_cast<float>(dim) + kEpsF);
     if (S::lane() == 0) rms[r] = rr;
-    for (Idx i = S::lane(); i < dim; i += L) y[r * dim + i] = from_float<T>(ur[i] / rr * w[i]);
+    T* yr = y + r * dim;
+    const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x
+    for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
+      if (c0 != last) load_chunk<L, kVec>(ur, c0, dim, x);
+#pragma unroll
+      for (int k = 0; k < kGroups; ++k) {
+        const Idx i = c0 + k * kStep;
+        if (i >= dim) continue;
+        float wv[kV], o[kV];
+        load_group<kVec>(w + i, dim - i, wv);
+#pragma unroll
+        for (int j = 0; j < kV; ++j) o[j] = x[k][j] / rr * wv[j];
+        store_group<kVec>(yr + i, dim - i, o);
+      }
+    }
   }
 }
 
-template <class T, int L>
-__global__ void __launch_bounds__(kThreads)
-rmsnorm_backward_kernel(Idx rows, Idx dim, const float* u, const float* w, const float* rms,
-                        const T* g, float* dx) {
+template <class T, int L, bool kVec>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
+                        const float* __restrict__ w, const float* __restrict__ rms,
+                        const T* __restrict__ g, float* __restrict__ dx) {
   using S = Seg<L>;
+  constexpr Idx kStep = Idx(L) * kV, kChunk = kGroups * kStep;
+  const Idx i0 = Idx(S::lane()) * kV;
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
     const Idx r = w0 + S::seg();
     const bool on = r < rows;
     const float* ur = u + r * dim;
     const T* gr = g + r * dim;
     const float rr = on ? rms[r] : 1.0f;
+    float x[kGroups][kV], gx[kGroups][kV];  // the lane's current chunk of u and of g
     float c = 0.0f;
     if (on)
-      for (Idx i = S::lane(); i < dim; i += L) c += to_float(gr[i]) * w[i] * (ur[i] / rr);
+      for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
+        load_chunk<L, kVec>(ur, c0, dim, x);
+        load_chunk<L, kVec>(gr, c0, dim, gx);
+#pragma unroll
+        for (int k = 0; k < kGroups; ++k) {
+          const Idx i = c0 + k * kStep;
+          if (i >= dim) continue;
+          float wv[kV];
+          load_group<kVec>(w + i, dim - i, wv);
+#pragma unroll
+          for (int j = 0; j < kV; ++j)
+            if (i + (kVec ? 0 : j) < dim) c += gx[k][j] * wv[j] * (x[k][j] / rr);
+        }
+      }
     c = segment_sum<L>(c) / static_cast<float>(dim);
     if (!on) continue;
-    for (Idx i = S::lane(); i < dim; i += L)
-      dx[r * dim + i] = (w[i] * to_float(gr[i]) - (ur[i] / rr) * c) / rr;
+    float* dxr = dx + r * dim;
+    const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x, gx
+    for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
+      if (c0 != last) {
+        load_chunk<L, kVec>(ur, c0, dim, x);
+        load_chunk<L, kVec>(gr, c0, dim, gx);
+      }
+#pragma unroll
+      for (int k = 0; k < kGroups; ++k) {
+        const Idx i = c0 + k * kStep;
+        if (i >= dim) continue;
+        float wv[kV], o[kV];
+        load_group<kVec>(w + i, dim - i, wv);
+#pragma unroll
+        for (int j = 0; j < kV; ++j) o[j] = (wv[j] * gx[k][j] - (x[k][j] / rr) * c) / rr;
+        store_group<kVec>(dxr + i, dim - i, o);
+      }
+    }
   }
 }
 
@@ -81,10 +166,15 @@ void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const fl
                      float* rms) {
   check_dim(rows, dim, "gpu::rmsnorm_forward");
   if (rows == 0) return;
-  with_lanes(segment_lanes(dim), [&](auto lanes) {
+  const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
+                   is_aligned(y, kV * sizeof(T));
+  with_lanes(segment_lanes((dim + kV - 1) / kV), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    rmsnorm_forward_kernel<T, L><<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        rows, dim, u, w, y, rms);
+    const unsigned int grid = grid_for(rows, Seg<L>::kPerBlock);
+    if (vec)
+      rmsnorm_forward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(rows, dim, u, w, y, rms);
+    else
+      rmsnorm_forward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(rows, dim, u, w, y, rms);
   });
   M3_LAUNCH_CHECK();
 }
@@ -96,10 +186,15 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
   check_dim(rows, dim, where);
   require_scratch(scratch, colsum_scratch_floats(rows, dim), where);
   if (rows == 0) return;
-  with_lanes(segment_lanes(dim), [&](auto lanes) {
+  const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
+                   is_aligned(dx, 16) && is_aligned(g, kV * sizeof(T));
+  with_lanes(segment_lanes((dim + kV - 1) / kV), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    rmsnorm_backward_kernel<T, L><<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        rows, dim, u, w, rms, g, dx);
+    const unsigned int grid = grid_for(rows, Seg<L>::kPerBlock);
+    if (vec)
+      rmsnorm_backward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx);
+    else
+      rmsnorm_backward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx);
   });
   M3_LAUNCH_CHECK();
   colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);

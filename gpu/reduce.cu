@@ -8,9 +8,15 @@
 //   convert: out[i] = in[i] converted Tin → Tout     [n]  (to a 16-bit type: nearest even)
 //   round_to: convert<float, T> of a master weight to its typed compute copy
 //
+// add and convert move V = 16 / sizeof(narrowest type) values per thread in 16-byte accesses
+// (f32 in two) when every pointer is 16-byte aligned; the last n mod V values (all n, if not
+// aligned) go one per thread.
+//
 // scratch_floats(d) is the most any launcher needs for dims d (reduction partials, the Θ̄
 // buffer of angle_backward, the f32 product of a typed biased GEMM); the launchers check their
 // share and throw m3::Error if short.
+#include <initializer_list>
+
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -22,24 +28,67 @@ __global__ void __launch_bounds__(kThreads)
 colsum_finish_kernel(Idx chunks, Idx cols, const float* partial, float* out, bool accumulate) {
   for (Idx c = blockIdx.x * Idx(kThreads) + threadIdx.x; c < cols;
        c += Idx(gridDim.x) * kThreads) {
+    // Ascending k, as one serial sum; the loads go out kU at a time (a column is one thread's,
+    // so each load would otherwise wait for the previous one).
+    constexpr int kU = 16;
     float s = partial[c];
-    for (Idx k = 1; k < chunks; ++k) s += partial[k * cols + c];
+    for (Idx k0 = 1; k0 < chunks; k0 += kU) {
+      float v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) v[u] = k0 + u < chunks ? partial[(k0 + u) * cols + c] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (k0 + u < chunks) s += v[u];
+    }
     out[c] = accumulate ? out[c] + s : s;
   }
 }
 
+// Values per vector of an elementwise kernel whose narrowest type is A or B.
+template <class A, class B>
+constexpr int kVec = 16 / static_cast<int>(sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B));
+
+// Vectors of V values an elementwise kernel takes: n / V if every pointer is 16-byte aligned,
+// else 0; and its blocks (one thread per vector and per leftover value).
+template <int V>
+Idx vectors(Idx n, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (!is_aligned(p, 16)) return 0;
+  return n / V;
+}
+template <int V>
+unsigned int elementwise_blocks(Idx n, Idx nv) {
+  return grid_for(std::max(nv, n - nv * V), kThreads);
+}
+
+// Values [0, nv·V) in vectors of V, then [nv·V, n) one per thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-add_kernel(Idx n, const float* a, const T* b, float* out) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads)
-    out[i] = a[i] + to_float(b[i]);
+add_kernel(Idx n, Idx nv, const float* a, const T* b, float* out) {
+  constexpr int V = kVec<float, T>;
+  const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = first * V; i < nv * V; i += stride * V) {
+    float x[V], y[V];
+    load_vec(a + i, x);
+    load_vec(b + i, y);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = x[e] + y[e];
+    store_vec(out + i, x);
+  }
+  for (Idx i = nv * V + first; i < n; i += stride) out[i] = a[i] + to_float(b[i]);
 }
 
 template <class Tin, class Tout>
 __global__ void __launch_bounds__(kThreads)
-convert_kernel(Idx n, const Tin* in, Tout* out) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads)
-    out[i] = from_float<Tout>(to_float(in[i]));
+convert_kernel(Idx n, Idx nv, const Tin* in, Tout* out) {
+  constexpr int V = kVec<Tin, Tout>;
+  const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = first * V; i < nv * V; i += stride * V) {
+    float x[V];
+    load_vec(in + i, x);
+    store_vec(out + i, x);
+  }
+  for (Idx i = nv * V + first; i < n; i += stride) out[i] = from_float<Tout>(to_float(in[i]));
 }
 
 }  // namespace
@@ -73,14 +122,18 @@ void colsum(cudaStream_t s, Idx rows, Idx cols, const float* in, float* out, boo
 template <class T>
 void add(cudaStream_t s, Idx n, const float* a, const T* b, float* out) {
   if (n <= 0) return;
-  add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, a, b, out);
+  constexpr int V = kVec<float, T>;
+  const Idx nv = vectors<V>(n, {a, b, out});
+  add_kernel<T><<<elementwise_blocks<V>(n, nv), kThreads, 0, s>>>(n, nv, a, b, out);
   M3_LAUNCH_CHECK();
 }
 
 template <class Tin, class Tout>
 void convert(cudaStream_t s, Idx n, const Tin* in, Tout* out) {
   if (n <= 0) return;
-  convert_kernel<Tin, Tout><<<grid_for(n, kThreads), kThreads, 0, s>>>(n, in, out);
+  constexpr int V = kVec<Tin, Tout>;
+  const Idx nv = vectors<V>(n, {in, out});
+  convert_kernel<Tin, Tout><<<elementwise_blocks<V>(n, nv), kThreads, 0, s>>>(n, nv, in, out);
   M3_LAUNCH_CHECK();
 }
 

@@ -47,10 +47,16 @@
 // small and come from L1/L2.
 // Typed storage T: b/c_biased, rot and extra_vec are read as f32, k and q rounded once at their
 // store; θ, dv, dpre, dθ and every angle tensor are f32.
+// RoPE threads: with ds % V == 0 and 16-byte aligned [BT, nh, ds] pointers, one thread per V =
+// 16 / sizeof(T) consecutive values of a row (V/2 pairs; one 16-byte access per tensor, two for
+// f32 next to a 16-bit T; θ/dθ of the V/2 pairs in one access when na % (V/2) == 0 and aligned);
+// else one thread per pair slot. Same arithmetic per value either way.
 // Shapes: angles_raw, d_angles_raw [BT, na]; dt, d_dt_angle [BT, nh]; θ, dθ [BT, nh, na];
 // angle_in/out [B, nh, na]; b/c_biased, k, q, dv, rot, dpre, extra_vec [BT, nh, ds];
 // extra_scale [BT, nh]. Nullable: angle_in (zeros), d_angle_out (zeros), d_angle_in (not
 // written).
+#include <initializer_list>
+
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -168,6 +174,55 @@ rope_forward_kernel(Idx units, Idx ds, Idx na, const float* theta, const T* b_bi
   }
 }
 
+// θ of pairs j0 … j0 + P − 1 of row rh (those < na): one access when tvec and all are < na.
+template <int P>
+__device__ __forceinline__ void load_angles(const float* theta, Idx rh, Idx j0, Idx na, bool tvec,
+                                            float (&th)[P]) {
+  const float* t = theta + rh * na + j0;
+  if (tvec && j0 + P <= na) {
+    load_n<P>(t, th);
+  } else {
+#pragma unroll
+    for (int e = 0; e < P; ++e) th[e] = j0 + e < na ? t[e] : 0.0f;
+  }
+}
+
+// One thread per vector i of V values (row rh = i / (ds / V), pairs j0 … j0 + V/2 − 1): the
+// vector path of the header; copied values keep their bits.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+rope_forward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, const float* theta,
+                        const T* b_biased, const T* c_biased, T* k, T* q) {
+  constexpr int V = 16 / sizeof(T), P = V / 2;
+  using W = VecOf<T, V>;
+  const Idx per_row = ds / V;
+  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < units * per_row;
+       i += Idx(gridDim.x) * kThreads) {
+    const Idx rh = i / per_row, j0 = (i % per_row) * P;
+    const W b = reinterpret_cast<const W*>(b_biased)[i];
+    const W c = reinterpret_cast<const W*>(c_biased)[i];
+    W kv = b, qv = c;
+    if (j0 < na) {
+      float th[P];
+      load_angles(theta, rh, j0, na, tvec, th);
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        if (j0 + e >= na) continue;
+        float sn, cs;
+        sincosf(th[e], &sn, &cs);
+        const float b0 = to_float(b.e[2 * e]), b1 = to_float(b.e[2 * e + 1]);
+        const float c0 = to_float(c.e[2 * e]), c1 = to_float(c.e[2 * e + 1]);
+        kv.e[2 * e] = from_float<T>(cs * b0 - sn * b1);
+        kv.e[2 * e + 1] = from_float<T>(sn * b0 + cs * b1);
+        qv.e[2 * e] = from_float<T>(cs * c0 - sn * c1);
+        qv.e[2 * e + 1] = from_float<T>(sn * c0 + cs * c1);
+      }
+    }
+    reinterpret_cast<W*>(k)[i] = kv;
+    reinterpret_cast<W*>(q)[i] = qv;
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 rope_backward_kernel(Idx units, Idx ds, Idx na, RopeBwd<T> p) {
@@ -206,6 +261,74 @@ rope_backward_kernel(Idx units, Idx ds, Idx na, RopeBwd<T> p) {
         }
         p.dpre1[n + o] = v1;
         p.dpre2[n + o] = v2;
+      }
+    }
+  }
+}
+
+// Vector path of rope_backward_kernel: one thread per vector i of V values, as
+// rope_forward_vec_kernel; all loads before the stores.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+rope_backward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, RopeBwd<T> p) {
+  constexpr int V = 16 / sizeof(T), P = V / 2;
+  const Idx per_row = ds / V;
+  const bool extra = p.extra_scale != nullptr;
+  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < units * per_row;
+       i += Idx(gridDim.x) * kThreads) {
+    const Idx rh = i / per_row, j0 = (i % per_row) * P, n = i * V;
+    const bool rot = j0 < na;
+    float g[V], h[V], x1[V], x2[V], r1[V], r2[V], th[P];  // dv1, dv2, extra_vec1/2, rot1/2, θ
+    load_vec(p.dv1 + n, g);
+    load_vec(p.dv2 + n, h);
+    const float e = extra ? p.extra_scale[rh] : 0.0f;
+    if (extra) {
+      load_vec(p.extra_vec1 + n, x1);
+      load_vec(p.extra_vec2 + n, x2);
+    }
+    if (rot) {
+      load_vec(p.rot1 + n, r1);
+      load_vec(p.rot2 + n, r2);
+      load_angles(p.theta, rh, j0, na, tvec, th);
+    }
+    float o[V], u[V], dth[P];  // dpre1, dpre2, dθ
+#pragma unroll
+    for (int a = 0; a < P; ++a) {
+      const int m = 2 * a;
+      if (j0 + a < na) {
+        float sn, cs;
+        sincosf(th[a], &sn, &cs);
+        o[m] = cs * g[m] + sn * g[m + 1];
+        o[m + 1] = -sn * g[m] + cs * g[m + 1];
+        u[m] = cs * h[m] + sn * h[m + 1];
+        u[m + 1] = -sn * h[m] + cs * h[m + 1];
+        const float d1 = -g[m] * r1[m + 1] + g[m + 1] * r1[m];
+        const float d2 = -h[m] * r2[m + 1] + h[m + 1] * r2[m];
+        dth[a] = d1 + d2;
+      } else {
+        o[m] = g[m];
+        o[m + 1] = g[m + 1];
+        u[m] = h[m];
+        u[m + 1] = h[m + 1];
+      }
+    }
+    if (extra) {
+#pragma unroll
+      for (int m = 0; m < V; ++m) {
+        o[m] += e * x1[m];
+        u[m] += e * x2[m];
+      }
+    }
+    store_vec(p.dpre1 + n, o);
+    store_vec(p.dpre2 + n, u);
+    if (rot) {
+      float* dtheta = p.dtheta + rh * na + j0;
+      if (tvec && j0 + P <= na) {
+        store_n<P>(dtheta, dth);
+      } else {
+#pragma unroll
+        for (int a = 0; a < P; ++a)
+          if (j0 + a < na) dtheta[a] = dth[a];
       }
     }
   }
@@ -290,6 +413,26 @@ void check_rope_dims(const Dims& d, const char* where) {
              " na=", d.na, " (needs 2·na ≤ ds)");
 }
 
+// Values per thread of the RoPE vector path.
+template <class T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+// Whether the RoPE vector path applies: ds % V == 0 and the [BT, nh, ds] pointers (null ones
+// aside) 16-byte aligned.
+template <class T>
+bool vector_rows(Idx ds, std::initializer_list<const void*> ptrs) {
+  bool ok = ds % kVec<T> == 0;
+  for (const void* q : ptrs) ok = ok && is_aligned(q, 16);
+  return ok;
+}
+// Whether θ / dθ ([BT·nh, na]) go V/2 at a time: na % (V/2) == 0 and the pointers aligned to it.
+template <class T>
+bool angles_vec(Idx na, std::initializer_list<const float*> ptrs) {
+  constexpr int P = kVec<T> / 2;
+  bool ok = na % P == 0;
+  for (const float* q : ptrs) ok = ok && is_aligned(q, P * sizeof(float));
+  return ok;
+}
+
 // Blocks of angle_forward_kernel / angle_reverse_cumsum_kernel: one per (b, group of kAngleJ j).
 unsigned int angle_blocks(const Dims& d) {
   return grid_for(d.B * ((d.nh * d.na + kAngleJ - 1) / kAngleJ), 1);
@@ -311,8 +454,14 @@ void rope_forward(cudaStream_t s, const Dims& d, const float* theta, const T* b_
                   const T* c_biased, T* k, T* q) {
   check_rope_dims(d, "gpu::rope_forward");
   const Idx units = d.BT * d.nh;
-  rope_forward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
-      units, d.ds, d.na, theta, b_biased, c_biased, k, q);
+  if (vector_rows<T>(d.ds, {b_biased, c_biased, k, q})) {
+    const bool tvec = angles_vec<T>(d.na, {theta});
+    rope_forward_vec_kernel<T><<<grid_for(units * (d.ds / kVec<T>), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, tvec, theta, b_biased, c_biased, k, q);
+  } else {
+    rope_forward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, theta, b_biased, c_biased, k, q);
+  }
   M3_LAUNCH_CHECK();
 }
 
@@ -326,8 +475,15 @@ void rope_backward(cudaStream_t s, const Dims& d, const RopeBwd<T>& p) {
              "or all null", "extra_scale ", e1 ? "set" : "null", ", extra_vec1 ",
              e2 ? "set" : "null", ", extra_vec2 ", e3 ? "set" : "null");
   const Idx units = d.BT * d.nh;
-  rope_backward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
-      units, d.ds, d.na, p);
+  if (vector_rows<T>(d.ds, {p.dv1, p.dv2, p.rot1, p.rot2, p.dpre1, p.dpre2, p.extra_vec1,
+                            p.extra_vec2})) {
+    const bool tvec = angles_vec<T>(d.na, {p.theta, p.dtheta});
+    rope_backward_vec_kernel<T><<<grid_for(units * (d.ds / kVec<T>), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, tvec, p);
+  } else {
+    rope_backward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, p);
+  }
   M3_LAUNCH_CHECK();
 }
 

@@ -22,6 +22,9 @@
 // B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
 //     d_angles_raw] in the column order above (f32 parts stored as T).
 // Per-head tensors are [BT, nh]. Nothing is saved beyond the outputs listed.
+// Memory access: F3/B3 copy the typed parts (as bits) in 16-byte vectors and the f32 parts one
+// value at a time; F5b, abg glue and B5b use float4. Each falls back to one value per access
+// where the widths or the pointers do not allow vectors.
 #include "activations.cuh"
 #include "convert.cuh"
 #include "reduce.cuh"
@@ -62,99 +65,207 @@ void check_split_dims(const Dims& d, const char* where) {
              "ip=", d.ip, ", expected 2·di + 2·ng·ds + 3·nh + na = ", c.ang + c.na);
 }
 
-// One row of proj per block iteration; threads stride over its ip columns.
+// Row work of F3 / B3, in items: the typed parts z | x | b_raw | c_raw (columns [0, ddt)) as
+// vectors of V columns, then one item per f32 column (dd_dt … angles, columns [ddt, ip)).
+// V = kVec<T> (16 bytes of T) when the typed widths, the row length and the typed pointers
+// allow, else 1. A block takes one row per iteration; each thread loads its kUnroll items
+// (kThreads apart) before it stores any. Typed parts are bit copies.
 template <class T>
+constexpr int kVec = 16 / sizeof(T);
+constexpr int kUnroll = 4;
+
+// Whether V-column vectors stay inside one typed part and every row starts V-aligned.
+bool split_vectorizable(const SplitCols& c, Idx v) {
+  return c.di % v == 0 && c.bc % v == 0 && c.ip % v == 0;
+}
+
+// Whether every pointer is 16-byte aligned (a null pointer, an empty part, counts as aligned).
+template <class... P>
+bool aligned16(const P*... p) {
+  return (is_aligned(p, 16) && ...);
+}
+
+// F3 outputs of the f32 column j ∈ [ddt, ip) of row r, whose proj value is raw.
+template <class T>
+__device__ __forceinline__ void split_store_f32(Idx r, Idx j, const SplitCols& c, float a_floor,
+                                                const SplitFwd<T>& p, float raw) {
+  if (j < c.dda) {
+    const Idx h = j - c.ddt, i = r * c.nh + h;
+    p.dd_dt_raw[i] = raw;
+    p.dt[i] = softplus(raw + p.dt_bias[h]);
+  } else if (j < c.trap) {
+    const Idx i = r * c.nh + (j - c.dda);
+    p.dd_a_raw[i] = raw;
+    const float a = -heavy_tail(raw), f = -a_floor;
+    p.a_val[i] = f < a ? f : a;  // std::min(a, f)
+  } else if (j < c.ang) {
+    const Idx i = r * c.nh + (j - c.trap);
+    p.trap_raw[i] = raw;
+    p.trap[i] = sigmoid(raw);
+  } else {
+    p.angles_raw[r * c.na + (j - c.ang)] = raw;
+  }
+}
+
+template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
 split_forward_kernel(Idx rows, SplitCols c, float a_floor, SplitFwd<T> p) {
+  using Vec = VecOf<T, V>;
+  const Idx nv = c.ddt / V, items = nv + (c.ip - c.ddt);
   for (Idx r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* pr = p.proj + r * c.ip;
-    for (Idx j = threadIdx.x; j < c.ip; j += kThreads) {
-      const T v = pr[j];
-      if (j < c.x) {
-        p.z[r * c.di + j] = v;
-      } else if (j < c.b) {
-        p.x[r * c.di + (j - c.x)] = v;
-      } else if (j < c.c) {
-        p.b_raw[r * c.bc + (j - c.b)] = v;
-      } else if (j < c.ddt) {
-        p.c_raw[r * c.bc + (j - c.c)] = v;
-      } else if (j < c.dda) {
-        const Idx h = j - c.ddt, i = r * c.nh + h;
-        const float raw = to_float(v);
-        p.dd_dt_raw[i] = raw;
-        p.dt[i] = softplus(raw + p.dt_bias[h]);
-      } else if (j < c.trap) {
-        const Idx i = r * c.nh + (j - c.dda);
-        const float raw = to_float(v);
-        p.dd_a_raw[i] = raw;
-        const float a = -heavy_tail(raw), f = -a_floor;
-        p.a_val[i] = f < a ? f : a;  // std::min(a, f)
-      } else if (j < c.ang) {
-        const Idx i = r * c.nh + (j - c.trap);
-        const float raw = to_float(v);
-        p.trap_raw[i] = raw;
-        p.trap[i] = sigmoid(raw);
-      } else {
-        p.angles_raw[r * c.na + (j - c.ang)] = to_float(v);
+    for (Idx j0 = threadIdx.x; j0 < items; j0 += kUnroll * kThreads) {
+      Vec v[kUnroll];  // a typed vector, or in e[0] the value of an f32 column
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const Idx j = j0 + u * kThreads;
+        if (j < nv) v[u] = reinterpret_cast<const Vec*>(pr)[j];
+        else if (j < items) v[u].e[0] = pr[c.ddt + (j - nv)];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const Idx j = j0 + u * kThreads, k = j * V;
+        if (j < nv) {
+          T* dst = k < c.x   ? p.z + r * c.di + k
+                   : k < c.b ? p.x + r * c.di + (k - c.x)
+                   : k < c.c ? p.b_raw + r * c.bc + (k - c.b)
+                             : p.c_raw + r * c.bc + (k - c.c);
+          *reinterpret_cast<Vec*>(dst) = v[u];
+        } else if (j < items) {
+          split_store_f32(r, c.ddt + (j - nv), c, a_floor, p, to_float(v[u].e[0]));
+        }
       }
     }
   }
 }
 
+// F5b, abg glue and B5b: V consecutive elements per thread (V = 4 when the sizes and the
+// pointers allow, else 1), every input loaded before any store.
+template <int V>
 __global__ void __launch_bounds__(kThreads)
 abg_forward_kernel(Idx n, const float* a_val, const float* dt, const float* trap, float* alpha,
                    float* beta, float* gamma) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads) {
-    const float dti = dt[i], tr = trap[i];
-    const float al = expf(a_val[i] * dti);
-    alpha[i] = al;
-    beta[i] = al * dti * (1.0f - tr);
-    gamma[i] = tr * dti;
+  for (Idx i = (blockIdx.x * Idx(kThreads) + threadIdx.x) * V; i < n;
+       i += Idx(gridDim.x) * kThreads * V) {
+    float av[V], dti[V], tr[V], al[V], be[V], ga[V];
+    load_n<V>(a_val + i, av);
+    load_n<V>(dt + i, dti);
+    load_n<V>(trap + i, tr);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      al[k] = expf(av[k] * dti[k]);
+      be[k] = al[k] * dti[k] * (1.0f - tr[k]);
+      ga[k] = tr[k] * dti[k];
+    }
+    store_n<V>(alpha + i, al);
+    store_n<V>(beta + i, be);
+    store_n<V>(gamma + i, ga);
   }
 }
 
+template <int V>
 __global__ void __launch_bounds__(kThreads) abg_backward_kernel(Idx n, AbgBwd p) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads) {
-    const float al = p.alpha[i], dt = p.dt[i], tr = p.trap[i];
-    const float da = p.d_alpha[i], db = p.d_beta[i], dg = p.d_gamma[i];
-    p.d_adt_total[i] = da * al + db * p.beta[i];
-    p.d_dt_direct[i] = db * al * (1.0f - tr) + dg * tr;
-    p.d_trap_sig[i] = -db * al * dt + dg * dt;
+  for (Idx i = (blockIdx.x * Idx(kThreads) + threadIdx.x) * V; i < n;
+       i += Idx(gridDim.x) * kThreads * V) {
+    float al[V], be[V], dt[V], tr[V], da[V], db[V], dg[V], o_adt[V], o_dt[V], o_trap[V];
+    load_n<V>(p.alpha + i, al);
+    load_n<V>(p.beta + i, be);
+    load_n<V>(p.dt + i, dt);
+    load_n<V>(p.trap + i, tr);
+    load_n<V>(p.d_alpha + i, da);
+    load_n<V>(p.d_beta + i, db);
+    load_n<V>(p.d_gamma + i, dg);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      o_adt[k] = da[k] * al[k] + db[k] * be[k];
+      o_dt[k] = db[k] * al[k] * (1.0f - tr[k]) + dg[k] * tr[k];
+      o_trap[k] = -db[k] * al[k] * dt[k] + dg[k] * dt[k];
+    }
+    store_n<V>(p.d_adt_total + i, o_adt);
+    store_n<V>(p.d_dt_direct + i, o_dt);
+    store_n<V>(p.d_trap_sig + i, o_trap);
   }
 }
 
+// nh % V == 0, so the V elements of a vector are heads h .. h + V − 1 of one row.
+template <int V>
 __global__ void __launch_bounds__(kThreads)
 activations_backward_kernel(Idx n, Idx nh, float a_floor, ActBwd p) {
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads) {
+  for (Idx i = (blockIdx.x * Idx(kThreads) + threadIdx.x) * V; i < n;
+       i += Idx(gridDim.x) * kThreads * V) {
     const Idx h = i % nh;
-    const float d_adt = p.d_adt_total[i];
-    const float d_angle = p.d_dt_angle ? p.d_dt_angle[i] : 0.0f;
-    const float d_dt_tot = d_adt * p.a_val[i] + p.d_dt_direct[i] + d_angle;
-    p.d_dd_dt[i] = d_dt_tot * softplus_grad(p.dd_dt_raw[i] + p.dt_bias[h]);
-    const float tr = p.trap[i];
-    p.d_trap_raw[i] = p.d_trap_sig[i] * tr * (1.0f - tr);
-    const float v = p.dd_a_raw[i];
-    const bool clamped = -heavy_tail(v) > -a_floor;
-    p.d_dd_a[i] = clamped ? 0.0f : d_adt * p.dt[i] * (-heavy_tail_grad(v));
+    float d_adt[V], d_angle[V], a_val[V], d_direct[V], dd_dt[V], bias[V], tr[V], d_sig[V],
+        dd_a[V], dt[V];
+    load_n<V>(p.d_adt_total + i, d_adt);
+    if (p.d_dt_angle) {
+      load_n<V>(p.d_dt_angle + i, d_angle);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) d_angle[k] = 0.0f;
+    }
+    load_n<V>(p.a_val + i, a_val);
+    load_n<V>(p.d_dt_direct + i, d_direct);
+    load_n<V>(p.dd_dt_raw + i, dd_dt);
+#pragma unroll
+    for (int k = 0; k < V; ++k) bias[k] = p.dt_bias[h + k];
+    load_n<V>(p.trap + i, tr);
+    load_n<V>(p.d_trap_sig + i, d_sig);
+    load_n<V>(p.dd_a_raw + i, dd_a);
+    load_n<V>(p.dt + i, dt);
+    float o_dt[V], o_trap[V], o_a[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d_dt_tot = d_adt[k] * a_val[k] + d_direct[k] + d_angle[k];
+      o_dt[k] = d_dt_tot * softplus_grad(dd_dt[k] + bias[k]);
+      o_trap[k] = d_sig[k] * tr[k] * (1.0f - tr[k]);
+      const bool clamped = -heavy_tail(dd_a[k]) > -a_floor;
+      o_a[k] = clamped ? 0.0f : d_adt[k] * dt[k] * (-heavy_tail_grad(dd_a[k]));
+    }
+    store_n<V>(p.d_dd_dt + i, o_dt);
+    store_n<V>(p.d_trap_raw + i, o_trap);
+    store_n<V>(p.d_dd_a + i, o_a);
   }
 }
 
+// B3 value of the f32 column j ∈ [ddt, ip) of row r.
 template <class T>
+__device__ __forceinline__ float split_load_f32(Idx r, Idx j, const SplitCols& c,
+                                                const SplitBwd<T>& p) {
+  if (j < c.dda) return p.d_dd_dt[r * c.nh + (j - c.ddt)];
+  if (j < c.trap) return p.d_dd_a[r * c.nh + (j - c.dda)];
+  if (j < c.ang) return p.d_trap_raw[r * c.nh + (j - c.trap)];
+  return p.d_angles_raw[r * c.na + (j - c.ang)];
+}
+
+// Items of a d_proj row as in the forward.
+template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
 split_backward_kernel(Idx rows, SplitCols c, SplitBwd<T> p) {
+  using Vec = VecOf<T, V>;
+  const Idx nv = c.ddt / V, items = nv + (c.ip - c.ddt);
   for (Idx r = blockIdx.x; r < rows; r += gridDim.x) {
     T* out = p.d_proj + r * c.ip;
-    for (Idx j = threadIdx.x; j < c.ip; j += kThreads) {
-      T v;
-      if (j < c.x) v = p.d_z[r * c.di + j];
-      else if (j < c.b) v = p.d_x[r * c.di + (j - c.x)];
-      else if (j < c.c) v = p.d_b_raw[r * c.bc + (j - c.b)];
-      else if (j < c.ddt) v = p.d_c_raw[r * c.bc + (j - c.c)];
-      else if (j < c.dda) v = from_float<T>(p.d_dd_dt[r * c.nh + (j - c.ddt)]);
-      else if (j < c.trap) v = from_float<T>(p.d_dd_a[r * c.nh + (j - c.dda)]);
-      else if (j < c.ang) v = from_float<T>(p.d_trap_raw[r * c.nh + (j - c.trap)]);
-      else v = from_float<T>(p.d_angles_raw[r * c.na + (j - c.ang)]);
-      out[j] = v;
+    for (Idx j0 = threadIdx.x; j0 < items; j0 += kUnroll * kThreads) {
+      Vec v[kUnroll];  // a typed vector, or in e[0] the rounded value of an f32 column
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const Idx j = j0 + u * kThreads, k = j * V;
+        if (j < nv) {
+          const T* src = k < c.x   ? p.d_z + r * c.di + k
+                         : k < c.b ? p.d_x + r * c.di + (k - c.x)
+                         : k < c.c ? p.d_b_raw + r * c.bc + (k - c.b)
+                                   : p.d_c_raw + r * c.bc + (k - c.c);
+          v[u] = *reinterpret_cast<const Vec*>(src);
+        } else if (j < items) {
+          v[u].e[0] = from_float<T>(split_load_f32(r, c.ddt + (j - nv), c, p));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const Idx j = j0 + u * kThreads;
+        if (j < nv) reinterpret_cast<Vec*>(out)[j] = v[u];
+        else if (j < items) out[c.ddt + (j - nv)] = v[u].e[0];
+      }
     }
   }
 }
@@ -165,8 +276,11 @@ template <class T>
 void split_forward(cudaStream_t s, const Dims& d, const SplitFwd<T>& p) {
   check_split_dims(d, "gpu::split_forward");
   if (d.BT == 0) return;
-  split_forward_kernel<T><<<grid_for(d.BT, 1), kThreads, 0, s>>>(
-      d.BT, split_cols(d), static_cast<float>(d.a_floor), p);
+  const SplitCols c = split_cols(d);
+  const bool vec =
+      split_vectorizable(c, kVec<T>) && aligned16(p.proj, p.z, p.x, p.b_raw, p.c_raw);
+  const auto kernel = vec ? split_forward_kernel<kVec<T>, T> : split_forward_kernel<1, T>;
+  kernel<<<grid_for(d.BT, 1), kThreads, 0, s>>>(d.BT, c, static_cast<float>(d.a_floor), p);
   M3_LAUNCH_CHECK();
 }
 
@@ -174,15 +288,20 @@ void abg_forward(cudaStream_t s, const Dims& d, const float* a_val, const float*
                  const float* trap, float* alpha, float* beta, float* gamma) {
   const Idx n = d.BT * d.nh;
   if (n <= 0) return;
-  abg_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(n, a_val, dt, trap, alpha, beta,
-                                                                gamma);
+  const bool vec = n % 4 == 0 && aligned16(a_val, dt, trap, alpha, beta, gamma);
+  const auto kernel = vec ? abg_forward_kernel<4> : abg_forward_kernel<1>;
+  kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(n, a_val, dt, trap, alpha,
+                                                                   beta, gamma);
   M3_LAUNCH_CHECK();
 }
 
 void abg_backward(cudaStream_t s, const Dims& d, const AbgBwd& p) {
   const Idx n = d.BT * d.nh;
   if (n <= 0) return;
-  abg_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(n, p);
+  const bool vec = n % 4 == 0 && aligned16(p.alpha, p.beta, p.dt, p.trap, p.d_alpha, p.d_beta,
+                                           p.d_gamma, p.d_adt_total, p.d_dt_direct, p.d_trap_sig);
+  const auto kernel = vec ? abg_backward_kernel<4> : abg_backward_kernel<1>;
+  kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(n, p);
   M3_LAUNCH_CHECK();
 }
 
@@ -194,7 +313,11 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
   require_scratch(scratch, colsum_scratch_floats(d.BT, d.nh), where);
   const Idx n = d.BT * d.nh;
   if (n == 0) return;
-  activations_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+  const bool vec = d.nh % 4 == 0 && aligned16(p.dd_dt_raw, p.dd_a_raw, p.dt, p.a_val, p.trap,
+                                              p.d_adt_total, p.d_dt_direct, p.d_dt_angle,
+                                              p.d_trap_sig, p.d_dd_dt, p.d_dd_a, p.d_trap_raw);
+  const auto kernel = vec ? activations_backward_kernel<4> : activations_backward_kernel<1>;
+  kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(
       n, d.nh, static_cast<float>(p.a_floor), p);
   M3_LAUNCH_CHECK();
   colsum_rows(s, d.BT, d.nh, LoadMatrix{p.d_dd_dt, d.nh}, p.d_dt_bias, true, scratch, where);
@@ -204,7 +327,11 @@ template <class T>
 void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p) {
   check_split_dims(d, "gpu::split_backward");
   if (d.BT == 0) return;
-  split_backward_kernel<T><<<grid_for(d.BT, 1), kThreads, 0, s>>>(d.BT, split_cols(d), p);
+  const SplitCols c = split_cols(d);
+  const bool vec =
+      split_vectorizable(c, kVec<T>) && aligned16(p.d_z, p.d_x, p.d_b_raw, p.d_c_raw, p.d_proj);
+  const auto kernel = vec ? split_backward_kernel<kVec<T>, T> : split_backward_kernel<1, T>;
+  kernel<<<grid_for(d.BT, 1), kThreads, 0, s>>>(d.BT, c, p);
   M3_LAUNCH_CHECK();
 }
 

@@ -262,6 +262,9 @@ __global__ void __launch_bounds__(kThreads)
 prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const int lane = threadIdx.x & 31;
   const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
+  constexpr unsigned kVec = 4 * sizeof(T);
+  const bool vec = g.ds % 4 == 0 && is_aligned(p.k, kVec) && is_aligned(p.q, kVec) &&
+                   is_aligned(p.k_scaled_saved, kVec);
   for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
     const Idx t = (i / g.nh) % g.T;
     const float dt = p.dt[i], gam = dt * p.trap[i];
@@ -269,15 +272,31 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     // Not contracted into an fma: the reference rounds γ and sg, then adds, and Ks is stored
     // typed from K·scale, so the same scale gives the same rounded Ks.
     const float scale = __fadd_rn(gam, sg);
-    // Q·K first, with no store in the loop (the loads may all be in flight at once), then Ks
-    // (the second read of k hits L1).
+    // Q·K and Ks, four values per lane in one 8-byte (16 for f32) access when the rows allow
+    // (ds % 4 == 0, aligned pointers), else one value per lane.
     const T* k = p.k + i * g.ds;
     const T* q = p.q + i * g.ds;
+    T* ks = p.k_scaled_saved + i * g.ds;
     float qk = 0.0f;
-#pragma unroll 4
-    for (Idx n = lane; n < g.ds; n += 32) qk += to_float(q[n]) * to_float(k[n]);
-    for (Idx n = lane; n < g.ds; n += 32)
-      p.k_scaled_saved[i * g.ds + n] = from_float<T>(to_float(k[n]) * scale);
+    if (vec) {
+      for (Idx n = 4 * lane; n < g.ds; n += 128) {
+        float kv[4], qv[4];
+        load_n<4>(k + n, kv);
+        load_n<4>(q + n, qv);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          qk += qv[e] * kv[e];
+          kv[e] *= scale;
+        }
+        store_n<4>(ks + n, kv);
+      }
+    } else {
+      for (Idx n = lane; n < g.ds; n += 32) {
+        const float kv = to_float(k[n]);
+        qk += to_float(q[n]) * kv;
+        ks[n] = from_float<T>(kv * scale);
+      }
+    }
     qk = warp_sum(qk);
     if (lane == 0) {
       p.adt[i] = p.a_val[i] * dt;
@@ -900,6 +919,9 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 qk_rope_bwd_kernel(ChunkGeom g, Idx na, SsmChunkBwd<T> p) {
+  // ds ≤ 128 (chunk_geom): a lane holds at most kSlots pairs; all of its loads are issued
+  // before any store.
+  constexpr int kSlots = 2;
   const int lane = threadIdx.x & 31;
   const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
   const Idx ds = g.ds, slots = (ds + 1) / 2;
@@ -907,40 +929,50 @@ qk_rope_bwd_kernel(ChunkGeom g, Idx na, SsmChunkBwd<T> p) {
     const Idx r = i / g.nh, h = i % g.nh, base = i * ds;
     const float* dkout = r % g.T == g.T - 1 ? p.d_k_out + ((r / g.T) * g.nh + h) * ds : nullptr;
     const float sc = p.scale_saved[i], dqk = p.dQK_dot[i], e = dqk * p.gamma_saved[i];
-    const float* dK = p.dK_mid + base;
-    const float* dQ = p.dQ_mid + base;
-    const T *k = p.k + base, *q = p.q + base, *cb = p.c_biased + base, *bb = p.b_biased + base;
-    float dsc = 0.0f, qk = 0.0f;
-    for (Idx j = lane; j < slots; j += 32) {
-      const Idx n = 2 * j;
-      const int m = n + 1 < ds ? 2 : 1;
-      float g1[2] = {0.0f, 0.0f}, g2[2] = {0.0f, 0.0f}, kv[2] = {0.0f, 0.0f},
-            qv[2] = {0.0f, 0.0f}, cv[2] = {0.0f, 0.0f}, bv[2] = {0.0f, 0.0f};
-      for (int o = 0; o < m; ++o) {
-        const float dk = dK[n + o];
-        g1[o] = dkout ? sc * dk + dkout[n + o] : sc * dk;
-        g2[o] = dQ[n + o];
-        kv[o] = to_float(k[n + o]);
-        qv[o] = to_float(q[n + o]);
-        cv[o] = to_float(cb[n + o]);
-        bv[o] = to_float(bb[n + o]);
-        dsc += dk * kv[o];
-        qk += cv[o] * bv[o];
+    float dk[kSlots][2], g2[kSlots][2], kv[kSlots][2], qv[kSlots][2], cv[kSlots][2],
+        bv[kSlots][2], th[kSlots];
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const Idx j = lane + 32 * u, n = 2 * j;
+      th[u] = j < na ? p.theta[i * na + j] : 0.0f;
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        const bool in = j < slots && n + o < ds;
+        dk[u][o] = in ? p.dK_mid[base + n + o] : 0.0f;
+        g2[u][o] = in ? p.dQ_mid[base + n + o] : 0.0f;
+        kv[u][o] = in ? to_float(p.k[base + n + o]) : 0.0f;
+        qv[u][o] = in ? to_float(p.q[base + n + o]) : 0.0f;
+        cv[u][o] = in ? to_float(p.c_biased[base + n + o]) : 0.0f;
+        bv[u][o] = in ? to_float(p.b_biased[base + n + o]) : 0.0f;
       }
-      float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[0], g2[1]};
+    }
+    float dsc = 0.0f, qk = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kSlots; ++u) {
+      const Idx j = lane + 32 * u, n = 2 * j;
+      if (j >= slots) break;
+      const int m = n + 1 < ds ? 2 : 1;
+      float g1[2];
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        g1[o] = dkout && o < m ? sc * dk[u][o] + dkout[n + o] : sc * dk[u][o];
+        dsc += dk[u][o] * kv[u][o];
+        qk += cv[u][o] * bv[u][o];
+      }
+      float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[u][0], g2[u][1]};
       if (j < na) {
         float sn, cs;
-        sincosf(p.theta[i * na + j], &sn, &cs);
+        sincosf(th[u], &sn, &cs);
         o1[0] = cs * g1[0] + sn * g1[1];
         o1[1] = -sn * g1[0] + cs * g1[1];
-        o2[0] = cs * g2[0] + sn * g2[1];
-        o2[1] = -sn * g2[0] + cs * g2[1];
-        p.d_angle_cumsum[i * na + j] =
-            (-g1[0] * kv[1] + g1[1] * kv[0]) + (-g2[0] * qv[1] + g2[1] * qv[0]);
+        o2[0] = cs * g2[u][0] + sn * g2[u][1];
+        o2[1] = -sn * g2[u][0] + cs * g2[u][1];
+        p.d_angle_cumsum[i * na + j] = (-g1[0] * kv[u][1] + g1[1] * kv[u][0]) +
+                                       (-g2[u][0] * qv[u][1] + g2[u][1] * qv[u][0]);
       }
       for (int o = 0; o < m; ++o) {
-        p.d_b_pre_rope[base + n + o] = o1[o] + e * cv[o];
-        p.d_c_pre_rope[base + n + o] = o2[o] + e * bv[o];
+        p.d_b_pre_rope[base + n + o] = o1[o] + e * cv[u][o];
+        p.d_c_pre_rope[base + n + o] = o2[o] + e * bv[u][o];
       }
     }
     dsc = warp_sum(dsc);

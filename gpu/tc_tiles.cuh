@@ -20,10 +20,6 @@ namespace m3::gpu::tcf {
 constexpr int kTileThreads = 256;
 constexpr int kBatch = 8;  // loads in flight per thread before their stores
 
-__device__ __forceinline__ bool aligned(const void* p, int bytes) {
-  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                "l"(__cvta_generic_to_global(src)), "r"(bytes)
