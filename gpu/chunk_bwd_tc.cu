@@ -190,10 +190,12 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       }
   }
   __syncthreads();
-  if (tid < kTR)
-    loc[tid] = tid < L ? (rrow[tid] + rrow[kTR + tid]) + (wrow[tid] + wrow[kTR + tid]) -
-                             ((wcol[tid] + wcol[kTR + tid]) + (wcol[2 * kTR + tid] + wcol[3 * kTR + tid]))
-                       : 0.0f;
+  if (tid < kTR) {
+    const float rowsums = (rrow[tid] + rrow[kTR + tid]) + (wrow[tid] + wrow[kTR + tid]);
+    const float colsum =
+        (wcol[tid] + wcol[kTR + tid]) + (wcol[2 * kTR + tid] + wcol[3 * kTR + tid]);
+    loc[tid] = tid < L ? rowsums - colsum : 0.0f;
+  }
   dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Kp, kQo});
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
     if (t >= L) return;

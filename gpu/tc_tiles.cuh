@@ -1,8 +1,8 @@
 // Internal to gpu/ (.cu files only): global → shared loads of the operand planes of
-// tc_frag.cuh for the per-chunk plane kernels (chunk_fwd_tc.cu, chunk_bwd_tc.cu), by a block of
-// kTileThreads threads. These kernels are latency-bound: every loader issues a batch of loads
-// per thread before any of the batch's shared stores, and bf16 rows go by cp.async (the caller
-// waits with cp_async_wait() and a barrier).
+// tc_frag.cuh for the per-chunk plane kernels (chunk_state_tc.cu, chunk_fwd_tc.cu,
+// chunk_bwd_tc.cu), by a block of kTileThreads threads. These kernels are latency-bound: every
+// loader issues a batch of loads per thread before any of the batch's shared stores, and bf16
+// rows go by cp.async (the caller waits with cp_async_wait() and a barrier).
 //   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
 //     elsewhere) → their planes (bf16: the exact hi plane; f16: hi/lo, exact);
 //   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] (zeros beyond hd, ds), optionally
@@ -168,6 +168,8 @@ __device__ __forceinline__ float load_state(bf16* dst, const float* S, int hd, i
   return dot;
 }
 
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 
 }  // namespace m3::gpu::tcf

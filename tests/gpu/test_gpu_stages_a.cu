@@ -70,6 +70,8 @@ const Case kCases[] = {
     {"na0_hd16_ds3_ng2_B3_T100", 32, 16, 3, 2, 0.5, 3, 100},
     {"hd128_ds64_rf1_B1_T300", 128, 128, 64, 1, 1.0, 1, 300},
     {"hd32_ds16_ng4_rf1_B4_T65", 64, 32, 16, 4, 1.0, 4, 65},
+    // RMSNorm rows of 1088 > 1024 values (the kernels' chunked second pass)
+    {"long_dm1088_hd64_ds24_ng2_B1_T9", 1088, 64, 24, 2, 0.5, 1, 9},
 };
 
 Config make_config(const Case& c, bool outproj_norm) {

@@ -448,6 +448,10 @@ const Case kCases[] = {
     {"hd64_ds128_ng2_B2_T160", 256, 64, 128, 2, 0.5, 2, 160},
     {"na0_hd16_ds3_ng2_B3_T100", 32, 16, 3, 2, 0.5, 3, 100},
     {"hd32_ds16_ng4_rf1_B4_T65", 64, 32, 16, 4, 1.0, 4, 65},
+    // rows longer than the RMSNorm kernels keep in registers (1088 > 1024: the chunked second
+    // pass), and d_state 24 with 6 rotated pairs: an 8-value RoPE vector holding rotated and
+    // copied pairs
+    {"long_dm1088_hd64_ds24_ng2_B1_T9", 1088, 64, 24, 2, 0.5, 1, 9},
 };
 
 Config make_config(const Case& c, bool outproj_norm) {
