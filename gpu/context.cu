@@ -1,7 +1,11 @@
 // GpuContext (see context.hpp): device, stream, cuBLAS handle with a fixed 32 MiB workspace —
-// MODEL.md §12.9. The handle keeps the default math mode: f32 GEMMs ask for
-// CUBLAS_COMPUTE_32F_PEDANTIC themselves (no TF32), and bf16/f16 GEMMs may use tensor cores
-// with f32 accumulation (gemm.cu); both are deterministic for this fixed configuration.
+// MODEL.md §12.9. Math mode: the default, plus CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION —
+// without it cuBLAS may pick a split-K algorithm for a typed-output GEMM whose partial sums are
+// reduced in the output type (bf16/f16), rounding every output several times instead of once
+// (MODEL.md §8: typed inputs, f32 accumulation, one rounding; found by a bf16 GEMM test at
+// K = 1088 with few rows: 40 % of outputs off, by up to 3753 ulp). f32 GEMMs ask for
+// CUBLAS_COMPUTE_32F_PEDANTIC themselves (no TF32), bf16/f16 GEMMs may use tensor cores with f32
+// accumulation (gemm.cu); both are deterministic for this fixed configuration.
 #include "common.cuh"
 #include "device.hpp"
 
@@ -21,7 +25,9 @@ GpuContext::GpuContext(int device) : impl_(std::make_unique<Impl>()) {
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   M3_CUBLAS_CHECK(cublasCreate(&impl_->cublas));
   M3_CUBLAS_CHECK(cublasSetStream(impl_->cublas, impl_->stream));
-  M3_CUBLAS_CHECK(cublasSetMathMode(impl_->cublas, CUBLAS_DEFAULT_MATH));
+  M3_CUBLAS_CHECK(cublasSetMathMode(
+      impl_->cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   M3_CUDA_CHECK(cudaMalloc(&impl_->workspace, kCublasWorkspaceBytes));
   impl_->workspace_bytes = kCublasWorkspaceBytes;
   M3_CUBLAS_CHECK(cublasSetWorkspace(impl_->cublas, impl_->workspace, impl_->workspace_bytes));
