@@ -121,14 +121,18 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
     const Idx row = unit * hd;
     const float rstd = on ? p.gated_rms_vals[unit] : 0.0f;
     const float* wh = p.norm_gate_weight + (unit % nh) * hd;
+    // The lane's group at q of d_gated, z, y and the weight (both passes read the same four).
+    auto load4 = [&](Idx q, float (&dg)[V], float (&zv)[V], float (&yv)[V], float (&wv)[V]) {
+      load_vec(p.d_gated + row + q, dg);
+      load_vec(p.z + row + q, zv);
+      load_vec(p.y + row + q, yv);
+      load_vec(wh + q, wv);
+    };
     float c1 = 0.0f;
     if (on)
       for (Idx q = S::lane() * V; q < hd; q += L * V) {
         float dg[V], zv[V], yv[V], wv[V], dz[V];
-        load_vec(p.d_gated + row + q, dg);
-        load_vec(p.z + row + q, zv);
-        load_vec(p.y + row + q, yv);
-        load_vec(wh + q, wv);
+        load4(q, dg, zv, yv, wv);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const float yh = yv[e] * rstd, gg = dg[e] * silu(zv[e]);
@@ -142,10 +146,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
 #pragma unroll 1  // unrolled, ptxas spills 4 bytes in the bf16 instantiation
     for (Idx q = S::lane() * V; q < hd; q += L * V) {
       float dg[V], zv[V], yv[V], wv[V], dy[V];
-      load_vec(p.d_gated + row + q, dg);
-      load_vec(p.z + row + q, zv);
-      load_vec(p.y + row + q, yv);
-      load_vec(wh + q, wv);
+      load4(q, dg, zv, yv, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float yh = yv[e] * rstd, gg = dg[e] * silu(zv[e]);

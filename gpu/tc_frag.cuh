@@ -100,11 +100,8 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
 
 template <int M, int N, int NW>
 struct Frag {
-  static constexpr int TM = M / 16, TN = N / 8;
-  static constexpr int WM = TM < 4 ? TM : 4, WN = NW / WM;
-  static_assert(M % 16 == 0 && N % 16 == 0, "tile shape");
-  static_assert(TM % WM == 0 && TN % WN == 0, "the warps must tile the output");
-  static constexpr int FM = TM / WM, FN = TN / WN;
+  using Split = tc::WarpSplit<M, N, NW>;
+  static constexpr int WM = Split::WM, FM = Split::FM, FN = Split::FN;
   static_assert(FN % 2 == 0, "B fragments come two n-tiles at a time");
   float d[FM][FN][4];
 

@@ -90,13 +90,21 @@ __device__ __forceinline__ float2 load_pair(const float* P, int m, int k) {
 // header): zero(), add(A, B, K) for C += A·B over k < K' (any number of times, e.g. over the row
 // tiles of a chunk), then for_each(f) calls f(m, n, value) for every element this thread holds
 // (each element of C is held by exactly one thread).
+// The work split of an M × N output over NW warps (the header): TM × TN m16n8 tiles, a WM × WN
+// warp grid, FM × FN tiles per warp. Shared with tc_frag.cuh's Frag.
 template <int M, int N, int NW>
-struct Acc {
+struct WarpSplit {
   static constexpr int TM = M / 16, TN = N / 8;
   static constexpr int WM = TM < 4 ? TM : 4, WN = NW / WM;
   static_assert(M % 16 == 0 && N % 8 == 0, "tile shape");
   static_assert(TM % WM == 0 && TN % WN == 0, "the warps must tile the output");
   static constexpr int FM = TM / WM, FN = TN / WN;
+};
+
+template <int M, int N, int NW>
+struct Acc {
+  using Split = WarpSplit<M, N, NW>;
+  static constexpr int WM = Split::WM, FM = Split::FM, FN = Split::FN;
   float hi[FM][FN][4];   // Σ ah·bh
   float cor[FM][FN][4];  // Σ (ah·bl + al·bh)
 
