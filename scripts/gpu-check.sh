@@ -4,7 +4,9 @@
 #   nvidia-smi                what the card is
 #   ctest                     every test; GPU tests run the whole coverage grid
 #                             (M3_GPU_FULL_GRID=1) and 20-run determinism
-#   memcheck, racecheck       compute-sanitizer on the small sanitizer test
+#   memcheck, racecheck       compute-sanitizer on the small sanitizer test (f32, both scan
+#                             modes) and the typed chunked SSM tests (bf16/f16: the plane
+#                             kernels, short and long chunks)
 #   golden                    m3h golden check --all
 #   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
 #                             end-to-end and isolated, baseline = the reference at the same
@@ -90,7 +92,7 @@ if ((failed == 0)); then
   if [[ -x "$gpu_tests" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
       step "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        "$gpu_tests" --gtest_filter='GpuSanitizer.*'
+        "$gpu_tests" --gtest_filter='GpuSanitizer.*:*TypedSsm*Chunked*'
     done
   fi
   m3h="$BUILD_DIR/tools/m3h"
