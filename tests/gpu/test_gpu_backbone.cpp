@@ -17,6 +17,7 @@
 #include "compare.hpp"
 #include "device.hpp"
 #include "error.hpp"
+#include "gpu_test_util.hpp"
 #include "problem.hpp"
 
 namespace {
@@ -26,14 +27,6 @@ using m3::Config;
 using m3::Idx;
 using m3::Problem;
 using m3::ScanMode;
-
-#define M3_REQUIRE_GPU()                                                      \
-  do {                                                                        \
-    const auto info_ = m3::gpu::query_device();                               \
-    if (!info_.present) {                                                     \
-      GTEST_SKIP() << m3::gpu::describe(info_);                               \
-    }                                                                         \
-  } while (0)
 
 m3::gpu::GpuContext& ctx() {
   static m3::gpu::GpuContext c(0);
@@ -114,7 +107,7 @@ std::string describe_failure(const m3::harness::CompareResult& r) {
 }
 
 TEST(GpuBackbone, CoverageGridWithinF32BudgetBothModes) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   for (const auto& gc : grid(full_grid())) {
     SCOPED_TRACE(gc.name);
     const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 77, true);
@@ -140,7 +133,7 @@ double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 TEST(GpuBackbone, SequentialEqualsChunkedOnTheGpu) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   Config c = grid_config(64, 128, 0.5, true, 1);
   c.chunk_size = 16;
   const Problem pb = m3::make_problem(c, 2, 77, 5, true);
@@ -163,7 +156,7 @@ TEST(GpuBackbone, SequentialEqualsChunkedOnTheGpu) {
 }
 
 TEST(GpuBackbone, TwoChainedWindowsEqualOneWindow) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
     SCOPED_TRACE(m3::scan_mode_name(mode));
     Config c = grid_config(32, 32, 1.0, false, 1);
@@ -242,7 +235,7 @@ TEST(GpuBackbone, TwoChainedWindowsEqualOneWindow) {
 }
 
 TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   Config c = grid_config(64, 128, 0.5, true, 2);
   c.chunk_size = 32;
   const Problem pb = m3::make_problem(c, 2, 96, 3, true);
@@ -262,7 +255,7 @@ TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
 }
 
 TEST(GpuBackbone, RejectsAnInvalidConfigWithAMessage) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   Config c;
   c.headdim = 48;  // d_inner 256 is not a multiple of 48
   try {
@@ -279,7 +272,7 @@ namespace {
 
 // Small enough to run under compute-sanitizer memcheck / racecheck (scripts/gpu-check.sh).
 TEST(GpuSanitizer, SmallConfigBothModesForwardBackward) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   Config c = grid_config(16, 16, 0.5, true, 2);
   c.chunk_size = 8;
   const Problem pb = m3::make_problem(c, 2, 21, 4, true);

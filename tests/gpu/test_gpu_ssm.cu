@@ -33,6 +33,7 @@
 
 #include "device.hpp"
 #include "error.hpp"
+#include "gpu_test_util.hpp"
 #include "params.hpp"
 #include "stages.cuh"
 #include "stages.hpp"
@@ -47,12 +48,6 @@ using m3::ref::Dims;
 using m3::ref::LayerActs;
 using m3::ref::LayerGrads;
 using m3::LayerParams;
-
-#define M3_REQUIRE_GPU()                                          \
-  do {                                                            \
-    const auto info_ = m3::gpu::query_device();                   \
-    if (!info_.present) GTEST_SKIP() << m3::gpu::describe(info_); \
-  } while (0)
 
 bool env_on(const char* name) {
   const char* v = std::getenv(name);
@@ -583,7 +578,7 @@ class SsmChunkedGpu : public ::testing::TestWithParam<SsmCase> {};
 class SsmGpu : public ::testing::TestWithParam<SsmCase> {};
 
 TEST_P(SsmSeqGpu, MatchesReference) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   const SsmCase& c = GetParam();
   const Dims d = dims_of(c);
   const Inputs in = make_inputs(d, c, 17);
@@ -593,7 +588,7 @@ TEST_P(SsmSeqGpu, MatchesReference) {
 }
 
 TEST_P(SsmChunkedGpu, MatchesReference) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   const SsmCase& c = GetParam();
   const Dims d = dims_of(c);
   const Inputs in = make_inputs(d, c, 23);
@@ -605,7 +600,7 @@ TEST_P(SsmChunkedGpu, MatchesReference) {
 // The two GPU modes agree; allowed: max(base, kFactor × the float reference's own
 // sequential-vs-chunked difference).
 TEST_P(SsmGpu, SequentialEqualsChunked) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   const SsmCase& c = GetParam();
   const Dims d = dims_of(c);
   const Inputs in = make_inputs(d, c, 29);
@@ -619,7 +614,7 @@ TEST_P(SsmGpu, SequentialEqualsChunked) {
 }
 
 TEST_P(SsmGpu, RunsAreBitIdentical) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   const SsmCase& c = GetParam();
   const Dims d = dims_of(c);
   const Inputs in = make_inputs(d, c, 31);
@@ -640,7 +635,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, SsmChunkedGpu, ::testing::ValuesIn(ssm_cases()),
 INSTANTIATE_TEST_SUITE_P(Cases, SsmGpu, ::testing::ValuesIn(ssm_cases()), case_name);
 
 TEST(SsmGpuShapes, RejectsUnsupportedShape) {
-  M3_REQUIRE_GPU();
+  M3_SKIP_WITHOUT_GPU();
   for (const auto& [hd, ds] : std::vector<std::pair<Idx, Idx>>{{256, 16}, {16, 256}}) {
     const SsmCase c{hd, ds, 1, 1, 8, 4, false, false};
     const Dims d = dims_of(c);

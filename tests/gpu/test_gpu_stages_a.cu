@@ -26,6 +26,7 @@
 #include "config.hpp"
 #include "device.hpp"
 #include "error.hpp"
+#include "gpu_test_util.hpp"
 #include "params.hpp"
 #include "stages.cuh"
 #include "stages.hpp"
@@ -48,31 +49,14 @@ constexpr double kRelMax = 1e-4;
 constexpr double kAngleTol = 1e-4;
 constexpr double kTwoPi = 6.283185307179586476925286766559;
 
-#define M3_SKIP_WITHOUT_GPU()                                                       \
-  do {                                                                              \
-    if (!m3::gpu::query_device().present)                                           \
-      GTEST_SKIP() << m3::gpu::describe(m3::gpu::query_device());                   \
-  } while (0)
+using Case = StageCase;
 
-struct Case {
-  const char* name;
-  Idx d_model, headdim, d_state, ngroups;
-  double rope_fraction;
-  Idx B, T;
-};
-
-// ragged small dims (hd 6, ds 10, one colsum chunk); the official defaults hd 64 / ds 128 with
-// two groups; na = 0 (ds 3); hd 128 with every dim rotated; hd 32 / ds 16 with one head per
-// group and a row count just past one colsum chunk.
-const Case kCases[] = {
-    {"ragged_dm21_hd6_ds10_B2_T37", 21, 6, 10, 1, 0.5, 2, 37},
-    {"hd64_ds128_ng2_B2_T160", 256, 64, 128, 2, 0.5, 2, 160},
-    {"na0_hd16_ds3_ng2_B3_T100", 32, 16, 3, 2, 0.5, 3, 100},
-    {"hd128_ds64_rf1_B1_T300", 128, 128, 64, 1, 1.0, 1, 300},
-    {"hd32_ds16_ng4_rf1_B4_T65", 64, 32, 16, 4, 1.0, 4, 65},
-    // RMSNorm rows of 1088 > 1024 values (the kernels' chunked second pass)
-    {"long_dm1088_hd64_ds24_ng2_B1_T9", 1088, 64, 24, 2, 0.5, 1, 9},
-};
+// The shared stage cases, plus hd 128 with every dim rotated.
+const std::vector<Case> kCases = [] {
+  std::vector<Case> c = stage_cases();
+  c.push_back({"hd128_ds64_rf1_B1_T300", 128, 128, 64, 1, 1.0, 1, 300});
+  return c;
+}();
 
 Config make_config(const Case& c, bool outproj_norm) {
   Config cfg;

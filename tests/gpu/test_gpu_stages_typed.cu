@@ -42,6 +42,7 @@
 #include "convert.cuh"
 #include "device.hpp"
 #include "error.hpp"
+#include "gpu_test_util.hpp"
 #include "params.hpp"
 #include "precision.hpp"
 #include "stages.cuh"
@@ -61,12 +62,6 @@ using m3::ref::Dims;
 using Vec = std::vector<float>;
 using Named = std::map<std::string, Vec>;
 using LParams = m3::LayerParams<float>;
-
-#define M3_SKIP_WITHOUT_GPU()                                                       \
-  do {                                                                              \
-    if (!m3::gpu::query_device().present)                                           \
-      GTEST_SKIP() << m3::gpu::describe(m3::gpu::query_device());                   \
-  } while (0)
 
 // ---- storage types ---------------------------------------------------------------------------
 template <class T>
@@ -436,23 +431,8 @@ TYPED_TEST(TypedConversion, ConvertRoundToAndAddLaunchersAreExact) {
 // ===============================================================================================
 // Family A (norm, split, bcnorm, rope, gating) and the GEMMs
 // ===============================================================================================
-struct Case {
-  const char* name;
-  Idx d_model, headdim, d_state, ngroups;
-  double rope_fraction;
-  Idx B, T;
-};
-
-const Case kCases[] = {
-    {"ragged_dm21_hd6_ds10_B2_T37", 21, 6, 10, 1, 0.5, 2, 37},
-    {"hd64_ds128_ng2_B2_T160", 256, 64, 128, 2, 0.5, 2, 160},
-    {"na0_hd16_ds3_ng2_B3_T100", 32, 16, 3, 2, 0.5, 3, 100},
-    {"hd32_ds16_ng4_rf1_B4_T65", 64, 32, 16, 4, 1.0, 4, 65},
-    // rows longer than the RMSNorm kernels keep in registers (1088 > 1024: the chunked second
-    // pass), and d_state 24 with 6 rotated pairs: an 8-value RoPE vector holding rotated and
-    // copied pairs
-    {"long_dm1088_hd64_ds24_ng2_B1_T9", 1088, 64, 24, 2, 0.5, 1, 9},
-};
+using Case = StageCase;
+const std::vector<Case> kCases = stage_cases();
 
 Config make_config(const Case& c, bool outproj_norm) {
   Config cfg;
