@@ -59,6 +59,7 @@
 
 #include "convert.cuh"
 #include "reduce.cuh"
+#include "rope_pair.cuh"
 
 namespace m3::gpu {
 
@@ -159,10 +160,13 @@ rope_forward_kernel(Idx units, Idx ds, Idx na, const float* theta, const T* b_bi
       sincosf(theta[rh * na + j], &sn, &cs);
       const float b0 = to_float(b_biased[n]), b1 = to_float(b_biased[n + 1]);
       const float c0 = to_float(c_biased[n]), c1 = to_float(c_biased[n + 1]);
-      k[n] = from_float<T>(cs * b0 - sn * b1);
-      k[n + 1] = from_float<T>(sn * b0 + cs * b1);
-      q[n] = from_float<T>(cs * c0 - sn * c1);
-      q[n + 1] = from_float<T>(sn * c0 + cs * c1);
+      float k0, k1, q0, q1;
+      rope_rotate(sn, cs, b0, b1, k0, k1);
+      rope_rotate(sn, cs, c0, c1, q0, q1);
+      k[n] = from_float<T>(k0);
+      k[n + 1] = from_float<T>(k1);
+      q[n] = from_float<T>(q0);
+      q[n + 1] = from_float<T>(q1);
     } else {
       k[n] = b_biased[n];
       q[n] = c_biased[n];
@@ -212,10 +216,13 @@ rope_forward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, const float* theta
         sincosf(th[e], &sn, &cs);
         const float b0 = to_float(b.e[2 * e]), b1 = to_float(b.e[2 * e + 1]);
         const float c0 = to_float(c.e[2 * e]), c1 = to_float(c.e[2 * e + 1]);
-        kv.e[2 * e] = from_float<T>(cs * b0 - sn * b1);
-        kv.e[2 * e + 1] = from_float<T>(sn * b0 + cs * b1);
-        qv.e[2 * e] = from_float<T>(cs * c0 - sn * c1);
-        qv.e[2 * e + 1] = from_float<T>(sn * c0 + cs * c1);
+        float k0, k1, q0, q1;
+        rope_rotate(sn, cs, b0, b1, k0, k1);
+        rope_rotate(sn, cs, c0, c1, q0, q1);
+        kv.e[2 * e] = from_float<T>(k0);
+        kv.e[2 * e + 1] = from_float<T>(k1);
+        qv.e[2 * e] = from_float<T>(q0);
+        qv.e[2 * e + 1] = from_float<T>(q1);
       }
     }
     reinterpret_cast<W*>(k)[i] = kv;
@@ -236,8 +243,9 @@ rope_backward_kernel(Idx units, Idx ds, Idx na, RopeBwd<T> p) {
       float sn, cs;
       sincosf(p.theta[rh * na + j], &sn, &cs);
       const float g0 = p.dv1[n], g1 = p.dv1[n + 1], h0 = p.dv2[n], h1 = p.dv2[n + 1];
-      float o0 = cs * g0 + sn * g1, o1 = -sn * g0 + cs * g1;
-      float u0 = cs * h0 + sn * h1, u1 = -sn * h0 + cs * h1;
+      float o0, o1, u0, u1;
+      rope_rotate_t(sn, cs, g0, g1, o0, o1);
+      rope_rotate_t(sn, cs, h0, h1, u0, u1);
       if (extra) {
         o0 += e * to_float(p.extra_vec1[n]);
         o1 += e * to_float(p.extra_vec1[n + 1]);
@@ -248,8 +256,8 @@ rope_backward_kernel(Idx units, Idx ds, Idx na, RopeBwd<T> p) {
       p.dpre1[n + 1] = o1;
       p.dpre2[n] = u0;
       p.dpre2[n + 1] = u1;
-      const float d1 = -g0 * to_float(p.rot1[n + 1]) + g1 * to_float(p.rot1[n]);
-      const float d2 = -h0 * to_float(p.rot2[n + 1]) + h1 * to_float(p.rot2[n]);
+      const float d1 = rope_angle_grad(g0, g1, to_float(p.rot1[n]), to_float(p.rot1[n + 1]));
+      const float d2 = rope_angle_grad(h0, h1, to_float(p.rot2[n]), to_float(p.rot2[n + 1]));
       p.dtheta[rh * na + j] = d1 + d2;
     } else {
       const int m = 2 * j + 1 < ds ? 2 : 1;
@@ -298,12 +306,10 @@ rope_backward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, RopeBwd<T> p) {
       if (j0 + a < na) {
         float sn, cs;
         sincosf(th[a], &sn, &cs);
-        o[m] = cs * g[m] + sn * g[m + 1];
-        o[m + 1] = -sn * g[m] + cs * g[m + 1];
-        u[m] = cs * h[m] + sn * h[m + 1];
-        u[m + 1] = -sn * h[m] + cs * h[m + 1];
-        const float d1 = -g[m] * r1[m + 1] + g[m + 1] * r1[m];
-        const float d2 = -h[m] * r2[m + 1] + h[m + 1] * r2[m];
+        rope_rotate_t(sn, cs, g[m], g[m + 1], o[m], o[m + 1]);
+        rope_rotate_t(sn, cs, h[m], h[m + 1], u[m], u[m + 1]);
+        const float d1 = rope_angle_grad(g[m], g[m + 1], r1[m], r1[m + 1]);
+        const float d2 = rope_angle_grad(h[m], h[m + 1], r2[m], r2[m + 1]);
         dth[a] = d1 + d2;
       } else {
         o[m] = g[m];

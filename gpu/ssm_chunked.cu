@@ -67,10 +67,11 @@
 
 #include <type_traits>
 
-#include "convert.cuh"
-#include "reduce.cuh"
 #include "chunk_fwd_tc.cuh"
 #include "chunk_state_tc.cuh"
+#include "convert.cuh"
+#include "reduce.cuh"
+#include "rope_pair.cuh"
 #include "ssm_chunk_geom.cuh"
 #include "tc_mma.cuh"
 
@@ -963,12 +964,10 @@ qk_rope_bwd_kernel(ChunkGeom g, Idx na, SsmChunkBwd<T> p) {
       if (j < na) {
         float sn, cs;
         sincosf(th[u], &sn, &cs);
-        o1[0] = cs * g1[0] + sn * g1[1];
-        o1[1] = -sn * g1[0] + cs * g1[1];
-        o2[0] = cs * g2[u][0] + sn * g2[u][1];
-        o2[1] = -sn * g2[u][0] + cs * g2[u][1];
-        p.d_angle_cumsum[i * na + j] = (-g1[0] * kv[u][1] + g1[1] * kv[u][0]) +
-                                       (-g2[u][0] * qv[u][1] + g2[u][1] * qv[u][0]);
+        rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
+        rope_rotate_t(sn, cs, g2[u][0], g2[u][1], o2[0], o2[1]);
+        p.d_angle_cumsum[i * na + j] = rope_angle_grad(g1[0], g1[1], kv[u][0], kv[u][1]) +
+                                       rope_angle_grad(g2[u][0], g2[u][1], qv[u][0], qv[u][1]);
       }
       for (int o = 0; o < m; ++o) {
         p.d_b_pre_rope[base + n + o] = o1[o] + e * cv[u][o];

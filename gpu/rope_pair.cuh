@@ -1,0 +1,27 @@
+// Internal to gpu/ (.cu files only): the RoPE rotation of one pair (MODEL.md §4 F4ef and its
+// backward), shared by the RoPE kernels (rope.cu) and the chunked scan's fused backward tail
+// (qk_rope_bwd_kernel, ssm_chunked.cu). With (sn, cs) = (sin θ, cos θ) of the pair's angle:
+//   forward      (x0, x1) → (cs·x0 − sn·x1, sn·x0 + cs·x1)
+//   backward     Rᵀ(g0, g1) = (cs·g0 + sn·g1, −sn·g0 + cs·g1)
+//   angle grad   dθ = −g0·r1 + g1·r0      (r = the rotated pair of the forward)
+#pragma once
+
+namespace m3::gpu {
+
+__device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float x1, float& y0,
+                                            float& y1) {
+  y0 = cs * x0 - sn * x1;
+  y1 = sn * x0 + cs * x1;
+}
+
+__device__ __forceinline__ void rope_rotate_t(float sn, float cs, float g0, float g1, float& o0,
+                                              float& o1) {
+  o0 = cs * g0 + sn * g1;
+  o1 = -sn * g0 + cs * g1;
+}
+
+__device__ __forceinline__ float rope_angle_grad(float g0, float g1, float r0, float r1) {
+  return -g0 * r1 + g1 * r0;
+}
+
+}  // namespace m3::gpu
