@@ -183,6 +183,7 @@ struct GpuBackbone::Impl {
   virtual States<float> d_entering() = 0;
   virtual void synchronize() = 0;
   virtual void set_profiling(bool on) = 0;
+  virtual void set_fusion(bool on) = 0;
   virtual std::vector<std::pair<std::string, double>> stage_times() const = 0;
   virtual void reset_stage_times() = 0;
 };
@@ -329,6 +330,7 @@ class BackboneT final : public GpuBackbone::Impl {
   void synchronize() override { ctx_.synchronize(); }
 
   void set_profiling(bool on) override { profiling_ = on; }
+  void set_fusion(bool on) override { fusion_ = on; }
   std::vector<std::pair<std::string, double>> stage_times() const override { return times_; }
   void reset_stage_times() override { times_.clear(); }
 
@@ -363,6 +365,12 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   Capture run_isolated(const Capture& oracle) override {
+    // Each stage on its own, fed the oracle's inputs: no cross-stage fusion.
+    struct Isolated {
+      bool& flag;
+      explicit Isolated(bool& f) : flag(f) { flag = true; }
+      ~Isolated() { flag = false; }
+    } guard(isolated_);
     Capture out(cfg_, d_.B, d_.T);
     zero_grads();
     zero_states(dl_);
@@ -485,9 +493,9 @@ class BackboneT final : public GpuBackbone::Impl {
       if (st == "input_proj") dir == Dir::Forward ? input_proj_forward() : input_proj_backward();
       if (st == "norm_f") dir == Dir::Forward ? norm_f_forward() : norm_f_backward();
     } else if (dir == Dir::Forward) {
-      layer_forward_stage(l, st);
+      layer_forward_stage(l, st, cap != nullptr);
     } else {
-      layer_backward_stage(l, st);
+      layer_backward_stage(l, st, cap != nullptr);
     }
     if (l == fault_layer_ && fault_ != Fault::None && st == fault_stage(fault_)) apply_fault(l);
     mark(l < 0 && dir == Dir::Backward ? st + " (bwd)" : st);
@@ -525,7 +533,14 @@ class BackboneT final : public GpuBackbone::Impl {
     }
   }
 
-  void layer_forward_stage(int l, const std::string& st) {
+  // Production fusions across registry stages (set_fusion; never in run_isolated, which feeds
+  // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
+  // b/c_biased being stored and read back, and (chunked, ssm_chunked_tail_fuses) B4b's head
+  // sums and bias gradients done in B6's tail.
+  bool fused() const { return fusion_ && !isolated_; }
+
+  // capturing: the registry's b/c_biased must be stored even when their readers recompute them.
+  void layer_forward_stage(int l, const std::string& st, bool capturing) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
@@ -540,15 +555,23 @@ class BackboneT final : public GpuBackbone::Impl {
                         f("dd_dt_raw"), f("dd_a_raw"), f("trap_raw"), f("angles_raw"), f("dt"),
                         f("a_val"), f("trap")});
     } else if (st == "F4") {
+      // b/c_biased are recomputed by their fused readers (F4ef, B6): stored for a capture only.
+      const bool store = !fused() || capturing;
       bcnorm_forward<T>(s_, d_,
                         {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
                          P(l, "b_bias"), P(l, "c_bias"), t("b_normed"), t("c_normed"),
-                         t("b_biased"), t("c_biased"), f("b_rms"), f("c_rms")});
+                         store ? t("b_biased") : nullptr, store ? t("c_biased") : nullptr,
+                         f("b_rms"), f("c_rms")});
     } else if (st == "F5") {
       angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
                     f("angle_state"));
     } else if (st == "F4ef") {
-      rope_forward<T>(s_, d_, f("angle_cumsum"), t("b_biased"), t("c_biased"), t("k"), t("q"));
+      if (fused()) {
+        rope_forward_normed<T>(s_, d_, f("angle_cumsum"), t("b_normed"), t("c_normed"),
+                               P(l, "b_bias"), P(l, "c_bias"), t("k"), t("q"));
+      } else {
+        rope_forward<T>(s_, d_, f("angle_cumsum"), t("b_biased"), t("c_biased"), t("k"), t("q"));
+      }
     } else if (st == "F5b") {
       abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
     } else if (st == "F6") {
@@ -578,7 +601,8 @@ class BackboneT final : public GpuBackbone::Impl {
     // "states": the leaving states are written by F5/F6; nothing to run.
   }
 
-  void layer_backward_stage(int l, const std::string& st) {
+  // capturing: the registry's d_b/c_pre_rope must be stored even when the tail is fused.
+  void layer_backward_stage(int l, const std::string& st, bool capturing) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
@@ -609,18 +633,34 @@ class BackboneT final : public GpuBackbone::Impl {
                      {f("alpha"), f("beta"), f("dt"), f("trap"), f("d_alpha"), f("d_beta"),
                       f("d_gamma"), f("d_adt_total"), f("d_dt_direct"), f("d_trap_sig")});
       } else {
-        ssm_chunked_backward<T>(
-            s_, d_,
-            {t("x"), t("k"), t("q"), t("b_biased"), t("c_biased"), t("k_scaled_saved"), t("d_y"),
-             f("angle_cumsum"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
-             f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
-             f("chunk_states_saved"), f("k_in"), f("v_in"), f("d_ssm_out"), f("d_k_out"),
-             f("d_v_out"), f("da_cs_sum"), f("dQ_mid"), f("dK_mid"), f("dADT"), f("dQK_dot"),
-             f("dD_partials"), f("dScale"), f("dGamma"), f("dDT"), t("d_x"), f("d_b_pre_rope"),
-             f("d_c_pre_rope"), f("d_angle_cumsum"), f("d_adt_total"), f("d_dt_direct"),
-             f("d_trap_sig"), f("d_ssm_state"), f("d_k_state"), f("d_v_state"),
-             G(l, "d_param")},
-            scr());
+        // Production: B4b's head sums and bias gradients come out of B6's tail, which also
+        // recomputes b/c_biased, k and q instead of reading them (stages.cuh SsmChunkBwd).
+        const bool tail = fused() && ssm_chunked_tail_fuses(d_);
+        const bool store_pre = !tail || capturing;
+        SsmChunkBwd<T> a{
+            t("x"), t("k"), t("q"), t("b_biased"), t("c_biased"), t("k_scaled_saved"), t("d_y"),
+            f("angle_cumsum"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
+            f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
+            f("chunk_states_saved"), f("k_in"), f("v_in"), f("d_ssm_out"), f("d_k_out"),
+            f("d_v_out"), f("da_cs_sum"), f("dQ_mid"), f("dK_mid"), f("dADT"), f("dQK_dot"),
+            f("dD_partials"), f("dScale"), f("dGamma"), f("dDT"), t("d_x"),
+            store_pre ? f("d_b_pre_rope") : nullptr, store_pre ? f("d_c_pre_rope") : nullptr,
+            f("d_angle_cumsum"), f("d_adt_total"), f("d_dt_direct"), f("d_trap_sig"),
+            f("d_ssm_state"), f("d_k_state"), f("d_v_state"), G(l, "d_param")};
+        if (fused()) {
+          a.b_normed = t("b_normed");
+          a.c_normed = t("c_normed");
+          a.b_bias = P(l, "b_bias");
+          a.c_bias = P(l, "c_bias");
+        }
+        if (tail) {
+          a.d_b_normed = t("d_b_normed");
+          a.d_c_normed = t("d_c_normed");
+          a.d_b_bias = G(l, "b_bias");
+          a.d_c_bias = G(l, "c_bias");
+        }
+        ssm_chunked_backward<T>(s_, d_, a, scr());
+        tail_fused_layer_ = tail ? l : -1;
       }
     } else if (st == "B5a") {
       angle_backward(s_, d_,
@@ -634,12 +674,14 @@ class BackboneT final : public GpuBackbone::Impl {
                        f("d_trap_raw"),   G(l, "dt_bias"),  cfg_.a_floor};
       activations_backward(s_, d_, act, scr());
     } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
+      const bool done = tail_fused_layer_ == l;  // B4b ran in B6's tail: B4c alone
+      tail_fused_layer_ = -1;
       bcnorm_backward<T>(s_, d_,
                          {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
-                          f("b_rms"), f("c_rms"), f("d_b_pre_rope"), f("d_c_pre_rope"),
-                          t("d_b_normed"), t("d_c_normed"), t("d_b_raw"), t("d_c_raw"),
-                          G(l, "b_norm_weight"), G(l, "c_norm_weight"), G(l, "b_bias"),
-                          G(l, "c_bias")},
+                          f("b_rms"), f("c_rms"), done ? nullptr : f("d_b_pre_rope"),
+                          done ? nullptr : f("d_c_pre_rope"), t("d_b_normed"), t("d_c_normed"),
+                          t("d_b_raw"), t("d_c_raw"), G(l, "b_norm_weight"),
+                          G(l, "c_norm_weight"), G(l, "b_bias"), G(l, "c_bias")},
                          scr());
     } else if (st == "B3") {
       split_backward<T>(s_, d_,
@@ -650,9 +692,11 @@ class BackboneT final : public GpuBackbone::Impl {
       gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), t("d_proj"),
                           G(l, "in_proj_w"));
     } else if (st == "B1") {
+      // d_temporal = δ + d_pre_norm in the same kernel; d_pre_norm stored for a capture only
+      // (both are B1's own outputs, so this holds in the isolated mode too).
       rmsnorm_backward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), f("rms_vals"),
-                          t("d_norm"), f("d_pre_norm"), G(l, "norm_weight"), scr());
-      add<float>(s_, d_.BT * d_.dm, bb_.f("delta"), f("d_pre_norm"), f("d_temporal"));
+                          t("d_norm"), capturing ? f("d_pre_norm") : nullptr,
+                          G(l, "norm_weight"), scr(), bb_.f("delta"), f("d_temporal"));
     }
     // "B4c" ran with B4b; "d_states": written by B6/B5a.
   }
@@ -805,6 +849,9 @@ class BackboneT final : public GpuBackbone::Impl {
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
   bool profiling_ = false;
+  bool fusion_ = true;           // set_fusion
+  bool isolated_ = false;        // inside run_isolated
+  int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
   std::vector<cudaEvent_t> pool_;
   std::vector<std::string> mark_names_;
   std::vector<std::pair<std::string, double>> times_;
@@ -862,6 +909,7 @@ std::vector<float> GpuBackbone::d_x() const { return impl_->d_x(); }
 States<float> GpuBackbone::d_entering() const { return impl_->d_entering(); }
 void GpuBackbone::synchronize() const { impl_->synchronize(); }
 void GpuBackbone::set_profiling(bool on) { impl_->set_profiling(on); }
+void GpuBackbone::set_fusion(bool on) { impl_->set_fusion(on); }
 std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   return impl_->stage_times();
 }

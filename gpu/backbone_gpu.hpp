@@ -94,6 +94,15 @@ class GpuBackbone {
   std::vector<std::pair<std::string, double>> stage_times() const;
   void reset_stage_times();
 
+  // Cross-stage fusion (on by default): F4 stores no b/c_biased (F4ef and the chunked B6
+  // recompute them from b/c_normed and the biases, bit for bit), and in the chunked mode B6's
+  // backward tail also does B4b (the head sums into d_b/c_normed and the bias gradients) and
+  // stores no d_b/c_pre_rope; B4b then runs B4c alone. Tensors a Capture asks for are stored
+  // anyway. Off: every stage on its own, as run_isolated always runs them. Same results
+  // either way (test FusedBackwardTailEqualsStageByStage: bit for bit, except the bias
+  // gradients, which the fused tail sums in another fixed order).
+  void set_fusion(bool on);
+
   struct Impl;
 
  private:

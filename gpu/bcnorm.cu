@@ -5,13 +5,17 @@
 //   X_rms[r,g]      = sqrt( (1/ds) Σ_n X_raw[r,g,n]² + ε ),  ε = 1e-5   (saved: the RMS)
 //   X_normed[r,g,n] = X_raw[r,g,n] / X_rms[r,g] · w_X[n]                 (stored as T)
 //   X_biased[r,h,n] = X_normed[r,g(h),n] + X_bias[h,n]   for the hpg heads h of group g
-//                     (reads the stored X_normed)
+//                     (reads the stored X_normed); not stored when b/c_biased are null (F4ef
+//                     and the chunked backward then recompute it, rope.cu / ssm_chunked.cu)
 // Backward from d_X_pre_rope [BT, nh, ds] (f32):
 //   d_X_normed[r,g,n] = Σ_{h: g(h)=g} d_X_pre_rope[r,h,n]   (ascending h; stored as T)
 //   x̂ = X_raw / X_rms,  c1 = (1/ds) Σ_n d_X_normed·w_X·x̂     (reads the stored d_X_normed)
 //   d_X_raw[r,g,n]    = ( w_X[n]·d_X_normed[r,g,n] − x̂·c1 ) / X_rms[r,g]
 //   d X_bias[h,n]    += Σ_r d_X_pre_rope[r,h,n]             (colsum_rows, fixed order)
 //   d w_X[n]         += Σ_{(r,g)} d_X_normed[r,g,n]·x̂[r,g,n] (colsum_rows over rows (r,g))
+// B4c alone (null d_X_pre_rope): the chunked scan's backward tail has stored d_X_normed and
+// added the bias gradients (ssm_chunked.cu, step 2); c1 and d_X_raw as above from the stored
+// d_X_normed, the same values as after the head sum.
 // Shapes: X_raw, X_normed, d_X_normed, d_X_raw [BT, ng, ds]; X_rms [BT, ng];
 // X_biased, d_X_pre_rope [BT, nh, ds]; w_X [ds]; X_bias [nh, ds].
 // One (r, g, X) row per warp segment (reduce.cuh): B and C rows interleave, unit = 2·(r·ng+g)+X.
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
       store_group<kVec>(normed + n, ds - n, nv);
 #pragma unroll
       for (int j = 0; j < V; ++j) nv[j] = round_trip<T>(nv[j]);  // the stored X_normed
-      for (Idx k = 0; k < sh.hpg; ++k) {
+      for (Idx k = 0; p.b_biased && k < sh.hpg; ++k) {
         float bv[V], o[V];
         load_group<kVec>(bias + k * ds + n, ds - n, bv);
 #pragma unroll
@@ -89,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
   }
 }
 
-template <class T, int L, bool kVec>
+// kHeadSum: B4b + B4c from d_X_pre_rope; otherwise B4c alone from the stored d_X_normed.
+template <class T, int L, bool kVec, bool kHeadSum>
 __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, BcnormBwd<T> p) {
   using S = Seg<L>;
   constexpr int V = kBwdV;
@@ -105,7 +110,18 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     T* dnormed = (is_c ? p.d_c_normed : p.d_b_normed) + row * ds;
     const float rr = on ? (is_c ? p.c_rms : p.b_rms)[row] : 1.0f;
     float c1 = 0.0f;
-    if (on) {
+    if (on && !kHeadSum) {
+      for (Idx n = n0; n < ds; n += kStep) {
+        float dn[V], x[V], wv[V];
+        load_group<kVec>(dnormed + n, ds - n, dn);
+        load_group<kVec>(raw + n, ds - n, x);
+        load_group<kVec>(w + n, ds - n, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (kVec || j < ds - n) c1 += dn[j] * wv[j] * (x[j] / rr);
+      }
+    }
+    if (on && kHeadSum) {
       const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
       const float* dpre = (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds;
       for (Idx n = n0; n < ds; n += kStep) {
@@ -190,6 +206,8 @@ Idx bcnorm_scratch_floats(const Dims& d) {
 template <class T>
 void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p) {
   const BcShape sh = bc_shape(d, "gpu::bcnorm_forward");
+  M3_REQUIRE((p.b_biased == nullptr) == (p.c_biased == nullptr), "gpu::bcnorm_forward",
+             "bad arguments", "b_biased and c_biased are both set or both null");
   if (sh.rows == 0) return;
   constexpr int V = kFwdV<T>;
   const bool vec = d.ds % V == 0 &&
@@ -212,6 +230,9 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
   const BcShape sh = bc_shape(d, where);
   require_scratch(scratch, bcnorm_scratch_floats(d), where);
   if (sh.rows == 0) return;
+  const bool head_sum = p.d_b_pre_rope != nullptr;
+  M3_REQUIRE(head_sum == (p.d_c_pre_rope != nullptr), where, "bad arguments",
+             "d_b_pre_rope and d_c_pre_rope are both set (B4b + B4c) or both null (B4c alone)");
   constexpr int V = kBwdV;
   const bool vec = d.ds % V == 0 &&
                    all_aligned(16, p.b_norm_weight, p.c_norm_weight, p.d_b_pre_rope,
@@ -221,16 +242,20 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
   with_lanes(segment_lanes((d.ds + V - 1) / V), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const unsigned int grid = grid_for(2 * sh.rows, Seg<L>::kPerBlock);
-    if (vec)
-      bcnorm_backward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(sh, p);
-    else
-      bcnorm_backward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(sh, p);
+    with_flags(vec, head_sum, [&](auto vec_c, auto sum_c) {
+      bcnorm_backward_kernel<T, L, decltype(vec_c)::value, decltype(sum_c)::value>
+          <<<grid, kThreads, 0, s>>>(sh, p);
+    });
   });
   M3_LAUNCH_CHECK();
-  // The four reductions run one after another on the stream and share the scratch.
+  // The reductions run one after another on the stream and share the scratch.
   const Idx nhds = d.nh * d.ds;
-  colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_b_pre_rope, nhds}, p.d_b_bias, true, scratch, where);
-  colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch, where);
+  if (head_sum) {
+    colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_b_pre_rope, nhds}, p.d_b_bias, true, scratch,
+                where);
+    colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch,
+                where);
+  }
   colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, d.ds},
               p.d_b_norm_weight, true, scratch, where);
   colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, d.ds},

@@ -6,6 +6,8 @@
 //   c[r]     = (1/dim) Σ_i g[r,i]·w[i]·x̂[r,i]
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (colsum_rows, fixed order)
+//   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
+//           dx itself stored only when its pointer is set)
 // Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim] (y rounded once
 // at its store); w, dw [dim]; rms [rows]. One row per warp segment (reduce.cuh) of
 // L = segment_lanes(⌈dim/4⌉) lanes; lane l owns the groups of kV = 4 consecutive elements
@@ -89,11 +91,12 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   }
 }
 
-template <class T, int L, bool kVec>
+template <class T, int L, bool kVec, bool kAdd>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ w, const float* __restrict__ rms,
-                        const T* __restrict__ g, float* __restrict__ dx) {
+                        const T* __restrict__ g, float* __restrict__ dx,
+                        const float* __restrict__ add_in, float* __restrict__ add_out) {
   using S = Seg<L>;
   constexpr Idx kStep = Idx(L) * kV, kChunk = kGroups * kStep;
   const Idx i0 = Idx(S::lane()) * kV;
@@ -122,7 +125,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
       }
     c = segment_sum<L>(c) / static_cast<float>(dim);
     if (!on) continue;
-    float* dxr = dx + r * dim;
+    float* dxr = dx ? dx + r * dim : nullptr;
     const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x, gx
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
       if (c0 != last) {
@@ -137,7 +140,14 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         load_group<kVec>(w + i, dim - i, wv);
 #pragma unroll
         for (int j = 0; j < kV; ++j) o[j] = (wv[j] * gx[k][j] - (x[k][j] / rr) * c) / rr;
-        store_group<kVec>(dxr + i, dim - i, o);
+        if (dxr) store_group<kVec>(dxr + i, dim - i, o);
+        if constexpr (kAdd) {
+          float a[kV];
+          load_group<kVec>(add_in + r * dim + i, dim - i, a);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) a[j] = a[j] + o[j];
+          store_group<kVec>(add_out + r * dim + i, dim - i, a);
+        }
       }
     }
   }
@@ -181,20 +191,26 @@ void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const fl
 
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
-                      const float* rms, const T* g, float* dx, float* dw, Scratch scratch) {
+                      const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
+                      const float* add_in, float* add_out) {
   const char* where = "gpu::rmsnorm_backward";
   check_dim(rows, dim, where);
+  const bool add = add_out != nullptr;
+  M3_REQUIRE(add == (add_in != nullptr), where, "bad arguments",
+             "add_in and add_out are both set or both null");
+  M3_REQUIRE(dx || add, where, "bad arguments", "nothing to write: dx and add_out are null");
   require_scratch(scratch, colsum_scratch_floats(rows, dim), where);
   if (rows == 0) return;
   const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
-                   is_aligned(dx, 16) && is_aligned(g, kV * sizeof(T));
+                   is_aligned(dx, 16) && is_aligned(g, kV * sizeof(T)) &&
+                   is_aligned(add_in, 16) && is_aligned(add_out, 16);
   with_lanes(segment_lanes((dim + kV - 1) / kV), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const unsigned int grid = grid_for(rows, Seg<L>::kPerBlock);
-    if (vec)
-      rmsnorm_backward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx);
-    else
-      rmsnorm_backward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx);
+    with_flags(vec, add, [&](auto vec_c, auto add_c) {
+      rmsnorm_backward_kernel<T, L, decltype(vec_c)::value, decltype(add_c)::value>
+          <<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx, add_in, add_out);
+    });
   });
   M3_LAUNCH_CHECK();
   colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);
@@ -204,7 +220,8 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
   template void rmsnorm_forward<T>(cudaStream_t, Idx, Idx, const float*, const float*, T*,  \
                                    float*);                                                 \
   template void rmsnorm_backward<T>(cudaStream_t, Idx, Idx, const float*, const float*,     \
-                                    const float*, const T*, float*, float*, Scratch);
+                                    const float*, const T*, float*, float*, Scratch,        \
+                                    const float*, float*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

@@ -99,6 +99,19 @@ void with_lanes(int lanes, F&& f) {
   }
 }
 
+// Calls f(std::bool_constant<a>{}, std::bool_constant<b>{}): the launcher's pick, at run time,
+// among the four instantiations of a kernel with two bool template parameters.
+template <class F>
+void with_flags(bool a, bool b, F&& f) {
+  using Y = std::true_type;
+  using N = std::false_type;
+  if (a) {
+    b ? f(Y{}, Y{}) : f(Y{}, N{});
+  } else {
+    b ? f(N{}, Y{}) : f(N{}, N{});
+  }
+}
+
 // f(r, c) for a plain float matrix.
 struct LoadMatrix {
   const float* m;

@@ -10,21 +10,34 @@
 //   angle_cumsum[r,h,a] = float(θ_t);  angle_out[b,h,a] = float(θ_{T−1})
 // Parallel over t. j = h·na + a (θ is [BT, nh·na], j fastest); one block per (b, group of
 // kAngleJ = 8 consecutive j); thread (s, jl) owns segment s < kAngleSegs = 32 of kAngleSteps = 8
-// consecutive steps of a tile (32·8 = 256 steps). Tiles run in ascending t with a carried θ c
-// (c = θ_{−1} before the first tile, then the θ walked at the previous tile's last step):
-//   1. Σ_s = Σ_k double(incr) over segment s, ascending k                           (double)
-//   2. entering value E_0 = c,  E_s = wrap((…((c + Σ_0) + Σ_1) + …) + Σ_{s−1})  for s ≥ 1
-//   3. walk from E_s: θ = wrap(θ + double(incr)) after every step, store float(θ); c ← the θ of
-//      the tile's last step.
+// consecutive steps of a tile (32·8 = 256 steps); segment s = 4w + i lies in warp w (i < 4).
+// Tiles run in ascending t with a carried θ c (c = θ_{−1} before the first tile, then the θ
+// walked at the previous tile's last step); a tile's angles_raw and dt are loaded while the
+// previous tile is walked. With x_k = double(incr) at step k of segment s (0 past T) and
+// v_i = Σ_{4w+i}:
+//   1. Σ_s = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7))                (double)
+//   2. in the warp (shuffles): X_s = v_0 (i = 1), v_0 + v_1 (i = 2), (v_0 + v_1) + v_2 (i = 3),
+//      W_w = X_{4w+3} + v_3; across warps (shared memory, one barrier per tile):
+//      P_w = (…(W_0 + W_1) + …) + W_{w−1},  Q_s = P_w + X_s (P_w for i = 0, X_s for w = 0);
+//      entering value E_0 = c,  E_s = wrap(c + Q_s)  for s ≥ 1
+//   3. walk from E_s: θ = wrap(θ + x_k) after every step, store float(θ); c ← the θ of the
+//      tile's last step.
 // In exact arithmetic E_s = θ_{t−1} for t the segment's first step (wrap(wrap(x) + y) =
-// wrap(x + y)), so this is the serial recurrence re-associated; in double the two differ only by
-// the rounding of the sums in 1–2 (magnitudes ≤ |c| + 256·max|incr|): |Δθ| ≲ 2⁻⁵²·(|θ_{−1}| +
-// Σ_t |incr_t|), at most ~1e-11 rad at T = 4096 with |incr| ≤ 2π (0 whenever those sums of f32
-// increments are exact in double), far below the f32 rounding of the stored θ (up to 2.4e-7
-// near 2π). wrap_two_pi takes ⌊v/2π⌋ ∈ {−1, 0, 1} without the division, bit for bit equal to
-// the full formula; the walk in 3 is the serial recurrence itself.
+// wrap(x + y)), so this is the serial recurrence re-associated. Rounding, u = 2⁻⁵³, to first
+// order (+ and wrap move a value on the circle by their own rounding only, so the roundings on
+// the chain of operations that yields θ_t add up): the reference's chain rounds twice per step
+// (the add; the wrap: exact, or by ≤ u·(|v| + 4π)); this one has, for each tile up to t's, c + Q_s
+// and its wrap (≤ 2u·(|c| + Σ_tile |incr| + 2π)), Q_s (each increment passes through ≤ 3 + 3 +
+// 6 + 1 = 13 additions: ≤ 13u·Σ_tile |incr|) and ≤ 8 walked steps. So |Δθ_t| ≲ u·(19·Σ_{t'≤t}
+// |incr_t'| + 6·|θ_{−1}| + 9π·(t + 9)): below 1e-10 rad at T = 4096 with |incr| ≤ 2π and
+// |θ_{−1}| ≤ 1e4, far below the f32 rounding of the stored θ (up to 2.4e-7 near 2π).
+// wrap_two_pi takes ⌊v/2π⌋ ∈ {−1, 0, 1} without the division, bit for bit equal to the full
+// formula; the walk in 3 is the serial recurrence itself.
 // F4e/f, adjacent pairs (2a, 2a+1), a < na, c = cos θ[r,h,a], s = sin θ[r,h,a]; n ≥ 2na copied:
 //   k[2a] = c·b[2a] − s·b[2a+1],   k[2a+1] = s·b[2a] + c·b[2a+1]     (b = b_biased; q from c)
+// Fused with F4's bias add (rope_forward_normed): b_biased = T(float(b_normed[r, g(h)]) +
+// b_bias[h]) computed here, bit for bit F4's stored value (likewise c_biased); the products and
+// sums of the rotation are pinned to round-to-nearest operations (rope_pair.cuh).
 // RoPE backward, two rotated vectors at once (path 1 = k, path 2 = q), dv = ∂L/∂rotated:
 //   dpre[2a]   = c·dv[2a] + s·dv[2a+1] (+ extra_scale·extra_vec[2a])        (n ≥ 2na: dv + …)
 //   dpre[2a+1] = −s·dv[2a] + c·dv[2a+1] (+ extra_scale·extra_vec[2a+1])
@@ -33,10 +46,14 @@
 //   Θ̄_t = Σ_{s ≥ t} dθ_s (+ ∂L/∂angle_out at t = T−1), in Scratch [BT, nh, na], d_angle_in = Θ̄_0,
 // in f32, parallel over t with the blocks, threads and tiles of F5, tiles in descending t with
 // a carried c (c = ∂L/∂angle_out (0 if null) before the last tile, then Θ̄ at the first step of
-// the tile just done):
-//   1. R_s = Σ dθ over segment s, descending t
-//   2. entering value F_s = (…((c + R_{31}) + R_{30}) + …) + R_{s+1}   (non-empty segments only)
-//   3. walk from F_s in descending t: Θ̄ += dθ_t, store Θ̄_t; c ← Θ̄ at the tile's first step.
+// the tile just done); a tile's dθ is loaded while the tile after it is walked. With g_k = dθ at
+// step k of segment s (0 past T) and v_i = R_{4w+i}:
+//   1. R_s = ((g_0 + g_1) + (g_2 + g_3)) + ((g_4 + g_5) + (g_6 + g_7))
+//   2. in the warp: Y_s = v_3 (i = 2), v_3 + v_2 (i = 1), (v_3 + v_2) + v_1 (i = 0),
+//      W_w = Y_{4w} + v_0; across warps: S_w = (…(W_7 + W_6) + …) + W_{w+1},
+//      Q_s = S_w + Y_s (S_w for i = 3, Y_s for w = 7); entering value F_31 = c,
+//      F_s = c + Q_s  for s ≤ 30
+//   3. walk from F_s in descending t: Θ̄ += g_k, store Θ̄_t; c ← Θ̄ at the tile's first step.
 // Exactly Θ̄ in exact arithmetic; in f32 a fixed summation order other than the reference's.
 // Then one thread per output:
 //   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − tanh²(angles_raw[r,a]))   (ascending h)
@@ -55,9 +72,11 @@
 // angle_in/out [B, nh, na]; b/c_biased, k, q, dv, rot, dpre, extra_vec [BT, nh, ds];
 // extra_scale [BT, nh]. Nullable: angle_in (zeros), d_angle_out (zeros), d_angle_in (not
 // written).
+#include <climits>
 #include <initializer_list>
 
 #include "convert.cuh"
+#include "fast_div.cuh"
 #include "reduce.cuh"
 #include "rope_pair.cuh"
 
@@ -72,6 +91,9 @@ constexpr int kAngleJ = 8;                                // 8 floats = one 32-b
 constexpr int kAngleSegs = kThreads / kAngleJ;            // 32 segments per tile
 constexpr int kAngleSteps = 8;                            // steps per segment
 constexpr Idx kAngleTile = Idx(kAngleSegs) * kAngleSteps;  // 256 steps per tile
+constexpr int kAngleWarpSegs = 32 / kAngleJ;              // segments per warp (4)
+static_assert(kAngleSegs == kWarps * kAngleWarpSegs && kAngleWarpSegs == 4 && kAngleSteps == 8,
+              "the sum trees of F5 / B5a steps 1–2 are written for 8 steps, 4 segments per warp");
 // Fast-path bounds of wrap_two_pi: for 0 ≤ v < kWrapLo the rounded v/2π is < 1; for
 // 2π ≤ v < kWrapHi it is in [1, 2); for −kWrapLo < v < −kWrapTiny it is in (−1, 0) (no underflow).
 constexpr double kWrapLo = 6.28, kWrapHi = 12.5, kWrapTiny = 1e-300;
@@ -93,73 +115,189 @@ __device__ __forceinline__ int segment_steps(Idx T, Idx ts) {
   return ts >= T ? 0 : T - ts >= kAngleSteps ? kAngleSteps : static_cast<int>(T - ts);
 }
 
-// One block per (b, group of kAngleJ consecutive j); thread (s, jl); see the header (F5 1–3).
-__global__ void __launch_bounds__(kThreads)
+// v[k] = p[k·stride] for k < steps (read-only data); v[k] for k ≥ steps keeps its value.
+__device__ __forceinline__ void load_steps(const float* p, int stride, int steps,
+                                           float (&v)[kAngleSteps]) {
+#pragma unroll
+  for (int k = 0; k < kAngleSteps; ++k)
+    if (k < steps) v[k] = __ldg(p + k * stride);
+}
+
+// x unchanged, but opaque to the optimiser: the addresses p + k·x of a tile's steps are then
+// formed where they are used instead of being held in registers (kAngleSteps 64-bit values per
+// pointer) across the tile loop.
+__device__ __forceinline__ int opaque(int x) {
+  asm("" : "+r"(x));
+  return x;
+}
+template <class P>
+__device__ __forceinline__ P* opaque(P* x) {
+  asm("" : "+l"(x));
+  return x;
+}
+
+// Pairwise sum of the kAngleSteps = 8 values of a segment: ((v0 + v1) + (v2 + v3)) + (…).
+template <class S>
+__device__ __forceinline__ S segment_sum8(const S (&v)[kAngleSteps]) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// One block per (b, group of kAngleJ consecutive j); thread (s, jl), s = 4w + i in warp w, lane
+// i·kAngleJ + jl; see the header (F5 1–3). One barrier per tile: W_w and c are double-buffered
+// by tile parity p (a buffer is written only after the barrier that follows its last read).
+// Row strides na, nh, nh·na fit in int (checked by the launcher).
+__global__ void __launch_bounds__(kThreads, 4)
 angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ angles_raw,
                      const float* __restrict__ dt, const float* __restrict__ angle_in,
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
-  __shared__ double seg_sum[kAngleSegs][kAngleJ];
-  __shared__ double carry[kAngleJ];
+  __shared__ double warp_sum[2][kWarps][kAngleJ];  // W_w
+  __shared__ double carry[2][kAngleJ];             // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const int w = s / kAngleWarpSegs, i = s % kAngleWarpSegs;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
     const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
     const bool on = j < nj;
-    const Idx h = on ? j / na : 0, a = on ? j % na : 0;
-    const float* raw = angles_raw + b * T * na + a;
-    const float* dtp = dt + b * T * nh + h;
-    float* out = angle_cumsum + b * T * nj + j;
-    if (s == 0) carry[jl] = on && angle_in ? static_cast<double>(angle_in[b * nj + j]) : 0.0;
-    for (Idx t0 = 0; t0 < T; t0 += kAngleTile) {
+    const Idx h = on ? j / na : 0, a = on ? j % na : 0, r0 = b * T + Idx(s) * kAngleSteps;
+    // At the segment's first step r = b·T + ts of the current tile (advanced a tile at a time).
+    const float* raw = angles_raw + r0 * na + a;
+    const float* dtp = dt + r0 * nh + h;
+    float* out = angle_cumsum + r0 * nj + j;
+    if (s == 0) carry[0][jl] = on && angle_in ? static_cast<double>(angle_in[b * nj + j]) : 0.0;
+    float rv[kAngleSteps] = {}, dv[kAngleSteps] = {};  // angles_raw, dt of the segment's steps
+    const int first = on ? segment_steps(T, Idx(s) * kAngleSteps) : 0;
+    load_steps(raw, static_cast<int>(na), first, rv);
+    load_steps(dtp, static_cast<int>(nh), first, dv);
+    int p = 0;
+    for (Idx t0 = 0; t0 < T; t0 += kAngleTile, p ^= 1) {
       const Idx ts = t0 + Idx(s) * kAngleSteps;  // this segment's first step
       const int steps = on ? segment_steps(T, ts) : 0;
-      const float *raw_s = raw + ts * na, *dt_s = dtp + ts * nh;
-      double incr[kAngleSteps];  // double((π·tanh)·dt), 0 past T
+      const int sa = opaque(static_cast<int>(na)), sh = opaque(static_cast<int>(nh)),
+                sj = opaque(static_cast<int>(nj));
+      double x[kAngleSteps];  // double((π·tanh)·dt), 0 past T
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
-        const float inc = k < steps ? kPiF * tanhf(raw_s[k * na]) * dt_s[k * nh] : 0.0f;
-        incr[k] = static_cast<double>(inc);
+        const float inc = kPiF * tanhf(rv[k]) * dv[k];
+        x[k] = static_cast<double>(k < steps ? inc : 0.0f);
       }
-      double sum = incr[0];  // 1. Σ_s
-#pragma unroll
-      for (int k = 1; k < kAngleSteps; ++k) sum += incr[k];
-      seg_sum[s][jl] = sum;
+      const double sum = segment_sum8(x);  // 1. Σ_s
+      // 2. X_s from the warp's segments 4w, 4w + 1, 4w + 2 (lanes jl, 8 + jl, 16 + jl).
+      const double v0 = __shfl_sync(0xffffffffu, sum, jl);
+      const double v1 = __shfl_sync(0xffffffffu, sum, kAngleJ + jl);
+      const double v2 = __shfl_sync(0xffffffffu, sum, 2 * kAngleJ + jl);
+      const double xs = i == 1 ? v0 : i == 2 ? v0 + v1 : (v0 + v1) + v2;  // used for i ≥ 1
+      if (i == kAngleWarpSegs - 1) warp_sum[p][w][jl] = xs + sum;       // W_w
       __syncthreads();
-      double theta = carry[jl];  // 2. E_s
+      // The next tile's angles_raw and dt, in flight during this tile's walk.
+      const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
+      load_steps(opaque(raw + kAngleTile * Idx(sa)), sa, next, rv);
+      load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
+      double theta = carry[p][jl];  // E_0 = c
       if (s > 0) {
-        for (int q = 0; q < s; ++q) theta += seg_sum[q][jl];
-        theta = wrap_two_pi(theta);
-      }
-      __syncthreads();  // seg_sum and carry read before they are written again
-      float* out_s = out + ts * nj;
+        double q = xs;  // Q_s
+        if (w > 0) {
+          double pw = warp_sum[p][0][jl];  // P_w
 #pragma unroll
-      for (int k = 0; k < kAngleSteps; ++k) {  // 3. walk
-        if (k < steps) {
-          theta = wrap_two_pi(theta + incr[k]);
-          out_s[k * nj] = static_cast<float>(theta);
+          for (int m = 1; m < kWarps - 1; ++m)
+            if (m < w) pw += warp_sum[p][m][jl];
+          q = i > 0 ? pw + xs : pw;
+        }
+        theta = wrap_two_pi(theta + q);
+      }
+      if (steps == kAngleSteps) {  // 3. walk
+#pragma unroll
+        for (int k = 0; k < kAngleSteps; ++k) {
+          theta = wrap_two_pi(theta + x[k]);
+          out[k * sj] = static_cast<float>(theta);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kAngleSteps - 1; ++k) {
+          if (k < steps) {
+            theta = wrap_two_pi(theta + x[k]);
+            out[k * sj] = static_cast<float>(theta);
+          }
         }
       }
-      if (s == kAngleSegs - 1) carry[jl] = theta;
+      if (s == kAngleSegs - 1 && t0 + kAngleTile < T) carry[p ^ 1][jl] = theta;
       if (steps > 0 && ts + steps == T) angle_out[b * nj + j] = static_cast<float>(theta);
+      raw += kAngleTile * Idx(sa);
+      dtp += kAngleTile * Idx(sh);
+      out += kAngleTile * Idx(sj);
     }
-    __syncthreads();  // carry and seg_sum free for the next (b, group)
+    __syncthreads();  // carry and warp_sum free for the next (b, group)
   }
 }
 
 // One thread per pair slot j < ⌈ds/2⌉ of one (r, h): a rotated pair (j < na) or two copies.
+// Where F4ef takes b_biased and c_biased (value e of row rh = r·nh + h): the tensors F4 stored,
+// or, fused with F4, recomputed from F4's stored X_normed and the bias exactly as F4 computes
+// what it stores: X_biased = T(float(X_normed[r, g(h)]) + X_bias[h]) (bcnorm.cu).
 template <class T>
+struct StoredBiased {
+  const T *b, *c;
+  Idx ds;
+  __device__ void at(Idx rh, Idx e, T& bv, T& cv) const {
+    bv = b[rh * ds + e];
+    cv = c[rh * ds + e];
+  }
+  template <int V>
+  __device__ void vec(Idx rh, Idx e, VecOf<T, V>& bv, VecOf<T, V>& cv) const {
+    bv = *reinterpret_cast<const VecOf<T, V>*>(b + rh * ds + e);
+    cv = *reinterpret_cast<const VecOf<T, V>*>(c + rh * ds + e);
+  }
+};
+template <class T>
+struct BiasedFromNormed {
+  const T *b_normed, *c_normed;
+  const float *b_bias, *c_bias;
+  Idx ds, ng;
+  FastDiv nh, hpg;
+  // Offsets of value e of row rh = r·nh + h in X_normed ([r, g(h)]) and in X_bias ([h]).
+  __device__ void offsets(Idx rh, Idx e, Idx& gn, Idx& hn) const {
+    Idx r;
+    const Idx h = nh.divmod(rh, r);
+    gn = (r * ng + hpg.div(h)) * ds + e;
+    hn = h * ds + e;
+  }
+  __device__ void at(Idx rh, Idx e, T& bv, T& cv) const {
+    Idx gn, hn;
+    offsets(rh, e, gn, hn);
+    bv = from_float<T>(to_float(b_normed[gn]) + b_bias[hn]);
+    cv = from_float<T>(to_float(c_normed[gn]) + c_bias[hn]);
+  }
+  template <int V>
+  __device__ void vec(Idx rh, Idx e, VecOf<T, V>& bv, VecOf<T, V>& cv) const {
+    Idx gn, hn;
+    offsets(rh, e, gn, hn);
+    float bn[V], cn[V], bb[V], cb[V];
+    load_vec<V>(b_normed + gn, bn);
+    load_vec<V>(c_normed + gn, cn);
+    load_vec<V>(b_bias + hn, bb);
+    load_vec<V>(c_bias + hn, cb);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      bv.e[u] = from_float<T>(bn[u] + bb[u]);
+      cv.e[u] = from_float<T>(cn[u] + cb[u]);
+    }
+  }
+};
+
+template <class T, class Src>
 __global__ void __launch_bounds__(kThreads)
-rope_forward_kernel(Idx units, Idx ds, Idx na, const float* theta, const T* b_biased,
-                    const T* c_biased, T* k, T* q) {
+rope_forward_kernel(Idx units, Idx ds, Idx na, const float* theta, Src src, T* k, T* q) {
   const Idx slots = (ds + 1) / 2;
   for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < units * slots;
        i += Idx(gridDim.x) * kThreads) {
     const Idx rh = i / slots, j = i % slots, n = rh * ds + 2 * j;
+    T bt[2] = {}, ct[2] = {};
+    src.at(rh, 2 * j, bt[0], ct[0]);
+    if (2 * j + 1 < ds) src.at(rh, 2 * j + 1, bt[1], ct[1]);
     if (j < na) {
       float sn, cs;
       sincosf(theta[rh * na + j], &sn, &cs);
-      const float b0 = to_float(b_biased[n]), b1 = to_float(b_biased[n + 1]);
-      const float c0 = to_float(c_biased[n]), c1 = to_float(c_biased[n + 1]);
+      const float b0 = to_float(bt[0]), b1 = to_float(bt[1]);
+      const float c0 = to_float(ct[0]), c1 = to_float(ct[1]);
       float k0, k1, q0, q1;
       rope_rotate(sn, cs, b0, b1, k0, k1);
       rope_rotate(sn, cs, c0, c1, q0, q1);
@@ -168,11 +306,11 @@ rope_forward_kernel(Idx units, Idx ds, Idx na, const float* theta, const T* b_bi
       q[n] = from_float<T>(q0);
       q[n + 1] = from_float<T>(q1);
     } else {
-      k[n] = b_biased[n];
-      q[n] = c_biased[n];
+      k[n] = bt[0];
+      q[n] = ct[0];
       if (2 * j + 1 < ds) {
-        k[n + 1] = b_biased[n + 1];
-        q[n + 1] = c_biased[n + 1];
+        k[n + 1] = bt[1];
+        q[n + 1] = ct[1];
       }
     }
   }
@@ -193,18 +331,18 @@ __device__ __forceinline__ void load_angles(const float* theta, Idx rh, Idx j0, 
 
 // One thread per vector i of V values (row rh = i / (ds / V), pairs j0 … j0 + V/2 − 1): the
 // vector path of the header; copied values keep their bits.
-template <class T>
+template <class T, class Src>
 __global__ void __launch_bounds__(kThreads)
-rope_forward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, const float* theta,
-                        const T* b_biased, const T* c_biased, T* k, T* q) {
+rope_forward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, const float* theta, Src src,
+                        T* k, T* q, FastDiv per_row) {
   constexpr int V = 16 / sizeof(T), P = V / 2;
   using W = VecOf<T, V>;
-  const Idx per_row = ds / V;
-  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < units * per_row;
+  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < units * per_row.divisor();
        i += Idx(gridDim.x) * kThreads) {
-    const Idx rh = i / per_row, j0 = (i % per_row) * P;
-    const W b = reinterpret_cast<const W*>(b_biased)[i];
-    const W c = reinterpret_cast<const W*>(c_biased)[i];
+    Idx rh;
+    const Idx j0 = per_row.divmod(i, rh) * P;
+    W b, c;
+    src.template vec<V>(rh, j0 * 2, b, c);
     W kv = b, qv = c;
     if (j0 < na) {
       float th[P];
@@ -341,56 +479,88 @@ rope_backward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, RopeBwd<T> p) {
 }
 
 // Θ̄ (reverse cumulative sum over t) per (b, h, a) → bar [BT, nh, na]; d_angle_in = Θ̄_0.
-// Blocks and threads as angle_forward_kernel; see the header (B5a 1–3).
-__global__ void __launch_bounds__(kThreads)
+// Blocks, threads and double-buffered W_w, c as angle_forward_kernel; see the header (B5a 1–3).
+__global__ void __launch_bounds__(kThreads, 8)
 angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
                             const float* __restrict__ d_angle_cumsum,
                             const float* __restrict__ d_angle_out, float* __restrict__ bar,
                             float* __restrict__ d_angle_in) {
-  __shared__ float seg_sum[kAngleSegs][kAngleJ];
-  __shared__ float carry[kAngleJ];
+  __shared__ float warp_sum[2][kWarps][kAngleJ];  // W_w
+  __shared__ float carry[2][kAngleJ];             // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const int w = s / kAngleWarpSegs, i = s % kAngleWarpSegs;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
+  const Idx last = (T - 1) / kAngleTile * kAngleTile;  // first step of the last tile
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
     const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
     const bool on = j < nj;
-    const float* dth = d_angle_cumsum + b * T * nj + j;
-    float* out = bar + b * T * nj + j;
-    if (s == 0) carry[jl] = on && d_angle_out ? d_angle_out[b * nj + j] : 0.0f;
-    for (Idx t0 = (T - 1) / kAngleTile * kAngleTile; t0 >= 0; t0 -= kAngleTile) {
-      const Idx ts = t0 + Idx(s) * kAngleSteps;
-      const int steps = on ? segment_steps(T, ts) : 0;
-      const float* dth_s = dth + ts * nj;
-      float* out_s = out + ts * nj;
+    const Idx r0 = b * T + last + Idx(s) * kAngleSteps;
+    // At the segment's first step r = b·T + ts of the current tile (moved back a tile at a time).
+    const float* dth = d_angle_cumsum + r0 * nj + j;
+    float* out = bar + r0 * nj + j;
+    if (s == 0) carry[0][jl] = on && d_angle_out ? d_angle_out[b * nj + j] : 0.0f;
+    float gn[kAngleSteps] = {};  // dθ of the segment's steps in the tile to do next
+    load_steps(dth, static_cast<int>(nj), on ? segment_steps(T, last + Idx(s) * kAngleSteps) : 0,
+               gn);
+    int p = 0;
+    for (Idx t0 = last; t0 >= 0; t0 -= kAngleTile, p ^= 1) {
+      const int steps = on ? segment_steps(T, t0 + Idx(s) * kAngleSteps) : 0;
+      const int sj = opaque(static_cast<int>(nj));
       float g[kAngleSteps];  // dθ, 0 past T
 #pragma unroll
-      for (int k = 0; k < kAngleSteps; ++k) g[k] = k < steps ? dth_s[k * nj] : 0.0f;
-      float sum = g[kAngleSteps - 1];  // 1. R_s
-#pragma unroll
-      for (int k = kAngleSteps - 2; k >= 0; --k) sum += g[k];
-      seg_sum[s][jl] = sum;
+      for (int k = 0; k < kAngleSteps; ++k) g[k] = k < steps ? gn[k] : 0.0f;
+      // The previous tile's dθ (whole: its steps are < t0 ≤ T − 1), in flight during 1–3.
+      if (t0 > 0) load_steps(opaque(dth - kAngleTile * Idx(sj)), sj, on ? kAngleSteps : 0, gn);
+      const float sum = segment_sum8(g);  // 1. R_s
+      // 2. Y_s from the warp's segments 4w + 3, 4w + 2, 4w + 1 (lanes 24 + jl, 16 + jl, 8 + jl).
+      const float v3 = __shfl_sync(0xffffffffu, sum, 3 * kAngleJ + jl);
+      const float v2 = __shfl_sync(0xffffffffu, sum, 2 * kAngleJ + jl);
+      const float v1 = __shfl_sync(0xffffffffu, sum, kAngleJ + jl);
+      const float ys = i == 2 ? v3 : i == 1 ? v3 + v2 : (v3 + v2) + v1;  // used for i ≤ 2
+      if (i == 0) warp_sum[p][w][jl] = ys + sum;                          // W_w
       __syncthreads();
-      float run = carry[jl];  // 2. F_s
-      for (int q = kAngleSegs - 1; q > s; --q)
-        if (t0 + Idx(q) * kAngleSteps < T) run += seg_sum[q][jl];
-      __syncthreads();  // seg_sum and carry read before they are written again
+      float run = carry[p][jl];  // F_31 = c
+      if (s < kAngleSegs - 1) {
+        float q = ys;  // Q_s
+        if (w < kWarps - 1) {
+          float sw = warp_sum[p][kWarps - 1][jl];  // S_w
 #pragma unroll
-      for (int k = kAngleSteps - 1; k >= 0; --k) {  // 3. walk
-        if (k < steps) {
+          for (int m = kWarps - 2; m > 0; --m)
+            if (m > w) sw += warp_sum[p][m][jl];
+          q = i < kAngleWarpSegs - 1 ? sw + ys : sw;
+        }
+        run += q;
+      }
+      if (steps == kAngleSteps) {  // 3. walk
+#pragma unroll
+        for (int k = kAngleSteps - 1; k >= 0; --k) {
           run += g[k];
-          out_s[k * nj] = run;
+          out[k * sj] = run;
+        }
+      } else {
+#pragma unroll
+        for (int k = kAngleSteps - 2; k >= 0; --k) {
+          if (k < steps) {
+            run += g[k];
+            out[k * sj] = run;
+          }
         }
       }
-      if (s == 0) carry[jl] = run;
+      if (s == 0 && t0 > 0) carry[p ^ 1][jl] = run;
       if (s == 0 && t0 == 0 && on && d_angle_in) d_angle_in[b * nj + j] = run;
+      dth -= kAngleTile * Idx(sj);
+      out -= kAngleTile * Idx(sj);
     }
-    __syncthreads();  // carry and seg_sum free for the next (b, group)
+    __syncthreads();  // carry and warp_sum free for the next (b, group)
   }
 }
 
-// One thread per output of row r: j < na → d_angles_raw[r, j]; else d_dt_angle[r, j − na].
+// One thread per output of row r: j < na → d_angles_raw[r, j]; else d_dt_angle[r, j − na]. With
+// vec4 (na % 4 == 0, bar and angles_raw 16-byte aligned) a d_dt_angle thread reads its rows of
+// Θ̄ and angles_raw 4 values per access (a quarter of the L1 wavefronts of its strided reads);
+// the same terms in the same order either way.
 __global__ void __launch_bounds__(kThreads)
-angle_grads_kernel(Idx BT, Idx nh, Idx na, const float* angles_raw, const float* dt,
+angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* angles_raw, const float* dt,
                    const float* bar, float* d_angles_raw, float* d_dt_angle) {
   const Idx per_row = na + nh;
   for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < BT * per_row;
@@ -405,8 +575,18 @@ angle_grads_kernel(Idx BT, Idx nh, Idx na, const float* angles_raw, const float*
       d_angles_raw[r * na + j] = sum;
     } else {
       const Idx h = j - na;
-      for (Idx a = 0; a < na; ++a)
-        sum += bar_r[h * na + a] * kPiF * tanhf(angles_raw[r * na + a]);
+      const float *bar_h = bar_r + h * na, *raw_r = angles_raw + r * na;
+      if (vec4) {
+        for (Idx a = 0; a < na; a += 4) {
+          float bv[4], rv[4];
+          load_n<4>(bar_h + a, bv);
+          load_n<4>(raw_r + a, rv);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tanhf(rv[e]);
+        }
+      } else {
+        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * tanhf(raw_r[a]);
+      }
       d_dt_angle[r * nh + h] = sum;
     }
   }
@@ -444,12 +624,34 @@ unsigned int angle_blocks(const Dims& d) {
   return grid_for(d.B * ((d.nh * d.na + kAngleJ - 1) / kAngleJ), 1);
 }
 
+// The angle kernels address the steps of a segment by int offsets k·(row stride), k < kAngleSteps.
+void check_angle_rows(const Dims& d, const char* where) {
+  M3_REQUIRE(d.nh * d.na <= INT_MAX / kAngleSteps, where, "angle rows too wide", "nh·na=",
+             d.nh * d.na, " (at most ", INT_MAX / kAngleSteps, ")");
+}
+
+template <class T, class Src>
+void rope_forward_from(cudaStream_t s, const Dims& d, const float* theta, const Src& src,
+                       bool vec, T* k, T* q) {
+  const Idx units = d.BT * d.nh;
+  if (vec) {
+    const bool tvec = angles_vec<T>(d.na, {theta});
+    rope_forward_vec_kernel<T><<<grid_for(units * (d.ds / kVec<T>), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, tvec, theta, src, k, q, FastDiv(d.ds / kVec<T>));
+  } else {
+    rope_forward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
+        units, d.ds, d.na, theta, src, k, q);
+  }
+  M3_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const float* dt,
                    const float* angle_in, float* angle_cumsum, float* angle_out) {
   check_rope_dims(d, "gpu::angle_forward");
   if (d.na == 0) return;
+  check_angle_rows(d, "gpu::angle_forward");
   angle_forward_kernel<<<angle_blocks(d), kThreads, 0, s>>>(d.B, d.T, d.nh, d.na, angles_raw, dt,
                                                             angle_in, angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
@@ -459,16 +661,22 @@ template <class T>
 void rope_forward(cudaStream_t s, const Dims& d, const float* theta, const T* b_biased,
                   const T* c_biased, T* k, T* q) {
   check_rope_dims(d, "gpu::rope_forward");
-  const Idx units = d.BT * d.nh;
-  if (vector_rows<T>(d.ds, {b_biased, c_biased, k, q})) {
-    const bool tvec = angles_vec<T>(d.na, {theta});
-    rope_forward_vec_kernel<T><<<grid_for(units * (d.ds / kVec<T>), kThreads), kThreads, 0, s>>>(
-        units, d.ds, d.na, tvec, theta, b_biased, c_biased, k, q);
-  } else {
-    rope_forward_kernel<T><<<grid_for(units * ((d.ds + 1) / 2), kThreads), kThreads, 0, s>>>(
-        units, d.ds, d.na, theta, b_biased, c_biased, k, q);
-  }
-  M3_LAUNCH_CHECK();
+  rope_forward_from(s, d, theta, StoredBiased<T>{b_biased, c_biased, d.ds},
+                    vector_rows<T>(d.ds, {b_biased, c_biased, k, q}), k, q);
+}
+
+template <class T>
+void rope_forward_normed(cudaStream_t s, const Dims& d, const float* theta, const T* b_normed,
+                         const T* c_normed, const float* b_bias, const float* c_bias, T* k,
+                         T* q) {
+  const char* where = "gpu::rope_forward_normed";
+  check_rope_dims(d, where);
+  M3_REQUIRE(d.ng >= 1 && d.hpg * d.ng == d.nh, where, "bad dims", "ng=", d.ng, " hpg=", d.hpg,
+             " nh=", d.nh);
+  rope_forward_from(s, d, theta,
+                    BiasedFromNormed<T>{b_normed, c_normed, b_bias, c_bias, d.ds, d.ng,
+                                        FastDiv(d.nh), FastDiv(d.hpg)},
+                    vector_rows<T>(d.ds, {b_normed, c_normed, b_bias, c_bias, k, q}), k, q);
 }
 
 template <class T>
@@ -498,18 +706,22 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   check_rope_dims(d, where);
   require_scratch(scratch, d.BT * d.nh * d.na, where);
   if (d.na > 0) {
+    check_angle_rows(d, where);
     angle_reverse_cumsum_kernel<<<angle_blocks(d), kThreads, 0, s>>>(
         d.B, d.T, d.nh, d.na, p.d_angle_cumsum, p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
   }
+  const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(p.angles_raw, 16);
   angle_grads_kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
-      d.BT, d.nh, d.na, p.angles_raw, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
+      d.BT, d.nh, d.na, vec4, p.angles_raw, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
   M3_LAUNCH_CHECK();
 }
 
 #define M3_INSTANTIATE(T)                                                                \
   template void rope_forward<T>(cudaStream_t, const Dims&, const float*, const T*, const T*, \
                                 T*, T*);                                                 \
+  template void rope_forward_normed<T>(cudaStream_t, const Dims&, const float*, const T*,   \
+                                       const T*, const float*, const float*, T*, T*);      \
   template void rope_backward<T>(cudaStream_t, const Dims&, const RopeBwd<T>&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE

@@ -4,14 +4,17 @@
 //   forward      (x0, x1) → (cs·x0 − sn·x1, sn·x0 + cs·x1)
 //   backward     Rᵀ(g0, g1) = (cs·g0 + sn·g1, −sn·g0 + cs·g1)
 //   angle grad   dθ = −g0·r1 + g1·r0      (r = the rotated pair of the forward)
+// The forward rotation is written with explicit round-to-nearest products and sums (no fma
+// contraction), so that every kernel that rotates a pair gets the same bits: the chunked
+// backward tail recomputes k and q from b_biased and c_biased instead of reading them.
 #pragma once
 
 namespace m3::gpu {
 
 __device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float x1, float& y0,
                                             float& y1) {
-  y0 = cs * x0 - sn * x1;
-  y1 = sn * x0 + cs * x1;
+  y0 = __fsub_rn(__fmul_rn(cs, x0), __fmul_rn(sn, x1));
+  y1 = __fadd_rn(__fmul_rn(sn, x0), __fmul_rn(cs, x1));
 }
 
 __device__ __forceinline__ void rope_rotate_t(float sn, float cs, float g0, float g1, float& o0,

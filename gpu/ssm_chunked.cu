@@ -31,7 +31,9 @@
 //   step 2 (qk_rope_bwd_kernel: the RoPE backward of rope.cu fused with the qk terms):
 //         dScale = dK_mid·K; dGamma = dQK·(c_biased·b_biased); the RoPE backward with
 //         dv1 = scale·dK_mid (+ d_k_out at t = T−1), rot1 = k, dv2 = dQ_mid, rot2 = q, plus
-//         dQK·γ·c_biased, dQK·γ·b_biased → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum
+//         dQK·γ·c_biased, dQK·γ·b_biased → d_b_pre_rope, d_c_pre_rope, d_angle_cumsum;
+//         optionally with b/c_biased, k, q recomputed from b/c_normed (bit for bit) and with
+//         B4b fused in (d_b/c_normed, the bias gradients; d_X_pre_rope then need not be stored)
 //   step 3 (ddt_dtrap_kernel): dDT_t = (dGamma_t + dScale_t)·trap_t + dScale_{t−1}(1 − trap_t);
 //         d_trap_sig = ((dGamma_t + dScale_t) − dScale_{t−1})·dt_t; d_adt_total = dADT,
 //         d_dt_direct = dDT
@@ -60,8 +62,8 @@
 // chunk length works; headdim and d_state are padded (with zeros) to 16·RH, 16·RD,
 // RH, RD ∈ {2, 4, 8}.
 // Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
-// Scratch (backward only, floats): B·nc·nh·hd·ds (dS per chunk) + B·nh (dScale_{−1}), each
-// rounded up to 64.
+// Scratch (backward only, floats): max(B·nc·nh·hd·ds (dS per chunk), step 2's bias partial
+// sums 2·⌈BT/64⌉·nh·ds + their column-sum scratch) + B·nh (dScale_{−1}), each rounded up to 64.
 // Determinism: no atomics; every output has one writer; every sum runs in a fixed order.
 #include <algorithm>
 
@@ -70,6 +72,7 @@
 #include "chunk_fwd_tc.cuh"
 #include "chunk_state_tc.cuh"
 #include "convert.cuh"
+#include "fast_div.cuh"
 #include "reduce.cuh"
 #include "rope_pair.cuh"
 #include "ssm_chunk_geom.cuh"
@@ -257,49 +260,72 @@ __device__ __forceinline__ float row16_sum(float v) {
 }
 
 // ---- K0/K1 --------------------------------------------------------------------------------
-// One warp per (r, h); lanes over n.
+// Half a warp per (r, h); lanes over n.
+constexpr int kPrepLanes = 16;  // lanes per (r, h) row in prep_kernel
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-prep_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
-  const int lane = threadIdx.x & 31;
-  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
+prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len) {
+  // Half a warp per (r, h) row (Seg<16>: two rows per warp in flight): lane l < 16 owns the
+  // values n = 4l + 64k, k ∈ {0, 1} (ds ≤ 128, chunk_geom), read and written 4 at a time when
+  // ds % 4 == 0 and the rows are aligned, else element by element.
+  using S = Seg<kPrepLanes>;
+  const Idx rows = g.B * g.T * g.nh, ds = g.ds;
   constexpr unsigned kVec = 4 * sizeof(T);
-  const bool vec = g.ds % 4 == 0 && is_aligned(p.k, kVec) && is_aligned(p.q, kVec) &&
+  const bool vec = ds % 4 == 0 && is_aligned(p.k, kVec) && is_aligned(p.q, kVec) &&
                    is_aligned(p.k_scaled_saved, kVec);
-  for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
-    const Idx t = (i / g.nh) % g.T;
-    const float dt = p.dt[i], gam = dt * p.trap[i];
-    const float sg = t + 1 < g.T ? p.dt[i + g.nh] * (1.0f - p.trap[i + g.nh]) : 0.0f;
+  for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
+    const Idx i = w0 + S::seg();
+    const bool on = i < rows;
+    Idx r, b;
+    nh.divmod(i, r);
+    const bool next = on && T_len.divmod(r, b) + 1 < g.T;  // sg = 0 at t = T − 1
+    const float dt = on ? p.dt[i] : 0.0f, trap = on ? p.trap[i] : 0.0f;
+    const float dt1 = next ? p.dt[i + g.nh] : 0.0f, trap1 = next ? p.trap[i + g.nh] : 1.0f;
+    const T* k = p.k + i * ds;
+    const T* q = p.q + i * ds;
+    float kv[2][4], qv[2][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const Idx n = 4 * Idx(S::lane()) + 64 * c;
+      if (vec && on && n < ds) {
+        load_n<4>(k + n, kv[c]);
+        load_n<4>(q + n, qv[c]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool in = !vec && on && n + e < ds;
+          kv[c][e] = in ? to_float(k[n + e]) : 0.0f;
+          qv[c][e] = in ? to_float(q[n + e]) : 0.0f;
+        }
+      }
+    }
+    const float gam = dt * trap, sg = dt1 * (1.0f - trap1);
     // Not contracted into an fma: the reference rounds γ and sg, then adds, and Ks is stored
     // typed from K·scale, so the same scale gives the same rounded Ks.
     const float scale = __fadd_rn(gam, sg);
-    // Q·K and Ks, four values per lane in one 8-byte (16 for f32) access when the rows allow
-    // (ds % 4 == 0, aligned pointers), else one value per lane.
-    const T* k = p.k + i * g.ds;
-    const T* q = p.q + i * g.ds;
-    T* ks = p.k_scaled_saved + i * g.ds;
+    // Q·K: the lane's values in ascending n (zeros past ds add nothing), then segment_sum.
     float qk = 0.0f;
-    if (vec) {
-      for (Idx n = 4 * lane; n < g.ds; n += 128) {
-        float kv[4], qv[4];
-        load_n<4>(k + n, kv);
-        load_n<4>(q + n, qv);
+    T* ks = p.k_scaled_saved + i * ds;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          qk += qv[e] * kv[e];
-          kv[e] *= scale;
-        }
-        store_n<4>(ks + n, kv);
+    for (int c = 0; c < 2; ++c) {
+      const Idx n = 4 * Idx(S::lane()) + 64 * c;
+      float o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        qk += qv[c][e] * kv[c][e];
+        o[e] = kv[c][e] * scale;
       }
-    } else {
-      for (Idx n = lane; n < g.ds; n += 32) {
-        const float kv = to_float(k[n]);
-        qk += to_float(q[n]) * kv;
-        ks[n] = from_float<T>(kv * scale);
+      if (vec && on && n < ds) {
+        store_n<4>(ks + n, o);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!vec && on && n + e < ds) ks[n + e] = from_float<T>(o[e]);
       }
     }
-    qk = warp_sum(qk);
-    if (lane == 0) {
+    qk = segment_sum<kPrepLanes>(qk);
+    if (on && S::lane() == 0) {
       p.adt[i] = p.a_val[i] * dt;
       p.gamma_saved[i] = gam;
       p.scale_saved[i] = scale;
@@ -907,78 +933,239 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
   d_d_param[h] += acc;
 }
 
-// ---- step 2: dqktheta and the RoPE backward, fused ----------------------------------------------
-// One warp per (r, h) row; lane l takes the pairs j = l, l + 32, … (elements n = 2j, 2j + 1):
+// ---- step 2: dqktheta, the RoPE backward and (optionally) B4b's head sums, fused -----------------
+// A block takes kTailRows consecutive rows r, all heads; producer warp w < kTailWarps takes heads
+// h = w, w + kTailWarps, …
+// of each row, lane l the pairs j = l, l + 32, … (elements n = 2j, 2j + 1) of that (r, h):
 //   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
 //   rotated pair (j < na, angle θ_j = theta[r, h, j], R its rotation):
 //     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
 //     d_angle_cumsum_j = (−dv1_{2j}·k_{2j+1} + dv1_{2j+1}·k_{2j}) + (−dv2_{2j}·q_{2j+1} + dv2_{2j+1}·q_{2j});
 //   other elements (j ≥ na, and the last one when ds is odd): the same without R;
 //   dScale = Σ_n dK_mid·k, dGamma = dQK·Σ_n c_biased·b_biased (lane sums, then warp_sum).
-// The formulas of rope_backward (rope.cu) with the qk extra, and of the former separate
-// dqktheta step; fused so that dv1 is never stored and dK_mid, k, c, b are read once.
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-qk_rope_bwd_kernel(ChunkGeom g, Idx na, SsmChunkBwd<T> p) {
-  // ds ≤ 128 (chunk_geom): a lane holds at most kSlots pairs; all of its loads are issued
-  // before any store.
-  constexpr int kSlots = 2;
-  const int lane = threadIdx.x & 31;
-  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * (kThreads / 32);
-  const Idx ds = g.ds, slots = (ds + 1) / 2;
-  for (Idx i = (Idx(blockIdx.x) * kThreads + threadIdx.x) / 32; i < rows; i += stride) {
-    const Idx r = i / g.nh, h = i % g.nh, base = i * ds;
-    const float* dkout = r % g.T == g.T - 1 ? p.d_k_out + ((r / g.T) * g.nh + h) * ds : nullptr;
-    const float sc = p.scale_saved[i], dqk = p.dQK_dot[i], e = dqk * p.gamma_saved[i];
-    float dk[kSlots][2], g2[kSlots][2], kv[kSlots][2], qv[kSlots][2], cv[kSlots][2],
-        bv[kSlots][2], th[kSlots];
+// The formulas of rope_backward (rope.cu) with the qk extra; dv1 is never stored and dK_mid, k,
+// c, b are read once.
+// kRecompute: b_biased, c_biased, k, q are not read but recomputed, bit for bit the values F4 and
+// F4ef stored: X_biased = T(float(X_normed[r, g(h)]) + X_bias[h]) (bcnorm.cu), k and q their
+// T-rounded rotations by θ (rope_rotate, whose products and sums are pinned to the same
+// roundings in every kernel). Reads [BT, ng, ds] instead of four [BT, nh, ds] tensors.
+// kFuse (B4b's head sums, MODEL.md §6.2 B4b, done here while d_X_pre_rope is in registers):
+//   the producers put the row's d_X_pre_rope into a shared row buffer (two, alternating between
+//   rows) and add each of their own (h, n) elements, which are the same ones in every row, to
+//   acc_X[h, n] in shared memory (ascending r); kTailConsumers extra warps then form
+//     d_X_normed[r,g,n] = T( Σ_{h: g(h)=g} d_X_pre_rope[r,h,n] )   (ascending h from 0.0f: the
+//   value bcnorm_backward_kernel computes). Producers and consumers meet at named barriers, so
+//   producers never wait for each other: row r's buffer is "full" when every producer has
+//   arrived (bar.arrive, release) and the consumers' bar.sync (acquire) returns; the producers
+//   rewrite it for row r + 2 after bar.sync on "empty", which the consumers arrive at once done
+//   with row r. At the end acc_X is stored as the block's partial column sums part_X[block,
+//   h·ds + n]; the launcher sums them over the blocks with colsum_rows (a fixed order) into
+//   d X_bias.
+// d_X_pre_rope are stored when the pointers are set (capture, isolated mode, unfused runs).
+constexpr int kTailWarps = 16;     // producer warps
+constexpr int kTailConsumers = 1;  // consumer warps (kFuse)
+constexpr int tail_threads(bool fuse) { return 32 * (kTailWarps + (fuse ? kTailConsumers : 0)); }
+constexpr Idx kTailRows = 64;    // rows per block: the bias partial sums' row chunk
+constexpr int kTailBuffers = 6;  // kFuse: shared floats per nh·ds: acc_b, acc_c, two rows × (b, c)
+constexpr int kBarFull = 1, kBarEmpty = 3;  // named barriers kBarFull + buffer, kBarEmpty + buffer
+
+// Named barrier kId: bar.sync (wait for `threads` arrivals, acquire) or bar.arrive (count this
+// warp, release, do not wait). Immediate ids, so that ptxas reserves only the ones used.
+template <int kId, bool kArrive>
+__device__ __forceinline__ void named_barrier(int threads) {
+  if constexpr (kArrive)
+    asm volatile("bar.arrive %0, %1;" ::"n"(kId), "r"(threads) : "memory");
+  else
+    asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
+}
+// The barrier kId0 + buf of a double-buffered pair.
+template <int kId0>
+__device__ __forceinline__ void bar_sync(int buf, int threads) {
+  buf == 0 ? named_barrier<kId0, false>(threads) : named_barrier<kId0 + 1, false>(threads);
+}
+template <int kId0>
+__device__ __forceinline__ void bar_arrive(int buf, int threads) {
+  buf == 0 ? named_barrier<kId0, true>(threads) : named_barrier<kId0 + 1, true>(threads);
+}
+
+struct TailGeom {
+  Idx na, ng, hpg;
+};
+
+// The lane's 4 consecutive values of a row from element n0: one access (16 bytes of f32, 8 of
+// a 16-bit T) when kVec (ds % 4 == 0, aligned rows; the whole group is inside the row when
+// n0 < ds), else element by element; values past the row (or the whole group when n0 ≥ ds) are 0.
+template <bool kVec, class X>
+__device__ __forceinline__ void tail_load4(const X* row, Idx n0, Idx ds, float (&v)[4]) {
+  if (kVec && n0 < ds) {
+    load_n<4>(row + n0, v);
+  } else {
 #pragma unroll
-    for (int u = 0; u < kSlots; ++u) {
-      const Idx j = lane + 32 * u, n = 2 * j;
-      th[u] = j < na ? p.theta[i * na + j] : 0.0f;
+    for (int e = 0; e < 4; ++e) v[e] = !kVec && n0 + e < ds ? to_float(row[n0 + e]) : 0.0f;
+  }
+}
+template <bool kVec>
+__device__ __forceinline__ void tail_store4(float* row, Idx n0, Idx ds, const float (&v)[4]) {
+  if (kVec) {
+    if (n0 < ds) store_n<4>(row + n0, v);
+  } else {
 #pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        const bool in = j < slots && n + o < ds;
-        dk[u][o] = in ? p.dK_mid[base + n + o] : 0.0f;
-        g2[u][o] = in ? p.dQ_mid[base + n + o] : 0.0f;
-        kv[u][o] = in ? to_float(p.k[base + n + o]) : 0.0f;
-        qv[u][o] = in ? to_float(p.q[base + n + o]) : 0.0f;
-        cv[u][o] = in ? to_float(p.c_biased[base + n + o]) : 0.0f;
-        bv[u][o] = in ? to_float(p.b_biased[base + n + o]) : 0.0f;
+    for (int e = 0; e < 4; ++e)
+      if (n0 + e < ds) row[n0 + e] = v[e];
+  }
+}
+
+template <class T, bool kRecompute, bool kFuse, bool kVec>
+__global__ void __launch_bounds__(tail_threads(kFuse), 2)
+qk_rope_bwd_kernel(ChunkGeom g, TailGeom tg, SsmChunkBwd<T> p, float* part_b, float* part_c) {
+  constexpr int kAll = tail_threads(kFuse);
+  // ds ≤ 128 (chunk_geom): lane l owns the 4 values n0 = 4l … 4l + 3 of a row (the pairs
+  // j = 2l, 2l + 1); all of a row's loads are issued before any store.
+  extern __shared__ float tail_smem[];  // kFuse: acc_b, acc_c, rows[2] (b, c); nh·ds floats each
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const Idx nh = g.nh, ds = g.ds, na = tg.na, nhds = nh * ds, n0 = 4 * Idx(lane);
+  float *acc_b = tail_smem, *acc_c = acc_b + nhds;
+  if constexpr (kFuse) {
+    for (Idx e = threadIdx.x; e < 2 * nhds; e += kAll) tail_smem[e] = 0.0f;
+    __syncthreads();
+  }
+  const bool consumer = kFuse && warp >= kTailWarps;
+  const Idx BT = g.B * g.T, r0 = Idx(blockIdx.x) * kTailRows;
+  const Idx r1 = r0 + kTailRows < BT ? r0 + kTailRows : BT;
+  for (Idx r = r0; r < r1; ++r) {
+    const int buf = static_cast<int>((r - r0) & 1);
+    float* row_b = acc_c + (1 + 2 * buf) * nhds;  // this row's buffers
+    float* row_c = row_b + nhds;
+    if (consumer) {
+      bar_sync<kBarFull>(buf, kAll);  // every producer has stored row r
+      const Idx gds = tg.ng * ds;
+      for (Idx x = threadIdx.x - 32 * kTailWarps; x < 2 * gds; x += 32 * kTailConsumers) {
+        const bool is_c = x >= gds;
+        const Idx gn = is_c ? x - gds : x;  // g·ds + n
+        const float* col = (is_c ? row_c : row_b) + (gn / ds) * tg.hpg * ds + gn % ds;
+        // Ascending h; the shared loads go out kU at a time.
+        constexpr int kU = 8;
+        float sum = 0.0f;
+        Idx k = 0;
+        for (; k + kU <= tg.hpg; k += kU) {
+          float v[kU];
+#pragma unroll
+          for (int u = 0; u < kU; ++u) v[u] = col[(k + u) * ds];
+#pragma unroll
+          for (int u = 0; u < kU; ++u) sum += v[u];
+        }
+        for (; k < tg.hpg; ++k) sum += col[k * ds];
+        (is_c ? p.d_c_normed : p.d_b_normed)[r * gds + gn] = from_float<T>(sum);
+      }
+      if (r + 2 < r1) bar_arrive<kBarEmpty>(buf, kAll);  // the producers of row r + 2 wait
+      continue;
+    }
+    if (kFuse && r - r0 >= 2) bar_sync<kBarEmpty>(buf, kAll);  // row r − 2 consumed
+    const bool last = r % g.T == g.T - 1;  // t = T − 1: d_k_out enters the k path
+    const float* dkout_row = last ? p.d_k_out + (r / g.T) * nh * ds : nullptr;
+    for (Idx h = warp; h < nh; h += kTailWarps) {
+      const Idx i = r * nh + h, base = i * ds;
+      const float sc = p.scale_saved[i], dqk = p.dQK_dot[i], e = dqk * p.gamma_saved[i];
+      float dk[4], g2[4], kv[4], qv[4], cv[4], bv[4], th[2];
+      if (kVec && 2 * Idx(lane) < na) {  // kVec: na is even, so both pairs are rotated
+        load_n<2>(p.theta + i * na + 2 * lane, th);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) th[u] = 2 * lane + u < na ? p.theta[i * na + 2 * lane + u] : 0.0f;
+      }
+      tail_load4<kVec>(p.dK_mid + base, n0, ds, dk);
+      tail_load4<kVec>(p.dQ_mid + base, n0, ds, g2);
+      if constexpr (kRecompute) {
+        const Idx gn = (r * tg.ng + (tg.ng == 1 ? 0 : h / tg.hpg)) * ds, hn = h * ds;
+        float nb[4], nc[4], ab[4], ac[4];
+        tail_load4<kVec>(p.b_normed + gn, n0, ds, nb);
+        tail_load4<kVec>(p.c_normed + gn, n0, ds, nc);
+        tail_load4<kVec>(p.b_bias + hn, n0, ds, ab);
+        tail_load4<kVec>(p.c_bias + hn, n0, ds, ac);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          bv[v] = round_trip<T>(nb[v] + ab[v]);
+          cv[v] = round_trip<T>(nc[v] + ac[v]);
+        }
+      } else {
+        tail_load4<kVec>(p.k + base, n0, ds, kv);
+        tail_load4<kVec>(p.q + base, n0, ds, qv);
+        tail_load4<kVec>(p.b_biased + base, n0, ds, bv);
+        tail_load4<kVec>(p.c_biased + base, n0, ds, cv);
+      }
+      float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (last) tail_load4<kVec>(dkout_row + h * ds, n0, ds, dkout);
+      float db[4], dc[4], dang[2];
+      float dsc = 0.0f, qk = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {  // pair j = 2·lane + u: values 2u, 2u + 1 of the lane's 4
+        const Idx j = 2 * lane + u;
+        const int a = 2 * u, b1 = 2 * u + 1;
+        float sn = 0.0f, cs = 1.0f;
+        if (j < na) sincosf(th[u], &sn, &cs);
+        if constexpr (kRecompute) {  // k, q as F4ef stored them (copies for j ≥ na)
+          kv[a] = bv[a], kv[b1] = bv[b1], qv[a] = cv[a], qv[b1] = cv[b1];
+          if (j < na) {
+            rope_rotate(sn, cs, bv[a], bv[b1], kv[a], kv[b1]);
+            rope_rotate(sn, cs, cv[a], cv[b1], qv[a], qv[b1]);
+            kv[a] = round_trip<T>(kv[a]), kv[b1] = round_trip<T>(kv[b1]);
+            qv[a] = round_trip<T>(qv[a]), qv[b1] = round_trip<T>(qv[b1]);
+          }
+        }
+        // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
+        const float g1[2] = {sc * dk[a] + dkout[a], sc * dk[b1] + dkout[b1]};
+        dsc += dk[a] * kv[a];
+        qk += cv[a] * bv[a];
+        dsc += dk[b1] * kv[b1];
+        qk += cv[b1] * bv[b1];
+        float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[a], g2[b1]};
+        dang[u] = 0.0f;
+        if (j < na) {
+          rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
+          rope_rotate_t(sn, cs, g2[a], g2[b1], o2[0], o2[1]);
+          dang[u] = rope_angle_grad(g1[0], g1[1], kv[a], kv[b1]) +
+                    rope_angle_grad(g2[a], g2[b1], qv[a], qv[b1]);
+        }
+        db[a] = o1[0] + e * cv[a], db[b1] = o1[1] + e * cv[b1];
+        dc[a] = o2[0] + e * bv[a], dc[b1] = o2[1] + e * bv[b1];
+      }
+      if (kVec && 2 * Idx(lane) < na) {
+        store_n<2>(p.d_angle_cumsum + i * na + 2 * lane, dang);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          if (2 * lane + u < na) p.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
+      }
+      if (p.d_b_pre_rope) {
+        tail_store4<kVec>(p.d_b_pre_rope + base, n0, ds, db);
+        tail_store4<kVec>(p.d_c_pre_rope + base, n0, ds, dc);
+      }
+      if constexpr (kFuse) {
+        const Idx hn = h * ds;
+        tail_store4<kVec>(row_b + hn, n0, ds, db);
+        tail_store4<kVec>(row_c + hn, n0, ds, dc);
+        float ab[4], ac[4];
+        tail_load4<kVec>(acc_b + hn, n0, ds, ab);
+        tail_load4<kVec>(acc_c + hn, n0, ds, ac);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) ab[v] += db[v], ac[v] += dc[v];
+        tail_store4<kVec>(acc_b + hn, n0, ds, ab);
+        tail_store4<kVec>(acc_c + hn, n0, ds, ac);
+      }
+      dsc = warp_sum(dsc);
+      qk = warp_sum(qk);
+      if (lane == 0) {
+        p.dScale[i] = dsc;
+        p.dGamma[i] = dqk * qk;
       }
     }
-    float dsc = 0.0f, qk = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kSlots; ++u) {
-      const Idx j = lane + 32 * u, n = 2 * j;
-      if (j >= slots) break;
-      const int m = n + 1 < ds ? 2 : 1;
-      float g1[2];
-#pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        g1[o] = dkout && o < m ? sc * dk[u][o] + dkout[n + o] : sc * dk[u][o];
-        dsc += dk[u][o] * kv[u][o];
-        qk += cv[u][o] * bv[u][o];
-      }
-      float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[u][0], g2[u][1]};
-      if (j < na) {
-        float sn, cs;
-        sincosf(th[u], &sn, &cs);
-        rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
-        rope_rotate_t(sn, cs, g2[u][0], g2[u][1], o2[0], o2[1]);
-        p.d_angle_cumsum[i * na + j] = rope_angle_grad(g1[0], g1[1], kv[u][0], kv[u][1]) +
-                                       rope_angle_grad(g2[u][0], g2[u][1], qv[u][0], qv[u][1]);
-      }
-      for (int o = 0; o < m; ++o) {
-        p.d_b_pre_rope[base + n + o] = o1[o] + e * cv[u][o];
-        p.d_c_pre_rope[base + n + o] = o2[o] + e * bv[u][o];
-      }
-    }
-    dsc = warp_sum(dsc);
-    qk = warp_sum(qk);
-    if (lane == 0) {
-      p.dScale[i] = dsc;
-      p.dGamma[i] = dqk * qk;
+    if constexpr (kFuse) bar_arrive<kBarFull>(buf, kAll);  // row r stored
+  }
+  if constexpr (kFuse) {
+    __syncthreads();  // every owner's last acc_X update is done
+    for (Idx x = threadIdx.x; x < nhds; x += kAll) {
+      part_b[Idx(blockIdx.x) * nhds + x] = acc_b[x];
+      part_c[Idx(blockIdx.x) * nhds + x] = acc_c[x];
     }
   }
 }
@@ -1051,15 +1238,38 @@ std::size_t smem_chunk_bwd(int rh, int rd, bool typed) {
 
 Idx round64(Idx n) { return (n + 63) / 64 * 64; }
 
+template <class... P>
+bool all_aligned(unsigned bytes, const P*... ps) {
+  return (is_aligned(ps, bytes) && ...);
+}
+
+// The step-2 partial column sums (kFuse) reuse dS's space: dS is dead once B3 has run.
+Idx tail_blocks(const Dims& d) { return (d.BT + kTailRows - 1) / kTailRows; }
+// part_b, part_c [tail_blocks, nh·ds], then colsum_rows' own scratch for their column sums.
+Idx tail_partials(const Dims& d) { return round64(tail_blocks(d) * d.nh * d.ds); }
+Idx tail_colsum_scratch(const Dims& d) {
+  return round64(colsum_scratch_floats(tail_blocks(d), d.nh * d.ds));
+}
+Idx first_region(const Dims& d) {
+  return std::max(round64(d.B * d.nc * d.nh * d.hd * d.ds),
+                  2 * tail_partials(d) + tail_colsum_scratch(d));
+}
+std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * kTailBuffers * d.nh * d.ds; }
+constexpr std::size_t kTailSmemMax = 110 * 1024;  // two tail blocks per SM
+
 struct BwdScratch {
   float *dS, *dscale_prev;
+  float *part_b, *part_c, *part_sums;  // step 2's bias partial sums (and their colsum), over dS
 };
 
 BwdScratch carve(const Dims& d, Scratch scratch) {
   require_scratch(scratch, ssm_chunked_scratch_floats(d), "gpu::ssm_chunked_backward");
   BwdScratch s{};
   s.dS = scratch.p;
-  s.dscale_prev = s.dS + round64(d.B * d.nc * d.nh * d.hd * d.ds);
+  s.part_b = scratch.p;
+  s.part_c = s.part_b + tail_partials(d);
+  s.part_sums = s.part_c + tail_partials(d);
+  s.dscale_prev = s.dS + first_region(d);
   return s;
 }
 
@@ -1069,9 +1279,9 @@ dim3 grid3(Idx x, Idx y, Idx z) {
 
 }  // namespace
 
-Idx ssm_chunked_scratch_floats(const Dims& d) {
-  return round64(d.B * d.nc * d.nh * d.hd * d.ds) + round64(d.B * d.nh);
-}
+Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64(d.B * d.nh); }
+
+bool ssm_chunked_tail_fuses(const Dims& d) { return tail_smem_bytes(d) <= kTailSmemMax; }
 
 // Typed runs whose chunks fit one row tile (the usual case: chunk_size ≤ 64) take the plane
 // kernels (chunk_state_tc.cu, chunk_fwd_tc.cu, chunk_bwd_tc.cu; instantiated for bf16 and f16
@@ -1081,7 +1291,8 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
   const ChunkGeom g = chunk_geom(d);
   const bool planes = kTensorProducts<T> && g.nt == 1;
   const Idx rows = d.BT * d.nh;
-  prep_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, p);
+  prep_kernel<T><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
+      g, p, FastDiv(d.nh), FastDiv(d.T));
   M3_LAUNCH_CHECK();
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
@@ -1119,6 +1330,22 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   const bool planes = kTyped && g.nt == 1;
   M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds, kChunkWhere, "bad dims", "na=", d.na, " ds=", d.ds,
              " (needs 2·na ≤ ds)");
+  const bool fuse = p.d_b_normed != nullptr, recompute = p.b_normed != nullptr;
+  M3_REQUIRE(fuse || (p.d_b_pre_rope && p.d_c_pre_rope), kChunkWhere, "no step-2 output",
+             "set d_b/c_pre_rope, or d_b/c_normed for the fused head sums");
+  M3_REQUIRE(!fuse || (p.d_c_normed && p.d_b_bias && p.d_c_bias), kChunkWhere,
+             "incomplete fused head sums", "d_b_normed needs d_c_normed, d_b_bias and d_c_bias");
+  M3_REQUIRE(!fuse || ssm_chunked_tail_fuses(d), kChunkWhere,
+             "the fused head sums do not fit this shape", "nheads·d_state = ", d.nh * d.ds,
+             " needs ", tail_smem_bytes(d), " bytes of shared memory, limit ", kTailSmemMax,
+             " (check ssm_chunked_tail_fuses)");
+  M3_REQUIRE(recompute ? (p.c_normed && p.b_bias && p.c_bias)
+                       : (p.k && p.q && p.b_biased && p.c_biased),
+             kChunkWhere, "missing step-2 inputs",
+             recompute ? "b_normed needs c_normed, b_bias and c_bias"
+                       : "k, q, b_biased and c_biased are required without b_normed");
+  M3_REQUIRE(d.ng >= 1 && d.hpg * d.ng == d.nh, kChunkWhere, "bad dims", "ng=", d.ng,
+             " hpg=", d.hpg, " nh=", d.nh);
   const BwdScratch w = carve(d, scratch);
   const Idx rows = d.BT * d.nh;
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
@@ -1154,8 +1381,31 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
                                                                   p.d_d_param);
   M3_LAUNCH_CHECK();
-  qk_rope_bwd_kernel<T><<<grid_for(rows, kThreads / 32), kThreads, 0, s>>>(g, d.na, p);
-  M3_LAUNCH_CHECK();
+  const TailGeom tg{d.na, d.ng, d.hpg};
+  const unsigned int tail_grid = static_cast<unsigned int>(tail_blocks(d));
+  // Vector accesses: 4-value groups of the [.., ds] rows and θ pairs of the [.., na] rows.
+  const bool vec = d.ds % 4 == 0 && d.na % 2 == 0 &&
+                   all_aligned(16, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
+                               p.b_bias, p.c_bias) &&
+                   all_aligned(8, p.theta, p.d_angle_cumsum) &&
+                   all_aligned(4 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
+                               p.c_normed);
+  with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
+    constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
+    auto k2 = vec ? qk_rope_bwd_kernel<T, kR, kF, true> : qk_rope_bwd_kernel<T, kR, kF, false>;
+    const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
+    set_smem(k2, sm2);
+    k2<<<tail_grid, tail_threads(kF), sm2, s>>>(g, tg, p, w.part_b, w.part_c);
+    M3_LAUNCH_CHECK();
+  });
+  if (fuse) {
+    const Idx nhds = d.nh * d.ds;
+    const Scratch sums{w.part_sums, tail_colsum_scratch(d)};
+    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_b, nhds}, p.d_b_bias, true, sums,
+                kChunkWhere);
+    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_c, nhds}, p.d_c_bias, true, sums,
+                kChunkWhere);
+  }
   ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
   M3_LAUNCH_CHECK();
 }

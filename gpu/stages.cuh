@@ -64,9 +64,12 @@ void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const fl
                      float* rms);
 // dx = (w⊙g − x̂·c)/rms, c = mean(g⊙w⊙x̂), x̂ = u/rms  (overwrite);
 // dw += Σ_r g⊙x̂ (deterministic, accumulate). g is T (typed d_post_norm) or float (dOut).
+// With add_in/add_out (B1's residual pass-through): add_out = add_in + dx as well, from the dx
+// in registers (bit for bit add()); dx may then be null (not stored).
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
-                      const float* rms, const T* g, float* dx, float* dw, Scratch scratch);
+                      const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
+                      const float* add_in = nullptr, float* add_out = nullptr);
 
 // ---- split.cu ------------------------------------------------------------------------------
 // F3 (§4): proj [BT, ip] → z, x [BT, di]; b_raw, c_raw [BT, ng·ds]; dd_dt_raw, dd_a_raw,
@@ -118,13 +121,16 @@ template <class T>
 struct BcnormFwd {
   const T *b_raw, *c_raw;
   const float *b_norm_weight, *c_norm_weight, *b_bias, *c_bias;
-  T *b_normed, *c_normed, *b_biased, *c_biased;
+  T *b_normed, *c_normed, *b_biased, *c_biased;  // b/c_biased: both null → not stored
   float *b_rms, *c_rms;
 };
 template <class T>
 void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p);
 // B4b: d_X_normed[r,g,n] = Σ_{h∈g} d_X_pre_rope[r,h,n] (ascending h); d X_bias += Σ_r;
 // B4c: RMSNorm backward per (r,g) → d_X_raw, d w_X += (deterministic).
+// With d_b_pre_rope = d_c_pre_rope = null, B4b was done by the chunked scan's step 2
+// (SsmChunkBwd::d_b_normed): only B4c runs, from the stored d_X_normed; the bias gradients
+// are not touched.
 template <class T>
 struct BcnormBwd {
   const T *b_raw, *c_raw;
@@ -146,6 +152,13 @@ void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const
 template <class T>
 void rope_forward(cudaStream_t s, const Dims& d, const float* theta, const T* b_biased,
                   const T* c_biased, T* k, T* q);
+// The same, fused with F4's bias add: X_biased = T(float(X_normed[r, g(h)]) + X_bias[h]), bit
+// for bit what bcnorm_forward stores (which then need not store it). X_normed [BT, ng, ds],
+// X_bias [nh, ds].
+template <class T>
+void rope_forward_normed(cudaStream_t s, const Dims& d, const float* theta, const T* b_normed,
+                         const T* c_normed, const float* b_bias, const float* c_bias, T* k,
+                         T* q);
 // Rᵀ of gradients wrt rotated vectors + angle gradient (reference rope_backward_into):
 // dpre = Rᵀ dv; dtheta (+)= Σ_a −dv[2a]·rot[2a+1] + dv[2a+1]·rot[2a].
 // Two rotated inputs at once (k path and q path): dtheta = contribution(dv1) + contribution(dv2),
@@ -241,10 +254,20 @@ struct SsmChunkBwd {
   const float *d_ssm_out, *d_k_out, *d_v_out;
   float *da_cs_sum, *dQ_mid, *dK_mid, *dADT, *dQK_dot, *dD_partials, *dScale, *dGamma, *dDT;
   T* d_x;
-  float *d_b_pre_rope, *d_c_pre_rope, *d_angle_cumsum;
+  float *d_b_pre_rope, *d_c_pre_rope, *d_angle_cumsum;  // d_X_pre_rope: may be null if fused
   float *d_adt_total, *d_dt_direct, *d_trap_sig;
   float *d_ssm_in, *d_k_in, *d_v_in;
   float* d_d_param;  // [nh], accumulate Σ_b dD_partials (ascending b)
+  // Optional, null when unused:
+  // b_normed, c_normed [BT, ng, ds] with b_bias, c_bias [nh, ds]: step 2 recomputes b_biased,
+  // c_biased, k and q (bit for bit F4's and F4ef's stored values) instead of reading them.
+  const T *b_normed, *c_normed;
+  const float *b_bias, *c_bias;
+  // B4b fused into step 2 (needs ssm_chunked_tail_fuses(d)): d_X_normed [BT, ng, ds] =
+  // Σ_{h∈g} d_X_pre_rope (ascending h, as bcnorm_backward), d X_bias [nh, ds] += Σ_r
+  // d_X_pre_rope. bcnorm_backward then runs with null d_X_pre_rope (B4c only).
+  T *d_b_normed, *d_c_normed;
+  float *d_b_bias, *d_c_bias;
 };
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
@@ -253,6 +276,8 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
 // dScale_{−1} B·nh (each rounded up to 64). The largest user of the scratch (≈ 134 M floats at
 // the official shape).
 Idx ssm_chunked_scratch_floats(const Dims& d);
+// Whether step 2 can take B4b's head sums (its shared memory, 16·nh·ds bytes, fits).
+bool ssm_chunked_tail_fuses(const Dims& d);
 
 // Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:
 // f32 residual + typed out_flat); convert/copy between storage types.

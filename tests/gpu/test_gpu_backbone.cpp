@@ -6,6 +6,7 @@
 // Skips itself, with the reason, when no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,11 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "backbone.hpp"
 #include "backbone_gpu.hpp"
 #include "compare.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "gpu_test_util.hpp"
+#include "params.hpp"
 #include "problem.hpp"
 
 namespace {
@@ -249,6 +252,92 @@ TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
         ASSERT_EQ(a.size(), b.size()) << key;
         ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
             << m3::scan_mode_name(mode) << " run " << run << ": first divergent tensor " << key;
+      }
+    }
+  }
+}
+
+// The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode B6's tail
+// doing B4b: the production path) against every stage on its own (set_fusion(false), the
+// isolated mode's path), on the same inputs, both scan modes: every captured tensor and
+// gradient bit for bit equal, except the bias gradients, which the fused tail sums in another
+// fixed order (close to f32 rounding). With and without a Capture (without one the fused path
+// stores neither b/c_biased nor d_b/c_pre_rope).
+TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
+  M3_SKIP_WITHOUT_GPU();
+  auto is_bias_grad = [](const std::string& key) {
+    return key.rfind("grad/", 0) == 0 && (key.find("/b_bias") != std::string::npos ||
+                                          key.find("/c_bias") != std::string::npos);
+  };
+  std::vector<GridCase> cases;
+  for (const GridCase& g : grid(true))
+    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd64_ds128_outnorm_rope1_ng2" ||
+        g.name == "hd32_ds128_outnorm_rope0.5_ng2" || g.name == "na0_ds2" || g.name == "chunk_gt_T" ||
+        g.name == "T1" || g.name == "d_inner4096_outnorm")
+      cases.push_back(g);
+  ASSERT_EQ(cases.size(), 7u) << "a named grid case is missing";
+  for (const GridCase& gc : cases) {
+    const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 11, true);
+    for (m3::Precision storage :
+         {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
+      for (ScanMode mode : {ScanMode::Chunked, ScanMode::Sequential}) {
+        // run[fused][captured]: the captured tensors (with a Capture) and every gradient.
+        Capture run[2][2] = {{Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)},
+                             {Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)}};
+        std::vector<float> dx[2][2];
+        for (int fused = 0; fused < 2; ++fused)
+          for (int captured = 0; captured < 2; ++captured) {
+            m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
+            net.set_fusion(fused == 1);
+            net.set_params(m3::cast_params<float>(pb.params));
+            net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+            net.set_states(m3::cast_states<float>(pb.states));
+            net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+            net.set_leaving_grads(nullptr);
+            net.zero_grads();
+            Capture* cap = captured ? &run[fused][captured] : nullptr;
+            net.forward(cap);
+            net.backward(cap);
+            m3::capture_grads(net.grads(), pb.cfg, run[fused][captured]);
+            dx[fused][captured] = net.d_x();
+          }
+        const std::string what =
+            gc.name + " " + m3::precision_name(storage) + " " + m3::scan_mode_name(mode);
+        // A Capture changes nothing (tensors that only a capture stores, like d_pre_norm and
+        // the unfused d_b/c_pre_rope, are computed either way).
+        for (int fused = 0; fused < 2; ++fused) {
+          ASSERT_EQ(dx[fused][0], dx[fused][1]) << what << ": d_x, capture vs none";
+          for (const auto& key : run[fused][0].keys()) {
+            const auto& a = run[fused][0].at(key).data;
+            const auto& b = run[fused][1].at(key).data;
+            ASSERT_EQ(a.size(), b.size()) << key;
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+                << what << (fused ? " fused" : " unfused") << ": gradient " << key
+                << " differs with and without a capture";
+          }
+        }
+        // Fused against unfused, every captured tensor and gradient.
+        const Capture &unf = run[0][1], &fus = run[1][1];
+        ASSERT_EQ(unf.keys(), fus.keys()) << what;
+        ASSERT_EQ(dx[0][1], dx[1][1]) << what << ": d_x";
+        for (const auto& key : unf.keys()) {
+          const auto& a = unf.at(key).data;
+          const auto& b = fus.at(key).data;
+          ASSERT_EQ(a.size(), b.size()) << what << " " << key;
+          if (!is_bias_grad(key)) {
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+                << what << ": " << key << " differs between the fused and unfused stages";
+            continue;
+          }
+          double scale = 0, diff = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            scale = std::max(scale, std::abs(a[i]));
+            diff = std::max(diff, std::abs(a[i] - b[i]));
+          }
+          EXPECT_GT(scale, 0.0) << what << ": " << key << " is all zeros";
+          // Σ over B·T rows in two fixed orders: a few f32 roundings of the column sums.
+          EXPECT_LE(diff, 1e-5 * scale) << what << ": " << key;
+        }
       }
     }
   }

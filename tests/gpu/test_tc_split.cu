@@ -7,12 +7,17 @@
 //   |a·b − (ah·bh + ah·bl + al·bh)| ≤ 3.1·2⁻¹⁶·|a·b|   (the three passes; al·bl dropped)
 // Each check also asserts that the bound is not slack by orders of magnitude (the worst case
 // seen comes within 4x of it), so a split that silently degraded to one bf16 part would fail.
+// Also the host form of gpu/fast_div.cuh's division by a launch-time constant: ⌊n/d⌋ and the
+// remainder exact for divisors 1 … 2^31 − 1 (every small one, powers of two and their
+// neighbours, random ones) and dividends at the ends of the 32-bit fast range and past it.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <vector>
 
+#include "fast_div.cuh"
 #include "precision.hpp"
 #include "tc_mma.cuh"
 
@@ -96,6 +101,45 @@ TEST(TcSplit, ThreePassProductWithinBound) {
     worst = std::max(worst, err);
   }
   EXPECT_GT(worst, 3.1 * kTwoM16 / 4) << "bound far from the worst case: the test lost its teeth";
+}
+
+// ⌊n/d⌋ and n mod d of FastDiv against the plain division.
+void expect_fast_div(m3::Idx d, m3::Idx n) {
+  const m3::gpu::FastDiv f(d);
+  m3::Idx q = -1;
+  const m3::Idx r = f.divmod(n, q);
+  ASSERT_EQ(q, n / d) << "n=" << n << " d=" << d;
+  ASSERT_EQ(r, n % d) << "n=" << n << " d=" << d;
+}
+
+TEST(FastDiv, ExactForEveryDivisorAndTheEndsOfTheFastRange) {
+  std::vector<m3::Idx> ds;
+  for (m3::Idx d = 1; d <= 4096; ++d) ds.push_back(d);
+  for (int k = 12; k <= 31; ++k)
+    for (m3::Idx delta : {-1, 0, 1})
+      if ((m3::Idx(1) << k) + delta < (m3::Idx(1) << 31)) ds.push_back((m3::Idx(1) << k) + delta);
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<m3::Idx> big(2, (m3::Idx(1) << 31) - 1);
+  for (int i = 0; i < 2000; ++i) ds.push_back(big(rng));
+  const m3::Idx top = (m3::Idx(1) << 31) - 1;
+  std::uniform_int_distribution<m3::Idx> any(0, top);
+  for (m3::Idx d : ds) {
+    for (m3::Idx n : {m3::Idx(0), m3::Idx(1), d - 1, d, d + 1, 2 * d - 1, top, top - 1,
+                      top - (top % d), top + 1, top + 2, m3::Idx(1) << 40, (m3::Idx(1) << 40) + 3})
+      if (n >= 0) expect_fast_div(d, n);
+    for (int i = 0; i < 64; ++i) expect_fast_div(d, any(rng));
+    // The multiples of d and their neighbours near the top of the fast range.
+    for (m3::Idx n = top - (top % d) - 2 * d; n <= top; n += d)
+      if (n >= 1) {
+        expect_fast_div(d, n - 1);
+        expect_fast_div(d, n);
+      }
+  }
+}
+
+TEST(FastDiv, RejectsADivisorOutOfRange) {
+  EXPECT_THROW(m3::gpu::FastDiv(0), m3::Error);
+  EXPECT_THROW(m3::gpu::FastDiv(m3::Idx(1) << 31), m3::Error);
 }
 
 }  // namespace
