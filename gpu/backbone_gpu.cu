@@ -535,9 +535,21 @@ class BackboneT final : public GpuBackbone::Impl {
 
   // Production fusions across registry stages (set_fusion; never in run_isolated, which feeds
   // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
-  // b/c_biased being stored and read back, and (chunked, ssm_chunked_tail_fuses) B4b's head
-  // sums and bias gradients done in B6's tail.
+  // b/c_biased being stored and read back; in the chunked mode F6's K0/K1 done inside F4ef
+  // (k then stored at t = T − 1 only) and (ssm_chunked_tail_fuses) B4b's head sums and bias
+  // gradients done in B6's tail.
   bool fused() const { return fusion_ && !isolated_; }
+
+  SsmChunkFwd<T> chunked_fwd_args(int l, bool prep_done) {
+    Buffers& L = layers_[l];
+    auto t = [&](const char* n) { return L.get<T>(n); };
+    auto f = [&](const char* n) { return L.f(n); };
+    return {t("x"), t("k"), t("q"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
+            f("ssm_in"), f("k_in"), f("v_in"), t("k_scaled_saved"), t("y"), f("adt"),
+            f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
+            f("chunk_states"), f("chunk_states_saved"), f("final_states"), f("ssm_state"),
+            f("k_state"), f("v_state"), prep_done};
+  }
 
   // capturing: the registry's b/c_biased must be stored even when their readers recompute them.
   void layer_forward_stage(int l, const std::string& st, bool capturing) {
@@ -566,7 +578,15 @@ class BackboneT final : public GpuBackbone::Impl {
       angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
                     f("angle_state"));
     } else if (st == "F4ef") {
-      if (fused()) {
+      if (fused() && mode_ == ScanMode::Chunked) {
+        // With F6's K0/K1 (which read k, q and would otherwise read them back): k is stored
+        // at t = T − 1 only (k_out), or everywhere for a capture.
+        ssm_chunked_rope_prep<T>(s_, d_,
+                                 {t("b_normed"), t("c_normed"), P(l, "b_bias"), P(l, "c_bias"),
+                                  f("angle_cumsum"), t("k"), t("q"), capturing},
+                                 chunked_fwd_args(l, false));
+        prep_fused_layer_ = l;
+      } else if (fused()) {
         rope_forward_normed<T>(s_, d_, f("angle_cumsum"), t("b_normed"), t("c_normed"),
                                P(l, "b_bias"), P(l, "c_bias"), t("k"), t("q"));
       } else {
@@ -582,14 +602,9 @@ class BackboneT final : public GpuBackbone::Impl {
                             f("h_saved"), f("k_prev_saved"), f("v_prev_saved"), f("ssm_state"),
                             f("k_state"), f("v_state")});
       } else {
-        ssm_chunked_forward<T>(
-            s_, d_,
-            {t("x"), t("k"), t("q"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
-             f("ssm_in"), f("k_in"), f("v_in"), t("k_scaled_saved"), t("y"), f("adt"),
-             f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
-             f("chunk_states"), f("chunk_states_saved"), f("final_states"), f("ssm_state"),
-             f("k_state"), f("v_state")},
-            scr());
+        const bool prep_done = prep_fused_layer_ == l;  // K0/K1 ran with F4ef
+        prep_fused_layer_ = -1;
+        ssm_chunked_forward<T>(s_, d_, chunked_fwd_args(l, prep_done), scr());
       }
     } else if (st == "F7") {
       gating_forward<T>(s_, d_, t("y"), t("z"), P(l, "norm_gate_weight"), t("gated"),
@@ -852,6 +867,7 @@ class BackboneT final : public GpuBackbone::Impl {
   bool fusion_ = true;           // set_fusion
   bool isolated_ = false;        // inside run_isolated
   int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
+  int prep_fused_layer_ = -1;    // the layer whose F4ef did F6's K0/K1 (until that F6 runs)
   std::vector<cudaEvent_t> pool_;
   std::vector<std::string> mark_names_;
   std::vector<std::pair<std::string, double>> times_;

@@ -95,9 +95,10 @@ class GpuBackbone {
   void reset_stage_times();
 
   // Cross-stage fusion (on by default): F4 stores no b/c_biased (F4ef and the chunked B6
-  // recompute them from b/c_normed and the biases, bit for bit), and in the chunked mode B6's
-  // backward tail also does B4b (the head sums into d_b/c_normed and the bias gradients) and
-  // stores no d_b/c_pre_rope; B4b then runs B4c alone. Tensors a Capture asks for are stored
+  // recompute them from b/c_normed and the biases, bit for bit); in the chunked mode F4ef also
+  // runs F6's K0/K1 (and stores k only where F6 reads it, t = T − 1), and B6's backward tail
+  // also does B4b (the head sums into d_b/c_normed and the bias gradients) and stores no
+  // d_b/c_pre_rope; B4b then runs B4c alone. Tensors a Capture asks for are stored
   // anyway. Off: every stage on its own, as run_isolated always runs them. Same results
   // either way (test FusedBackwardTailEqualsStageByStage: bit for bit, except the bias
   // gradients, which the fused tail sums in another fixed order).

@@ -6,6 +6,8 @@
 // Forward:
 //   K0/K1 (prep_kernel, per (r, h)):  adt = a_val·dt;  γ = dt·trap;  sg = dt_{t+1}(1 − trap_{t+1})
 //         (t < T−1, else 0);  scale = γ + sg;  Ks = K·scale (stored typed);  qk = γ·(Q·K)
+//         (ssm_chunked_rope_prep: the same kernel with F4ef's K and Q computed in it from
+//         b/c_normed, the biases and θ instead of read; then the forward skips K0/K1)
 //   K2/K3 (chunk_state_kernel, per (b, h, c)):  cum_τ = Σ_{τ' ≤ τ} adt (serial, restarted per
 //         chunk) → da_cumsum_saved [B, nc, nh, CS] (padding slots 0), Λ_c = cum at the end;
 //         contrib_c = Σ_s e^{Λ_c − cum_s} x_s Ks_sᵀ → chunk_states [B, nc, nh, hd, ds]
@@ -263,41 +265,107 @@ __device__ __forceinline__ float row16_sum(float v) {
 // Half a warp per (r, h); lanes over n.
 constexpr int kPrepLanes = 16;  // lanes per (r, h) row in prep_kernel
 
+// The lane's 4 values of a row from element n (vec: one access; else element by element, 0
+// past ds or when off).
+template <class X>
+__device__ __forceinline__ void prep_load4(const X* row, Idx n, Idx ds, bool vec, bool on,
+                                           float (&v)[4]) {
+  if (vec && on && n < ds) {
+    load_n<4>(row + n, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = !vec && on && n + e < ds ? to_float(row[n + e]) : 0.0f;
+  }
+}
 template <class T>
+__device__ __forceinline__ void prep_store4(T* row, Idx n, Idx ds, bool vec, bool on,
+                                            const float (&v)[4]) {
+  if (vec && on && n < ds) {
+    store_n<4>(row + n, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!vec && on && n + e < ds) row[n + e] = from_float<T>(v[e]);
+  }
+}
+
+// kRope: F4ef fused in (ssm_chunked_rope_prep). k and q are not read but computed as
+// rope_forward_normed computes them, bit for bit: X_biased = T(float(X_normed[r, g(h)]) +
+// X_bias[h]), the pair (2j, 2j + 1) rotated by θ[r, h, j] for j < na (rope_rotate), rounded to
+// T; q is stored, k at t = T − 1 (k_out's source) or everywhere when k_all.
+template <class T>
+struct RopeIn {
+  const T *b_normed, *c_normed;
+  const float *b_bias, *c_bias, *theta;
+  T *k, *q;
+  Idx na, ng;
+  FastDiv hpg;
+  bool k_all;
+};
+
+template <class T, bool kRope>
 __global__ void __launch_bounds__(kThreads)
-prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len) {
+prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> ro) {
   // Half a warp per (r, h) row (Seg<16>: two rows per warp in flight): lane l < 16 owns the
   // values n = 4l + 64k, k ∈ {0, 1} (ds ≤ 128, chunk_geom), read and written 4 at a time when
   // ds % 4 == 0 and the rows are aligned, else element by element.
   using S = Seg<kPrepLanes>;
   const Idx rows = g.B * g.T * g.nh, ds = g.ds;
   constexpr unsigned kVec = 4 * sizeof(T);
-  const bool vec = ds % 4 == 0 && is_aligned(p.k, kVec) && is_aligned(p.q, kVec) &&
-                   is_aligned(p.k_scaled_saved, kVec);
+  const bool vec = ds % 4 == 0 && is_aligned(p.k_scaled_saved, kVec) &&
+                   (kRope ? is_aligned(ro.k, kVec) && is_aligned(ro.q, kVec) &&
+                                is_aligned(ro.b_normed, kVec) && is_aligned(ro.c_normed, kVec) &&
+                                is_aligned(ro.b_bias, 16) && is_aligned(ro.c_bias, 16)
+                          : is_aligned(p.k, kVec) && is_aligned(p.q, kVec));
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
     const Idx i = w0 + S::seg();
     const bool on = i < rows;
     Idx r, b;
-    nh.divmod(i, r);
+    const Idx h = nh.divmod(i, r);
     const bool next = on && T_len.divmod(r, b) + 1 < g.T;  // sg = 0 at t = T − 1
     const float dt = on ? p.dt[i] : 0.0f, trap = on ? p.trap[i] : 0.0f;
     const float dt1 = next ? p.dt[i + g.nh] : 0.0f, trap1 = next ? p.trap[i + g.nh] : 1.0f;
-    const T* k = p.k + i * ds;
-    const T* q = p.q + i * ds;
     float kv[2][4], qv[2][4];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const Idx n = 4 * Idx(S::lane()) + 64 * c;
-      if (vec && on && n < ds) {
-        load_n<4>(k + n, kv[c]);
-        load_n<4>(q + n, qv[c]);
-      } else {
+      if constexpr (kRope) {
+        const Idx gn = (r * ro.ng + ro.hpg.div(h)) * ds, hn = h * ds;
+        float nb[4], nc[4], ab[4], ac[4], th[2];
+        prep_load4(ro.b_normed + gn, n, ds, vec, on, nb);
+        prep_load4(ro.c_normed + gn, n, ds, vec, on, nc);
+        prep_load4(ro.b_bias + hn, n, ds, vec, on, ab);
+        prep_load4(ro.c_bias + hn, n, ds, vec, on, ac);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const Idx j = n / 2 + u;
+          th[u] = on && j < ro.na ? ro.theta[i * ro.na + j] : 0.0f;
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const bool in = !vec && on && n + e < ds;
-          kv[c][e] = in ? to_float(k[n + e]) : 0.0f;
-          qv[c][e] = in ? to_float(q[n + e]) : 0.0f;
+          kv[c][e] = round_trip<T>(nb[e] + ab[e]);  // b_biased; k where not rotated
+          qv[c][e] = round_trip<T>(nc[e] + ac[e]);  // c_biased; q where not rotated
         }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (n / 2 + u >= ro.na) continue;
+          float sn, cs;
+          sincosf(th[u], &sn, &cs);
+          const float b0 = kv[c][2 * u], b1 = kv[c][2 * u + 1];
+          const float c0 = qv[c][2 * u], c1 = qv[c][2 * u + 1];
+          rope_rotate(sn, cs, b0, b1, kv[c][2 * u], kv[c][2 * u + 1]);
+          rope_rotate(sn, cs, c0, c1, qv[c][2 * u], qv[c][2 * u + 1]);
+#pragma unroll
+          for (int o = 0; o < 2; ++o) {
+            kv[c][2 * u + o] = round_trip<T>(kv[c][2 * u + o]);
+            qv[c][2 * u + o] = round_trip<T>(qv[c][2 * u + o]);
+          }
+        }
+        prep_store4(ro.q + i * ds, n, ds, vec, on, qv[c]);
+        if (ro.k_all || !next) prep_store4(ro.k + i * ds, n, ds, vec, on, kv[c]);
+      } else {
+        prep_load4(p.k + i * ds, n, ds, vec, on, kv[c]);
+        prep_load4(p.q + i * ds, n, ds, vec, on, qv[c]);
       }
     }
     const float gam = dt * trap, sg = dt1 * (1.0f - trap1);
@@ -306,7 +374,6 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len) {
     const float scale = __fadd_rn(gam, sg);
     // Q·K: the lane's values in ascending n (zeros past ds add nothing), then segment_sum.
     float qk = 0.0f;
-    T* ks = p.k_scaled_saved + i * ds;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const Idx n = 4 * Idx(S::lane()) + 64 * c;
@@ -316,13 +383,7 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len) {
         qk += qv[c][e] * kv[c][e];
         o[e] = kv[c][e] * scale;
       }
-      if (vec && on && n < ds) {
-        store_n<4>(ks + n, o);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!vec && on && n + e < ds) ks[n + e] = from_float<T>(o[e]);
-      }
+      prep_store4(p.k_scaled_saved + i * ds, n, ds, vec, on, o);
     }
     qk = segment_sum<kPrepLanes>(qk);
     if (on && S::lane() == 0) {
@@ -1291,9 +1352,11 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
   const ChunkGeom g = chunk_geom(d);
   const bool planes = kTensorProducts<T> && g.nt == 1;
   const Idx rows = d.BT * d.nh;
-  prep_kernel<T><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
-      g, p, FastDiv(d.nh), FastDiv(d.T));
-  M3_LAUNCH_CHECK();
+  if (!p.prep_done) {
+    prep_kernel<T, false><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
+        g, p, FastDiv(d.nh), FastDiv(d.T), RopeIn<T>{});
+    M3_LAUNCH_CHECK();
+  }
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
@@ -1320,6 +1383,23 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
       M3_LAUNCH_CHECK();
     }
   });
+}
+
+template <class T>
+void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
+                           const SsmChunkFwd<T>& p) {
+  const ChunkGeom g = chunk_geom(d);
+  M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds && d.ng >= 1 && d.hpg * d.ng == d.nh, kChunkWhere,
+             "bad dims", "na=", d.na, " ds=", d.ds, " ng=", d.ng, " hpg=", d.hpg, " nh=", d.nh);
+  M3_REQUIRE(rp.b_normed && rp.c_normed && rp.b_bias && rp.c_bias && rp.k && rp.q &&
+                 (d.na == 0 || rp.theta),
+             kChunkWhere, "missing rope_prep arguments", "b/c_normed, b/c_bias, theta, k, q");
+  const RopeIn<T> ro{rp.b_normed, rp.c_normed, rp.b_bias, rp.c_bias, rp.theta, rp.k, rp.q,
+                     d.na,        d.ng,        FastDiv(d.hpg), rp.k_all};
+  const Idx rows = d.BT * d.nh;
+  prep_kernel<T, true><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
+      g, p, FastDiv(d.nh), FastDiv(d.T), ro);
+  M3_LAUNCH_CHECK();
 }
 
 template <class T>
@@ -1414,7 +1494,9 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   template void ssm_chunked_forward<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&,    \
                                        Scratch);                                            \
   template void ssm_chunked_backward<T>(cudaStream_t, const Dims&, const SsmChunkBwd<T>&,   \
-                                        Scratch);
+                                        Scratch);                                            \
+  template void ssm_chunked_rope_prep<T>(cudaStream_t, const Dims&, const RopePrep<T>&,      \
+                                         const SsmChunkFwd<T>&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

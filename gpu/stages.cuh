@@ -237,10 +237,28 @@ struct SsmChunkFwd {
   float *adt, *qk_dot_saved, *scale_saved, *gamma_saved, *da_cumsum_saved;
   float *chunk_states, *chunk_states_saved, *final_states;
   float *ssm_out, *k_out, *v_out;
+  bool prep_done;  // K0/K1 already ran (ssm_chunked_rope_prep): skip them
 };
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
                          Scratch scratch);
+// F4ef fused with K0/K1 (the production chunked forward; F4's bias add recomputed too): k and
+// q exactly as rope_forward_normed stores them, and adt, Ks (k_scaled_saved), qk_dot_saved,
+// scale_saved, gamma_saved exactly as ssm_chunked_forward's K0/K1 — bit for bit, the same
+// kernel. q is stored; k only at t = T − 1 (F6 reads it there for k_out) unless k_all. Reads
+// of p: dt, trap, a_val; writes: the K0/K1 outputs. ssm_chunked_forward then runs with
+// prep_done = true.
+template <class T>
+struct RopePrep {
+  const T *b_normed, *c_normed;    // [BT, ng, ds]
+  const float *b_bias, *c_bias;    // [nh, ds]
+  const float* theta;              // angle_cumsum [BT, nh, na]
+  T *k, *q;                        // [BT, nh, ds]
+  bool k_all;
+};
+template <class T>
+void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
+                           const SsmChunkFwd<T>& p);
 // Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dScale, dGamma,
 // d_b_pre_rope, d_c_pre_rope, d_angle_cumsum: the formulas of rope_backward with the qk extra),
 // step 3 (ddt_dtrap: dDT, d_trap_sig; d_adt_total = dADT, d_dt_direct = dDT). ∂L/∂v_out is

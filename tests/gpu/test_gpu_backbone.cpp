@@ -257,8 +257,8 @@ TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
   }
 }
 
-// The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode B6's tail
-// doing B4b: the production path) against every stage on its own (set_fusion(false), the
+// The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode F6's K0/K1
+// in F4ef and B6's tail doing B4b: the production path) against every stage on its own (set_fusion(false), the
 // isolated mode's path), on the same inputs, both scan modes: every captured tensor and
 // gradient bit for bit equal, except the bias gradients, which the fused tail sums in another
 // fixed order (close to f32 rounding). With and without a Capture (without one the fused path
@@ -285,6 +285,7 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
         Capture run[2][2] = {{Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)},
                              {Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)}};
         std::vector<float> dx[2][2];
+        m3::States<float> leaving[2][2];
         for (int fused = 0; fused < 2; ++fused)
           for (int captured = 0; captured < 2; ++captured) {
             m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
@@ -300,6 +301,7 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
             net.backward(cap);
             m3::capture_grads(net.grads(), pb.cfg, run[fused][captured]);
             dx[fused][captured] = net.d_x();
+            leaving[fused][captured] = net.states();
           }
         const std::string what =
             gc.name + " " + m3::precision_name(storage) + " " + m3::scan_mode_name(mode);
@@ -307,6 +309,13 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
         // the unfused d_b/c_pre_rope, are computed either way).
         for (int fused = 0; fused < 2; ++fused) {
           ASSERT_EQ(dx[fused][0], dx[fused][1]) << what << ": d_x, capture vs none";
+          for (int c = 0; c < 2; ++c) {  // the leaving states (k_out: the k F6 reads at T − 1)
+            const m3::States<float>& a = leaving[0][0];
+            const m3::States<float>& b = leaving[fused][c];
+            EXPECT_TRUE(a.ssm == b.ssm && a.k == b.k && a.v == b.v && a.angle == b.angle)
+                << what << ": leaving states differ (fused " << fused << ", captured " << c
+                << ")";
+          }
           for (const auto& key : run[fused][0].keys()) {
             const auto& a = run[fused][0].at(key).data;
             const auto& b = run[fused][1].at(key).data;
