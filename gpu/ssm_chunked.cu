@@ -996,8 +996,9 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 
 // ---- step 2: dqktheta, the RoPE backward and (optionally) B4b's head sums, fused -----------------
 // A block takes kTailRows consecutive rows r, all heads; producer warp w < kTailWarps takes heads
-// h = w, w + kTailWarps, …
-// of each row, lane l the pairs j = l, l + 32, … (elements n = 2j, 2j + 1) of that (r, h):
+// h = w, w + kTailWarps, … of each row, lane l the 4 values n = 4l … 4l + 3 (the pairs
+// j = 2l, 2l + 1; ds ≤ 128) of that (r, h), in 16-byte (f32) / 8-byte (T) accesses when kVec
+// (ds % 4 == 0, na even, aligned rows), else element by element:
 //   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
 //   rotated pair (j < na, angle θ_j = theta[r, h, j], R its rotation):
 //     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,

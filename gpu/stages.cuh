@@ -294,7 +294,8 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
 // dScale_{−1} B·nh (each rounded up to 64). The largest user of the scratch (≈ 134 M floats at
 // the official shape).
 Idx ssm_chunked_scratch_floats(const Dims& d);
-// Whether step 2 can take B4b's head sums (its shared memory, 16·nh·ds bytes, fits).
+// Whether step 2 can take B4b's head sums: its shared memory, 24·nh·ds bytes (accumulators
+// and two row buffers, f32, for b and c), is at most 110 KB (two blocks per SM).
 bool ssm_chunked_tail_fuses(const Dims& d);
 
 // Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:

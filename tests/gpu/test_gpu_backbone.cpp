@@ -276,6 +276,13 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
         g.name == "T1" || g.name == "d_inner4096_outnorm")
       cases.push_back(g);
   ASSERT_EQ(cases.size(), 7u) << "a named grid case is missing";
+  // 40 heads × d_state 128: too wide for the tail's fused head sums (ssm_chunked_tail_fuses),
+  // so the fused run recomputes b/c_biased, k, q in the tail but stores d_b/c_pre_rope for B4b.
+  Config wide = grid_config(16, 128, 0.5, false, 2);
+  wide.d_model = 320;
+  wide.input_dim = 320;
+  wide.n_layers = 1;
+  cases.push_back({"nh40_ds128_tail_unfused", wide, 1, 24});
   for (const GridCase& gc : cases) {
     const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 11, true);
     for (m3::Precision storage :
