@@ -58,23 +58,32 @@ step() {
 
 # m3h compare on the GPU for every committed golden case: f32, bf16, f16 x the file's scan
 # modes, end-to-end and isolated (oracle = the file's double tensors).
+# Every case runs even after a failure; the failing ones are named at the end.
 compare_golden() {
-  local f rc=0
+  local f failing=()
   for f in golden/cases/*.h5; do
     echo "--- golden $f"
     "$1" compare --device gpu --golden "$f" --dtype f32,bf16,f16 --mode both --failures-only ||
-      rc=1
+      failing+=("$f")
   done
-  return "$rc"
+  if ((${#failing[@]})); then
+    echo "failing golden cases: ${failing[*]}"
+    return 1
+  fi
 }
 
-# m3h compare on the GPU for every adversarial preset (end-to-end, all precisions).
+# m3h compare on the GPU for every adversarial preset (end-to-end, all precisions); every
+# preset runs even after a failure, and the failing ones are named at the end.
 compare_presets() {
-  local p
+  local p failing=()
   for p in strong_decay near_zero large_angles long_t official; do
     echo "--- preset $p"
-    "$1" compare --device gpu --preset "$p" --failures-only || return 1
+    "$1" compare --device gpu --preset "$p" --failures-only || failing+=("$p")
   done
+  if ((${#failing[@]})); then
+    echo "failing presets: ${failing[*]}"
+    return 1
+  fi
 }
 
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
