@@ -110,48 +110,45 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     T* dnormed = (is_c ? p.d_c_normed : p.d_b_normed) + row * ds;
     const float rr = on ? (is_c ? p.c_rms : p.b_rms)[row] : 1.0f;
     float c1 = 0.0f;
-    if (on && !kHeadSum) {
-      for (Idx n = n0; n < ds; n += kStep) {
-        float dn[V], x[V], wv[V];
-        load_group<kVec>(dnormed + n, ds - n, dn);
-        load_group<kVec>(raw + n, ds - n, x);
-        load_group<kVec>(w + n, ds - n, wv);
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          if (kVec || j < ds - n) c1 += dn[j] * wv[j] * (x[j] / rr);
-      }
-    }
-    if (on && kHeadSum) {
+    if (on) {
       const Idx r = row / sh.ng, h0 = (row % sh.ng) * sh.hpg;
-      const float* dpre = (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds;
+      const float* dpre =
+          kHeadSum ? (is_c ? p.d_c_pre_rope : p.d_b_pre_rope) + (r * sh.nh + h0) * ds : nullptr;
       for (Idx n = n0; n < ds; n += kStep) {
-        // Ascending h as always; the heads' loads are issued kHeadBatch at a time before they
-        // are added, so that they are in flight together (hpg = nheads when ngroups = 1).
-        float acc[V] = {};
-        Idx k = 0;
-        for (; k + kHeadBatch <= sh.hpg; k += kHeadBatch) {
-          float v[kHeadBatch][V];
+        float dn[V];  // d_X_normed as stored
+        if constexpr (kHeadSum) {
+          // Ascending h as always; the heads' loads are issued kHeadBatch at a time before they
+          // are added, so that they are in flight together (hpg = nheads when ngroups = 1).
+          float acc[V] = {};
+          Idx k = 0;
+          for (; k + kHeadBatch <= sh.hpg; k += kHeadBatch) {
+            float v[kHeadBatch][V];
 #pragma unroll
-          for (int q = 0; q < kHeadBatch; ++q)
-            load_group<kVec>(dpre + (k + q) * ds + n, ds - n, v[q]);
+            for (int q = 0; q < kHeadBatch; ++q)
+              load_group<kVec>(dpre + (k + q) * ds + n, ds - n, v[q]);
 #pragma unroll
-          for (int q = 0; q < kHeadBatch; ++q)
+            for (int q = 0; q < kHeadBatch; ++q)
 #pragma unroll
-            for (int j = 0; j < V; ++j) acc[j] += v[q][j];
+              for (int j = 0; j < V; ++j) acc[j] += v[q][j];
+          }
+          for (; k < sh.hpg; ++k) {
+            float v[V];
+            load_group<kVec>(dpre + k * ds + n, ds - n, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) acc[j] += v[j];
+          }
+          store_group<kVec>(dnormed + n, ds - n, acc);
+#pragma unroll
+          for (int j = 0; j < V; ++j) dn[j] = round_trip<T>(acc[j]);
+        } else {
+          load_group<kVec>(dnormed + n, ds - n, dn);
         }
-        for (; k < sh.hpg; ++k) {
-          float v[V];
-          load_group<kVec>(dpre + k * ds + n, ds - n, v);
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += v[j];
-        }
-        store_group<kVec>(dnormed + n, ds - n, acc);
         float x[V], wv[V];
         load_group<kVec>(raw + n, ds - n, x);
         load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
         for (int j = 0; j < V; ++j)
-          if (kVec || j < ds - n) c1 += round_trip<T>(acc[j]) * wv[j] * (x[j] / rr);
+          if (kVec || j < ds - n) c1 += dn[j] * wv[j] * (x[j] / rr);
       }
     }
     c1 = segment_sum<L>(c1) / static_cast<float>(ds);
@@ -190,11 +187,6 @@ BcShape bc_shape(const Dims& d, const char* where) {
              where, "bad dims", "BT=", d.BT, " ds=", d.ds, " ng=", d.ng, " nh=", d.nh,
              " hpg=", d.hpg);
   return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds};
-}
-
-template <class... P>
-bool all_aligned(unsigned bytes, const P*... ps) {
-  return (is_aligned(ps, bytes) && ...);
 }
 
 Idx bcnorm_scratch_floats(const Dims& d) {

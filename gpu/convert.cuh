@@ -163,10 +163,34 @@ __device__ __forceinline__ void store_group(T* p, long long m, const float (&v)[
       if (j < m) p[j] = from_float<T>(v[j]);
   }
 }
+// The group of V values from element n of a row of len values, which may start past the row:
+// load_group / store_group of the part inside it; a group starting at or past len is all 0 and
+// writes nothing. kVec as for load_group: every group starting inside the row is whole and
+// aligned.
+template <bool kVec, int V, class T>
+__device__ __forceinline__ void load_row_group(const T* row, long long n, long long len,
+                                               float (&v)[V]) {
+  if (n < len) {
+    load_group<kVec>(row + n, len - n, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = 0.0f;
+  }
+}
+template <bool kVec, int V, class T>
+__device__ __forceinline__ void store_row_group(T* row, long long n, long long len,
+                                                const float (&v)[V]) {
+  if (n < len) store_group<kVec>(row + n, len - n, v);
+}
 
 // Whether p is aligned to `bytes` (a power of two).
 __host__ __device__ __forceinline__ bool is_aligned(const void* p, unsigned bytes) {
   return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+// Whether every pointer is aligned to `bytes` (null counts as aligned).
+template <class... P>
+__host__ __device__ __forceinline__ bool all_aligned(unsigned bytes, const P*... ps) {
+  return (is_aligned(ps, bytes) && ...);
 }
 
 }  // namespace m3::gpu

@@ -265,30 +265,6 @@ __device__ __forceinline__ float row16_sum(float v) {
 // Half a warp per (r, h); lanes over n.
 constexpr int kPrepLanes = 16;  // lanes per (r, h) row in prep_kernel
 
-// The lane's 4 values of a row from element n (vec: one access; else element by element, 0
-// past ds or when off).
-template <class X>
-__device__ __forceinline__ void prep_load4(const X* row, Idx n, Idx ds, bool vec, bool on,
-                                           float (&v)[4]) {
-  if (vec && on && n < ds) {
-    load_n<4>(row + n, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = !vec && on && n + e < ds ? to_float(row[n + e]) : 0.0f;
-  }
-}
-template <class T>
-__device__ __forceinline__ void prep_store4(T* row, Idx n, Idx ds, bool vec, bool on,
-                                            const float (&v)[4]) {
-  if (vec && on && n < ds) {
-    store_n<4>(row + n, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (!vec && on && n + e < ds) row[n + e] = from_float<T>(v[e]);
-  }
-}
-
 // kRope: F4ef fused in (ssm_chunked_rope_prep). k and q are not read but computed as
 // rope_forward_normed computes them, bit for bit: X_biased = T(float(X_normed[r, g(h)]) +
 // X_bias[h]), the pair (2j, 2j + 1) rotated by θ[r, h, j] for j < na (rope_rotate), rounded to
@@ -313,13 +289,20 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> 
   const Idx rows = g.B * g.T * g.nh, ds = g.ds;
   constexpr unsigned kVec = 4 * sizeof(T);
   const bool vec = ds % 4 == 0 && is_aligned(p.k_scaled_saved, kVec) &&
-                   (kRope ? is_aligned(ro.k, kVec) && is_aligned(ro.q, kVec) &&
-                                is_aligned(ro.b_normed, kVec) && is_aligned(ro.c_normed, kVec) &&
-                                is_aligned(ro.b_bias, 16) && is_aligned(ro.c_bias, 16)
-                          : is_aligned(p.k, kVec) && is_aligned(p.q, kVec));
+                   (kRope ? all_aligned(kVec, ro.k, ro.q, ro.b_normed, ro.c_normed) &&
+                                all_aligned(16, ro.b_bias, ro.c_bias)
+                          : all_aligned(kVec, p.k, p.q));
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
     const Idx i = w0 + S::seg();
     const bool on = i < rows;
+    // The lane's 4 values from element n of a row of this (r, h) (none when off).
+    const Idx len = on ? ds : 0;
+    auto load4 = [&](const auto* row, Idx n, float(&v)[4]) {
+      vec ? load_row_group<true>(row, n, len, v) : load_row_group<false>(row, n, len, v);
+    };
+    auto store4 = [&](auto* row, Idx n, const float(&v)[4]) {
+      vec ? store_row_group<true>(row, n, len, v) : store_row_group<false>(row, n, len, v);
+    };
     Idx r, b;
     const Idx h = nh.divmod(i, r);
     const bool next = on && T_len.divmod(r, b) + 1 < g.T;  // sg = 0 at t = T − 1
@@ -332,10 +315,10 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> 
       if constexpr (kRope) {
         const Idx gn = (r * ro.ng + ro.hpg.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4], th[2];
-        prep_load4(ro.b_normed + gn, n, ds, vec, on, nb);
-        prep_load4(ro.c_normed + gn, n, ds, vec, on, nc);
-        prep_load4(ro.b_bias + hn, n, ds, vec, on, ab);
-        prep_load4(ro.c_bias + hn, n, ds, vec, on, ac);
+        load4(ro.b_normed + gn, n, nb);
+        load4(ro.c_normed + gn, n, nc);
+        load4(ro.b_bias + hn, n, ab);
+        load4(ro.c_bias + hn, n, ac);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const Idx j = n / 2 + u;
@@ -361,11 +344,11 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> 
             qv[c][2 * u + o] = round_trip<T>(qv[c][2 * u + o]);
           }
         }
-        prep_store4(ro.q + i * ds, n, ds, vec, on, qv[c]);
-        if (ro.k_all || !next) prep_store4(ro.k + i * ds, n, ds, vec, on, kv[c]);
+        store4(ro.q + i * ds, n, qv[c]);
+        if (ro.k_all || !next) store4(ro.k + i * ds, n, kv[c]);
       } else {
-        prep_load4(p.k + i * ds, n, ds, vec, on, kv[c]);
-        prep_load4(p.q + i * ds, n, ds, vec, on, qv[c]);
+        load4(p.k + i * ds, n, kv[c]);
+        load4(p.q + i * ds, n, qv[c]);
       }
     }
     const float gam = dt * trap, sg = dt1 * (1.0f - trap1);
@@ -383,7 +366,7 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> 
         qk += qv[c][e] * kv[c][e];
         o[e] = kv[c][e] * scale;
       }
-      prep_store4(p.k_scaled_saved + i * ds, n, ds, vec, on, o);
+      store4(p.k_scaled_saved + i * ds, n, o);
     }
     qk = segment_sum<kPrepLanes>(qk);
     if (on && S::lane() == 0) {
@@ -1054,29 +1037,6 @@ struct TailGeom {
   Idx na, ng, hpg;
 };
 
-// The lane's 4 consecutive values of a row from element n0: one access (16 bytes of f32, 8 of
-// a 16-bit T) when kVec (ds % 4 == 0, aligned rows; the whole group is inside the row when
-// n0 < ds), else element by element; values past the row (or the whole group when n0 ≥ ds) are 0.
-template <bool kVec, class X>
-__device__ __forceinline__ void tail_load4(const X* row, Idx n0, Idx ds, float (&v)[4]) {
-  if (kVec && n0 < ds) {
-    load_n<4>(row + n0, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = !kVec && n0 + e < ds ? to_float(row[n0 + e]) : 0.0f;
-  }
-}
-template <bool kVec>
-__device__ __forceinline__ void tail_store4(float* row, Idx n0, Idx ds, const float (&v)[4]) {
-  if (kVec) {
-    if (n0 < ds) store_n<4>(row + n0, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (n0 + e < ds) row[n0 + e] = v[e];
-  }
-}
-
 template <class T, bool kRecompute, bool kFuse, bool kVec>
 __global__ void __launch_bounds__(tail_threads(kFuse), 2)
 qk_rope_bwd_kernel(ChunkGeom g, TailGeom tg, SsmChunkBwd<T> p, float* part_b, float* part_c) {
@@ -1135,28 +1095,28 @@ qk_rope_bwd_kernel(ChunkGeom g, TailGeom tg, SsmChunkBwd<T> p, float* part_b, fl
 #pragma unroll
         for (int u = 0; u < 2; ++u) th[u] = 2 * lane + u < na ? p.theta[i * na + 2 * lane + u] : 0.0f;
       }
-      tail_load4<kVec>(p.dK_mid + base, n0, ds, dk);
-      tail_load4<kVec>(p.dQ_mid + base, n0, ds, g2);
+      load_row_group<kVec>(p.dK_mid + base, n0, ds, dk);
+      load_row_group<kVec>(p.dQ_mid + base, n0, ds, g2);
       if constexpr (kRecompute) {
         const Idx gn = (r * tg.ng + (tg.ng == 1 ? 0 : h / tg.hpg)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4];
-        tail_load4<kVec>(p.b_normed + gn, n0, ds, nb);
-        tail_load4<kVec>(p.c_normed + gn, n0, ds, nc);
-        tail_load4<kVec>(p.b_bias + hn, n0, ds, ab);
-        tail_load4<kVec>(p.c_bias + hn, n0, ds, ac);
+        load_row_group<kVec>(p.b_normed + gn, n0, ds, nb);
+        load_row_group<kVec>(p.c_normed + gn, n0, ds, nc);
+        load_row_group<kVec>(p.b_bias + hn, n0, ds, ab);
+        load_row_group<kVec>(p.c_bias + hn, n0, ds, ac);
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
           bv[v] = round_trip<T>(nb[v] + ab[v]);
           cv[v] = round_trip<T>(nc[v] + ac[v]);
         }
       } else {
-        tail_load4<kVec>(p.k + base, n0, ds, kv);
-        tail_load4<kVec>(p.q + base, n0, ds, qv);
-        tail_load4<kVec>(p.b_biased + base, n0, ds, bv);
-        tail_load4<kVec>(p.c_biased + base, n0, ds, cv);
+        load_row_group<kVec>(p.k + base, n0, ds, kv);
+        load_row_group<kVec>(p.q + base, n0, ds, qv);
+        load_row_group<kVec>(p.b_biased + base, n0, ds, bv);
+        load_row_group<kVec>(p.c_biased + base, n0, ds, cv);
       }
       float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (last) tail_load4<kVec>(dkout_row + h * ds, n0, ds, dkout);
+      if (last) load_row_group<kVec>(dkout_row + h * ds, n0, ds, dkout);
       float db[4], dc[4], dang[2];
       float dsc = 0.0f, qk = 0.0f;
 #pragma unroll
@@ -1199,20 +1159,20 @@ qk_rope_bwd_kernel(ChunkGeom g, TailGeom tg, SsmChunkBwd<T> p, float* part_b, fl
           if (2 * lane + u < na) p.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
       }
       if (p.d_b_pre_rope) {
-        tail_store4<kVec>(p.d_b_pre_rope + base, n0, ds, db);
-        tail_store4<kVec>(p.d_c_pre_rope + base, n0, ds, dc);
+        store_row_group<kVec>(p.d_b_pre_rope + base, n0, ds, db);
+        store_row_group<kVec>(p.d_c_pre_rope + base, n0, ds, dc);
       }
       if constexpr (kFuse) {
         const Idx hn = h * ds;
-        tail_store4<kVec>(row_b + hn, n0, ds, db);
-        tail_store4<kVec>(row_c + hn, n0, ds, dc);
+        store_row_group<kVec>(row_b + hn, n0, ds, db);
+        store_row_group<kVec>(row_c + hn, n0, ds, dc);
         float ab[4], ac[4];
-        tail_load4<kVec>(acc_b + hn, n0, ds, ab);
-        tail_load4<kVec>(acc_c + hn, n0, ds, ac);
+        load_row_group<kVec>(acc_b + hn, n0, ds, ab);
+        load_row_group<kVec>(acc_c + hn, n0, ds, ac);
 #pragma unroll
         for (int v = 0; v < 4; ++v) ab[v] += db[v], ac[v] += dc[v];
-        tail_store4<kVec>(acc_b + hn, n0, ds, ab);
-        tail_store4<kVec>(acc_c + hn, n0, ds, ac);
+        store_row_group<kVec>(acc_b + hn, n0, ds, ab);
+        store_row_group<kVec>(acc_c + hn, n0, ds, ac);
       }
       dsc = warp_sum(dsc);
       qk = warp_sum(qk);
@@ -1300,10 +1260,6 @@ std::size_t smem_chunk_bwd(int rh, int rd, bool typed) {
 
 Idx round64(Idx n) { return (n + 63) / 64 * 64; }
 
-template <class... P>
-bool all_aligned(unsigned bytes, const P*... ps) {
-  return (is_aligned(ps, bytes) && ...);
-}
 
 // The step-2 partial column sums (kFuse) reuse dS's space: dS is dead once B3 has run.
 Idx tail_blocks(const Dims& d) { return (d.BT + kTailRows - 1) / kTailRows; }
