@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <type_traits>
 
 #define M3_FOR_EACH_STORAGE(X) X(float) X(__nv_bfloat16) X(__half)
 #define M3_FOR_EACH_TYPED_STORAGE(X) X(__nv_bfloat16) X(__half)
@@ -84,6 +85,22 @@ __host__ __device__ __forceinline__ float round_trip(float v) {
   return to_float(from_float<T>(v));
 }
 
+// round_trip of two values in one paired conversion, for values that only feed arithmetic: the
+// same as round_trip for every value but NaN, which comes back as a NaN with the hardware's
+// canonical payload (the one any GPU arithmetic on it gives) instead of its own. A value that is
+// stored unchanged must go through from_float.
+template <class T>
+__device__ __forceinline__ void round_trip2(float& a, float& b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 w = __floats2bfloat162_rn(a, b);
+    const unsigned int u = *reinterpret_cast<const unsigned int*>(&w);  // a low, b high
+    a = __uint_as_float(u << 16), b = __uint_as_float(u & 0xFFFF0000u);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const __half2 w = __floats2half2_rn(a, b);
+    a = __low2float(w), b = __high2float(w);
+  }
+}
+
 // Vector access: N consecutive values of storage T as floats, in one load / store of
 // N·sizeof(T) bytes (4, 8 or 16; the caller guarantees that alignment — see is_aligned). The
 // values are the same as N scalar to_float / from_float calls.
@@ -98,13 +115,37 @@ __device__ __forceinline__ void load_n(const T* p, float (&v)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = to_float(w.e[i]);
 }
+// Two values as T in one 32-bit word (a at the lower address), the bits of from_float<T> for
+// each: one paired conversion (cvt.rn.{bf16,f16}x2.f32), the NaN encoding made only when a or
+// b is a NaN.
+template <class T>
+__device__ __forceinline__ unsigned int pack2(float a, float b) {
+  static_assert(sizeof(T) == 2, "16-bit storage types");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 w = a == a && b == b ? __floats2bfloat162_rn(a, b)
+                                              : __halves2bfloat162(from_float<T>(a),
+                                                                   from_float<T>(b));
+    return *reinterpret_cast<const unsigned int*>(&w);
+  } else {
+    const __half2 w = a == a && b == b ? __floats2half2_rn(a, b)
+                                       : __halves2half2(from_float<T>(a), from_float<T>(b));
+    return *reinterpret_cast<const unsigned int*>(&w);
+  }
+}
 template <int N, class T>
 __device__ __forceinline__ void store_n(T* p, const float (&v)[N]) {
   static_assert(sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16, "vector width");
-  VecOf<T, N> w;
+  if constexpr (sizeof(T) == 2) {  // pairs: one conversion each
+    VecOf<unsigned int, N / 2> w;
 #pragma unroll
-  for (int i = 0; i < N; ++i) w.e[i] = from_float<T>(v[i]);
-  *reinterpret_cast<VecOf<T, N>*>(p) = w;
+    for (int i = 0; i < N / 2; ++i) w.e[i] = pack2<T>(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<VecOf<unsigned int, N / 2>*>(p) = w;
+  } else {
+    VecOf<T, N> w;
+#pragma unroll
+    for (int i = 0; i < N; ++i) w.e[i] = from_float<T>(v[i]);
+    *reinterpret_cast<VecOf<T, N>*>(p) = w;
+  }
 }
 // N consecutive values at p as floats (and back): accesses of min(16, N·sizeof(T)) bytes (p
 // aligned to that) when that is at least 4 bytes, else element by element.

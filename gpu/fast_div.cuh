@@ -36,6 +36,10 @@ class FastDiv {
     if (n < (Idx(1) << 31)) return Idx(umulhi(static_cast<unsigned>(n), m_) >> shift_);
     return n / d_;
   }
+  // The same for a 32-bit dividend n < 2^31 (no 64-bit fallback).
+  __host__ __device__ __forceinline__ unsigned div(unsigned n) const {
+    return d_ == 1 ? n : umulhi(n, m_) >> shift_;
+  }
   // q = ⌊n / d⌋, returns n − q·d.
   __host__ __device__ __forceinline__ Idx divmod(Idx n, Idx& q) const {
     q = div(n);

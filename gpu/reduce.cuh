@@ -35,6 +35,23 @@ constexpr Idx kMaxBlocks = Idx(1) << 20;    // grid cap; kernels loop grid-strid
 constexpr int kColsumLanes = kThreads / 32;  // row lanes of a colsum block (32 columns wide)
 constexpr Idx kColsumChunk = 256;           // rows per colsum chunk (stage 1)
 
+// x unchanged, but opaque to the optimiser: an address p + k·x formed from it inside a loop is
+// then formed where it is used instead of being hoisted and held in registers across the loop
+// (the angle scans' steps, the state passing's chunk strides).
+__device__ __forceinline__ int opaque(int x) {
+  asm("" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ Idx opaque(Idx x) {
+  asm("" : "+l"(x));
+  return x;
+}
+template <class P>
+__device__ __forceinline__ P* opaque(P* x) {
+  asm("" : "+l"(x));
+  return x;
+}
+
 // Blocks for n work items of `per_block` items each, at least 1, at most kMaxBlocks.
 inline unsigned int grid_for(Idx n, Idx per_block) {
   const Idx b = (n + per_block - 1) / per_block;

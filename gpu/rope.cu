@@ -123,19 +123,6 @@ __device__ __forceinline__ void load_steps(const float* p, int stride, int steps
     if (k < steps) v[k] = __ldg(p + k * stride);
 }
 
-// x unchanged, but opaque to the optimiser: the addresses p + k·x of a tile's steps are then
-// formed where they are used instead of being held in registers (kAngleSteps 64-bit values per
-// pointer) across the tile loop.
-__device__ __forceinline__ int opaque(int x) {
-  asm("" : "+r"(x));
-  return x;
-}
-template <class P>
-__device__ __forceinline__ P* opaque(P* x) {
-  asm("" : "+l"(x));
-  return x;
-}
-
 // Pairwise sum of the kAngleSteps = 8 values of a segment: ((v0 + v1) + (v2 + v3)) + (…).
 template <class S>
 __device__ __forceinline__ S segment_sum8(const S (&v)[kAngleSteps]) {

@@ -110,6 +110,9 @@ void expect_fast_div(m3::Idx d, m3::Idx n) {
   const m3::Idx r = f.divmod(n, q);
   ASSERT_EQ(q, n / d) << "n=" << n << " d=" << d;
   ASSERT_EQ(r, n % d) << "n=" << n << " d=" << d;
+  if (n < (m3::Idx(1) << 31))  // the 32-bit form, for dividends below 2^31
+    ASSERT_EQ(f.div(static_cast<unsigned>(n)), static_cast<unsigned>(n / d))
+        << "n=" << n << " d=" << d << " (32-bit)";
 }
 
 TEST(FastDiv, ExactForEveryDivisorAndTheEndsOfTheFastRange) {
