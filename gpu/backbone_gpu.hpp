@@ -110,6 +110,12 @@ class GpuBackbone {
   std::unique_ptr<Impl> impl_;
 };
 
+// For tests: the chunked scan's per-row kernels (K0/K1's prep with F4ef, step 2's tail) launch
+// at most `rows` rows at a time (rounded down to whole tail blocks of 64 rows for the tail; 0
+// restores the default, the most rows whose 32-bit offsets fit, one launch at usual shapes).
+// Lets a test check that a launch split into slabs gives the same bits as one launch.
+void set_row_slab_limit_for_testing(Idx rows);
+
 // The GPU counterpart of run_reference<float>(pb, mode, storage): forward + backward of
 // pb.d_out with zero leaving-state gradients, capturing every stage tensor and every parameter
 // gradient. `fault` (layer 0) is for negative controls.

@@ -66,11 +66,16 @@
 // Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
 // Scratch (backward only, floats): max(B·nc·nh·hd·ds (dS per chunk), step 2's bias partial
 // sums 2·⌈BT/64⌉·nh·ds + their column-sum scratch) + B·nh (dScale_{−1}), each rounded up to 64.
+// Index arithmetic: the per-row kernels (K0/K1's prep, step 2's tail) work in 32-bit offsets;
+// their launchers split the rows into slabs (slab_rows: rows·nh·ds < 2^31) and shift the
+// pointers to each slab's first row, so any shape works and the common one is one launch. The
+// state passing walks its chunks by pointer steps (pass_chunks).
 // Determinism: no atomics; every output has one writer; every sum runs in a fixed order.
 #include <algorithm>
 
 #include <type_traits>
 
+#include "backbone_gpu.hpp"
 #include "chunk_fwd_tc.cuh"
 #include "chunk_state_tc.cuh"
 #include "convert.cuh"
@@ -204,6 +209,55 @@ __device__ __forceinline__ void zero(float (&acc)[RM][RN]) {
 constexpr int kLoadBatch = 8;
 // Chunks per batch of the state-passing kernels (one thread per state element, serial over chunks).
 constexpr int kChunkBatch = 16;
+// Blocks per SM promised to ptxas for the forward state passing (64 registers): it is
+// latency-bound, and the warps in flight carry the bytes in flight. (The backward spills at 64;
+// it takes 80 registers, three blocks.)
+constexpr int kStatePassBlocks = 4;
+
+// The state-passing walk over the chunks of one (b, h), element e: chunk c's state at
+// state0 + c·sstep, its Λ_c = da_cumsum[b, c, h, len(c) − 1] at lam0 + c·lstep for every chunk
+// but the last, whose Λ is at lam0 + (nc − 1)·lstep + last_fix (it may be shorter).
+struct ChunkWalk {
+  Idx sstep, lstep, last_fix, state0, lam0;
+  __device__ ChunkWalk(const ChunkGeom& g, Idx b, Idx h, Idx e)
+      : sstep(g.nh * g.hd * g.ds),
+        lstep(g.nh * g.cs),
+        last_fix(g.len(g.nc - 1) - g.cs),
+        state0(g.state_base(b, 0, h) + e),
+        lam0(g.cum_base(b, 0, h) + g.cs - 1) {}
+};
+
+// The n chunks of one (b, h) from the pointers on, stepping sstep / lstep per chunk (negative:
+// walking back), for each chunk in turn: out = v (the state entering it), v = e^Λ·v + its
+// contribution (read at in). Λ of the walk's j-th chunk is at lam + j·lstep, plus last_fix for
+// j = last_j (the last chunk, which may be shorter). In batches of kChunkBatch: a batch's loads
+// are all issued before its stores (latency-bound: one batch is one memory round trip), so in
+// and out may be the same tensor.
+__device__ __forceinline__ void pass_chunks(int n, int last_j, const float* in, float* out,
+                                            const float* lam, Idx sstep, Idx lstep,
+                                            Idx last_fix, float& v) {
+  for (int j0 = 0; j0 < n; j0 += kChunkBatch) {
+    // Strides opaque per batch: the 2·kChunkBatch addresses are formed as the loads issue, not
+    // hoisted out of the loop (160 registers otherwise).
+    sstep = opaque(sstep), lstep = opaque(lstep);
+    float cv[kChunkBatch], dv[kChunkBatch];
+    const float *iq = in, *lq = lam;
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k, iq += sstep, lq += lstep) {
+      const bool ok = j0 + k < n;
+      cv[k] = ok ? *iq : 0.0f;
+      dv[k] = ok ? *(j0 + k == last_j ? lq + last_fix : lq) : 0.0f;
+    }
+    float* oq = out;
+#pragma unroll
+    for (int k = 0; k < kChunkBatch; ++k, oq += sstep) {
+      if (j0 + k >= n) break;
+      *oq = v;
+      v = expf(dv[k]) * v + cv[k];
+    }
+    in += kChunkBatch * sstep, out += kChunkBatch * sstep, lam += kChunkBatch * lstep;
+  }
+}
 
 // dst[r·LD + c] = value(r, c) for the [R][CP] tile by a block of NT threads, R·CP a multiple of NT.
 template <int R, int CP, int LD, int NT = kCT, class F>
@@ -265,90 +319,135 @@ __device__ __forceinline__ float row16_sum(float v) {
 // Half a warp per (r, h); lanes over n.
 constexpr int kPrepLanes = 16;  // lanes per (r, h) row in prep_kernel
 
+// The lane's 4 values n0 … n0 + 3 of the row at x + row of a row of len values (zeros past its
+// end), and back: kVec, one access when the group lies in the row (has = n0 < len; len % 4 == 0
+// and the row aligned), at the 32-bit offset row + n0; else element by element
+// (load_row_group).
+template <bool kVec, class X>
+__device__ __forceinline__ void lane_load(const X* x, unsigned row, unsigned n0, unsigned len,
+                                          bool has, float (&v)[4]) {
+  if constexpr (kVec) {
+    if (has) {
+      load_vec<4>(x + (row + n0), v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = 0.0f;
+    }
+  } else {
+    load_row_group<false>(x + row, n0, len, v);
+  }
+}
+template <bool kVec, class X>
+__device__ __forceinline__ void lane_store(X* x, unsigned row, unsigned n0, unsigned len,
+                                           bool has, const float (&v)[4]) {
+  if constexpr (kVec) {
+    if (has) store_vec<4>(x + (row + n0), v);
+  } else {
+    store_row_group<false>(x + row, n0, len, v);
+  }
+}
+
+// Rows of the [BT, ...] tensors per launch of the row kernels below (prep, the backward tail),
+// so that their in-kernel offsets and indices fit 32 bits: rows·nh·ds ≤ 2^31 − 2^16 (na ≤ ds,
+// ng ≤ nh; the margin covers a warp's rows past the end and FastDiv's 32-bit form, n < 2^31); a
+// multiple of `align` (at least one).
+Idx g_slab_limit = 0;  // set_row_slab_limit_for_testing (0: none)
+Idx slab_rows(const Dims& d, Idx align) {
+  Idx rows = 0x7fff0000 / (d.nh * d.ds);
+  if (g_slab_limit > 0) rows = std::min(rows, g_slab_limit);
+  return std::max<Idx>(1, rows / align) * align;
+}
+
+// K0/K1's tensors (SsmChunkFwd's and RopePrep's names), every [BT, ...] one from the launch's
+// first row on.
+template <class T>
+struct PrepArgs {
+  const float *dt, *trap, *a_val;                  // [rows, nh] (dt, trap also at row + 1)
+  const T *k_in, *q_in;                            // !kRope: the stored k, q
+  const T *b_normed, *c_normed;                    // kRope: [rows, ng, ds]
+  const float *b_bias, *c_bias, *theta;            // kRope: [nh, ds] (not shifted), [rows, nh, na]
+  T *k, *q;                                        // kRope: F4ef's outputs
+  T* k_scaled_saved;
+  float *adt, *gamma_saved, *scale_saved, *qk_dot_saved;
+};
+struct PrepGeom {
+  unsigned rows, nh, ds, na, ng, T;
+  Idx t_base;                  // t of the launch's first row
+  FastDiv heads, time, group;  // i → (r, h); t_base + r → t; h → g(h)
+  bool k_all;
+};
+
 // kRope: F4ef fused in (ssm_chunked_rope_prep). k and q are not read but computed as
 // rope_forward_normed computes them, bit for bit: X_biased = T(float(X_normed[r, g(h)]) +
 // X_bias[h]), the pair (2j, 2j + 1) rotated by θ[r, h, j] for j < na (rope_rotate), rounded to
 // T; q is stored, k at t = T − 1 (k_out's source) or everywhere when k_all.
-template <class T>
-struct RopeIn {
-  const T *b_normed, *c_normed;
-  const float *b_bias, *c_bias, *theta;
-  T *k, *q;
-  Idx na, ng;
-  FastDiv hpg;
-  bool k_all;
-};
-
-template <class T, bool kRope>
+template <class T, bool kRope, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> ro) {
+prep_kernel(PrepGeom pg, PrepArgs<T> a) {
   // Half a warp per (r, h) row (Seg<16>: two rows per warp in flight): lane l < 16 owns the
   // values n = 4l + 64k, k ∈ {0, 1} (ds ≤ 128, chunk_geom), read and written 4 at a time when
-  // ds % 4 == 0 and the rows are aligned, else element by element.
+  // kVec (ds % 4 == 0, rows aligned), else element by element. Offsets are 32-bit (PrepGeom).
   using S = Seg<kPrepLanes>;
-  const Idx rows = g.B * g.T * g.nh, ds = g.ds;
-  constexpr unsigned kVec = 4 * sizeof(T);
-  const bool vec = ds % 4 == 0 && is_aligned(p.k_scaled_saved, kVec) &&
-                   (kRope ? all_aligned(kVec, ro.k, ro.q, ro.b_normed, ro.c_normed) &&
-                                all_aligned(16, ro.b_bias, ro.c_bias)
-                          : all_aligned(kVec, p.k, p.q));
-  for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
-    const Idx i = w0 + S::seg();
-    const bool on = i < rows;
-    // The lane's 4 values from element n of a row of this (r, h) (none when off).
-    const Idx len = on ? ds : 0;
-    auto load4 = [&](const auto* row, Idx n, float(&v)[4]) {
-      vec ? load_row_group<true>(row, n, len, v) : load_row_group<false>(row, n, len, v);
-    };
-    auto store4 = [&](auto* row, Idx n, const float(&v)[4]) {
-      vec ? store_row_group<true>(row, n, len, v) : store_row_group<false>(row, n, len, v);
-    };
-    Idx r, b;
-    const Idx h = nh.divmod(i, r);
-    const bool next = on && T_len.divmod(r, b) + 1 < g.T;  // sg = 0 at t = T − 1
-    const float dt = on ? p.dt[i] : 0.0f, trap = on ? p.trap[i] : 0.0f;
-    const float dt1 = next ? p.dt[i + g.nh] : 0.0f, trap1 = next ? p.trap[i + g.nh] : 1.0f;
+  const unsigned items = pg.rows * pg.nh, ds = pg.ds, na = pg.na, lane = S::lane();
+  for (unsigned w0 = static_cast<unsigned>(S::first()); w0 < items;
+       w0 += static_cast<unsigned>(S::stride())) {
+    const unsigned i = w0 + S::seg();
+    const bool on = i < items;
+    const unsigned len = on ? ds : 0;  // values of this lane's row (none when off)
+    const unsigned r = pg.heads.div(i), h = i - r * pg.nh, base = i * ds;
+    Idx b;
+    const bool next = on && pg.time.divmod(pg.t_base + r, b) + 1 < pg.T;  // sg = 0 at t = T − 1
+    const float dt = on ? a.dt[i] : 0.0f, trap = on ? a.trap[i] : 0.0f;
+    const float dt1 = next ? a.dt[i + pg.nh] : 0.0f, trap1 = next ? a.trap[i + pg.nh] : 1.0f;
     float kv[2][4], qv[2][4];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const Idx n = 4 * Idx(S::lane()) + 64 * c;
+      const unsigned n = 4 * lane + 64 * c;
+      const bool has = n < len;
       if constexpr (kRope) {
-        const Idx gn = (r * ro.ng + ro.hpg.div(h)) * ds, hn = h * ds;
+        const unsigned gn = (r * pg.ng + pg.group.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4], th[2];
-        load4(ro.b_normed + gn, n, nb);
-        load4(ro.c_normed + gn, n, nc);
-        load4(ro.b_bias + hn, n, ab);
-        load4(ro.c_bias + hn, n, ac);
+        lane_load<kVec>(a.b_normed, gn, n, len, has, nb);
+        lane_load<kVec>(a.c_normed, gn, n, len, has, nc);
+        lane_load<kVec>(a.b_bias, hn, n, len, has, ab);
+        lane_load<kVec>(a.c_bias, hn, n, len, has, ac);
+        const unsigned j0 = n / 2;  // the lane's pairs j0, j0 + 1
+        if constexpr (kVec) {       // na is even, so both pairs are rotated or neither
+          th[0] = th[1] = 0.0f;
+          if (has && j0 < na) load_n<2>(a.theta + (i * na + j0), th);
+        } else {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const Idx j = n / 2 + u;
-          th[u] = on && j < ro.na ? ro.theta[i * ro.na + j] : 0.0f;
+          for (int u = 0; u < 2; ++u) th[u] = on && j0 + u < na ? a.theta[i * na + j0 + u] : 0.0f;
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          kv[c][e] = round_trip<T>(nb[e] + ab[e]);  // b_biased; k where not rotated
-          qv[c][e] = round_trip<T>(nc[e] + ac[e]);  // c_biased; q where not rotated
+          kv[c][e] = nb[e] + ab[e];  // b_biased; k where not rotated
+          qv[c][e] = nc[e] + ac[e];  // c_biased; q where not rotated
+        }
+        // round_trip2: the same values as round_trip (a NaN stays a NaN, and its store below
+        // gives the bits a stored arithmetic NaN has).
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          round_trip2<T>(kv[c][e], kv[c][e + 1]);
+          round_trip2<T>(qv[c][e], qv[c][e + 1]);
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          if (n / 2 + u >= ro.na) continue;
+          if (j0 + u >= na) continue;
           float sn, cs;
           sincosf(th[u], &sn, &cs);
           const float b0 = kv[c][2 * u], b1 = kv[c][2 * u + 1];
           const float c0 = qv[c][2 * u], c1 = qv[c][2 * u + 1];
           rope_rotate(sn, cs, b0, b1, kv[c][2 * u], kv[c][2 * u + 1]);
           rope_rotate(sn, cs, c0, c1, qv[c][2 * u], qv[c][2 * u + 1]);
-#pragma unroll
-          for (int o = 0; o < 2; ++o) {
-            kv[c][2 * u + o] = round_trip<T>(kv[c][2 * u + o]);
-            qv[c][2 * u + o] = round_trip<T>(qv[c][2 * u + o]);
-          }
+          round_trip2<T>(kv[c][2 * u], kv[c][2 * u + 1]);
+          round_trip2<T>(qv[c][2 * u], qv[c][2 * u + 1]);
         }
-        store4(ro.q + i * ds, n, qv[c]);
-        if (ro.k_all || !next) store4(ro.k + i * ds, n, kv[c]);
+        lane_store<kVec>(a.q, base, n, len, has, qv[c]);
+        if (pg.k_all || !next) lane_store<kVec>(a.k, base, n, len, has, kv[c]);
       } else {
-        load4(p.k + i * ds, n, kv[c]);
-        load4(p.q + i * ds, n, qv[c]);
+        lane_load<kVec>(a.k_in, base, n, len, has, kv[c]);
+        lane_load<kVec>(a.q_in, base, n, len, has, qv[c]);
       }
     }
     const float gam = dt * trap, sg = dt1 * (1.0f - trap1);
@@ -359,22 +458,58 @@ prep_kernel(ChunkGeom g, SsmChunkFwd<T> p, FastDiv nh, FastDiv T_len, RopeIn<T> 
     float qk = 0.0f;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const Idx n = 4 * Idx(S::lane()) + 64 * c;
+      const unsigned n = 4 * lane + 64 * c;
       float o[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         qk += qv[c][e] * kv[c][e];
         o[e] = kv[c][e] * scale;
       }
-      store4(p.k_scaled_saved + i * ds, n, o);
+      lane_store<kVec>(a.k_scaled_saved, base, n, len, n < len, o);
     }
     qk = segment_sum<kPrepLanes>(qk);
-    if (on && S::lane() == 0) {
-      p.adt[i] = p.a_val[i] * dt;
-      p.gamma_saved[i] = gam;
-      p.scale_saved[i] = scale;
-      p.qk_dot_saved[i] = gam * qk;
+    if (on && lane == 0) {
+      a.adt[i] = a.a_val[i] * dt;
+      a.gamma_saved[i] = gam;
+      a.scale_saved[i] = scale;
+      a.qk_dot_saved[i] = gam * qk;
     }
+  }
+}
+
+// Launches prep_kernel<T, kRope> over the rows in slabs (32-bit offsets). rp: kRope's inputs and
+// outputs (null for the plain K0/K1).
+template <class T, bool kRope>
+void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const RopePrep<T>* rp) {
+  constexpr unsigned kVecBytes = 4 * sizeof(T);
+  const bool vec = d.ds % 4 == 0 && d.na % 2 == 0 && is_aligned(p.k_scaled_saved, kVecBytes) &&
+                   (kRope ? all_aligned(kVecBytes, rp->k, rp->q, rp->b_normed, rp->c_normed) &&
+                                all_aligned(16, rp->b_bias, rp->c_bias) &&
+                                all_aligned(8, rp->theta)
+                          : all_aligned(kVecBytes, p.k, p.q));
+  auto kernel = vec ? prep_kernel<T, kRope, true> : prep_kernel<T, kRope, false>;
+  const Idx slab = slab_rows(d, 1);
+  for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
+    const Idx rows = std::min(slab, d.BT - r0), s1 = r0 * d.nh, sd = s1 * d.ds,
+              sa = s1 * d.na, sg = r0 * d.ng * d.ds;
+    auto at = [](auto* ptr, Idx off) { return ptr ? ptr + off : ptr; };
+    PrepArgs<T> a{p.dt + s1, p.trap + s1, p.a_val + s1, at(p.k, sd), at(p.q, sd),
+                  nullptr,   nullptr,     nullptr,      nullptr,     nullptr,
+                  nullptr,   nullptr,     p.k_scaled_saved + sd,     p.adt + s1,
+                  p.gamma_saved + s1,     p.scale_saved + s1,        p.qk_dot_saved + s1};
+    if constexpr (kRope) {
+      a.b_normed = rp->b_normed + sg, a.c_normed = rp->c_normed + sg;
+      a.b_bias = rp->b_bias, a.c_bias = rp->c_bias, a.theta = at(rp->theta, sa);
+      a.k = rp->k + sd, a.q = rp->q + sd;
+    }
+    const PrepGeom pg{static_cast<unsigned>(rows), static_cast<unsigned>(d.nh),
+                      static_cast<unsigned>(d.ds), static_cast<unsigned>(d.na),
+                      static_cast<unsigned>(d.ng), static_cast<unsigned>(d.T),
+                      r0 % d.T,                    FastDiv(d.nh),
+                      FastDiv(d.T),                FastDiv(d.hpg),
+                      kRope && rp->k_all};
+    kernel<<<grid_for(rows * d.nh, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(pg, a);
+    M3_LAUNCH_CHECK();
   }
 }
 
@@ -474,7 +609,7 @@ chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
 // ---- K4/K6 ----------------------------------------------------------------------------------
 // grid (element tiles, nh, B): one thread per state element (p, n), serial over the chunks.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kStatePassBlocks)
 state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const Idx h = blockIdx.y, b = blockIdx.z, sb = b * g.nh + h;
   const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
@@ -489,23 +624,10 @@ state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const Idx pi = e / g.ds, n = e % g.ds, i0 = (b * g.T) * g.nh + h;
   const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
   float S = p.ssm_in[sb * hds + e] + sgm1 * (p.v_in[sb * g.hd + pi] * p.k_in[sb * g.ds + n]);
-  // Chunks in batches of kChunkBatch: the batch's loads are all issued before its stores.
-  for (Idx c0 = 0; c0 < g.nc; c0 += kChunkBatch) {
-    float con[kChunkBatch], dec[kChunkBatch];
-#pragma unroll
-    for (int k = 0; k < kChunkBatch; ++k) {
-      const Idx c = c0 + k;
-      const bool in = c < g.nc;
-      con[k] = in ? p.chunk_states[g.state_base(b, c, h) + e] : 0.0f;
-      dec[k] = in ? p.da_cumsum_saved[g.cum_base(b, c, h) + g.len(c) - 1] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kChunkBatch; ++k) {
-      if (c0 + k >= g.nc) break;
-      p.chunk_states_saved[g.state_base(b, c0 + k, h) + e] = S;
-      S = expf(dec[k]) * S + con[k];
-    }
-  }
+  const ChunkWalk w(g, b, h, e);
+  const int nc = static_cast<int>(g.nc);
+  pass_chunks(nc, nc - 1, p.chunk_states + w.state0, p.chunk_states_saved + w.state0,
+              p.da_cumsum_saved + w.lam0, w.sstep, w.lstep, w.last_fix, S);
   p.final_states[sb * hds + e] = S;
   p.ssm_out[sb * hds + e] = S;
 }
@@ -643,24 +765,12 @@ state_pass_bwd_kernel(ChunkGeom g, const float* da_cumsum, const float* d_ssm_ou
   const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
   if (e >= hds) return;
   float v = d_ssm_out[sb * hds + e];
-  // Chunks (descending) in batches of kChunkBatch: the batch's loads are all issued before its
-  // in-place stores.
-  for (Idx c0 = g.nc - 1; c0 >= 0; c0 -= kChunkBatch) {
-    float con[kChunkBatch], dec[kChunkBatch];
-#pragma unroll
-    for (int k = 0; k < kChunkBatch; ++k) {
-      const Idx c = c0 - k;
-      const bool in = c >= 0;
-      con[k] = in ? dS[g.state_base(b, c, h) + e] : 0.0f;
-      dec[k] = in ? da_cumsum[g.cum_base(b, c, h) + g.len(c) - 1] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kChunkBatch; ++k) {
-      if (c0 - k < 0) break;
-      dS[g.state_base(b, c0 - k, h) + e] = v;
-      v = expf(dec[k]) * v + con[k];
-    }
-  }
+  // Chunks descending (pass_chunks walking back, in place).
+  const ChunkWalk w(g, b, h, e);
+  const Idx last = g.nc - 1;
+  float* from = dS + w.state0 + last * w.sstep;
+  pass_chunks(static_cast<int>(g.nc), 0, from, from, da_cumsum + w.lam0 + last * w.lstep,
+              -w.sstep, -w.lstep, w.last_fix, v);
   d_ssm_in[sb * hds + e] = v;
 }
 
@@ -1016,8 +1126,12 @@ constexpr int kBarFull = 1, kBarEmpty = 3;  // named barriers kBarFull + buffer,
 
 // Named barrier kId: bar.sync (wait for `threads` arrivals, acquire) or bar.arrive (count this
 // warp, release, do not wait). Immediate ids, so that ptxas reserves only the ones used.
+// bar.sync / bar.arrive are warp-aligned: the whole warp must reach them converged, or the warp
+// may count as arrived while some of its lanes still work (a lane that left a loop early, e.g.
+// the consumer's column loop when ds < 32): __syncwarp() reconverges it first.
 template <int kId, bool kArrive>
 __device__ __forceinline__ void named_barrier(int threads) {
+  __syncwarp();
   if constexpr (kArrive)
     asm volatile("bar.arrive %0, %1;" ::"n"(kId), "r"(threads) : "memory");
   else
@@ -1033,159 +1147,182 @@ __device__ __forceinline__ void bar_arrive(int buf, int threads) {
   buf == 0 ? named_barrier<kId0, true>(threads) : named_barrier<kId0 + 1, true>(threads);
 }
 
+// The tail's launch geometry over a slab of rows (ssm_chunked_backward launches the tail once per
+// slab, with TailArgs shifted to the slab's first row, so that every in-kernel offset fits 32
+// bits: rows·nh·max(ds, na) < 2^31).
 struct TailGeom {
-  Idx na, ng, hpg;
+  unsigned rows, nh, ds, na, ng, hpg, T;
+  Idx r_base;     // the slab's first row (global): t = (r_base + r) mod T
+  FastDiv group;  // h → g(h) = h / hpg
+};
+
+// The step-2 tensors (SsmChunkBwd's names), every [BT, ...] one starting at the slab's first row.
+template <class T>
+struct TailArgs {
+  const float *scale_saved, *dQK_dot, *gamma_saved, *theta, *dK_mid, *dQ_mid;
+  const T *k, *q, *b_biased, *c_biased;  // read unless kRecompute
+  const T *b_normed, *c_normed;          // kRecompute: [rows, ng, ds]
+  const float *b_bias, *c_bias, *d_k_out;  // [nh, ds], [B, nh, ds]: not shifted
+  float *d_angle_cumsum, *d_b_pre_rope, *d_c_pre_rope, *dScale, *dGamma;
+  T *d_b_normed, *d_c_normed;  // kFuse: [rows, ng, ds]
 };
 
 template <class T, bool kRecompute, bool kFuse, bool kVec>
 __global__ void __launch_bounds__(tail_threads(kFuse), 2)
-qk_rope_bwd_kernel(ChunkGeom g, TailGeom tg, SsmChunkBwd<T> p, float* part_b, float* part_c) {
-  constexpr int kAll = tail_threads(kFuse);
+qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   // ds ≤ 128 (chunk_geom): lane l owns the 4 values n0 = 4l … 4l + 3 of a row (the pairs
-  // j = 2l, 2l + 1); all of a row's loads are issued before any store.
+  // j = 2l, 2l + 1); all of a row's loads are issued before any store. Offsets are 32-bit
+  // (TailGeom); the time index t of row r is carried from row to row.
+  constexpr int kAll = tail_threads(kFuse);
   extern __shared__ float tail_smem[];  // kFuse: acc_b, acc_c, rows[2] (b, c); nh·ds floats each
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const Idx nh = g.nh, ds = g.ds, na = tg.na, nhds = nh * ds, n0 = 4 * Idx(lane);
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned nh = tg.nh, ds = tg.ds, na = tg.na, nhds = nh * ds, n0 = 4 * lane;
+  const bool has = n0 < ds;
   float *acc_b = tail_smem, *acc_c = acc_b + nhds;
   if constexpr (kFuse) {
-    for (Idx e = threadIdx.x; e < 2 * nhds; e += kAll) tail_smem[e] = 0.0f;
+    for (unsigned e = threadIdx.x; e < 2 * nhds; e += kAll) tail_smem[e] = 0.0f;
     __syncthreads();
   }
   const bool consumer = kFuse && warp >= kTailWarps;
-  const Idx BT = g.B * g.T, r0 = Idx(blockIdx.x) * kTailRows;
-  const Idx r1 = r0 + kTailRows < BT ? r0 + kTailRows : BT;
-  for (Idx r = r0; r < r1; ++r) {
-    const int buf = static_cast<int>((r - r0) & 1);
+  const unsigned r0 = blockIdx.x * unsigned(kTailRows);
+  const unsigned r1 = r0 + unsigned(kTailRows) < tg.rows ? r0 + unsigned(kTailRows) : tg.rows;
+  unsigned t = static_cast<unsigned>((tg.r_base + r0) % tg.T);
+  for (unsigned r = r0; r < r1; ++r, t = t + 1 == tg.T ? 0 : t + 1) {
+    const unsigned buf = (r - r0) & 1;
     float* row_b = acc_c + (1 + 2 * buf) * nhds;  // this row's buffers
     float* row_c = row_b + nhds;
     if (consumer) {
       bar_sync<kBarFull>(buf, kAll);  // every producer has stored row r
-      const Idx gds = tg.ng * ds;
-      for (Idx x = threadIdx.x - 32 * kTailWarps; x < 2 * gds; x += 32 * kTailConsumers) {
+      // d_X_normed[r, g, n] = Σ_{h ∈ g} row_X[h, n], ascending h; the shared loads go out kU
+      // at a time.
+      const unsigned gds = tg.ng * ds;
+      for (unsigned x = threadIdx.x - 32 * kTailWarps; x < 2 * gds; x += 32 * kTailConsumers) {
         const bool is_c = x >= gds;
-        const Idx gn = is_c ? x - gds : x;  // g·ds + n
+        const unsigned gn = is_c ? x - gds : x;  // g·ds + n
         const float* col = (is_c ? row_c : row_b) + (gn / ds) * tg.hpg * ds + gn % ds;
-        // Ascending h; the shared loads go out kU at a time.
-        constexpr int kU = 8;
+        constexpr unsigned kU = 8;
         float sum = 0.0f;
-        Idx k = 0;
+        unsigned k = 0;
         for (; k + kU <= tg.hpg; k += kU) {
           float v[kU];
 #pragma unroll
-          for (int u = 0; u < kU; ++u) v[u] = col[(k + u) * ds];
+          for (unsigned u = 0; u < kU; ++u) v[u] = col[(k + u) * ds];
 #pragma unroll
-          for (int u = 0; u < kU; ++u) sum += v[u];
+          for (unsigned u = 0; u < kU; ++u) sum += v[u];
         }
         for (; k < tg.hpg; ++k) sum += col[k * ds];
-        (is_c ? p.d_c_normed : p.d_b_normed)[r * gds + gn] = from_float<T>(sum);
+        (is_c ? a.d_c_normed : a.d_b_normed)[r * gds + gn] = from_float<T>(sum);
       }
       if (r + 2 < r1) bar_arrive<kBarEmpty>(buf, kAll);  // the producers of row r + 2 wait
       continue;
     }
     if (kFuse && r - r0 >= 2) bar_sync<kBarEmpty>(buf, kAll);  // row r − 2 consumed
-    const bool last = r % g.T == g.T - 1;  // t = T − 1: d_k_out enters the k path
-    const float* dkout_row = last ? p.d_k_out + (r / g.T) * nh * ds : nullptr;
-    for (Idx h = warp; h < nh; h += kTailWarps) {
-      const Idx i = r * nh + h, base = i * ds;
-      const float sc = p.scale_saved[i], dqk = p.dQK_dot[i], e = dqk * p.gamma_saved[i];
+    const bool last = t == tg.T - 1;  // t = T − 1: d_k_out enters the k path
+    const float* dkout_row =
+        last ? a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(nhds) : nullptr;
+    for (unsigned h = warp; h < nh; h += kTailWarps) {
+      const unsigned i = r * nh + h, base = i * ds;
+      const float sc = a.scale_saved[i], dqk = a.dQK_dot[i], e = dqk * a.gamma_saved[i];
       float dk[4], g2[4], kv[4], qv[4], cv[4], bv[4], th[2];
-      if (kVec && 2 * Idx(lane) < na) {  // kVec: na is even, so both pairs are rotated
-        load_n<2>(p.theta + i * na + 2 * lane, th);
+      if constexpr (kVec) {  // na is even, so both pairs are rotated or neither
+        th[0] = th[1] = 0.0f;
+        if (2 * lane < na) load_n<2>(a.theta + (i * na + 2 * lane), th);
       } else {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) th[u] = 2 * lane + u < na ? p.theta[i * na + 2 * lane + u] : 0.0f;
+        for (unsigned u = 0; u < 2; ++u)
+          th[u] = 2 * lane + u < na ? a.theta[i * na + 2 * lane + u] : 0.0f;
       }
-      load_row_group<kVec>(p.dK_mid + base, n0, ds, dk);
-      load_row_group<kVec>(p.dQ_mid + base, n0, ds, g2);
+      lane_load<kVec>(a.dK_mid, base, n0, ds, has, dk);
+      lane_load<kVec>(a.dQ_mid, base, n0, ds, has, g2);
       if constexpr (kRecompute) {
-        const Idx gn = (r * tg.ng + (tg.ng == 1 ? 0 : h / tg.hpg)) * ds, hn = h * ds;
+        const unsigned gn = (r * tg.ng + tg.group.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4];
-        load_row_group<kVec>(p.b_normed + gn, n0, ds, nb);
-        load_row_group<kVec>(p.c_normed + gn, n0, ds, nc);
-        load_row_group<kVec>(p.b_bias + hn, n0, ds, ab);
-        load_row_group<kVec>(p.c_bias + hn, n0, ds, ac);
+        lane_load<kVec>(a.b_normed, gn, n0, ds, has, nb);
+        lane_load<kVec>(a.c_normed, gn, n0, ds, has, nc);
+        lane_load<kVec>(a.b_bias, hn, n0, ds, has, ab);
+        lane_load<kVec>(a.c_bias, hn, n0, ds, has, ac);
 #pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          bv[v] = round_trip<T>(nb[v] + ab[v]);
-          cv[v] = round_trip<T>(nc[v] + ac[v]);
-        }
+        for (int v = 0; v < 4; ++v) bv[v] = nb[v] + ab[v], cv[v] = nc[v] + ac[v];
+        // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
+        round_trip2<T>(bv[0], bv[1]), round_trip2<T>(bv[2], bv[3]);
+        round_trip2<T>(cv[0], cv[1]), round_trip2<T>(cv[2], cv[3]);
       } else {
-        load_row_group<kVec>(p.k + base, n0, ds, kv);
-        load_row_group<kVec>(p.q + base, n0, ds, qv);
-        load_row_group<kVec>(p.b_biased + base, n0, ds, bv);
-        load_row_group<kVec>(p.c_biased + base, n0, ds, cv);
+        lane_load<kVec>(a.k, base, n0, ds, has, kv);
+        lane_load<kVec>(a.q, base, n0, ds, has, qv);
+        lane_load<kVec>(a.b_biased, base, n0, ds, has, bv);
+        lane_load<kVec>(a.c_biased, base, n0, ds, has, cv);
       }
       float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (last) load_row_group<kVec>(dkout_row + h * ds, n0, ds, dkout);
+      if (last) lane_load<kVec>(dkout_row, h * ds, n0, ds, has, dkout);
       float db[4], dc[4], dang[2];
       float dsc = 0.0f, qk = 0.0f;
 #pragma unroll
       for (int u = 0; u < 2; ++u) {  // pair j = 2·lane + u: values 2u, 2u + 1 of the lane's 4
-        const Idx j = 2 * lane + u;
-        const int a = 2 * u, b1 = 2 * u + 1;
+        const unsigned j = 2 * lane + u;
+        const int a0 = 2 * u, a1 = 2 * u + 1;
         float sn = 0.0f, cs = 1.0f;
         if (j < na) sincosf(th[u], &sn, &cs);
         if constexpr (kRecompute) {  // k, q as F4ef stored them (copies for j ≥ na)
-          kv[a] = bv[a], kv[b1] = bv[b1], qv[a] = cv[a], qv[b1] = cv[b1];
+          kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
           if (j < na) {
-            rope_rotate(sn, cs, bv[a], bv[b1], kv[a], kv[b1]);
-            rope_rotate(sn, cs, cv[a], cv[b1], qv[a], qv[b1]);
-            kv[a] = round_trip<T>(kv[a]), kv[b1] = round_trip<T>(kv[b1]);
-            qv[a] = round_trip<T>(qv[a]), qv[b1] = round_trip<T>(qv[b1]);
+            rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
+            rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
+            round_trip2<T>(kv[a0], kv[a1]);
+            round_trip2<T>(qv[a0], qv[a1]);
           }
         }
         // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
-        const float g1[2] = {sc * dk[a] + dkout[a], sc * dk[b1] + dkout[b1]};
-        dsc += dk[a] * kv[a];
-        qk += cv[a] * bv[a];
-        dsc += dk[b1] * kv[b1];
-        qk += cv[b1] * bv[b1];
-        float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[a], g2[b1]};
+        const float g1[2] = {sc * dk[a0] + dkout[a0], sc * dk[a1] + dkout[a1]};
+        dsc += dk[a0] * kv[a0];
+        qk += cv[a0] * bv[a0];
+        dsc += dk[a1] * kv[a1];
+        qk += cv[a1] * bv[a1];
+        float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[a0], g2[a1]};
         dang[u] = 0.0f;
         if (j < na) {
           rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
-          rope_rotate_t(sn, cs, g2[a], g2[b1], o2[0], o2[1]);
-          dang[u] = rope_angle_grad(g1[0], g1[1], kv[a], kv[b1]) +
-                    rope_angle_grad(g2[a], g2[b1], qv[a], qv[b1]);
+          rope_rotate_t(sn, cs, g2[a0], g2[a1], o2[0], o2[1]);
+          dang[u] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
+                    rope_angle_grad(g2[a0], g2[a1], qv[a0], qv[a1]);
         }
-        db[a] = o1[0] + e * cv[a], db[b1] = o1[1] + e * cv[b1];
-        dc[a] = o2[0] + e * bv[a], dc[b1] = o2[1] + e * bv[b1];
+        db[a0] = o1[0] + e * cv[a0], db[a1] = o1[1] + e * cv[a1];
+        dc[a0] = o2[0] + e * bv[a0], dc[a1] = o2[1] + e * bv[a1];
       }
-      if (kVec && 2 * Idx(lane) < na) {
-        store_n<2>(p.d_angle_cumsum + i * na + 2 * lane, dang);
+      if constexpr (kVec) {
+        if (2 * lane < na) store_n<2>(a.d_angle_cumsum + (i * na + 2 * lane), dang);
       } else {
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
-          if (2 * lane + u < na) p.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
+        for (unsigned u = 0; u < 2; ++u)
+          if (2 * lane + u < na) a.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
       }
-      if (p.d_b_pre_rope) {
-        store_row_group<kVec>(p.d_b_pre_rope + base, n0, ds, db);
-        store_row_group<kVec>(p.d_c_pre_rope + base, n0, ds, dc);
+      if (a.d_b_pre_rope) {
+        lane_store<kVec>(a.d_b_pre_rope, base, n0, ds, has, db);
+        lane_store<kVec>(a.d_c_pre_rope, base, n0, ds, has, dc);
       }
       if constexpr (kFuse) {
-        const Idx hn = h * ds;
-        store_row_group<kVec>(row_b + hn, n0, ds, db);
-        store_row_group<kVec>(row_c + hn, n0, ds, dc);
+        const unsigned hn = h * ds;
+        lane_store<kVec>(row_b, hn, n0, ds, has, db);
+        lane_store<kVec>(row_c, hn, n0, ds, has, dc);
         float ab[4], ac[4];
-        load_row_group<kVec>(acc_b + hn, n0, ds, ab);
-        load_row_group<kVec>(acc_c + hn, n0, ds, ac);
+        lane_load<kVec>(acc_b, hn, n0, ds, has, ab);
+        lane_load<kVec>(acc_c, hn, n0, ds, has, ac);
 #pragma unroll
         for (int v = 0; v < 4; ++v) ab[v] += db[v], ac[v] += dc[v];
-        store_row_group<kVec>(acc_b + hn, n0, ds, ab);
-        store_row_group<kVec>(acc_c + hn, n0, ds, ac);
+        lane_store<kVec>(acc_b, hn, n0, ds, has, ab);
+        lane_store<kVec>(acc_c, hn, n0, ds, has, ac);
       }
       dsc = warp_sum(dsc);
       qk = warp_sum(qk);
       if (lane == 0) {
-        p.dScale[i] = dsc;
-        p.dGamma[i] = dqk * qk;
+        a.dScale[i] = dsc;
+        a.dGamma[i] = dqk * qk;
       }
     }
     if constexpr (kFuse) bar_arrive<kBarFull>(buf, kAll);  // row r stored
   }
   if constexpr (kFuse) {
     __syncthreads();  // every owner's last acc_X update is done
-    for (Idx x = threadIdx.x; x < nhds; x += kAll) {
+    for (unsigned x = threadIdx.x; x < nhds; x += kAll) {
       part_b[Idx(blockIdx.x) * nhds + x] = acc_b[x];
       part_c[Idx(blockIdx.x) * nhds + x] = acc_c[x];
     }
@@ -1291,11 +1428,31 @@ BwdScratch carve(const Dims& d, Scratch scratch) {
   return s;
 }
 
+// p's step-2 tensors, each [BT, ...] one from row r0 on (null stays null).
+template <class T>
+TailArgs<T> tail_args(const SsmChunkBwd<T>& p, const Dims& d, Idx r0) {
+  const Idx rd = r0 * d.nh * d.ds, rs = r0 * d.nh, ra = r0 * d.nh * d.na, rg = r0 * d.ng * d.ds;
+  auto at = [](auto* ptr, Idx off) { return ptr ? ptr + off : ptr; };
+  return TailArgs<T>{at(p.scale_saved, rs),    at(p.dQK_dot, rs),      at(p.gamma_saved, rs),
+                     at(p.theta, ra),          at(p.dK_mid, rd),       at(p.dQ_mid, rd),
+                     at(p.k, rd),              at(p.q, rd),            at(p.b_biased, rd),
+                     at(p.c_biased, rd),       at(p.b_normed, rg),     at(p.c_normed, rg),
+                     p.b_bias,                 p.c_bias,               p.d_k_out,
+                     at(p.d_angle_cumsum, ra), at(p.d_b_pre_rope, rd), at(p.d_c_pre_rope, rd),
+                     at(p.dScale, rs),         at(p.dGamma, rs),       at(p.d_b_normed, rg),
+                     at(p.d_c_normed, rg)};
+}
+
 dim3 grid3(Idx x, Idx y, Idx z) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
 }
 
 }  // namespace
+
+void set_row_slab_limit_for_testing(Idx rows) {
+  M3_REQUIRE(rows >= 0, "gpu::set_row_slab_limit_for_testing", "negative row limit", "rows=", rows);
+  g_slab_limit = rows;
+}
 
 Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64(d.B * d.nh); }
 
@@ -1308,12 +1465,7 @@ template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, Scratch) {
   const ChunkGeom g = chunk_geom(d);
   const bool planes = kTensorProducts<T> && g.nt == 1;
-  const Idx rows = d.BT * d.nh;
-  if (!p.prep_done) {
-    prep_kernel<T, false><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
-        g, p, FastDiv(d.nh), FastDiv(d.T), RopeIn<T>{});
-    M3_LAUNCH_CHECK();
-  }
+  if (!p.prep_done) launch_prep<T, false>(s, d, p, nullptr);
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
@@ -1345,18 +1497,13 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
 template <class T>
 void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
                            const SsmChunkFwd<T>& p) {
-  const ChunkGeom g = chunk_geom(d);
+  chunk_geom(d);  // checks the shape
   M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds && d.ng >= 1 && d.hpg * d.ng == d.nh, kChunkWhere,
              "bad dims", "na=", d.na, " ds=", d.ds, " ng=", d.ng, " hpg=", d.hpg, " nh=", d.nh);
   M3_REQUIRE(rp.b_normed && rp.c_normed && rp.b_bias && rp.c_bias && rp.k && rp.q &&
                  (d.na == 0 || rp.theta),
              kChunkWhere, "missing rope_prep arguments", "b/c_normed, b/c_bias, theta, k, q");
-  const RopeIn<T> ro{rp.b_normed, rp.c_normed, rp.b_bias, rp.c_bias, rp.theta, rp.k, rp.q,
-                     d.na,        d.ng,        FastDiv(d.hpg), rp.k_all};
-  const Idx rows = d.BT * d.nh;
-  prep_kernel<T, true><<<grid_for(rows, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(
-      g, p, FastDiv(d.nh), FastDiv(d.T), ro);
-  M3_LAUNCH_CHECK();
+  launch_prep<T, true>(s, d, p, &rp);
 }
 
 template <class T>
@@ -1418,7 +1565,6 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
                                                                   p.d_d_param);
   M3_LAUNCH_CHECK();
-  const TailGeom tg{d.na, d.ng, d.hpg};
   const unsigned int tail_grid = static_cast<unsigned int>(tail_blocks(d));
   // Vector accesses: 4-value groups of the [.., ds] rows and θ pairs of the [.., na] rows.
   const bool vec = d.ds % 4 == 0 && d.na % 2 == 0 &&
@@ -1427,13 +1573,25 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                    all_aligned(8, p.theta, p.d_angle_cumsum) &&
                    all_aligned(4 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
                                p.c_normed);
+  // Slabs of whole tail blocks whose offsets fit 32 bits (one slab up to 2^31 / (nh·ds) rows).
+  const Idx slab = slab_rows(d, kTailRows);
   with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
     constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
     auto k2 = vec ? qk_rope_bwd_kernel<T, kR, kF, true> : qk_rope_bwd_kernel<T, kR, kF, false>;
     const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
     set_smem(k2, sm2);
-    k2<<<tail_grid, tail_threads(kF), sm2, s>>>(g, tg, p, w.part_b, w.part_c);
-    M3_LAUNCH_CHECK();
+    for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
+      const Idx rows_here = std::min(slab, d.BT - r0);
+      const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),
+                        static_cast<unsigned>(d.ds),      static_cast<unsigned>(d.na),
+                        static_cast<unsigned>(d.ng),      static_cast<unsigned>(d.hpg),
+                        static_cast<unsigned>(d.T),       r0,
+                        FastDiv(d.hpg)};
+      const Idx part0 = r0 / kTailRows * d.nh * d.ds;
+      k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), tail_threads(kF), sm2,
+           s>>>(tg, tail_args(p, d, r0), w.part_b + part0, w.part_c + part0);
+      M3_LAUNCH_CHECK();
+    }
   });
   if (fuse) {
     const Idx nhds = d.nh * d.ds;

@@ -359,6 +359,71 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
   }
 }
 
+// The chunked scan's per-row kernels (F4ef's prep, B6's tail) split their rows into slabs with
+// 32-bit offsets; a shape needs more than one slab only past 2^31 elements of [BT, nh, ds], too
+// large for a test. With the slab limit forced down (70 rows: prep slabs of 70, tail slabs of
+// 64, slab starts inside a sequence, the t = T − 1 rows in later slabs), the fused chunked
+// forward+backward must give the same bits as one launch: every captured tensor, gradient
+// (the tail's bias partial sums keep their 64-row blocks), d_x and leaving state.
+TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
+  M3_SKIP_WITHOUT_GPU();
+  std::vector<GridCase> cases;
+  for (const GridCase& g : grid(true))
+    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd32_ds128_outnorm_rope0.5_ng2")
+      cases.push_back(g);
+  ASSERT_EQ(cases.size(), 2u) << "a named grid case is missing";
+  struct Reset {  // the default limit again, also when an assertion returns early
+    ~Reset() { m3::gpu::set_row_slab_limit_for_testing(0); }
+  } reset;
+  for (const GridCase& gc : cases) {
+    ASSERT_GT(gc.B * gc.T, 2 * 70) << "the case must span several slabs";
+    const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 13, true);
+    for (m3::Precision storage : {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
+      // run[slabs][captured]: with a Capture, every stage tensor; without one (k stored at
+      // t = T − 1 only, no d_b/c_pre_rope), the gradients.
+      Capture run[2][2] = {{Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)},
+                           {Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)}};
+      std::vector<float> dx[2][2];
+      m3::States<float> leaving[2][2];
+      for (int slabs = 0; slabs < 2; ++slabs)
+        for (int captured = 0; captured < 2; ++captured) {
+          m3::gpu::set_row_slab_limit_for_testing(slabs ? 70 : 0);
+          m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, ScanMode::Chunked, storage);
+          net.set_params(m3::cast_params<float>(pb.params));
+          net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+          net.set_states(m3::cast_states<float>(pb.states));
+          net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+          net.set_leaving_grads(nullptr);
+          net.zero_grads();
+          Capture* cap = captured ? &run[slabs][captured] : nullptr;
+          net.forward(cap);
+          net.backward(cap);
+          m3::capture_grads(net.grads(), pb.cfg, run[slabs][captured]);
+          dx[slabs][captured] = net.d_x();
+          leaving[slabs][captured] = net.states();
+        }
+      for (int captured = 0; captured < 2; ++captured) {
+        const std::string what = gc.name + " " + m3::precision_name(storage) +
+                                 (captured ? " (captured)" : " (no capture)");
+        const Capture &one = run[0][captured], &sl = run[1][captured];
+        ASSERT_EQ(one.keys(), sl.keys()) << what;
+        EXPECT_EQ(dx[0][captured], dx[1][captured]) << what << ": d_x";
+        const m3::States<float>& a = leaving[0][captured];
+        const m3::States<float>& b = leaving[1][captured];
+        EXPECT_TRUE(a.ssm == b.ssm && a.k == b.k && a.v == b.v && a.angle == b.angle)
+            << what << ": leaving states";
+        for (const auto& key : one.keys()) {
+          const auto& x = one.at(key).data;
+          const auto& y = sl.at(key).data;
+          ASSERT_EQ(x.size(), y.size()) << what << " " << key;
+          EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(double)))
+              << what << ": " << key << " differs between one launch and slabs";
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuBackbone, RejectsAnInvalidConfigWithAMessage) {
   M3_SKIP_WITHOUT_GPU();
   Config c;
