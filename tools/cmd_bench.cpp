@@ -14,9 +14,13 @@
 // Bench shapes: default = the default config at B = 2, T = 256 (4 layers); official = d_model
 // 1024, headdim 64, d_state 128, ngroups 1, expand 2, B = 8, T = 4096, 1 layer (the official
 // Mamba-3 defaults; the sequential reference is not timed there: its h_saved alone would need
-// B·(T+1)·d_state·d_inner·4 B = 34 GB).
+// B·(T+1)·d_state·d_inner·4 B = 34 GB); official2 = the same with 2 layers. With both official
+// and official2, a "marginal layer" line per dtype and scan mode gives the second layer's time
+// (2 layers − 1 layer): a layer without the backbone-level input_proj and norm_f, the figure
+// to hold against a single block.
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "bench.hpp"
@@ -56,13 +60,15 @@ struct Shape {
 Shape bench_shape(const std::string& name) {
   Shape s{name, Config{}, 2, 256};
   if (name == "default") return s;
-  if (name == "official") {
+  if (name == "official" || name == "official2") {
     s.cfg = harness::official_config();
+    if (name == "official2") s.cfg.n_layers = 2;
     s.B = 8;
     s.T = 4096;
     return s;
   }
-  throw UsageError("--shapes: unknown bench shape '" + name + "' (default, official)");
+  throw UsageError("--shapes: unknown bench shape '" + name +
+                   "' (default, official, official2)");
 }
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -158,6 +164,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                 "dtype", "scan", "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
                 "ref_fb_ms/lyr");
   std::cout << buf << "\n" << std::string(std::char_traits<char>::length(buf), '-') << "\n";
+  std::map<std::string, gpu::GpuTiming> official[2];  // (dtype scan) → timing, 1 and 2 layers
   for (const auto& sh : shapes) {
     for (Precision p : precisions) {
     for (ScanMode m : modes) {
@@ -166,7 +173,10 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
-      const bool seq_too_big = m == ScanMode::Sequential && sh.name == "official";
+      const bool seq_too_big = m == ScanMode::Sequential && sh.name.rfind("official", 0) == 0;
+      if (sh.name == "official" || sh.name == "official2")
+        official[sh.name == "official2"][std::string(precision_name(p)) + " " +
+                                         scan_mode_name(m)] = t;
       if (with_reference && !seq_too_big && p == Precision::F32) {
         harness::BenchSpec spec;
         spec.cfg = sh.cfg;
@@ -191,6 +201,18 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
     }
     }
   }
+  const Shape off = bench_shape("official");
+  for (const auto& [key, one] : official[0]) {
+    const auto two = official[1].find(key);
+    if (two == official[1].end()) continue;
+    const double fwd = two->second.forward_ms - one.forward_ms;
+    const double fb = two->second.forward_backward_ms - one.forward_backward_ms;
+    std::snprintf(buf, sizeof buf,
+                  "marginal layer (official2 - official), %-12s: fwd %.3f ms, fwd+bwd %.3f ms, "
+                  "%.3f Mtok/s",
+                  key.c_str(), fwd, fb, static_cast<double>(off.B * off.T) / fb * 1e-3);
+    std::cout << buf << "\n";
+  }
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
                "layer); ref_fb_ms/lyr: float reference, one forward+backward pass, per layer\n";
   if (profile)
@@ -213,7 +235,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   run.add_options()
     ("help,h", "this help")
     ("reference", po::bool_switch(), "time the Eigen CPU reference only (double and float)")
-    ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official)")
+    ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official, official2)")
     ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# For the GPU machine: where the time goes, in one call (docs/PERF.md keeps the results):
+#   build        as scripts/gpu-check.sh (configure + build into build-gpu/, nothing else)
+#   marginal     m3h bench, official and official2 (1 and 2 layers), bf16 chunked: the
+#                per-layer figures and the "marginal layer" line (2 layers − 1 layer: a layer
+#                without the backbone-level input_proj and norm_f)
+#   profile      m3h bench --profile on the official shape (stage times; they include the
+#                events' gaps, see PERF.md)
+#   ncu          Nsight Compute on one official bf16 chunked forward+backward: every kernel's
+#                time and DRAM bytes (ncu-all.csv), then speed-of-light, occupancy, warp-state
+#                and instruction statistics of the chunked scan's kernels (ncu-scan.txt)
+# Logs under ${OUT:-gpu-logs}/. Needs ncu on the PATH for the last step (skipped otherwise).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+LOGS="${OUT:-gpu-logs}"
+mkdir -p "$LOGS"
+GPU_CHECK_ONLY="nvidia-smi" OUT="$LOGS" bash scripts/gpu-check.sh >"$LOGS/build-summary.txt" 2>&1 || {
+  tail -n 20 "$LOGS/build-summary.txt"
+  exit 1
+}
+m3h=build-gpu/tools/m3h
+run_bench=("$m3h" bench --no-reference --shapes official --dtype bf16 --scan chunked)
+"$m3h" bench --no-reference --shapes official,official2 --dtype bf16 --scan chunked \
+  >"$LOGS/marginal.txt" 2>&1
+grep -E "^official|^marginal" "$LOGS/marginal.txt"
+"${run_bench[@]}" --profile >"$LOGS/profile.txt" 2>&1
+grep -E "^official|total" "$LOGS/profile.txt"
+if command -v ncu >/dev/null; then
+  ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+    "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-all.csv" 2>&1 || true
+  ncu --clock-control none \
+    -k regex:'chunk_bwd_tc|chunk_scan_tc|chunk_state_tc|state_pass|qk_rope_bwd|prep_kernel' \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section InstructionStats --section LaunchStats -c 8 \
+    "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-scan.txt" 2>&1 || true
+  grep -E "^  [a-z_ ]+.*\(|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy" \
+    "$LOGS/ncu-scan.txt" | cut -c1-110 || true
+else
+  echo "ncu not found: kernel-level step skipped"
+fi
