@@ -257,6 +257,52 @@ TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
   }
 }
 
+// One forward+backward of pb on a fresh GpuBackbone (zero leaving-state gradients): with
+// `captured`, every stage tensor goes into cap, and every gradient always does.
+struct BackboneRun {
+  Capture cap;
+  std::vector<float> dx;
+  m3::States<float> leaving;
+};
+BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage, bool fused,
+                         bool captured) {
+  BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
+  m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
+  net.set_fusion(fused);
+  net.set_params(m3::cast_params<float>(pb.params));
+  net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+  net.set_states(m3::cast_states<float>(pb.states));
+  net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+  net.set_leaving_grads(nullptr);
+  net.zero_grads();
+  Capture* cap = captured ? &run.cap : nullptr;
+  net.forward(cap);
+  net.backward(cap);
+  m3::capture_grads(net.grads(), pb.cfg, run.cap);
+  run.dx = net.d_x();
+  run.leaving = net.states();
+  return run;
+}
+
+bool same_states(const m3::States<float>& a, const m3::States<float>& b) {
+  return a.ssm == b.ssm && a.k == b.k && a.v == b.v && a.angle == b.angle;
+}
+
+// b gives the same bits as a: d_x, the leaving states, and every tensor a holds (b may hold
+// more: a Capture against none).
+void expect_same_bits(const BackboneRun& a, const BackboneRun& b, const std::string& what) {
+  EXPECT_EQ(a.dx, b.dx) << what << ": d_x";
+  EXPECT_TRUE(same_states(a.leaving, b.leaving))
+      << what << ": leaving states (k_out: the k F6 reads at T − 1)";
+  for (const auto& key : a.cap.keys()) {
+    const auto& x = a.cap.at(key).data;
+    const auto& y = b.cap.at(key).data;
+    ASSERT_EQ(x.size(), y.size()) << what << " " << key;
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(double)))
+        << what << ": " << key << " differs";
+  }
+}
+
 // The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode F6's K0/K1
 // in F4ef and B6's tail doing B4b: the production path) against every stage on its own (set_fusion(false), the
 // isolated mode's path), on the same inputs, both scan modes: every captured tensor and
@@ -289,53 +335,23 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
          {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
       for (ScanMode mode : {ScanMode::Chunked, ScanMode::Sequential}) {
         // run[fused][captured]: the captured tensors (with a Capture) and every gradient.
-        Capture run[2][2] = {{Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)},
-                             {Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)}};
-        std::vector<float> dx[2][2];
-        m3::States<float> leaving[2][2];
+        BackboneRun run[2][2];
         for (int fused = 0; fused < 2; ++fused)
-          for (int captured = 0; captured < 2; ++captured) {
-            m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
-            net.set_fusion(fused == 1);
-            net.set_params(m3::cast_params<float>(pb.params));
-            net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
-            net.set_states(m3::cast_states<float>(pb.states));
-            net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
-            net.set_leaving_grads(nullptr);
-            net.zero_grads();
-            Capture* cap = captured ? &run[fused][captured] : nullptr;
-            net.forward(cap);
-            net.backward(cap);
-            m3::capture_grads(net.grads(), pb.cfg, run[fused][captured]);
-            dx[fused][captured] = net.d_x();
-            leaving[fused][captured] = net.states();
-          }
+          for (int captured = 0; captured < 2; ++captured)
+            run[fused][captured] = run_backbone(pb, mode, storage, fused == 1, captured == 1);
         const std::string what =
             gc.name + " " + m3::precision_name(storage) + " " + m3::scan_mode_name(mode);
         // A Capture changes nothing (tensors that only a capture stores, like d_pre_norm and
         // the unfused d_b/c_pre_rope, are computed either way).
-        for (int fused = 0; fused < 2; ++fused) {
-          ASSERT_EQ(dx[fused][0], dx[fused][1]) << what << ": d_x, capture vs none";
-          for (int c = 0; c < 2; ++c) {  // the leaving states (k_out: the k F6 reads at T − 1)
-            const m3::States<float>& a = leaving[0][0];
-            const m3::States<float>& b = leaving[fused][c];
-            EXPECT_TRUE(a.ssm == b.ssm && a.k == b.k && a.v == b.v && a.angle == b.angle)
-                << what << ": leaving states differ (fused " << fused << ", captured " << c
-                << ")";
-          }
-          for (const auto& key : run[fused][0].keys()) {
-            const auto& a = run[fused][0].at(key).data;
-            const auto& b = run[fused][1].at(key).data;
-            ASSERT_EQ(a.size(), b.size()) << key;
-            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
-                << what << (fused ? " fused" : " unfused") << ": gradient " << key
-                << " differs with and without a capture";
-          }
-        }
+        for (int fused = 0; fused < 2; ++fused)
+          expect_same_bits(run[fused][0], run[fused][1],
+                           what + (fused ? " fused" : " unfused") + ", capture vs none");
         // Fused against unfused, every captured tensor and gradient.
-        const Capture &unf = run[0][1], &fus = run[1][1];
+        const Capture &unf = run[0][1].cap, &fus = run[1][1].cap;
         ASSERT_EQ(unf.keys(), fus.keys()) << what;
-        ASSERT_EQ(dx[0][1], dx[1][1]) << what << ": d_x";
+        ASSERT_EQ(run[0][1].dx, run[1][1].dx) << what << ": d_x";
+        EXPECT_TRUE(same_states(run[0][1].leaving, run[1][1].leaving))
+            << what << ": leaving states, fused vs unfused";
         for (const auto& key : unf.keys()) {
           const auto& a = unf.at(key).data;
           const auto& b = fus.at(key).data;
@@ -379,46 +395,18 @@ TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
     ASSERT_GT(gc.B * gc.T, 2 * 70) << "the case must span several slabs";
     const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 13, true);
     for (m3::Precision storage : {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
-      // run[slabs][captured]: with a Capture, every stage tensor; without one (k stored at
-      // t = T − 1 only, no d_b/c_pre_rope), the gradients.
-      Capture run[2][2] = {{Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)},
-                           {Capture(pb.cfg, pb.B, pb.T), Capture(pb.cfg, pb.B, pb.T)}};
-      std::vector<float> dx[2][2];
-      m3::States<float> leaving[2][2];
-      for (int slabs = 0; slabs < 2; ++slabs)
-        for (int captured = 0; captured < 2; ++captured) {
-          m3::gpu::set_row_slab_limit_for_testing(slabs ? 70 : 0);
-          m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, ScanMode::Chunked, storage);
-          net.set_params(m3::cast_params<float>(pb.params));
-          net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
-          net.set_states(m3::cast_states<float>(pb.states));
-          net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
-          net.set_leaving_grads(nullptr);
-          net.zero_grads();
-          Capture* cap = captured ? &run[slabs][captured] : nullptr;
-          net.forward(cap);
-          net.backward(cap);
-          m3::capture_grads(net.grads(), pb.cfg, run[slabs][captured]);
-          dx[slabs][captured] = net.d_x();
-          leaving[slabs][captured] = net.states();
-        }
-      for (int captured = 0; captured < 2; ++captured) {
+      // With a Capture, every stage tensor; without one (k stored at t = T − 1 only, no
+      // d_b/c_pre_rope), the gradients.
+      for (bool captured : {false, true}) {
+        m3::gpu::set_row_slab_limit_for_testing(0);
+        const BackboneRun one = run_backbone(pb, ScanMode::Chunked, storage, true, captured);
+        m3::gpu::set_row_slab_limit_for_testing(70);
+        const BackboneRun sl = run_backbone(pb, ScanMode::Chunked, storage, true, captured);
         const std::string what = gc.name + " " + m3::precision_name(storage) +
-                                 (captured ? " (captured)" : " (no capture)");
-        const Capture &one = run[0][captured], &sl = run[1][captured];
-        ASSERT_EQ(one.keys(), sl.keys()) << what;
-        EXPECT_EQ(dx[0][captured], dx[1][captured]) << what << ": d_x";
-        const m3::States<float>& a = leaving[0][captured];
-        const m3::States<float>& b = leaving[1][captured];
-        EXPECT_TRUE(a.ssm == b.ssm && a.k == b.k && a.v == b.v && a.angle == b.angle)
-            << what << ": leaving states";
-        for (const auto& key : one.keys()) {
-          const auto& x = one.at(key).data;
-          const auto& y = sl.at(key).data;
-          ASSERT_EQ(x.size(), y.size()) << what << " " << key;
-          EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(double)))
-              << what << ": " << key << " differs between one launch and slabs";
-        }
+                                 (captured ? " (captured)" : " (no capture)") +
+                                 ", one launch vs slabs";
+        ASSERT_EQ(one.cap.keys(), sl.cap.keys()) << what;
+        expect_same_bits(one, sl, what);
       }
     }
   }
