@@ -351,6 +351,12 @@ __device__ __forceinline__ void lane_store(X* x, unsigned row, unsigned n0, unsi
 // so that their in-kernel offsets and indices fit 32 bits: rows·nh·ds ≤ 2^31 − 2^16 (na ≤ ds,
 // ng ≤ nh; the margin covers a warp's rows past the end and FastDiv's 32-bit form, n < 2^31); a
 // multiple of `align` (at least one).
+// ptr + off for a slab's shifted pointer (null stays null: an optional tensor).
+template <class P>
+P* shifted(P* ptr, Idx off) {
+  return ptr ? ptr + off : ptr;
+}
+
 Idx g_slab_limit = 0;  // set_row_slab_limit_for_testing (0: none)
 Idx slab_rows(const Dims& d, Idx align) {
   Idx rows = 0x7fff0000 / (d.nh * d.ds);
@@ -492,14 +498,13 @@ void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const R
   for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
     const Idx rows = std::min(slab, d.BT - r0), s1 = r0 * d.nh, sd = s1 * d.ds,
               sa = s1 * d.na, sg = r0 * d.ng * d.ds;
-    auto at = [](auto* ptr, Idx off) { return ptr ? ptr + off : ptr; };
-    PrepArgs<T> a{p.dt + s1, p.trap + s1, p.a_val + s1, at(p.k, sd), at(p.q, sd),
+    PrepArgs<T> a{p.dt + s1, p.trap + s1, p.a_val + s1, shifted(p.k, sd),  shifted(p.q, sd),
                   nullptr,   nullptr,     nullptr,      nullptr,     nullptr,
                   nullptr,   nullptr,     p.k_scaled_saved + sd,     p.adt + s1,
                   p.gamma_saved + s1,     p.scale_saved + s1,        p.qk_dot_saved + s1};
     if constexpr (kRope) {
       a.b_normed = rp->b_normed + sg, a.c_normed = rp->c_normed + sg;
-      a.b_bias = rp->b_bias, a.c_bias = rp->c_bias, a.theta = at(rp->theta, sa);
+      a.b_bias = rp->b_bias, a.c_bias = rp->c_bias, a.theta = shifted(rp->theta, sa);
       a.k = rp->k + sd, a.q = rp->q + sd;
     }
     const PrepGeom pg{static_cast<unsigned>(rows), static_cast<unsigned>(d.nh),
@@ -1432,15 +1437,17 @@ BwdScratch carve(const Dims& d, Scratch scratch) {
 template <class T>
 TailArgs<T> tail_args(const SsmChunkBwd<T>& p, const Dims& d, Idx r0) {
   const Idx rd = r0 * d.nh * d.ds, rs = r0 * d.nh, ra = r0 * d.nh * d.na, rg = r0 * d.ng * d.ds;
-  auto at = [](auto* ptr, Idx off) { return ptr ? ptr + off : ptr; };
-  return TailArgs<T>{at(p.scale_saved, rs),    at(p.dQK_dot, rs),      at(p.gamma_saved, rs),
-                     at(p.theta, ra),          at(p.dK_mid, rd),       at(p.dQ_mid, rd),
-                     at(p.k, rd),              at(p.q, rd),            at(p.b_biased, rd),
-                     at(p.c_biased, rd),       at(p.b_normed, rg),     at(p.c_normed, rg),
-                     p.b_bias,                 p.c_bias,               p.d_k_out,
-                     at(p.d_angle_cumsum, ra), at(p.d_b_pre_rope, rd), at(p.d_c_pre_rope, rd),
-                     at(p.dScale, rs),         at(p.dGamma, rs),       at(p.d_b_normed, rg),
-                     at(p.d_c_normed, rg)};
+  return TailArgs<T>{shifted(p.scale_saved, rs), shifted(p.dQK_dot, rs),
+                     shifted(p.gamma_saved, rs), shifted(p.theta, ra),
+                     shifted(p.dK_mid, rd),      shifted(p.dQ_mid, rd),
+                     shifted(p.k, rd),           shifted(p.q, rd),
+                     shifted(p.b_biased, rd),    shifted(p.c_biased, rd),
+                     shifted(p.b_normed, rg),    shifted(p.c_normed, rg),
+                     p.b_bias,                   p.c_bias,
+                     p.d_k_out,                  shifted(p.d_angle_cumsum, ra),
+                     shifted(p.d_b_pre_rope, rd), shifted(p.d_c_pre_rope, rd),
+                     shifted(p.dScale, rs),      shifted(p.dGamma, rs),
+                     shifted(p.d_b_normed, rg),  shifted(p.d_c_normed, rg)};
 }
 
 dim3 grid3(Idx x, Idx y, Idx z) {
