@@ -8,11 +8,16 @@
 // S = chunk_states_saved [B, nc, nh, hd, ds], cum = da_cumsum_saved [B, nc, nh, cs], qk =
 // qk_dot_saved [BT, nh] (f32); y [BT, di] rounded to T once, as it is stored.
 //   1. Loads (all issued before their shared stores; bf16 rows by cp.async): planes Q, Ks
-//      [64][DP], X [64][HP] (bf16: one exact plane; f16: hi/lo, exact), S [HP][DP] (f32 split
-//      hi/lo); rows ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
+//      [64][DP] (bf16: one exact plane; f16: hi/lo, exact), S [HP][DP] (f32 split hi/lo); rows
+//      ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
 //   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
-//   3. MA = [s < t < L]·e^{cum_t − cum_s}·A → hi/lo planes over S (dead); y ·= e^{cum_t}.
+//   3. X [64][HP] (typed like Q) loads over Q, Ks (dead) while MA = [s < t < L]·e^{cum_t −
+//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t}.
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
+// Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
+// At the official shape (bf16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM (with
+// X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory latency, so
+// the third block's warps are worth more than X's load overlapping steps 1–2).
 // Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
 // terms share one accumulator (ssm_chunked.cu's K5 keeps two), a reordering within f32 rounding.
 // Determinism: fixed order everywhere, no atomics, one writer per y element.
@@ -35,21 +40,25 @@ using tcf::load_typed;
 
 constexpr int kThreads5 = tcf::kTileThreads, kWarps5 = kThreads5 / 32;
 
-// Shared memory (bf16 elements, then floats): Q, Ks [kTR][LDD]·NP, X [kTR][LDH]·NP,
-// S [HP][LDD]·2 aliased by MA [kTR][LDM]·2, then cum, e^{cum}, D + qk [kTR] (floats);
-// NP = the planes of a typed tile.
+// Shared memory (bf16 elements, then floats): Q, Ks [kTR][LDD]·NP aliased by X [kTR][LDH]·NP;
+// S [HP][LDD]·2 aliased by MA [kTR][LDM]·2; then cum, e^{cum}, D + qk [kTR] (floats);
+// NP = the planes of a typed tile. Blocks per SM: three where their shared memory fits the
+// SM's 228 KB (1 KB of it reserved per block) and y has ≤ 16 accumulators per thread (HP ≤ 64:
+// 80 registers without spills, ptxas -v), else two (≤ 128 registers).
 template <class T, int RH, int RD>
 struct Layout {
   static constexpr int HP = 16 * RH, DP = 16 * RD;
   static constexpr int LDH = plane_ld(HP), LDD = plane_ld(DP), LDM = plane_ld(kTR);
   static constexpr int NP = tcf::kSplitStorage<T> ? 2 : 1;
   static constexpr int kQ = kTR * LDD * NP, kX = kTR * LDH * NP;
+  static constexpr int kQX = 2 * kQ > kX ? 2 * kQ : kX;
   static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
-  static constexpr std::size_t kBytes = 2 * std::size_t(2 * kQ + kX + kSM) + 4 * 3 * kTR;
+  static constexpr std::size_t kBytes = 2 * std::size_t(kQX + kSM) + 4 * 3 * kTR;
+  static constexpr int kMinBlocks = HP <= 64 && 3 * (kBytes + 1024) <= 228 * 1024 ? 3 : 2;
 };
 
 template <class T, int RH, int RD>
-__global__ void __launch_bounds__(kThreads5, 2)
+__global__ void __launch_bounds__(kThreads5, (Layout<T, RH, RD>::kMinBlocks))
 chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   using Ly = Layout<T, RH, RD>;
   constexpr int HP = Ly::HP, DP = Ly::DP, LDH = Ly::LDH, LDD = Ly::LDD, LDM = Ly::LDM;
@@ -57,8 +66,8 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qp = reinterpret_cast<bf16*>(smem);
   bf16* Kp = Qp + Ly::kQ;
-  bf16* Xp = Kp + Ly::kQ;
-  bf16* Sp = Xp + Ly::kX;  // S, then MA
+  bf16* Xp = Qp;               // after step 2
+  bf16* Sp = Qp + Ly::kQX;     // S, then MA
   float* cum = reinterpret_cast<float*>(Sp + Ly::kSM);
   float* ecum = cum + kTR;
   float* dq = ecum + kTR;
@@ -67,7 +76,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
   const Idx row0 = b * g.T + g.t0(c);
 
-  // 1. Row scalars (stored after the tiles' loads are issued), Q and Ks, X, S.
+  // 1. Row scalars (stored after the tiles' loads are issued), Q and Ks, S.
   float sv = 0.0f;
   if (tid < kTR && st < L) sv = p.da_cumsum_saved[g.cum_base(b, c, h) + st];
   if (tid >= kTR && tid < 2 * kTR && st < L)
@@ -78,9 +87,6 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     bf16* const qk_dst[2] = {Qp, Kp};
     load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
                          ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
-    const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
-    bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(p.x, 16));
     load_state<HP, DP>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
                        ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16));
   }
@@ -101,9 +107,15 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   tcf::Frag<kTR, kTR, kWarps5> A;
   A.zero();
   A.template add<DP>(Q, Ks);
-  __syncthreads();  // every warp is done with S: MA takes its place
+  __syncthreads();  // every warp is done with Q, Ks and S: X and MA take their places
 
-  // 3. MA = mask · e^{cum_t − cum_s} · A;  y ·= e^{cum_t}.
+  // 3. X loads (in flight during the rest of step 3); MA = mask · e^{cum_t − cum_s} · A;
+  //    y ·= e^{cum_t}.
+  {
+    const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
+    bf16* const x_dst[1] = {Xp};
+    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(p.x, 16));
+  }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
     const float ct = cum[t];
@@ -116,6 +128,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     v0 *= e;
     v1 *= e;
   });
+  tcf::cp_async_wait();
   __syncthreads();
 
   // 4. y += MA X;  y + (D + qk_t) x → global.
