@@ -53,7 +53,8 @@ Capture run_gpu(GpuContext&, const Problem&, ScanMode, Precision, Fault) { no_cu
 Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, Precision, Fault) {
   no_cuda("run_gpu_isolated");
 }
-GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision) {
+GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision,
+                    bool) {
   no_cuda("bench_gpu");
 }
 Ceilings measure_ceilings(GpuContext&, const CeilingSpec&) { no_cuda("measure_ceilings"); }

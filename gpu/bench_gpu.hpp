@@ -1,6 +1,6 @@
 // Timing of the GPU backbone (METHOD.md: CUDA events around the region, warm-up first, the
 // median of repeats): forward, and forward + backward, of one window of (B, T) with seeded
-// realistic inputs resident on the device. And the device's two ceilings (METHOD.md "two
+// realistic inputs resident on the device, launched on the stream or replayed as CUDA graphs. And the device's two ceilings (METHOD.md "two
 // numbers first"): device-to-device copy bandwidth and cuBLAS GEMM rates. Plain C++ header.
 #pragma once
 
@@ -25,9 +25,13 @@ struct GpuTiming {
   std::vector<std::pair<std::string, double>> stages;
 };
 
+// With graph, the timed forward and forward+backward are replays of CUDA graphs recorded once
+// after the warm-up (gpu/graph.hpp: the same kernels, no host work per launch); else each pass
+// launches its kernels on the stream. The profile always launches on the stream (it needs
+// events between the stages).
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
                     int warmup, int repeats, bool profile = false,
-                    Precision storage = Precision::F32);
+                    Precision storage = Precision::F32, bool graph = false);
 
 // What measure_ceilings times: a copy of copy_bytes between two device buffers
 // (cudaMemcpyAsync device to device), and n×n×n GEMMs through the context's cuBLAS handle in

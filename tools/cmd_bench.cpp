@@ -7,6 +7,9 @@
 //                 the reference rows.
 //   --ceilings    only the device's ceilings (gpu::measure_ceilings): D2D copy bandwidth (bytes
 //                 read + written) and the bf16, f16, f32 (pedantic) cuBLAS GEMM rates.
+//   --graph       the GPU rows time replays of CUDA graphs (gpu/graph.hpp) of the forward and
+//                 the forward+backward, recorded once after the warm-up: the same kernels
+//                 without the host's launch work and with shorter gaps between them
 //   --profile     the ceilings first (once), then after each GPU row a table of the stages of
 //                 one forward+backward: ms, share, the minimum bytes and FLOPs of the stage
 //                 (harness/roofline.hpp), achieved GB/s and TFLOP/s as % of the ceilings, the
@@ -47,6 +50,8 @@ const char* kSummary =
     "--ceilings: measures the device's ceilings only: device-to-device copy bandwidth (bytes\n"
     "read + written, 2 GiB buffers) and cuBLAS GEMM rates (8192^3; bf16 and f16 with f32\n"
     "compute, f32 pedantic without TF32); CUDA events, median of 10 after 2 warm-up.\n"
+    "--graph: the GPU rows time replays of CUDA graphs of the forward and forward+backward,\n"
+    "recorded once after the warm-up, instead of stream launches.\n"
     "--profile: measures the ceilings once, then after each GPU row one line per stage of one\n"
     "forward+backward: time, the stage's minimum bytes and FLOPs, achieved GB/s and TFLOP/s\n"
     "against the ceilings, the floor, time over floor, and whether memory or compute bounds it.";
@@ -148,10 +153,12 @@ void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, Sca
 
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
                       const std::vector<Precision>& precisions, int warmup, int repeats,
-                      bool with_reference, bool profile) {
+                      bool with_reference, bool profile, bool graph) {
   gpu::GpuContext ctx(0);
   std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
-            << " after " << warmup << " warm-up\n"
+            << " after " << warmup << " warm-up, "
+            << (graph ? "CUDA graph replays (recorded after the warm-up)" : "stream launches")
+            << "\n"
             << "gpu: " << gpu::describe(gpu::query_device()) << "\n\n";
   gpu::Ceilings ceilings;
   if (profile) {  // once per process, before any backbone holds device memory
@@ -169,7 +176,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
     for (Precision p : precisions) {
     for (ScanMode m : modes) {
       const gpu::GpuTiming t =
-          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p);
+          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p, graph);
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
@@ -238,6 +245,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("shapes", po::value<std::string>()->default_value("default,official"), "GPU bench shapes (comma list of default, official, official2)")
     ("no-reference", po::bool_switch(), "GPU rows without the reference time of the same shape")
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
+    ("graph", po::bool_switch(), "time replays of CUDA graphs of the forward and the forward+backward (recorded once after the warm-up) instead of stream launches")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
@@ -274,7 +282,8 @@ int cmd_bench(const std::vector<std::string>& args) {
         shapes.push_back(bench_shape(n));
       if (shapes.empty()) throw UsageError("--shapes: no shape given");
       bench_gpu_shapes(shapes, modes, parse_dtype_list(vm["dtype"].as<std::string>()), warmup,
-                       repeats, !vm["no-reference"].as<bool>(), vm["profile"].as<bool>());
+                       repeats, !vm["no-reference"].as<bool>(), vm["profile"].as<bool>(),
+                       vm["graph"].as<bool>());
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";

@@ -2,8 +2,9 @@
 // baseline (HARNESS.md §1, §4): every stage tensor and every gradient within the f32 budget,
 // for a sample of the coverage grid of MODEL.md §12.7 in both scan modes (the whole grid with
 // M3_GPU_FULL_GRID=1, as scripts/gpu-check.sh runs it); sequential ≡ chunked on the GPU;
-// chained windows = one window; bit-identical results over 20 runs (§7, §12.9).
-// Skips itself, with the reason, when no CUDA device is present.
+// chained windows = one window; bit-identical results over 20 runs (§7, §12.9); the fused
+// production path = every stage on its own; row slabs = one launch; graph replays = stream
+// launches. Skips itself, with the reason, when no CUDA device is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "device.hpp"
 #include "error.hpp"
 #include "gpu_test_util.hpp"
+#include "graph.hpp"
 #include "params.hpp"
 #include "problem.hpp"
 
@@ -258,14 +260,17 @@ TEST(GpuBackbone, BitIdenticalOverTwentyRunsBothModes) {
 }
 
 // One forward+backward of pb on a fresh GpuBackbone (zero leaving-state gradients): with
-// `captured`, every stage tensor goes into cap, and every gradient always does.
+// `captured`, every stage tensor goes into cap, and every gradient always does. With replays > 0
+// (no capture: a Capture copies to the host) the forward+backward is recorded as a CUDA graph
+// and replayed that many times, the entering states set and the gradients zeroed before each:
+// the run is the last replay.
 struct BackboneRun {
   Capture cap;
   std::vector<float> dx;
   m3::States<float> leaving;
 };
 BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage, bool fused,
-                         bool captured) {
+                         bool captured, int replays = 0) {
   BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
   m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
   net.set_fusion(fused);
@@ -276,8 +281,22 @@ BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage
   net.set_leaving_grads(nullptr);
   net.zero_grads();
   Capture* cap = captured ? &run.cap : nullptr;
-  net.forward(cap);
-  net.backward(cap);
+  if (replays > 0) {
+    const m3::States<float> entering = m3::cast_states<float>(pb.states);
+    const m3::gpu::StreamGraph graph(ctx(), [&] {
+      net.forward(nullptr);
+      net.backward(nullptr);
+    });
+    EXPECT_GT(graph.nodes(), 0);
+    for (int i = 0; i < replays; ++i) {
+      net.set_states(entering);
+      net.zero_grads();
+      graph.launch();
+    }
+  } else {
+    net.forward(cap);
+    net.backward(cap);
+  }
   m3::capture_grads(net.grads(), pb.cfg, run.cap);
   run.dx = net.d_x();
   run.leaving = net.states();
@@ -407,6 +426,33 @@ TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
                                  ", one launch vs slabs";
         ASSERT_EQ(one.cap.keys(), sl.cap.keys()) << what;
         expect_same_bits(one, sl, what);
+      }
+    }
+  }
+}
+
+// m3h bench --graph times replays of a recorded forward+backward (gpu/graph.hpp). A replay
+// must be the stream-launched pass, bit for bit — and a second replay the same again (nothing
+// the recording froze, no buffer that a pass accumulates into besides the zeroed gradients):
+// every gradient, d_x and the leaving states, fused production path, all dtypes, both modes.
+TEST(GpuBackbone, GraphReplayGivesTheBitsOfStreamLaunches) {
+  M3_SKIP_WITHOUT_GPU();
+  std::vector<GridCase> cases;
+  for (const GridCase& g : grid(true))
+    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd32_ds128_outnorm_rope0.5_ng2")
+      cases.push_back(g);
+  ASSERT_EQ(cases.size(), 2u) << "a named grid case is missing";
+  for (const GridCase& gc : cases) {
+    const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 17, true);
+    for (m3::Precision storage : {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
+      for (ScanMode mode : {ScanMode::Chunked, ScanMode::Sequential}) {
+        const std::string what = gc.name + " " + m3::precision_name(storage) + " " +
+                                 m3::scan_mode_name(mode) + ", stream vs graph replay";
+        const BackboneRun stream = run_backbone(pb, mode, storage, true, false);
+        ASSERT_FALSE(stream.cap.keys().empty()) << what << ": no gradients captured";
+        const BackboneRun graph = run_backbone(pb, mode, storage, true, false, 2);
+        ASSERT_EQ(stream.cap.keys(), graph.cap.keys()) << what;
+        expect_same_bits(stream, graph, what);
       }
     }
   }
