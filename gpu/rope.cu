@@ -8,18 +8,16 @@
 //   θ_t    = wrap(θ_{t−1} + incr_t),  θ_{−1} = angle_in[b,h,a]   (double)
 //   wrap(v) = v − 2π·⌊v/2π⌋ ∈ [0, 2π)  (a result that rounds up to 2π becomes 0)
 //   angle_cumsum[r,h,a] = float(θ_t);  angle_out[b,h,a] = float(θ_{T−1})
-// Parallel over t. j = h·na + a (θ is [BT, nh·na], j fastest); one block per (b, group of
-// kAngleJ = 8 consecutive j); thread (s, jl) owns segment s < kAngleSegs = 32 of kAngleSteps = 8
-// consecutive steps of a tile (32·8 = 256 steps); segment s = 4w + i lies in warp w (i < 4).
-// Tiles run in ascending t with a carried θ c (c = θ_{−1} before the first tile, then the θ
-// walked at the previous tile's last step); a tile's angles_raw and dt are loaded while the
-// previous tile is walked. With x_k = double(incr) at step k of segment s (0 past T) and
-// v_i = Σ_{4w+i}:
+// Parallel over t. j = h·na + a (θ is [BT, nh·na], j fastest); one block of 512 threads per
+// (b, group of kAngleJ = 32 consecutive j: a warp's lanes, so every row access of a warp is one
+// 128-byte line); warp s owns segment s < kAngleSegs = 16 of kAngleSteps = 8 consecutive steps
+// of a tile (16·8 = 128 steps), lane jl its j. Tiles run in ascending t with a carried θ c (c = θ_{−1}
+// before the first tile, then the θ walked at the previous tile's last step); a tile's
+// angles_raw and dt are loaded while the previous tile is walked. With x_k = double(incr) at
+// step k of segment s (0 past T):
 //   1. Σ_s = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7))                (double)
-//   2. in the warp (shuffles): X_s = v_0 (i = 1), v_0 + v_1 (i = 2), (v_0 + v_1) + v_2 (i = 3),
-//      W_w = X_{4w+3} + v_3; across warps (shared memory, one barrier per tile):
-//      P_w = (…(W_0 + W_1) + …) + W_{w−1},  Q_s = P_w + X_s (P_w for i = 0, X_s for w = 0);
-//      entering value E_0 = c,  E_s = wrap(c + Q_s)  for s ≥ 1
+//   2. across warps (shared memory, one barrier per tile): P_s = (…(Σ_0 + Σ_1) + …) + Σ_{s−1};
+//      entering value E_0 = c,  E_s = wrap(c + P_s)  for s ≥ 1
 //   3. walk from E_s: θ = wrap(θ + x_k) after every step, store float(θ); c ← the θ of the
 //      tile's last step.
 // In exact arithmetic E_s = θ_{t−1} for t the segment's first step (wrap(wrap(x) + y) =
@@ -27,8 +25,8 @@
 // order (+ and wrap move a value on the circle by their own rounding only, so the roundings on
 // the chain of operations that yields θ_t add up): the reference's chain rounds twice per step
 // (the add; the wrap: exact, or by ≤ u·(|v| + 4π)); this one has, for each tile up to t's, c + Q_s
-// and its wrap (≤ 2u·(|c| + Σ_tile |incr| + 2π)), Q_s (each increment passes through ≤ 3 + 3 +
-// 6 + 1 = 13 additions: ≤ 13u·Σ_tile |incr|) and ≤ 8 walked steps. So |Δθ_t| ≲ u·(19·Σ_{t'≤t}
+// and its wrap (≤ 2u·(|c| + Σ_tile |incr| + 2π)), P_s (each increment passes through ≤ 3 + 14 + 1
+// = 18 additions: ≤ 18u·Σ_tile |incr|) and ≤ 8 walked steps. So |Δθ_t| ≲ u·(24·Σ_{t'≤t}
 // |incr_t'| + 6·|θ_{−1}| + 9π·(t + 9)): below 1e-10 rad at T = 4096 with |incr| ≤ 2π and
 // |θ_{−1}| ≤ 1e4, far below the f32 rounding of the stored θ (up to 2.4e-7 near 2π).
 // wrap_two_pi takes ⌊v/2π⌋ ∈ {−1, 0, 1} without the division, bit for bit equal to the full
@@ -47,12 +45,10 @@
 // in f32, parallel over t with the blocks, threads and tiles of F5, tiles in descending t with
 // a carried c (c = ∂L/∂angle_out (0 if null) before the last tile, then Θ̄ at the first step of
 // the tile just done); a tile's dθ is loaded while the tile after it is walked. With g_k = dθ at
-// step k of segment s (0 past T) and v_i = R_{4w+i}:
+// step k of segment s (0 past T):
 //   1. R_s = ((g_0 + g_1) + (g_2 + g_3)) + ((g_4 + g_5) + (g_6 + g_7))
-//   2. in the warp: Y_s = v_3 (i = 2), v_3 + v_2 (i = 1), (v_3 + v_2) + v_1 (i = 0),
-//      W_w = Y_{4w} + v_0; across warps: S_w = (…(W_7 + W_6) + …) + W_{w+1},
-//      Q_s = S_w + Y_s (S_w for i = 3, Y_s for w = 7); entering value F_31 = c,
-//      F_s = c + Q_s  for s ≤ 30
+//   2. across warps: Q_s = (…(R_15 + R_14) + …) + R_{s+1}; entering value F_15 = c,
+//      F_s = c + Q_s  for s ≤ 14
 //   3. walk from F_s in descending t: Θ̄ += g_k, store Θ̄_t; c ← Θ̄ at the tile's first step.
 // Exactly Θ̄ in exact arithmetic; in f32 a fixed summation order other than the reference's.
 // Then one thread per output:
@@ -86,14 +82,19 @@ namespace {
 
 constexpr double kTwoPiD = ref::kTwoPi;
 constexpr float kPiF = static_cast<float>(ref::kPi);
-// F5 / B5a blocks: kAngleJ consecutive j = h·na + a × kAngleSegs segments of kAngleSteps steps.
-constexpr int kAngleJ = 8;                                // 8 floats = one 32-byte sector
-constexpr int kAngleSegs = kThreads / kAngleJ;            // 32 segments per tile
+// F5 / B5a blocks: kAngleJ consecutive j = h·na + a (a warp's lanes) × kAngleSegs segments (one
+// per warp) of kAngleSteps steps. A warp's row accesses are 128-byte lines: with 8 j per block
+// and 4 segments per warp (v12) each was 4 sectors in 4 lines, and the kernels were bound by
+// L2 requests (ncu: L2 81 %, DRAM 21 %). The walk is a serial chain per thread (T / 16 steps),
+// so the blocks are 16 warps wide and two fit an SM (≤ 64 registers): 32 warps per SM at
+// B·nh·na / 32 blocks (8 warps of 16 steps: 23 % occupancy, latency-bound).
+constexpr int kAngleThreads = 512;
+constexpr int kAngleJ = 32;                               // 32 floats = one 128-byte line
+constexpr int kAngleSegs = kAngleThreads / 32;            // 16 segments per tile
 constexpr int kAngleSteps = 8;                            // steps per segment
-constexpr Idx kAngleTile = Idx(kAngleSegs) * kAngleSteps;  // 256 steps per tile
-constexpr int kAngleWarpSegs = 32 / kAngleJ;              // segments per warp (4)
-static_assert(kAngleSegs == kWarps * kAngleWarpSegs && kAngleWarpSegs == 4 && kAngleSteps == 8,
-              "the sum trees of F5 / B5a steps 1–2 are written for 8 steps, 4 segments per warp");
+constexpr Idx kAngleTile = Idx(kAngleSegs) * kAngleSteps;  // 128 steps per tile
+static_assert(kAngleJ == 32 && kAngleSteps == 8,
+              "F5 / B5a: one segment per warp, lanes over j; step 1's sum tree takes 8 steps");
 // Fast-path bounds of wrap_two_pi: for 0 ≤ v < kWrapLo the rounded v/2π is < 1; for
 // 2π ≤ v < kWrapHi it is in [1, 2); for −kWrapLo < v < −kWrapTiny it is in (−1, 0) (no underflow).
 constexpr double kWrapLo = 6.28, kWrapHi = 12.5, kWrapTiny = 1e-300;
@@ -123,24 +124,32 @@ __device__ __forceinline__ void load_steps(const float* p, int stride, int steps
     if (k < steps) v[k] = __ldg(p + k * stride);
 }
 
-// Pairwise sum of the kAngleSteps = 8 values of a segment: ((v0 + v1) + (v2 + v3)) + (…).
+// Pairwise sum of N values: (first half) + (second half), recursively; for N = 8
+// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)).
+template <int N, class S>
+__device__ __forceinline__ S pairwise_sum(const S* v) {
+  if constexpr (N == 1) {
+    return v[0];
+  } else {
+    return pairwise_sum<N / 2>(v) + pairwise_sum<N / 2>(v + N / 2);
+  }
+}
 template <class S>
-__device__ __forceinline__ S segment_sum8(const S (&v)[kAngleSteps]) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+__device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
+  return pairwise_sum<kAngleSteps>(v);
 }
 
-// One block per (b, group of kAngleJ consecutive j); thread (s, jl), s = 4w + i in warp w, lane
-// i·kAngleJ + jl; see the header (F5 1–3). One barrier per tile: W_w and c are double-buffered
-// by tile parity p (a buffer is written only after the barrier that follows its last read).
-// Row strides na, nh, nh·na fit in int (checked by the launcher).
-__global__ void __launch_bounds__(kThreads, 4)
+// One block per (b, group of kAngleJ consecutive j); thread (s, jl): warp s, lane jl; see the
+// header (F5 1–3). One barrier per tile: Σ_s and c are double-buffered by tile parity p (a
+// buffer is written only after the barrier that follows its last read). Row strides na, nh,
+// nh·na fit in int (checked by the launcher).
+__global__ void __launch_bounds__(kAngleThreads, 2)
 angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ angles_raw,
                      const float* __restrict__ dt, const float* __restrict__ angle_in,
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
-  __shared__ double warp_sum[2][kWarps][kAngleJ];  // W_w
-  __shared__ double carry[2][kAngleJ];             // c
+  __shared__ double seg_sum[2][kAngleSegs][kAngleJ];  // Σ_s
+  __shared__ double carry[2][kAngleJ];                // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
-  const int w = s / kAngleWarpSegs, i = s % kAngleWarpSegs;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
     const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
@@ -167,29 +176,20 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ ang
         const float inc = kPiF * tanhf(rv[k]) * dv[k];
         x[k] = static_cast<double>(k < steps ? inc : 0.0f);
       }
-      const double sum = segment_sum8(x);  // 1. Σ_s
-      // 2. X_s from the warp's segments 4w, 4w + 1, 4w + 2 (lanes jl, 8 + jl, 16 + jl).
-      const double v0 = __shfl_sync(0xffffffffu, sum, jl);
-      const double v1 = __shfl_sync(0xffffffffu, sum, kAngleJ + jl);
-      const double v2 = __shfl_sync(0xffffffffu, sum, 2 * kAngleJ + jl);
-      const double xs = i == 1 ? v0 : i == 2 ? v0 + v1 : (v0 + v1) + v2;  // used for i ≥ 1
-      if (i == kAngleWarpSegs - 1) warp_sum[p][w][jl] = xs + sum;       // W_w
+      const double sum = segment_sum(x);  // 1. Σ_s
+      if (s < kAngleSegs - 1) seg_sum[p][s][jl] = sum;
       __syncthreads();
       // The next tile's angles_raw and dt, in flight during this tile's walk.
       const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
       load_steps(opaque(raw + kAngleTile * Idx(sa)), sa, next, rv);
       load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
       double theta = carry[p][jl];  // E_0 = c
-      if (s > 0) {
-        double q = xs;  // Q_s
-        if (w > 0) {
-          double pw = warp_sum[p][0][jl];  // P_w
+      if (s > 0) {                  // 2. E_s = wrap(c + P_s)
+        double ps = seg_sum[p][0][jl];
 #pragma unroll
-          for (int m = 1; m < kWarps - 1; ++m)
-            if (m < w) pw += warp_sum[p][m][jl];
-          q = i > 0 ? pw + xs : pw;
-        }
-        theta = wrap_two_pi(theta + q);
+        for (int m = 1; m < kAngleSegs - 1; ++m)
+          if (m < s) ps += seg_sum[p][m][jl];
+        theta = wrap_two_pi(theta + ps);
       }
       if (steps == kAngleSteps) {  // 3. walk
 #pragma unroll
@@ -212,7 +212,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ ang
       dtp += kAngleTile * Idx(sh);
       out += kAngleTile * Idx(sj);
     }
-    __syncthreads();  // carry and warp_sum free for the next (b, group)
+    __syncthreads();  // carry and seg_sum free for the next (b, group)
   }
 }
 
@@ -466,16 +466,15 @@ rope_backward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, RopeBwd<T> p) {
 }
 
 // Θ̄ (reverse cumulative sum over t) per (b, h, a) → bar [BT, nh, na]; d_angle_in = Θ̄_0.
-// Blocks, threads and double-buffered W_w, c as angle_forward_kernel; see the header (B5a 1–3).
-__global__ void __launch_bounds__(kThreads, 8)
+// Blocks, threads and double-buffered R_s, c as angle_forward_kernel; see the header (B5a 1–3).
+__global__ void __launch_bounds__(kAngleThreads, 2)
 angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
                             const float* __restrict__ d_angle_cumsum,
                             const float* __restrict__ d_angle_out, float* __restrict__ bar,
                             float* __restrict__ d_angle_in) {
-  __shared__ float warp_sum[2][kWarps][kAngleJ];  // W_w
-  __shared__ float carry[2][kAngleJ];             // c
+  __shared__ float seg_sum[2][kAngleSegs][kAngleJ];  // R_s
+  __shared__ float carry[2][kAngleJ];                // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
-  const int w = s / kAngleWarpSegs, i = s % kAngleWarpSegs;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
   const Idx last = (T - 1) / kAngleTile * kAngleTile;  // first step of the last tile
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
@@ -498,24 +497,15 @@ angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
       for (int k = 0; k < kAngleSteps; ++k) g[k] = k < steps ? gn[k] : 0.0f;
       // The previous tile's dθ (whole: its steps are < t0 ≤ T − 1), in flight during 1–3.
       if (t0 > 0) load_steps(opaque(dth - kAngleTile * Idx(sj)), sj, on ? kAngleSteps : 0, gn);
-      const float sum = segment_sum8(g);  // 1. R_s
-      // 2. Y_s from the warp's segments 4w + 3, 4w + 2, 4w + 1 (lanes 24 + jl, 16 + jl, 8 + jl).
-      const float v3 = __shfl_sync(0xffffffffu, sum, 3 * kAngleJ + jl);
-      const float v2 = __shfl_sync(0xffffffffu, sum, 2 * kAngleJ + jl);
-      const float v1 = __shfl_sync(0xffffffffu, sum, kAngleJ + jl);
-      const float ys = i == 2 ? v3 : i == 1 ? v3 + v2 : (v3 + v2) + v1;  // used for i ≤ 2
-      if (i == 0) warp_sum[p][w][jl] = ys + sum;                          // W_w
+      const float sum = segment_sum(g);  // 1. R_s
+      if (s > 0) seg_sum[p][s][jl] = sum;
       __syncthreads();
-      float run = carry[p][jl];  // F_31 = c
-      if (s < kAngleSegs - 1) {
-        float q = ys;  // Q_s
-        if (w < kWarps - 1) {
-          float sw = warp_sum[p][kWarps - 1][jl];  // S_w
+      float run = carry[p][jl];  // F_15 = c
+      if (s < kAngleSegs - 1) {  // 2. F_s = c + Q_s
+        float q = seg_sum[p][kAngleSegs - 1][jl];
 #pragma unroll
-          for (int m = kWarps - 2; m > 0; --m)
-            if (m > w) sw += warp_sum[p][m][jl];
-          q = i < kAngleWarpSegs - 1 ? sw + ys : sw;
-        }
+        for (int m = kAngleSegs - 2; m > 0; --m)
+          if (m > s) q += seg_sum[p][m][jl];
         run += q;
       }
       if (steps == kAngleSteps) {  // 3. walk
@@ -538,7 +528,7 @@ angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
       dth -= kAngleTile * Idx(sj);
       out -= kAngleTile * Idx(sj);
     }
-    __syncthreads();  // carry and warp_sum free for the next (b, group)
+    __syncthreads();  // carry and seg_sum free for the next (b, group)
   }
 }
 
@@ -639,8 +629,8 @@ void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const
   check_rope_dims(d, "gpu::angle_forward");
   if (d.na == 0) return;
   check_angle_rows(d, "gpu::angle_forward");
-  angle_forward_kernel<<<angle_blocks(d), kThreads, 0, s>>>(d.B, d.T, d.nh, d.na, angles_raw, dt,
-                                                            angle_in, angle_cumsum, angle_out);
+  angle_forward_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
+      d.B, d.T, d.nh, d.na, angles_raw, dt, angle_in, angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
 }
 
@@ -694,7 +684,7 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   require_scratch(scratch, d.BT * d.nh * d.na, where);
   if (d.na > 0) {
     check_angle_rows(d, where);
-    angle_reverse_cumsum_kernel<<<angle_blocks(d), kThreads, 0, s>>>(
+    angle_reverse_cumsum_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
         d.B, d.T, d.nh, d.na, p.d_angle_cumsum, p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
   }
