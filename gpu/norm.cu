@@ -5,7 +5,7 @@
 // Backward, x̂ = u/rms, g = ∂L/∂y:
 //   c[r]     = (1/dim) Σ_i g[r,i]·w[i]·x̂[r,i]
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
-//   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (colsum_rows, fixed order)
+//   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
 //           dx itself stored only when its pointer is set)
 // Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim] (y rounded once
@@ -16,6 +16,14 @@
 // pointers a group is one vector access (16 bytes of f32, 4·sizeof(T) of T), otherwise the same
 // groups are read element by element. A lane holds a chunk of kGroups = 8 groups in registers,
 // so a row of up to 32·L elements (dim ≤ 1024) is read from memory once for both passes.
+// dw, for rows that fit one chunk (every dim ≤ 1024, and L < 32 always): the backward kernel
+// sums its terms as it goes (kDw), so g and u are read once for dx and dw together. Block b
+// owns rows [b·R, b·R + R) (R = max(128, rows per block pass)); its segment q takes rows
+// b·R + q, + (segments per block), … in ascending order, each lane keeping its columns' sums in
+// registers; then P[b, i] = Σ_q (segment q's sum) in ascending q (shared memory), and
+// dw[i] += colsum_rows over P's rows (reduce.cuh's order). Wider rows (dim > 1024): dw from
+// colsum_rows over the terms themselves after the kernel (g and u read a second time). Both are
+// fixed orders that depend on (rows, dim) only.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -30,13 +38,19 @@ constexpr int kGroups = 8;  // groups per lane in registers at a time: a chunk o
 // instantiations into 64 registers with spills.
 constexpr int kMinBlocks = 2;
 
-// The lane's chunk of a row from element c0: groups c0 + k·L·kV, k < kGroups, all loads issued
+// Groups a lane holds at L lanes per row: kGroups, or one when L < 32 (segment_lanes then
+// gives dim ≤ 4·L: the row is one group per lane).
+template <int L>
+constexpr int groups_of() {
+  return L < 32 ? 1 : kGroups;
+}
+
+// The lane's chunk of a row from element c0: groups c0 + k·L·kV, k < G, all loads issued
 // before any is used; groups past the row are left unset.
-template <int L, bool kVec, class X>
-__device__ __forceinline__ void load_chunk(const X* row, Idx c0, Idx dim,
-                                           float (&v)[kGroups][kV]) {
+template <int L, bool kVec, int G, class X>
+__device__ __forceinline__ void load_chunk(const X* row, Idx c0, Idx dim, float (&v)[G][kV]) {
 #pragma unroll
-  for (int k = 0; k < kGroups; ++k) {
+  for (int k = 0; k < G; ++k) {
     const Idx i = c0 + Idx(k) * L * kV;
     if (i < dim) load_group<kVec>(row + i, dim - i, v[k]);
   }
@@ -50,19 +64,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                        const float* __restrict__ w, T* __restrict__ y, float* __restrict__ rms) {
   using S = Seg<L>;
-  constexpr Idx kStep = Idx(L) * kV, kChunk = kGroups * kStep;
+  constexpr int G = groups_of<L>();
+  constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
   const Idx i0 = Idx(S::lane()) * kV;
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
     const Idx r = w0 + S::seg();
     const bool on = r < rows;
     const float* ur = u + r * dim;
-    float x[kGroups][kV];  // the lane's current chunk of u
+    float x[G][kV];  // the lane's current chunk of u
     float ss = 0.0f;
     if (on)
       for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
         load_chunk<L, kVec>(ur, c0, dim, x);
 #pragma unroll
-        for (int k = 0; k < kGroups; ++k) {
+        for (int k = 0; k < G; ++k) {
           const Idx i = c0 + k * kStep;
 #pragma unroll
           for (int j = 0; j < kV; ++j)
@@ -78,7 +93,7 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
       if (c0 != last) load_chunk<L, kVec>(ur, c0, dim, x);
 #pragma unroll
-      for (int k = 0; k < kGroups; ++k) {
+      for (int k = 0; k < G; ++k) {
         const Idx i = c0 + k * kStep;
         if (i >= dim) continue;
         float wv[kV], o[kV];
@@ -91,36 +106,60 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   }
 }
 
-template <class T, int L, bool kVec, bool kAdd>
+// Rows per block of the kDw kernel (a multiple of the rows one pass of the block takes).
+template <int L>
+constexpr Idx dw_rows() {
+  return Seg<L>::kPerBlock > 128 ? Seg<L>::kPerBlock : 128;
+}
+// Whether the kDw kernel serves rows of dim elements at L lanes: the row is one chunk.
+inline bool dw_fused(int L, Idx dim) { return dim <= Idx(L < 32 ? 1 : kGroups) * L * kV; }
+inline Idx dw_blocks(int L, Idx rows) {
+  const Idx R = std::max<Idx>(128, Idx(kWarps) * (32 / L));
+  return (rows + R - 1) / R;
+}
+
+template <class T, int L, bool kVec, bool kAdd, bool kDw>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ w, const float* __restrict__ rms,
                         const T* __restrict__ g, float* __restrict__ dx,
-                        const float* __restrict__ add_in, float* __restrict__ add_out) {
+                        const float* __restrict__ add_in, float* __restrict__ add_out,
+                        float* __restrict__ dw_part) {
   using S = Seg<L>;
-  constexpr Idx kStep = Idx(L) * kV, kChunk = kGroups * kStep;
+  constexpr int G = groups_of<L>();
+  constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
   const Idx i0 = Idx(S::lane()) * kV;
-  for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
+  // kDw: this block's rows [r_begin, r_end), a pass of kPerBlock rows at a time; else all rows,
+  // grid-stride.
+  const Idx r_begin = kDw ? Idx(blockIdx.x) * dw_rows<L>() : 0;
+  const Idx r_end = kDw ? min(rows, r_begin + dw_rows<L>()) : rows;
+  const Idx w_first = kDw ? r_begin + Idx(threadIdx.x / 32) * S::kPerWarp : S::first();
+  const Idx w_step = kDw ? Idx(S::kPerBlock) : S::stride();
+  float dwa[kDw ? G : 1][kV] = {};  // kDw: the lane's column sums of g·x̂
+  for (Idx w0 = w_first; w0 < r_end; w0 += w_step) {
     const Idx r = w0 + S::seg();
-    const bool on = r < rows;
+    const bool on = r < r_end;
     const float* ur = u + r * dim;
     const T* gr = g + r * dim;
     const float rr = on ? rms[r] : 1.0f;
-    float x[kGroups][kV], gx[kGroups][kV];  // the lane's current chunk of u and of g
+    float x[G][kV], gx[G][kV];  // the lane's current chunk of u and of g
     float c = 0.0f;
     if (on)
       for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
         load_chunk<L, kVec>(ur, c0, dim, x);
         load_chunk<L, kVec>(gr, c0, dim, gx);
 #pragma unroll
-        for (int k = 0; k < kGroups; ++k) {
+        for (int k = 0; k < G; ++k) {
           const Idx i = c0 + k * kStep;
           if (i >= dim) continue;
           float wv[kV];
           load_group<kVec>(w + i, dim - i, wv);
 #pragma unroll
           for (int j = 0; j < kV; ++j)
-            if (i + (kVec ? 0 : j) < dim) c += gx[k][j] * wv[j] * (x[k][j] / rr);
+            if (i + (kVec ? 0 : j) < dim) {
+              c += gx[k][j] * wv[j] * (x[k][j] / rr);
+              if constexpr (kDw) dwa[k][j] += gx[k][j] * (x[k][j] / rr);  // RmsDwTerm's value
+            }
         }
       }
     c = segment_sum<L>(c) / static_cast<float>(dim);
@@ -133,7 +172,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         load_chunk<L, kVec>(gr, c0, dim, gx);
       }
 #pragma unroll
-      for (int k = 0; k < kGroups; ++k) {
+      for (int k = 0; k < G; ++k) {
         const Idx i = c0 + k * kStep;
         if (i >= dim) continue;
         float wv[kV], o[kV];
@@ -149,6 +188,24 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
           store_group<kVec>(add_out + r * dim + i, dim - i, a);
         }
       }
+    }
+  }
+  if constexpr (kDw) {  // P[b, i] = Σ_q (segment q's sums), ascending q
+    __shared__ float part[S::kPerBlock][kChunk];
+    const int q = static_cast<int>(threadIdx.x / 32) * S::kPerWarp + S::seg();
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        const Idx i = i0 + k * kStep + j;
+        if (i < dim) part[q][i] = dwa[k][j];
+      }
+    __syncthreads();
+    for (Idx i = threadIdx.x; i < dim; i += kThreads) {
+      float sum = part[0][i];
+#pragma unroll 4
+      for (int p = 1; p < S::kPerBlock; ++p) sum += part[p][i];
+      dw_part[Idx(blockIdx.x) * dim + i] = sum;
     }
   }
 }
@@ -169,7 +226,16 @@ void check_dim(Idx rows, Idx dim, const char* where) {
   M3_REQUIRE(rows >= 0 && dim >= 1, where, "bad shape", "rows=", rows, ", dim=", dim);
 }
 
+int lanes_of(Idx dim) { return segment_lanes((dim + kV - 1) / kV); }
+
 }  // namespace
+
+Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim) {
+  const int L = lanes_of(dim);
+  if (!dw_fused(L, dim)) return colsum_scratch_floats(rows, dim);
+  const Idx blocks = dw_blocks(L, rows);
+  return blocks * dim + colsum_scratch_floats(blocks, dim);  // P, then colsum_rows' own
+}
 
 template <class T>
 void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w, T* y,
@@ -199,21 +265,37 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
   M3_REQUIRE(add == (add_in != nullptr), where, "bad arguments",
              "add_in and add_out are both set or both null");
   M3_REQUIRE(dx || add, where, "bad arguments", "nothing to write: dx and add_out are null");
-  require_scratch(scratch, colsum_scratch_floats(rows, dim), where);
+  require_scratch(scratch, rmsnorm_backward_scratch_floats(rows, dim), where);
   if (rows == 0) return;
   const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
                    is_aligned(dx, 16) && is_aligned(g, kV * sizeof(T)) &&
                    is_aligned(add_in, 16) && is_aligned(add_out, 16);
-  with_lanes(segment_lanes((dim + kV - 1) / kV), [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    const unsigned int grid = grid_for(rows, Seg<L>::kPerBlock);
+  const int lanes = lanes_of(dim);
+  const bool fused = dw_fused(lanes, dim);
+  const Idx blocks = dw_blocks(lanes, rows);
+  with_lanes(lanes, [&](auto lanes_c) {
+    constexpr int L = decltype(lanes_c)::value;
     with_flags(vec, add, [&](auto vec_c, auto add_c) {
-      rmsnorm_backward_kernel<T, L, decltype(vec_c)::value, decltype(add_c)::value>
-          <<<grid, kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx, add_in, add_out);
+      constexpr bool V = decltype(vec_c)::value, A = decltype(add_c)::value;
+      if (fused) {
+        rmsnorm_backward_kernel<T, L, V, A, true><<<static_cast<unsigned int>(blocks), kThreads,
+                                                    0, s>>>(rows, dim, u, w, rms, g, dx, add_in,
+                                                            add_out, scratch.p);
+      } else if constexpr (L == 32) {  // only rows of more than 32·L = 1024 elements
+        rmsnorm_backward_kernel<T, L, V, A, false>
+            <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx,
+                                                                    add_in, add_out, nullptr);
+      }
     });
   });
   M3_LAUNCH_CHECK();
-  colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);
+  if (fused) {
+    const Idx part = blocks * dim;
+    colsum_rows(s, blocks, dim, LoadMatrix{scratch.p, dim}, dw, true,
+                Scratch{scratch.p + part, scratch.n - part}, where);
+  } else {
+    colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);
+  }
 }
 
 #define M3_INSTANTIATE(T)                                                                   \

@@ -95,7 +95,8 @@ convert_kernel(Idx n, Idx nv, const Tin* in, Tout* out) {
 
 Idx scratch_floats(const Dims& d) {
   const Idx bt = d.BT;
-  Idx need = colsum_scratch_floats(bt, d.dm);                     // rmsnorm_backward, input_proj_b
+  Idx need = colsum_scratch_floats(bt, d.dm);                     // input_proj_b
+  need = std::max(need, rmsnorm_backward_scratch_floats(bt, d.dm));  // B1, norm_f backward
   if (d.storage == Precision::BF16 || d.storage == Precision::F16)
     need = std::max(need, bt * d.dm);                              // typed gemm_forward + bias
   need = std::max(need, colsum_scratch_floats(bt, d.nh));          // activations_backward

@@ -70,6 +70,8 @@ template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
                       const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
                       const float* add_in = nullptr, float* add_out = nullptr);
+// Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
+Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
 
 // ---- split.cu ------------------------------------------------------------------------------
 // F3 (§4): proj [BT, ip] → z, x [BT, di]; b_raw, c_raw [BT, ng·ds]; dd_dt_raw, dd_a_raw,

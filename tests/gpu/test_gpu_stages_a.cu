@@ -757,6 +757,44 @@ TEST(GpuReduce, AddAndConvertAreExact) {
   expect_bitwise("convert", down(copy, s), a);
 }
 
+// rmsnorm_backward has two dw paths (norm.cu): the sum inside the kernel for rows of up to 1024
+// elements (every lane count, 1 … 32, and blocks of 128 or 256 rows, the last one partial), and
+// colsum_rows over the terms for wider rows. Both against the reference at widths on either
+// side of each lane-count boundary, including rows that need several blocks; dw accumulates
+// into a nonzero start; the scratch is exactly what rmsnorm_backward_scratch_floats asks for.
+TEST(GpuReduce, RmsNormBackwardAtEveryWidthMatchesReference) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(7);
+  // Lanes 1 (dim 2, 3), 2, 4, 8, 16, 32 (in-kernel dw up to 1024), 32 (colsum_rows). Not dim 1:
+  // there dx = w·g·(1 − x̂²)/rms with x̂² = u²/(u² + ε) ≈ 1, a cancellation that leaves
+  // nothing to compare but rounding.
+  for (Idx dim : {Idx(2), Idx(3), Idx(6), Idx(12), Idx(20), Idx(40), Idx(129), Idx(1024),
+                  Idx(1030), Idx(2100)}) {
+    for (Idx rows : {Idx(1), Idx(129), Idx(700)}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows));
+      Vec u(static_cast<size_t>(rows * dim)), g(u.size()), w(static_cast<size_t>(dim)),
+          dw(w.size());
+      for (auto& e : u) e = static_cast<float>(2.0 * rng.normalish());
+      fill(g, rng, -1.0, 1.0);
+      fill(w, rng, 0.5, 1.5);
+      fill(dw, rng, -0.5, 0.5);
+      Vec y(u.size()), rms(static_cast<size_t>(rows)), dx(u.size()), dw_ref = dw;
+      m3::ref::rmsnorm_forward(rows, dim, u.data(), w.data(), y.data(), rms.data());
+      m3::ref::rmsnorm_backward(rows, dim, u.data(), w.data(), rms.data(), g.data(), dx.data(),
+                                dw_ref.data());
+      auto du = up(u, s), dg = up(g, s), dwt = up(w, s), drms = up(rms, s), ddw = up(dw, s);
+      DeviceArray<float> ddx(rows * dim),
+          sc(std::max<Idx>(1, m3::gpu::rmsnorm_backward_scratch_floats(rows, dim)));
+      m3::gpu::rmsnorm_backward<float>(s, rows, dim, du.data(), dwt.data(), drms.data(),
+                                       dg.data(), ddx.data(), ddw.data(),
+                                       Scratch{sc.data(), sc.size()});
+      expect_close("dx", down(ddx, s), dx);
+      expect_close("dw (accumulated)", down(ddw, s), dw_ref);
+    }
+  }
+}
+
 TEST(GpuReduce, LaunchersRejectShortScratch) {
   M3_SKIP_WITHOUT_GPU();
   Stream s;
