@@ -593,7 +593,10 @@ class BackboneT final : public GpuBackbone::Impl {
         rope_forward<T>(s_, d_, f("angle_cumsum"), t("b_biased"), t("c_biased"), t("k"), t("q"));
       }
     } else if (st == "F5b") {
-      abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
+      // α, β, γ feed the sequential scan only (the chunked prep forms γ itself): the fused
+      // chunked path computes them for a capture only.
+      if (mode_ == ScanMode::Sequential || !fused() || capturing)
+        abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
     } else if (st == "F6") {
       if (mode_ == ScanMode::Sequential) {
         ssm_seq_forward<T>(s_, d_,
