@@ -8,7 +8,8 @@
 #                events' gaps, see PERF.md)
 #   ncu          Nsight Compute on one official bf16 chunked forward+backward: every kernel's
 #                time and DRAM bytes (ncu-all.csv), then speed-of-light, occupancy, warp-state
-#                and instruction statistics of the chunked scan's kernels (ncu-scan.txt)
+#                and instruction statistics of the chunked scan's kernels and the angle scans
+#                (ncu-scan.txt)
 # Logs under ${OUT:-gpu-logs}/. Needs ncu on the PATH for the last step (skipped otherwise).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,9 +30,9 @@ if command -v ncu >/dev/null; then
   ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
     "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-all.csv" 2>&1 || true
   ncu --clock-control none \
-    -k regex:'chunk_bwd_tc|chunk_scan_tc|chunk_state_tc|state_pass|qk_rope_bwd|prep_kernel' \
+    -k regex:'chunk_bwd_tc|chunk_scan_tc|chunk_state_tc|state_pass|qk_rope_bwd|prep_kernel|angle_' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    --section InstructionStats --section LaunchStats -c 8 \
+    --section InstructionStats --section LaunchStats --section MemoryWorkloadAnalysis -s 5 -c 11 \
     "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-scan.txt" 2>&1 || true
   grep -E "^  [a-z_ ]+.*\(|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy" \
     "$LOGS/ncu-scan.txt" | cut -c1-110 || true
