@@ -87,7 +87,9 @@ constexpr float kPiF = static_cast<float>(ref::kPi);
 // and 4 segments per warp (v12) each was 4 sectors in 4 lines, and the kernels were bound by
 // L2 requests (ncu: L2 81 %, DRAM 21 %). The walk is a serial chain per thread (T / 16 steps),
 // so the blocks are 16 warps wide and two fit an SM (≤ 64 registers): 32 warps per SM at
-// B·nh·na / 32 blocks (8 warps of 16 steps: 23 % occupancy, latency-bound).
+// B·nh·na / 32 blocks. Measured (docs/PERF.md v14): B5a's reverse scan 113 → 67 µs; F5 only
+// 122 → 114 µs with 8 warps of 16 steps (ncu: 23 % occupancy, L2 34 %, DRAM 21 %), and no
+// better with 16 warps of 8 (profile 0.113 → 0.114 ms): what bounds its walk is still open.
 constexpr int kAngleThreads = 512;
 constexpr int kAngleJ = 32;                               // 32 floats = one 128-byte line
 constexpr int kAngleSegs = kAngleThreads / 32;            // 16 segments per tile

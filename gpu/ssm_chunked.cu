@@ -1120,7 +1120,13 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 //   rewrite it for row r + 2 after bar.sync on "empty", which the consumers arrive at once done
 //   with row r. At the end acc_X is stored as the block's partial column sums part_X[block,
 //   h·ds + n]; the launcher sums them over the blocks with colsum_rows (a fixed order) into
-//   d X_bias.
+//   d X_bias. Open: compute-sanitizer racecheck (CUDA 13) reports read/write hazards on the
+//   row buffers between the consumer's column loop and the producers' row stores in the f32
+//   instance, in 4 of 6 runs of scripts/gpu-check.sh's filter (also with the consumer syncing
+//   on "empty" instead of arriving). Every such pair is ordered by the PTX producer–consumer
+//   barrier model (arrive releases, the completing sync acquires; a buffer is rewritten only
+//   after the consumer's "empty" arrival), and runs stay bit-identical (m3h determinism, the
+//   fused-vs-unfused test); not yet settled whether racecheck models bar.arrive here.
 // d_X_pre_rope are stored when the pointers are set (capture, isolated mode, unfused runs).
 constexpr int kTailWarps = 16;     // producer warps
 constexpr int kTailConsumers = 1;  // consumer warps (kFuse)
