@@ -106,17 +106,14 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   }
 }
 
-// Rows per block of the kDw kernel (a multiple of the rows one pass of the block takes).
-template <int L>
-constexpr Idx dw_rows() {
-  return Seg<L>::kPerBlock > 128 ? Seg<L>::kPerBlock : 128;
+// Rows per block of the kDw kernel at L lanes per row: 128, or the rows one pass of the block
+// takes (Seg<L>::kPerBlock) where that is more; a multiple of it either way.
+constexpr Idx dw_rows(int L) {
+  return Idx(kWarps) * (32 / L) > 128 ? Idx(kWarps) * (32 / L) : 128;
 }
 // Whether the kDw kernel serves rows of dim elements at L lanes: the row is one chunk.
 inline bool dw_fused(int L, Idx dim) { return dim <= Idx(L < 32 ? 1 : kGroups) * L * kV; }
-inline Idx dw_blocks(int L, Idx rows) {
-  const Idx R = std::max<Idx>(128, Idx(kWarps) * (32 / L));
-  return (rows + R - 1) / R;
-}
+inline Idx dw_blocks(int L, Idx rows) { return (rows + dw_rows(L) - 1) / dw_rows(L); }
 
 template <class T, int L, bool kVec, bool kAdd, bool kDw>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
@@ -131,8 +128,9 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   const Idx i0 = Idx(S::lane()) * kV;
   // kDw: this block's rows [r_begin, r_end), a pass of kPerBlock rows at a time; else all rows,
   // grid-stride.
-  const Idx r_begin = kDw ? Idx(blockIdx.x) * dw_rows<L>() : 0;
-  const Idx r_end = kDw ? min(rows, r_begin + dw_rows<L>()) : rows;
+  static_assert(dw_rows(L) % S::kPerBlock == 0, "a block's rows are whole passes");
+  const Idx r_begin = kDw ? Idx(blockIdx.x) * dw_rows(L) : 0;
+  const Idx r_end = kDw ? min(rows, r_begin + dw_rows(L)) : rows;
   const Idx w_first = kDw ? r_begin + Idx(threadIdx.x / 32) * S::kPerWarp : S::first();
   const Idx w_step = kDw ? Idx(S::kPerBlock) : S::stride();
   float dwa[kDw ? G : 1][kV] = {};  // kDw: the lane's column sums of g·x̂
