@@ -374,6 +374,28 @@ TEST_F(CliTest, StageFilterThatMatchesNothingIsBadUsage) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
 
+// ---- bench (without a GPU only its arguments and help are testable here) ----------------------
+
+TEST_F(CliTest, BenchHelpNamesGraphReplaysAndTheMarginalLayer) {
+  const RunResult r = m3h("bench --help");
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* text : {"--graph", "official2", "--profile", "--ceilings"})
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing from:\n" << r.out;
+}
+
+// Bad arguments are refused, with one line, before anything is timed, with or without a GPU.
+TEST_F(CliTest, BenchRejectsBadArgumentsWithOneLine) {
+  for (const char* args :
+       {"bench --repeats 0", "bench --warmup -1", "bench --shapes nonsense",
+        "bench --shapes ''", "bench --dtype f64", "bench --scan sideways",
+        "bench --graph --reference", "bench --profile --reference", "bench --graph --ceilings",
+        "bench --ceilings --reference"}) {
+    const RunResult r = m3h(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+  }
+}
+
 // ---- --config ------------------------------------------------------------------------------
 
 TEST_F(CliTest, ConfigFileSetsTheProblemAndTheCommandLineWins) {

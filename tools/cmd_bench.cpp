@@ -263,9 +263,20 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (repeats < 1) throw UsageError("--repeats must be >= 1");
   if (warmup < 0) throw UsageError("--warmup must be >= 0");
   const std::vector<ScanMode> modes = parse_scan_list(vm["scan"].as<std::string>());
+  // Every argument is checked before anything runs, GPU or not.
+  std::vector<Shape> shapes;
+  for (const auto& n : split_commas(vm["shapes"].as<std::string>()))
+    shapes.push_back(bench_shape(n));
+  if (shapes.empty()) throw UsageError("--shapes: no shape given");
+  const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
 
   bool reference_only = vm["reference"].as<bool>();
-  if (vm["ceilings"].as<bool>()) {
+  const bool ceilings = vm["ceilings"].as<bool>();
+  for (const char* gpu_only : {"graph", "profile"})
+    if (vm[gpu_only].as<bool>() && (reference_only || ceilings))
+      throw UsageError(std::string("--") + gpu_only + " applies to the GPU rows, not to " +
+                       (reference_only ? "--reference" : "--ceilings"));
+  if (ceilings) {
     if (reference_only) throw UsageError("--ceilings and --reference exclude each other");
     const std::string absent = harness::gpu_absent_reason();
     if (!absent.empty()) throw Error("m3h bench --ceilings", "no GPU", absent);
@@ -277,13 +288,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!reference_only) {
     const std::string absent = harness::gpu_absent_reason();
     if (absent.empty()) {
-      std::vector<Shape> shapes;
-      for (const auto& n : split_commas(vm["shapes"].as<std::string>()))
-        shapes.push_back(bench_shape(n));
-      if (shapes.empty()) throw UsageError("--shapes: no shape given");
-      bench_gpu_shapes(shapes, modes, parse_dtype_list(vm["dtype"].as<std::string>()), warmup,
-                       repeats, !vm["no-reference"].as<bool>(), vm["profile"].as<bool>(),
-                       vm["graph"].as<bool>());
+      bench_gpu_shapes(shapes, modes, precisions, warmup, repeats, !vm["no-reference"].as<bool>(),
+                       vm["profile"].as<bool>(), vm["graph"].as<bool>());
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";
