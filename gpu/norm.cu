@@ -40,10 +40,7 @@ constexpr int kMinBlocks = 2;
 
 // Groups a lane holds at L lanes per row: kGroups, or one when L < 32 (segment_lanes then
 // gives dim ≤ 4·L: the row is one group per lane).
-template <int L>
-constexpr int groups_of() {
-  return L < 32 ? 1 : kGroups;
-}
+constexpr int groups_of(int L) { return L < 32 ? 1 : kGroups; }
 
 // The lane's chunk of a row from element c0: groups c0 + k·L·kV, k < G, all loads issued
 // before any is used; groups past the row are left unset.
@@ -64,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                        const float* __restrict__ w, T* __restrict__ y, float* __restrict__ rms) {
   using S = Seg<L>;
-  constexpr int G = groups_of<L>();
+  constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
   const Idx i0 = Idx(S::lane()) * kV;
   for (Idx w0 = S::first(); w0 < rows; w0 += S::stride()) {
@@ -112,7 +109,7 @@ constexpr Idx dw_rows(int L) {
   return Idx(kWarps) * (32 / L) > 128 ? Idx(kWarps) * (32 / L) : 128;
 }
 // Whether the kDw kernel serves rows of dim elements at L lanes: the row is one chunk.
-inline bool dw_fused(int L, Idx dim) { return dim <= Idx(L < 32 ? 1 : kGroups) * L * kV; }
+inline bool dw_fused(int L, Idx dim) { return dim <= Idx(groups_of(L)) * L * kV; }
 inline Idx dw_blocks(int L, Idx rows) { return (rows + dw_rows(L) - 1) / dw_rows(L); }
 
 template <class T, int L, bool kVec, bool kAdd, bool kDw>
@@ -123,7 +120,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ add_in, float* __restrict__ add_out,
                         float* __restrict__ dw_part) {
   using S = Seg<L>;
-  constexpr int G = groups_of<L>();
+  constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
   const Idx i0 = Idx(S::lane()) * kV;
   // kDw: this block's rows [r_begin, r_end), a pass of kPerBlock rows at a time; else all rows,
