@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -93,6 +94,14 @@ std::vector<GridCase> grid(bool full) {
   c.input_dim = 2048;
   c.n_layers = 1;
   out.push_back({"d_inner4096_outnorm", c, 1, 24});
+  return out;
+}
+
+// The cases of the full grid with these names, in grid order (a test asserts it got them all).
+std::vector<GridCase> grid_cases(std::initializer_list<std::string> names) {
+  std::vector<GridCase> out;
+  for (const GridCase& g : grid(true))
+    if (std::find(names.begin(), names.end(), g.name) != names.end()) out.push_back(g);
   return out;
 }
 
@@ -334,12 +343,10 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
     return key.rfind("grad/", 0) == 0 && (key.find("/b_bias") != std::string::npos ||
                                           key.find("/c_bias") != std::string::npos);
   };
-  std::vector<GridCase> cases;
-  for (const GridCase& g : grid(true))
-    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd64_ds128_outnorm_rope1_ng2" ||
-        g.name == "hd32_ds128_outnorm_rope0.5_ng2" || g.name == "na0_ds2" || g.name == "chunk_gt_T" ||
-        g.name == "T1" || g.name == "d_inner4096_outnorm")
-      cases.push_back(g);
+  std::vector<GridCase> cases =
+      grid_cases({"hd16_ds16_silu_rope0.5_ng1", "hd64_ds128_outnorm_rope1_ng2",
+                  "hd32_ds128_outnorm_rope0.5_ng2", "na0_ds2", "chunk_gt_T", "T1",
+                  "d_inner4096_outnorm"});
   ASSERT_EQ(cases.size(), 7u) << "a named grid case is missing";
   // 40 heads × d_state 128: too wide for the tail's fused head sums (ssm_chunked_tail_fuses),
   // so the fused run recomputes b/c_biased, k, q in the tail but stores d_b/c_pre_rope for B4b.
@@ -402,10 +409,8 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
 // (the tail's bias partial sums keep their 64-row blocks), d_x and leaving state.
 TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
   M3_SKIP_WITHOUT_GPU();
-  std::vector<GridCase> cases;
-  for (const GridCase& g : grid(true))
-    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd32_ds128_outnorm_rope0.5_ng2")
-      cases.push_back(g);
+  const std::vector<GridCase> cases =
+      grid_cases({"hd16_ds16_silu_rope0.5_ng1", "hd32_ds128_outnorm_rope0.5_ng2"});
   ASSERT_EQ(cases.size(), 2u) << "a named grid case is missing";
   struct Reset {  // the default limit again, also when an assertion returns early
     ~Reset() { m3::gpu::set_row_slab_limit_for_testing(0); }
@@ -437,10 +442,8 @@ TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
 // every gradient, d_x and the leaving states, fused production path, all dtypes, both modes.
 TEST(GpuBackbone, GraphReplayGivesTheBitsOfStreamLaunches) {
   M3_SKIP_WITHOUT_GPU();
-  std::vector<GridCase> cases;
-  for (const GridCase& g : grid(true))
-    if (g.name == "hd16_ds16_silu_rope0.5_ng1" || g.name == "hd32_ds128_outnorm_rope0.5_ng2")
-      cases.push_back(g);
+  const std::vector<GridCase> cases =
+      grid_cases({"hd16_ds16_silu_rope0.5_ng1", "hd32_ds128_outnorm_rope0.5_ng2"});
   ASSERT_EQ(cases.size(), 2u) << "a named grid case is missing";
   for (const GridCase& gc : cases) {
     const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 17, true);
