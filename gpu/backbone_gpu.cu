@@ -576,7 +576,7 @@ class BackboneT final : public GpuBackbone::Impl {
                          f("b_rms"), f("c_rms")});
     } else if (st == "F5") {
       angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
-                    f("angle_state"));
+                    f("angle_state"), scr());
     } else if (st == "F4ef") {
       if (fused() && mode_ == ScanMode::Chunked) {
         // With F6's K0/K1 (which read k, q and would otherwise read them back): k is stored

@@ -103,7 +103,8 @@ Idx scratch_floats(const Dims& d) {
   need = std::max(need, colsum_scratch_floats(bt, d.nh * d.ds));   // bcnorm_backward: biases
   need = std::max(need, colsum_scratch_floats(bt * d.ng, d.ds));   // bcnorm_backward: norm w
   if (d.outproj_norm) need = std::max(need, colsum_scratch_floats(bt, d.di));  // gating_backward
-  need = std::max(need, bt * d.nh * d.na);                         // angle_backward: Θ̄
+  need = std::max(need, angle_forward_scratch_floats(d));          // angle_forward: τ
+  need = std::max(need, angle_backward_scratch_floats(d));         // angle_backward: Θ̄, τ
   need = std::max(need, ssm_chunked_scratch_floats(d));            // ssm_chunked_backward
   return need;
 }

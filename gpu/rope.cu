@@ -3,7 +3,9 @@
 // operation, as reference/rope.cpp (F5 and B5a re-associated over t as stated below).
 //
 // F5, per (b, h, a) the serial recurrence of the reference, θ carried in DOUBLE:
-//   ω      = π·tanh(angles_raw[r,a])          (float)
+//   τ      = tanh(angles_raw[r,a])            (float; once per (r, a), into Scratch [BT, na],
+//                                              then read by the nh heads' walks)
+//   ω      = π·τ                              (float)
 //   incr_t = ω·dt[r,h]                        (float)
 //   θ_t    = wrap(θ_{t−1} + incr_t),  θ_{−1} = angle_in[b,h,a]   (double)
 //   wrap(v) = v − 2π·⌊v/2π⌋ ∈ [0, 2π)  (a result that rounds up to 2π becomes 0)
@@ -51,9 +53,11 @@
 //      F_s = c + Q_s  for s ≤ 14
 //   3. walk from F_s in descending t: Θ̄ += g_k, store Θ̄_t; c ← Θ̄ at the tile's first step.
 // Exactly Θ̄ in exact arithmetic; in f32 a fixed summation order other than the reference's.
-// Then one thread per output:
-//   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − tanh²(angles_raw[r,a]))   (ascending h)
-//   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·tanh(angles_raw[r,a])                  (ascending a)
+// Then one thread per output, with τ = tanh(angles_raw) formed once per (r, a) (Scratch, after Θ̄):
+//   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − τ[r,a]²)   (ascending h)
+//   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·τ[r,a]                  (ascending a)
+// τ once per (r, a) instead of once per (r, h, a) in each reader: the same float values in the
+// same operations (tanhf is a function of its argument), nh times fewer tanhf.
 // Every order above depends only on the shapes (deterministic, no atomics). Coalescing: a warp
 // is 4 segments × 8 consecutive j, so each access to θ, dθ, Θ̄ is 4 whole 32-byte sectors;
 // angles_raw[r,a] (read by the nh threads of (r, a)) and dt[r,h] (by the na of (r, h)) are
@@ -146,7 +150,7 @@ __device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
 // buffer is written only after the barrier that follows its last read). Row strides na, nh,
 // nh·na fit in int (checked by the launcher).
 __global__ void __launch_bounds__(kAngleThreads, 2)
-angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ angles_raw,
+angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tanh_raw,
                      const float* __restrict__ dt, const float* __restrict__ angle_in,
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
   __shared__ double seg_sum[2][kAngleSegs][kAngleJ];  // Σ_s
@@ -158,11 +162,11 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ ang
     const bool on = j < nj;
     const Idx h = on ? j / na : 0, a = on ? j % na : 0, r0 = b * T + Idx(s) * kAngleSteps;
     // At the segment's first step r = b·T + ts of the current tile (advanced a tile at a time).
-    const float* raw = angles_raw + r0 * na + a;
+    const float* raw = tanh_raw + r0 * na + a;
     const float* dtp = dt + r0 * nh + h;
     float* out = angle_cumsum + r0 * nj + j;
     if (s == 0) carry[0][jl] = on && angle_in ? static_cast<double>(angle_in[b * nj + j]) : 0.0;
-    float rv[kAngleSteps] = {}, dv[kAngleSteps] = {};  // angles_raw, dt of the segment's steps
+    float rv[kAngleSteps] = {}, dv[kAngleSteps] = {};  // τ, dt of the segment's steps
     const int first = on ? segment_steps(T, Idx(s) * kAngleSteps) : 0;
     load_steps(raw, static_cast<int>(na), first, rv);
     load_steps(dtp, static_cast<int>(nh), first, dv);
@@ -175,13 +179,13 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ ang
       double x[kAngleSteps];  // double((π·tanh)·dt), 0 past T
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
-        const float inc = kPiF * tanhf(rv[k]) * dv[k];
+        const float inc = kPiF * rv[k] * dv[k];
         x[k] = static_cast<double>(k < steps ? inc : 0.0f);
       }
       const double sum = segment_sum(x);  // 1. Σ_s
       if (s < kAngleSegs - 1) seg_sum[p][s][jl] = sum;
       __syncthreads();
-      // The next tile's angles_raw and dt, in flight during this tile's walk.
+      // The next tile's τ and dt, in flight during this tile's walk.
       const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
       load_steps(opaque(raw + kAngleTile * Idx(sa)), sa, next, rv);
       load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
@@ -534,12 +538,19 @@ angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
   }
 }
 
+// τ[i] = tanhf(x[i]), i < n (F5's and B5a's τ = tanh(angles_raw), once per (r, a)).
+__global__ void __launch_bounds__(kThreads)
+tanh_kernel(Idx n, const float* __restrict__ x, float* __restrict__ tau) {
+  for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < n; i += Idx(gridDim.x) * kThreads)
+    tau[i] = tanhf(x[i]);
+}
+
 // One thread per output of row r: j < na → d_angles_raw[r, j]; else d_dt_angle[r, j − na]. With
 // vec4 (na % 4 == 0, bar and angles_raw 16-byte aligned) a d_dt_angle thread reads its rows of
 // Θ̄ and angles_raw 4 values per access (a quarter of the L1 wavefronts of its strided reads);
 // the same terms in the same order either way.
 __global__ void __launch_bounds__(kThreads)
-angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* angles_raw, const float* dt,
+angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tanh_raw, const float* dt,
                    const float* bar, float* d_angles_raw, float* d_dt_angle) {
   const Idx per_row = na + nh;
   for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < BT * per_row;
@@ -548,23 +559,23 @@ angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* angles_raw, c
     const float* bar_r = bar + r * nh * na;
     float sum = 0.0f;
     if (j < na) {
-      const float th = tanhf(angles_raw[r * na + j]);
+      const float th = tanh_raw[r * na + j];
       for (Idx h = 0; h < nh; ++h)
         sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
       d_angles_raw[r * na + j] = sum;
     } else {
       const Idx h = j - na;
-      const float *bar_h = bar_r + h * na, *raw_r = angles_raw + r * na;
+      const float *bar_h = bar_r + h * na, *raw_r = tanh_raw + r * na;
       if (vec4) {
         for (Idx a = 0; a < na; a += 4) {
           float bv[4], rv[4];
           load_n<4>(bar_h + a, bv);
           load_n<4>(raw_r + a, rv);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tanhf(rv[e]);
+          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * rv[e];
         }
       } else {
-        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * tanhf(raw_r[a]);
+        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * raw_r[a];
       }
       d_dt_angle[r * nh + h] = sum;
     }
@@ -626,13 +637,27 @@ void rope_forward_from(cudaStream_t s, const Dims& d, const float* theta, const 
 
 }  // namespace
 
+// τ = tanh(angles_raw) [BT, na] into tau.
+void tanh_rows(cudaStream_t s, const Dims& d, const float* angles_raw, float* tau) {
+  const Idx n = d.BT * d.na;
+  tanh_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(n, angles_raw, tau);
+  M3_LAUNCH_CHECK();
+}
+
+Idx angle_forward_scratch_floats(const Dims& d) { return d.BT * d.na; }
+Idx angle_backward_scratch_floats(const Dims& d) { return d.BT * d.nh * d.na + d.BT * d.na; }
+
 void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const float* dt,
-                   const float* angle_in, float* angle_cumsum, float* angle_out) {
-  check_rope_dims(d, "gpu::angle_forward");
+                   const float* angle_in, float* angle_cumsum, float* angle_out,
+                   Scratch scratch) {
+  const char* where = "gpu::angle_forward";
+  check_rope_dims(d, where);
+  require_scratch(scratch, angle_forward_scratch_floats(d), where);
   if (d.na == 0) return;
-  check_angle_rows(d, "gpu::angle_forward");
+  check_angle_rows(d, where);
+  tanh_rows(s, d, angles_raw, scratch.p);
   angle_forward_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
-      d.B, d.T, d.nh, d.na, angles_raw, dt, angle_in, angle_cumsum, angle_out);
+      d.B, d.T, d.nh, d.na, scratch.p, dt, angle_in, angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
 }
 
@@ -683,16 +708,18 @@ void rope_backward(cudaStream_t s, const Dims& d, const RopeBwd<T>& p) {
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch) {
   const char* where = "gpu::angle_backward";
   check_rope_dims(d, where);
-  require_scratch(scratch, d.BT * d.nh * d.na, where);
+  require_scratch(scratch, angle_backward_scratch_floats(d), where);
+  float* tau = scratch.p + d.BT * d.nh * d.na;  // after Θ̄
   if (d.na > 0) {
     check_angle_rows(d, where);
     angle_reverse_cumsum_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
         d.B, d.T, d.nh, d.na, p.d_angle_cumsum, p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
+    tanh_rows(s, d, p.angles_raw, tau);
   }
-  const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(p.angles_raw, 16);
+  const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(tau, 16);
   angle_grads_kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
-      d.BT, d.nh, d.na, vec4, p.angles_raw, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
+      d.BT, d.nh, d.na, vec4, tau, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
   M3_LAUNCH_CHECK();
 }
 

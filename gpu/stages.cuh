@@ -147,9 +147,12 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
 // ---- rope.cu (§4 F5, F4e/f, §6.2 B6 tail, B5a; §12.3; reference rope.cpp) ----------------
 // F5: θ_t = wrap(θ_{t−1} + π·tanh(angles_raw)·dt) carried in DOUBLE per (b,h,a), wrapped to
 // [0, 2π) every step (the increment formed in float, as the reference does for float);
-// θ_{−1} = angle_in [B, nh, na]; writes angle_cumsum [BT, nh, na] and angle_out.
+// θ_{−1} = angle_in [B, nh, na]; writes angle_cumsum [BT, nh, na] and angle_out. Scratch:
+// tanh(angles_raw) [BT, na] (angle_forward_scratch_floats).
 void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const float* dt,
-                   const float* angle_in, float* angle_cumsum, float* angle_out);
+                   const float* angle_in, float* angle_cumsum, float* angle_out,
+                   Scratch scratch);
+Idx angle_forward_scratch_floats(const Dims& d);
 // F4e/f: k = R(θ)·b_biased, q = R(θ)·c_biased on pairs (2a, 2a+1); n ≥ 2na copied.
 template <class T>
 void rope_forward(cudaStream_t s, const Dims& d, const float* theta, const T* b_biased,
@@ -185,7 +188,9 @@ struct AngleBwd {
   const float *angles_raw, *dt, *d_angle_cumsum, *d_angle_out;
   float *d_angles_raw, *d_dt_angle, *d_angle_in;
 };
+// Scratch: Θ̄ [BT, nh, na], then tanh(angles_raw) [BT, na] (angle_backward_scratch_floats).
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch);
+Idx angle_backward_scratch_floats(const Dims& d);
 
 // ---- gating.cu (§4 F7, §6.2 B7; reference gating.cpp) ------------------------------------
 // gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr).

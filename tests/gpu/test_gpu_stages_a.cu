@@ -371,7 +371,9 @@ TEST_P(GpuStagesA, AngleForwardMatchesReferenceByCircularDistance) {
   Stream s;
   auto raw = up(w.a.angles_raw, s), dt = up(w.a.dt, s), ain = up(w.a.angle_in, s);
   DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na);
-  m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data());
+  ScratchBuf sc(d);
+  m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data(),
+                         sc.get());
   expect_close_angles("angle_cumsum", down(cum, s), w.a.angle_cumsum);
   expect_close_angles("angle_out", down(aout, s), w.a.angle_out);
 }
@@ -542,7 +544,8 @@ TEST_P(GpuStagesA, ReducingStagesAreBitwiseDeterministic) {
            dcs = up(w.g.d_angle_cumsum, s), dout = up(w.g.d_angle_out, s);
       DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na), d_raw(d.BT * d.na),
           d_dt(nh), d_in(d.B * d.nh * d.na);
-      m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data());
+      m3::gpu::angle_forward(s, d, raw.data(), dt.data(), ain.data(), cum.data(), aout.data(),
+                             sc.get());
       m3::gpu::AngleBwd p{raw.data(),   dt.data(),   dcs.data(), dout.data(),
                           d_raw.data(), d_dt.data(), d_in.data()};
       m3::gpu::angle_backward(s, d, p, sc.get());
@@ -642,6 +645,7 @@ TEST_P(GpuAngles, ForwardMatchesSerialReferenceAtEveryStep) {
   a.angle_out.resize(static_cast<size_t>(d.B * d.nh * d.na));
   Stream s;
   auto raw = up(a.angles_raw, s), dt = up(a.dt, s);
+  DeviceArray<float> tau(m3::gpu::angle_forward_scratch_floats(d));  // τ = tanh(angles_raw)
   for (bool with_in : {true, false}) {
     SCOPED_TRACE(with_in ? "angle_in set" : "angle_in null (zeros)");
     a.angle_in = with_in ? angle_in_values(d.B * d.nh * d.na, rng)
@@ -650,7 +654,7 @@ TEST_P(GpuAngles, ForwardMatchesSerialReferenceAtEveryStep) {
     auto ain = up(a.angle_in, s);
     DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na);
     m3::gpu::angle_forward(s, d, raw.data(), dt.data(), with_in ? ain.data() : nullptr,
-                           cum.data(), aout.data());
+                           cum.data(), aout.data(), Scratch{tau.data(), tau.size()});
     expect_close_angles("angle_cumsum", down(cum, s), a.angle_cumsum, 1e-6);
     expect_close_angles("angle_out", down(aout, s), a.angle_out, 1e-6);
   }
@@ -672,7 +676,8 @@ TEST_P(GpuAngles, BackwardMatchesDoubleReference) {
   fill(dth, rng, -1.0, 1.0);
   fill(dout, rng, -1.0, 1.0);
   Stream s;
-  DeviceArray<float> scratch(d.BT * d.nh * d.na);  // Θ̄, all that angle_backward needs
+  // Θ̄ and τ, all that angle_backward needs
+  DeviceArray<float> scratch(m3::gpu::angle_backward_scratch_floats(d));
   auto draw = up(raw, s), ddt = up(dt, s), ddth = up(dth, s), ddout = up(dout, s);
   for (bool with_out : {true, false}) {
     SCOPED_TRACE(with_out ? "d_angle_out set" : "d_angle_out null (zeros)");
