@@ -1114,48 +1114,34 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 //   rows) and add each of their own (h, n) elements, which are the same ones in every row, to
 //   acc_X[h, n] in shared memory (ascending r); kTailConsumers extra warps then form
 //     d_X_normed[r,g,n] = T( Σ_{h: g(h)=g} d_X_pre_rope[r,h,n] )   (ascending h from 0.0f: the
-//   value bcnorm_backward_kernel computes). Producers and consumers meet at named barriers, so
-//   producers never wait for each other: row r's buffer is "full" when every producer has
-//   arrived (bar.arrive, release) and the consumers' bar.sync (acquire) returns; the producers
-//   rewrite it for row r + 2 after bar.sync on "empty", which the consumers arrive at once done
-//   with row r. At the end acc_X is stored as the block's partial column sums part_X[block,
-//   h·ds + n]; the launcher sums them over the blocks with colsum_rows (a fixed order) into
-//   d X_bias. Open: compute-sanitizer racecheck (CUDA 13) reports read/write hazards on the
-//   row buffers between the consumer's column loop and the producers' row stores in the f32
-//   instance, in 4 of 6 runs of scripts/gpu-check.sh's filter (also with the consumer syncing
-//   on "empty" instead of arriving). Every such pair is ordered by the PTX producer–consumer
-//   barrier model (arrive releases, the completing sync acquires; a buffer is rewritten only
-//   after the consumer's "empty" arrival), and runs stay bit-identical (m3h determinism, the
-//   fused-vs-unfused test); not yet settled whether racecheck models bar.arrive here.
+//   value bcnorm_backward_kernel computes). Producers and consumers meet at a named barrier,
+//   bar.sync by every thread of the block, once per row: row r's buffer is read by the
+//   consumers after the barrier of row r, and rewritten (row r + 2) by the producers only
+//   after the barrier of row r + 1, which the consumers reach once done with row r. Producers
+//   run at most one row ahead, which costs nothing measurable (the consumers keep up). An
+//   earlier variant, where producers arrived (bar.arrive) on a "full" barrier per buffer and
+//   waited on an "empty" one that the consumers arrived at, is ordered by the PTX barrier
+//   model as well, but compute-sanitizer racecheck reported read/write hazards on the row
+//   buffers in 4 of 6 runs; with bar.sync on both sides it reports none.
+//   At the end acc_X is stored as the block's partial column sums part_X[block, h·ds + n];
+//   the launcher sums them over the blocks with colsum_rows (a fixed order) into d X_bias.
 // d_X_pre_rope are stored when the pointers are set (capture, isolated mode, unfused runs).
 constexpr int kTailWarps = 16;     // producer warps
 constexpr int kTailConsumers = 1;  // consumer warps (kFuse)
 constexpr int tail_threads(bool fuse) { return 32 * (kTailWarps + (fuse ? kTailConsumers : 0)); }
 constexpr Idx kTailRows = 64;    // rows per block: the bias partial sums' row chunk
 constexpr int kTailBuffers = 6;  // kFuse: shared floats per nh·ds: acc_b, acc_c, two rows × (b, c)
-constexpr int kBarFull = 1, kBarEmpty = 3;  // named barriers kBarFull + buffer, kBarEmpty + buffer
+constexpr int kBarRow = 1;  // the named barrier the producers and consumers meet at, per row
 
-// Named barrier kId: bar.sync (wait for `threads` arrivals, acquire) or bar.arrive (count this
-// warp, release, do not wait). Immediate ids, so that ptxas reserves only the ones used.
-// bar.sync / bar.arrive are warp-aligned: the whole warp must reach them converged, or the warp
-// may count as arrived while some of its lanes still work (a lane that left a loop early, e.g.
-// the consumer's column loop when ds < 32): __syncwarp() reconverges it first.
-template <int kId, bool kArrive>
-__device__ __forceinline__ void named_barrier(int threads) {
+// bar.sync kId, threads: wait until `threads` threads (all of the block here) have arrived, at
+// whatever point of the code each does (unlike __syncthreads, whose callers must share one
+// call site). Warp-aligned: the whole warp must reach it converged, or the warp may count as
+// arrived while some of its lanes still work (a lane that left a loop early, e.g. the
+// consumer's column loop when ds < 32): __syncwarp() reconverges it first.
+template <int kId>
+__device__ __forceinline__ void named_sync(int threads) {
   __syncwarp();
-  if constexpr (kArrive)
-    asm volatile("bar.arrive %0, %1;" ::"n"(kId), "r"(threads) : "memory");
-  else
-    asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
-}
-// The barrier kId0 + buf of a double-buffered pair.
-template <int kId0>
-__device__ __forceinline__ void bar_sync(int buf, int threads) {
-  buf == 0 ? named_barrier<kId0, false>(threads) : named_barrier<kId0 + 1, false>(threads);
-}
-template <int kId0>
-__device__ __forceinline__ void bar_arrive(int buf, int threads) {
-  buf == 0 ? named_barrier<kId0, true>(threads) : named_barrier<kId0 + 1, true>(threads);
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
 }
 
 // The tail's launch geometry over a slab of rows (ssm_chunked_backward launches the tail once per
@@ -1203,7 +1189,7 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
     float* row_b = acc_c + (1 + 2 * buf) * nhds;  // this row's buffers
     float* row_c = row_b + nhds;
     if (consumer) {
-      bar_sync<kBarFull>(buf, kAll);  // every producer has stored row r
+      named_sync<kBarRow>(kAll);  // every producer has stored row r
       // d_X_normed[r, g, n] = Σ_{h ∈ g} row_X[h, n], ascending h; the shared loads go out kU
       // at a time.
       const unsigned gds = tg.ng * ds;
@@ -1224,10 +1210,8 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
         for (; k < tg.hpg; ++k) sum += col[k * ds];
         (is_c ? a.d_c_normed : a.d_b_normed)[r * gds + gn] = from_float<T>(sum);
       }
-      if (r + 2 < r1) bar_arrive<kBarEmpty>(buf, kAll);  // the producers of row r + 2 wait
       continue;
     }
-    if (kFuse && r - r0 >= 2) bar_sync<kBarEmpty>(buf, kAll);  // row r − 2 consumed
     const bool last = t == tg.T - 1;  // t = T − 1: d_k_out enters the k path
     const float* dkout_row =
         last ? a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(nhds) : nullptr;
@@ -1329,7 +1313,9 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
         a.dGamma[i] = dqk * qk;
       }
     }
-    if constexpr (kFuse) bar_arrive<kBarFull>(buf, kAll);  // row r stored
+    // Row r stored. Returns once the consumer is here too, i.e. done with row r − 1, whose
+    // buffer the producers fill next (row r + 1).
+    if constexpr (kFuse) named_sync<kBarRow>(kAll);
   }
   if constexpr (kFuse) {
     __syncthreads();  // every owner's last acc_X update is done
