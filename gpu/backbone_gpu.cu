@@ -14,6 +14,12 @@
 // Typed GEMM weights are compute copies of the f32 masters refreshed in set_params; the f32
 // residual-stream gradient δ gets a staged typed copy for the GEMMs that read it (as the
 // reference's typed_copy).
+// Nothing is copied between layers: a layer's input (residual) is a view of the previous
+// layer's output, norm_f's input one of the last layer's output, and the residual-stream
+// gradient δ one of the buffer that produced it (norm_f's d_norm, a layer's d_temporal).
+// run_isolated gives each of them its own buffer back, for the oracle's values. In production
+// (no capture, not isolated) F8's residual add is done by the next norm (the next layer's F1,
+// or norm_f) as it reads the sum: rmsnorm_forward_add, the same bits in one pass.
 #include "backbone_gpu.hpp"
 
 #include <cuda_bf16.h>
@@ -43,18 +49,23 @@ constexpr Precision precision_of() {
   return Precision::F16;
 }
 
-// A device buffer of n elements of 4 (float) or 2 (bf16/f16) bytes.
+// A device buffer of n elements of 4 (float) or 2 (bf16/f16) bytes: its own storage, or a
+// view of another buffer's (Buffers::view) where one tensor is another's value (a layer's
+// input is the previous layer's output), so that no copy is made.
 struct NamedBuf {
   DeviceArray<unsigned char> bytes;
+  unsigned char* viewed = nullptr;
   std::size_t elem = 4;
   Idx n = 0;
+  unsigned char* data() { return viewed ? viewed : bytes.data(); }
+  const unsigned char* data() const { return viewed ? viewed : bytes.data(); }
 };
 
 // Host floats → the buffer's storage (RNE to 16 bits for typed buffers), and back.
 void upload_floats(NamedBuf& b, const float* host, Precision storage, cudaStream_t s) {
   if (b.n == 0) return;
   if (b.elem == 4) {
-    M3_CUDA_CHECK(cudaMemcpyAsync(b.bytes.data(), host, static_cast<size_t>(b.n) * 4,
+    M3_CUDA_CHECK(cudaMemcpyAsync(b.data(), host, static_cast<size_t>(b.n) * 4,
                                   cudaMemcpyHostToDevice, s));
     M3_CUDA_CHECK(cudaStreamSynchronize(s));
     return;
@@ -62,7 +73,7 @@ void upload_floats(NamedBuf& b, const float* host, Precision storage, cudaStream
   std::vector<std::uint16_t> bits(static_cast<size_t>(b.n));
   for (Idx i = 0; i < b.n; ++i)
     bits[i] = storage == Precision::BF16 ? float_to_bf16_bits(host[i]) : float_to_f16_bits(host[i]);
-  M3_CUDA_CHECK(cudaMemcpyAsync(b.bytes.data(), bits.data(), bits.size() * 2,
+  M3_CUDA_CHECK(cudaMemcpyAsync(b.data(), bits.data(), bits.size() * 2,
                                 cudaMemcpyHostToDevice, s));
   M3_CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -70,13 +81,13 @@ void upload_floats(NamedBuf& b, const float* host, Precision storage, cudaStream
 void download_floats(const NamedBuf& b, float* host, Precision storage, cudaStream_t s) {
   if (b.n == 0) return;
   if (b.elem == 4) {
-    M3_CUDA_CHECK(cudaMemcpyAsync(host, b.bytes.data(), static_cast<size_t>(b.n) * 4,
+    M3_CUDA_CHECK(cudaMemcpyAsync(host, b.data(), static_cast<size_t>(b.n) * 4,
                                   cudaMemcpyDeviceToHost, s));
     M3_CUDA_CHECK(cudaStreamSynchronize(s));
     return;
   }
   std::vector<std::uint16_t> bits(static_cast<size_t>(b.n));
-  M3_CUDA_CHECK(cudaMemcpyAsync(bits.data(), b.bytes.data(), bits.size() * 2,
+  M3_CUDA_CHECK(cudaMemcpyAsync(bits.data(), b.data(), bits.size() * 2,
                                 cudaMemcpyDeviceToHost, s));
   M3_CUDA_CHECK(cudaStreamSynchronize(s));
   for (Idx i = 0; i < b.n; ++i)
@@ -101,9 +112,17 @@ class Buffers {
     M3_REQUIRE(it->second.elem == sizeof(U), "GpuBackbone",
                "buffer '" + name + "' accessed with the wrong storage type",
                "element size ", it->second.elem, ", asked ", sizeof(U));
-    return reinterpret_cast<U*>(it->second.bytes.data());
+    return reinterpret_cast<U*>(it->second.data());
   }
   float* f(const std::string& name) { return get<float>(name); }
+  // `name` reads and writes `target`'s storage (same element size and count) until unview.
+  void view(const std::string& name, NamedBuf& target) {
+    NamedBuf& b = at(name);
+    M3_REQUIRE(b.elem == target.elem && b.n == target.n, "GpuBackbone",
+               "buffer '" + name + "' cannot view a buffer of another shape", "");
+    b.viewed = target.data();
+  }
+  void unview(const std::string& name) { at(name).viewed = nullptr; }
   NamedBuf& at(const std::string& name) {
     auto it = m_.find(name);
     M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'", "");
@@ -336,14 +355,15 @@ class BackboneT final : public GpuBackbone::Impl {
 
   // ---- the two passes ---------------------------------------------------------------------
   void forward(Capture* cap) override {
+    pending_add_ = -1;
     mark("start");
     run_stage(-1, "input_proj", Dir::Forward, cap);
     for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-      enter_layer(l, l == 0 ? nullptr : layers_[l - 1].f("layer_output"));
+      enter_layer(l);
       for (const char* st : kForwardStages) run_stage(l, st, Dir::Forward, cap);
       leave_layer(l);
     }
-    copy_d2d(s_, bb_.f("norm_f/norm_f_input"), layers_.back().f("layer_output"), d_.BT * d_.dm);
+    bb_.view("norm_f/norm_f_input", layers_.back().at("layer_output"));
     run_stage(-1, "norm_f", Dir::Forward, cap);
     collect_marks();
     have_forward_ = true;
@@ -353,12 +373,14 @@ class BackboneT final : public GpuBackbone::Impl {
     M3_REQUIRE(have_forward_, "GpuBackbone::backward", "backward called before forward", "");
     mark("start");
     run_stage(-1, "norm_f", Dir::Backward, cap);
-    copy_d2d(s_, bb_.f("delta"), bb_.f("norm_f/d_norm"), d_.BT * d_.dm);
+    // δ, the gradient wrt the residual stream entering each layer's backward from above, is
+    // a view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal).
+    bb_.view("delta", bb_.at("norm_f/d_norm"));
     for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
       load_leaving_grads(l);
       for (const char* st : kBackwardStages) run_stage(l, st, Dir::Backward, cap);
       store_entering_grads(l);
-      copy_d2d(s_, bb_.f("delta"), layers_[l].f("d_temporal"), d_.BT * d_.dm);
+      bb_.view("delta", layers_[l].at("d_temporal"));
     }
     run_stage(-1, "input_proj", Dir::Backward, cap);
     collect_marks();
@@ -372,6 +394,12 @@ class BackboneT final : public GpuBackbone::Impl {
       ~Isolated() { flag = false; }
     } guard(isolated_);
     Capture out(cfg_, d_.B, d_.T);
+    // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
+    // be the GPU's value of the previous layer's output.
+    for (auto& L : layers_) L.unview("residual");
+    bb_.unview("norm_f/norm_f_input");
+    bb_.unview("delta");
+    pending_add_ = -1;
     zero_grads();
     zero_states(dl_);
     // Everything the oracle holds goes into the buffers of the same name.
@@ -465,11 +493,12 @@ class BackboneT final : public GpuBackbone::Impl {
   void load_entering_states(int l) {
     copy_states(l, st_, {"ssm_in", "k_in", "v_in", "angle_in"}, true);
   }
-  // Layer l's input u (layer l−1's output, or H⁰ for l = 0) → residual; entering states.
-  void enter_layer(int l, const float* u) {
+  // Layer l's input (residual): a view of layer l−1's output, or H⁰ (typed) widened to f32
+  // for l = 0; then the entering states.
+  void enter_layer(int l) {
     Buffers& L = layers_[l];
-    if (u) {
-      copy_d2d(s_, L.f("residual"), u, d_.BT * d_.dm);
+    if (l > 0) {
+      L.view("residual", layers_[l - 1].at("layer_output"));
     } else {
       convert<T, float>(s_, d_.BT * d_.dm, bb_.get<T>("input_proj/input_proj_outputs"),
                         L.f("residual"));
@@ -512,8 +541,18 @@ class BackboneT final : public GpuBackbone::Impl {
     }
   }
   void norm_f_forward() {
-    rmsnorm_forward<T>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"), P(-1, "norm_f_weight"),
-                       bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
+    const int last = static_cast<int>(cfg_.n_layers) - 1;
+    if (pending_add_ == last) {  // the last layer's F8 add (norm_f_input views layer_output)
+      Buffers& L = layers_[last];
+      rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, L.f("residual"), L.get<T>("out_flat"),
+                             bb_.f("norm_f/norm_f_input"), P(-1, "norm_f_weight"),
+                             bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
+      pending_add_ = -1;
+    } else {
+      rmsnorm_forward<T>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
+                         P(-1, "norm_f_weight"), bb_.get<T>("norm_f/Out"),
+                         bb_.f("norm_f/norm_f_rms"));
+    }
   }
   void norm_f_backward() {
     rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
@@ -537,7 +576,7 @@ class BackboneT final : public GpuBackbone::Impl {
   // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
   // b/c_biased being stored and read back; in the chunked mode F6's K0/K1 done inside F4ef
   // (k then stored at t = T − 1 only) and (ssm_chunked_tail_fuses) B4b's head sums and bias
-  // gradients done in B6's tail.
+  // gradients done in B6's tail; F8's residual add done by the next norm (pending_add_).
   bool fused() const { return fusion_ && !isolated_; }
 
   SsmChunkFwd<T> chunked_fwd_args(int l, bool prep_done) {
@@ -557,8 +596,17 @@ class BackboneT final : public GpuBackbone::Impl {
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
     if (st == "F1") {
-      rmsnorm_forward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), t("post_norm"),
-                         f("rms_vals"));
+      if (pending_add_ == l - 1 && l > 0) {
+        // Layer l − 1's F8 add with this norm: residual (its view of layer_output) written here.
+        Buffers& prev = layers_[l - 1];
+        rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, prev.f("residual"), prev.get<T>("out_flat"),
+                               f("residual"), P(l, "norm_weight"), t("post_norm"),
+                               f("rms_vals"));
+        pending_add_ = -1;
+      } else {
+        rmsnorm_forward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"),
+                           t("post_norm"), f("rms_vals"));
+      }
     } else if (st == "F2") {
       gemm_forward<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), w_in(l), nullptr, t("proj"));
     } else if (st == "F3") {
@@ -614,7 +662,12 @@ class BackboneT final : public GpuBackbone::Impl {
                         f("gated_rms_vals"));
     } else if (st == "F8") {
       gemm_forward<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), w_out(l), nullptr, t("out_flat"));
-      add<T>(s_, d_.BT * d_.dm, f("residual"), t("out_flat"), f("layer_output"));
+      // layer_output = residual + out_flat: done by the next norm (layer l + 1's F1, or
+      // norm_f) in the production path; here for a capture or the isolated mode.
+      if (fused() && !capturing)
+        pending_add_ = l;
+      else
+        add<T>(s_, d_.BT * d_.dm, f("residual"), t("out_flat"), f("layer_output"));
     }
     // "states": the leaving states are written by F5/F6; nothing to run.
   }
@@ -864,6 +917,7 @@ class BackboneT final : public GpuBackbone::Impl {
   StateArrays de_;  // ∂L/∂(entering states), from the last backward
   DeviceArray<float> scratch_;
   bool have_forward_ = false;
+  int pending_add_ = -1;  // the layer whose F8 residual add the next norm does (or −1)
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
   bool profiling_ = false;

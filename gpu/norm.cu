@@ -8,6 +8,9 @@
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
 //           dx itself stored only when its pointer is set)
+// Forward with the residual add in front (rmsnorm_forward_add, kSum): u[r,i] = a[r,i] + b[r,i]
+// (f32 + typed, bit for bit add()) is stored to u as the row is first read, then normalised:
+// the previous layer's F8 add and this F1 (or norm_f) in one pass over the residual stream.
 // Shapes: u, dx f32 [rows, dim] (the residual stream); y, g typed T [rows, dim] (y rounded once
 // at its store); w, dw [dim]; rms [rows]. One row per warp segment (reduce.cuh) of
 // L = segment_lanes(⌈dim/4⌉) lanes; lane l owns the groups of kV = 4 consecutive elements
@@ -56,10 +59,13 @@ __device__ __forceinline__ void load_chunk(const X* row, Idx c0, Idx dim, float 
 // The first pass walks the lane's chunks c0 = i0, i0 + kChunk, …; the second pass walks them
 // backwards: the last one is still in registers, the earlier ones (rows over 32·L elements
 // only) are loaded again. A lane past the row (i0 ≥ dim) finds no group in either pass.
-template <class T, int L, bool kVec>
+// kSum: u is written, not read: u = a + b as each chunk is first loaded (the second pass's
+// reloads of earlier chunks read back the lane's own stores).
+template <class T, int L, bool kVec, bool kSum>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
-                       const float* __restrict__ w, T* __restrict__ y, float* __restrict__ rms) {
+rmsnorm_forward_kernel(Idx rows, Idx dim, float* __restrict__ u, const float* __restrict__ a,
+                       const T* __restrict__ b, const float* __restrict__ w, T* __restrict__ y,
+                       float* __restrict__ rms) {
   using S = Seg<L>;
   constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
@@ -72,7 +78,21 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     float ss = 0.0f;
     if (on)
       for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
-        load_chunk<L, kVec>(ur, c0, dim, x);
+        if constexpr (kSum) {
+          float bv[G][kV];
+          load_chunk<L, kVec>(a + r * dim, c0, dim, x);
+          load_chunk<L, kVec>(b + r * dim, c0, dim, bv);
+#pragma unroll
+          for (int k = 0; k < G; ++k) {
+            const Idx i = c0 + k * kStep;
+            if (i >= dim) continue;
+#pragma unroll
+            for (int j = 0; j < kV; ++j) x[k][j] = x[k][j] + bv[k][j];
+            store_group<kVec>(u + r * dim + i, dim - i, x[k]);
+          }
+        } else {
+          load_chunk<L, kVec>(ur, c0, dim, x);
+        }
 #pragma unroll
         for (int k = 0; k < G; ++k) {
           const Idx i = c0 + k * kStep;
@@ -232,22 +252,40 @@ Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim) {
   return blocks * dim + colsum_scratch_floats(blocks, dim);  // P, then colsum_rows' own
 }
 
-template <class T>
-void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w, T* y,
-                     float* rms) {
-  check_dim(rows, dim, "gpu::rmsnorm_forward");
+// Both entry points: u read (a, b null) or u = a + b written (kSum).
+template <class T, bool kSum>
+void launch_rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, float* u, const float* a,
+                            const T* b, const float* w, T* y, float* rms, const char* where) {
+  check_dim(rows, dim, where);
   if (rows == 0) return;
   const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
-                   is_aligned(y, kV * sizeof(T));
+                   is_aligned(y, kV * sizeof(T)) &&
+                   (!kSum || (is_aligned(a, 16) && is_aligned(b, kV * sizeof(T))));
   with_lanes(segment_lanes((dim + kV - 1) / kV), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const unsigned int grid = grid_for(rows, Seg<L>::kPerBlock);
     if (vec)
-      rmsnorm_forward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(rows, dim, u, w, y, rms);
+      rmsnorm_forward_kernel<T, L, true, kSum>
+          <<<grid, kThreads, 0, s>>>(rows, dim, u, a, b, w, y, rms);
     else
-      rmsnorm_forward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(rows, dim, u, w, y, rms);
+      rmsnorm_forward_kernel<T, L, false, kSum>
+          <<<grid, kThreads, 0, s>>>(rows, dim, u, a, b, w, y, rms);
   });
   M3_LAUNCH_CHECK();
+}
+
+template <class T>
+void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w, T* y,
+                     float* rms) {
+  // kSum = false never writes u.
+  launch_rmsnorm_forward<T, false>(s, rows, dim, const_cast<float*>(u), nullptr, nullptr, w, y,
+                                   rms, "gpu::rmsnorm_forward");
+}
+
+template <class T>
+void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, const T* b, float* u,
+                         const float* w, T* y, float* rms) {
+  launch_rmsnorm_forward<T, true>(s, rows, dim, u, a, b, w, y, rms, "gpu::rmsnorm_forward_add");
 }
 
 template <class T>
@@ -296,6 +334,8 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
 #define M3_INSTANTIATE(T)                                                                   \
   template void rmsnorm_forward<T>(cudaStream_t, Idx, Idx, const float*, const float*, T*,  \
                                    float*);                                                 \
+  template void rmsnorm_forward_add<T>(cudaStream_t, Idx, Idx, const float*, const T*,      \
+                                       float*, const float*, T*, float*);                   \
   template void rmsnorm_backward<T>(cudaStream_t, Idx, Idx, const float*, const float*,     \
                                     const float*, const T*, float*, float*, Scratch,        \
                                     const float*, float*);

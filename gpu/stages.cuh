@@ -62,6 +62,11 @@ void gemm_backward_dw(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X
 template <class T>
 void rmsnorm_forward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w, T* y,
                      float* rms);
+// The residual add and the next norm in one pass: u = a + b (f32 + T, bit for bit add()) is
+// stored, and y, rms are rmsnorm_forward's of that u. u must not alias a or b.
+template <class T>
+void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, const T* b, float* u,
+                         const float* w, T* y, float* rms);
 // dx = (w⊙g − x̂·c)/rms, c = mean(g⊙w⊙x̂), x̂ = u/rms  (overwrite);
 // dw += Σ_r g⊙x̂ (deterministic, accumulate). g is T (typed d_post_norm) or float (dOut).
 // With add_in/add_out (B1's residual pass-through): add_out = add_in + dx as well, from the dx

@@ -332,7 +332,8 @@ void expect_same_bits(const BackboneRun& a, const BackboneRun& b, const std::str
 }
 
 // The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode F6's K0/K1
-// in F4ef and B6's tail doing B4b: the production path) against every stage on its own (set_fusion(false), the
+// in F4ef and B6's tail doing B4b; without a Capture, F8's residual add done by the next norm:
+// the production path) against every stage on its own (set_fusion(false), the
 // isolated mode's path), on the same inputs, both scan modes: every captured tensor and
 // gradient bit for bit equal, except the bias gradients, which the fused tail sums in another
 // fixed order (close to f32 rounding). With and without a Capture (without one the fused path

@@ -14,12 +14,14 @@
 // twice on the same inputs give bitwise equal outputs. The launchers reject a short scratch.
 #include <gtest/gtest.h>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
@@ -796,6 +798,58 @@ TEST(GpuReduce, RmsNormBackwardAtEveryWidthMatchesReference) {
                                        Scratch{sc.data(), sc.size()});
       expect_close("dx", down(ddx, s), dx);
       expect_close("dw (accumulated)", down(ddw, s), dw_ref);
+    }
+  }
+}
+
+// rmsnorm_forward_add (the residual add folded into the next norm) must give the bits of add()
+// then rmsnorm_forward: u = a + b, y, rms. f32 and bf16 (b, y typed), at widths across the
+// lane-count boundaries and past one register chunk (1024), in vectors and (pointers one
+// element off alignment) element by element.
+template <class T>
+void check_forward_add(Stream& s, Rng& rng, Idx rows, Idx dim, Idx off) {
+  const Idx n = rows * dim;
+  Vec a(static_cast<size_t>(n)), b(a.size()), w(static_cast<size_t>(dim));
+  for (auto& e : a) e = static_cast<float>(2.0 * rng.normalish());
+  fill(b, rng, -1.0, 1.0);
+  fill(w, rng, 0.5, 1.5);
+  Vec a_off(static_cast<size_t>(off), 0.0f), b_off = a_off;
+  a_off.insert(a_off.end(), a.begin(), a.end());
+  b_off.insert(b_off.end(), b.begin(), b.end());
+  auto da = up(a_off, s), db32 = up(b_off, s), dw = up(w, s);
+  DeviceArray<T> db(n + off), y_ref(n + off), y_fused(n + off);
+  DeviceArray<float> u_ref(n + off), u_fused(n + off), rms_ref(rows), rms_fused(rows);
+  m3::gpu::convert<float, T>(s, n + off, db32.data(), db.data());
+  m3::gpu::add<T>(s, n, da.data() + off, db.data() + off, u_ref.data() + off);
+  m3::gpu::rmsnorm_forward<T>(s, rows, dim, u_ref.data() + off, dw.data(), y_ref.data() + off,
+                              rms_ref.data());
+  m3::gpu::rmsnorm_forward_add<T>(s, rows, dim, da.data() + off, db.data() + off,
+                                  u_fused.data() + off, dw.data(), y_fused.data() + off,
+                                  rms_fused.data());
+  DeviceArray<float> y_ref32(n + off), y_fused32(n + off);
+  m3::gpu::convert<T, float>(s, n + off, y_ref.data(), y_ref32.data());
+  m3::gpu::convert<T, float>(s, n + off, y_fused.data(), y_fused32.data());
+  auto tail = [&](const Vec& v) { return Vec(v.begin() + off, v.end()); };
+  expect_bitwise("u", tail(down(u_fused, s)), tail(down(u_ref, s)));
+  expect_bitwise("y", tail(down(y_fused32, s)), tail(down(y_ref32, s)));
+  expect_bitwise("rms", down(rms_fused, s), down(rms_ref, s));
+  const Vec u = tail(down(u_fused, s));
+  if constexpr (std::is_same_v<T, float>)  // and u is the sum itself
+    for (Idx i = 0; i < n; ++i) ASSERT_EQ(u[i], a[i] + b[i]) << "element " << i;
+}
+
+TEST(GpuReduce, RmsNormForwardAddGivesTheBitsOfAddThenNorm) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(11);
+  for (Idx dim : {Idx(3), Idx(20), Idx(129), Idx(1024), Idx(1030), Idx(2100)}) {
+    for (Idx rows : {Idx(1), Idx(129), Idx(700)}) {
+      for (Idx off : {Idx(0), Idx(1)}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows) +
+                     ", offset " + std::to_string(off));
+        check_forward_add<float>(s, rng, rows, dim, off);
+        check_forward_add<__nv_bfloat16>(s, rng, rows, dim, off);
+      }
     }
   }
 }
