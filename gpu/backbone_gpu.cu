@@ -430,6 +430,9 @@ class BackboneT final : public GpuBackbone::Impl {
                     oracle_data(oracle, l == L - 1 ? stage_key(-1, "norm_f", "d_norm")
                                                    : stage_key(l + 1, "B1", "d_temporal")),
                     Precision::F32, s_);
+      // The gradients wrt the leaving states are zero here (dl_, as the oracle's run), not
+      // whatever an earlier backward left in the layer's buffers.
+      load_leaving_grads(l);
       for (const char* st : kBackwardStages) isolated(l, st, Dir::Backward);
     }
     upload_floats(bb_.at("delta"), oracle_data(oracle, stage_key(0, "B1", "d_temporal")),

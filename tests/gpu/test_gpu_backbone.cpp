@@ -462,6 +462,87 @@ TEST(GpuBackbone, GraphReplayGivesTheBitsOfStreamLaunches) {
   }
 }
 
+// One GpuBackbone serves production passes (a layer's input a view of the previous layer's
+// output, δ of the buffer that produced it, F8's add in the next norm) and isolated runs (every
+// tensor its own buffer, the oracle's values): neither may leak into the other. A pass with
+// nonzero leaving-state gradients, then an isolated run, then the pass again: the second pass
+// gives the first one's bits (Out, every gradient, d_x, the leaving states), and the isolated
+// run gives the bits of one on a fresh GpuBackbone (which never saw those gradients).
+TEST(GpuBackbone, IsolatedRunBetweenPassesChangesNothing) {
+  M3_SKIP_WITHOUT_GPU();
+  const std::vector<GridCase> cases = grid_cases({"hd16_ds16_silu_rope0.5_ng1"});
+  ASSERT_EQ(cases.size(), 1u) << "a named grid case is missing";
+  const GridCase& gc = cases[0];
+  ASSERT_GE(gc.cfg.n_layers, 2) << "the views need a second layer";
+  const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 23, true);
+  const m3::States<float> entering = m3::cast_states<float>(pb.states);
+  const m3::States<float> d_leaving = entering;  // any nonzero values of the right shapes
+  for (m3::Precision storage : {m3::Precision::F32, m3::Precision::BF16}) {
+    for (ScanMode mode : {ScanMode::Chunked, ScanMode::Sequential}) {
+      const std::string what = std::string(m3::precision_name(storage)) + " " +
+                               m3::scan_mode_name(mode);
+      const Capture oracle = m3::run_reference<double>(pb, mode);
+      m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
+      net.set_params(m3::cast_params<float>(pb.params));
+      net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+      net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+      auto pass = [&](std::vector<float>& out) {
+        BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
+        net.set_states(entering);
+        net.set_leaving_grads(&d_leaving);
+        net.zero_grads();
+        net.forward(nullptr);
+        net.backward(nullptr);
+        m3::capture_grads(net.grads(), pb.cfg, run.cap);
+        run.dx = net.d_x();
+        run.leaving = net.states();
+        out = net.output();
+        return run;
+      };
+      std::vector<float> out1, out2;
+      const BackboneRun first = pass(out1);
+      net.set_states(entering);
+      net.set_leaving_grads(nullptr);
+      const Capture between = net.run_isolated(oracle);
+      const BackboneRun second = pass(out2);
+      expect_same_bits(first, second, what + ": pass after an isolated run");
+      EXPECT_EQ(out1, out2) << what << ": Out after an isolated run";
+      const Capture fresh = m3::gpu::run_gpu_isolated(ctx(), pb, mode, oracle, storage);
+      ASSERT_EQ(fresh.keys(), between.keys()) << what;
+      for (const auto& key : fresh.keys()) {
+        const auto& a = fresh.at(key).data;
+        const auto& b = between.at(key).data;
+        ASSERT_EQ(a.size(), b.size()) << what << " " << key;
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+            << what << ": isolated " << key << " differs after production passes";
+      }
+    }
+  }
+}
+
+// A recording that synchronizes the stream fails: StreamGraph throws m3::Error naming the
+// CUDA call, ends the capture (the stream can synchronize again) and leaves nothing behind:
+// a recording after it replays the stream-launched pass bit for bit.
+TEST(GpuGraph, AFailedRecordingThrowsAndLeavesTheStreamUsable) {
+  M3_SKIP_WITHOUT_GPU();
+  try {
+    const m3::gpu::StreamGraph graph(ctx(), [] { ctx().synchronize(); });
+    FAIL() << "recording a stream synchronize must fail";
+  } catch (const m3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaStreamSynchronize"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(ctx().synchronize()) << "the stream is still capturing";
+  const std::vector<GridCase> cases = grid_cases({"hd16_ds16_silu_rope0.5_ng1"});
+  ASSERT_EQ(cases.size(), 1u) << "a named grid case is missing";
+  const Problem pb = m3::make_problem(cases[0].cfg, cases[0].B, cases[0].T, 29, true);
+  const BackboneRun stream =
+      run_backbone(pb, ScanMode::Chunked, m3::Precision::BF16, true, false);
+  const BackboneRun graph =
+      run_backbone(pb, ScanMode::Chunked, m3::Precision::BF16, true, false, 1);
+  expect_same_bits(stream, graph, "a recording after a failed one");
+}
+
 TEST(GpuBackbone, RejectsAnInvalidConfigWithAMessage) {
   M3_SKIP_WITHOUT_GPU();
   Config c;
