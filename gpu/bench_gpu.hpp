@@ -1,7 +1,8 @@
 // Timing of the GPU backbone (METHOD.md: CUDA events around the region, warm-up first, the
 // median of repeats): forward, and forward + backward, of one window of (B, T) with seeded
-// realistic inputs resident on the device, launched on the stream or replayed as CUDA graphs. And the device's two ceilings (METHOD.md "two
-// numbers first"): device-to-device copy bandwidth and cuBLAS GEMM rates. Plain C++ header.
+// realistic inputs resident on the device, launched on the stream or replayed as CUDA graphs.
+// And the device's two ceilings (METHOD.md "two numbers first"): device-to-device copy
+// bandwidth and cuBLAS GEMM rates. Plain C++ header.
 #pragma once
 
 #include <cstddef>

@@ -15,7 +15,7 @@
 // 128-byte line); warp s owns segment s < kAngleSegs = 16 of kAngleSteps = 8 consecutive steps
 // of a tile (16·8 = 128 steps), lane jl its j. Tiles run in ascending t with a carried θ c (c = θ_{−1}
 // before the first tile, then the θ walked at the previous tile's last step); a tile's
-// angles_raw and dt are loaded while the previous tile is walked. With x_k = double(incr) at
+// τ and dt are loaded while the previous tile is walked. With x_k = double(incr) at
 // step k of segment s (0 past T):
 //   1. Σ_s = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7))                (double)
 //   2. across warps (shared memory, one barrier per tile): P_s = (…(Σ_0 + Σ_1) + …) + Σ_{s−1};
@@ -60,7 +60,7 @@
 // same operations (tanhf is a function of its argument), nh times fewer tanhf.
 // Every order above depends only on the shapes (deterministic, no atomics). Coalescing: a warp
 // is 4 segments × 8 consecutive j, so each access to θ, dθ, Θ̄ is 4 whole 32-byte sectors;
-// angles_raw[r,a] (read by the nh threads of (r, a)) and dt[r,h] (by the na of (r, h)) are
+// τ[r,a] (read by the nh threads of (r, a)) and dt[r,h] (by the na of (r, h)) are
 // small and come from L1/L2.
 // Typed storage T: b/c_biased, rot and extra_vec are read as f32, k and q rounded once at their
 // store; θ, dv, dpre, dθ and every angle tensor are f32.
@@ -150,7 +150,7 @@ __device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
 // buffer is written only after the barrier that follows its last read). Row strides na, nh,
 // nh·na fit in int (checked by the launcher).
 __global__ void __launch_bounds__(kAngleThreads, 2)
-angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tanh_raw,
+angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tau,
                      const float* __restrict__ dt, const float* __restrict__ angle_in,
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
   __shared__ double seg_sum[2][kAngleSegs][kAngleJ];  // Σ_s
@@ -162,13 +162,13 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tan
     const bool on = j < nj;
     const Idx h = on ? j / na : 0, a = on ? j % na : 0, r0 = b * T + Idx(s) * kAngleSteps;
     // At the segment's first step r = b·T + ts of the current tile (advanced a tile at a time).
-    const float* raw = tanh_raw + r0 * na + a;
+    const float* tp = tau + r0 * na + a;
     const float* dtp = dt + r0 * nh + h;
     float* out = angle_cumsum + r0 * nj + j;
     if (s == 0) carry[0][jl] = on && angle_in ? static_cast<double>(angle_in[b * nj + j]) : 0.0;
-    float rv[kAngleSteps] = {}, dv[kAngleSteps] = {};  // τ, dt of the segment's steps
+    float tv[kAngleSteps] = {}, dv[kAngleSteps] = {};  // τ, dt of the segment's steps
     const int first = on ? segment_steps(T, Idx(s) * kAngleSteps) : 0;
-    load_steps(raw, static_cast<int>(na), first, rv);
+    load_steps(tp, static_cast<int>(na), first, tv);
     load_steps(dtp, static_cast<int>(nh), first, dv);
     int p = 0;
     for (Idx t0 = 0; t0 < T; t0 += kAngleTile, p ^= 1) {
@@ -179,7 +179,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tan
       double x[kAngleSteps];  // double((π·tanh)·dt), 0 past T
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
-        const float inc = kPiF * rv[k] * dv[k];
+        const float inc = kPiF * tv[k] * dv[k];
         x[k] = static_cast<double>(k < steps ? inc : 0.0f);
       }
       const double sum = segment_sum(x);  // 1. Σ_s
@@ -187,7 +187,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tan
       __syncthreads();
       // The next tile's τ and dt, in flight during this tile's walk.
       const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
-      load_steps(opaque(raw + kAngleTile * Idx(sa)), sa, next, rv);
+      load_steps(opaque(tp + kAngleTile * Idx(sa)), sa, next, tv);
       load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
       double theta = carry[p][jl];  // E_0 = c
       if (s > 0) {                  // 2. E_s = wrap(c + P_s)
@@ -214,7 +214,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tan
       }
       if (s == kAngleSegs - 1 && t0 + kAngleTile < T) carry[p ^ 1][jl] = theta;
       if (steps > 0 && ts + steps == T) angle_out[b * nj + j] = static_cast<float>(theta);
-      raw += kAngleTile * Idx(sa);
+      tp += kAngleTile * Idx(sa);
       dtp += kAngleTile * Idx(sh);
       out += kAngleTile * Idx(sj);
     }
@@ -546,11 +546,11 @@ tanh_kernel(Idx n, const float* __restrict__ x, float* __restrict__ tau) {
 }
 
 // One thread per output of row r: j < na → d_angles_raw[r, j]; else d_dt_angle[r, j − na]. With
-// vec4 (na % 4 == 0, bar and angles_raw 16-byte aligned) a d_dt_angle thread reads its rows of
-// Θ̄ and angles_raw 4 values per access (a quarter of the L1 wavefronts of its strided reads);
+// vec4 (na % 4 == 0, bar and τ 16-byte aligned) a d_dt_angle thread reads its rows of
+// Θ̄ and τ 4 values per access (a quarter of the L1 wavefronts of its strided reads);
 // the same terms in the same order either way.
 __global__ void __launch_bounds__(kThreads)
-angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tanh_raw, const float* dt,
+angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tau, const float* dt,
                    const float* bar, float* d_angles_raw, float* d_dt_angle) {
   const Idx per_row = na + nh;
   for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < BT * per_row;
@@ -559,23 +559,23 @@ angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tanh_raw, con
     const float* bar_r = bar + r * nh * na;
     float sum = 0.0f;
     if (j < na) {
-      const float th = tanh_raw[r * na + j];
+      const float th = tau[r * na + j];
       for (Idx h = 0; h < nh; ++h)
         sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
       d_angles_raw[r * na + j] = sum;
     } else {
       const Idx h = j - na;
-      const float *bar_h = bar_r + h * na, *raw_r = tanh_raw + r * na;
+      const float *bar_h = bar_r + h * na, *tau_r = tau + r * na;
       if (vec4) {
         for (Idx a = 0; a < na; a += 4) {
-          float bv[4], rv[4];
+          float bv[4], tv[4];
           load_n<4>(bar_h + a, bv);
-          load_n<4>(raw_r + a, rv);
+          load_n<4>(tau_r + a, tv);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * rv[e];
+          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tv[e];
         }
       } else {
-        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * raw_r[a];
+        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * tau_r[a];
       }
       d_dt_angle[r * nh + h] = sum;
     }
