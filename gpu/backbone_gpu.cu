@@ -543,19 +543,22 @@ class BackboneT final : public GpuBackbone::Impl {
       gemm_forward<T>(ctx_, d_.BT, d_.in, d_.dm, x, w_input(), P(-1, "input_proj_b"), h0, scr());
     }
   }
-  void norm_f_forward() {
-    const int last = static_cast<int>(cfg_.n_layers) - 1;
-    if (pending_add_ == last) {  // the last layer's F8 add (norm_f_input views layer_output)
-      Buffers& L = layers_[last];
-      rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, L.f("residual"), L.get<T>("out_flat"),
-                             bb_.f("norm_f/norm_f_input"), P(-1, "norm_f_weight"),
-                             bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
+  // The norm that reads layer `prev`'s output u (a view of its layer_output): F1 of layer
+  // prev + 1, or norm_f. When prev's F8 left its residual add pending, u = residual + out_flat
+  // is formed and stored here, in the same pass (rmsnorm_forward_add).
+  void norm_of_output(int prev, float* u, const float* w, T* y, float* rms) {
+    if (prev >= 0 && pending_add_ == prev) {
+      Buffers& L = layers_[prev];
+      rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, L.f("residual"), L.get<T>("out_flat"), u, w, y,
+                             rms);
       pending_add_ = -1;
     } else {
-      rmsnorm_forward<T>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
-                         P(-1, "norm_f_weight"), bb_.get<T>("norm_f/Out"),
-                         bb_.f("norm_f/norm_f_rms"));
+      rmsnorm_forward<T>(s_, d_.BT, d_.dm, u, w, y, rms);
     }
+  }
+  void norm_f_forward() {
+    norm_of_output(static_cast<int>(cfg_.n_layers) - 1, bb_.f("norm_f/norm_f_input"),
+                   P(-1, "norm_f_weight"), bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
   }
   void norm_f_backward() {
     rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
@@ -599,17 +602,8 @@ class BackboneT final : public GpuBackbone::Impl {
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
     if (st == "F1") {
-      if (pending_add_ == l - 1 && l > 0) {
-        // Layer l − 1's F8 add with this norm: residual (its view of layer_output) written here.
-        Buffers& prev = layers_[l - 1];
-        rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, prev.f("residual"), prev.get<T>("out_flat"),
-                               f("residual"), P(l, "norm_weight"), t("post_norm"),
-                               f("rms_vals"));
-        pending_add_ = -1;
-      } else {
-        rmsnorm_forward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"),
-                           t("post_norm"), f("rms_vals"));
-      }
+      // Layer 0's residual is H⁰, no layer's output: prev = −1 never has a pending add.
+      norm_of_output(l - 1, f("residual"), P(l, "norm_weight"), t("post_norm"), f("rms_vals"));
     } else if (st == "F2") {
       gemm_forward<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), w_in(l), nullptr, t("proj"));
     } else if (st == "F3") {
