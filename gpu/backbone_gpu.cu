@@ -985,7 +985,6 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
 }
 void GpuBackbone::reset_stage_times() { impl_->reset_stage_times(); }
 
-namespace {
 void load_problem(GpuBackbone& net, const Problem& pb) {
   net.set_params(cast_params<float>(pb.params));
   net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
@@ -994,7 +993,6 @@ void load_problem(GpuBackbone& net, const Problem& pb) {
   net.set_leaving_grads(nullptr);
   net.zero_grads();
 }
-}  // namespace
 
 Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode, Precision storage,
                 Fault fault) {

@@ -116,6 +116,10 @@ class GpuBackbone {
 // Lets a test check that a launch split into slabs gives the same bits as one launch.
 void set_row_slab_limit_for_testing(Idx rows);
 
+// pb's parameters, input, entering states and dOut into net, with zero leaving-state
+// gradients and zeroed weight gradients: what run_gpu, run_gpu_isolated and bench_gpu run on.
+void load_problem(GpuBackbone& net, const Problem& pb);
+
 // The GPU counterpart of run_reference<float>(pb, mode, storage): forward + backward of
 // pb.d_out with zero leaving-state gradients, capturing every stage tensor and every parameter
 // gradient. `fault` (layer 0) is for negative controls.

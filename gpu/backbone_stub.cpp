@@ -49,6 +49,7 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   no_cuda("GpuBackbone");
 }
 void GpuBackbone::reset_stage_times() { no_cuda("GpuBackbone"); }
+void load_problem(GpuBackbone&, const Problem&) { no_cuda("load_problem"); }
 Capture run_gpu(GpuContext&, const Problem&, ScanMode, Precision, Fault) { no_cuda("run_gpu"); }
 Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, Precision, Fault) {
   no_cuda("run_gpu_isolated");

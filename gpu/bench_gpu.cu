@@ -202,11 +202,8 @@ GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode m
                     int repeats, bool profile, Precision storage, bool graph) {
   const Problem pb = make_problem(cfg, B, T, 1234, true);
   GpuBackbone net(ctx, cfg, B, T, mode, storage);
-  net.set_params(cast_params<float>(pb.params));
-  net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+  load_problem(net, pb);
   const States<float> st = cast_states<float>(pb.states);
-  net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
-  net.set_leaving_grads(nullptr);
   cudaStream_t s = stream_of(ctx);
   Events ev;
   std::vector<double> fwd, fb;

@@ -181,12 +181,7 @@ TEST(GpuBackbone, TwoChainedWindowsEqualOneWindow) {
     std::vector<float> x(pb.x.begin(), pb.x.end()), dout(pb.d_out.begin(), pb.d_out.end());
     // One window of T.
     m3::gpu::GpuBackbone whole(ctx(), c, B, T, mode);
-    whole.set_params(params);
-    whole.set_input(x);
-    whole.set_states(m3::cast_states<float>(pb.states));
-    whole.set_dout(dout);
-    whole.set_leaving_grads(nullptr);
-    whole.zero_grads();
+    m3::gpu::load_problem(whole, pb);
     whole.forward();
     whole.backward();
     const auto out_whole = whole.output();
@@ -278,17 +273,19 @@ struct BackboneRun {
   std::vector<float> dx;
   m3::States<float> leaving;
 };
+// What the last pass left: every gradient into run.cap (beside any stage tensors a Capture put
+// there), d_x and the leaving states.
+void collect(m3::gpu::GpuBackbone& net, const Problem& pb, BackboneRun& run) {
+  m3::capture_grads(net.grads(), pb.cfg, run.cap);
+  run.dx = net.d_x();
+  run.leaving = net.states();
+}
 BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage, bool fused,
                          bool captured, int replays = 0) {
   BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
   m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
   net.set_fusion(fused);
-  net.set_params(m3::cast_params<float>(pb.params));
-  net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
-  net.set_states(m3::cast_states<float>(pb.states));
-  net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
-  net.set_leaving_grads(nullptr);
-  net.zero_grads();
+  m3::gpu::load_problem(net, pb);
   Capture* cap = captured ? &run.cap : nullptr;
   if (replays > 0) {
     const m3::States<float> entering = m3::cast_states<float>(pb.states);
@@ -306,9 +303,7 @@ BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage
     net.forward(cap);
     net.backward(cap);
   }
-  m3::capture_grads(net.grads(), pb.cfg, run.cap);
-  run.dx = net.d_x();
-  run.leaving = net.states();
+  collect(net, pb, run);
   return run;
 }
 
@@ -483,9 +478,7 @@ TEST(GpuBackbone, IsolatedRunBetweenPassesChangesNothing) {
                                m3::scan_mode_name(mode);
       const Capture oracle = m3::run_reference<double>(pb, mode);
       m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
-      net.set_params(m3::cast_params<float>(pb.params));
-      net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
-      net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+      m3::gpu::load_problem(net, pb);
       auto pass = [&](std::vector<float>& out) {
         BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
         net.set_states(entering);
@@ -493,9 +486,7 @@ TEST(GpuBackbone, IsolatedRunBetweenPassesChangesNothing) {
         net.zero_grads();
         net.forward(nullptr);
         net.backward(nullptr);
-        m3::capture_grads(net.grads(), pb.cfg, run.cap);
-        run.dx = net.d_x();
-        run.leaving = net.states();
+        collect(net, pb, run);
         out = net.output();
         return run;
       };
