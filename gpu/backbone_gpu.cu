@@ -36,6 +36,7 @@
 #include "convert.cuh"
 #include "error.hpp"
 #include "registry.hpp"
+#include "arena.cuh"
 #include "stages.cuh"
 
 namespace m3::gpu {
@@ -49,16 +50,24 @@ constexpr Precision precision_of() {
   return Precision::F16;
 }
 
-// A device buffer of n elements of 4 (float) or 2 (bf16/f16) bytes: its own storage, or a
-// view of another buffer's (Buffers::view) where one tensor is another's value (a layer's
-// input is the previous layer's output), so that no copy is made.
+// A tensor's device buffer of n elements of 4 (float) or 2 (bf16/f16) bytes. Where its data
+// lives depends on the layout (registry.hpp Life): its own storage (a saved tensor, or every
+// tensor in the verification layout), the one workspace buffer of its name that every layer
+// shares (production layout), a view of another tensor's buffer (Buffers::view: a layer's input
+// is the previous layer's output, so that no copy is made), or nowhere (a verification-only
+// tensor in the production layout: get() then throws, naming it).
 struct NamedBuf {
-  DeviceArray<unsigned char> bytes;
-  unsigned char* viewed = nullptr;
+  DeviceArray<unsigned char> bytes;  // own storage
+  unsigned char* shared = nullptr;   // the shared workspace buffer (production layout)
+  unsigned char* viewed = nullptr;   // Buffers::view
+  Life life = Life::Workspace;
   std::size_t elem = 4;
-  Idx n = 0;
-  unsigned char* data() { return viewed ? viewed : bytes.data(); }
-  const unsigned char* data() const { return viewed ? viewed : bytes.data(); }
+  Idx n = 0;  // 0: the tensor does not exist in this run (e.g. angle tensors with na = 0)
+  unsigned char* data() { return viewed ? viewed : bytes.size() ? bytes.data() : shared; }
+  const unsigned char* data() const {
+    return viewed ? viewed : bytes.size() ? bytes.data() : shared;
+  }
+  std::size_t nbytes() const { return static_cast<std::size_t>(n) * elem; }
 };
 
 // Host floats → the buffer's storage (RNE to 16 bits for typed buffers), and back.
@@ -94,25 +103,33 @@ void download_floats(const NamedBuf& b, float* host, Precision storage, cudaStre
     host[i] = storage == Precision::BF16 ? bf16_bits_to_float(bits[i]) : f16_bits_to_float(bits[i]);
 }
 
-// Device buffers of one scope (a layer, or the backbone), by tensor name.
+// Device buffers of one scope (a layer, or the backbone), by tensor name. Every name a stage
+// may ask for is added (with n = 0 when the run has no such tensor), so an unknown name is a
+// programming error and throws instead of reading as a null pointer.
 class Buffers {
  public:
-  void add(const std::string& name, Idx n, std::size_t elem) {
+  NamedBuf& add(const std::string& name, Idx n, std::size_t elem, Life life = Life::Saved) {
     NamedBuf& b = m_[name];
     b.elem = elem;
     b.n = n;
-    b.bytes.resize(n * static_cast<Idx>(elem));
+    b.life = life;
+    return b;
   }
-  // nullptr when the run has no such tensor (e.g. angle tensors with na = 0). Asking for the
-  // wrong element type (a typed tensor as float, or the reverse) is an m3::Error.
+  // nullptr when the run has no such tensor. Asking for the wrong element type (a typed tensor
+  // as float, or the reverse), or for a tensor without a buffer in this layout, is an m3::Error.
   template <class U>
   U* get(const std::string& name) {
-    auto it = m_.find(name);
-    if (it == m_.end() || it->second.n == 0) return nullptr;
-    M3_REQUIRE(it->second.elem == sizeof(U), "GpuBackbone",
+    NamedBuf& b = at(name);
+    if (b.n == 0) return nullptr;
+    M3_REQUIRE(b.elem == sizeof(U), "GpuBackbone",
                "buffer '" + name + "' accessed with the wrong storage type",
-               "element size ", it->second.elem, ", asked ", sizeof(U));
-    return reinterpret_cast<U*>(it->second.data());
+               "element size ", b.elem, ", asked ", sizeof(U));
+    M3_REQUIRE(b.data() != nullptr, "GpuBackbone",
+               "tensor '" + name + "' has no buffer in the production layout",
+               "its lifetime is '", life_name(b.life),
+               "' but a production stage uses it: list it as saved or workspace in "
+               "reference/registry.cpp (kLife)");
+    return reinterpret_cast<U*>(b.data());
   }
   float* f(const std::string& name) { return get<float>(name); }
   // `name` reads and writes `target`'s storage (same element size and count) until unview.
@@ -125,9 +142,12 @@ class Buffers {
   void unview(const std::string& name) { at(name).viewed = nullptr; }
   NamedBuf& at(const std::string& name) {
     auto it = m_.find(name);
-    M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'", "");
+    M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'",
+               "not a registry tensor of this scope");
     return it->second;
   }
+  std::map<std::string, NamedBuf>& all() { return m_; }
+  const std::map<std::string, NamedBuf>& all() const { return m_; }
 
  private:
   std::map<std::string, NamedBuf> m_;
@@ -205,6 +225,15 @@ struct GpuBackbone::Impl {
   virtual void set_fusion(bool on) = 0;
   virtual std::vector<std::pair<std::string, double>> stage_times() const = 0;
   virtual void reset_stage_times() = 0;
+  virtual void refresh_typed_copies() = 0;
+  virtual const ParamLayout& param_layout() const = 0;
+  virtual float* param_arena() = 0;
+  virtual float* grad_arena() = 0;
+  virtual Recompute recompute() const = 0;
+  virtual void set_recompute(Recompute rc) = 0;
+  virtual bool verification_layout() const = 0;
+  virtual BackboneMemory memory() const = 0;
+  virtual void poison_for_testing(int layer, const std::string& tensor) = 0;
 };
 
 namespace {
@@ -218,48 +247,64 @@ constexpr const char* kBackwardStages[] = {"B8", "B7", "B6", "B5a", "B5b", "B4b"
 template <class T>
 class BackboneT final : public GpuBackbone::Impl {
  public:
-  BackboneT(GpuContext& c, const Config& cf, Idx B, Idx T_, ScanMode m)
-      : ctx_(c), cfg_(cf), d_(ref::Dims::of(cf, B, T_, precision_of<T>())), mode_(m),
+  BackboneT(GpuContext& c, const Config& cf, Idx B, Idx T_, ScanMode m, Recompute rc)
+      : ctx_(c), cfg_(cf), d_(ref::Dims::of(cf, B, T_, precision_of<T>())), mode_(m), rc_(rc),
         s_(stream_of(c)) {
     layers_.resize(static_cast<size_t>(cf.n_layers));
     const StateSizes z = state_sizes(cf);
+    // Every registry tensor of the run (n = 0 where the run has none), with its lifetime.
     for (const auto& spec : stage_registry()) {
-      if (!exists_in(spec, cf, m)) continue;
-      const Idx n = numel(resolve_shape(spec.shape, cf, B, T_));
+      const Idx n = exists_in(spec, cf, m) ? numel(resolve_shape(spec.shape, cf, B, T_)) : 0;
       const std::size_t elem = spec.typed ? sizeof(T) : sizeof(float);
       if (spec.scope == Scope::Layer) {
-        for (auto& L : layers_) L.add(spec.tensor, n, elem);
+        const Life life = layer_life(spec);
+        for (auto& L : layers_) L.add(spec.tensor, n, elem, life);
       } else {
-        bb_.add(backbone_name(spec.stage, spec.tensor), n, elem);
+        // Backbone tensors exist once per run: all kept, norm_f's input a view of the last
+        // layer's output (its own buffer in the verification layout).
+        const bool view = std::string(spec.tensor) == "norm_f_input";
+        bb_.add(backbone_name(spec.stage, spec.tensor), n, elem, view ? Life::View : Life::Saved);
       }
     }
+    // Per layer, beyond the registry: the entering states (the backward reads k_in, v_in) and
+    // the gradients wrt the leaving states.
     for (auto& L : layers_) {
-      L.add("ssm_in", B * z.ssm, 4);
-      L.add("k_in", B * z.k, 4);
-      L.add("v_in", B * z.v, 4);
-      L.add("angle_in", B * z.angle, 4);
-      L.add("d_ssm_out", B * z.ssm, 4);
-      L.add("d_k_out", B * z.k, 4);
-      L.add("d_v_out", B * z.v, 4);
-      L.add("d_angle_out", B * z.angle, 4);
+      for (const char* nm : {"ssm_in", "d_ssm_out"}) L.add(nm, B * z.ssm, 4);
+      for (const char* nm : {"k_in", "d_k_out"}) L.add(nm, B * z.k, 4);
+      for (const char* nm : {"v_in", "d_v_out"}) L.add(nm, B * z.v, 4);
+      for (const char* nm : {"angle_in", "d_angle_out"}) L.add(nm, B * z.angle, 4);
     }
     bb_.add("d_out", d_.BT * d_.dm, 4);
-    bb_.add("delta", d_.BT * d_.dm, 4);
+    bb_.add("delta", d_.BT * d_.dm, 4, Life::View);  // δ: a view of the buffer that made it
     bb_.add("delta_typed", d_.BT * d_.dm, sizeof(T));
-    const Params<float> shapes = zero_params<float>(cf);
-    for_each_param(shapes, [&](int l, const char* name, const std::vector<float>& v) {
-      const std::string key = param_key(l, name).substr(5);
-      params_[key].resize(static_cast<Idx>(v.size()));
-      grads_[key].resize(static_cast<Idx>(v.size()));
-    });
+    lay_out();
+    // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
+    // copies in one buffer of T, one segment per weight (refresh_typed_copies: one launch).
+    layout_ = m3::param_layout(cf);
+    params_.resize(layout_.total);
+    grads_.resize(layout_.total);
+    params_.zero(s_);
     if constexpr (!std::is_same_v<T, float>) {
-      w_in_t_.resize(layers_.size());
-      w_out_t_.resize(layers_.size());
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        w_in_t_[l].resize(d_.dm * d_.ip);
-        w_out_t_[l].resize(d_.di * d_.dm);
+      std::vector<CopySegment> segs;
+      Idx off = 0;
+      auto segment = [&](int l, const char* name) {
+        const ParamSlot& sl = layout_.at(l, name);
+        segs.push_back({sl.offset, off, sl.size});
+        max_segment_ = std::max(max_segment_, sl.size);
+        const Idx at = off;
+        off += (sl.size + 127) / 128 * 128;  // 256-byte aligned copies
+        return at;
+      };
+      for (int l = 0; l < static_cast<int>(cf.n_layers); ++l) {
+        w_in_off_.push_back(segment(l, "in_proj_w"));
+        w_out_off_.push_back(segment(l, "out_proj_w"));
       }
-      if (!cf.input_proj_identity) w_input_t_.resize(d_.in * d_.dm);
+      if (!cf.input_proj_identity) w_input_off_ = segment(-1, "input_proj_w");
+      typed_.resize(off);
+      segments_.resize(static_cast<Idx>(segs.size() * sizeof(CopySegment)));
+      M3_CUDA_CHECK(cudaMemcpyAsync(segments_.data(), segs.data(), segs.size() * sizeof(CopySegment),
+                                    cudaMemcpyHostToDevice, s_));
+      n_segments_ = static_cast<int>(segs.size());
     }
     const Idx LB = cf.n_layers * B;
     for (StateArrays* a : {&st_, &dl_, &de_}) {
@@ -270,7 +315,8 @@ class BackboneT final : public GpuBackbone::Impl {
     }
     scratch_.resize(scratch_floats(d_));
     zero_states(dl_);
-    for (auto& [k, g] : grads_) g.zero(s_);
+    grads_.zero(s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
   }
 
   ~BackboneT() override {
@@ -279,23 +325,124 @@ class BackboneT final : public GpuBackbone::Impl {
 
   Precision storage() const override { return precision_of<T>(); }
 
+  // ---- the layout (registry.hpp Life) --------------------------------------------------------
+  // The production layout: saved tensors their own buffer in every layer, workspace tensors
+  // one shared buffer (d_temporal two, by layer parity: layer l − 1's B1 writes it while
+  // reading layer l's as δ), views none (layer 0's residual, H⁰ in f32, its own),
+  // verification-only tensors none. The verification layout (full_, for a Capture, the
+  // isolated mode, set_fusion(false) or a fault): every tensor its own buffer in every layer,
+  // as the stage-by-stage path and the harness need them.
+  Life layer_life(const TensorSpec& spec) const {
+    const std::string t = spec.tensor;
+    // The chunked tail's fused head sums make d_b/c_pre_rope verification-only where they fit
+    // (ssm_chunked_tail_fuses); elsewhere B4b reads them (workspace).
+    if (mode_ == ScanMode::Chunked && (t == "d_b_pre_rope" || t == "d_c_pre_rope"))
+      return ssm_chunked_tail_fuses(d_) ? Life::Verify : Life::Workspace;
+    return lifetime(spec, mode_, rc_);
+  }
+  bool lean() const { return !full_; }
+  void lay_out() {
+    for (int l = 0; l < static_cast<int>(layers_.size()); ++l)
+      for (auto& [name, b] : layers_[l].all()) {
+        b.viewed = nullptr;
+        b.shared = nullptr;
+        const bool own = full_ || b.life == Life::Saved || (b.life == Life::View && l == 0);
+        if (b.n == 0 || !own) b.bytes.resize(0);
+        if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
+        if (b.n > 0 && !own && b.life == Life::Workspace) b.shared = workspace(name, l, b.nbytes());
+      }
+    if (full_) ws_.clear();
+    for (auto& [name, b] : bb_.all()) {
+      b.viewed = nullptr;
+      const bool own = full_ || b.life != Life::View;
+      if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
+      if (!own) b.bytes.resize(0);
+    }
+    pending_add_ = -1;
+    have_forward_ = false;
+  }
+  unsigned char* workspace(const std::string& name, int l, std::size_t bytes) {
+    const std::string key = name == "d_temporal" ? name + "#" + std::to_string(l % 2) : name;
+    DeviceArray<unsigned char>& a = ws_[key];
+    if (a.size() == 0) a.resize(static_cast<Idx>(bytes));
+    return a.data();
+  }
+  // To the verification layout (once; buffers that already hold values keep them).
+  void ensure_full() {
+    if (full_) return;
+    full_ = true;
+    lay_out();  // the values of workspace tensors are gone: a backward needs a new forward
+  }
+  Recompute recompute() const override { return rc_; }
+  void set_recompute(Recompute rc) override {
+    if (rc == rc_) return;
+    rc_ = rc;
+    for (auto& L : layers_)
+      for (const auto& spec : stage_registry())
+        if (spec.scope == Scope::Layer) L.at(spec.tensor).life = layer_life(spec);
+    ws_.clear();
+    lay_out();
+  }
+  bool verification_layout() const override { return full_; }
+  BackboneMemory memory() const override {
+    BackboneMemory m;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      std::size_t own = 0;
+      for (const auto& [name, b] : layers_[l].all())
+        own += static_cast<std::size_t>(b.bytes.size());
+      m.layers.push_back(own);
+    }
+    for (const auto& [name, a] : ws_) m.workspace += static_cast<std::size_t>(a.size());
+    for (const auto& [name, b] : bb_.all())
+      m.backbone += static_cast<std::size_t>(b.bytes.size());
+    m.params = 4 * static_cast<std::size_t>(params_.size() + grads_.size()) +
+               sizeof(T) * static_cast<std::size_t>(typed_.size()) +
+               static_cast<std::size_t>(segments_.size());
+    for (const StateArrays* a : {&st_, &dl_, &de_})
+      m.states += 4 * static_cast<std::size_t>(a->ssm.size() + a->k.size() + a->v.size() +
+                                               a->angle.size());
+    m.scratch = 4 * static_cast<std::size_t>(scratch_.size());
+    return m;
+  }
+  // NaN into a tensor's buffer (all bits set: a quiet NaN in f32, bf16 and f16), or into every
+  // workspace buffer with tensor "*workspace*".
+  void poison_for_testing(int layer, const std::string& tensor) override {
+    if (tensor == "*workspace*") {
+      for (auto& [name, a] : ws_)
+        if (a.size()) M3_CUDA_CHECK(cudaMemsetAsync(a.data(), 0xFF, a.size(), s_));
+      return;
+    }
+    NamedBuf& b = layer >= 0 ? layers_.at(layer).at(tensor) : bb_.at(tensor);
+    if (b.n > 0 && b.data())
+      M3_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.nbytes(), s_));
+  }
+
   // ---- uploads / downloads ------------------------------------------------------------------
   void set_params(const Params<float>& p) override {
     check_params(p, cfg_, "GpuBackbone::set_params");
+    std::vector<float> host(static_cast<size_t>(layout_.total), 0.0f);  // the gaps stay zero
     for_each_param(p, [&](int l, const char* name, const std::vector<float>& v) {
-      params_.at(param_key(l, name).substr(5)).upload(v.data(), s_);
+      if (v.empty() && l < 0 && cfg_.input_proj_identity) return;  // no input_proj
+      const ParamSlot& sl = layout_.at(l, name);
+      M3_REQUIRE(static_cast<Idx>(v.size()) == sl.size, "GpuBackbone::set_params",
+                 "parameter '" + sl.name + "' has the wrong size", "got ", v.size(),
+                 ", expected ", sl.size);
+      std::copy(v.begin(), v.end(), host.begin() + sl.offset);
     });
-    if constexpr (!std::is_same_v<T, float>) {  // typed compute copies of the GEMM weights
-      for (size_t l = 0; l < layers_.size(); ++l) {
-        const int li = static_cast<int>(l);
-        convert<float, T>(s_, d_.dm * d_.ip, P(li, "in_proj_w"), w_in_t_[l].data());
-        convert<float, T>(s_, d_.di * d_.dm, P(li, "out_proj_w"), w_out_t_[l].data());
-      }
-      if (!cfg_.input_proj_identity)
-        convert<float, T>(s_, d_.in * d_.dm, P(-1, "input_proj_w"), w_input_t_.data());
-    }
+    params_.upload(host.data(), s_);
+    refresh_typed_copies();
     M3_CUDA_CHECK(cudaStreamSynchronize(s_));
   }
+
+  // The typed compute copies of the GEMM weights from the f32 masters: one launch.
+  void refresh_typed_copies() override {
+    if constexpr (!std::is_same_v<T, float>)
+      gpu::refresh_typed_copies<T>(s_, reinterpret_cast<const CopySegment*>(segments_.data()),
+                                   n_segments_, max_segment_, params_.data(), typed_.data());
+  }
+  const ParamLayout& param_layout() const override { return layout_; }
+  float* param_arena() override { return params_.data(); }
+  float* grad_arena() override { return grads_.data(); }
 
   void set_input(const std::vector<float>& X) override {
     NamedBuf& b = bb_.at("input_proj/input_proj_inputs");
@@ -323,15 +470,14 @@ class BackboneT final : public GpuBackbone::Impl {
     }
   }
 
-  void zero_grads() override {
-    for (auto& [k, g] : grads_) g.zero(s_);
-  }
+  void zero_grads() override { grads_.zero(s_); }
 
   void set_fault(Fault f, int layer) override {
     M3_REQUIRE(layer >= 0 && layer < static_cast<int>(cfg_.n_layers), "GpuBackbone::set_fault",
                "fault layer out of range", "layer ", layer, ", n_layers ", cfg_.n_layers);
     fault_ = f;
     fault_layer_ = layer;
+    if (f != Fault::None) ensure_full();  // a fault corrupts tensors the harness compares
   }
 
   std::vector<float> output() override { return download(bb_.at("norm_f/Out")); }
@@ -339,22 +485,30 @@ class BackboneT final : public GpuBackbone::Impl {
   States<float> states() override { return download_states(st_); }
   States<float> d_entering() override { return download_states(de_); }
   Params<float> grads() override {
+    std::vector<float> host(static_cast<size_t>(layout_.total));
+    grads_.download(host.data(), s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
     Params<float> g = zero_params<float>(cfg_);
     for_each_param(g, [&](int l, const char* name, std::vector<float>& v) {
-      grads_.at(param_key(l, name).substr(5)).download(v.data(), s_);
+      if (v.empty()) return;  // no input_proj
+      const ParamSlot& sl = layout_.at(l, name);
+      std::copy(host.begin() + sl.offset, host.begin() + sl.offset + sl.size, v.begin());
     });
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
     return g;
   }
   void synchronize() override { ctx_.synchronize(); }
 
   void set_profiling(bool on) override { profiling_ = on; }
-  void set_fusion(bool on) override { fusion_ = on; }
+  void set_fusion(bool on) override {
+    fusion_ = on;
+    if (!on) ensure_full();  // every stage on its own reads what the fused path never stores
+  }
   std::vector<std::pair<std::string, double>> stage_times() const override { return times_; }
   void reset_stage_times() override { times_.clear(); }
 
   // ---- the two passes ---------------------------------------------------------------------
   void forward(Capture* cap) override {
+    if (cap) ensure_full();
     pending_add_ = -1;
     mark("start");
     run_stage(-1, "input_proj", Dir::Forward, cap);
@@ -371,6 +525,10 @@ class BackboneT final : public GpuBackbone::Impl {
 
   void backward(Capture* cap) override {
     M3_REQUIRE(have_forward_, "GpuBackbone::backward", "backward called before forward", "");
+    M3_REQUIRE(!cap || full_, "GpuBackbone::backward",
+               "a Capture needs the verification layout from the forward on",
+               "pass the Capture to forward() too (the production forward keeps only what its "
+               "backward reads)");
     mark("start");
     run_stage(-1, "norm_f", Dir::Backward, cap);
     // δ, the gradient wrt the residual stream entering each layer's backward from above, is
@@ -393,6 +551,7 @@ class BackboneT final : public GpuBackbone::Impl {
       explicit Isolated(bool& f) : flag(f) { flag = true; }
       ~Isolated() { flag = false; }
     } guard(isolated_);
+    ensure_full();
     Capture out(cfg_, d_.B, d_.T);
     // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
     // be the GPU's value of the previous layer's output.
@@ -450,19 +609,19 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   Scratch scr() { return {scratch_.data(), scratch_.size()}; }
-  float* P(int l, const char* name) { return params_.at(param_key(l, name).substr(5)).data(); }
-  float* G(int l, const char* name) { return grads_.at(param_key(l, name).substr(5)).data(); }
+  float* P(int l, const char* name) { return params_.data() + layout_.at(l, name).offset; }
+  float* G(int l, const char* name) { return grads_.data() + layout_.at(l, name).offset; }
   const T* w_in(int l) {
     if constexpr (std::is_same_v<T, float>) return P(l, "in_proj_w");
-    else return w_in_t_[l].data();
+    else return typed_.data() + w_in_off_[l];
   }
   const T* w_out(int l) {
     if constexpr (std::is_same_v<T, float>) return P(l, "out_proj_w");
-    else return w_out_t_[l].data();
+    else return typed_.data() + w_out_off_[l];
   }
   const T* w_input() {
     if constexpr (std::is_same_v<T, float>) return P(-1, "input_proj_w");
-    else return w_input_t_.data();
+    else return typed_.data() + w_input_off_;
   }
   // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy).
   const T* delta_typed() {
@@ -669,6 +828,19 @@ class BackboneT final : public GpuBackbone::Impl {
     // "states": the leaving states are written by F5/F6; nothing to run.
   }
 
+  // Recompute::Scan, production layout: the chunked scan's prep (q, Ks, qk·γ, scale, γ, and k
+  // at t = T − 1) and its chunk states (cumsums, entering states) again, into the workspace,
+  // by the forward's kernels on the forward's saved inputs — the same bits the forward wrote.
+  void recompute_scan(int l) {
+    Buffers& L = layers_[l];
+    auto t = [&](const char* n) { return L.get<T>(n); };
+    ssm_chunked_rope_prep<T>(s_, d_,
+                             {t("b_normed"), t("c_normed"), P(l, "b_bias"), P(l, "c_bias"),
+                              L.f("angle_cumsum"), t("k"), t("q"), false},
+                             chunked_fwd_args(l, false));
+    ssm_chunked_states<T>(s_, d_, chunked_fwd_args(l, true));
+  }
+
   // capturing: the registry's d_b/c_pre_rope must be stored even when the tail is fused.
   void layer_backward_stage(int l, const std::string& st, bool capturing) {
     Buffers& L = layers_[l];
@@ -705,8 +877,10 @@ class BackboneT final : public GpuBackbone::Impl {
         // recomputes b/c_biased, k and q instead of reading them (stages.cuh SsmChunkBwd).
         const bool tail = fused() && ssm_chunked_tail_fuses(d_);
         const bool store_pre = !tail || capturing;
+        if (lean() && rc_ == Recompute::Scan) recompute_scan(l);
         SsmChunkBwd<T> a{
-            t("x"), t("k"), t("q"), t("b_biased"), t("c_biased"), t("k_scaled_saved"), t("d_y"),
+            t("x"), t("k"), t("q"), fused() ? nullptr : t("b_biased"),
+            fused() ? nullptr : t("c_biased"), t("k_scaled_saved"), t("d_y"),
             f("angle_cumsum"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
             f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
             f("chunk_states_saved"), f("k_in"), f("v_in"), f("d_ssm_out"), f("d_k_out"),
@@ -903,12 +1077,20 @@ class BackboneT final : public GpuBackbone::Impl {
   Config cfg_;
   ref::Dims d_;
   ScanMode mode_;
+  Recompute rc_;
   cudaStream_t s_;
   std::vector<Buffers> layers_;
   Buffers bb_;
-  std::map<std::string, DeviceArray<float>> params_, grads_;  // by param_key without "grad/"
-  std::vector<DeviceArray<T>> w_in_t_, w_out_t_;              // typed GEMM weight copies
-  DeviceArray<T> w_input_t_;
+  bool full_ = false;  // the verification layout (every tensor its own buffer in every layer)
+  std::map<std::string, DeviceArray<unsigned char>> ws_;  // the shared workspace buffers
+  ParamLayout layout_;
+  DeviceArray<float> params_, grads_;  // the flat arenas (f32 masters, gradients)
+  DeviceArray<T> typed_;               // the typed GEMM weight copies (T ≠ float)
+  DeviceArray<unsigned char> segments_;  // CopySegment[n_segments_] on the device
+  int n_segments_ = 0;
+  Idx max_segment_ = 0;
+  std::vector<Idx> w_in_off_, w_out_off_;  // offsets into typed_
+  Idx w_input_off_ = 0;
   StateArrays st_;  // the states: entering before forward(), leaving after it
   StateArrays dl_;  // ∂L/∂(leaving states), set_leaving_grads
   StateArrays de_;  // ∂L/∂(entering states), from the last backward
@@ -944,15 +1126,15 @@ std::string GpuBackbone::unsupported(const Config& cfg, Idx B, Idx T) {
 }
 
 GpuBackbone::GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
-                         Precision storage) {
+                         Precision storage, Recompute rc) {
   const std::string why = unsupported(cfg, B, T);
   M3_REQUIRE(why.empty(), "GpuBackbone", "configuration not supported on the GPU", why);
   switch (storage) {  // the one dtype dispatch of the GPU path
-    case Precision::F32: impl_ = std::make_unique<BackboneT<float>>(ctx, cfg, B, T, mode); break;
+    case Precision::F32: impl_ = std::make_unique<BackboneT<float>>(ctx, cfg, B, T, mode, rc); break;
     case Precision::BF16:
-      impl_ = std::make_unique<BackboneT<__nv_bfloat16>>(ctx, cfg, B, T, mode);
+      impl_ = std::make_unique<BackboneT<__nv_bfloat16>>(ctx, cfg, B, T, mode, rc);
       break;
-    case Precision::F16: impl_ = std::make_unique<BackboneT<__half>>(ctx, cfg, B, T, mode); break;
+    case Precision::F16: impl_ = std::make_unique<BackboneT<__half>>(ctx, cfg, B, T, mode, rc); break;
     case Precision::F64:
       throw Error("GpuBackbone", "f64 storage is not a GPU precision",
                   "f64 is the oracle's; the GPU stores f32, bf16 or f16");
@@ -984,6 +1166,17 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   return impl_->stage_times();
 }
 void GpuBackbone::reset_stage_times() { impl_->reset_stage_times(); }
+const ParamLayout& GpuBackbone::param_layout() const { return impl_->param_layout(); }
+float* GpuBackbone::param_arena() { return impl_->param_arena(); }
+float* GpuBackbone::grad_arena() { return impl_->grad_arena(); }
+void GpuBackbone::refresh_typed_copies() { impl_->refresh_typed_copies(); }
+Recompute GpuBackbone::recompute() const { return impl_->recompute(); }
+void GpuBackbone::set_recompute(Recompute rc) { impl_->set_recompute(rc); }
+bool GpuBackbone::verification_layout() const { return impl_->verification_layout(); }
+BackboneMemory GpuBackbone::memory() const { return impl_->memory(); }
+void GpuBackbone::poison_for_testing(int layer, const std::string& tensor) {
+  impl_->poison_for_testing(layer, tensor);
+}
 
 void load_problem(GpuBackbone& net, const Problem& pb) {
   net.set_params(cast_params<float>(pb.params));

@@ -5,13 +5,19 @@
 // storage type is chosen once, in the constructor).
 //
 // Plain C++ header (no CUDA types), so the harness and the tools include it without nvcc.
-// All device memory for (config, B, T, mode, storage) is allocated in the constructor;
-// forward() and backward() allocate nothing. Data stays on the device between calls: set_*()
+// All device memory for (config, B, T, mode, storage) is allocated in the constructor, in the
+// production layout (reference/registry.hpp Life): per layer only what the backward reads
+// (saved), one workspace buffer per tensor shared by all layers, no verification-only tensor;
+// production forward() and backward() allocate nothing. The first Capture (or run_isolated,
+// set_fusion(false), a fault) switches to the verification layout once, for good: every
+// registry tensor its own buffer in every layer, as the harness compares them.
+// Parameters and gradients are two flat f32 arenas in ParamLayout order (param_layout(cfg)). Data stays on the device between calls: set_*()
 // upload, output()/states()/grads()/… download. A Capture passed to forward()/backward()
 // receives every registry tensor of every stage under the reference's names (a download per
 // tensor, so only for verification runs).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,6 +29,7 @@
 #include "params.hpp"
 #include "precision.hpp"
 #include "problem.hpp"
+#include "registry.hpp"
 
 namespace m3::gpu {
 
@@ -42,11 +49,30 @@ const char* fault_name(Fault f);
 Fault parse_fault(const std::string& s);  // "none", "drop-beta", …; throws m3::Error
 const char* fault_stage(Fault f);         // the registry stage the fault corrupts ("F5b", …)
 
+// Device bytes a GpuBackbone holds, by role (its own DeviceArrays; gpu/device.hpp counts the
+// same allocations process-wide).
+struct BackboneMemory {
+  std::vector<std::size_t> layers;  // each layer's own buffers (saved tensors, state buffers)
+  std::size_t workspace = 0;        // the shared workspace buffers (production layout)
+  std::size_t backbone = 0;         // input_proj, norm_f, δ and dOut tensors
+  std::size_t params = 0;           // the master, gradient and typed-copy arenas
+  std::size_t states = 0;           // entering/leaving states and their gradients, all layers
+  std::size_t scratch = 0;          // the stages' reduction scratch
+  std::size_t total() const {
+    std::size_t t = workspace + backbone + params + states + scratch;
+    for (std::size_t b : layers) t += b;
+    return t;
+  }
+};
+
+// The production path's default recompute policy (registry.hpp Recompute).
+constexpr Recompute kDefaultRecompute = Recompute::Scan;
+
 class GpuBackbone {
  public:
   // Throws m3::Error when the config is invalid or the GPU path cannot run it (see unsupported).
   GpuBackbone(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
-              Precision storage = Precision::F32);
+              Precision storage = Precision::F32, Recompute rc = kDefaultRecompute);
   ~GpuBackbone();
   GpuBackbone(const GpuBackbone&) = delete;
   GpuBackbone& operator=(const GpuBackbone&) = delete;
@@ -103,6 +129,29 @@ class GpuBackbone {
   // either way (test FusedBackwardTailEqualsStageByStage: bit for bit, except the bias
   // gradients, which the fused tail sums in another fixed order).
   void set_fusion(bool on);
+
+  // The flat arenas: f32 master parameters and f32 gradients, one device buffer each of
+  // param_layout().total floats (slots in MODEL.md §2 order, 256-byte aligned, gaps zero).
+  // Device pointers, for a whole-buffer optimizer step or collective. After the masters were
+  // changed on the device, refresh_typed_copies() re-rounds the GEMM weights' bf16/f16 compute
+  // copies from them (one launch, on the context's stream; nothing for f32).
+  const ParamLayout& param_layout() const;
+  float* param_arena();
+  float* grad_arena();
+  void refresh_typed_copies();
+
+  // The production recompute policy; changing it re-lays out the production buffers (their
+  // values are gone: run a forward before the next backward; graphs recorded before are void).
+  Recompute recompute() const;
+  void set_recompute(Recompute rc);
+  // True once a Capture, run_isolated, set_fusion(false) or a fault switched to the
+  // verification layout.
+  bool verification_layout() const;
+  BackboneMemory memory() const;
+  // For tests: NaN into layer `layer`'s tensor `tensor` (a registry or state-buffer name;
+  // layer −1: a backbone buffer "stage/tensor"), or into every shared workspace buffer when
+  // tensor is "*workspace*". A tensor without a buffer in this layout is left alone.
+  void poison_for_testing(int layer, const std::string& tensor);
 
   struct Impl;
 

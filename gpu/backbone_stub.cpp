@@ -20,7 +20,7 @@ int GpuContext::device() const { no_cuda("GpuContext"); }
 void GpuContext::synchronize() const { no_cuda("GpuContext"); }
 
 struct GpuBackbone::Impl {};
-GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode, Precision) {
+GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode, Precision, Recompute) {
   no_cuda("GpuBackbone");
 }
 GpuBackbone::~GpuBackbone() = default;
@@ -49,13 +49,22 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   no_cuda("GpuBackbone");
 }
 void GpuBackbone::reset_stage_times() { no_cuda("GpuBackbone"); }
+const ParamLayout& GpuBackbone::param_layout() const { no_cuda("GpuBackbone"); }
+float* GpuBackbone::param_arena() { no_cuda("GpuBackbone"); }
+float* GpuBackbone::grad_arena() { no_cuda("GpuBackbone"); }
+void GpuBackbone::refresh_typed_copies() { no_cuda("GpuBackbone"); }
+Recompute GpuBackbone::recompute() const { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_recompute(Recompute) { no_cuda("GpuBackbone"); }
+bool GpuBackbone::verification_layout() const { no_cuda("GpuBackbone"); }
+BackboneMemory GpuBackbone::memory() const { no_cuda("GpuBackbone"); }
+void GpuBackbone::poison_for_testing(int, const std::string&) { no_cuda("GpuBackbone"); }
 void load_problem(GpuBackbone&, const Problem&) { no_cuda("load_problem"); }
 Capture run_gpu(GpuContext&, const Problem&, ScanMode, Precision, Fault) { no_cuda("run_gpu"); }
 Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, Precision, Fault) {
   no_cuda("run_gpu_isolated");
 }
 GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision,
-                    bool) {
+                    bool, Recompute) {
   no_cuda("bench_gpu");
 }
 Ceilings measure_ceilings(GpuContext&, const CeilingSpec&) { no_cuda("measure_ceilings"); }

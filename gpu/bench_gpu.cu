@@ -19,6 +19,7 @@
 
 #include "backbone_gpu.hpp"
 #include "bench_gpu.hpp"
+#include "device.hpp"
 #include "common.cuh"
 #include "convert.cuh"
 #include "graph.hpp"
@@ -199,9 +200,11 @@ GemmCeiling time_gemm(GpuContext& ctx, const CeilingSpec& spec, Precision type) 
 }  // namespace
 
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode, int warmup,
-                    int repeats, bool profile, Precision storage, bool graph) {
+                    int repeats, bool profile, Precision storage, bool graph, Recompute rc) {
   const Problem pb = make_problem(cfg, B, T, 1234, true);
-  GpuBackbone net(ctx, cfg, B, T, mode, storage);
+  reset_device_bytes_peak();
+  const std::size_t before = device_bytes_live();
+  GpuBackbone net(ctx, cfg, B, T, mode, storage, rc);
   load_problem(net, pb);
   const States<float> st = cast_states<float>(pb.states);
   cudaStream_t s = stream_of(ctx);
@@ -244,6 +247,10 @@ GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode m
     }
   }
   GpuTiming out{median(fwd), median(fb), repeats, {}};
+  net.synchronize();
+  out.peak_bytes = device_bytes_peak() - before;
+  out.memory = net.memory();
+  out.device_total = query_device().total_mem;
   if (profile) {
     net.set_states(st);
     net.set_profiling(true);

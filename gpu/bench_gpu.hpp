@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "backbone_gpu.hpp"
 #include "context.hpp"
 #include "error.hpp"
 #include "precision.hpp"
@@ -24,6 +25,12 @@ struct GpuTiming {
   // With profile: ms per stage of one extra forward+backward after the timed ones (events
   // between stages; stage names as GpuBackbone::stage_times()).
   std::vector<std::pair<std::string, double>> stages;
+  // Device memory (gpu/device.hpp's count of the GPU path's own allocations): the most held
+  // at any time from the backbone's construction through the last timed pass, and the
+  // backbone's bytes by role; device_total: the device's global memory.
+  std::size_t peak_bytes = 0;
+  std::size_t device_total = 0;
+  BackboneMemory memory;
 };
 
 // With graph, the timed forward and forward+backward are replays of CUDA graphs recorded once
@@ -32,7 +39,8 @@ struct GpuTiming {
 // events between the stages).
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
                     int warmup, int repeats, bool profile = false,
-                    Precision storage = Precision::F32, bool graph = false);
+                    Precision storage = Precision::F32, bool graph = false,
+                    Recompute rc = kDefaultRecompute);
 
 // What measure_ceilings times: a copy of copy_bytes between two device buffers
 // (cudaMemcpyAsync device to device), and n×n×n GEMMs through the context's cuBLAS handle in

@@ -33,6 +33,10 @@ inline unsigned int blocks_for(Idx n, int threads) {
   return static_cast<unsigned int>((n + threads - 1) / threads);
 }
 
+// Every DeviceArray's bytes, live and the peak since the last reset (device.hpp
+// device_bytes_live / device_bytes_peak): what bench and the memory tests report.
+void count_device_bytes(std::ptrdiff_t delta);
+
 // An owned device allocation of n elements of T (cudaMalloc, never managed memory).
 template <class T>
 class DeviceArray {
@@ -50,8 +54,11 @@ class DeviceArray {
 
   void resize(Idx n) {
     release();
-    n_ = n;
-    if (n > 0) M3_CUDA_CHECK(cudaMalloc(&p_, static_cast<std::size_t>(n) * sizeof(T)));
+    if (n > 0) {
+      M3_CUDA_CHECK(cudaMalloc(&p_, static_cast<std::size_t>(n) * sizeof(T)));
+      n_ = n;
+      count_device_bytes(static_cast<std::ptrdiff_t>(n) * static_cast<std::ptrdiff_t>(sizeof(T)));
+    }
   }
   T* data() { return p_; }
   const T* data() const { return p_; }
@@ -70,7 +77,10 @@ class DeviceArray {
 
  private:
   void release() {
-    if (p_) cudaFree(p_);
+    if (p_) {
+      cudaFree(p_);
+      count_device_bytes(-static_cast<std::ptrdiff_t>(n_) * static_cast<std::ptrdiff_t>(sizeof(T)));
+    }
     p_ = nullptr;
     n_ = 0;
   }

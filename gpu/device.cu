@@ -6,11 +6,14 @@
 // exact in float). It exists so that nvcc compiles and the device runs real device code.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common.cuh"
 #include "cuda_check.hpp"
 #include "device.hpp"
 
@@ -94,5 +97,21 @@ bool gpu_selftest() {
   }
   return true;
 }
+
+namespace {
+std::atomic<std::size_t> g_live{0}, g_peak{0};
+}  // namespace
+
+void count_device_bytes(std::ptrdiff_t delta) {
+  const std::size_t now = g_live.fetch_add(static_cast<std::size_t>(delta)) +
+                          static_cast<std::size_t>(delta);
+  std::size_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+std::size_t device_bytes_live() { return g_live.load(); }
+std::size_t device_bytes_peak() { return g_peak.load(); }
+void reset_device_bytes_peak() { g_peak.store(g_live.load()); }
 
 }  // namespace m3::gpu

@@ -31,6 +31,13 @@ bool cuda_compiled();
 // One line: "GPU 0 of 1: NVIDIA H200, sm_90, 139.8 GiB" or "no GPU: <why_absent>".
 std::string describe(const DeviceInfo& info);
 
+// Bytes held by the GPU path's own device arrays (every tensor, parameter, gradient, scratch
+// and state buffer; not the CUDA context nor cuBLAS's fixed workspace): now, and the most at
+// any time since the last reset_device_bytes_peak(). Zero without CUDA.
+std::size_t device_bytes_live();
+std::size_t device_bytes_peak();
+void reset_device_bytes_peak();  // the peak becomes the live bytes
+
 // Adds two small arrays on the device and checks the sum on the host.
 // Returns false when no device is present or the sum is wrong; throws m3::Error when a CUDA
 // call fails on a device that is present.

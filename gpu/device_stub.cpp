@@ -14,4 +14,8 @@ DeviceInfo query_device() {
 
 bool gpu_selftest() { return false; }
 
+std::size_t device_bytes_live() { return 0; }
+std::size_t device_bytes_peak() { return 0; }
+void reset_device_bytes_peak() {}
+
 }  // namespace m3::gpu

@@ -1457,6 +1457,31 @@ Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64
 
 bool ssm_chunked_tail_fuses(const Dims& d) { return tail_smem_bytes(d) <= kTailSmemMax; }
 
+namespace {
+
+// K2/K3 (cumsums, chunk contributions) and K4/K6 (state passing): shared by the forward and
+// the backward's recompute (ssm_chunked_states).
+template <class T, int RH, int RD>
+void launch_states(cudaStream_t s, const Dims& d, const ChunkGeom& g, bool planes,
+                   const SsmChunkFwd<T>& p) {
+  const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
+                         p.chunk_states};
+  if (planes) {
+    if constexpr (kTensorProducts<T>) chunk_state_tc<T, true>(s, g, a);
+  } else {
+    auto k23 = chunk_state_kernel<T, RH, RD, true>;
+    const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
+    set_smem(k23, sm23);
+    k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
+    M3_LAUNCH_CHECK();
+  }
+  state_pass_fwd_kernel<T>
+      <<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0, s>>>(g, p);
+  M3_LAUNCH_CHECK();
+}
+
+}  // namespace
+
 // Typed runs whose chunks fit one row tile (the usual case: chunk_size ≤ 64) take the plane
 // kernels (chunk_state_tc.cu, chunk_fwd_tc.cu, chunk_bwd_tc.cu; instantiated for bf16 and f16
 // only, hence the if constexpr); f32 runs and longer chunks the tiled kernels of this file.
@@ -1467,20 +1492,7 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
   if (!p.prep_done) launch_prep<T, false>(s, d, p, nullptr);
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
-                           p.chunk_states};
-    if (planes) {
-      if constexpr (kTensorProducts<T>) chunk_state_tc<T, true>(s, g, a);
-    } else {
-      auto k23 = chunk_state_kernel<T, RH, RD, true>;
-      const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
-      set_smem(k23, sm23);
-      k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
-      M3_LAUNCH_CHECK();
-    }
-    state_pass_fwd_kernel<T>
-        <<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0, s>>>(g, p);
-    M3_LAUNCH_CHECK();
+    launch_states<T, RH, RD>(s, d, g, planes, p);
     if (planes) {
       if constexpr (kTensorProducts<T>) chunk_scan_tc<T>(s, g, p);
     } else {
@@ -1490,6 +1502,18 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
       k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
       M3_LAUNCH_CHECK();
     }
+  });
+}
+
+template <class T>
+void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p) {
+  M3_REQUIRE(p.prep_done, kChunkWhere, "the chunk states need the prep's outputs",
+             "run ssm_chunked_rope_prep first (prep_done = true)");
+  const ChunkGeom g = chunk_geom(d);
+  const bool planes = kTensorProducts<T> && g.nt == 1;
+  with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    launch_states<T, RH, RD>(s, d, g, planes, p);
   });
 }
 
@@ -1610,7 +1634,8 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   template void ssm_chunked_backward<T>(cudaStream_t, const Dims&, const SsmChunkBwd<T>&,   \
                                         Scratch);                                            \
   template void ssm_chunked_rope_prep<T>(cudaStream_t, const Dims&, const RopePrep<T>&,      \
-                                         const SsmChunkFwd<T>&);
+                                         const SsmChunkFwd<T>&);                             \
+  template void ssm_chunked_states<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

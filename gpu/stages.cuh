@@ -271,6 +271,14 @@ struct RopePrep {
 template <class T>
 void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
                            const SsmChunkFwd<T>& p);
+// The forward's K2/K3 and K4/K6 alone (after the prep, p.prep_done must be true): the cumsums
+// (da_cumsum_saved), the chunk contributions and the entering chunk states
+// (chunk_states_saved), final_states and the leaving states — bit for bit what
+// ssm_chunked_forward writes, without K5's y. The production backward's recompute
+// (registry.hpp Recompute::Scan) runs it after ssm_chunked_rope_prep instead of keeping the
+// states from the forward.
+template <class T>
+void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p);
 // Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dScale, dGamma,
 // d_b_pre_rope, d_c_pre_rope, d_angle_cumsum: the formulas of rope_backward with the qk extra),
 // step 3 (ddt_dtrap: dDT, d_trap_sig; d_adt_total = dADT, d_dt_direct = dDT). ∂L/∂v_out is

@@ -172,6 +172,77 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
   return reg;
 }
 
+// The production lifetimes (registry.hpp Life) of the layer tensors that are not workspace,
+// per scan mode, for the GPU's fused path. Why each is kept:
+//   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
+//       rms_vals      B1;  post_norm  B2's weight gradient
+//   F3  z, x          B7, B6;  b/c_raw  B4c;  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
+//       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
+//   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
+//                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
+//       b/c_biased    never stored in production (F4ef and B6 add the bias themselves)
+//   F5  angle_cumsum  B6 (RoPE backward)
+//   F4ef k, q         sequential B6 reads both; chunked: q by B6's state/chunk kernels, k only
+//                     at t = T − 1 by F6's state pass (→ workspace)
+//   F5b α, β, γ       sequential F6/B6; chunked: the prep forms γ itself (→ never stored)
+//   F6  seq: h/k_prev/v_prev_saved (B6).  chunked: Ks, qk·γ, scale, γ, the cumsums and the
+//       entering chunk states (B6) — recomputed instead with Recompute::Scan (kScan below);
+//       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
+//   F7  gated_rms_vals B7;  gated  B8's weight gradient
+//   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
+//   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
+// Everything else (proj, out_flat, the leaving states, every backward tensor) is workspace.
+struct LifeRow {
+  const char* stage;
+  const char* tensor;
+  Life seq, chunked;
+  bool scan;  // chunked: Saved, or Workspace with Recompute::Scan
+};
+constexpr Life SV = Life::Saved;
+constexpr Life WS = Life::Workspace;
+constexpr Life VF = Life::Verify;
+constexpr LifeRow kLife[] = {
+    {"F1", "residual", Life::View, Life::View, false},
+    {"F1", "rms_vals", SV, SV, false},
+    {"F1", "post_norm", SV, SV, false},
+    {"F3", "z", SV, SV, false},
+    {"F3", "x", SV, SV, false},
+    {"F3", "b_raw", SV, SV, false},
+    {"F3", "c_raw", SV, SV, false},
+    {"F3", "dd_dt_raw", SV, SV, false},
+    {"F3", "dd_a_raw", SV, SV, false},
+    {"F3", "angles_raw", SV, SV, false},
+    {"F3", "dt", SV, SV, false},
+    {"F3", "a_val", SV, SV, false},
+    {"F3", "trap", SV, SV, false},
+    {"F4", "b_normed", WS, SV, false},
+    {"F4", "c_normed", WS, SV, false},
+    {"F4", "b_rms", SV, SV, false},
+    {"F4", "c_rms", SV, SV, false},
+    {"F4", "b_biased", VF, VF, false},
+    {"F4", "c_biased", VF, VF, false},
+    {"F5", "angle_cumsum", SV, SV, false},
+    {"F4ef", "k", SV, WS, false},
+    {"F4ef", "q", SV, SV, true},
+    {"F5b", "alpha", SV, VF, false},
+    {"F5b", "beta", SV, VF, false},
+    {"F5b", "gamma", SV, VF, false},
+    {"F6", "h_saved", SV, SV, false},
+    {"F6", "k_prev_saved", SV, SV, false},
+    {"F6", "v_prev_saved", SV, SV, false},
+    {"F6", "k_scaled_saved", SV, SV, true},
+    {"F6", "qk_dot_saved", SV, SV, true},
+    {"F6", "scale_saved", SV, SV, true},
+    {"F6", "gamma_saved", SV, SV, true},
+    {"F6", "da_cumsum_saved", SV, SV, true},
+    {"F6", "chunk_states_saved", SV, SV, true},
+    {"F6", "y", SV, SV, false},
+    {"F7", "gated_rms_vals", SV, SV, false},
+    {"F7", "gated", SV, SV, false},
+    {"F8", "layer_output", SV, SV, false},
+    {"B1", "d_pre_norm", VF, VF, false},
+};
+
 }  // namespace
 
 const std::vector<TensorSpec>& stage_registry() {
@@ -183,6 +254,78 @@ const std::vector<TensorSpec>& stage_registry() {
 const std::vector<ParamSpec>& param_registry() {
   static const std::vector<ParamSpec> reg = build_param_registry();
   return reg;
+}
+
+const char* life_name(Life l) {
+  switch (l) {
+    case Life::Saved: return "saved";
+    case Life::View: return "view";
+    case Life::Workspace: return "workspace";
+    case Life::Verify: return "verify";
+  }
+  return "?";
+}
+
+const char* recompute_name(Recompute r) { return r == Recompute::Scan ? "scan" : "none"; }
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "scan") return Recompute::Scan;
+  throw Error("registry", "unknown recompute policy '" + s + "'", "expected none or scan");
+}
+
+// Every row of kLife names a layer tensor of the stage registry, and only a forward tensor can
+// be saved or a view (a backward tensor never outlives its layer's backward). Checked once.
+void check_life_table() {
+  for (const LifeRow& r : kLife) {
+    const TensorSpec& s = find_spec(r.stage, r.tensor);  // throws for an unknown name
+    M3_REQUIRE(s.scope == Scope::Layer, "registry::lifetime",
+               std::string("lifetime row '") + r.stage + "/" + r.tensor + "' is a backbone tensor",
+               "only layer tensors have lifetimes");
+    const bool kept = r.seq == Life::Saved || r.seq == Life::View || r.chunked == Life::Saved ||
+                      r.chunked == Life::View;
+    M3_REQUIRE(!kept || s.dir == Dir::Forward, "registry::lifetime",
+               std::string("backward tensor '") + r.stage + "/" + r.tensor +
+                   "' is listed as saved",
+               "only a forward tensor lives from forward to backward");
+    M3_REQUIRE(!r.scan || r.chunked == Life::Saved, "registry::lifetime",
+               std::string("'") + r.stage + "/" + r.tensor + "' is recomputed but not saved",
+               "Recompute::Scan turns a saved chunked tensor into workspace");
+  }
+}
+
+Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {
+  static const bool checked = (check_life_table(), true);
+  (void)checked;
+  M3_REQUIRE(spec.scope == Scope::Layer, "registry::lifetime",
+             std::string("backbone tensor '") + spec.stage + "/" + spec.tensor +
+                 "' has no per-layer lifetime",
+             "backbone tensors exist once per run");
+  for (const LifeRow& r : kLife) {
+    if (std::string(r.stage) != spec.stage || std::string(r.tensor) != spec.tensor) continue;
+    if (mode == ScanMode::Sequential) return r.seq;
+    return r.scan && rc == Recompute::Scan ? Life::Workspace : r.chunked;
+  }
+  return Life::Workspace;
+}
+
+LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
+                       Recompute rc) {
+  const std::size_t typed = storage == Precision::BF16 || storage == Precision::F16 ? 2 : 4;
+  LayerBytes out;
+  for (const auto& s : stage_registry()) {
+    if (s.scope != Scope::Layer || !exists_in(s, cfg, mode)) continue;
+    Idx n = 1;
+    for (Idx v : resolve_shape(s.shape, cfg, B, T)) n *= v;
+    const std::size_t bytes = static_cast<std::size_t>(n) * (s.typed ? typed : 4);
+    switch (lifetime(s, mode, rc)) {
+      case Life::Saved: out.saved += bytes; break;
+      case Life::View: out.view += bytes; break;
+      case Life::Workspace: out.workspace += bytes; break;
+      case Life::Verify: out.verify += bytes; break;
+    }
+  }
+  return out;
 }
 
 Idx sym_value(Sym s, const Config& cfg, Idx B, Idx T) {
@@ -280,6 +423,24 @@ std::vector<KeyedParam> expected_param_keys(const Config& cfg) {
   for (const auto& p : reg)
     if (std::string(p.name) == "norm_f_weight") push(p, -1);
   return out;
+}
+
+ParamLayout param_layout(const Config& cfg) {
+  ParamLayout out;
+  for (const KeyedParam& kp : expected_param_keys(cfg)) {
+    Idx n = 1;
+    for (Idx v : kp.shape) n *= v;
+    out.slots.push_back({kp.key.substr(5), kp.layer, kp.spec, kp.shape, out.total, n});
+    out.total += (n + kParamAlign - 1) / kParamAlign * kParamAlign;
+  }
+  return out;
+}
+
+const ParamSlot& ParamLayout::at(int layer, const std::string& name) const {
+  for (const ParamSlot& s : slots)
+    if (s.layer == layer && name == s.spec->name) return s;
+  throw Error("ParamLayout", "no parameter '" + param_key(layer, name.c_str()).substr(5) + "'",
+              "not in this run's flat layout (an identity input_proj has no input_proj_w/_b)");
 }
 
 }  // namespace m3

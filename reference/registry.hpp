@@ -10,10 +10,12 @@
 // GPU's reduction order (MODEL.md §10.3 "partials", contrib_angles, contrib_dt) are exempt.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include "config.hpp"
+#include "precision.hpp"
 
 namespace m3 {
 
@@ -25,6 +27,31 @@ enum class Scope { Backbone, Layer };
 enum class Modes { Both, Seq, Chunked };
 // When the tensor exists: always, only with is_outproj_norm, only when num_rope_angles > 0.
 enum class When { Always, OutprojNorm, HasAngles };
+
+// How long a layer tensor lives in the production pass (the GPU's fused path, no Capture, not
+// isolated). A Capture, the isolated mode or set_fusion(false) give every tensor its own buffer
+// in every layer instead (the verification layout), so the harness sees every tensor as before.
+//   Saved      written by a layer's forward and read by the same layer's backward: one buffer
+//              per layer, alive from forward to backward.
+//   View       the value of a saved tensor of another layer (a layer's input `residual` is the
+//              previous layer's `layer_output`): no storage of its own (layer 0's residual,
+//              H⁰ widened to f32, has one).
+//   Workspace  alive within one stage or one layer's pass (or handed on to the next layer's
+//              pass, e.g. out_flat to the next norm): one buffer serves every layer.
+//   Verify     not written in production (a fused kernel keeps it in registers, or nothing
+//              reads it): allocated only for a Capture or the isolated mode.
+enum class Life { Saved, View, Workspace, Verify };
+const char* life_name(Life l);  // "saved" | "view" | "workspace" | "verify"
+
+// The production path's recompute policy. None: every tensor the backward reads is saved by
+// the forward. Scan (the chunked mode only): the chunked scan's prep outputs (q, Ks, qk·γ,
+// scale, γ) and its per-chunk entering states (with Λ's cumsums) are not saved but recomputed
+// at the start of the layer's backward by the same kernels, bit for bit (they become
+// workspace): 1.0 GiB less per layer at the official shape, for one prep and one state pass
+// more per layer.
+enum class Recompute { None, Scan };
+const char* recompute_name(Recompute r);       // "none" | "scan"
+Recompute parse_recompute(const std::string& s);  // throws m3::Error on anything else
 
 struct TensorSpec {
   Scope scope;
@@ -43,6 +70,20 @@ struct TensorSpec {
 
 // Every stage tensor, in execution order within each scope (see the file comment).
 const std::vector<TensorSpec>& stage_registry();
+
+// The production lifetime of a tensor (Scope::Layer; backbone tensors exist once per run and
+// are all allocated). The table is in registry.cpp, beside the stage rows.
+Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc);
+
+// Bytes per layer of each lifetime for a run (every tensor of the layer that exists in the
+// run; typed tensors at 2 bytes when storage is bf16/f16, else 4). `saved` is what each
+// further layer costs in production; `workspace` is allocated once for all layers; `verify`
+// is what the verification layout adds per layer (with `view` and `workspace`).
+struct LayerBytes {
+  std::size_t saved = 0, view = 0, workspace = 0, verify = 0;
+};
+LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
+                       Recompute rc);
 
 struct ParamSpec {
   Scope scope;
@@ -81,5 +122,28 @@ struct KeyedParam {
   std::vector<Idx> shape;
 };
 std::vector<KeyedParam> expected_param_keys(const Config& cfg);
+
+// The flat parameter layout, the one description of where each parameter lives in a flat
+// buffer: the parameters of expected_param_keys (MODEL.md §2 order: input_proj_w,
+// input_proj_b, { norm_weight … out_proj_w } × n_layers, norm_f_weight), each at an offset
+// that is a multiple of kParamAlign floats (256 bytes, so every kernel's vector loads find the
+// alignment a buffer of its own would give), the gaps zero. The GPU's f32 masters and
+// gradients (and the optimizer's moments) are each one buffer of `total` floats in this
+// layout; appending a parameter to param_registry() appends it here.
+constexpr Idx kParamAlign = 64;
+struct ParamSlot {
+  std::string name;  // the key without "grad/": "input_proj_w", "L3/in_proj_w", …
+  int layer;         // −1 for backbone parameters
+  const ParamSpec* spec;
+  std::vector<Idx> shape;
+  Idx offset, size;  // in floats
+};
+struct ParamLayout {
+  std::vector<ParamSlot> slots;
+  Idx total = 0;  // floats, a multiple of kParamAlign
+  // Throws m3::Error naming the parameter when the run has no such parameter.
+  const ParamSlot& at(int layer, const std::string& name) const;
+};
+ParamLayout param_layout(const Config& cfg);
 
 }  // namespace m3

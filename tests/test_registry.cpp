@@ -258,3 +258,112 @@ TEST(Capture, AtNamesMissingKey) {
 }
 
 }  // namespace
+
+// ---- production lifetimes (registry.hpp Life) and the flat parameter layout ------------------
+
+// Every layer tensor has a lifetime in both modes under both recompute policies (the table
+// names only registry tensors: lifetime() checks it), only forward tensors outlive their pass,
+// and the recompute policy moves exactly the chunked scan's prep outputs and states.
+TEST(Registry, LifetimesCoverEveryLayerTensorAndKeepOnlyForwardTensors) {
+  std::set<std::string> moved;
+  for (const auto& s : m3::stage_registry()) {
+    if (s.scope != m3::Scope::Layer) {
+      EXPECT_THROW(m3::lifetime(s, ScanMode::Chunked, m3::Recompute::None), m3::Error)
+          << s.stage << "/" << s.tensor;
+      continue;
+    }
+    for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked})
+      for (m3::Recompute rc : {m3::Recompute::None, m3::Recompute::Scan}) {
+        const m3::Life life = m3::lifetime(s, mode, rc);
+        if (s.dir == m3::Dir::Backward) {
+          EXPECT_TRUE(life == m3::Life::Workspace || life == m3::Life::Verify)
+              << s.stage << "/" << s.tensor << " is " << m3::life_name(life);
+        }
+      }
+    const m3::Life none = m3::lifetime(s, ScanMode::Chunked, m3::Recompute::None);
+    const m3::Life scan = m3::lifetime(s, ScanMode::Chunked, m3::Recompute::Scan);
+    if (none != scan) {
+      EXPECT_EQ(none, m3::Life::Saved) << s.tensor;
+      EXPECT_EQ(scan, m3::Life::Workspace) << s.tensor;
+      moved.insert(s.tensor);
+    }
+    EXPECT_EQ(m3::lifetime(s, ScanMode::Sequential, m3::Recompute::None),
+              m3::lifetime(s, ScanMode::Sequential, m3::Recompute::Scan))
+        << s.tensor << ": the recompute policy is the chunked mode's";
+  }
+  const std::set<std::string> expected = {"q", "k_scaled_saved", "qk_dot_saved", "scale_saved",
+                                          "gamma_saved", "da_cumsum_saved", "chunk_states_saved"};
+  EXPECT_EQ(moved, expected);
+  EXPECT_EQ(m3::parse_recompute("scan"), m3::Recompute::Scan);
+  EXPECT_EQ(m3::parse_recompute("none"), m3::Recompute::None);
+  EXPECT_THROW(m3::parse_recompute("all"), m3::Error);
+}
+
+// layer_bytes adds up to the layer's tensors, and at the official shape (bf16, chunked) the
+// production layout keeps what issue 14 targets: ≤ 1.0 GiB per further layer with the scan
+// recomputed (the official block: 1.34), and what it costs without.
+TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
+  for (const auto& rc : reg_cases())
+    for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked})
+      for (m3::Precision p : {m3::Precision::F32, m3::Precision::BF16}) {
+        std::size_t all = 0;
+        for (const auto& s : m3::stage_registry()) {
+          if (s.scope != m3::Scope::Layer || !m3::exists_in(s, rc.cfg, mode)) continue;
+          Idx n = 1;
+          for (Idx v : m3::resolve_shape(s.shape, rc.cfg, rc.B, rc.T)) n *= v;
+          all += static_cast<std::size_t>(n) * (s.typed && p == m3::Precision::BF16 ? 2 : 4);
+        }
+        const m3::LayerBytes b = m3::layer_bytes(rc.cfg, rc.B, rc.T, mode, p, m3::Recompute::Scan);
+        EXPECT_EQ(b.saved + b.view + b.workspace + b.verify, all) << rc.name;
+        EXPECT_GT(b.saved, 0u) << rc.name;
+      }
+  Config off;  // the official Mamba-3 shape (harness/presets.cpp "official")
+  off.d_model = 1024;
+  off.d_state = 128;
+  off.headdim = 64;
+  off.expand = 2;
+  off.ngroups = 1;
+  off.n_layers = 1;
+  off.input_dim = 1024;
+  off.chunk_size = 64;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const m3::LayerBytes scan =
+      m3::layer_bytes(off, 8, 4096, ScanMode::Chunked, m3::Precision::BF16, m3::Recompute::Scan);
+  const m3::LayerBytes none =
+      m3::layer_bytes(off, 8, 4096, ScanMode::Chunked, m3::Precision::BF16, m3::Recompute::None);
+  EXPECT_LE(scan.saved / gib, 1.0);
+  EXPECT_GT(none.saved, scan.saved + (std::size_t(1) << 30))
+      << "the scan recompute frees the 0.5 GiB of chunk states and the 0.5 GiB of q and Ks";
+  // The layer's input is the previous layer's output: no bytes of its own.
+  EXPECT_EQ(scan.view, std::size_t(8) * 4096 * 1024 * 4);
+}
+
+// The flat parameter layout: expected_param_keys order, 256-byte aligned slots that do not
+// overlap, a total that covers them all; at() names what it cannot find.
+TEST(Registry, ParamLayoutIsTheFlatOrderWithAlignedSlots) {
+  for (bool identity : {false, true}) {
+    const Config cfg = m3::test::small_cfg(4, 2, 4, 1, 0.5, false, 3, 4, identity);
+    const m3::ParamLayout lay = m3::param_layout(cfg);
+    const auto keys = m3::expected_param_keys(cfg);
+    ASSERT_EQ(lay.slots.size(), keys.size());
+    Idx end = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const m3::ParamSlot& s = lay.slots[i];
+      EXPECT_EQ("grad/" + s.name, keys[i].key);
+      EXPECT_EQ(s.offset % m3::kParamAlign, 0);
+      EXPECT_GE(s.offset, end) << s.name << " overlaps the slot before it";
+      Idx n = 1;
+      for (Idx v : keys[i].shape) n *= v;
+      EXPECT_EQ(s.size, n) << s.name;
+      end = s.offset + s.size;
+      EXPECT_EQ(&lay.at(s.layer, s.spec->name), &s);
+    }
+    EXPECT_GE(lay.total, end);
+    EXPECT_EQ(lay.total % m3::kParamAlign, 0);
+    EXPECT_THROW(lay.at(7, "in_proj_w"), m3::Error);
+    EXPECT_THROW(lay.at(0, "no_such_param"), m3::Error);
+    if (identity) {
+      EXPECT_THROW(lay.at(-1, "input_proj_w"), m3::Error);
+    }
+  }
+}

@@ -21,12 +21,21 @@
 // and official2, a "marginal layer" line per dtype and scan mode gives the second layer's time
 // (2 layers − 1 layer): a layer without the backbone-level input_proj and norm_f, the figure
 // to hold against a single block.
+// Memory: every GPU row gives the peak device bytes of the run (the GPU path's own
+// allocations, gpu/device.hpp: construction through the last timed pass); the marginal line
+// gives the bytes per further layer (official2 − official), per token and layer, and the most
+// layers that fit in the device's memory at that shape ((total − the one-layer run's bytes
+// that are not the layer's) / bytes per layer). --recompute picks the production recompute
+// policies to run (registry.hpp Recompute). The official PyTorch+Triton block's figures that
+// the issues quote are printed beside the marginal lines.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <sstream>
 
 #include "bench.hpp"
+#include "backbone_gpu.hpp"
 #include "bench_gpu.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
@@ -151,8 +160,17 @@ void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, Sca
   line(harness::roofline_total(rows));
 }
 
+// The official Mamba-3 block (RMSNorm + Mamba3 mixer + residual, PyTorch+Triton, bf16) at the
+// official shape on the H200, as measured for issues 14 and 18: marginal layer forward and
+// forward+backward ms, and device bytes per further layer (peak of a forward+backward of 1 and
+// 2 blocks).
+constexpr double kOfficialFwdMs = 2.99, kOfficialFwdBwdMs = 7.43, kOfficialGiBPerLayer = 1.34;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
-                      const std::vector<Precision>& precisions, int warmup, int repeats,
+                      const std::vector<Precision>& precisions,
+                      const std::vector<Recompute>& recomputes, int warmup, int repeats,
                       bool with_reference, bool profile, bool graph) {
   gpu::GpuContext ctx(0);
   std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
@@ -167,23 +185,26 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
     std::cout << "\n";
   }
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %7s %6s %12s %14s %14s %12s %14s", "shape",
-                "dtype", "scan", "layers", "B*T", "fwd_ms", "fwd_ms/layer", "fwdbwd_ms/lyr", "Mtok/s/lyr",
-                "ref_fb_ms/lyr");
+  std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %-4s %7s %6s %12s %14s %14s %12s %9s %14s",
+                "shape", "dtype", "scan", "rc", "layers", "B*T", "fwd_ms", "fwd_ms/layer",
+                "fwdbwd_ms/lyr", "Mtok/s/lyr", "peak_GiB", "ref_fb_ms/lyr");
   std::cout << buf << "\n" << std::string(std::char_traits<char>::length(buf), '-') << "\n";
   std::map<std::string, gpu::GpuTiming> official[2];  // (dtype scan) → timing, 1 and 2 layers
   for (const auto& sh : shapes) {
     for (Precision p : precisions) {
     for (ScanMode m : modes) {
+    for (Recompute rc : recomputes) {
+      // The recompute policy only changes the chunked mode: one sequential row.
+      if (m == ScanMode::Sequential && rc != recomputes.front()) continue;
       const gpu::GpuTiming t =
-          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p, graph);
+          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p, graph, rc);
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
       const bool seq_too_big = m == ScanMode::Sequential && sh.name.rfind("official", 0) == 0;
       if (sh.name == "official" || sh.name == "official2")
         official[sh.name == "official2"][std::string(precision_name(p)) + " " +
-                                         scan_mode_name(m)] = t;
+                                         scan_mode_name(m) + " rc=" + recompute_name(rc)] = t;
       if (with_reference && !seq_too_big && p == Precision::F32) {
         harness::BenchSpec spec;
         spec.cfg = sh.cfg;
@@ -198,13 +219,16 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
       } else if (seq_too_big) {
         ref = "n/a (34 GB)";
       }
-      std::snprintf(buf, sizeof buf, "%-9s %-5s %-8s %7lld %6lld %12.3f %14.3f %14.3f %12.3f %14s",
-                    sh.name.c_str(), precision_name(p), scan_mode_name(m), static_cast<long long>(sh.cfg.n_layers),
-                    static_cast<long long>(sh.B * sh.T), t.forward_ms, t.forward_ms / L,
-                    t.forward_backward_ms / L, tok / (t.forward_backward_ms / L) * 1e-3,
-                    ref.c_str());
+      std::snprintf(buf, sizeof buf,
+                    "%-9s %-5s %-8s %-4s %7lld %6lld %12.3f %14.3f %14.3f %12.3f %9.2f %14s",
+                    sh.name.c_str(), precision_name(p), scan_mode_name(m),
+                    m == ScanMode::Chunked ? recompute_name(rc) : "-",
+                    static_cast<long long>(sh.cfg.n_layers), static_cast<long long>(sh.B * sh.T),
+                    t.forward_ms, t.forward_ms / L, t.forward_backward_ms / L,
+                    tok / (t.forward_backward_ms / L) * 1e-3, t.peak_bytes / kGiB, ref.c_str());
       std::cout << buf << std::endl;
       if (profile) print_profile(t, sh.cfg, sh.B, sh.T, m, p, ceilings);
+    }
     }
     }
   }
@@ -215,9 +239,28 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
     const double fwd = two->second.forward_ms - one.forward_ms;
     const double fb = two->second.forward_backward_ms - one.forward_backward_ms;
     std::snprintf(buf, sizeof buf,
-                  "marginal layer (official2 - official), %-12s: fwd %.3f ms, fwd+bwd %.3f ms, "
+                  "marginal layer (official2 - official), %-20s: fwd %.3f ms, fwd+bwd %.3f ms, "
                   "%.3f Mtok/s",
                   key.c_str(), fwd, fb, static_cast<double>(off.B * off.T) / fb * 1e-3);
+    std::cout << buf << "\n";
+    const double per_layer = static_cast<double>(two->second.peak_bytes) -
+                             static_cast<double>(one.peak_bytes);
+    const double fixed = static_cast<double>(one.peak_bytes) - per_layer;
+    const double fits =
+        per_layer > 0 ? std::floor((static_cast<double>(one.device_total) - fixed) / per_layer) : 0;
+    std::snprintf(buf, sizeof buf,
+                  "  memory: %.3f GiB per further layer, %.0f bytes per token per layer, peak %.2f "
+                  "GiB (1 layer) / %.2f GiB (2); %.0f layers fit in the device's %.1f GiB",
+                  per_layer / kGiB, per_layer / static_cast<double>(off.B * off.T),
+                  one.peak_bytes / kGiB, two->second.peak_bytes / kGiB, fits,
+                  one.device_total / kGiB);
+    std::cout << buf << "\n";
+  }
+  if (!official[0].empty() && !official[1].empty()) {
+    std::snprintf(buf, sizeof buf,
+                  "official PyTorch+Triton block (bf16, as measured for issues 14/18): fwd %.2f ms, "
+                  "fwd+bwd %.2f ms, %.2f GiB per further layer",
+                  kOfficialFwdMs, kOfficialFwdBwdMs, kOfficialGiBPerLayer);
     std::cout << buf << "\n";
   }
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
@@ -247,6 +290,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
     ("graph", po::bool_switch(), "time replays of CUDA graphs of the forward and the forward+backward (recorded once after the warm-up) instead of stream launches")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
+    ("recompute", po::value<std::string>()->default_value(recompute_name(gpu::kDefaultRecompute)), "production recompute policies of the chunked GPU rows (comma list of none, scan)")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
@@ -269,6 +313,15 @@ int cmd_bench(const std::vector<std::string>& args) {
     shapes.push_back(bench_shape(n));
   if (shapes.empty()) throw UsageError("--shapes: no shape given");
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  std::vector<Recompute> recomputes;
+  for (const auto& n : split_commas(vm["recompute"].as<std::string>())) {
+    try {
+      recomputes.push_back(parse_recompute(n));
+    } catch (const Error&) {
+      throw UsageError("--recompute: unknown policy '" + n + "' (expected none or scan)");
+    }
+  }
+  if (recomputes.empty()) throw UsageError("--recompute: no policy given");
 
   bool reference_only = vm["reference"].as<bool>();
   const bool ceilings = vm["ceilings"].as<bool>();
@@ -288,7 +341,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!reference_only) {
     const std::string absent = harness::gpu_absent_reason();
     if (absent.empty()) {
-      bench_gpu_shapes(shapes, modes, precisions, warmup, repeats, !vm["no-reference"].as<bool>(),
+      bench_gpu_shapes(shapes, modes, precisions, recomputes, warmup, repeats,
+                       !vm["no-reference"].as<bool>(),
                        vm["profile"].as<bool>(), vm["graph"].as<bool>());
       return 0;
     }
