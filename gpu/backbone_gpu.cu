@@ -277,6 +277,7 @@ class BackboneT final : public GpuBackbone::Impl {
     bb_.add("d_out", d_.BT * d_.dm, 4);
     bb_.add("delta", d_.BT * d_.dm, 4, Life::View);  // δ: a view of the buffer that made it
     bb_.add("delta_typed", d_.BT * d_.dm, sizeof(T));
+    check_fits();
     lay_out();
     // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
     // copies in one buffer of T, one segment per weight (refresh_typed_copies: one launch).
@@ -327,11 +328,13 @@ class BackboneT final : public GpuBackbone::Impl {
 
   // ---- the layout (registry.hpp Life) --------------------------------------------------------
   // The production layout: saved tensors their own buffer in every layer, workspace tensors
-  // one shared buffer (d_temporal two, by layer parity: layer l − 1's B1 writes it while
-  // reading layer l's as δ), views none (layer 0's residual, H⁰ in f32, its own),
-  // verification-only tensors none. The verification layout (full_, for a Capture, the
-  // isolated mode, set_fusion(false) or a fault): every tensor its own buffer in every layer,
-  // as the stage-by-stage path and the harness need them.
+  // one shared buffer, views none (layer 0's residual, H⁰ in f32, its own), verification-only
+  // tensors none. The residual-stream gradient alternates between two buffers, since layer
+  // l − 1's B1 writes its d_temporal while reading layer l's as δ: layer L − 1 writes the
+  // workspace one, layer L − 2 norm_f's d_norm (read by layer L − 1, free after it), and so on,
+  // so no layer count needs a buffer more than one layer does. The verification layout
+  // (full_, for a Capture, the isolated mode, set_fusion(false) or a fault): every tensor its
+  // own buffer in every layer, as the stage-by-stage path and the harness need them.
   Life layer_life(const TensorSpec& spec) const {
     const std::string t = spec.tensor;
     // The chunked tail's fused head sums make d_b/c_pre_rope verification-only where they fit
@@ -341,29 +344,55 @@ class BackboneT final : public GpuBackbone::Impl {
     return lifetime(spec, mode_, rc_);
   }
   bool lean() const { return !full_; }
+  // Before allocating: the production layout's bytes (registry plan, the arenas, the scratch,
+  // the backbone tensors) against the device's free memory — a clear message instead of a
+  // cudaMalloc failure halfway, naming the policy that would fit.
+  void check_fits() const {
+    std::size_t free_b = 0, total_b = 0;
+    M3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    auto need = [&](Recompute rc) {
+      const LayerBytes plan = layer_bytes(cfg_, d_.B, d_.T, mode_, precision_of<T>(), rc);
+      std::size_t n = static_cast<std::size_t>(cfg_.n_layers) * plan.saved + plan.view +
+                      plan.workspace + 4 * static_cast<std::size_t>(scratch_floats(d_)) +
+                      12 * static_cast<std::size_t>(m3::param_layout(cfg_).total);
+      for (const auto& [name, b] : bb_.all()) n += b.nbytes();
+      return n;
+    };
+    const std::size_t mine = need(rc_);
+    if (mine <= free_b) return;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    std::string why = "needs about " + std::to_string(mine / gib).substr(0, 6) + " GiB, " +
+                      std::to_string(free_b / gib).substr(0, 6) + " GiB are free";
+    if (mode_ == ScanMode::Chunked && rc_ == Recompute::None)
+      why += "; with the scan recomputed (Recompute::Scan, m3h --recompute scan) about " +
+             std::to_string(need(Recompute::Scan) / gib).substr(0, 6) + " GiB";
+    throw Error("GpuBackbone", "the run does not fit the device's memory", why);
+  }
   void lay_out() {
-    for (int l = 0; l < static_cast<int>(layers_.size()); ++l)
-      for (auto& [name, b] : layers_[l].all()) {
-        b.viewed = nullptr;
-        b.shared = nullptr;
-        const bool own = full_ || b.life == Life::Saved || (b.life == Life::View && l == 0);
-        if (b.n == 0 || !own) b.bytes.resize(0);
-        if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
-        if (b.n > 0 && !own && b.life == Life::Workspace) b.shared = workspace(name, l, b.nbytes());
-      }
-    if (full_) ws_.clear();
     for (auto& [name, b] : bb_.all()) {
       b.viewed = nullptr;
       const bool own = full_ || b.life != Life::View;
       if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
       if (!own) b.bytes.resize(0);
     }
+    const int L = static_cast<int>(layers_.size());
+    for (int l = 0; l < L; ++l)
+      for (auto& [name, b] : layers_[l].all()) {
+        b.viewed = nullptr;
+        b.shared = nullptr;
+        const bool own = full_ || b.life == Life::Saved || (b.life == Life::View && l == 0);
+        if (b.n == 0 || !own) b.bytes.resize(0);
+        if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
+        if (b.n == 0 || own || b.life != Life::Workspace) continue;
+        const bool on_d_norm = name == "d_temporal" && (L - 1 - l) % 2 == 1;
+        b.shared = on_d_norm ? bb_.at("norm_f/d_norm").data() : workspace(name, b.nbytes());
+      }
+    if (full_) ws_.clear();
     pending_add_ = -1;
     have_forward_ = false;
   }
-  unsigned char* workspace(const std::string& name, int l, std::size_t bytes) {
-    const std::string key = name == "d_temporal" ? name + "#" + std::to_string(l % 2) : name;
-    DeviceArray<unsigned char>& a = ws_[key];
+  unsigned char* workspace(const std::string& name, std::size_t bytes) {
+    DeviceArray<unsigned char>& a = ws_[name];
     if (a.size() == 0) a.resize(static_cast<Idx>(bytes));
     return a.data();
   }

@@ -65,8 +65,11 @@ struct BackboneMemory {
   }
 };
 
-// The production path's default recompute policy (registry.hpp Recompute).
-constexpr Recompute kDefaultRecompute = Recompute::Scan;
+// The production path's default recompute policy (registry.hpp Recompute): none, the fastest.
+// Recompute::Scan halves the bytes per layer for one prep and one state pass more per layer's
+// backward (docs/PERF.md has both figures); the constructor says so when the default does not
+// fit the device.
+constexpr Recompute kDefaultRecompute = Recompute::None;
 
 class GpuBackbone {
  public:

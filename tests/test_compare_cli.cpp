@@ -379,7 +379,7 @@ TEST_F(CliTest, StageFilterThatMatchesNothingIsBadUsage) {
 TEST_F(CliTest, BenchHelpNamesGraphReplaysAndTheMarginalLayer) {
   const RunResult r = m3h("bench --help");
   EXPECT_EQ(r.status, 0) << r.err;
-  for (const char* text : {"--graph", "official2", "--profile", "--ceilings"})
+  for (const char* text : {"--graph", "official2", "--profile", "--ceilings", "--recompute"})
     EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing from:\n" << r.out;
 }
 
@@ -389,7 +389,7 @@ TEST_F(CliTest, BenchRejectsBadArgumentsWithOneLine) {
        {"bench --repeats 0", "bench --warmup -1", "bench --shapes nonsense",
         "bench --shapes ''", "bench --dtype f64", "bench --scan sideways",
         "bench --graph --reference", "bench --profile --reference", "bench --graph --ceilings",
-        "bench --ceilings --reference"}) {
+        "bench --ceilings --reference", "bench --recompute all", "bench --recompute ''"}) {
     const RunResult r = m3h(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;

@@ -290,7 +290,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
     ("graph", po::bool_switch(), "time replays of CUDA graphs of the forward and the forward+backward (recorded once after the warm-up) instead of stream launches")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
-    ("recompute", po::value<std::string>()->default_value(recompute_name(gpu::kDefaultRecompute)), "production recompute policies of the chunked GPU rows (comma list of none, scan)")
+    ("recompute", po::value<std::string>()->default_value("none,scan"), "production recompute policies of the chunked GPU rows (comma list of none, scan; the library's default is none)")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")

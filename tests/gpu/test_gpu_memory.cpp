@@ -215,10 +215,9 @@ TEST(GpuMemory, LayerBytesFollowTheRegistryAndPassesAllocateNothing) {
           EXPECT_EQ(m.layers[0], plan.saved + plan.view + extra) << what << ": layer 0";
           for (size_t l = 1; l < m.layers.size(); ++l)
             EXPECT_EQ(m.layers[l], plan.saved + extra) << what << ": layer " << l;
-          // One workspace for all layers; d_temporal twice (layer parity).
-          const std::size_t d_temporal =
-              4 * static_cast<std::size_t>(c.B * c.T * c.cfg.d_model);
-          EXPECT_LE(m.workspace, plan.workspace + d_temporal) << what;
+          // One workspace for all layers (the residual-stream gradient alternating with
+          // norm_f's d_norm, so no layer count needs more).
+          EXPECT_LE(m.workspace, plan.workspace) << what;
           EXPECT_GT(m.workspace, 0u) << what;
           // Production passes allocate nothing (and free nothing).
           m3::gpu::load_problem(net, pb);
