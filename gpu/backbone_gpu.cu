@@ -773,15 +773,52 @@ class BackboneT final : public GpuBackbone::Impl {
   // gradients done in B6's tail; F8's residual add done by the next norm (pending_add_).
   bool fused() const { return fusion_ && !isolated_; }
 
+  // The launchers' parameter structs are filled by name: each field is the registry tensor (or
+  // parameter, gradient, state buffer) of the same name, so a wrong pairing reads as one.
   SsmChunkFwd<T> chunked_fwd_args(int l, bool prep_done) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
-    return {t("x"), t("k"), t("q"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
-            f("ssm_in"), f("k_in"), f("v_in"), t("k_scaled_saved"), t("y"), f("adt"),
-            f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
-            f("chunk_states"), f("chunk_states_saved"), f("final_states"), f("ssm_state"),
-            f("k_state"), f("v_state"), prep_done};
+    SsmChunkFwd<T> a{};
+    a.x = t("x");
+    a.k = t("k");
+    a.q = t("q");
+    a.dt = f("dt");
+    a.trap = f("trap");
+    a.a_val = f("a_val");
+    a.d_param = P(l, "d_param");
+    a.ssm_in = f("ssm_in");
+    a.k_in = f("k_in");
+    a.v_in = f("v_in");
+    a.k_scaled_saved = t("k_scaled_saved");
+    a.y = t("y");
+    a.adt = f("adt");
+    a.qk_dot_saved = f("qk_dot_saved");
+    a.scale_saved = f("scale_saved");
+    a.gamma_saved = f("gamma_saved");
+    a.da_cumsum_saved = f("da_cumsum_saved");
+    a.chunk_states = f("chunk_states");
+    a.chunk_states_saved = f("chunk_states_saved");
+    a.final_states = f("final_states");
+    a.ssm_out = f("ssm_state");
+    a.k_out = f("k_state");
+    a.v_out = f("v_state");
+    a.prep_done = prep_done;
+    return a;
+  }
+
+  RopePrep<T> rope_prep_args(int l, bool k_all) {
+    Buffers& L = layers_[l];
+    RopePrep<T> r{};
+    r.b_normed = L.get<T>("b_normed");
+    r.c_normed = L.get<T>("c_normed");
+    r.b_bias = P(l, "b_bias");
+    r.c_bias = P(l, "c_bias");
+    r.theta = L.f("angle_cumsum");
+    r.k = L.get<T>("k");
+    r.q = L.get<T>("q");
+    r.k_all = k_all;
+    return r;
   }
 
   // capturing: the registry's b/c_biased must be stored even when their readers recompute them.
@@ -795,18 +832,38 @@ class BackboneT final : public GpuBackbone::Impl {
     } else if (st == "F2") {
       gemm_forward<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), w_in(l), nullptr, t("proj"));
     } else if (st == "F3") {
-      split_forward<T>(s_, d_,
-                       {t("proj"), P(l, "dt_bias"), t("z"), t("x"), t("b_raw"), t("c_raw"),
-                        f("dd_dt_raw"), f("dd_a_raw"), f("trap_raw"), f("angles_raw"), f("dt"),
-                        f("a_val"), f("trap")});
+      SplitFwd<T> a{};
+      a.proj = t("proj");
+      a.dt_bias = P(l, "dt_bias");
+      a.z = t("z");
+      a.x = t("x");
+      a.b_raw = t("b_raw");
+      a.c_raw = t("c_raw");
+      a.dd_dt_raw = f("dd_dt_raw");
+      a.dd_a_raw = f("dd_a_raw");
+      a.trap_raw = f("trap_raw");
+      a.angles_raw = f("angles_raw");
+      a.dt = f("dt");
+      a.a_val = f("a_val");
+      a.trap = f("trap");
+      split_forward<T>(s_, d_, a);
     } else if (st == "F4") {
       // b/c_biased are recomputed by their fused readers (F4ef, B6): stored for a capture only.
       const bool store = !fused() || capturing;
-      bcnorm_forward<T>(s_, d_,
-                        {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
-                         P(l, "b_bias"), P(l, "c_bias"), t("b_normed"), t("c_normed"),
-                         store ? t("b_biased") : nullptr, store ? t("c_biased") : nullptr,
-                         f("b_rms"), f("c_rms")});
+      BcnormFwd<T> a{};
+      a.b_raw = t("b_raw");
+      a.c_raw = t("c_raw");
+      a.b_norm_weight = P(l, "b_norm_weight");
+      a.c_norm_weight = P(l, "c_norm_weight");
+      a.b_bias = P(l, "b_bias");
+      a.c_bias = P(l, "c_bias");
+      a.b_normed = t("b_normed");
+      a.c_normed = t("c_normed");
+      a.b_biased = store ? t("b_biased") : nullptr;
+      a.c_biased = store ? t("c_biased") : nullptr;
+      a.b_rms = f("b_rms");
+      a.c_rms = f("c_rms");
+      bcnorm_forward<T>(s_, d_, a);
     } else if (st == "F5") {
       angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
                     f("angle_state"), scr());
@@ -814,10 +871,7 @@ class BackboneT final : public GpuBackbone::Impl {
       if (fused() && mode_ == ScanMode::Chunked) {
         // With F6's K0/K1 (which read k, q and would otherwise read them back): k is stored
         // at t = T − 1 only (k_out), or everywhere for a capture.
-        ssm_chunked_rope_prep<T>(s_, d_,
-                                 {t("b_normed"), t("c_normed"), P(l, "b_bias"), P(l, "c_bias"),
-                                  f("angle_cumsum"), t("k"), t("q"), capturing},
-                                 chunked_fwd_args(l, false));
+        ssm_chunked_rope_prep<T>(s_, d_, rope_prep_args(l, capturing), chunked_fwd_args(l, false));
         prep_fused_layer_ = l;
       } else if (fused()) {
         rope_forward_normed<T>(s_, d_, f("angle_cumsum"), t("b_normed"), t("c_normed"),
@@ -832,11 +886,25 @@ class BackboneT final : public GpuBackbone::Impl {
         abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
     } else if (st == "F6") {
       if (mode_ == ScanMode::Sequential) {
-        ssm_seq_forward<T>(s_, d_,
-                           {t("x"), t("k"), t("q"), f("alpha"), f("beta"), f("gamma"),
-                            P(l, "d_param"), f("ssm_in"), f("k_in"), f("v_in"), t("y"),
-                            f("h_saved"), f("k_prev_saved"), f("v_prev_saved"), f("ssm_state"),
-                            f("k_state"), f("v_state")});
+        SsmSeqFwd<T> a{};
+        a.x = t("x");
+        a.k = t("k");
+        a.q = t("q");
+        a.alpha = f("alpha");
+        a.beta = f("beta");
+        a.gamma = f("gamma");
+        a.d_param = P(l, "d_param");
+        a.ssm_in = f("ssm_in");
+        a.k_in = f("k_in");
+        a.v_in = f("v_in");
+        a.y = t("y");
+        a.h_saved = f("h_saved");
+        a.k_prev_saved = f("k_prev_saved");
+        a.v_prev_saved = f("v_prev_saved");
+        a.ssm_out = f("ssm_state");
+        a.k_out = f("k_state");
+        a.v_out = f("v_state");
+        ssm_seq_forward<T>(s_, d_, a);
       } else {
         const bool prep_done = prep_fused_layer_ == l;  // K0/K1 ran with F4ef
         prep_fused_layer_ = -1;
@@ -861,13 +929,134 @@ class BackboneT final : public GpuBackbone::Impl {
   // at t = T − 1) and its chunk states (cumsums, entering states) again, into the workspace,
   // by the forward's kernels on the forward's saved inputs — the same bits the forward wrote.
   void recompute_scan(int l) {
+    ssm_chunked_rope_prep<T>(s_, d_, rope_prep_args(l, false), chunked_fwd_args(l, false));
+    ssm_chunked_states<T>(s_, d_, chunked_fwd_args(l, true));
+  }
+
+  // B6 in the sequential mode: the BPTT scan, the RoPE backward, the α/β/γ glue.
+  void seq_b6(int l) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
-    ssm_chunked_rope_prep<T>(s_, d_,
-                             {t("b_normed"), t("c_normed"), P(l, "b_bias"), P(l, "c_bias"),
-                              L.f("angle_cumsum"), t("k"), t("q"), false},
-                             chunked_fwd_args(l, false));
-    ssm_chunked_states<T>(s_, d_, chunked_fwd_args(l, true));
+    auto f = [&](const char* n) { return L.f(n); };
+    SsmSeqBwd<T> a{};
+    a.x = t("x");
+    a.k = t("k");
+    a.q = t("q");
+    a.d_y = t("d_y");
+    a.alpha = f("alpha");
+    a.beta = f("beta");
+    a.gamma = f("gamma");
+    a.d_param = P(l, "d_param");
+    a.h_saved = f("h_saved");
+    a.k_prev_saved = f("k_prev_saved");
+    a.v_prev_saved = f("v_prev_saved");
+    a.d_ssm_out = f("d_ssm_out");
+    a.d_k_out = f("d_k_out");
+    a.d_v_out = f("d_v_out");
+    a.d_x = t("d_x");
+    a.d_k = f("d_k");
+    a.d_q = f("d_q");
+    a.d_alpha = f("d_alpha");
+    a.d_beta = f("d_beta");
+    a.d_gamma = f("d_gamma");
+    a.d_d_local = f("d_d_local");
+    a.d_ssm_in = f("d_ssm_state");
+    a.d_k_in = f("d_k_state");
+    a.d_v_in = f("d_v_state");
+    a.d_d_param = G(l, "d_param");
+    ssm_seq_backward<T>(s_, d_, a, scr());
+    RopeBwd<T> r{};
+    r.theta = f("angle_cumsum");
+    r.dv1 = f("d_k");
+    r.dv2 = f("d_q");
+    r.rot1 = t("k");
+    r.rot2 = t("q");
+    r.dpre1 = f("d_b_pre_rope");
+    r.dpre2 = f("d_c_pre_rope");
+    r.dtheta = f("d_angle_cumsum");
+    rope_backward<T>(s_, d_, r);
+    AbgBwd g{};
+    g.alpha = f("alpha");
+    g.beta = f("beta");
+    g.dt = f("dt");
+    g.trap = f("trap");
+    g.d_alpha = f("d_alpha");
+    g.d_beta = f("d_beta");
+    g.d_gamma = f("d_gamma");
+    g.d_adt_total = f("d_adt_total");
+    g.d_dt_direct = f("d_dt_direct");
+    g.d_trap_sig = f("d_trap_sig");
+    abg_backward(s_, d_, g);
+  }
+
+  // B6 in the chunked mode. Production: B4b's head sums and bias gradients come out of B6's
+  // tail, which also recomputes b/c_biased, k and q instead of reading them (stages.cuh
+  // SsmChunkBwd); capturing: the registry's d_b/c_pre_rope are stored even then.
+  void chunked_b6(int l, bool capturing) {
+    Buffers& L = layers_[l];
+    auto t = [&](const char* n) { return L.get<T>(n); };
+    auto f = [&](const char* n) { return L.f(n); };
+    if (lean() && rc_ == Recompute::Scan) recompute_scan(l);
+    const bool tail = fused() && ssm_chunked_tail_fuses(d_);
+    const bool store_pre = !tail || capturing;
+    SsmChunkBwd<T> a{};
+    a.x = t("x");
+    a.k = t("k");
+    a.q = t("q");
+    a.k_scaled_saved = t("k_scaled_saved");
+    a.d_y = t("d_y");
+    a.theta = f("angle_cumsum");
+    a.dt = f("dt");
+    a.trap = f("trap");
+    a.a_val = f("a_val");
+    a.d_param = P(l, "d_param");
+    a.qk_dot_saved = f("qk_dot_saved");
+    a.scale_saved = f("scale_saved");
+    a.gamma_saved = f("gamma_saved");
+    a.da_cumsum_saved = f("da_cumsum_saved");
+    a.chunk_states_saved = f("chunk_states_saved");
+    a.k_in = f("k_in");
+    a.v_in = f("v_in");
+    a.d_ssm_out = f("d_ssm_out");
+    a.d_k_out = f("d_k_out");
+    a.d_v_out = f("d_v_out");
+    a.da_cs_sum = f("da_cs_sum");
+    a.dQ_mid = f("dQ_mid");
+    a.dK_mid = f("dK_mid");
+    a.dADT = f("dADT");
+    a.dQK_dot = f("dQK_dot");
+    a.dD_partials = f("dD_partials");
+    a.dScale = f("dScale");
+    a.dGamma = f("dGamma");
+    a.dDT = f("dDT");
+    a.d_x = t("d_x");
+    a.d_b_pre_rope = store_pre ? f("d_b_pre_rope") : nullptr;
+    a.d_c_pre_rope = store_pre ? f("d_c_pre_rope") : nullptr;
+    a.d_angle_cumsum = f("d_angle_cumsum");
+    a.d_adt_total = f("d_adt_total");
+    a.d_dt_direct = f("d_dt_direct");
+    a.d_trap_sig = f("d_trap_sig");
+    a.d_ssm_in = f("d_ssm_state");
+    a.d_k_in = f("d_k_state");
+    a.d_v_in = f("d_v_state");
+    a.d_d_param = G(l, "d_param");
+    if (fused()) {  // the tail recomputes the biased and rotated B, C from b/c_normed
+      a.b_normed = t("b_normed");
+      a.c_normed = t("c_normed");
+      a.b_bias = P(l, "b_bias");
+      a.c_bias = P(l, "c_bias");
+    } else {
+      a.b_biased = t("b_biased");
+      a.c_biased = t("c_biased");
+    }
+    if (tail) {
+      a.d_b_normed = t("d_b_normed");
+      a.d_c_normed = t("d_c_normed");
+      a.d_b_bias = G(l, "b_bias");
+      a.d_c_bias = G(l, "c_bias");
+    }
+    ssm_chunked_backward<T>(s_, d_, a, scr());
+    tail_fused_layer_ = tail ? l : -1;
   }
 
   // capturing: the registry's d_b/c_pre_rope must be stored even when the tail is fused.
@@ -880,84 +1069,79 @@ class BackboneT final : public GpuBackbone::Impl {
       gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t("d_gated"));
       gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), dt, G(l, "out_proj_w"));
     } else if (st == "B7") {
-      gating_backward<T>(s_, d_,
-                         {t("y"), t("z"), t("d_gated"), P(l, "norm_gate_weight"),
-                          f("gated_rms_vals"), t("d_y"), t("d_z"), G(l, "norm_gate_weight")},
-                         scr());
+      GatingBwd<T> a{};
+      a.y = t("y");
+      a.z = t("z");
+      a.d_gated = t("d_gated");
+      a.norm_gate_weight = P(l, "norm_gate_weight");
+      a.gated_rms_vals = f("gated_rms_vals");
+      a.d_y = t("d_y");
+      a.d_z = t("d_z");
+      a.d_norm_gate_weight = G(l, "norm_gate_weight");
+      gating_backward<T>(s_, d_, a, scr());
     } else if (st == "B6") {
-      if (mode_ == ScanMode::Sequential) {
-        ssm_seq_backward<T>(
-            s_, d_,
-            {t("x"), t("k"), t("q"), t("d_y"), f("alpha"), f("beta"), f("gamma"),
-             P(l, "d_param"), f("h_saved"), f("k_prev_saved"), f("v_prev_saved"),
-             f("d_ssm_out"), f("d_k_out"), f("d_v_out"), t("d_x"), f("d_k"), f("d_q"),
-             f("d_alpha"), f("d_beta"), f("d_gamma"), f("d_d_local"), f("d_ssm_state"),
-             f("d_k_state"), f("d_v_state"), G(l, "d_param")},
-            scr());
-        rope_backward<T>(s_, d_,
-                         {f("angle_cumsum"), f("d_k"), f("d_q"), t("k"), t("q"),
-                          f("d_b_pre_rope"), f("d_c_pre_rope"), f("d_angle_cumsum"), nullptr,
-                          nullptr, nullptr});
-        abg_backward(s_, d_,
-                     {f("alpha"), f("beta"), f("dt"), f("trap"), f("d_alpha"), f("d_beta"),
-                      f("d_gamma"), f("d_adt_total"), f("d_dt_direct"), f("d_trap_sig")});
-      } else {
-        // Production: B4b's head sums and bias gradients come out of B6's tail, which also
-        // recomputes b/c_biased, k and q instead of reading them (stages.cuh SsmChunkBwd).
-        const bool tail = fused() && ssm_chunked_tail_fuses(d_);
-        const bool store_pre = !tail || capturing;
-        if (lean() && rc_ == Recompute::Scan) recompute_scan(l);
-        SsmChunkBwd<T> a{
-            t("x"), t("k"), t("q"), fused() ? nullptr : t("b_biased"),
-            fused() ? nullptr : t("c_biased"), t("k_scaled_saved"), t("d_y"),
-            f("angle_cumsum"), f("dt"), f("trap"), f("a_val"), P(l, "d_param"),
-            f("qk_dot_saved"), f("scale_saved"), f("gamma_saved"), f("da_cumsum_saved"),
-            f("chunk_states_saved"), f("k_in"), f("v_in"), f("d_ssm_out"), f("d_k_out"),
-            f("d_v_out"), f("da_cs_sum"), f("dQ_mid"), f("dK_mid"), f("dADT"), f("dQK_dot"),
-            f("dD_partials"), f("dScale"), f("dGamma"), f("dDT"), t("d_x"),
-            store_pre ? f("d_b_pre_rope") : nullptr, store_pre ? f("d_c_pre_rope") : nullptr,
-            f("d_angle_cumsum"), f("d_adt_total"), f("d_dt_direct"), f("d_trap_sig"),
-            f("d_ssm_state"), f("d_k_state"), f("d_v_state"), G(l, "d_param")};
-        if (fused()) {
-          a.b_normed = t("b_normed");
-          a.c_normed = t("c_normed");
-          a.b_bias = P(l, "b_bias");
-          a.c_bias = P(l, "c_bias");
-        }
-        if (tail) {
-          a.d_b_normed = t("d_b_normed");
-          a.d_c_normed = t("d_c_normed");
-          a.d_b_bias = G(l, "b_bias");
-          a.d_c_bias = G(l, "c_bias");
-        }
-        ssm_chunked_backward<T>(s_, d_, a, scr());
-        tail_fused_layer_ = tail ? l : -1;
-      }
+      mode_ == ScanMode::Sequential ? seq_b6(l) : chunked_b6(l, capturing);
     } else if (st == "B5a") {
-      angle_backward(s_, d_,
-                     {f("angles_raw"), f("dt"), f("d_angle_cumsum"), f("d_angle_out"),
-                      f("d_angles_raw"), f("d_dt_angle"), f("d_angle_state")},
-                     scr());
+      AngleBwd a{};
+      a.angles_raw = f("angles_raw");
+      a.dt = f("dt");
+      a.d_angle_cumsum = f("d_angle_cumsum");
+      a.d_angle_out = f("d_angle_out");
+      a.d_angles_raw = f("d_angles_raw");
+      a.d_dt_angle = f("d_dt_angle");
+      a.d_angle_in = f("d_angle_state");
+      angle_backward(s_, d_, a, scr());
     } else if (st == "B5b") {
-      const ActBwd act{f("dd_dt_raw"),    f("dd_a_raw"),    P(l, "dt_bias"),  f("dt"),
-                       f("a_val"),        f("trap"),        f("d_adt_total"), f("d_dt_direct"),
-                       f("d_dt_angle"),   f("d_trap_sig"),  f("d_dd_dt"),     f("d_dd_a"),
-                       f("d_trap_raw"),   G(l, "dt_bias"),  cfg_.a_floor};
-      activations_backward(s_, d_, act, scr());
+      ActBwd a{};
+      a.dd_dt_raw = f("dd_dt_raw");
+      a.dd_a_raw = f("dd_a_raw");
+      a.dt_bias = P(l, "dt_bias");
+      a.dt = f("dt");
+      a.a_val = f("a_val");
+      a.trap = f("trap");
+      a.d_adt_total = f("d_adt_total");
+      a.d_dt_direct = f("d_dt_direct");
+      a.d_dt_angle = f("d_dt_angle");
+      a.d_trap_sig = f("d_trap_sig");
+      a.d_dd_dt = f("d_dd_dt");
+      a.d_dd_a = f("d_dd_a");
+      a.d_trap_raw = f("d_trap_raw");
+      a.d_dt_bias = G(l, "dt_bias");
+      a.a_floor = cfg_.a_floor;
+      activations_backward(s_, d_, a, scr());
     } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
       const bool done = tail_fused_layer_ == l;  // B4b ran in B6's tail: B4c alone
       tail_fused_layer_ = -1;
-      bcnorm_backward<T>(s_, d_,
-                         {t("b_raw"), t("c_raw"), P(l, "b_norm_weight"), P(l, "c_norm_weight"),
-                          f("b_rms"), f("c_rms"), done ? nullptr : f("d_b_pre_rope"),
-                          done ? nullptr : f("d_c_pre_rope"), t("d_b_normed"), t("d_c_normed"),
-                          t("d_b_raw"), t("d_c_raw"), G(l, "b_norm_weight"),
-                          G(l, "c_norm_weight"), G(l, "b_bias"), G(l, "c_bias")},
-                         scr());
+      BcnormBwd<T> a{};
+      a.b_raw = t("b_raw");
+      a.c_raw = t("c_raw");
+      a.b_norm_weight = P(l, "b_norm_weight");
+      a.c_norm_weight = P(l, "c_norm_weight");
+      a.b_rms = f("b_rms");
+      a.c_rms = f("c_rms");
+      a.d_b_pre_rope = done ? nullptr : f("d_b_pre_rope");
+      a.d_c_pre_rope = done ? nullptr : f("d_c_pre_rope");
+      a.d_b_normed = t("d_b_normed");
+      a.d_c_normed = t("d_c_normed");
+      a.d_b_raw = t("d_b_raw");
+      a.d_c_raw = t("d_c_raw");
+      a.d_b_norm_weight = G(l, "b_norm_weight");
+      a.d_c_norm_weight = G(l, "c_norm_weight");
+      a.d_b_bias = G(l, "b_bias");
+      a.d_c_bias = G(l, "c_bias");
+      bcnorm_backward<T>(s_, d_, a, scr());
     } else if (st == "B3") {
-      split_backward<T>(s_, d_,
-                        {t("d_z"), t("d_x"), t("d_b_raw"), t("d_c_raw"), f("d_dd_dt"),
-                         f("d_dd_a"), f("d_trap_raw"), f("d_angles_raw"), t("d_proj")});
+      SplitBwd<T> a{};
+      a.d_z = t("d_z");
+      a.d_x = t("d_x");
+      a.d_b_raw = t("d_b_raw");
+      a.d_c_raw = t("d_c_raw");
+      a.d_dd_dt = f("d_dd_dt");
+      a.d_dd_a = f("d_dd_a");
+      a.d_trap_raw = f("d_trap_raw");
+      a.d_angles_raw = f("d_angles_raw");
+      a.d_proj = t("d_proj");
+      split_backward<T>(s_, d_, a);
     } else if (st == "B2") {
       gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t("d_proj"), w_in(l), t("d_norm"));
       gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), t("d_proj"),
