@@ -44,7 +44,7 @@ GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode m
 
 // What measure_ceilings times: a copy of copy_bytes between two device buffers
 // (cudaMemcpyAsync device to device), and n×n×n GEMMs through the context's cuBLAS handle in
-// the configuration of gpu/gemm.cu: bf16 and f16 (A, B, C typed, f32 compute, tensor cores
+// the configuration of gpu/stages/gemm.cu: bf16 and f16 (A, B, C typed, f32 compute, tensor cores
 // allowed) and f32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32). Inputs are seeded uniform values in
 // (−1, 1), never zero. Each is timed alone with CUDA events, `warmup` untimed runs first, the
 // median of `repeats` reported. When the device lacks the memory for the two copy buffers,

@@ -1,7 +1,7 @@
 // GpuContext: what every GPU call needs, passed explicitly (no global handles): the device,
 // one CUDA stream, one cuBLAS handle bound to that stream with a fixed workspace (MODEL.md
 // §12.9: a fixed cuBLAS configuration gives bit-identical GEMMs run after run; f32 GEMMs ask
-// for pedantic FP32 compute, i.e. no TF32). Plain C++ header: no CUDA types; gpu/common.cuh
+// for pedantic FP32 compute, i.e. no TF32). Plain C++ header: no CUDA types; gpu/core/common.cuh
 // gives .cu files the raw handles.
 #pragma once
 

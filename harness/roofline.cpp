@@ -69,7 +69,7 @@ std::string timed_stage(const TensorSpec& s) {
   return stage;
 }
 
-// The stages in execution order with the tensors each launcher reads (gpu/backbone_gpu.cu).
+// The stages in execution order with the tensors each launcher reads (gpu/backbone/backbone_gpu.cu).
 std::vector<StageDef> stage_defs(const Config& cfg, ScanMode mode) {
   const bool seq = mode == ScanMode::Sequential;
   const bool ident = cfg.input_proj_identity;
@@ -245,7 +245,7 @@ void add_flops(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage
         : fwd ? L * per_bh * 2 * (sum_l2 * (ds + hd) + 2 * sum_l * hd * ds)
               : L * per_bh * 2 * (sum_l2 * (3 * ds + 2 * hd) + 4 * sum_l * hd * ds);
     // The chunked scan of typed runs forms its products on the tensor cores
-    // (gpu/ssm_chunked.cu, gpu/tc_mma.cuh); the sequential scan and f32 runs use f32 FMA.
+    // (gpu/scan/ssm_chunked.cu, gpu/tc_mma.cuh); the sequential scan and f32 runs use f32 FMA.
     if (!seq && storage != Precision::F32) {
       matrix(f);
     } else {

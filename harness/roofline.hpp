@@ -9,7 +9,7 @@
 // B6 (d_angle_state by B5a), B4c/* by the B4b launcher. Two registry tensors are copies of the
 // previous stage's output and count as reads, not writes: F1/residual (the layer input) and
 // norm_f/norm_f_input (the last layer's output). What a stage reads is a short list of registry
-// names per stage (the launcher arguments of gpu/backbone_gpu.cu), each resolved through the
+// names per stage (the launcher arguments of gpu/backbone/backbone_gpu.cu), each resolved through the
 // registry for its shape and type, so a renamed or reshaped tensor changes (or breaks) the model
 // with the code. The entering states and the gradients wrt the leaving states have the shapes of
 // the registry's states/* and d_states/*. Parameters are f32 masters, except the GEMM weights,
@@ -35,7 +35,7 @@
 //                    (7 FMA), G ← α·G (1 multiply)
 //     The scans run on f32 FMA units, so they are held against the f32 (pedantic, no TF32) GEMM
 //     rate — except the chunked scan of bf16/f16 runs, whose products run on the tensor cores
-//     (gpu/tc_mma.cuh) and are held against the GEMM rate of the storage type.
+//     (gpu/tc/tc_mma.cuh) and are held against the GEMM rate of the storage type.
 //   Every other stage is elementwise or a row reduction: bytes only (FLOPs 0).
 // All figures are summed over the layers, as the profile sums a stage's time over the layers.
 #pragma once

@@ -1,5 +1,5 @@
 // The per-stage work model of m3h bench --profile (harness/roofline.hpp), checked by hand:
-//   * stage names and order are the profile's (gpu/backbone_gpu.cu marks);
+//   * stage names and order are the profile's (gpu/backbone/backbone_gpu.cu marks);
 //   * the F2 GEMM FLOPs are 2·B·T·dm·ip per layer, B2 twice that; the chunked and sequential
 //     scan FLOPs follow the documented per-chunk / per-step counts, with a short last chunk;
 //   * the bytes of F1 and F2 (reads + writes, f32 and bf16 storage) and the sequential F6's

@@ -1,4 +1,4 @@
-// Host checks of the operand split behind the tensor-core products of gpu/tc_mma.cuh (the
+// Host checks of the operand split behind the tensor-core products of gpu/tc/tc_mma.cuh (the
 // chunked scan of bf16/f16 runs); no device needed, so they run in CI too.
 //   hi = bf16(v), lo = bf16(v − hi):
 //     |v − hi − lo| ≤ 2⁻¹⁶·|v|                for |v| ∈ [2⁻¹¹⁰, 2¹²⁰]    (random f32 values)
@@ -7,7 +7,7 @@
 //   |a·b − (ah·bh + ah·bl + al·bh)| ≤ 3.1·2⁻¹⁶·|a·b|   (the three passes; al·bl dropped)
 // Each check also asserts that the bound is not slack by orders of magnitude (the worst case
 // seen comes within 4x of it), so a split that silently degraded to one bf16 part would fail.
-// Also the host form of gpu/fast_div.cuh's division by a launch-time constant: ⌊n/d⌋ and the
+// Also the host form of gpu/core/fast_div.cuh's division by a launch-time constant: ⌊n/d⌋ and the
 // remainder exact for divisors 1 … 2^31 − 1 (every small one, powers of two and their
 // neighbours, random ones) and dividends at the ends of the 32-bit fast range and past it.
 #include <gtest/gtest.h>

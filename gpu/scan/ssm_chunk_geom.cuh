@@ -1,5 +1,5 @@
 // Internal to gpu/ (.cu files only): the chunk geometry shared by the chunked-scan kernels
-// (gpu/ssm_chunked.cu, gpu/chunk_bwd_tc.cu). Per (b, h); chunk c covers t ∈ [c·cs,
+// (gpu/scan/ssm_chunked.cu, gpu/scan/chunk_bwd_tc.cu). Per (b, h); chunk c covers t ∈ [c·cs,
 // min(T, (c+1)·cs)), local index τ, length len(c); per-chunk scalars ([B, nc, nh, cs]:
 // da_cumsum_saved) at cum_base, per-chunk states ([B, nc, nh, hd, ds]) at state_base.
 #pragma once
@@ -74,7 +74,7 @@ struct ChunkStateArgs {
 };
 
 // B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile
-// (g.nt == 1), on the tensor cores over bf16 planes (gpu/chunk_bwd_tc.cu); dS: the per-chunk
+// (g.nt == 1), on the tensor cores over bf16 planes (gpu/scan/chunk_bwd_tc.cu); dS: the per-chunk
 // state gradients of state_pass_bwd. Writes dQ_mid, dK_mid, d_x, dADT, dQK_dot.
 template <class T>
 void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS);

@@ -1,5 +1,5 @@
 // GpuBackbone (see backbone_gpu.hpp): the reference's backbone (reference/backbone.cpp) with
-// every stage a launcher of gpu/stages.cuh, in the same order:
+// every stage a launcher of gpu/stages/stages.cuh, in the same order:
 //   forward : input_proj → per layer F1 F2 F3 F4 F5 F4ef F5b F6 F7 F8 (+ states) → norm_f
 //   backward: norm_f → per layer (last first) B8 B7 B6 B5a B5b B4b/B4c B3 B2 B1 (+ d_states)
 //             → input_proj
@@ -8,12 +8,18 @@
 // tensors (reference/registry.cpp) and allocated from it, typed (T) where the registry says
 // `typed` (MODEL.md §8) and f32 otherwise — so a stage's capture is "download every registry
 // tensor of that stage", and the isolated mode is "upload the oracle's tensors, run one stage".
+// Two layouts (registry.hpp Life): production — per layer only the tensors the backward reads
+// (saved), one buffer per workspace tensor shared by every layer, none for verification-only
+// tensors; with Recompute::Scan, B6 first reruns the chunked scan's prep and state passes into
+// the workspace instead of keeping them — and verification (a Capture, run_isolated,
+// set_fusion(false), a fault switch to it once): every tensor its own buffer in every layer.
+// Parameters and gradients are the flat arenas of ParamLayout; the typed GEMM weight copies
+// one buffer refreshed in one launch (core/arena.cu).
 // Per layer, beyond the registry: the entering states (ssm_in, k_in, v_in, angle_in) and the
 // gradients wrt the leaving states (d_*_out). The leaving states are the registry's states/*
 // tensors, the entering-state gradients its d_states/* tensors.
-// Typed GEMM weights are compute copies of the f32 masters refreshed in set_params; the f32
-// residual-stream gradient δ gets a staged typed copy for the GEMMs that read it (as the
-// reference's typed_copy).
+// The f32 residual-stream gradient δ gets a staged typed copy for the GEMMs that read it (as
+// the reference's typed_copy).
 // Nothing is copied between layers: a layer's input (residual) is a view of the previous
 // layer's output, norm_f's input one of the last layer's output, and the residual-stream
 // gradient δ one of the buffer that produced it (norm_f's d_norm, a layer's d_temporal).
@@ -37,6 +43,8 @@
 #include "error.hpp"
 #include "registry.hpp"
 #include "arena.cuh"
+#include "fault_kernels.cuh"
+#include "stage_profiler.hpp"
 #include "stages.cuh"
 
 namespace m3::gpu {
@@ -166,39 +174,6 @@ void copy_d2d(cudaStream_t s, U* dst, const U* src, Idx n) {
                                   cudaMemcpyDeviceToDevice, s));
 }
 
-// ---- fault kernels (negative controls only; see Fault in backbone_gpu.hpp) ------------------
-__global__ void fault_flip_angle_kernel(Idx n, float* theta) {
-  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n && theta[i] > 0.0f) theta[i] = 6.2831853071795864769f - theta[i];
-}
-
-// y[b, t] ← y[b, t−1] for every chunk start t = c·cs, c ≥ 1 (rows of width di).
-template <class T>
-__global__ void fault_chunk_boundary_kernel(Idx B, Idx T_, Idx cs, Idx di, T* y) {
-  const Idx nc = (T_ + cs - 1) / cs;
-  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= B * (nc - 1) * di) return;
-  const Idx col = i % di, c = 1 + (i / di) % (nc - 1), b = i / (di * (nc - 1));
-  const Idx t = c * cs;
-  y[(b * T_ + t) * di + col] = y[(b * T_ + t - 1) * di + col];
-}
-
-// One more rounding to a coarser format: bf16 (f32/f16 storage), or 5 mantissa bits (bf16).
-template <class T>
-__global__ void fault_round_twice_kernel(Idx n, T* y) {
-  const Idx i = static_cast<Idx>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float v = to_float(y[i]);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    unsigned int u = __float_as_uint(v);
-    u = (u + 0x3FFFFu + ((u >> 18) & 1u)) & 0xFFFC0000u;  // RNE to 5 explicit mantissa bits
-    v = __uint_as_float(u);
-  } else {
-    v = __bfloat162float(__float2bfloat16_rn(v));
-  }
-  y[i] = from_float<T>(v);
-}
-
 }  // namespace
 
 // The storage-independent interface behind GpuBackbone; BackboneT<T> implements it.
@@ -318,10 +293,6 @@ class BackboneT final : public GpuBackbone::Impl {
     zero_states(dl_);
     grads_.zero(s_);
     M3_CUDA_CHECK(cudaStreamSynchronize(s_));
-  }
-
-  ~BackboneT() override {
-    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
   }
 
   Precision storage() const override { return precision_of<T>(); }
@@ -527,13 +498,15 @@ class BackboneT final : public GpuBackbone::Impl {
   }
   void synchronize() override { ctx_.synchronize(); }
 
-  void set_profiling(bool on) override { profiling_ = on; }
+  void set_profiling(bool on) override { profiler_.set_on(on); }
   void set_fusion(bool on) override {
     fusion_ = on;
     if (!on) ensure_full();  // every stage on its own reads what the fused path never stores
   }
-  std::vector<std::pair<std::string, double>> stage_times() const override { return times_; }
-  void reset_stage_times() override { times_.clear(); }
+  std::vector<std::pair<std::string, double>> stage_times() const override {
+    return profiler_.times();
+  }
+  void reset_stage_times() override { profiler_.reset(); }
 
   // ---- the two passes ---------------------------------------------------------------------
   void forward(Capture* cap) override {
@@ -1156,31 +1129,20 @@ class BackboneT final : public GpuBackbone::Impl {
     // "B4c" ran with B4b; "d_states": written by B6/B5a.
   }
 
-  void apply_fault(int l) {
+  void apply_fault(int l) {  // the corruptions live in verify/fault_kernels.cu
     Buffers& L = layers_[l];
     switch (fault_) {
       case Fault::DropBeta:
         L.at("beta").bytes.zero(s_);
         break;
-      case Fault::FlipAngleSign: {
-        NamedBuf& b = L.at("angle_cumsum");
-        if (b.n > 0) {
-          fault_flip_angle_kernel<<<blocks_for(b.n, 256), 256, 0, s_>>>(b.n, L.f("angle_cumsum"));
-          M3_LAUNCH_CHECK();
-        }
+      case Fault::FlipAngleSign:
+        fault_flip_angle(s_, L.at("angle_cumsum").n, L.f("angle_cumsum"));
         break;
-      }
       case Fault::ChunkBoundaryOff:
-        if (d_.nc > 1) {
-          fault_chunk_boundary_kernel<T><<<blocks_for(d_.B * (d_.nc - 1) * d_.di, 256), 256, 0,
-                                           s_>>>(d_.B, d_.T, d_.cs, d_.di, L.get<T>("y"));
-          M3_LAUNCH_CHECK();
-        }
+        fault_chunk_boundary<T>(s_, d_.B, d_.T, d_.cs, d_.di, L.get<T>("y"));
         break;
       case Fault::RoundTwice:
-        fault_round_twice_kernel<T><<<blocks_for(d_.BT * d_.di, 256), 256, 0, s_>>>(
-            d_.BT * d_.di, L.get<T>("y"));
-        M3_LAUNCH_CHECK();
+        fault_round_twice<T>(s_, d_.BT * d_.di, L.get<T>("y"));
         break;
       case Fault::None:
         break;
@@ -1221,36 +1183,9 @@ class BackboneT final : public GpuBackbone::Impl {
     upload_floats(b, host.data(), storage(), s_);
   }
 
-  // ---- stage profile ------------------------------------------------------------------------
-  void mark(const std::string& stage) {
-    if (!profiling_) return;
-    if (mark_names_.size() == pool_.size()) {
-      cudaEvent_t e;
-      M3_CUDA_CHECK(cudaEventCreate(&e));
-      pool_.push_back(e);
-    }
-    M3_CUDA_CHECK(cudaEventRecord(pool_[mark_names_.size()], s_));
-    mark_names_.push_back(stage);
-  }
-  void collect_marks() {
-    if (!profiling_ || mark_names_.size() < 2) {
-      mark_names_.clear();
-      return;
-    }
-    M3_CUDA_CHECK(cudaEventSynchronize(pool_[mark_names_.size() - 1]));
-    for (size_t i = 1; i < mark_names_.size(); ++i) {
-      float ms = 0;
-      M3_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[i - 1], pool_[i]));
-      auto it = std::find_if(times_.begin(), times_.end(),
-                             [&](const auto& e) { return e.first == mark_names_[i]; });
-      if (it == times_.end()) {
-        times_.emplace_back(mark_names_[i], ms);
-      } else {
-        it->second += ms;
-      }
-    }
-    mark_names_.clear();
-  }
+  // ---- stage profile (verify/stage_profiler) -------------------------------------------------
+  void mark(const std::string& stage) { profiler_.mark(stage); }
+  void collect_marks() { profiler_.collect(); }
 
   // ---- host helpers ---------------------------------------------------------------------------
   std::vector<float> download(const NamedBuf& b) {
@@ -1312,14 +1247,11 @@ class BackboneT final : public GpuBackbone::Impl {
   int pending_add_ = -1;  // the layer whose F8 residual add the next norm does (or −1)
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
-  bool profiling_ = false;
   bool fusion_ = true;           // set_fusion
   bool isolated_ = false;        // inside run_isolated
   int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
   int prep_fused_layer_ = -1;    // the layer whose F4ef did F6's K0/K1 (until that F6 runs)
-  std::vector<cudaEvent_t> pool_;
-  std::vector<std::string> mark_names_;
-  std::vector<std::pair<std::string, double>> times_;
+  StageProfiler profiler_{s_};
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Internal to gpu/ (.cu files only): tensor-core products over bf16 operand planes held in
 // shared memory, with the accumulators kept in registers in the mma fragment layout. Used by
-// the typed (bf16/f16) chunked-scan kernels that are built for speed (gpu/chunk_bwd_tc.cu).
+// the typed (bf16/f16) chunked-scan kernels that are built for speed (gpu/scan/chunk_bwd_tc.cu).
 //
 //   C[m][n] += Σ_{k < K} A(m, k) · B(k, n)        (K a multiple of 16, compile-time)
 //

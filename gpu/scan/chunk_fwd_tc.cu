@@ -1,4 +1,4 @@
-// K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/ssm_chunked.cu, whose header
+// K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/scan/ssm_chunked.cu, whose header
 // states the algorithm) for typed runs (bf16 / f16) whose chunks fit one row tile (L ≤ kTR = 64),
 // on the tensor cores with the operands in bf16 planes and the accumulators in registers
 // (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256 threads], t, s < L:
