@@ -106,6 +106,10 @@ class GpuBackbone {
   // that stage's contributions. Uses the parameters, entering states and dOut set before;
   // `oracle` must hold every registry tensor of this run (run_reference<double>).
   Capture run_isolated(const Capture& oracle);
+  // For tests: the same, with every registry tensor that the stage table says a stage neither
+  // reads nor writes poisoned (NaN) while that stage runs — equal to run_isolated bit for bit
+  // exactly when the table lists every read of every stage.
+  Capture run_isolated_poisoned_for_testing(const Capture& oracle);
 
   std::vector<float> output() const;     // Out [B*T, d_model]
   States<float> states() const;          // current (leaving) states

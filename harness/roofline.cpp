@@ -10,156 +10,6 @@ namespace m3::harness {
 
 namespace {
 
-// One tensor a stage reads.
-enum class IoKind {
-  Tensor,           // a registry tensor at its storage size
-  TensorAtStorage,  // a registry f32 tensor read as its typed staged copy (δ into a GEMM)
-  Param,            // an f32 parameter (master)
-  GemmWeight,       // a GEMM weight: the typed compute copy (f32 when the storage is f32)
-  Grad,             // a parameter gradient, accumulated: read + written, f32
-};
-
-struct Io {
-  IoKind kind;
-  const char* stage;  // registry stage (tensors); unused for parameters
-  const char* name;   // registry tensor or parameter name
-  bool outproj_norm_only = false;  // a parameter used only with is_outproj_norm
-};
-
-Io t(const char* stage, const char* name) { return {IoKind::Tensor, stage, name}; }
-Io typed(const char* stage, const char* name) { return {IoKind::TensorAtStorage, stage, name}; }
-Io p(const char* name, bool onrm = false) { return {IoKind::Param, "", name, onrm}; }
-Io w(const char* name) { return {IoKind::GemmWeight, "", name}; }
-Io g(const char* name, bool onrm = false) { return {IoKind::Grad, "", name, onrm}; }
-
-// Shape proxies: the entering states and the gradients wrt the leaving states have the shapes
-// of the registry's leaving states (states/*) and entering-state gradients (d_states/*); the
-// residual-stream gradient δ and dOut are [B·T, dm] f32 like B1/d_temporal.
-Io ssm_in() { return t("states", "ssm_state"); }
-Io k_in() { return t("states", "k_state"); }
-Io v_in() { return t("states", "v_state"); }
-Io angle_in() { return t("states", "angle_state"); }
-Io d_ssm_out() { return t("d_states", "d_ssm_state"); }
-Io d_k_out() { return t("d_states", "d_k_state"); }
-Io d_v_out() { return t("d_states", "d_v_state"); }
-Io d_angle_out() { return t("d_states", "d_angle_state"); }
-Io delta() { return t("B1", "d_temporal"); }
-Io delta_typed() { return typed("B1", "d_temporal"); }
-Io d_out() { return t("B1", "d_temporal"); }
-
-// A profiled stage: its name in the profile, whether it runs per layer, and what it reads.
-// What it writes comes from the registry (timed_stage below).
-struct StageDef {
-  std::string name;
-  bool per_layer;
-  std::vector<Io> reads;
-};
-
-// The profile stage that writes registry tensor s (see roofline.hpp), or "" for the registry
-// tensors that are copies of another stage's output (counted as reads where they are read).
-std::string timed_stage(const TensorSpec& s) {
-  const std::string stage = s.stage, tensor = s.tensor;
-  if ((stage == "input_proj" && tensor == "input_proj_inputs") ||
-      (stage == "F1" && tensor == "residual") || (stage == "norm_f" && tensor == "norm_f_input"))
-    return "";
-  if (s.scope == Scope::Backbone) return s.dir == Dir::Backward ? stage + " (bwd)" : stage;
-  if (stage == "states") return tensor == "angle_state" ? "F5" : "F6";
-  if (stage == "d_states") return tensor == "d_angle_state" ? "B5a" : "B6";
-  if (stage == "B4c") return "B4b";
-  return stage;
-}
-
-// The stages in execution order with the tensors each launcher reads (gpu/backbone/backbone_gpu.cu).
-std::vector<StageDef> stage_defs(const Config& cfg, ScanMode mode) {
-  const bool seq = mode == ScanMode::Sequential;
-  const bool ident = cfg.input_proj_identity;
-  std::vector<StageDef> s;
-  if (ident) {
-    s.push_back({"input_proj", false, {t("input_proj", "input_proj_inputs")}});
-  } else {
-    s.push_back({"input_proj", false,
-                 {t("input_proj", "input_proj_inputs"), w("input_proj_w"), p("input_proj_b")}});
-  }
-  s.push_back({"F1", true, {t("F1", "residual"), p("norm_weight")}});
-  s.push_back({"F2", true, {t("F1", "post_norm"), w("in_proj_w")}});
-  s.push_back({"F3", true, {t("F2", "proj"), p("dt_bias")}});
-  s.push_back({"F4", true,
-               {t("F3", "b_raw"), t("F3", "c_raw"), p("b_norm_weight"), p("c_norm_weight"),
-                p("b_bias"), p("c_bias")}});
-  s.push_back({"F5", true, {t("F3", "angles_raw"), t("F3", "dt"), angle_in()}});
-  s.push_back({"F4ef", true, {t("F5", "angle_cumsum"), t("F4", "b_biased"), t("F4", "c_biased")}});
-  s.push_back({"F5b", true, {t("F3", "a_val"), t("F3", "dt"), t("F3", "trap")}});
-  if (seq) {
-    s.push_back({"F6", true,
-                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F5b", "alpha"),
-                  t("F5b", "beta"), t("F5b", "gamma"), p("d_param"), ssm_in(), k_in(), v_in()}});
-  } else {
-    s.push_back({"F6", true,
-                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F3", "dt"), t("F3", "trap"),
-                  t("F3", "a_val"), p("d_param"), ssm_in(), k_in(), v_in()}});
-  }
-  s.push_back({"F7", true, {t("F6", "y"), t("F3", "z"), p("norm_gate_weight", true)}});
-  s.push_back({"F8", true, {t("F7", "gated"), w("out_proj_w"), t("F1", "residual")}});
-  s.push_back({"states", true, {}});
-  s.push_back({"norm_f", false, {t("norm_f", "norm_f_input"), p("norm_f_weight")}});
-
-  s.push_back({"norm_f (bwd)", false,
-               {t("norm_f", "norm_f_input"), p("norm_f_weight"), t("norm_f", "norm_f_rms"),
-                d_out(), g("norm_f_weight")}});
-  s.push_back({"B8", true, {delta_typed(), t("F7", "gated"), w("out_proj_w"), g("out_proj_w")}});
-  s.push_back({"B7", true,
-               {t("F6", "y"), t("F3", "z"), t("B8", "d_gated"), p("norm_gate_weight", true),
-                t("F7", "gated_rms_vals"), g("norm_gate_weight", true)}});
-  if (seq) {
-    s.push_back({"B6", true,
-                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("B7", "d_y"),
-                  t("F5b", "alpha"), t("F5b", "beta"), t("F5b", "gamma"), p("d_param"),
-                  t("F6", "h_saved"), t("F6", "k_prev_saved"), t("F6", "v_prev_saved"),
-                  d_ssm_out(), d_k_out(), d_v_out(), t("F5", "angle_cumsum"), t("F3", "dt"),
-                  t("F3", "trap"), g("d_param")}});
-  } else {
-    s.push_back({"B6", true,
-                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F4", "b_biased"),
-                  t("F4", "c_biased"), t("F6", "k_scaled_saved"), t("B7", "d_y"),
-                  t("F5", "angle_cumsum"), t("F3", "dt"), t("F3", "trap"), t("F3", "a_val"),
-                  p("d_param"), t("F6", "qk_dot_saved"), t("F6", "scale_saved"),
-                  t("F6", "gamma_saved"), t("F6", "da_cumsum_saved"),
-                  t("F6", "chunk_states_saved"), k_in(), v_in(), d_ssm_out(), d_k_out(),
-                  d_v_out(), g("d_param")}});
-  }
-  s.push_back({"B5a", true,
-               {t("F3", "angles_raw"), t("F3", "dt"), t("B6", "d_angle_cumsum"), d_angle_out()}});
-  s.push_back({"B5b", true,
-               {t("F3", "dd_dt_raw"), t("F3", "dd_a_raw"), p("dt_bias"), t("F3", "dt"),
-                t("F3", "a_val"), t("F3", "trap"), t("B6", "d_adt_total"),
-                t("B6", "d_dt_direct"), t("B5a", "d_dt_angle"), t("B6", "d_trap_sig"),
-                g("dt_bias")}});
-  s.push_back({"B4b", true,
-               {t("F3", "b_raw"), t("F3", "c_raw"), p("b_norm_weight"), p("c_norm_weight"),
-                t("F4", "b_rms"), t("F4", "c_rms"), t("B6", "d_b_pre_rope"),
-                t("B6", "d_c_pre_rope"), g("b_norm_weight"), g("c_norm_weight"), g("b_bias"),
-                g("c_bias")}});
-  s.push_back({"B4c", true, {}});
-  s.push_back({"B3", true,
-               {t("B7", "d_z"), t("B6", "d_x"), t("B4c", "d_b_raw"), t("B4c", "d_c_raw"),
-                t("B5b", "d_dd_dt"), t("B5b", "d_dd_a"), t("B5b", "d_trap_raw"),
-                t("B5a", "d_angles_raw")}});
-  s.push_back({"B2", true, {t("B3", "d_proj"), w("in_proj_w"), t("F1", "post_norm"),
-                            g("in_proj_w")}});
-  s.push_back({"B1", true,
-               {t("F1", "residual"), p("norm_weight"), t("F1", "rms_vals"), t("B2", "d_norm"),
-                delta(), g("norm_weight")}});
-  s.push_back({"d_states", true, {}});
-  if (ident) {
-    s.push_back({"input_proj (bwd)", false, {delta()}});
-  } else {
-    s.push_back({"input_proj (bwd)", false,
-                 {delta_typed(), t("input_proj", "input_proj_inputs"), w("input_proj_w"),
-                  g("input_proj_w"), g("input_proj_b")}});
-  }
-  return s;
-}
-
 const ParamSpec& find_param(const char* name) {
   for (const auto& ps : param_registry())
     if (std::string(ps.name) == name) return ps;
@@ -173,14 +23,14 @@ double numel(const std::vector<Idx>& shape) {
   return n;
 }
 
-// Bytes read (and, for a gradient, written) by one Io of a stage, summed over its layers.
-void add_io(const Io& io, const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
+// Bytes read (and, for a gradient, written) by one read of a stage, summed over its layers.
+void add_io(const StageRead& io, const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
             StageWork& out) {
   const double L = static_cast<double>(cfg.n_layers);
-  if (io.kind == IoKind::Tensor || io.kind == IoKind::TensorAtStorage) {
+  if (io.kind == ReadKind::Tensor || io.kind == ReadKind::TensorAtStorage) {
     const TensorSpec& spec = find_spec(io.stage, io.name);
     if (!exists_in(spec, cfg, mode)) return;
-    const bool as_typed = spec.typed || io.kind == IoKind::TensorAtStorage;
+    const bool as_typed = spec.typed || io.kind == ReadKind::TensorAtStorage;
     const double layers = spec.scope == Scope::Layer ? L : 1.0;
     out.read_bytes +=
         layers * numel(resolve_shape(spec.shape, cfg, B, T)) * element_bytes(as_typed, storage);
@@ -192,9 +42,9 @@ void add_io(const Io& io, const Config& cfg, Idx B, Idx T, ScanMode mode, Precis
   const double layers = ps.scope == Scope::Layer ? L : 1.0;
   const double n = layers * numel(resolve_shape(ps.shape, cfg, B, T));
   switch (io.kind) {
-    case IoKind::Param: out.read_bytes += n * 4; break;
-    case IoKind::GemmWeight: out.read_bytes += n * element_bytes(true, storage); break;
-    case IoKind::Grad:
+    case ReadKind::Param: out.read_bytes += n * 4; break;
+    case ReadKind::GemmWeight: out.read_bytes += n * element_bytes(true, storage); break;
+    case ReadKind::Grad:
       out.read_bytes += n * 4;
       out.write_bytes += n * 4;
       break;
@@ -280,13 +130,13 @@ std::vector<StageWork> stage_work(const Config& cfg, Idx B, Idx T, ScanMode mode
                                   Precision storage) {
   validate_run(cfg, B, T);
   element_bytes(false, storage);  // rejects F64 up front
-  const std::vector<StageDef> defs = stage_defs(cfg, mode);
+  const std::vector<StageEntry> defs = stage_table(cfg, mode);
   std::vector<StageWork> out;
   out.reserve(defs.size());
   for (const auto& d : defs) {
     StageWork s;
     s.stage = d.name;
-    for (const Io& io : d.reads) add_io(io, cfg, B, T, mode, storage, s);
+    for (const StageRead& io : d.reads) add_io(io, cfg, B, T, mode, storage, s);
     add_flops(cfg, B, T, mode, storage, s);
     out.push_back(s);
   }
@@ -294,14 +144,14 @@ std::vector<StageWork> stage_work(const Config& cfg, Idx B, Idx T, ScanMode mode
   const double L = static_cast<double>(cfg.n_layers);
   for (const auto& spec : stage_registry()) {
     if (!exists_in(spec, cfg, mode)) continue;
-    const std::string stage = timed_stage(spec);
+    const std::string stage = writing_stage(spec);
     if (stage.empty()) continue;
     auto it = std::find_if(out.begin(), out.end(),
                            [&](const StageWork& s) { return s.stage == stage; });
     M3_REQUIRE(it != out.end(), "harness::stage_work",
                "registry tensor " + std::string(spec.stage) + "/" + spec.tensor +
                    " has no profiled stage",
-               "the work model (harness/roofline.cpp) lacks stage '", stage, "'");
+               "the stage table (reference/registry.cpp) lacks stage '", stage, "'");
     const double layers = spec.scope == Scope::Layer ? L : 1.0;
     it->write_bytes += layers * numel(resolve_shape(spec.shape, cfg, B, T)) *
                        element_bytes(spec.typed, storage);

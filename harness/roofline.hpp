@@ -8,10 +8,10 @@
 // stage that actually runs them — states/* are written by F6 (angle_state by F5), d_states/* by
 // B6 (d_angle_state by B5a), B4c/* by the B4b launcher. Two registry tensors are copies of the
 // previous stage's output and count as reads, not writes: F1/residual (the layer input) and
-// norm_f/norm_f_input (the last layer's output). What a stage reads is a short list of registry
-// names per stage (the launcher arguments of gpu/backbone/backbone_gpu.cu), each resolved through the
-// registry for its shape and type, so a renamed or reshaped tensor changes (or breaks) the model
-// with the code. The entering states and the gradients wrt the leaving states have the shapes of
+// norm_f/norm_f_input (the last layer's output). What a stage reads is the registry's stage table
+// (reference/registry.hpp stage_table: the launcher arguments of the stage-by-stage path), each
+// read resolved through the registry for its shape and type, so a renamed or reshaped tensor
+// changes (or breaks) the model with the code. The entering states and the gradients wrt the leaving states have the shapes of
 // the registry's states/* and d_states/*. Parameters are f32 masters, except the GEMM weights,
 // read as the typed compute copy; a parameter gradient is accumulated (read + write, f32). The
 // residual-stream gradient δ [B·T, dm] is f32, read by the GEMMs as its typed staged copy.

@@ -443,4 +443,150 @@ const ParamSlot& ParamLayout::at(int layer, const std::string& name) const {
               "not in this run's flat layout (an identity input_proj has no input_proj_w/_b)");
 }
 
+// ---- the stage table ----------------------------------------------------------------------
+
+namespace {
+
+StageRead t(const char* stage, const char* name) { return {ReadKind::Tensor, stage, name}; }
+StageRead typed(const char* stage, const char* name) { return {ReadKind::TensorAtStorage, stage, name}; }
+StageRead p(const char* name, bool onrm = false) { return {ReadKind::Param, "", name, onrm}; }
+StageRead w(const char* name) { return {ReadKind::GemmWeight, "", name}; }
+StageRead g(const char* name, bool onrm = false) { return {ReadKind::Grad, "", name, onrm}; }
+
+// Shape proxies: the entering states and the gradients wrt the leaving states have the shapes
+// of the registry's leaving states (states/*) and entering-state gradients (d_states/*); the
+// residual-stream gradient δ and dOut are [B·T, dm] f32 like B1/d_temporal.
+StageRead proxy(StageRead r) {
+  r.proxy = true;
+  return r;
+}
+StageRead ssm_in() { return proxy(t("states", "ssm_state")); }
+StageRead k_in() { return proxy(t("states", "k_state")); }
+StageRead v_in() { return proxy(t("states", "v_state")); }
+StageRead angle_in() { return proxy(t("states", "angle_state")); }
+StageRead d_ssm_out() { return proxy(t("d_states", "d_ssm_state")); }
+StageRead d_k_out() { return proxy(t("d_states", "d_k_state")); }
+StageRead d_v_out() { return proxy(t("d_states", "d_v_state")); }
+StageRead d_angle_out() { return proxy(t("d_states", "d_angle_state")); }
+StageRead delta() { return proxy(t("B1", "d_temporal")); }
+StageRead delta_typed() { return proxy(typed("B1", "d_temporal")); }
+StageRead d_out() { return proxy(t("B1", "d_temporal")); }
+
+// An entry: backward when its name is a B stage, d_states or "… (bwd)".
+StageEntry entry(const std::string& name, bool per_layer, std::vector<StageRead> reads) {
+  const std::string bwd = " (bwd)";
+  const bool tagged = name.size() > bwd.size() &&
+                      name.compare(name.size() - bwd.size(), bwd.size(), bwd) == 0;
+  const bool backward = tagged || name[0] == 'B' || name == "d_states";
+  return {name, tagged ? name.substr(0, name.size() - bwd.size()) : name,
+          per_layer ? Scope::Layer : Scope::Backbone, backward ? Dir::Backward : Dir::Forward,
+          std::move(reads)};
+}
+
+}  // namespace
+
+std::string writing_stage(const TensorSpec& s) {
+  const std::string stage = s.stage, tensor = s.tensor;
+  if ((stage == "input_proj" && tensor == "input_proj_inputs") ||
+      (stage == "F1" && tensor == "residual") || (stage == "norm_f" && tensor == "norm_f_input"))
+    return "";
+  if (s.scope == Scope::Backbone) return s.dir == Dir::Backward ? stage + " (bwd)" : stage;
+  if (stage == "states") return tensor == "angle_state" ? "F5" : "F6";
+  if (stage == "d_states") return tensor == "d_angle_state" ? "B5a" : "B6";
+  if (stage == "B4c") return "B4b";
+  return stage;
+}
+
+std::vector<StageEntry> stage_table(const Config& cfg, ScanMode mode) {
+  const bool seq = mode == ScanMode::Sequential;
+  const bool ident = cfg.input_proj_identity;
+  std::vector<StageEntry> s;
+  if (ident) {
+    s.push_back(entry("input_proj", false, {t("input_proj", "input_proj_inputs")}));
+  } else {
+    s.push_back(entry("input_proj", false,
+                 {t("input_proj", "input_proj_inputs"), w("input_proj_w"), p("input_proj_b")}));
+  }
+  s.push_back(entry("F1", true, {t("F1", "residual"), p("norm_weight")}));
+  s.push_back(entry("F2", true, {t("F1", "post_norm"), w("in_proj_w")}));
+  s.push_back(entry("F3", true, {t("F2", "proj"), p("dt_bias")}));
+  s.push_back(entry("F4", true,
+               {t("F3", "b_raw"), t("F3", "c_raw"), p("b_norm_weight"), p("c_norm_weight"),
+                p("b_bias"), p("c_bias")}));
+  s.push_back(entry("F5", true, {t("F3", "angles_raw"), t("F3", "dt"), angle_in()}));
+  s.push_back(entry("F4ef", true, {t("F5", "angle_cumsum"), t("F4", "b_biased"), t("F4", "c_biased")}));
+  s.push_back(entry("F5b", true, {t("F3", "a_val"), t("F3", "dt"), t("F3", "trap")}));
+  if (seq) {
+    s.push_back(entry("F6", true,
+                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F5b", "alpha"),
+                  t("F5b", "beta"), t("F5b", "gamma"), p("d_param"), ssm_in(), k_in(), v_in()}));
+  } else {
+    s.push_back(entry("F6", true,
+                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F3", "dt"), t("F3", "trap"),
+                  t("F3", "a_val"), p("d_param"), ssm_in(), k_in(), v_in()}));
+  }
+  s.push_back(entry("F7", true, {t("F6", "y"), t("F3", "z"), p("norm_gate_weight", true)}));
+  s.push_back(entry("F8", true, {t("F7", "gated"), w("out_proj_w"), t("F1", "residual")}));
+  s.push_back(entry("states", true, {}));
+  s.push_back(entry("norm_f", false, {t("norm_f", "norm_f_input"), p("norm_f_weight")}));
+
+  s.push_back(entry("norm_f (bwd)", false,
+               {t("norm_f", "norm_f_input"), p("norm_f_weight"), t("norm_f", "norm_f_rms"),
+                d_out(), g("norm_f_weight")}));
+  s.push_back(entry("B8", true, {delta_typed(), t("F7", "gated"), w("out_proj_w"), g("out_proj_w")}));
+  s.push_back(entry("B7", true,
+               {t("F6", "y"), t("F3", "z"), t("B8", "d_gated"), p("norm_gate_weight", true),
+                t("F7", "gated_rms_vals"), g("norm_gate_weight", true)}));
+  if (seq) {
+    s.push_back(entry("B6", true,
+                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("B7", "d_y"),
+                  t("F5b", "alpha"), t("F5b", "beta"), t("F5b", "gamma"), p("d_param"),
+                  t("F6", "h_saved"), t("F6", "k_prev_saved"), t("F6", "v_prev_saved"),
+                  d_ssm_out(), d_k_out(), d_v_out(), t("F5", "angle_cumsum"), t("F3", "dt"),
+                  t("F3", "trap"), g("d_param")}));
+  } else {
+    s.push_back(entry("B6", true,
+                 {t("F3", "x"), t("F4ef", "k"), t("F4ef", "q"), t("F4", "b_biased"),
+                  t("F4", "c_biased"), t("F6", "k_scaled_saved"), t("B7", "d_y"),
+                  t("F5", "angle_cumsum"), t("F3", "dt"), t("F3", "trap"), t("F3", "a_val"),
+                  p("d_param"), t("F6", "qk_dot_saved"), t("F6", "scale_saved"),
+                  t("F6", "gamma_saved"), t("F6", "da_cumsum_saved"),
+                  t("F6", "chunk_states_saved"), k_in(), v_in(), d_ssm_out(), d_k_out(),
+                  d_v_out(), g("d_param")}));
+  }
+  s.push_back(entry("B5a", true,
+               {t("F3", "angles_raw"), t("F3", "dt"), t("B6", "d_angle_cumsum"), d_angle_out()}));
+  s.push_back(entry("B5b", true,
+               {t("F3", "dd_dt_raw"), t("F3", "dd_a_raw"), p("dt_bias"), t("F3", "dt"),
+                t("F3", "a_val"), t("F3", "trap"), t("B6", "d_adt_total"),
+                t("B6", "d_dt_direct"), t("B5a", "d_dt_angle"), t("B6", "d_trap_sig"),
+                g("dt_bias")}));
+  s.push_back(entry("B4b", true,
+               {t("F3", "b_raw"), t("F3", "c_raw"), p("b_norm_weight"), p("c_norm_weight"),
+                t("F4", "b_rms"), t("F4", "c_rms"), t("B6", "d_b_pre_rope"),
+                t("B6", "d_c_pre_rope"), g("b_norm_weight"), g("c_norm_weight"), g("b_bias"),
+                g("c_bias")}));
+  s.push_back(entry("B4c", true, {}));
+  s.push_back(entry("B3", true,
+               {t("B7", "d_z"), t("B6", "d_x"), t("B4c", "d_b_raw"), t("B4c", "d_c_raw"),
+                t("B5b", "d_dd_dt"), t("B5b", "d_dd_a"), t("B5b", "d_trap_raw"),
+                t("B5a", "d_angles_raw")}));
+  s.push_back(entry("B2", true, {t("B3", "d_proj"), w("in_proj_w"), t("F1", "post_norm"),
+                            g("in_proj_w")}));
+  s.push_back(entry("B1", true,
+               {t("F1", "residual"), p("norm_weight"), t("F1", "rms_vals"), t("B2", "d_norm"),
+                delta(), g("norm_weight")}));
+  s.push_back(entry("d_states", true, {}));
+  if (ident) {
+    s.push_back(entry("input_proj (bwd)", false, {delta()}));
+  } else {
+    s.push_back(entry("input_proj (bwd)", false,
+                 {delta_typed(), t("input_proj", "input_proj_inputs"), w("input_proj_w"),
+                  g("input_proj_w"), g("input_proj_b")}));
+  }
+  return s;
+}
+
+
+
 }  // namespace m3

@@ -71,6 +71,45 @@ struct TensorSpec {
 // Every stage tensor, in execution order within each scope (see the file comment).
 const std::vector<TensorSpec>& stage_registry();
 
+// ---- the stage table: the chain of stages in execution order, what each reads ----------------
+// What a stage writes is the registry rows of its stage (writing_stage says which entry runs
+// each); what it reads is listed here, per entry, as the launchers of the stage-by-stage path
+// (the isolated mode's; gpu/backbone/backbone_gpu.cu) read them. The GPU backbone runs its
+// stages in this order, the roofline counts their bytes from it, and a GPU test runs each
+// stage with every other registry tensor poisoned, so a read missing here fails it.
+enum class ReadKind {
+  Tensor,           // a registry tensor at its storage size
+  TensorAtStorage,  // a registry f32 tensor read as its typed staged copy (δ into a GEMM)
+  Param,            // an f32 parameter (master)
+  GemmWeight,       // a GEMM weight: the typed compute copy (f32 when the storage is f32)
+  Grad,             // a parameter gradient, accumulated: read + written, f32
+};
+struct StageRead {
+  ReadKind kind;
+  const char* stage;  // registry stage (tensors); "" for parameters
+  const char* name;   // registry tensor or parameter name
+  bool outproj_norm_only = false;  // a parameter used only with is_outproj_norm
+  // A shape proxy: the tensor stands for a buffer of its shape that is no registry tensor of
+  // this layer (the entering states, the gradients wrt the leaving states, δ, dOut).
+  bool proxy = false;
+};
+struct StageEntry {
+  std::string name;   // as the stage profile names it: "F1", "norm_f", "norm_f (bwd)", …
+  std::string stage;  // the registry stage: the name without " (bwd)"
+  Scope scope;        // Layer: runs once per layer
+  Dir dir;
+  std::vector<StageRead> reads;
+};
+// Every stage of one forward + backward of (cfg, mode), in execution order: input_proj, the
+// layer's F1 … F8, states, norm_f, norm_f (bwd), the layer's B8 … B1, d_states,
+// input_proj (bwd).
+std::vector<StageEntry> stage_table(const Config& cfg, ScanMode mode);
+// The stage-table entry that writes registry tensor s, "" for the registry tensors that are
+// copies of another stage's output (input_proj_inputs, F1/residual, norm_f_input), which count
+// as reads where they are read. states/* are written by F6 (angle_state by F5), d_states/* by
+// B6 (d_angle_state by B5a), B4c/* by B4b's launcher.
+std::string writing_stage(const TensorSpec& s);
+
 // The production lifetime of a tensor (Scope::Layer; backbone tensors exist once per run and
 // are all allocated). The table is in registry.cpp, beside the stage rows.
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc);

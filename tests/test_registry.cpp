@@ -367,3 +367,57 @@ TEST(Registry, ParamLayoutIsTheFlatOrderWithAlignedSlots) {
     }
   }
 }
+
+// The stage table (registry.hpp stage_table): every registry tensor of a run is written by one
+// of its entries (or is one of the three copies), every read names a registry tensor or
+// parameter, and the entries run in the registry's order of stages.
+TEST(Registry, StageTableCoversTheRegistryInExecutionOrder) {
+  for (const auto& rc : reg_cases())
+    for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
+      const auto table = m3::stage_table(rc.cfg, mode);
+      auto position = [&](const std::string& name) {
+        for (size_t i = 0; i < table.size(); ++i)
+          if (table[i].name == name) return static_cast<int>(i);
+        return -1;
+      };
+      int copies = 0;
+      for (const auto& s : m3::stage_registry()) {
+        if (!m3::exists_in(s, rc.cfg, mode)) continue;
+        const std::string w = m3::writing_stage(s);
+        if (w.empty()) {
+          ++copies;
+          continue;
+        }
+        const int at = position(w);
+        ASSERT_GE(at, 0) << rc.name << ": " << s.stage << "/" << s.tensor << " written by '" << w
+                         << "', which the table lacks";
+        EXPECT_EQ(table[at].dir, s.dir) << s.stage << "/" << s.tensor;
+        EXPECT_EQ(table[at].scope, s.scope) << s.stage << "/" << s.tensor;
+      }
+      EXPECT_EQ(copies, 3) << rc.name;
+      // Reads resolve; stages in the registry's order (forward before backward).
+      int last_dir = 0;
+      for (const auto& e : table) {
+        const int d = e.dir == m3::Dir::Forward ? 0 : 1;
+        EXPECT_GE(d, last_dir) << e.name << " runs forward after a backward stage";
+        last_dir = d;
+        for (const auto& r : e.reads) {
+          if (r.kind == m3::ReadKind::Tensor || r.kind == m3::ReadKind::TensorAtStorage) {
+            EXPECT_NO_THROW(m3::find_spec(r.stage, r.name)) << e.name << " reads " << r.name;
+          } else {
+            bool found = false;
+            for (const auto& p : m3::param_registry()) found |= std::string(p.name) == r.name;
+            EXPECT_TRUE(found) << e.name << " reads unknown parameter " << r.name;
+          }
+        }
+      }
+      std::vector<std::string> layer_fwd, registry_fwd;
+      for (const auto& e : table)
+        if (e.scope == m3::Scope::Layer && e.dir == m3::Dir::Forward) layer_fwd.push_back(e.stage);
+      for (const auto& s : m3::stage_registry())
+        if (s.scope == m3::Scope::Layer && s.dir == m3::Dir::Forward &&
+            (registry_fwd.empty() || registry_fwd.back() != s.stage))
+          registry_fwd.push_back(s.stage);
+      EXPECT_EQ(layer_fwd, registry_fwd) << rc.name;
+    }
+}

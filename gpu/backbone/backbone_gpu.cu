@@ -190,6 +190,7 @@ struct GpuBackbone::Impl {
   virtual void forward(Capture* cap) = 0;
   virtual void backward(Capture* cap) = 0;
   virtual Capture run_isolated(const Capture& oracle) = 0;
+  virtual Capture run_isolated_poisoned_for_testing(const Capture& oracle) = 0;
   virtual std::vector<float> output() = 0;
   virtual States<float> states() = 0;
   virtual Params<float> grads() = 0;
@@ -212,12 +213,6 @@ struct GpuBackbone::Impl {
 };
 
 namespace {
-
-// The layer stages in execution order (the registry's stage names).
-constexpr const char* kForwardStages[] = {"F1", "F2", "F3", "F4", "F5", "F4ef",
-                                          "F5b", "F6", "F7", "F8", "states"};
-constexpr const char* kBackwardStages[] = {"B8", "B7", "B6", "B5a", "B5b", "B4b",
-                                           "B4c", "B3", "B2", "B1", "d_states"};
 
 template <class T>
 class BackboneT final : public GpuBackbone::Impl {
@@ -252,6 +247,9 @@ class BackboneT final : public GpuBackbone::Impl {
     bb_.add("d_out", d_.BT * d_.dm, 4);
     bb_.add("delta", d_.BT * d_.dm, 4, Life::View);  // δ: a view of the buffer that made it
     bb_.add("delta_typed", d_.BT * d_.dm, sizeof(T));
+    table_ = stage_table(cf, m);
+    for (const StageEntry& e : table_)
+      if (e.scope == Scope::Layer) (e.dir == Dir::Forward ? layer_fwd_ : layer_bwd_).push_back(&e);
     check_fits();
     lay_out();
     // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
@@ -516,7 +514,7 @@ class BackboneT final : public GpuBackbone::Impl {
     run_stage(-1, "input_proj", Dir::Forward, cap);
     for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
       enter_layer(l);
-      for (const char* st : kForwardStages) run_stage(l, st, Dir::Forward, cap);
+      for (const StageEntry* e : layer_fwd_) run_stage(l, e->stage.c_str(), Dir::Forward, cap);
       leave_layer(l);
     }
     bb_.view("norm_f/norm_f_input", layers_.back().at("layer_output"));
@@ -532,13 +530,14 @@ class BackboneT final : public GpuBackbone::Impl {
                "pass the Capture to forward() too (the production forward keeps only what its "
                "backward reads)");
     mark("start");
+    const int L = static_cast<int>(cfg_.n_layers);
     run_stage(-1, "norm_f", Dir::Backward, cap);
     // δ, the gradient wrt the residual stream entering each layer's backward from above, is
     // a view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal).
     bb_.view("delta", bb_.at("norm_f/d_norm"));
-    for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
+    for (int l = L - 1; l >= 0; --l) {
       load_leaving_grads(l);
-      for (const char* st : kBackwardStages) run_stage(l, st, Dir::Backward, cap);
+      for (const StageEntry* e : layer_bwd_) run_stage(l, e->stage.c_str(), Dir::Backward, cap);
       store_entering_grads(l);
       bb_.view("delta", layers_[l].at("d_temporal"));
     }
@@ -546,7 +545,17 @@ class BackboneT final : public GpuBackbone::Impl {
     collect_marks();
   }
 
-  Capture run_isolated(const Capture& oracle) override {
+  Capture run_isolated(const Capture& oracle) override { return isolated_run(oracle, false); }
+  Capture run_isolated_poisoned_for_testing(const Capture& oracle) override {
+    return isolated_run(oracle, true);
+  }
+
+  // The isolated mode (run_isolated). poison_unread: before each stage that runs, NaN into
+  // every registry tensor of the run that the stage table says the stage neither reads nor
+  // writes, and every tensor restored from the oracle after it — so a read the table lacks
+  // shows as a difference from the plain isolated run (tests only: one upload per tensor per
+  // stage).
+  Capture isolated_run(const Capture& oracle, bool poison_unread) {
     // Each stage on its own, fed the oracle's inputs: no cross-stage fusion.
     struct Isolated {
       bool& flag;
@@ -574,13 +583,21 @@ class BackboneT final : public GpuBackbone::Impl {
       return v;
     };
     auto isolated = [&](int layer, const char* stage, Dir dir) {
+      const StageEntry& e = table_entry(layer, stage, dir);
+      const bool poison = poison_unread && !e.reads.empty();  // pseudo-stages run nothing
+      if (poison) poison_unread_by(e, layer, keys);
       run_stage(layer, stage, dir, &out);  // captures this stage's outputs
       for (const KeyedSpec* ks : stage_keys(layer, stage, dir)) restore(oracle, *ks);
+      if (!poison) return;
+      // Everything else back to the oracle's values, except what a stage wrote for a
+      // pseudo-stage to capture (states/*, d_states/*, B4c/*: restored after that capture).
+      for (const auto& ks : keys)
+        if (!captured_later(*ks.spec)) restore(oracle, ks);
     };
     isolated(-1, "input_proj", Dir::Forward);
     for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
       load_entering_states(l);
-      for (const char* st : kForwardStages) isolated(l, st, Dir::Forward);
+      for (const StageEntry* e : layer_fwd_) isolated(l, e->stage.c_str(), Dir::Forward);
     }
     isolated(-1, "norm_f", Dir::Forward);
     isolated(-1, "norm_f", Dir::Backward);
@@ -594,7 +611,7 @@ class BackboneT final : public GpuBackbone::Impl {
       // The gradients wrt the leaving states are zero here (dl_, as the oracle's run), not
       // whatever an earlier backward left in the layer's buffers.
       load_leaving_grads(l);
-      for (const char* st : kBackwardStages) isolated(l, st, Dir::Backward);
+      for (const StageEntry* e : layer_bwd_) isolated(l, e->stage.c_str(), Dir::Backward);
     }
     upload_floats(bb_.at("delta"), oracle_data(oracle, stage_key(0, "B1", "d_temporal")),
                   Precision::F32, s_);
@@ -605,6 +622,42 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
  private:
+
+  // The stage-table entry of (layer or backbone, registry stage, direction).
+  const StageEntry& table_entry(int layer, const std::string& stage, Dir dir) const {
+    const Scope scope = layer >= 0 ? Scope::Layer : Scope::Backbone;
+    for (const StageEntry& e : table_)
+      if (e.scope == scope && e.dir == dir && e.stage == stage) return e;
+    throw Error("GpuBackbone", "stage '" + stage + "' is not in the stage table",
+                "reference/registry.cpp stage_table lists every stage the backbone runs");
+  }
+  // A layer tensor that one stage writes and a later pseudo-stage captures (states/* by F5/F6,
+  // d_states/* by B5a/B6, B4c/* by B4b's launcher).
+  static bool captured_later(const TensorSpec& spec) {
+    const std::string w = writing_stage(spec);
+    return spec.scope == Scope::Layer && !w.empty() && w != spec.stage;
+  }
+  // NaN into every registry tensor of the run except those entry e (of layer `layer`) reads
+  // or writes by the stage table.
+  void poison_unread_by(const StageEntry& e, int layer, const std::vector<KeyedSpec>& keys) {
+    auto listed = [&](const KeyedSpec& ks) {
+      const bool own = ks.spec->scope == Scope::Backbone || ks.layer == layer;
+      if (!own) return false;
+      if (writing_stage(*ks.spec) == e.name) return true;
+      for (const StageRead& r : e.reads)
+        if ((r.kind == ReadKind::Tensor || r.kind == ReadKind::TensorAtStorage) && !r.proxy &&
+            ks.spec->stage == std::string(r.stage) && ks.spec->tensor == std::string(r.name))
+          return true;
+      return false;
+    };
+    for (const auto& ks : keys) {
+      // What an earlier stage wrote for a pseudo-stage to capture stays: no stage reads it in
+      // between.
+      if (listed(ks) || captured_later(*ks.spec)) continue;
+      NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+      if (b.n > 0) M3_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.nbytes(), s_));
+    }
+  }
 
   static std::string backbone_name(const char* stage, const char* tensor) {
     return std::string(stage) + "/" + tensor;
@@ -901,6 +954,9 @@ class BackboneT final : public GpuBackbone::Impl {
   // Recompute::Scan, production layout: the chunked scan's prep (q, Ks, qk·γ, scale, γ, and k
   // at t = T − 1) and its chunk states (cumsums, entering states) again, into the workspace,
   // by the forward's kernels on the forward's saved inputs — the same bits the forward wrote.
+  // (Overlapping it with the GEMMs of B8/B7 and the layer above on a second stream was tried:
+  // 8.19–8.32 ms against 8.25 ms forward+backward at the official shape, no gain — the GEMMs
+  // hold every SM — so it runs in line.)
   void recompute_scan(int l) {
     ssm_chunked_rope_prep<T>(s_, d_, rope_prep_args(l, false), chunked_fwd_args(l, false));
     ssm_chunked_states<T>(s_, d_, chunked_fwd_args(l, true));
@@ -1252,6 +1308,8 @@ class BackboneT final : public GpuBackbone::Impl {
   int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
   int prep_fused_layer_ = -1;    // the layer whose F4ef did F6's K0/K1 (until that F6 runs)
   StageProfiler profiler_{s_};
+  std::vector<StageEntry> table_;                   // the registry's stage table of the run
+  std::vector<const StageEntry*> layer_fwd_, layer_bwd_;  // its per-layer stages, in order
 };
 
 }  // namespace
@@ -1299,6 +1357,9 @@ void GpuBackbone::set_fault(Fault f, int layer) { impl_->set_fault(f, layer); }
 void GpuBackbone::forward(Capture* cap) { impl_->forward(cap); }
 void GpuBackbone::backward(Capture* cap) { impl_->backward(cap); }
 Capture GpuBackbone::run_isolated(const Capture& oracle) { return impl_->run_isolated(oracle); }
+Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture& oracle) {
+  return impl_->run_isolated_poisoned_for_testing(oracle);
+}
 std::vector<float> GpuBackbone::output() const { return impl_->output(); }
 States<float> GpuBackbone::states() const { return impl_->states(); }
 Params<float> GpuBackbone::grads() const { return impl_->grads(); }

@@ -38,6 +38,7 @@ void GpuBackbone::set_fault(Fault, int) { no_cuda("GpuBackbone"); }
 void GpuBackbone::forward(Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward(Capture*) { no_cuda("GpuBackbone"); }
 Capture GpuBackbone::run_isolated(const Capture&) { no_cuda("GpuBackbone"); }
+Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture&) { no_cuda("GpuBackbone"); }
 std::vector<float> GpuBackbone::output() const { no_cuda("GpuBackbone"); }
 States<float> GpuBackbone::states() const { no_cuda("GpuBackbone"); }
 Params<float> GpuBackbone::grads() const { no_cuda("GpuBackbone"); }

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "backbone.hpp"
 #include "backbone_gpu.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -357,6 +358,37 @@ TEST(GpuSanitizer, ProductionLayoutBothModesBothPolicies) {
             << " rc=" << m3::recompute_name(rc);
       }
     }
+}
+
+// The registry's stage table lists what each stage reads (reference/registry.hpp
+// stage_table). The isolated run with every registry tensor that a stage neither reads nor
+// writes poisoned while it runs must give the bits of the plain isolated run: a read the table
+// lacks would turn an output into NaN (or change it) and name the stage's tensor here.
+TEST(GpuStageTable, EveryStageReadsOnlyWhatTheTableLists) {
+  M3_SKIP_WITHOUT_GPU();
+  for (const Case& c : cases()) {
+    const Problem pb = m3::make_problem(c.cfg, c.B, c.T, 33, true);
+    for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
+      const m3::Capture oracle = m3::run_reference<double>(pb, mode);
+      for (Precision p : kDtypes) {
+        const std::string what =
+            c.name + " " + m3::precision_name(p) + " " + m3::scan_mode_name(mode);
+        GpuBackbone net(ctx(), c.cfg, c.B, c.T, mode, p);
+        m3::gpu::load_problem(net, pb);
+        const m3::Capture plain = net.run_isolated(oracle);
+        const m3::Capture strict = net.run_isolated_poisoned_for_testing(oracle);
+        ASSERT_EQ(plain.keys(), strict.keys()) << what;
+        for (const auto& key : plain.keys()) {
+          const auto& a = plain.at(key).data;
+          const auto& b = strict.at(key).data;
+          ASSERT_EQ(a.size(), b.size()) << what << " " << key;
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+              << what << ": " << key
+              << " changes when the tensors its stage does not list as reads are poisoned";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
