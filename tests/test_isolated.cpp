@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "backbone.hpp"
 #include "backbone_gpu.hpp"
 #include "compare.hpp"
 #include "error.hpp"
@@ -76,6 +77,36 @@ TEST(IsolatedCpu, ReferencePassesIsolatedAndEndToEndInEveryPrecisionAndScanMode)
       EXPECT_EQ(cell.first_nonfinite, -1) << cell_name(cell);
       EXPECT_GT(cell.rows.size(), 100u);
     }
+  }
+}
+
+// The leaving states and the entering-state gradients are written by F5/F6 and B5a/B6 and
+// captured under the pseudo-stages states/ and d_states/: the isolated capture must hold the
+// stage's own (float) values there, not the oracle's that every later stage is fed again.
+TEST(IsolatedCpu, StatesAreTheScanStagesOwnOutputsNotTheOracles) {
+  const RunSpec spec = small_spec(true);
+  const Problem pb = build_problem(spec);
+  for (ScanMode mode : kModes) {
+    const Capture oracle = run_reference<double>(pb, mode);
+    const Capture iso = run_reference_isolated(pb, mode, oracle, Precision::F32, Fault::None);
+    int checked = 0;
+    for (const auto& key : iso.keys()) {
+      // k_state and v_state are K and x at t = T − 1: copies of the stage's (oracle) inputs.
+      const bool computed = key.find("/states/ssm_state") != std::string::npos ||
+                            key.find("/states/angle_state") != std::string::npos ||
+                            key.find("/d_states/") != std::string::npos;
+      if (!computed) continue;
+      const auto& a = iso.at(key).data;
+      const auto& o = oracle.at(key).data;
+      ASSERT_EQ(a.size(), o.size()) << key;
+      bool differs = false;
+      for (size_t i = 0; i < a.size(); ++i)
+        differs = differs || a[i] != static_cast<double>(static_cast<float>(o[i]));
+      EXPECT_TRUE(differs) << scan_mode_name(mode) << ": " << key
+                           << " holds the oracle's values, not the stage's";
+      ++checked;
+    }
+    EXPECT_GE(checked, 12) << scan_mode_name(mode);
   }
 }
 
