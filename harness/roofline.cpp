@@ -95,7 +95,7 @@ void add_flops(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage
         : fwd ? L * per_bh * 2 * (sum_l2 * (ds + hd) + 2 * sum_l * hd * ds)
               : L * per_bh * 2 * (sum_l2 * (3 * ds + 2 * hd) + 4 * sum_l * hd * ds);
     // The chunked scan of typed runs forms its products on the tensor cores
-    // (gpu/scan/ssm_chunked.cu, gpu/tc_mma.cuh); the sequential scan and f32 runs use f32 FMA.
+    // (gpu/scan/chunked_*.cu, gpu/tc/tc_mma.cuh); the sequential scan and f32 runs use f32 FMA.
     if (!seq && storage != Precision::F32) {
       matrix(f);
     } else {

@@ -1,7 +1,7 @@
 // B3 — step 1 of the chunked backward (MODEL.md §6.4) — for typed runs (bf16/f16) whose chunks
 // fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands as bf16 planes in
 // shared memory and the products in registers (tc_frag.cuh). Same formulas as
-// chunk_bwd_kernel of ssm_chunked.cu (its header is the authority); per (b, h, c), with
+// chunk_bwd_kernel of scan/chunked_bwd.cu (chunked_detail.cuh's header is the authority); per (b, h, c), with
 // M[t,s] = e^{cum_t − cum_s} (s < t), A = Q Ksᵀ, P = dO Xᵀ, MA = M⊙A, MP = M⊙P, W = MP⊙A,
 // e_s = e^{Λ − cum_s}:
 //   dQ_mid = e^{cum_t}·(dO S) + MP Ks                                   [t][n]

@@ -1,4 +1,4 @@
-// K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/scan/ssm_chunked.cu, whose header
+// K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/scan/chunked_fwd.cu; chunked_detail.cuh's header
 // states the algorithm) for typed runs (bf16 / f16) whose chunks fit one row tile (L ≤ kTR = 64),
 // on the tensor cores with the operands in bf16 planes and the accumulators in registers
 // (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256 threads], t, s < L:
@@ -19,7 +19,7 @@
 // X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory latency, so
 // the third block's warps are worth more than X's load overlapping steps 1–2).
 // Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
-// terms share one accumulator (ssm_chunked.cu's K5 keeps two), a reordering within f32 rounding.
+// terms share one accumulator (chunked_fwd.cu's K5 keeps two), a reordering within f32 rounding.
 // Determinism: fixed order everywhere, no atomics, one writer per y element.
 #include <cstdint>
 #include <type_traits>

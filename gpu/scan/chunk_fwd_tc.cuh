@@ -1,5 +1,5 @@
 // Internal to gpu/ (.cu files only): K5 of the chunked scan (chunk_scan_kernel of
-// gpu/scan/ssm_chunked.cu) for typed runs on the tensor cores over bf16 planes (gpu/scan/chunk_fwd_tc.cu).
+// gpu/scan/chunked_fwd.cu) for typed runs on the tensor cores over bf16 planes (gpu/scan/chunk_fwd_tc.cu).
 #pragma once
 
 #include "ssm_chunk_geom.cuh"

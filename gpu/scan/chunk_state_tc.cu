@@ -1,5 +1,5 @@
 // K2/K3 (forward) and B1 (backward) of the chunked scan (MODEL.md §5.2, §6.4; chunk_state_kernel
-// of gpu/scan/ssm_chunked.cu, whose header states the algorithm) for typed runs (bf16 / f16) whose
+// of gpu/scan/chunked_detail.cuh, whose header states the algorithm) for typed runs (bf16 / f16) whose
 // chunks fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands in bf16 planes
 // and the accumulators in registers (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256
 // threads], rows s < L, row0 = b·T + t0(c):

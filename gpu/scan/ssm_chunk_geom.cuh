@@ -1,5 +1,5 @@
 // Internal to gpu/ (.cu files only): the chunk geometry shared by the chunked-scan kernels
-// (gpu/scan/ssm_chunked.cu, gpu/scan/chunk_bwd_tc.cu). Per (b, h); chunk c covers t ∈ [c·cs,
+// (gpu/scan/chunked_*.cu, gpu/scan/chunk_bwd_tc.cu). Per (b, h); chunk c covers t ∈ [c·cs,
 // min(T, (c+1)·cs)), local index τ, length len(c); per-chunk scalars ([B, nc, nh, cs]:
 // da_cumsum_saved) at cum_base, per-chunk states ([B, nc, nh, hd, ds]) at state_base.
 #pragma once

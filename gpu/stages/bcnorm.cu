@@ -6,7 +6,7 @@
 //   X_normed[r,g,n] = X_raw[r,g,n] / X_rms[r,g] · w_X[n]                 (stored as T)
 //   X_biased[r,h,n] = X_normed[r,g(h),n] + X_bias[h,n]   for the hpg heads h of group g
 //                     (reads the stored X_normed); not stored when b/c_biased are null (F4ef
-//                     and the chunked backward then recompute it, rope.cu / ssm_chunked.cu)
+//                     and the chunked backward then recompute it, rope.cu / scan/chunked_bwd.cu)
 // Backward from d_X_pre_rope [BT, nh, ds] (f32):
 //   d_X_normed[r,g,n] = Σ_{h: g(h)=g} d_X_pre_rope[r,h,n]   (ascending h; stored as T)
 //   x̂ = X_raw / X_rms,  c1 = (1/ds) Σ_n d_X_normed·w_X·x̂     (reads the stored d_X_normed)
@@ -14,7 +14,7 @@
 //   d X_bias[h,n]    += Σ_r d_X_pre_rope[r,h,n]             (colsum_rows, fixed order)
 //   d w_X[n]         += Σ_{(r,g)} d_X_normed[r,g,n]·x̂[r,g,n] (colsum_rows over rows (r,g))
 // B4c alone (null d_X_pre_rope): the chunked scan's backward tail has stored d_X_normed and
-// added the bias gradients (ssm_chunked.cu, step 2); c1 and d_X_raw as above from the stored
+// added the bias gradients (scan/chunked_bwd.cu, step 2); c1 and d_X_raw as above from the stored
 // d_X_normed, the same values as after the head sum.
 // Shapes: X_raw, X_normed, d_X_normed, d_X_raw [BT, ng, ds]; X_rms [BT, ng];
 // X_biased, d_X_pre_rope [BT, nh, ds]; w_X [ds]; X_bias [nh, ds].

@@ -1,6 +1,6 @@
 // Internal to gpu/ (.cu files only): the RoPE rotation of one pair (MODEL.md §4 F4ef and its
 // backward), shared by the RoPE kernels (rope.cu) and the chunked scan's fused backward tail
-// (qk_rope_bwd_kernel, ssm_chunked.cu). With (sn, cs) = (sin θ, cos θ) of the pair's angle:
+// (qk_rope_bwd_kernel, gpu/scan/chunked_bwd.cu). With (sn, cs) = (sin θ, cos θ) of the pair's angle:
 //   forward      (x0, x1) → (cs·x0 − sn·x1, sn·x0 + cs·x1)
 //   backward     Rᵀ(g0, g1) = (cs·g0 + sn·g1, −sn·g0 + cs·g1)
 //   angle grad   dθ = −g0·r1 + g1·r0      (r = the rotated pair of the forward)

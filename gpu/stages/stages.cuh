@@ -238,7 +238,7 @@ struct SsmSeqBwd {
 template <class T>
 void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scratch scratch);
 
-// ---- ssm_chunked.cu (§5.2 K0–K6 with §5.3 entering states, §6.4 steps 1–3; reference
+// ---- scan/chunked_*.cu (§5.2 K0–K6 with §5.3 entering states, §6.4 steps 1–3; reference
 // ssm_chunked.cpp, whose header comment states every formula; run-time chunk size) ----------
 template <class T>
 struct SsmChunkFwd {

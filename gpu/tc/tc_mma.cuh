@@ -1,5 +1,5 @@
 // Internal to gpu/ (.cu files only): block-wide matrix products on the tensor cores for f32
-// operands held in shared memory, used by the chunked scan (gpu/scan/ssm_chunked.cu) of the typed
+// operands held in shared memory, used by the chunked scan (gpu/scan/chunked_*.cu) of the typed
 // (bf16/f16) runs.
 //
 //   C[m][n] (+)= Σ_{k < K'} A(m, k) · B(k, n),   m < M, n < N,   K' = K rounded up to 16,

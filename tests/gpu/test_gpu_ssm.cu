@@ -267,7 +267,7 @@ Tensors ref_chunked(const Dims& d, const Inputs& in) {
 }
 
 // ---- GPU runs ---------------------------------------------------------------------------------
-// Scratch of the chunked backward (see gpu/scan/ssm_chunked.cu): dS per chunk and dScale_{−1}.
+// Scratch of the chunked backward (see gpu/scan/chunked_bwd.cu): dS per chunk and dScale_{−1}.
 Idx chunked_scratch_floats(const Dims& d) {
   auto r64 = [](Idx n) { return (n + 63) / 64 * 64; };
   return r64(d.B * d.nc * d.nh * d.hd * d.ds) + r64(d.B * d.nh);

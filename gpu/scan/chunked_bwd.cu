@@ -1,0 +1,750 @@
+// The chunked scan's backward (chunked_detail.cuh has the family's math): B1 (chunk_state in
+// backward mode), B2 (state passing of dS), B2b (entering-state gradients), B3 (per chunk: dV,
+// dK_mid, dQ_mid, dADT, dQK), dD, step 2's tail (the RoPE backward with the qk terms, and
+// B4b's head sums fused in) and step 3 (dDT, d_trap_sig).
+#include "chunked_detail.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+// ---- B2 -------------------------------------------------------------------------------------
+// In place on the scratch dS buffer: slot c holds dcontrib_c on entry and dS_c on exit.
+__global__ void __launch_bounds__(kThreads)
+state_pass_bwd_kernel(ChunkGeom g, const float* da_cumsum, const float* d_ssm_out, float* dS,
+                      float* d_ssm_in) {
+  const Idx h = blockIdx.y, b = blockIdx.z, sb = b * g.nh + h;
+  const Idx e = Idx(blockIdx.x) * kThreads + threadIdx.x, hds = g.hd * g.ds;
+  if (e >= hds) return;
+  float v = d_ssm_out[sb * hds + e];
+  // Chunks descending (pass_chunks walking back, in place).
+  const ChunkWalk w(g, b, h, e);
+  const Idx last = g.nc - 1;
+  float* from = dS + w.state0 + last * w.sstep;
+  pass_chunks(static_cast<int>(g.nc), 0, from, from, da_cumsum + w.lam0 + last * w.lstep,
+              -w.sstep, -w.lstep, w.last_fix, v);
+  d_ssm_in[sb * hds + e] = v;
+}
+
+// ---- B2b ------------------------------------------------------------------------------------
+// Per (b, h) [grid (nh, B)]: u[p] = Σ_n dS[p,n] k_in[n] (ascending n); d_v_in = sg_{−1}·u;
+// d_k_in[n] = sg_{−1}·Σ_p dS[p,n] v_in[p] (ascending p); dScale_{−1} = Σ_p v_in[p]·u[p].
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+entering_grad_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dscale_prev) {
+  __shared__ float u[128];
+  const Idx h = blockIdx.x, b = blockIdx.y, sb = b * g.nh + h;
+  const Idx i0 = (b * g.T) * g.nh + h;
+  const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
+  const float* dS = p.d_ssm_in + sb * g.hd * g.ds;
+  const float* kin = p.k_in + sb * g.ds;
+  const float* vin = p.v_in + sb * g.hd;
+  for (Idx q = threadIdx.x; q < g.hd; q += kThreads) {
+    float s = 0.0f;
+    for (Idx n = 0; n < g.ds; ++n) s += dS[q * g.ds + n] * kin[n];
+    u[q] = s;
+    p.d_v_in[sb * g.hd + q] = sgm1 * s;
+  }
+  for (Idx n = threadIdx.x; n < g.ds; n += kThreads) {
+    float s = 0.0f;
+    for (Idx q = 0; q < g.hd; ++q) s += dS[q * g.ds + n] * vin[q];
+    p.d_k_in[sb * g.ds + n] = sgm1 * s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (Idx q = 0; q < g.hd; ++q) s += vin[q] * u[q];
+    dscale_prev[sb] = s;
+  }
+}
+
+// ---- B3 -------------------------------------------------------------------------------------
+// Per (b, h, c) [grid (nc, nh, B)], the chunk in row tiles (nt_c of them).
+//  Phase A, per tile J (target side): dQ_mid = e^{cum}·(dO S) → global; dADT = e^{cum}(dO S)·Q;
+//    dQK = dO·x.
+//  Phase B, per source tile I: registers dV, dK_mid [kBR][RH|RD] start at the dS / diagonal
+//    terms (dADT −= M_s); then for every target tile J ≥ I: A, P → MA, MP (shared);
+//    dADT[t] += Σ_s W (row sums), colsum[s] += Σ_t W; dQ_mid[J] += MP Ks_I (read-modify-write
+//    by its single owner thread); dV += MAᵀ dO_J, dK_mid += MPᵀ Q_J. At the end: d_x (+ d_v_out
+//    at t = T−1), dK_mid stored, dADT[s] −= colsum[s].
+//  Phase C: M_sc = e^{Λ}⟨S, dS⟩ (block_sum); reverse cumsum of dADT from M_sc + Σ_t M_t
+//    (thread 0, serial over the staged tile).
+// Shared: Qs [kTR][LDD] (Q_J), Os [kTR][LDH] (dO_J), Ks [kTR][LDD] (Ks_I), Xs [kTR][LDH] (X_I),
+// MA, MP [kTR][kLM] (also the S / dS slices), cumJ, cumI, colsum, mrow [kTR],
+// colred [16][kTR], red [32], scalars; typed runs: Cs, the product tile of mm.
+// Threads: kBwdThreads = 512 as a 32 × 16 grid (rows tm + 32i, i < kBR; columns tn + 16j; the
+// [kTR][kTR] tiles A, P: columns tn + 16j, j < kCM).
+template <class T, int RH, int RD>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
+  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = HP + 4, LDD = DP + 4;
+  constexpr int NT = kBwdThreads, kCM = kTR / 16, kWarpsB = NT / 32;
+  extern __shared__ float sm[];
+  float* Qs = sm;
+  float* Os = Qs + kTR * LDD;
+  float* Ks = Os + kTR * LDH;
+  float* Xs = Ks + kTR * LDD;
+  float* MA = Xs + kTR * LDH;
+  float* MP = MA + kTR * kLM;
+  float* Sl = MA;  // slices alias MA/MP (never live at the same time)
+  float* cumJ = MP + kTR * kLM;
+  float* cumI = cumJ + kTR;
+  float* colsum = cumI + kTR;
+  float* mrow = colsum + kTR;
+  float* colred = mrow + kTR;         // [kWarpsB][kTR]
+  float* red = colred + kWarpsB * kTR;  // [32]
+  float* scal = red + 32;         // [0] Σ M_t, [1] running sum
+  float* Cs = scal + 4;           // typed runs: [kTR][ld_c(max(RH, RD, kCM))] product tile
+  const int tid = threadIdx.x, tm = tid >> 4, tn = tid & 15, warp = tid >> 5;
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const int nt = (L + kTR - 1) / kTR;
+  const Idx row0 = b * g.T + g.t0(c), nh = g.nh, di = g.di, kst = g.nh * g.ds;
+  const Idx sb = b * nh + h;
+  const float* cum = p.da_cumsum_saved + g.cum_base(b, c, h);
+  const float Lam = cum[L - 1];
+  const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+  const float* dS = dS_all + g.state_base(b, c, h);
+  const float D = p.d_param[h];
+  if (tid == 0) scal[0] = 0.0f;
+
+  auto load_target = [&](int J) {
+    const int n = min(kTR, L - J * kTR);
+    const Idx r = row0 + J * kTR;
+    load_tile<DP, LDD, NT>(Qs, p.q + (r * nh + h) * ds, kst, n, ds);
+    load_tile<HP, LDH, NT>(Os, p.d_y + r * di + h * hd, di, n, hd);
+    if (tid < kTR) cumJ[tid] = tid < n ? cum[J * kTR + tid] : 0.0f;
+  };
+
+  // ---- phase A
+  for (int J = 0; J < nt; ++J) {
+    const int nJ = min(kTR, L - J * kTR);
+    const Idx r = row0 + J * kTR;
+    __syncthreads();
+    load_target(J);
+    load_tile<HP, LDH, NT>(Xs, p.x + r * di + h * hd, di, nJ, hd);
+    float acc[kBR][RD];
+    zero(acc);
+    for (int p0 = 0; p0 < hd; p0 += kNK) {
+      __syncthreads();
+      load_pslice<DP, LDD, NT>(Sl, S, hd, ds, p0);
+      __syncthreads();
+      mm<T, true, false, kBR, RD, LDH, 1, LDD, 1>(acc, Os + p0, Sl, min(kNK, hd - p0), tm, tn, Cs);
+    }
+#pragma unroll
+    for (int i = 0; i < kBR; ++i) {
+      const int t = tm + kBwdRows * i;
+      const float e = expf(cumJ[t]);
+      float rx = 0.0f, qk = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RD; ++j) {
+        const int n = tn + 16 * j;
+        rx += acc[i][j] * Qs[t * LDD + n];
+        if (t < nJ && n < ds) p.dQ_mid[((r + t) * nh + h) * ds + n] = e * acc[i][j];
+      }
+#pragma unroll
+      for (int j = 0; j < RH; ++j) {
+        const int q = tn + 16 * j;
+        qk += Os[t * LDH + q] * Xs[t * LDH + q];
+      }
+      rx = row16_sum(rx);
+      qk = row16_sum(qk);
+      if (tn == 0 && t < nJ) {
+        p.dADT[(r + t) * nh + h] = e * rx;
+        p.dQK_dot[(r + t) * nh + h] = qk;
+      }
+    }
+  }
+
+  // ---- phase B
+  for (int I = 0; I < nt; ++I) {
+    const int nI = min(kTR, L - I * kTR);
+    const Idx rI = row0 + I * kTR;
+    __syncthreads();
+    if (nt > 1) load_target(I);  // with one tile, phase A left Q_0, dO_0 (and X_0) in place
+    load_tile<DP, LDD, NT>(Ks, p.k_scaled_saved + (rI * nh + h) * ds, kst, nI, ds);
+    if (nt > 1) load_tile<HP, LDH, NT>(Xs, p.x + rI * di + h * hd, di, nI, hd);
+    if (tid < kTR) {
+      cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
+      colsum[tid] = 0.0f;
+    }
+    float dV[kBR][RH], dK[kBR][RD];
+    zero(dV);
+    zero(dK);
+    for (int n0 = 0; n0 < ds; n0 += kNK) {  // dV = Ks dSᵀ
+      __syncthreads();
+      load_nslice<HP, NT>(Sl, dS, hd, ds, n0);
+      __syncthreads();
+      mm<T, true, false, kBR, RH, LDD, 1, 1, kLS>(dV, Ks + n0, Sl, min(kNK, ds - n0), tm, tn, Cs);
+    }
+    for (int p0 = 0; p0 < hd; p0 += kNK) {  // dK = X dS
+      __syncthreads();
+      load_pslice<DP, LDD, NT>(Sl, dS, hd, ds, p0);
+      __syncthreads();
+      mm<T, true, false, kBR, RD, LDH, 1, LDD, 1>(dK, Xs + p0, Sl, min(kNK, hd - p0), tm, tn, Cs);
+    }
+#pragma unroll
+    for (int i = 0; i < kBR; ++i) {
+      const int s = tm + kBwdRows * i;
+      const float e = expf(Lam - cumI[s]);
+      const float dq = s < nI ? D + p.qk_dot_saved[(rI + s) * nh + h] : 0.0f;
+      float m = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RD; ++j) m += dK[i][j] * Ks[s * LDD + tn + 16 * j];
+      m = e * row16_sum(m);
+#pragma unroll
+      for (int j = 0; j < RD; ++j) dK[i][j] *= e;
+#pragma unroll
+      for (int j = 0; j < RH; ++j) dV[i][j] = e * dV[i][j] + dq * Os[s * LDH + tn + 16 * j];
+      if (tn == 0) {
+        mrow[s] = s < nI ? m : 0.0f;
+        if (s < nI) p.dADT[(rI + s) * nh + h] -= m;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float ms = scal[0];
+      for (int s = 0; s < nI; ++s) ms += mrow[s];
+      scal[0] = ms;
+    }
+
+    for (int J = I; J < nt; ++J) {
+      const int nJ = min(kTR, L - J * kTR);
+      const Idx rJ = row0 + J * kTR;
+      if (J > I) {
+        __syncthreads();
+        load_target(J);
+        __syncthreads();
+      }
+      float A[kBR][kCM], P[kBR][kCM];
+      zero(A);
+      zero(P);
+      mm<T, true, true, kBR, kCM, LDD, 1, 1, LDD>(A, Qs, Ks, ds, tm, tn, Cs);
+      mm<T, true, true, kBR, kCM, LDH, 1, 1, LDH>(P, Os, Xs, hd, tm, tn, Cs);
+      float cpart[kCM];
+#pragma unroll
+      for (int j = 0; j < kCM; ++j) cpart[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBR; ++i) {
+        const int t = tm + kBwdRows * i;
+        float rpart = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kCM; ++j) {
+          const int s = tn + 16 * j;
+          const bool on = t < nJ && s < nI && I * kTR + s < J * kTR + t;
+          const float dec = on ? expf(cumJ[t] - cumI[s]) : 0.0f;
+          const float mp = dec * P[i][j];
+          MA[t * kLM + s] = dec * A[i][j];
+          MP[t * kLM + s] = mp;
+          const float wv = mp * A[i][j];
+          rpart += wv;
+          cpart[j] += wv;
+        }
+        rpart = row16_sum(rpart);
+        if (tn == 0 && t < nJ) p.dADT[(rJ + t) * nh + h] += rpart;
+      }
+#pragma unroll
+      for (int j = 0; j < kCM; ++j) {
+        const float v = cpart[j] + __shfl_xor_sync(0xffffffffu, cpart[j], 16);
+        if ((tid & 31) < 16) colred[warp * kTR + tn + 16 * j] = v;
+      }
+      __syncthreads();
+      if (tid < kTR) {
+        float cs = colred[tid];
+        for (int w = 1; w < kWarpsB; ++w) cs += colred[w * kTR + tid];
+        colsum[tid] += cs;
+      }
+      float dq[kBR][RD];
+      zero(dq);
+      mm<T, false, true, kBR, RD, kLM, 1, LDD, 1>(dq, MP, Ks, nI, tm, tn, Cs);
+#pragma unroll
+      for (int i = 0; i < kBR; ++i) {
+        const int t = tm + kBwdRows * i;
+        if (t >= nJ) continue;
+        float* o = p.dQ_mid + ((rJ + t) * nh + h) * ds;
+#pragma unroll
+        for (int j = 0; j < RD; ++j) {
+          const int n = tn + 16 * j;
+          if (n < ds) o[n] += dq[i][j];
+        }
+      }
+      mm<T, false, true, kBR, RH, 1, kLM, LDH, 1>(dV, MA, Os, nJ, tm, tn, Cs);
+      mm<T, false, true, kBR, RD, 1, kLM, LDD, 1>(dK, MP, Qs, nJ, tm, tn, Cs);
+      __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < kBR; ++i) {
+      const int s = tm + kBwdRows * i;
+      if (s >= nI) continue;
+      const Idx r = rI + s;
+      const bool last = g.t0(c) + I * kTR + s == g.T - 1;
+#pragma unroll
+      for (int j = 0; j < RH; ++j) {
+        const int q = tn + 16 * j;
+        if (q < hd)
+          p.d_x[r * di + h * hd + q] =
+              from_float<T>(last ? dV[i][j] + p.d_v_out[sb * hd + q] : dV[i][j]);
+      }
+#pragma unroll
+      for (int j = 0; j < RD; ++j) {
+        const int n = tn + 16 * j;
+        if (n < ds) p.dK_mid[(r * nh + h) * ds + n] = dK[i][j];
+      }
+    }
+    if (tid < nI) p.dADT[(rI + tid) * nh + h] -= colsum[tid];
+  }
+
+  // ---- phase C
+  float part = 0.0f;
+#pragma unroll 8
+  for (Idx e = tid; e < g.hd * g.ds; e += NT) part += S[e] * dS[e];
+  const float msc = expf(Lam) * block_sum(part, red);
+  if (tid == 0) scal[1] = msc + scal[0];
+  for (int I = nt - 1; I >= 0; --I) {
+    const int nI = min(kTR, L - I * kTR);
+    float* o = p.dADT + (row0 + I * kTR) * nh + h;
+    __syncthreads();
+    if (tid < nI) mrow[tid] = o[tid * nh];
+    __syncthreads();
+    if (tid == 0) {
+      float run = scal[1];
+      for (int k = nI - 1; k >= 0; --k) mrow[k] = (run += mrow[k]);
+      scal[1] = run;
+    }
+    __syncthreads();
+    if (tid < nI) o[tid * nh] = mrow[tid];
+  }
+}
+
+// ---- dD -------------------------------------------------------------------------------------
+// dD_partials[b, h] = Σ_t dQK_dot (threads stride over t, then block_sum); grid (nh, B).
+__global__ void __launch_bounds__(kThreads)
+dd_partials_kernel(Idx T, Idx nh, const float* dQK, float* dD_partials) {
+  __shared__ float red[32];
+  const Idx h = blockIdx.x, b = blockIdx.y;
+  float s = 0.0f;
+  for (Idx t = threadIdx.x; t < T; t += kThreads) s += dQK[(b * T + t) * nh + h];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) dD_partials[b * nh + h] = s;
+}
+
+// d D[h] += Σ_b dD_partials[b, h], ascending b (one thread per head).
+__global__ void __launch_bounds__(kThreads)
+dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
+  const Idx h = Idx(blockIdx.x) * kThreads + threadIdx.x;
+  if (h >= nh) return;
+  float acc = 0.0f;
+  for (Idx b = 0; b < B; ++b) acc += dD_partials[b * nh + h];
+  d_d_param[h] += acc;
+}
+
+// ---- step 2: dqktheta, the RoPE backward and (optionally) B4b's head sums, fused -----------------
+// A block takes kTailRows consecutive rows r, all heads; producer warp w < kTailWarps takes heads
+// h = w, w + kTailWarps, … of each row, lane l the 4 values n = 4l … 4l + 3 (the pairs
+// j = 2l, 2l + 1; ds ≤ 128) of that (r, h), in 16-byte (f32) / 8-byte (T) accesses when kVec
+// (ds % 4 == 0, na even, aligned rows), else element by element:
+//   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
+//   rotated pair (j < na, angle θ_j = theta[r, h, j], R its rotation):
+//     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
+//     d_angle_cumsum_j = (−dv1_{2j}·k_{2j+1} + dv1_{2j+1}·k_{2j}) + (−dv2_{2j}·q_{2j+1} + dv2_{2j+1}·q_{2j});
+//   other elements (j ≥ na, and the last one when ds is odd): the same without R;
+//   dScale = Σ_n dK_mid·k, dGamma = dQK·Σ_n c_biased·b_biased (lane sums, then warp_sum).
+// The formulas of rope_backward (rope.cu) with the qk extra; dv1 is never stored and dK_mid, k,
+// c, b are read once.
+// kRecompute: b_biased, c_biased, k, q are not read but recomputed, bit for bit the values F4 and
+// F4ef stored: X_biased = T(float(X_normed[r, g(h)]) + X_bias[h]) (bcnorm.cu), k and q their
+// T-rounded rotations by θ (rope_rotate, whose products and sums are pinned to the same
+// roundings in every kernel). Reads [BT, ng, ds] instead of four [BT, nh, ds] tensors.
+// kFuse (B4b's head sums, MODEL.md §6.2 B4b, done here while d_X_pre_rope is in registers):
+//   the producers put the row's d_X_pre_rope into a shared row buffer (two, alternating between
+//   rows) and add each of their own (h, n) elements, which are the same ones in every row, to
+//   acc_X[h, n] in shared memory (ascending r); kTailConsumers extra warps then form
+//     d_X_normed[r,g,n] = T( Σ_{h: g(h)=g} d_X_pre_rope[r,h,n] )   (ascending h from 0.0f: the
+//   value bcnorm_backward_kernel computes). Producers and consumers meet at a named barrier,
+//   bar.sync by every thread of the block, once per row: row r's buffer is read by the
+//   consumers after the barrier of row r, and rewritten (row r + 2) by the producers only
+//   after the barrier of row r + 1, which the consumers reach once done with row r. Producers
+//   run at most one row ahead, which costs nothing measurable (the consumers keep up). An
+//   earlier variant, where producers arrived (bar.arrive) on a "full" barrier per buffer and
+//   waited on an "empty" one that the consumers arrived at, is ordered by the PTX barrier
+//   model as well, but compute-sanitizer racecheck reported read/write hazards on the row
+//   buffers in 4 of 6 runs; with bar.sync on both sides it reports none.
+//   At the end acc_X is stored as the block's partial column sums part_X[block, h·ds + n];
+//   the launcher sums them over the blocks with colsum_rows (a fixed order) into d X_bias.
+// d_X_pre_rope are stored when the pointers are set (capture, isolated mode, unfused runs).
+constexpr int kTailWarps = 16;     // producer warps
+constexpr int kTailConsumers = 1;  // consumer warps (kFuse)
+constexpr int tail_threads(bool fuse) { return 32 * (kTailWarps + (fuse ? kTailConsumers : 0)); }
+constexpr Idx kTailRows = 64;    // rows per block: the bias partial sums' row chunk
+constexpr int kTailBuffers = 6;  // kFuse: shared floats per nh·ds: acc_b, acc_c, two rows × (b, c)
+constexpr int kBarRow = 1;  // the named barrier the producers and consumers meet at, per row
+
+// bar.sync kId, threads: wait until `threads` threads (all of the block here) have arrived, at
+// whatever point of the code each does (unlike __syncthreads, whose callers must share one
+// call site). Warp-aligned: the whole warp must reach it converged, or the warp may count as
+// arrived while some of its lanes still work (a lane that left a loop early, e.g. the
+// consumer's column loop when ds < 32): __syncwarp() reconverges it first.
+template <int kId>
+__device__ __forceinline__ void named_sync(int threads) {
+  __syncwarp();
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
+}
+
+// The tail's launch geometry over a slab of rows (ssm_chunked_backward launches the tail once per
+// slab, with TailArgs shifted to the slab's first row, so that every in-kernel offset fits 32
+// bits: rows·nh·max(ds, na) < 2^31).
+struct TailGeom {
+  unsigned rows, nh, ds, na, ng, hpg, T;
+  Idx r_base;     // the slab's first row (global): t = (r_base + r) mod T
+  FastDiv group;  // h → g(h) = h / hpg
+};
+
+// The step-2 tensors (SsmChunkBwd's names), every [BT, ...] one starting at the slab's first row.
+template <class T>
+struct TailArgs {
+  const float *scale_saved, *dQK_dot, *gamma_saved, *theta, *dK_mid, *dQ_mid;
+  const T *k, *q, *b_biased, *c_biased;  // read unless kRecompute
+  const T *b_normed, *c_normed;          // kRecompute: [rows, ng, ds]
+  const float *b_bias, *c_bias, *d_k_out;  // [nh, ds], [B, nh, ds]: not shifted
+  float *d_angle_cumsum, *d_b_pre_rope, *d_c_pre_rope, *dScale, *dGamma;
+  T *d_b_normed, *d_c_normed;  // kFuse: [rows, ng, ds]
+};
+
+template <class T, bool kRecompute, bool kFuse, bool kVec>
+__global__ void __launch_bounds__(tail_threads(kFuse), 2)
+qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
+  // ds ≤ 128 (chunk_geom): lane l owns the 4 values n0 = 4l … 4l + 3 of a row (the pairs
+  // j = 2l, 2l + 1); all of a row's loads are issued before any store. Offsets are 32-bit
+  // (TailGeom); the time index t of row r is carried from row to row.
+  constexpr int kAll = tail_threads(kFuse);
+  extern __shared__ float tail_smem[];  // kFuse: acc_b, acc_c, rows[2] (b, c); nh·ds floats each
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned nh = tg.nh, ds = tg.ds, na = tg.na, nhds = nh * ds, n0 = 4 * lane;
+  const bool has = n0 < ds;
+  float *acc_b = tail_smem, *acc_c = acc_b + nhds;
+  if constexpr (kFuse) {
+    for (unsigned e = threadIdx.x; e < 2 * nhds; e += kAll) tail_smem[e] = 0.0f;
+    __syncthreads();
+  }
+  const bool consumer = kFuse && warp >= kTailWarps;
+  const unsigned r0 = blockIdx.x * unsigned(kTailRows);
+  const unsigned r1 = r0 + unsigned(kTailRows) < tg.rows ? r0 + unsigned(kTailRows) : tg.rows;
+  unsigned t = static_cast<unsigned>((tg.r_base + r0) % tg.T);
+  for (unsigned r = r0; r < r1; ++r, t = t + 1 == tg.T ? 0 : t + 1) {
+    const unsigned buf = (r - r0) & 1;
+    float* row_b = acc_c + (1 + 2 * buf) * nhds;  // this row's buffers
+    float* row_c = row_b + nhds;
+    if (consumer) {
+      named_sync<kBarRow>(kAll);  // every producer has stored row r
+      // d_X_normed[r, g, n] = Σ_{h ∈ g} row_X[h, n], ascending h; the shared loads go out kU
+      // at a time.
+      const unsigned gds = tg.ng * ds;
+      for (unsigned x = threadIdx.x - 32 * kTailWarps; x < 2 * gds; x += 32 * kTailConsumers) {
+        const bool is_c = x >= gds;
+        const unsigned gn = is_c ? x - gds : x;  // g·ds + n
+        const float* col = (is_c ? row_c : row_b) + (gn / ds) * tg.hpg * ds + gn % ds;
+        constexpr unsigned kU = 8;
+        float sum = 0.0f;
+        unsigned k = 0;
+        for (; k + kU <= tg.hpg; k += kU) {
+          float v[kU];
+#pragma unroll
+          for (unsigned u = 0; u < kU; ++u) v[u] = col[(k + u) * ds];
+#pragma unroll
+          for (unsigned u = 0; u < kU; ++u) sum += v[u];
+        }
+        for (; k < tg.hpg; ++k) sum += col[k * ds];
+        (is_c ? a.d_c_normed : a.d_b_normed)[r * gds + gn] = from_float<T>(sum);
+      }
+      continue;
+    }
+    const bool last = t == tg.T - 1;  // t = T − 1: d_k_out enters the k path
+    const float* dkout_row =
+        last ? a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(nhds) : nullptr;
+    for (unsigned h = warp; h < nh; h += kTailWarps) {
+      const unsigned i = r * nh + h, base = i * ds;
+      const float sc = a.scale_saved[i], dqk = a.dQK_dot[i], e = dqk * a.gamma_saved[i];
+      float dk[4], g2[4], kv[4], qv[4], cv[4], bv[4], th[2];
+      if constexpr (kVec) {  // na is even, so both pairs are rotated or neither
+        th[0] = th[1] = 0.0f;
+        if (2 * lane < na) load_n<2>(a.theta + (i * na + 2 * lane), th);
+      } else {
+#pragma unroll
+        for (unsigned u = 0; u < 2; ++u)
+          th[u] = 2 * lane + u < na ? a.theta[i * na + 2 * lane + u] : 0.0f;
+      }
+      lane_load<kVec>(a.dK_mid, base, n0, ds, has, dk);
+      lane_load<kVec>(a.dQ_mid, base, n0, ds, has, g2);
+      if constexpr (kRecompute) {
+        const unsigned gn = (r * tg.ng + tg.group.div(h)) * ds, hn = h * ds;
+        float nb[4], nc[4], ab[4], ac[4];
+        lane_load<kVec>(a.b_normed, gn, n0, ds, has, nb);
+        lane_load<kVec>(a.c_normed, gn, n0, ds, has, nc);
+        lane_load<kVec>(a.b_bias, hn, n0, ds, has, ab);
+        lane_load<kVec>(a.c_bias, hn, n0, ds, has, ac);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) bv[v] = nb[v] + ab[v], cv[v] = nc[v] + ac[v];
+        // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
+        round_trip2<T>(bv[0], bv[1]), round_trip2<T>(bv[2], bv[3]);
+        round_trip2<T>(cv[0], cv[1]), round_trip2<T>(cv[2], cv[3]);
+      } else {
+        lane_load<kVec>(a.k, base, n0, ds, has, kv);
+        lane_load<kVec>(a.q, base, n0, ds, has, qv);
+        lane_load<kVec>(a.b_biased, base, n0, ds, has, bv);
+        lane_load<kVec>(a.c_biased, base, n0, ds, has, cv);
+      }
+      float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (last) lane_load<kVec>(dkout_row, h * ds, n0, ds, has, dkout);
+      float db[4], dc[4], dang[2];
+      float dsc = 0.0f, qk = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {  // pair j = 2·lane + u: values 2u, 2u + 1 of the lane's 4
+        const unsigned j = 2 * lane + u;
+        const int a0 = 2 * u, a1 = 2 * u + 1;
+        float sn = 0.0f, cs = 1.0f;
+        if (j < na) sincosf(th[u], &sn, &cs);
+        if constexpr (kRecompute) {  // k, q as F4ef stored them (copies for j ≥ na)
+          kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
+          if (j < na) {
+            rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
+            rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
+            round_trip2<T>(kv[a0], kv[a1]);
+            round_trip2<T>(qv[a0], qv[a1]);
+          }
+        }
+        // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
+        const float g1[2] = {sc * dk[a0] + dkout[a0], sc * dk[a1] + dkout[a1]};
+        dsc += dk[a0] * kv[a0];
+        qk += cv[a0] * bv[a0];
+        dsc += dk[a1] * kv[a1];
+        qk += cv[a1] * bv[a1];
+        float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[a0], g2[a1]};
+        dang[u] = 0.0f;
+        if (j < na) {
+          rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
+          rope_rotate_t(sn, cs, g2[a0], g2[a1], o2[0], o2[1]);
+          dang[u] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
+                    rope_angle_grad(g2[a0], g2[a1], qv[a0], qv[a1]);
+        }
+        db[a0] = o1[0] + e * cv[a0], db[a1] = o1[1] + e * cv[a1];
+        dc[a0] = o2[0] + e * bv[a0], dc[a1] = o2[1] + e * bv[a1];
+      }
+      if constexpr (kVec) {
+        if (2 * lane < na) store_n<2>(a.d_angle_cumsum + (i * na + 2 * lane), dang);
+      } else {
+#pragma unroll
+        for (unsigned u = 0; u < 2; ++u)
+          if (2 * lane + u < na) a.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
+      }
+      if (a.d_b_pre_rope) {
+        lane_store<kVec>(a.d_b_pre_rope, base, n0, ds, has, db);
+        lane_store<kVec>(a.d_c_pre_rope, base, n0, ds, has, dc);
+      }
+      if constexpr (kFuse) {
+        const unsigned hn = h * ds;
+        lane_store<kVec>(row_b, hn, n0, ds, has, db);
+        lane_store<kVec>(row_c, hn, n0, ds, has, dc);
+        float ab[4], ac[4];
+        lane_load<kVec>(acc_b, hn, n0, ds, has, ab);
+        lane_load<kVec>(acc_c, hn, n0, ds, has, ac);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) ab[v] += db[v], ac[v] += dc[v];
+        lane_store<kVec>(acc_b, hn, n0, ds, has, ab);
+        lane_store<kVec>(acc_c, hn, n0, ds, has, ac);
+      }
+      dsc = warp_sum(dsc);
+      qk = warp_sum(qk);
+      if (lane == 0) {
+        a.dScale[i] = dsc;
+        a.dGamma[i] = dqk * qk;
+      }
+    }
+    // Row r stored. Returns once the consumer is here too, i.e. done with row r − 1, whose
+    // buffer the producers fill next (row r + 1).
+    if constexpr (kFuse) named_sync<kBarRow>(kAll);
+  }
+  if constexpr (kFuse) {
+    __syncthreads();  // every owner's last acc_X update is done
+    for (unsigned x = threadIdx.x; x < nhds; x += kAll) {
+      part_b[Idx(blockIdx.x) * nhds + x] = acc_b[x];
+      part_c[Idx(blockIdx.x) * nhds + x] = acc_c[x];
+    }
+  }
+}
+
+// ---- step 3 ---------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+ddt_dtrap_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dscale_prev) {
+  const Idx rows = g.B * g.T * g.nh, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = Idx(blockIdx.x) * kThreads + threadIdx.x; i < rows; i += stride) {
+    const Idx r = i / g.nh, h = i % g.nh, t = r % g.T;
+    const float prev = t > 0 ? p.dScale[i - g.nh] : dscale_prev[(r / g.T) * g.nh + h];
+    const float own = p.dGamma[i] + p.dScale[i];
+    const float trap = p.trap[i];
+    const float ddt = own * trap + prev * (1.0f - trap);
+    p.dDT[i] = ddt;
+    p.d_trap_sig[i] = (own - prev) * p.dt[i];
+    p.d_dt_direct[i] = ddt;
+    p.d_adt_total[i] = p.dADT[i];
+  }
+}
+
+// The step-2 partial column sums (kFuse) reuse dS's space: dS is dead once B3 has run.
+Idx tail_blocks(const Dims& d) { return (d.BT + kTailRows - 1) / kTailRows; }
+// part_b, part_c [tail_blocks, nh·ds], then colsum_rows' own scratch for their column sums.
+Idx tail_partials(const Dims& d) { return round64(tail_blocks(d) * d.nh * d.ds); }
+Idx tail_colsum_scratch(const Dims& d) {
+  return round64(colsum_scratch_floats(tail_blocks(d), d.nh * d.ds));
+}
+Idx first_region(const Dims& d) {
+  return std::max(round64(d.B * d.nc * d.nh * d.hd * d.ds),
+                  2 * tail_partials(d) + tail_colsum_scratch(d));
+}
+std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * kTailBuffers * d.nh * d.ds; }
+constexpr std::size_t kTailSmemMax = 110 * 1024;  // two tail blocks per SM
+
+struct BwdScratch {
+  float *dS, *dscale_prev;
+  float *part_b, *part_c, *part_sums;  // step 2's bias partial sums (and their colsum), over dS
+};
+
+BwdScratch carve(const Dims& d, Scratch scratch) {
+  require_scratch(scratch, ssm_chunked_scratch_floats(d), "gpu::ssm_chunked_backward");
+  BwdScratch s{};
+  s.dS = scratch.p;
+  s.part_b = scratch.p;
+  s.part_c = s.part_b + tail_partials(d);
+  s.part_sums = s.part_c + tail_partials(d);
+  s.dscale_prev = s.dS + first_region(d);
+  return s;
+}
+
+// p's step-2 tensors, each [BT, ...] one from row r0 on (null stays null).
+template <class T>
+TailArgs<T> tail_args(const SsmChunkBwd<T>& p, const Dims& d, Idx r0) {
+  const Idx rd = r0 * d.nh * d.ds, rs = r0 * d.nh, ra = r0 * d.nh * d.na, rg = r0 * d.ng * d.ds;
+  return TailArgs<T>{shifted(p.scale_saved, rs), shifted(p.dQK_dot, rs),
+                     shifted(p.gamma_saved, rs), shifted(p.theta, ra),
+                     shifted(p.dK_mid, rd),      shifted(p.dQ_mid, rd),
+                     shifted(p.k, rd),           shifted(p.q, rd),
+                     shifted(p.b_biased, rd),    shifted(p.c_biased, rd),
+                     shifted(p.b_normed, rg),    shifted(p.c_normed, rg),
+                     p.b_bias,                   p.c_bias,
+                     p.d_k_out,                  shifted(p.d_angle_cumsum, ra),
+                     shifted(p.d_b_pre_rope, rd), shifted(p.d_c_pre_rope, rd),
+                     shifted(p.dScale, rs),      shifted(p.dGamma, rs),
+                     shifted(p.d_b_normed, rg),  shifted(p.d_c_normed, rg)};
+}
+
+}  // namespace
+
+Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64(d.B * d.nh); }
+bool ssm_chunked_tail_fuses(const Dims& d) { return tail_smem_bytes(d) <= kTailSmemMax; }
+
+template <class T>
+void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
+                          Scratch scratch) {
+  constexpr bool kTyped = kTensorProducts<T>;
+  const ChunkGeom g = chunk_geom(d);
+  const bool planes = kTyped && g.nt == 1;
+  M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds, kChunkWhere, "bad dims", "na=", d.na, " ds=", d.ds,
+             " (needs 2·na ≤ ds)");
+  const bool fuse = p.d_b_normed != nullptr, recompute = p.b_normed != nullptr;
+  M3_REQUIRE(fuse || (p.d_b_pre_rope && p.d_c_pre_rope), kChunkWhere, "no step-2 output",
+             "set d_b/c_pre_rope, or d_b/c_normed for the fused head sums");
+  M3_REQUIRE(!fuse || (p.d_c_normed && p.d_b_bias && p.d_c_bias), kChunkWhere,
+             "incomplete fused head sums", "d_b_normed needs d_c_normed, d_b_bias and d_c_bias");
+  M3_REQUIRE(!fuse || ssm_chunked_tail_fuses(d), kChunkWhere,
+             "the fused head sums do not fit this shape", "nheads·d_state = ", d.nh * d.ds,
+             " needs ", tail_smem_bytes(d), " bytes of shared memory, limit ", kTailSmemMax,
+             " (check ssm_chunked_tail_fuses)");
+  M3_REQUIRE(recompute ? (p.c_normed && p.b_bias && p.c_bias)
+                       : (p.k && p.q && p.b_biased && p.c_biased),
+             kChunkWhere, "missing step-2 inputs",
+             recompute ? "b_normed needs c_normed, b_bias and c_bias"
+                       : "k, q, b_biased and c_biased are required without b_normed");
+  M3_REQUIRE(d.ng >= 1 && d.hpg * d.ng == d.nh, kChunkWhere, "bad dims", "ng=", d.ng,
+             " hpg=", d.hpg, " nh=", d.nh);
+  const BwdScratch w = carve(d, scratch);
+  const Idx rows = d.BT * d.nh;
+  with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
+    if (planes) {
+      if constexpr (kTyped) chunk_state_tc<T, false>(s, g, a);
+    } else {
+      auto k1 = chunk_state_kernel<T, RH, RD, false>;
+      const std::size_t sm1 = smem_chunk_state(RH, RD, kTyped);
+      set_smem(k1, sm1);
+      k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
+      M3_LAUNCH_CHECK();
+    }
+    state_pass_bwd_kernel<<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0,
+                            s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
+    M3_LAUNCH_CHECK();
+    entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
+    M3_LAUNCH_CHECK();
+    if (planes) {
+      if constexpr (kTyped) chunk_bwd_tc<T>(s, g, p, w.dS);
+    } else {
+      auto k3 = chunk_bwd_kernel<T, RH, RD>;
+      const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
+      set_smem(k3, sm3);
+      k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
+      M3_LAUNCH_CHECK();
+    }
+  });
+  dd_partials_kernel<<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(d.T, d.nh, p.dQK_dot,
+                                                              p.dD_partials);
+  M3_LAUNCH_CHECK();
+  dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
+                                                                  p.d_d_param);
+  M3_LAUNCH_CHECK();
+  const unsigned int tail_grid = static_cast<unsigned int>(tail_blocks(d));
+  // Vector accesses: 4-value groups of the [.., ds] rows and θ pairs of the [.., na] rows.
+  const bool vec = d.ds % 4 == 0 && d.na % 2 == 0 &&
+                   all_aligned(16, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
+                               p.b_bias, p.c_bias) &&
+                   all_aligned(8, p.theta, p.d_angle_cumsum) &&
+                   all_aligned(4 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
+                               p.c_normed);
+  // Slabs of whole tail blocks whose offsets fit 32 bits (one slab up to 2^31 / (nh·ds) rows).
+  const Idx slab = slab_rows(d, kTailRows);
+  with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
+    constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
+    auto k2 = vec ? qk_rope_bwd_kernel<T, kR, kF, true> : qk_rope_bwd_kernel<T, kR, kF, false>;
+    const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
+    set_smem(k2, sm2);
+    for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
+      const Idx rows_here = std::min(slab, d.BT - r0);
+      const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),
+                        static_cast<unsigned>(d.ds),      static_cast<unsigned>(d.na),
+                        static_cast<unsigned>(d.ng),      static_cast<unsigned>(d.hpg),
+                        static_cast<unsigned>(d.T),       r0,
+                        FastDiv(d.hpg)};
+      const Idx part0 = r0 / kTailRows * d.nh * d.ds;
+      k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), tail_threads(kF), sm2,
+           s>>>(tg, tail_args(p, d, r0), w.part_b + part0, w.part_c + part0);
+      M3_LAUNCH_CHECK();
+    }
+  });
+  if (fuse) {
+    const Idx nhds = d.nh * d.ds;
+    const Scratch sums{w.part_sums, tail_colsum_scratch(d)};
+    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_b, nhds}, p.d_b_bias, true, sums,
+                kChunkWhere);
+    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_c, nhds}, p.d_c_bias, true, sums,
+                kChunkWhere);
+  }
+  ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
+  M3_LAUNCH_CHECK();
+}
+#define M3_INSTANTIATE(T)                                                                   \
+  template void ssm_chunked_backward<T>(cudaStream_t, const Dims&, const SsmChunkBwd<T>&,   \
+                                        Scratch);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
+
+}  // namespace m3::gpu
