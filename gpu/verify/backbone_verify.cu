@@ -1,0 +1,182 @@
+// The verification members of BackboneT (backbone/backbone_t.cuh), beside the production path:
+// capture (every registry tensor of a stage downloaded under the reference's names), the
+// isolated mode (HARNESS.md §2: each stage fed the oracle's values, run alone, its outputs
+// captured and then restored) and its poisoned variant for the stage-table test, the negative
+// controls' faults (fault_kernels.cu) and the test poisons. Nothing here runs in a production
+// pass: a Capture, run_isolated, a fault or a test poison switch the backbone to the
+// verification layout first (or poison what they name).
+#include "backbone_t.cuh"
+#include "fault_kernels.cuh"
+
+namespace m3::gpu::detail {
+
+template <class T>
+void BackboneT<T>::poison_for_testing(int layer, const std::string& tensor) {
+  if (tensor == "*workspace*") {
+    for (auto& [name, a] : ws_)
+      if (a.size()) M3_CUDA_CHECK(cudaMemsetAsync(a.data(), 0xFF, a.size(), s_));
+    return;
+  }
+  NamedBuf& b = layer >= 0 ? layers_.at(layer).at(tensor) : bb_.at(tensor);
+  if (b.n > 0 && b.data())
+    M3_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.nbytes(), s_));
+}
+
+template <class T>
+Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
+  // Each stage on its own, fed the oracle's inputs: no cross-stage fusion.
+  struct Isolated {
+    bool& flag;
+    explicit Isolated(bool& f) : flag(f) { flag = true; }
+    ~Isolated() { flag = false; }
+  } guard(isolated_);
+  ensure_full();
+  Capture out(cfg_, d_.B, d_.T);
+  // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
+  // be the GPU's value of the previous layer's output.
+  for (auto& L : layers_) L.unview("residual");
+  bb_.unview("norm_f/norm_f_input");
+  bb_.unview("delta");
+  pending_add_ = -1;
+  zero_grads();
+  zero_states(dl_);
+  // Everything the oracle holds goes into the buffers of the same name.
+  for (const auto& ks : expected_stage_keys(cfg_, d_.B, d_.T, mode_)) restore(oracle, ks);
+  const auto keys = expected_stage_keys(cfg_, d_.B, d_.T, mode_);
+  auto stage_keys = [&](int layer, const char* stage, Dir dir) {
+    std::vector<const KeyedSpec*> v;
+    for (const auto& ks : keys)
+      if (ks.layer == layer && ks.spec->dir == dir && std::string(ks.spec->stage) == stage)
+        v.push_back(&ks);
+    return v;
+  };
+  auto isolated = [&](int layer, const char* stage, Dir dir) {
+    const StageEntry& e = table_entry(layer, stage, dir);
+    const bool poison = poison_unread && !e.reads.empty();  // pseudo-stages run nothing
+    if (poison) poison_unread_by(e, layer, keys);
+    run_stage(layer, stage, dir, &out);  // captures this stage's outputs
+    for (const KeyedSpec* ks : stage_keys(layer, stage, dir)) restore(oracle, *ks);
+    if (!poison) return;
+    // Everything else back to the oracle's values, except what a stage wrote for a
+    // pseudo-stage to capture (states/*, d_states/*, B4c/*: restored after that capture).
+    for (const auto& ks : keys)
+      if (!captured_later(*ks.spec)) restore(oracle, ks);
+  };
+  isolated(-1, "input_proj", Dir::Forward);
+  for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
+    load_entering_states(l);
+    for (const StageEntry* e : layer_fwd_) isolated(l, e->stage.c_str(), Dir::Forward);
+  }
+  isolated(-1, "norm_f", Dir::Forward);
+  isolated(-1, "norm_f", Dir::Backward);
+  const int L = static_cast<int>(cfg_.n_layers);
+  for (int l = L - 1; l >= 0; --l) {
+    // δ entering layer l's backward: the oracle's ∂L/∂(layer output).
+    upload_floats(bb_.at("delta"),
+                  oracle_data(oracle, l == L - 1 ? stage_key(-1, "norm_f", "d_norm")
+                                                 : stage_key(l + 1, "B1", "d_temporal")),
+                  Precision::F32, s_);
+    // The gradients wrt the leaving states are zero here (dl_, as the oracle's run), not
+    // whatever an earlier backward left in the layer's buffers.
+    load_leaving_grads(l);
+    for (const StageEntry* e : layer_bwd_) isolated(l, e->stage.c_str(), Dir::Backward);
+  }
+  upload_floats(bb_.at("delta"), oracle_data(oracle, stage_key(0, "B1", "d_temporal")),
+                Precision::F32, s_);
+  isolated(-1, "input_proj", Dir::Backward);
+  capture_grads(grads(), cfg_, out);
+  have_forward_ = false;  // the buffers hold a mix of oracle and GPU values now
+  return out;
+}
+
+template <class T>
+const StageEntry& BackboneT<T>::table_entry(int layer, const std::string& stage, Dir dir) const {
+  const Scope scope = layer >= 0 ? Scope::Layer : Scope::Backbone;
+  for (const StageEntry& e : table_)
+    if (e.scope == scope && e.dir == dir && e.stage == stage) return e;
+  throw Error("GpuBackbone", "stage '" + stage + "' is not in the stage table",
+              "reference/registry.cpp stage_table lists every stage the backbone runs");
+}
+
+template <class T>
+void BackboneT<T>::poison_unread_by(const StageEntry& e, int layer, const std::vector<KeyedSpec>& keys) {
+  auto listed = [&](const KeyedSpec& ks) {
+    const bool own = ks.spec->scope == Scope::Backbone || ks.layer == layer;
+    if (!own) return false;
+    if (writing_stage(*ks.spec) == e.name) return true;
+    for (const StageRead& r : e.reads)
+      if ((r.kind == ReadKind::Tensor || r.kind == ReadKind::TensorAtStorage) && !r.proxy &&
+          ks.spec->stage == std::string(r.stage) && ks.spec->tensor == std::string(r.name))
+        return true;
+    return false;
+  };
+  for (const auto& ks : keys) {
+    // What an earlier stage wrote for a pseudo-stage to capture stays: no stage reads it in
+    // between.
+    if (listed(ks) || captured_later(*ks.spec)) continue;
+    NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+    if (b.n > 0) M3_CUDA_CHECK(cudaMemsetAsync(b.data(), 0xFF, b.nbytes(), s_));
+  }
+}
+
+template <class T>
+void BackboneT<T>::apply_fault(int l) {  // the corruptions live in verify/fault_kernels.cu
+  Buffers& L = layers_[l];
+  switch (fault_) {
+    case Fault::DropBeta:
+      L.at("beta").bytes.zero(s_);
+      break;
+    case Fault::FlipAngleSign:
+      fault_flip_angle(s_, L.at("angle_cumsum").n, L.f("angle_cumsum"));
+      break;
+    case Fault::ChunkBoundaryOff:
+      fault_chunk_boundary<T>(s_, d_.B, d_.T, d_.cs, d_.di, L.get<T>("y"));
+      break;
+    case Fault::RoundTwice:
+      fault_round_twice<T>(s_, d_.BT * d_.di, L.get<T>("y"));
+      break;
+    case Fault::None:
+      break;
+  }
+}
+
+template <class T>
+void BackboneT<T>::capture(Capture* cap, int layer, const char* stage, Dir dir) {
+  if (!cap) return;
+  const Scope scope = layer >= 0 ? Scope::Layer : Scope::Backbone;
+  std::vector<float> host;
+  for (const auto& spec : stage_registry()) {
+    if (spec.scope != scope || spec.dir != dir || std::string(spec.stage) != stage ||
+        !exists_in(spec, cfg_, mode_))
+      continue;
+    NamedBuf& b = buffer_of(layer, spec.stage, spec.tensor);
+    host.resize(static_cast<size_t>(b.n));
+    download_floats(b, host.data(), storage(), s_);
+    cap->put_stage(layer, spec.stage, spec.tensor, host.data(), b.n);
+  }
+}
+
+template <class T>
+void BackboneT<T>::restore(const Capture& oracle, const KeyedSpec& ks) {
+  NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+  const Tensor& t = oracle.at(ks.key);
+  M3_REQUIRE(static_cast<Idx>(t.data.size()) == b.n, "GpuBackbone::run_isolated",
+             "oracle tensor '" + ks.key + "' has the wrong size", "got ", t.data.size(),
+             ", expected ", b.n);
+  std::vector<float> host(t.data.begin(), t.data.end());
+  upload_floats(b, host.data(), storage(), s_);
+}
+
+#define M3_INSTANTIATE(T)                                                                      \
+  template void BackboneT<T>::poison_for_testing(int, const std::string&);                     \
+  template Capture BackboneT<T>::isolated_run(const Capture&, bool);                           \
+  template const StageEntry& BackboneT<T>::table_entry(int, const std::string&, Dir) const;    \
+  template void BackboneT<T>::poison_unread_by(const StageEntry&, int,                         \
+                                               const std::vector<KeyedSpec>&);                  \
+  template void BackboneT<T>::apply_fault(int);                                                \
+  template void BackboneT<T>::capture(Capture*, int, const char*, Dir);                        \
+  template void BackboneT<T>::restore(const Capture&, const KeyedSpec&);
+M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
+#undef M3_INSTANTIATE
+
+}  // namespace m3::gpu::detail
