@@ -17,6 +17,8 @@
 #   bench                     m3h bench --profile (the measured copy/GEMM ceilings; default and
 #                             official shapes, f32 and bf16, per-stage time, bytes, FLOPs and
 #                             achieved rates; the reference time on the f32 rows)
+#   memory                    m3h bench on official and official2, bf16 chunked, both recompute
+#                             policies: the marginal layer's time and bytes per further layer
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
@@ -112,6 +114,8 @@ if ((failed == 0)); then
     step compare-golden compare_golden "$m3h"
     step determinism "$m3h" determinism --runs 20
     step bench "$m3h" bench --profile
+    step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \
+      --scan chunked --recompute none,scan
   fi
 fi
 
