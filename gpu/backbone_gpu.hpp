@@ -139,9 +139,11 @@ class GpuBackbone {
 
   // The flat arenas: f32 master parameters and f32 gradients, one device buffer each of
   // param_layout().total floats (slots in MODEL.md §2 order, 256-byte aligned, gaps zero).
-  // Device pointers, for a whole-buffer optimizer step or collective. After the masters were
-  // changed on the device, refresh_typed_copies() re-rounds the GEMM weights' bf16/f16 compute
-  // copies from them (one launch, on the context's stream; nothing for f32).
+  // Device pointers, for a whole-buffer optimizer step or collective; the backbone works on them
+  // on the context's stream, so work on another stream is ordered with it (synchronize(), or
+  // events) on both sides. After the masters were changed on the device,
+  // refresh_typed_copies() re-rounds the GEMM weights' bf16/f16 compute copies from them (one
+  // launch, on the context's stream; nothing for f32).
   const ParamLayout& param_layout() const;
   float* param_arena();
   float* grad_arena();

@@ -260,10 +260,18 @@ TEST(GpuMemory, ACaptureOfTheBackwardAloneIsRefusedWithAMessage) {
   }
 }
 
-std::vector<float> download(const float* dev, Idx n) {
+// Host copies of the arenas on the legacy stream, ordered with the backbone's own stream
+// (a non-blocking one) by a full synchronisation on each side.
+std::vector<float> download(GpuBackbone& net, const float* dev, Idx n) {
   std::vector<float> h(static_cast<size_t>(n));
+  net.synchronize();
   EXPECT_EQ(cudaMemcpy(h.data(), dev, h.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
+}
+void upload(GpuBackbone& net, float* dev, const std::vector<float>& h) {
+  net.synchronize();
+  ASSERT_EQ(cudaMemcpy(dev, h.data(), h.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(GpuMemory, ArenasFollowTheParamLayoutAndOneRefreshUpdatesTheTypedCopies) {
@@ -275,7 +283,7 @@ TEST(GpuMemory, ArenasFollowTheParamLayoutAndOneRefreshUpdatesTheTypedCopies) {
       GpuBackbone net(ctx(), c.cfg, c.B, c.T, ScanMode::Chunked, p);
       m3::gpu::load_problem(net, pb);
       const m3::ParamLayout& lay = net.param_layout();
-      const std::vector<float> arena = download(net.param_arena(), lay.total);
+      const std::vector<float> arena = download(net, net.param_arena(), lay.total);
       // Each parameter at its slot, the gaps zero.
       const m3::Params<float> params = m3::cast_params<float>(pb.params);
       std::vector<char> covered(arena.size(), 0);
@@ -295,8 +303,7 @@ TEST(GpuMemory, ArenasFollowTheParamLayoutAndOneRefreshUpdatesTheTypedCopies) {
       // grads() reads the gradient arena by the layout.
       std::vector<float> g(static_cast<size_t>(lay.total));
       for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 977) * 0.5f;
-      ASSERT_EQ(cudaMemcpy(net.grad_arena(), g.data(), g.size() * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
+      upload(net, net.grad_arena(), g);
       m3::Params<float> got = net.grads();
       m3::for_each_param(got, [&](int l, const char* name, std::vector<float>& v) {
         if (v.empty()) return;
@@ -317,9 +324,7 @@ TEST(GpuMemory, ArenasFollowTheParamLayoutAndOneRefreshUpdatesTheTypedCopies) {
           const m3::ParamSlot& s = lay.at(l, name);
           for (Idx i = 0; i < s.size; ++i) host[s.offset + i] *= 1.5f;
         }
-      ASSERT_EQ(cudaMemcpy(net.param_arena(), host.data(), host.size() * 4,
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
+      upload(net, net.param_arena(), host);
       net.refresh_typed_copies();
       net.forward();
       const std::vector<float> out = net.output();
