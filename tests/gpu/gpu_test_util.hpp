@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
+#include "capture.hpp"
 #include "config.hpp"
 #include "device.hpp"
 
@@ -16,6 +19,19 @@
     const auto info_ = m3::gpu::query_device();                   \
     if (!info_.present) GTEST_SKIP() << m3::gpu::describe(info_); \
   } while (0)
+
+// The first key of a whose tensor b lacks or holds in other bits ("" when every tensor of a is
+// in b bit for bit): the comparison of runs that must agree exactly (determinism, isolated runs).
+inline std::string first_bit_difference(const m3::Capture& a, const m3::Capture& b) {
+  for (const auto& key : a.keys()) {
+    const m3::Tensor* t = b.find(key);
+    const auto& x = a.at(key).data;
+    if (!t || t->data.size() != x.size() ||
+        std::memcmp(x.data(), t->data.data(), x.size() * sizeof(double)) != 0)
+      return key;
+  }
+  return "";
+}
 
 struct StageCase {
   const char* name;
