@@ -1,6 +1,10 @@
 // The stage registry: the single source of every stage/tensor name (MODEL.md §10), its shape,
-// which scan mode produces it and under which config it exists. The reference capture, the
-// harness report, the dump paths and the parameterised tests all read this one table.
+// which scan mode produces it, under which config it exists, whether it is stored typed
+// (MODEL.md §8) and how long it lives in the GPU's production pass (Life, Recompute); the
+// stage table (the chain of stages in order with what each reads); and the flat parameter
+// layout (ParamLayout). The reference capture, the harness report, the dump paths, the
+// parameterised tests, the GPU backbone's allocation and stage order, both isolated runners
+// and the roofline all read these tables.
 //
 // A capture key is "<stage>/<tensor>" for backbone tensors and "L<ℓ>/<stage>/<tensor>" for
 // per-layer tensors; parameter gradients are "grad/<param>" and "grad/L<ℓ>/<param>".
