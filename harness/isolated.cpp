@@ -37,65 +37,9 @@ using Acts = ref::LayerActs<float>;
 using Grads = ref::LayerGrads<float>;
 using Vec = std::vector<float>;
 
-struct Field {
-  const char* stage;
-  const char* tensor;
-  Vec* v;
-};
-
-// Every per-layer registry tensor of the forward, and the buffer holding it.
-std::vector<Field> act_fields(Acts& a) {
-  return {{"F1", "residual", &a.residual},       {"F1", "rms_vals", &a.rms_vals},
-          {"F1", "post_norm", &a.post_norm},     {"F2", "proj", &a.proj},
-          {"F3", "z", &a.z},                     {"F3", "x", &a.x},
-          {"F3", "b_raw", &a.b_raw},             {"F3", "c_raw", &a.c_raw},
-          {"F3", "dd_dt_raw", &a.dd_dt_raw},     {"F3", "dd_a_raw", &a.dd_a_raw},
-          {"F3", "trap_raw", &a.trap_raw},       {"F3", "angles_raw", &a.angles_raw},
-          {"F3", "dt", &a.dt},                   {"F3", "a_val", &a.a_val},
-          {"F3", "trap", &a.trap},               {"F4", "b_normed", &a.b_normed},
-          {"F4", "c_normed", &a.c_normed},       {"F4", "b_rms", &a.b_rms},
-          {"F4", "c_rms", &a.c_rms},             {"F4", "b_biased", &a.b_biased},
-          {"F4", "c_biased", &a.c_biased},       {"F5", "angle_cumsum", &a.angle_cumsum},
-          {"F4ef", "k", &a.k},                   {"F4ef", "q", &a.q},
-          {"F5b", "alpha", &a.alpha},            {"F5b", "beta", &a.beta},
-          {"F5b", "gamma", &a.gamma},            {"F6", "h_saved", &a.h_saved},
-          {"F6", "k_prev_saved", &a.k_prev_saved}, {"F6", "v_prev_saved", &a.v_prev_saved},
-          {"F6", "adt", &a.adt},                 {"F6", "k_scaled_saved", &a.k_scaled_saved},
-          {"F6", "qk_dot_saved", &a.qk_dot_saved}, {"F6", "scale_saved", &a.scale_saved},
-          {"F6", "gamma_saved", &a.gamma_saved}, {"F6", "da_cumsum_saved", &a.da_cumsum_saved},
-          {"F6", "chunk_states", &a.chunk_states},
-          {"F6", "chunk_states_saved", &a.chunk_states_saved},
-          {"F6", "final_states", &a.final_states}, {"F6", "y", &a.y},
-          {"F7", "gated_rms_vals", &a.gated_rms_vals}, {"F7", "gated", &a.gated},
-          {"F8", "out_flat", &a.out_flat},       {"F8", "layer_output", &a.layer_output},
-          {"states", "ssm_state", &a.ssm_out},   {"states", "k_state", &a.k_out},
-          {"states", "v_state", &a.v_out},       {"states", "angle_state", &a.angle_out}};
-}
-
-// Every per-layer registry tensor of the backward.
-std::vector<Field> grad_fields(Grads& g) {
-  return {{"B8", "d_gated", &g.d_gated},          {"B7", "d_y", &g.d_y},
-          {"B7", "d_z", &g.d_z},                  {"B6", "d_q", &g.d_q},
-          {"B6", "d_k", &g.d_k},                  {"B6", "d_alpha", &g.d_alpha},
-          {"B6", "d_beta", &g.d_beta},            {"B6", "d_gamma", &g.d_gamma},
-          {"B6", "d_d_local", &g.d_d_local},      {"B6", "da_cs_sum", &g.da_cs_sum},
-          {"B6", "dQ_mid", &g.dQ_mid},            {"B6", "dK_mid", &g.dK_mid},
-          {"B6", "dADT", &g.dADT},                {"B6", "dQK_dot", &g.dQK_dot},
-          {"B6", "dD_partials", &g.dD_partials},  {"B6", "dScale", &g.dScale},
-          {"B6", "dGamma", &g.dGamma},            {"B6", "dDT", &g.dDT},
-          {"B6", "d_x", &g.d_x},                  {"B6", "d_b_pre_rope", &g.d_b_pre_rope},
-          {"B6", "d_c_pre_rope", &g.d_c_pre_rope}, {"B6", "d_angle_cumsum", &g.d_angle_cumsum},
-          {"B6", "d_adt_total", &g.d_adt_total},  {"B6", "d_dt_direct", &g.d_dt_direct},
-          {"B6", "d_trap_sig", &g.d_trap_sig},    {"B5a", "d_angles_raw", &g.d_angles_raw},
-          {"B5a", "d_dt_angle", &g.d_dt_angle},   {"B5b", "d_dd_dt", &g.d_dd_dt},
-          {"B5b", "d_dd_a", &g.d_dd_a},           {"B5b", "d_trap_raw", &g.d_trap_raw},
-          {"B4b", "d_b_normed", &g.d_b_normed},   {"B4b", "d_c_normed", &g.d_c_normed},
-          {"B4c", "d_b_raw", &g.d_b_raw},         {"B4c", "d_c_raw", &g.d_c_raw},
-          {"B3", "d_proj", &g.d_proj},            {"B2", "d_norm", &g.d_norm},
-          {"B1", "d_pre_norm", &g.d_pre_norm},    {"B1", "d_temporal", &g.d_temporal},
-          {"d_states", "d_ssm_state", &g.d_ssm_in}, {"d_states", "d_k_state", &g.d_k_in},
-          {"d_states", "d_v_state", &g.d_v_in},   {"d_states", "d_angle_state", &g.d_angle_in}};
-}
+using Field = ref::TensorField<float>;
+using ref::act_fields;
+using ref::grad_fields;
 
 class Runner {
  public:

@@ -1,6 +1,8 @@
-// The backbone (MODEL.md §3) chaining the stage functions of stages.hpp, one layer's forward
-// F1 → F2 → F3 → F4 → F5 → F4ef → F5b → F6 → F7 → F8 and backward B8 → B7 → B6 → B5a → B5b →
-// B4 → B3 → B2 → B1 (+ residual), with the capture of every registry tensor.
+// The backbone (MODEL.md §3) chaining the stage functions of stages.hpp in the order of the
+// registry's stage table — one layer's forward F1 → F2 → F3 → F4 → F5 → F4ef → F5b → F6 → F7 →
+// F8 and backward B8 → B7 → B6 → B5a → B5b → B4 → B3 → B2 → B1 (+ residual) — with the capture
+// of every registry tensor after the stage that writes it (act_fields / grad_fields name the
+// buffers).
 //
 //   forward : H⁰ = X·W_in + b_in (or X) ; Hˡ⁺¹ = Hˡ + out_proj(gate(SSM(…RMSNorm(Hˡ)))) ;
 //             Out = RMSNorm(H^L; norm_f_weight)
@@ -129,6 +131,67 @@ void LayerGrads<S>::allocate(const Dims& d, ScanMode mode) {
   }
 }
 
+// Every per-layer registry tensor of the forward, and the buffer holding it.
+template <class S>
+std::vector<TensorField<S>> act_fields(LayerActs<S>& a) {
+  return {{"F1", "residual", &a.residual},       {"F1", "rms_vals", &a.rms_vals},
+          {"F1", "post_norm", &a.post_norm},     {"F2", "proj", &a.proj},
+          {"F3", "z", &a.z},                     {"F3", "x", &a.x},
+          {"F3", "b_raw", &a.b_raw},             {"F3", "c_raw", &a.c_raw},
+          {"F3", "dd_dt_raw", &a.dd_dt_raw},     {"F3", "dd_a_raw", &a.dd_a_raw},
+          {"F3", "trap_raw", &a.trap_raw},       {"F3", "angles_raw", &a.angles_raw},
+          {"F3", "dt", &a.dt},                   {"F3", "a_val", &a.a_val},
+          {"F3", "trap", &a.trap},               {"F4", "b_normed", &a.b_normed},
+          {"F4", "c_normed", &a.c_normed},       {"F4", "b_rms", &a.b_rms},
+          {"F4", "c_rms", &a.c_rms},             {"F4", "b_biased", &a.b_biased},
+          {"F4", "c_biased", &a.c_biased},       {"F5", "angle_cumsum", &a.angle_cumsum},
+          {"F4ef", "k", &a.k},                   {"F4ef", "q", &a.q},
+          {"F5b", "alpha", &a.alpha},            {"F5b", "beta", &a.beta},
+          {"F5b", "gamma", &a.gamma},            {"F6", "h_saved", &a.h_saved},
+          {"F6", "k_prev_saved", &a.k_prev_saved}, {"F6", "v_prev_saved", &a.v_prev_saved},
+          {"F6", "adt", &a.adt},                 {"F6", "k_scaled_saved", &a.k_scaled_saved},
+          {"F6", "qk_dot_saved", &a.qk_dot_saved}, {"F6", "scale_saved", &a.scale_saved},
+          {"F6", "gamma_saved", &a.gamma_saved}, {"F6", "da_cumsum_saved", &a.da_cumsum_saved},
+          {"F6", "chunk_states", &a.chunk_states},
+          {"F6", "chunk_states_saved", &a.chunk_states_saved},
+          {"F6", "final_states", &a.final_states}, {"F6", "y", &a.y},
+          {"F7", "gated_rms_vals", &a.gated_rms_vals}, {"F7", "gated", &a.gated},
+          {"F8", "out_flat", &a.out_flat},       {"F8", "layer_output", &a.layer_output},
+          {"states", "ssm_state", &a.ssm_out},   {"states", "k_state", &a.k_out},
+          {"states", "v_state", &a.v_out},       {"states", "angle_state", &a.angle_out}};
+}
+
+// Every per-layer registry tensor of the backward.
+template <class S>
+std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g) {
+  return {{"B8", "d_gated", &g.d_gated},          {"B7", "d_y", &g.d_y},
+          {"B7", "d_z", &g.d_z},                  {"B6", "d_q", &g.d_q},
+          {"B6", "d_k", &g.d_k},                  {"B6", "d_alpha", &g.d_alpha},
+          {"B6", "d_beta", &g.d_beta},            {"B6", "d_gamma", &g.d_gamma},
+          {"B6", "d_d_local", &g.d_d_local},      {"B6", "da_cs_sum", &g.da_cs_sum},
+          {"B6", "dQ_mid", &g.dQ_mid},            {"B6", "dK_mid", &g.dK_mid},
+          {"B6", "dADT", &g.dADT},                {"B6", "dQK_dot", &g.dQK_dot},
+          {"B6", "dD_partials", &g.dD_partials},  {"B6", "dScale", &g.dScale},
+          {"B6", "dGamma", &g.dGamma},            {"B6", "dDT", &g.dDT},
+          {"B6", "d_x", &g.d_x},                  {"B6", "d_b_pre_rope", &g.d_b_pre_rope},
+          {"B6", "d_c_pre_rope", &g.d_c_pre_rope}, {"B6", "d_angle_cumsum", &g.d_angle_cumsum},
+          {"B6", "d_adt_total", &g.d_adt_total},  {"B6", "d_dt_direct", &g.d_dt_direct},
+          {"B6", "d_trap_sig", &g.d_trap_sig},    {"B5a", "d_angles_raw", &g.d_angles_raw},
+          {"B5a", "d_dt_angle", &g.d_dt_angle},   {"B5b", "d_dd_dt", &g.d_dd_dt},
+          {"B5b", "d_dd_a", &g.d_dd_a},           {"B5b", "d_trap_raw", &g.d_trap_raw},
+          {"B4b", "d_b_normed", &g.d_b_normed},   {"B4b", "d_c_normed", &g.d_c_normed},
+          {"B4c", "d_b_raw", &g.d_b_raw},         {"B4c", "d_c_raw", &g.d_c_raw},
+          {"B3", "d_proj", &g.d_proj},            {"B2", "d_norm", &g.d_norm},
+          {"B1", "d_pre_norm", &g.d_pre_norm},    {"B1", "d_temporal", &g.d_temporal},
+          {"d_states", "d_ssm_state", &g.d_ssm_in}, {"d_states", "d_k_state", &g.d_k_in},
+          {"d_states", "d_v_state", &g.d_v_in},   {"d_states", "d_angle_state", &g.d_angle_in}};
+}
+
+template std::vector<TensorField<double>> act_fields(LayerActs<double>&);
+template std::vector<TensorField<float>> act_fields(LayerActs<float>&);
+template std::vector<TensorField<double>> grad_fields(LayerGrads<double>&);
+template std::vector<TensorField<float>> grad_fields(LayerGrads<float>&);
+
 template struct LayerActs<double>;
 template struct LayerActs<float>;
 template struct LayerGrads<double>;
@@ -153,9 +216,13 @@ struct Backbone<S>::Impl {
   std::vector<std::vector<S>> w_in_typed, w_out_typed;
   std::vector<S> w_input_typed;
   bool have_forward = false;
+  std::vector<StageEntry> table;                    // the registry's stage table of the run
+  std::vector<const StageEntry*> layer_fwd, layer_bwd;  // its per-layer stages, in order
 
   Impl(const Config& c, Idx B, Idx T, ScanMode m, Precision storage)
-      : cfg(c), d(Dims::of(c, B, T, storage)), mode(m) {
+      : cfg(c), d(Dims::of(c, B, T, storage)), mode(m), table(stage_table(c, m)) {
+    for (const StageEntry& e : table)
+      if (e.scope == Scope::Layer) (e.dir == Dir::Forward ? layer_fwd : layer_bwd).push_back(&e);
     acts.resize(static_cast<size_t>(c.n_layers));
     for (auto& a : acts) a.allocate(d, m);
     lg.allocate(d, m);
@@ -216,133 +283,125 @@ struct Backbone<S>::Impl {
     std::copy(slice.begin(), slice.end(), all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()));
   }
 
+  // Captures every tensor of (layer l, stage) that the run produces, in the registry's order,
+  // from the buffers `fields` names.
+  void put_stage(Capture* cap, int l, const std::string& stage,
+                 const std::vector<ref::TensorField<S>>& fields) {
+    if (!cap) return;
+    for (const TensorSpec& spec : stage_registry()) {
+      if (spec.scope != Scope::Layer || stage != spec.stage) continue;
+      for (const auto& f : fields)
+        if (stage == f.stage && std::string(spec.tensor) == f.tensor)
+          put(cap, l, spec.stage, spec.tensor, *f.v);
+    }
+  }
+
+  // One layer, its stages in the order of the registry's stage table.
   void layer_forward(int l, const LayerParams<S>& p, const std::vector<S>& u, Capture* cap) {
     LayerActs<S>& a = acts[l];
-    a.residual = u;
-    ref::rmsnorm_forward(d.BT, d.dm, u.data(), p.norm_weight.data(), a.post_norm.data(),
-                         a.rms_vals.data());
-    ref::store_typed(d, a.post_norm);
-    put(cap, l, "F1", "residual", a.residual);
-    put(cap, l, "F1", "rms_vals", a.rms_vals);
-    put(cap, l, "F1", "post_norm", a.post_norm);
-    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p),
-                        static_cast<const S*>(nullptr), a.proj.data());
-    ref::store_typed(d, a.proj);
-    put(cap, l, "F2", "proj", a.proj);
-    ref::split_forward(d, p, a);
-    for (auto [name, v] : {std::pair{"z", &a.z}, {"x", &a.x}, {"b_raw", &a.b_raw},
-                           {"c_raw", &a.c_raw}, {"dd_dt_raw", &a.dd_dt_raw},
-                           {"dd_a_raw", &a.dd_a_raw}, {"trap_raw", &a.trap_raw},
-                           {"angles_raw", &a.angles_raw}, {"dt", &a.dt}, {"a_val", &a.a_val},
-                           {"trap", &a.trap}})
-      put(cap, l, "F3", name, *v);
-    ref::bcnorm_forward(d, p, a);
-    for (auto [name, v] : {std::pair{"b_normed", &a.b_normed}, {"c_normed", &a.c_normed},
-                           {"b_rms", &a.b_rms}, {"c_rms", &a.c_rms}, {"b_biased", &a.b_biased},
-                           {"c_biased", &a.c_biased}})
-      put(cap, l, "F4", name, *v);
-    ref::angle_forward(d, a);
-    put(cap, l, "F5", "angle_cumsum", a.angle_cumsum);
-    ref::rope_forward(d, a);
-    ref::store_typed(d, a.k);
-    ref::store_typed(d, a.q);
-    put(cap, l, "F4ef", "k", a.k);
-    put(cap, l, "F4ef", "q", a.q);
-    ref::abg_forward(d, a);
-    put(cap, l, "F5b", "alpha", a.alpha);
-    put(cap, l, "F5b", "beta", a.beta);
-    put(cap, l, "F5b", "gamma", a.gamma);
-    if (mode == ScanMode::Sequential) {
-      ref::ssm_seq_forward(d, p, a);
-    } else {
-      ref::ssm_chunked_forward(d, p, a);
+    const auto fields = ref::act_fields(a);
+    for (const StageEntry* e : layer_fwd) {
+      forward_step(l, e->stage, p, a, u);
+      put_stage(cap, l, e->stage, fields);
     }
-    ref::store_typed(d, a.y);
-    for (auto [name, v] :
-         {std::pair{"h_saved", &a.h_saved}, {"k_prev_saved", &a.k_prev_saved},
-          {"v_prev_saved", &a.v_prev_saved}, {"adt", &a.adt}, {"k_scaled_saved", &a.k_scaled_saved},
-          {"qk_dot_saved", &a.qk_dot_saved}, {"scale_saved", &a.scale_saved},
-          {"gamma_saved", &a.gamma_saved}, {"da_cumsum_saved", &a.da_cumsum_saved},
-          {"chunk_states", &a.chunk_states}, {"chunk_states_saved", &a.chunk_states_saved},
-          {"final_states", &a.final_states}, {"y", &a.y}})
-      put(cap, l, "F6", name, *v);
-    ref::gating_forward(d, p, a);
-    ref::store_typed(d, a.gated);
-    put(cap, l, "F7", "gated_rms_vals", a.gated_rms_vals);
-    put(cap, l, "F7", "gated", a.gated);
-    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p),
-                        static_cast<const S*>(nullptr), a.out_flat.data());
-    ref::store_typed(d, a.out_flat);
-    for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
-    put(cap, l, "F8", "out_flat", a.out_flat);
-    put(cap, l, "F8", "layer_output", a.layer_output);
-    put(cap, l, "states", "ssm_state", a.ssm_out);
-    put(cap, l, "states", "k_state", a.k_out);
-    put(cap, l, "states", "v_state", a.v_out);
-    put(cap, l, "states", "angle_state", a.angle_out);
+  }
+  void forward_step(int l, const std::string& st, const LayerParams<S>& p, LayerActs<S>& a,
+                    const std::vector<S>& u) {
+    if (st == "F1") {
+      a.residual = u;
+      ref::rmsnorm_forward(d.BT, d.dm, u.data(), p.norm_weight.data(), a.post_norm.data(),
+                           a.rms_vals.data());
+      ref::store_typed(d, a.post_norm);
+    } else if (st == "F2") {
+      ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p),
+                          static_cast<const S*>(nullptr), a.proj.data());
+      ref::store_typed(d, a.proj);
+    } else if (st == "F3") {
+      ref::split_forward(d, p, a);
+    } else if (st == "F4") {
+      ref::bcnorm_forward(d, p, a);
+    } else if (st == "F5") {  // and the leaving angle state
+      ref::angle_forward(d, a);
+    } else if (st == "F4ef") {
+      ref::rope_forward(d, a);
+      ref::store_typed(d, a.k);
+      ref::store_typed(d, a.q);
+    } else if (st == "F5b") {
+      ref::abg_forward(d, a);
+    } else if (st == "F6") {  // and the leaving ssm, k, v states
+      if (mode == ScanMode::Sequential) {
+        ref::ssm_seq_forward(d, p, a);
+      } else {
+        ref::ssm_chunked_forward(d, p, a);
+      }
+      ref::store_typed(d, a.y);
+    } else if (st == "F7") {
+      ref::gating_forward(d, p, a);
+      ref::store_typed(d, a.gated);
+    } else if (st == "F8") {
+      ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p),
+                          static_cast<const S*>(nullptr), a.out_flat.data());
+      ref::store_typed(d, a.out_flat);
+      for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
+    } else if (st != "states") {  // "states": written by F5 and F6
+      throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
+                  "reference/backbone.cpp forward_step lists every layer forward stage");
+    }
   }
 
   // delta: ∂L/∂(layer output) on entry, ∂L/∂(layer input) on return.
   void layer_backward(int l, const LayerParams<S>& p, LayerParams<S>& pg, std::vector<S>& dlt,
                       Capture* cap) {
+    const auto fields = ref::grad_fields(lg);
+    for (const StageEntry* e : layer_bwd) {
+      backward_step(l, e->stage, p, pg, dlt);
+      put_stage(cap, l, e->stage, fields);
+    }
+    dlt = lg.d_temporal;
+  }
+  void backward_step(int l, const std::string& st, const LayerParams<S>& p, LayerParams<S>& pg,
+                     const std::vector<S>& dlt) {
     const LayerActs<S>& a = acts[l];
     LayerGrads<S>& g = lg;
-    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p), typed_copy(dlt),
-                         g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
-    ref::store_typed(d, g.d_gated);
-    put(cap, l, "B8", "d_gated", g.d_gated);
-    ref::gating_backward(d, p, a, g, pg);
-    ref::store_typed(d, g.d_y);
-    ref::store_typed(d, g.d_z);
-    put(cap, l, "B7", "d_y", g.d_y);
-    put(cap, l, "B7", "d_z", g.d_z);
-    if (mode == ScanMode::Sequential) {
-      ref::ssm_seq_backward(d, p, a, g, pg);
-      ref::rope_backward(d, a, g);
-      ref::abg_backward(d, a, g);
-    } else {
-      ref::ssm_chunked_backward(d, p, a, g, pg);
+    if (st == "B8") {
+      ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p), typed_copy(dlt),
+                           g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
+      ref::store_typed(d, g.d_gated);
+    } else if (st == "B7") {
+      ref::gating_backward(d, p, a, g, pg);
+      ref::store_typed(d, g.d_y);
+      ref::store_typed(d, g.d_z);
+    } else if (st == "B6") {  // and the entering ssm, k, v state gradients
+      if (mode == ScanMode::Sequential) {
+        ref::ssm_seq_backward(d, p, a, g, pg);
+        ref::rope_backward(d, a, g);
+        ref::abg_backward(d, a, g);
+      } else {
+        ref::ssm_chunked_backward(d, p, a, g, pg);
+      }
+      ref::store_typed(d, g.d_x);
+    } else if (st == "B5a") {  // and the entering angle state gradient
+      ref::angle_backward(d, a, g);
+    } else if (st == "B5b") {
+      ref::activations_backward(d, p, a, g, pg);
+    } else if (st == "B4b") {  // B4b and B4c in one step
+      ref::bcnorm_backward(d, p, a, g, pg);
+    } else if (st == "B3") {
+      ref::split_backward(d, g);
+      ref::store_typed(d, g.d_proj);
+    } else if (st == "B2") {
+      ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p), g.d_proj.data(),
+                           g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
+      ref::store_typed(d, g.d_norm);
+    } else if (st == "B1") {
+      ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
+                            a.rms_vals.data(), g.d_norm.data(), g.d_pre_norm.data(),
+                            pg.norm_weight.data());
+      for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
+    } else if (st != "B4c" && st != "d_states") {  // written by B4b, and by B6 and B5a
+      throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
+                  "reference/backbone.cpp backward_step lists every layer backward stage");
     }
-    ref::store_typed(d, g.d_x);
-    for (auto [name, v] :
-         {std::pair{"d_q", &g.d_q}, {"d_k", &g.d_k}, {"d_alpha", &g.d_alpha}, {"d_beta", &g.d_beta},
-          {"d_gamma", &g.d_gamma}, {"d_d_local", &g.d_d_local}, {"da_cs_sum", &g.da_cs_sum},
-          {"dQ_mid", &g.dQ_mid}, {"dK_mid", &g.dK_mid}, {"dADT", &g.dADT},
-          {"dQK_dot", &g.dQK_dot}, {"dD_partials", &g.dD_partials}, {"dScale", &g.dScale},
-          {"dGamma", &g.dGamma}, {"dDT", &g.dDT}, {"d_x", &g.d_x},
-          {"d_b_pre_rope", &g.d_b_pre_rope}, {"d_c_pre_rope", &g.d_c_pre_rope},
-          {"d_angle_cumsum", &g.d_angle_cumsum}, {"d_adt_total", &g.d_adt_total},
-          {"d_dt_direct", &g.d_dt_direct}, {"d_trap_sig", &g.d_trap_sig}})
-      put(cap, l, "B6", name, *v);
-    ref::angle_backward(d, a, g);
-    put(cap, l, "B5a", "d_angles_raw", g.d_angles_raw);
-    put(cap, l, "B5a", "d_dt_angle", g.d_dt_angle);
-    ref::activations_backward(d, p, a, g, pg);
-    put(cap, l, "B5b", "d_dd_dt", g.d_dd_dt);
-    put(cap, l, "B5b", "d_dd_a", g.d_dd_a);
-    put(cap, l, "B5b", "d_trap_raw", g.d_trap_raw);
-    ref::bcnorm_backward(d, p, a, g, pg);
-    put(cap, l, "B4b", "d_b_normed", g.d_b_normed);
-    put(cap, l, "B4b", "d_c_normed", g.d_c_normed);
-    put(cap, l, "B4c", "d_b_raw", g.d_b_raw);
-    put(cap, l, "B4c", "d_c_raw", g.d_c_raw);
-    ref::split_backward(d, g);
-    ref::store_typed(d, g.d_proj);
-    put(cap, l, "B3", "d_proj", g.d_proj);
-    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p), g.d_proj.data(),
-                         g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
-    ref::store_typed(d, g.d_norm);
-    put(cap, l, "B2", "d_norm", g.d_norm);
-    ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(), a.rms_vals.data(),
-                          g.d_norm.data(), g.d_pre_norm.data(), pg.norm_weight.data());
-    for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
-    put(cap, l, "B1", "d_pre_norm", g.d_pre_norm);
-    put(cap, l, "B1", "d_temporal", g.d_temporal);
-    put(cap, l, "d_states", "d_ssm_state", g.d_ssm_in);
-    put(cap, l, "d_states", "d_k_state", g.d_k_in);
-    put(cap, l, "d_states", "d_v_state", g.d_v_in);
-    put(cap, l, "d_states", "d_angle_state", g.d_angle_in);
-    dlt = g.d_temporal;
   }
 };
 

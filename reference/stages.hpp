@@ -81,6 +81,21 @@ struct LayerGrads {
   void allocate(const Dims& d, ScanMode mode);
 };
 
+// Every per-layer registry tensor (stage, tensor) and the LayerActs / LayerGrads member holding
+// it (backbone.cpp): the reference's buffers named as the registry names them, for the
+// backbone's capture and the isolated runner's loads. The leaving states are states/*, the
+// entering-state gradients d_states/*.
+template <class S>
+struct TensorField {
+  const char* stage;
+  const char* tensor;
+  std::vector<S>* v;
+};
+template <class S>
+std::vector<TensorField<S>> act_fields(LayerActs<S>& a);
+template <class S>
+std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g);
+
 // ---- rmsnorm.cpp: y[r,i] = u[r,i]/rms[r]·w[i], rms[r] = sqrt(mean_i u[r,i]² + ε)
 template <class S>
 void rmsnorm_forward(Idx rows, Idx dim, const S* u, const S* w, S* y, S* rms);
