@@ -164,63 +164,26 @@ class Runner {
     put(-1, "norm_f", "Out", out);
   }
 
-  // One forward stage of layer l on the loaded values; captures its registry tensors (and
-  // the leaving states F5 and F6 write, which the pseudo-stage "states" names).
+  // One forward stage of layer l on the loaded values (the reference's step, then the
+  // negative controls' fault of that stage); captures its registry tensors, and the leaving
+  // states after F5 and F6, which write them (the pseudo-stage "states" names them).
   void forward_stage(int l, const std::string& st) {
-    const Idx BT = d_.BT;
-    const auto& P = p_.layers[static_cast<size_t>(l)];
-    const auto acts = act_fields(a_);
-    if (st == "F1") {
-      ref::rmsnorm_forward(BT, d_.dm, a_.residual.data(), P.norm_weight.data(),
-                           a_.post_norm.data(), a_.rms_vals.data());
-      ref::store_typed(d_, a_.post_norm);
-    } else if (st == "F2") {
-      ref::linear_forward(BT, d_.dm, d_.ip, a_.post_norm.data(), w_in_[static_cast<size_t>(l)].data(),
-                          static_cast<const float*>(nullptr), a_.proj.data());
-      ref::store_typed(d_, a_.proj);
-    } else if (st == "F3") {
-      ref::split_forward(d_, P, a_);
-    } else if (st == "F4") {
-      ref::bcnorm_forward(d_, P, a_);
-    } else if (st == "F5") {  // and the leaving angle state
-      ref::angle_forward(d_, a_);
-      if (faulted(l, gpu::Fault::FlipAngleSign))
-        for (float& th : a_.angle_cumsum) th = static_cast<float>(ref::kTwoPi - th);
-      put_stage(l, "F5", acts);
-      put(l, "states", "angle_state", a_.angle_out);
-      return;
-    } else if (st == "F4ef") {
-      ref::rope_forward(d_, a_);
-      ref::store_typed(d_, a_.k);
-      ref::store_typed(d_, a_.q);
-    } else if (st == "F5b") {
-      ref::abg_forward(d_, a_);
-      if (faulted(l, gpu::Fault::DropBeta)) std::fill(a_.beta.begin(), a_.beta.end(), 0.0f);
-    } else if (st == "F6") {  // and the leaving ssm, k, v states
-      if (mode_ == ScanMode::Sequential) ref::ssm_seq_forward(d_, P, a_);
-      else ref::ssm_chunked_forward(d_, P, a_);
-      ref::store_typed(d_, a_.y);
-      inject_f6_faults(l);
-      put_stage(l, "F6", acts);
+    const size_t li = static_cast<size_t>(l);
+    ref::layer_forward_step(d_, mode_, st, p_.layers[li], w_in_[li].data(), w_out_[li].data(),
+                            a_);
+    if (st == "F5" && faulted(l, gpu::Fault::FlipAngleSign))
+      for (float& th : a_.angle_cumsum) th = static_cast<float>(ref::kTwoPi - th);
+    if (st == "F5b" && faulted(l, gpu::Fault::DropBeta))
+      std::fill(a_.beta.begin(), a_.beta.end(), 0.0f);
+    if (st == "F6") inject_f6_faults(l);
+    if (st == "states") return;  // captured with F5 and F6
+    put_stage(l, st.c_str(), act_fields(a_));
+    if (st == "F5") put(l, "states", "angle_state", a_.angle_out);
+    if (st == "F6") {
       put(l, "states", "ssm_state", a_.ssm_out);
       put(l, "states", "k_state", a_.k_out);
       put(l, "states", "v_state", a_.v_out);
-      return;
-    } else if (st == "F7") {
-      ref::gating_forward(d_, P, a_);
-      ref::store_typed(d_, a_.gated);
-    } else if (st == "F8") {
-      ref::linear_forward(BT, d_.di, d_.dm, a_.gated.data(), w_out_[static_cast<size_t>(l)].data(),
-                          static_cast<const float*>(nullptr), a_.out_flat.data());
-      ref::store_typed(d_, a_.out_flat);
-      for (Idx i = 0; i < BT * d_.dm; ++i) a_.layer_output[i] = a_.residual[i] + a_.out_flat[i];
-    } else if (st == "states") {  // captured by F5 and F6
-      return;
-    } else {
-      throw Error("run_reference_isolated", "stage '" + st + "' of the stage table has no step",
-                  "harness/isolated.cpp forward_stage lists every layer forward stage");
     }
-    put_stage(l, st.c_str(), acts);
   }
 
   // The F6 faults of backbone_gpu.hpp on y [B·T, nh, hd] (after y's typed store).
@@ -288,69 +251,22 @@ class Runner {
   }
 
   // One backward stage of layer l on the loaded values (δ: ∂L/∂ layer output, f32, and its
-  // typed copy); captures its registry tensors (and the entering-state gradients B6 and B5a
-  // write, which the pseudo-stage "d_states" names; B4b's launcher also does B4c).
+  // typed copy); captures its registry tensors, and what B6, B5a (entering-state gradients,
+  // the pseudo-stage "d_states") and B4b (B4c's tensors) also write.
   void backward_stage(int l, const std::string& st, const Vec& delta, const Vec& delta_typed) {
-    const Idx BT = d_.BT;
     const size_t li = static_cast<size_t>(l);
-    const auto& P = p_.layers[li];
-    auto& PG = grads_.layers[li];
+    ref::layer_backward_step(d_, mode_, st, p_.layers[li], w_in_[li].data(), w_out_[li].data(),
+                             a_, delta, delta_typed.data(), g_, grads_.layers[li]);
+    if (st == "B4c" || st == "d_states") return;  // captured with B4b, and with B6 and B5a
     const auto grads = grad_fields(g_);
-    if (st == "B8") {
-      ref::linear_backward(BT, d_.di, d_.dm, a_.gated.data(), w_out_[li].data(),
-                           delta_typed.data(), g_.d_gated.data(), PG.out_proj_w.data(),
-                           static_cast<float*>(nullptr));
-      ref::store_typed(d_, g_.d_gated);
-    } else if (st == "B7") {
-      ref::gating_backward(d_, P, a_, g_, PG);
-      ref::store_typed(d_, g_.d_y);
-      ref::store_typed(d_, g_.d_z);
-    } else if (st == "B6") {  // and the entering ssm, k, v state gradients
-      if (mode_ == ScanMode::Sequential) {
-        ref::ssm_seq_backward(d_, P, a_, g_, PG);
-        ref::rope_backward(d_, a_, g_);
-        ref::abg_backward(d_, a_, g_);
-      } else {
-        ref::ssm_chunked_backward(d_, P, a_, g_, PG);
-      }
-      ref::store_typed(d_, g_.d_x);
-      put_stage(l, "B6", grads);
+    put_stage(l, st.c_str(), grads);
+    if (st == "B6") {
       put(l, "d_states", "d_ssm_state", g_.d_ssm_in);
       put(l, "d_states", "d_k_state", g_.d_k_in);
       put(l, "d_states", "d_v_state", g_.d_v_in);
-      return;
-    } else if (st == "B5a") {  // and the entering angle state gradient
-      ref::angle_backward(d_, a_, g_);
-      put_stage(l, "B5a", grads);
-      put(l, "d_states", "d_angle_state", g_.d_angle_in);
-      return;
-    } else if (st == "B5b") {
-      ref::activations_backward(d_, P, a_, g_, PG);
-    } else if (st == "B4b") {  // B4b and B4c: one step
-      ref::bcnorm_backward(d_, P, a_, g_, PG);
-      put_stage(l, "B4b", grads);
-      put_stage(l, "B4c", grads);
-      return;
-    } else if (st == "B3") {
-      ref::split_backward(d_, g_);
-      ref::store_typed(d_, g_.d_proj);
-    } else if (st == "B2") {
-      ref::linear_backward(BT, d_.dm, d_.ip, a_.post_norm.data(), w_in_[li].data(),
-                           g_.d_proj.data(), g_.d_norm.data(), PG.in_proj_w.data(),
-                           static_cast<float*>(nullptr));
-      ref::store_typed(d_, g_.d_norm);
-    } else if (st == "B1") {
-      ref::rmsnorm_backward(BT, d_.dm, a_.residual.data(), P.norm_weight.data(),
-                            a_.rms_vals.data(), g_.d_norm.data(), g_.d_pre_norm.data(),
-                            PG.norm_weight.data());
-      for (Idx i = 0; i < BT * d_.dm; ++i) g_.d_temporal[i] = delta[i] + g_.d_pre_norm[i];
-    } else if (st == "B4c" || st == "d_states") {  // captured by B4b, and by B6 and B5a
-      return;
-    } else {
-      throw Error("run_reference_isolated", "stage '" + st + "' of the stage table has no step",
-                  "harness/isolated.cpp backward_stage lists every layer backward stage");
     }
-    put_stage(l, st.c_str(), grads);
+    if (st == "B5a") put(l, "d_states", "d_angle_state", g_.d_angle_in);
+    if (st == "B4b") put_stage(l, "B4c", grads);
   }
 
   const Problem& pb_;

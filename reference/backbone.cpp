@@ -187,6 +187,114 @@ std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g) {
           {"d_states", "d_v_state", &g.d_v_in},   {"d_states", "d_angle_state", &g.d_angle_in}};
 }
 
+template <class S>
+void layer_forward_step(const Dims& d, ScanMode mode, const std::string& st,
+                        const LayerParams<S>& p, const S* w_in, const S* w_out, LayerActs<S>& a) {
+  if (st == "F1") {
+    ref::rmsnorm_forward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(), a.post_norm.data(),
+                         a.rms_vals.data());
+    ref::store_typed(d, a.post_norm);
+  } else if (st == "F2") {
+    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in,
+                        static_cast<const S*>(nullptr), a.proj.data());
+    ref::store_typed(d, a.proj);
+  } else if (st == "F3") {
+    ref::split_forward(d, p, a);
+  } else if (st == "F4") {
+    ref::bcnorm_forward(d, p, a);
+  } else if (st == "F5") {  // and the leaving angle state
+    ref::angle_forward(d, a);
+  } else if (st == "F4ef") {
+    ref::rope_forward(d, a);
+    ref::store_typed(d, a.k);
+    ref::store_typed(d, a.q);
+  } else if (st == "F5b") {
+    ref::abg_forward(d, a);
+  } else if (st == "F6") {  // and the leaving ssm, k, v states
+    if (mode == ScanMode::Sequential) {
+      ref::ssm_seq_forward(d, p, a);
+    } else {
+      ref::ssm_chunked_forward(d, p, a);
+    }
+    ref::store_typed(d, a.y);
+  } else if (st == "F7") {
+    ref::gating_forward(d, p, a);
+    ref::store_typed(d, a.gated);
+  } else if (st == "F8") {
+    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out,
+                        static_cast<const S*>(nullptr), a.out_flat.data());
+    ref::store_typed(d, a.out_flat);
+    for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
+  } else if (st != "states") {  // "states": written by F5 and F6
+    throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
+                "reference/backbone.cpp layer_forward_step lists every layer forward stage");
+  }
+}
+
+
+template <class S>
+void layer_backward_step(const Dims& d, ScanMode mode, const std::string& st,
+                         const LayerParams<S>& p, const S* w_in, const S* w_out,
+                         const LayerActs<S>& a, const std::vector<S>& dlt, const S* delta_typed,
+                         LayerGrads<S>& g, LayerParams<S>& pg) {
+  if (st == "B8") {
+    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out, delta_typed,
+                         g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
+    ref::store_typed(d, g.d_gated);
+  } else if (st == "B7") {
+    ref::gating_backward(d, p, a, g, pg);
+    ref::store_typed(d, g.d_y);
+    ref::store_typed(d, g.d_z);
+  } else if (st == "B6") {  // and the entering ssm, k, v state gradients
+    if (mode == ScanMode::Sequential) {
+      ref::ssm_seq_backward(d, p, a, g, pg);
+      ref::rope_backward(d, a, g);
+      ref::abg_backward(d, a, g);
+    } else {
+      ref::ssm_chunked_backward(d, p, a, g, pg);
+    }
+    ref::store_typed(d, g.d_x);
+  } else if (st == "B5a") {  // and the entering angle state gradient
+    ref::angle_backward(d, a, g);
+  } else if (st == "B5b") {
+    ref::activations_backward(d, p, a, g, pg);
+  } else if (st == "B4b") {  // B4b and B4c in one step
+    ref::bcnorm_backward(d, p, a, g, pg);
+  } else if (st == "B3") {
+    ref::split_backward(d, g);
+    ref::store_typed(d, g.d_proj);
+  } else if (st == "B2") {
+    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in, g.d_proj.data(),
+                         g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
+    ref::store_typed(d, g.d_norm);
+  } else if (st == "B1") {
+    ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
+                          a.rms_vals.data(), g.d_norm.data(), g.d_pre_norm.data(),
+                          pg.norm_weight.data());
+    for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
+  } else if (st != "B4c" && st != "d_states") {  // written by B4b, and by B6 and B5a
+    throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
+                "reference/backbone.cpp layer_backward_step lists every layer backward stage");
+  }
+}
+
+template void layer_forward_step<double>(const Dims&, ScanMode, const std::string&,
+                                         const LayerParams<double>&, const double*,
+                                         const double*, LayerActs<double>&);
+template void layer_forward_step<float>(const Dims&, ScanMode, const std::string&,
+                                        const LayerParams<float>&, const float*, const float*,
+                                        LayerActs<float>&);
+template void layer_backward_step<double>(const Dims&, ScanMode, const std::string&,
+                                          const LayerParams<double>&, const double*,
+                                          const double*, const LayerActs<double>&,
+                                          const std::vector<double>&, const double*,
+                                          LayerGrads<double>&, LayerParams<double>&);
+template void layer_backward_step<float>(const Dims&, ScanMode, const std::string&,
+                                         const LayerParams<float>&, const float*, const float*,
+                                         const LayerActs<float>&, const std::vector<float>&,
+                                         const float*, LayerGrads<float>&,
+                                         LayerParams<float>&);
+
 template std::vector<TensorField<double>> act_fields(LayerActs<double>&);
 template std::vector<TensorField<float>> act_fields(LayerActs<float>&);
 template std::vector<TensorField<double>> grad_fields(LayerGrads<double>&);
@@ -300,108 +408,23 @@ struct Backbone<S>::Impl {
   void layer_forward(int l, const LayerParams<S>& p, const std::vector<S>& u, Capture* cap) {
     LayerActs<S>& a = acts[l];
     const auto fields = ref::act_fields(a);
+    a.residual = u;
     for (const StageEntry* e : layer_fwd) {
-      forward_step(l, e->stage, p, a, u);
+      ref::layer_forward_step(d, mode, e->stage, p, w_in(l, p), w_out(l, p), a);
       put_stage(cap, l, e->stage, fields);
     }
   }
-  void forward_step(int l, const std::string& st, const LayerParams<S>& p, LayerActs<S>& a,
-                    const std::vector<S>& u) {
-    if (st == "F1") {
-      a.residual = u;
-      ref::rmsnorm_forward(d.BT, d.dm, u.data(), p.norm_weight.data(), a.post_norm.data(),
-                           a.rms_vals.data());
-      ref::store_typed(d, a.post_norm);
-    } else if (st == "F2") {
-      ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p),
-                          static_cast<const S*>(nullptr), a.proj.data());
-      ref::store_typed(d, a.proj);
-    } else if (st == "F3") {
-      ref::split_forward(d, p, a);
-    } else if (st == "F4") {
-      ref::bcnorm_forward(d, p, a);
-    } else if (st == "F5") {  // and the leaving angle state
-      ref::angle_forward(d, a);
-    } else if (st == "F4ef") {
-      ref::rope_forward(d, a);
-      ref::store_typed(d, a.k);
-      ref::store_typed(d, a.q);
-    } else if (st == "F5b") {
-      ref::abg_forward(d, a);
-    } else if (st == "F6") {  // and the leaving ssm, k, v states
-      if (mode == ScanMode::Sequential) {
-        ref::ssm_seq_forward(d, p, a);
-      } else {
-        ref::ssm_chunked_forward(d, p, a);
-      }
-      ref::store_typed(d, a.y);
-    } else if (st == "F7") {
-      ref::gating_forward(d, p, a);
-      ref::store_typed(d, a.gated);
-    } else if (st == "F8") {
-      ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p),
-                          static_cast<const S*>(nullptr), a.out_flat.data());
-      ref::store_typed(d, a.out_flat);
-      for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
-    } else if (st != "states") {  // "states": written by F5 and F6
-      throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
-                  "reference/backbone.cpp forward_step lists every layer forward stage");
-    }
-  }
-
   // delta: ∂L/∂(layer output) on entry, ∂L/∂(layer input) on return.
   void layer_backward(int l, const LayerParams<S>& p, LayerParams<S>& pg, std::vector<S>& dlt,
                       Capture* cap) {
     const auto fields = ref::grad_fields(lg);
+    const S* dlt_typed = typed_copy(dlt);  // the GEMMs' operand (B8)
     for (const StageEntry* e : layer_bwd) {
-      backward_step(l, e->stage, p, pg, dlt);
+      ref::layer_backward_step(d, mode, e->stage, p, w_in(l, p), w_out(l, p), acts[l], dlt,
+                               dlt_typed, lg, pg);
       put_stage(cap, l, e->stage, fields);
     }
     dlt = lg.d_temporal;
-  }
-  void backward_step(int l, const std::string& st, const LayerParams<S>& p, LayerParams<S>& pg,
-                     const std::vector<S>& dlt) {
-    const LayerActs<S>& a = acts[l];
-    LayerGrads<S>& g = lg;
-    if (st == "B8") {
-      ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out(l, p), typed_copy(dlt),
-                           g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
-      ref::store_typed(d, g.d_gated);
-    } else if (st == "B7") {
-      ref::gating_backward(d, p, a, g, pg);
-      ref::store_typed(d, g.d_y);
-      ref::store_typed(d, g.d_z);
-    } else if (st == "B6") {  // and the entering ssm, k, v state gradients
-      if (mode == ScanMode::Sequential) {
-        ref::ssm_seq_backward(d, p, a, g, pg);
-        ref::rope_backward(d, a, g);
-        ref::abg_backward(d, a, g);
-      } else {
-        ref::ssm_chunked_backward(d, p, a, g, pg);
-      }
-      ref::store_typed(d, g.d_x);
-    } else if (st == "B5a") {  // and the entering angle state gradient
-      ref::angle_backward(d, a, g);
-    } else if (st == "B5b") {
-      ref::activations_backward(d, p, a, g, pg);
-    } else if (st == "B4b") {  // B4b and B4c in one step
-      ref::bcnorm_backward(d, p, a, g, pg);
-    } else if (st == "B3") {
-      ref::split_backward(d, g);
-      ref::store_typed(d, g.d_proj);
-    } else if (st == "B2") {
-      ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in(l, p), g.d_proj.data(),
-                           g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
-      ref::store_typed(d, g.d_norm);
-    } else if (st == "B1") {
-      ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
-                            a.rms_vals.data(), g.d_norm.data(), g.d_pre_norm.data(),
-                            pg.norm_weight.data());
-      for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
-    } else if (st != "B4c" && st != "d_states") {  // written by B4b, and by B6 and B5a
-      throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
-                  "reference/backbone.cpp backward_step lists every layer backward stage");
-    }
   }
 };
 

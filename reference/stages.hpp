@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "config.hpp"
@@ -95,6 +96,21 @@ template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a);
 template <class S>
 std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g);
+
+// One stage of one layer on its buffers, by the stage table's name (backbone.cpp): the steps
+// that the backbone and the isolated runner both chain. Forward steps read the layer input
+// from a.residual; F5 and F6 also write the leaving states, B6 and B5a the entering-state
+// gradients, B4b also does B4c ("states", "B4c", "d_states" are no-ops). w_in, w_out: the GEMM
+// weights in the storage precision; delta: ∂L/∂(layer output), delta_typed its staged typed
+// copy (the GEMMs' operand). An unknown stage throws m3::Error.
+template <class S>
+void layer_forward_step(const Dims& d, ScanMode mode, const std::string& stage,
+                        const LayerParams<S>& p, const S* w_in, const S* w_out, LayerActs<S>& a);
+template <class S>
+void layer_backward_step(const Dims& d, ScanMode mode, const std::string& stage,
+                         const LayerParams<S>& p, const S* w_in, const S* w_out,
+                         const LayerActs<S>& a, const std::vector<S>& delta,
+                         const S* delta_typed, LayerGrads<S>& g, LayerParams<S>& pg);
 
 // ---- rmsnorm.cpp: y[r,i] = u[r,i]/rms[r]·w[i], rms[r] = sqrt(mean_i u[r,i]² + ε)
 template <class S>
