@@ -168,6 +168,21 @@ constexpr double kOfficialFwdMs = 2.99, kOfficialFwdBwdMs = 7.43, kOfficialGiBPe
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// Where a row's bytes are (GpuBackbone::memory(), production layout): per layer (the last
+// layer's; layer 0 also holds H⁰ in f32), the shared workspace, the parameter arenas, the
+// states and the scratch.
+void print_memory(const gpu::GpuTiming& t) {
+  const gpu::BackboneMemory& m = t.memory;
+  const double per_layer = m.layers.empty() ? 0.0 : static_cast<double>(m.layers.back());
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "  bytes: %.3f GiB per layer, workspace %.3f, backbone %.3f, parameters %.3f, "
+                "states %.3f, scratch %.3f GiB",
+                per_layer / kGiB, m.workspace / kGiB, m.backbone / kGiB, m.params / kGiB,
+                m.states / kGiB, m.scratch / kGiB);
+  std::cout << buf << "\n";
+}
+
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
                       const std::vector<Precision>& precisions,
                       const std::vector<Recompute>& recomputes, int warmup, int repeats,
@@ -227,6 +242,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                     t.forward_ms, t.forward_ms / L, t.forward_backward_ms / L,
                     tok / (t.forward_backward_ms / L) * 1e-3, t.peak_bytes / kGiB, ref.c_str());
       std::cout << buf << std::endl;
+      print_memory(t);
       if (profile) print_profile(t, sh.cfg, sh.B, sh.T, m, p, ceilings);
     }
     }
