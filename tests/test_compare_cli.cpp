@@ -9,6 +9,7 @@
 //
 // M3H_PATH (a compile definition) is the m3h executable built alongside this test.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -441,6 +442,86 @@ TEST_F(CliTest, ConfigFileThatDoesNotExistExitsTwo) {
   const RunResult r = m3h("compare --device cpu --config '" + path("missing.cfg").string() + "'");
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
+}
+
+// ---- bad input, as issue 16 found it (one line, exit 2, nothing run) -------------------------
+
+// Sizes whose products wrap around 64 bits used to run (B·T wrapped: a crash; d_inner wrapped
+// to 0: a PASS on an empty model); they are refused, naming the product.
+TEST_F(CliTest, SizesWhoseProductsOverflowAreRefusedNamingTheProduct) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"compare --device cpu --B 4611686018427387904 --T 4 --layers 1", "B*T"},
+      {"compare --device cpu --expand 2305843009213693952", "d_inner"},
+      {"compare --device cpu --T 4 --chunk-size 9223372036854775807", "chunk_size"},
+      {"determinism --device cpu --B 4611686018427387904 --T 4 --layers 1", "B*T"},
+      {"dump --stage '*' --out OUT --B 4611686018427387904 --T 4", "B*T"},
+  };
+  for (const auto& [args, named] : cases) {
+    std::string a = args;
+    if (a.find("OUT") != std::string::npos) a.replace(a.find("OUT"), 3, "'" + path("x.h5").string() + "'");
+    const RunResult r = m3h(a);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(named), std::string::npos) << args << ": " << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("x.h5")));
+}
+
+TEST_F(CliTest, NoCommandIsOneErrorLineAndTheHelpNamesEveryCommandWhole) {
+  RunResult r = m3h("");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("no command"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = m3h("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* name : {"compare  ", "bench  ", "dump  ", "golden  ", "determinism  "})
+    EXPECT_NE(r.out.find(std::string("  ") + name), std::string::npos) << name << "\n" << r.out;
+}
+
+// A seed is decimal unless it starts with 0x: 010 is ten (it was read as octal 8, while 09
+// was refused).
+TEST_F(CliTest, SeedsWithLeadingZerosAreDecimal) {
+  const std::pair<const char*, int> cases[] = {{"010", 10}, {"09", 9}, {"0x10", 16}, {"0", 0}};
+  for (const auto& [text, value] : cases) {
+    const fs::path json = path("s.json");
+    fs::remove(json);
+    const RunResult r = m3h(std::string("compare --device cpu --dtype f32 --scan seq ") + kSmall +
+                            " --seed " + text + " --json '" + json.string() + "'");
+    ASSERT_EQ(r.status, 0) << text << ": " << r.err;
+    EXPECT_EQ(parse_json(read_file(json)).at("seed").num, value) << text;
+  }
+  for (const char* bad : {"08x", "0x", "1e3", "- 1"}) {
+    const RunResult r = m3h(std::string("compare --device cpu ") + kSmall + " --seed '" + bad + "'");
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(count_lines(r.err), 1) << bad << ": " << r.err;
+  }
+}
+
+// An empty --stage (or an empty item of its list) would match every tensor: refused.
+TEST_F(CliTest, EmptyStagePatternsAreBadUsage) {
+  for (const char* pattern : {"''", "','", "'L0/F3/*,'", "'a,,b'", "' '"}) {
+    for (const std::string& cmd : {std::string("compare --device cpu ") + kSmall,
+                                  "dump --out '" + path("d.h5").string() + "' " + kSmall}) {
+      const RunResult r = m3h(cmd + " --stage " + pattern);
+      EXPECT_EQ(r.status, 2) << cmd << " --stage " << pattern << "\n" << r.out;
+      EXPECT_EQ(count_lines(r.err), 1) << pattern << ": " << r.err;
+      EXPECT_NE(r.err.find("empty pattern"), std::string::npos) << r.err;
+    }
+  }
+  EXPECT_FALSE(fs::exists(path("d.h5")));
+}
+
+// --config naming a FIFO used to block forever reading it; a folder or a FIFO is refused at once.
+TEST_F(CliTest, ConfigThatIsNotARegularFileIsRefusedWithoutReading) {
+  const fs::path fifo = path("cfg.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const fs::path& p : {fifo, dir_}) {
+    const RunResult r = m3h("compare --device cpu --config '" + p.string() + "'");
+    EXPECT_EQ(r.status, 2) << p;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.err;
+  }
 }
 
 // ---- dump ----------------------------------------------------------------------------------

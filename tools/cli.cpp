@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -63,12 +64,32 @@ std::uint64_t parse_seed(const std::string& text) {
   const auto first = text.find_first_not_of(" \t");
   if (first == std::string::npos || text[first] == '-' || text[first] == '+')
     throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
+  // Decimal, or hexadecimal after 0x: a leading zero is a decimal digit (010 is ten), never
+  // an octal prefix.
+  const bool hex = text.compare(first, 2, "0x") == 0 || text.compare(first, 2, "0X") == 0;
   errno = 0;
   char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 0);
+  const unsigned long long v = std::strtoull(text.c_str(), &end, hex ? 16 : 10);
   if (errno == ERANGE || end == text.c_str() || *end != '\0')
     throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
   return static_cast<std::uint64_t>(v);
+}
+
+std::string stage_pattern(const po::variables_map& vm) {
+  if (!given(vm, "stage")) return "";
+  const std::string pattern = vm["stage"].as<std::string>();
+  std::stringstream items(pattern);
+  std::string item;
+  bool any = false;
+  while (std::getline(items, item, ',')) {
+    if (trim(item).empty())
+      throw UsageError("--stage '" + pattern +
+                       "': an empty pattern (give one, or '*' for every tensor)");
+    any = true;
+  }
+  if (!any || pattern.back() == ',')
+    throw UsageError("--stage '" + pattern + "': an empty pattern (give one, or '*' for every tensor)");
+  return pattern;
 }
 
 po::options_description problem_options(bool golden) {
@@ -85,6 +106,14 @@ po::options_description problem_options(bool golden) {
 }
 
 void store_config_file(const std::string& path, po::variables_map& vm) {
+  // A FIFO, a device or a folder would block or read garbage: only regular files (a symbolic
+  // link to one is followed).
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st))
+    throw UsageError("--config " + path + ": no such file");
+  if (!std::filesystem::is_regular_file(st))
+    throw UsageError("--config " + path + ": not a regular file");
   std::ifstream in(path);
   if (!in) throw UsageError("--config " + path + ": cannot open (" + std::strerror(errno) + ")");
   po::options_description fields;

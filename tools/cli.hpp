@@ -64,6 +64,10 @@ void store_config_file(const std::string& path, po::variables_map& vm);
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
 
+// --stage as given: "" when it was not given (every key); a pattern that is empty or has an
+// empty comma-separated item is a UsageError (it would match every key, or nothing named).
+std::string stage_pattern(const po::variables_map& vm);
+
 // "seq,chunked" | "seq" | "chunked" | "both" → scan modes, in the given order, no duplicates.
 std::vector<ScanMode> parse_scan_list(const std::string& s);
 

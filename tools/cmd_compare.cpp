@@ -115,7 +115,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   }
   ProblemSource src = load_problem(vm);
   harness::RunSpec& spec = src.spec;
-  spec.filter = vm["stage"].as<std::string>();
+  spec.filter = stage_pattern(vm);
   spec.device = device;
   spec.compare_modes = compare_modes;
 

@@ -49,15 +49,16 @@ int cmd_dump(const std::vector<std::string>& args) {
     print_command_help("dump", kSummary, all);
     return 0;
   }
-  if (!vm.count("stage") || vm["stage"].as<std::string>().empty())
+  if (!vm.count("stage"))
     throw UsageError("dump: say which tensors: --stage PATTERN ('*' for all)");
+  const std::string pattern = stage_pattern(vm);
   if (!vm.count("out")) throw UsageError("dump: say where: --out FILE.h5");
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
   const std::string device =
       resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
 
   ProblemSource src = load_problem(vm);
-  src.spec.filter = vm["stage"].as<std::string>();
+  src.spec.filter = pattern;
   const std::string out = vm["out"].as<std::string>();
   const harness::DumpResult r =
       harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,

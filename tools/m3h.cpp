@@ -5,6 +5,8 @@
 // Exit status (HARNESS.md §5): 0 success / all within budget, 1 some budget exceeded,
 // 2 bad usage or bad input — any m3::Error, option error or other exception ends here as ONE
 // line "m3h: error: ..." on stderr.
+#include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -36,9 +38,11 @@ void print_usage(std::ostream& os) {
         "The differential harness of the Mamba-3 SISO backbone: an Eigen reference in double\n"
         "(the oracle) against the implementation under test, stage by stage.\n\n"
         "Commands:\n";
+  std::size_t width = 0;  // the longest name and two spaces: no name is cut
+  for (const auto& c : commands()) width = std::max(width, std::string(c.name).size() + 2);
   for (const auto& c : commands()) {
     std::string name = c.name;
-    name.resize(10, ' ');
+    name.resize(width, ' ');
     os << "  " << name << c.summary << "\n";
   }
   os << "\n'm3h <command> --help' lists the options of a command.\n"
@@ -48,8 +52,9 @@ void print_usage(std::ostream& os) {
 
 int dispatch(int argc, char** argv) {
   if (argc < 2) {
-    print_usage(std::cerr);
-    return 2;
+    std::string names;
+    for (const auto& c : commands()) names += (names.empty() ? "" : ", ") + std::string(c.name);
+    throw m3::tools::UsageError("no command given (one of " + names + "; see m3h --help)");
   }
   const std::string cmd = argv[1];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
