@@ -524,6 +524,49 @@ TEST_F(CliTest, ConfigThatIsNotARegularFileIsRefusedWithoutReading) {
   }
 }
 
+// One rule for every output (compare --json, dump --out), checked before the run: an existing
+// file only with --force, never a non-regular file (a device node stays one), never a dangling
+// link's target, never the run's own --config.
+TEST_F(CliTest, OutputsFollowOneRuleBeforeAnyWork) {
+  const std::string run = std::string("compare --device cpu --dtype f32 --scan seq ") + kSmall;
+  const fs::path json = path("r.json");
+  write("r.json", "keep me");
+  RunResult r = m3h(run + " --json '" + json.string() + "'");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(json), "keep me");
+  EXPECT_EQ(r.out.find("summary"), std::string::npos) << "the run went ahead:\n" << r.out;
+  r = m3h(run + " --json '" + json.string() + "' --force");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(read_file(json).find("\"cells\""), std::string::npos);
+  // A character device is never replaced, --force or not.
+  for (const char* force : {"", " --force"}) {
+    r = m3h(run + " --json /dev/null" + force);
+    EXPECT_EQ(r.status, 2) << force;
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  }
+  // A dangling symbolic link is not followed into a new file.
+  fs::create_symlink(path("nowhere/target.json"), path("dangling.json"));
+  r = m3h(run + " --json '" + path("dangling.json").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("dangling"), std::string::npos) << r.err;
+  // The run's own config file is never the output.
+  write("p.cfg", "layers = 1\nT = 24\nB = 1\n");
+  r = m3h("compare --device cpu --dtype f32 --config '" + path("p.cfg").string() + "' --json '" +
+          path("p.cfg").string() + "' --force");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--config"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(path("p.cfg")), "layers = 1\nT = 24\nB = 1\n");
+  // dump: an existing file without --force is refused before anything is computed.
+  write("d.h5", "not hdf5");
+  r = m3h(std::string("dump --stage '*' --out '") + path("d.h5").string() + "' " + kSmall);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(read_file(path("d.h5")), "not hdf5");
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {

@@ -75,6 +75,30 @@ std::uint64_t parse_seed(const std::string& text) {
   return static_cast<std::uint64_t>(v);
 }
 
+void check_output_path(const po::variables_map& vm, const std::string& option, bool force) {
+  namespace fs = std::filesystem;
+  const std::string path = vm[option].as<std::string>();
+  const std::string what = "--" + option + " " + path;
+  if (path.empty()) throw UsageError("--" + option + ": an empty file name");
+  const fs::path p(path);
+  const fs::path dir = p.parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !fs::is_directory(dir, ec))
+    throw UsageError(what + ": folder " + dir.string() + " does not exist");
+  const fs::file_status link = fs::symlink_status(p, ec);
+  if (fs::exists(link)) {
+    const fs::file_status target = fs::status(p, ec);
+    if (fs::is_symlink(link) && !fs::exists(target))
+      throw UsageError(what + ": a dangling symbolic link (writing would create its target)");
+    if (!fs::is_regular_file(target))
+      throw UsageError(what + ": exists and is not a regular file; nothing is written there");
+    for (const char* input : {"config", "golden"})
+      if (vm.count(input) && fs::equivalent(p, vm[input].as<std::string>(), ec))
+        throw UsageError(what + ": is the run's --" + input + " file; choose another name");
+    if (!force) throw UsageError(what + ": exists (pass --force to replace it)");
+  }
+}
+
 std::string stage_pattern(const po::variables_map& vm) {
   if (!given(vm, "stage")) return "";
   const std::string pattern = vm["stage"].as<std::string>();

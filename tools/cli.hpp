@@ -64,6 +64,14 @@ void store_config_file(const std::string& path, po::variables_map& vm);
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
 
+// The one rule for every file m3h writes (the value of `option`, e.g. "json" or "out"),
+// checked before any work: its folder exists; an existing path is replaced only when it is a
+// regular file (or a link to one) and `force` is set — a device, FIFO, folder or socket never,
+// since the atomic rename would replace the node itself; a dangling symbolic link is refused
+// (writing would create its target silently); and it is never one of the run's own inputs
+// (--config, --golden), force or not. Each refusal is a UsageError of one line.
+void check_output_path(const po::variables_map& vm, const std::string& option, bool force);
+
 // --stage as given: "" when it was not given (every key); a pattern that is empty or has an
 // empty comma-separated item is a UsageError (it would match every key, or nothing named).
 std::string stage_pattern(const po::variables_map& vm);

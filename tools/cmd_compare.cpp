@@ -78,7 +78,8 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors, no baseline), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
-    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic)")
+    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force)")
+    ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
     ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget");
@@ -106,13 +107,8 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (fault != gpu::Fault::None && device != "gpu")
     throw UsageError(std::string("--fault ") + gpu::fault_name(fault) +
                      ": faults are injected in the GPU subject only (--device gpu)");
-  if (vm.count("json")) {  // fail before the run, not after it
-    const std::filesystem::path dir =
-        std::filesystem::path(vm["json"].as<std::string>()).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir))
-      throw UsageError("--json " + vm["json"].as<std::string>() + ": folder " + dir.string() +
-                       " does not exist");
-  }
+  if (vm.count("json"))  // fail before the run, not after it
+    check_output_path(vm, "json", vm["force"].as<bool>());
   ProblemSource src = load_problem(vm);
   harness::RunSpec& spec = src.spec;
   spec.filter = stage_pattern(vm);

@@ -53,6 +53,7 @@ int cmd_dump(const std::vector<std::string>& args) {
     throw UsageError("dump: say which tensors: --stage PATTERN ('*' for all)");
   const std::string pattern = stage_pattern(vm);
   if (!vm.count("out")) throw UsageError("dump: say where: --out FILE.h5");
+  check_output_path(vm, "out", vm["force"].as<bool>());  // before any work
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
   const std::string device =
       resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
