@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "compare.hpp"
+#include "device.hpp"
 #include "golden.hpp"
 #include "h5store.hpp"
 #include "json.hpp"
@@ -565,6 +566,24 @@ TEST_F(CliTest, OutputsFollowOneRuleBeforeAnyWork) {
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_EQ(read_file(path("d.h5")), "not hdf5");
+}
+
+// --device gpu is a request, not a hint: without a usable GPU it is bad usage (it used to run
+// the CPU and exit 0); auto still falls back, saying so.
+TEST_F(CliTest, ExplicitGpuWithoutAGpuIsBadUsage) {
+  if (m3::gpu::query_device().present) GTEST_SKIP() << "a GPU is present";
+  for (const std::string& cmd :
+       {std::string("compare ") + kSmall, std::string("determinism --runs 2 ") + kSmall,
+        std::string("dump --stage '*' --out '") + path("g.h5").string() + "' " + kSmall}) {
+    const RunResult r = m3h(cmd + " --device gpu");
+    EXPECT_EQ(r.status, 2) << cmd << "\n" << r.out;
+    EXPECT_EQ(count_lines(r.err), 1) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--device gpu"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("g.h5")));
+  const RunResult r = m3h(std::string("compare --dtype f32 --scan seq ") + kSmall + " --device auto");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("no GPU"), std::string::npos) << r.out;
 }
 
 // ---- dump ----------------------------------------------------------------------------------

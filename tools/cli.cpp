@@ -300,6 +300,8 @@ std::string resolve_device(const std::string& device, const char* fallback) {
   if (device == "cpu") return "cpu";
   const std::string absent = harness::gpu_absent_reason();
   if (absent.empty()) return "gpu";
+  // Asked for by name, the GPU is never silently replaced by the CPU; auto says what it took.
+  if (device == "gpu") throw UsageError("--device gpu: no usable GPU (" + absent + ")");
   std::cout << "m3h: no GPU (" << absent << "): " << fallback << "\n";
   return "cpu";
 }

@@ -88,9 +88,9 @@ std::vector<Precision> parse_dtype_list(const std::string& s);
 std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
 
 // --device of compare, dump and determinism: "gpu", "cpu" or "auto" (the default: gpu when a
-// usable GPU is present). Returns "gpu" or "cpu"; when gpu was asked for (or auto) and there is
-// none, prints ONE line on stdout saying why and what runs instead ("m3h: no GPU (<why>):
-// <fallback>") and returns "cpu". Anything else is a UsageError.
+// usable GPU is present). Returns "gpu" or "cpu"; with auto and no GPU, prints ONE line on
+// stdout saying why and what runs instead ("m3h: no GPU (<why>): <fallback>") and returns
+// "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
 std::string resolve_device(const std::string& device, const char* fallback);
 
 // Parses args against `desc`; any positional argument is a UsageError naming the command.
