@@ -586,6 +586,22 @@ TEST_F(CliTest, ExplicitGpuWithoutAGpuIsBadUsage) {
   EXPECT_NE(r.out.find("no GPU"), std::string::npos) << r.out;
 }
 
+// golden: an option the action does not use is bad usage (list --file was silently ignored),
+// and a case named twice is refused before anything is written (it used to write, then fail).
+TEST_F(CliTest, GoldenOptionsTheActionDoesNotUseAndRepeatedCasesAreBadUsage) {
+  fs::create_directories(path("cases"));
+  const std::string dir = " --dir '" + path("cases").string() + "'";
+  for (const char* args :
+       {"golden list --file x.h5", "golden list --case default", "golden list --all",
+        "golden check --force", "golden regen --case default --file x.h5",
+        "golden regen --case default --case default"}) {
+    const RunResult r = m3h(std::string(args) + dir);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+  }
+  EXPECT_TRUE(fs::is_empty(path("cases"))) << "something was written";
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {

@@ -55,6 +55,8 @@ std::vector<std::string> selected_cases(const po::variables_map& vm, bool all) {
   if (vm.count("case"))
     for (const auto& n : vm["case"].as<std::vector<std::string>>()) {
       golden::find_case(n);  // an unknown name is an error before anything runs
+      if (std::find(names.begin(), names.end(), n) != names.end())
+        throw UsageError("golden: --case " + n + " is given twice");
       names.push_back(n);
     }
   return names;
@@ -179,6 +181,18 @@ int cmd_golden(const std::vector<std::string>& args) {
   if (vm.count("help")) {
     print_help(desc);
     return 0;
+  }
+  // An option the action does not use is bad usage, never silently ignored.
+  const std::pair<const char*, const char*> used_by[] = {
+      {"case", "regen and check"}, {"all", "regen and check"}, {"force", "regen"},
+      {"file", "check"}, {"dir", "regen, check and list"}};
+  for (const auto& [opt, actions] : used_by) {
+    const bool given = vm.count(opt) && !vm[opt].defaulted();
+    const bool set = given && (std::string(opt) != "all" && std::string(opt) != "force"
+                                   ? true
+                                   : vm[opt].as<bool>());
+    if (set && std::string(actions).find(action) == std::string::npos)
+      throw UsageError("golden " + action + ": --" + opt + " is for " + actions);
   }
   const std::string dir = vm.count("dir") ? vm["dir"].as<std::string>() : golden::default_dir();
   if (action == "regen") return regen(vm, dir);
