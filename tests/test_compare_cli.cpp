@@ -602,6 +602,38 @@ TEST_F(CliTest, GoldenOptionsTheActionDoesNotUseAndRepeatedCasesAreBadUsage) {
   EXPECT_TRUE(fs::is_empty(path("cases"))) << "something was written";
 }
 
+// A problem that cannot fit the machine is refused before anything is allocated, naming the
+// memory it needs and the override (it ended in std::bad_alloc or worse).
+TEST_F(CliTest, ProblemsLargerThanTheMachineAreRefusedNamingTheOverride) {
+  for (const char* cmd : {"compare", "determinism --runs 2", "dump --stage '*' --out OUT"}) {
+    std::string c = cmd;
+    if (c.find("OUT") != std::string::npos) c.replace(c.find("OUT"), 3, "'" + path("big.h5").string() + "'");
+    const RunResult r = m3h(c + " --device cpu --B 1048576 --T 1048576 --layers 1");
+    EXPECT_EQ(r.status, 2) << cmd << "\n" << r.out;
+    EXPECT_EQ(count_lines(r.err), 1) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("host memory"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--allow-large"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("big.h5")));
+}
+
+// Text from a file or the command line echoed in an error is one line: control characters
+// escaped, a long value cut.
+TEST_F(CliTest, EchoedTextIsEscapedAndCut) {
+  write("bad.cfg", std::string("d_model = 6\x01\x1b[31m4\n"));
+  RunResult r = m3h("compare --device cpu --config '" + path("bad.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("\\x01\\x1b"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "a raw escape reached the terminal";
+  write("long.cfg", "seed = " + std::string(100000, '7') + "x\n");
+  r = m3h("compare --device cpu --config '" + path("long.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1);
+  EXPECT_LT(r.err.size(), 500u) << r.err.substr(0, 200);
+  EXPECT_NE(r.err.find("bytes)"), std::string::npos) << r.err.substr(0, 300);
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {

@@ -1,7 +1,11 @@
 // Shared m3h option parsing (see cli.hpp).
 #include "cli.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -60,10 +64,30 @@ bool given(const po::variables_map& vm, const char* name) {
 
 }  // namespace
 
+std::string echo(const std::string& text, std::size_t max) {
+  std::string out;
+  std::size_t shown = 0;
+  for (unsigned char c : text) {
+    if (shown == max) {
+      out += "... (" + std::to_string(text.size()) + " bytes)";
+      break;
+    }
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+    ++shown;
+  }
+  return out;
+}
+
 std::uint64_t parse_seed(const std::string& text) {
   const auto first = text.find_first_not_of(" \t");
   if (first == std::string::npos || text[first] == '-' || text[first] == '+')
-    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
+    throw UsageError("--seed '" + echo(text) + "': expected an unsigned 64-bit integer");
   // Decimal, or hexadecimal after 0x: a leading zero is a decimal digit (010 is ten), never
   // an octal prefix.
   const bool hex = text.compare(first, 2, "0x") == 0 || text.compare(first, 2, "0X") == 0;
@@ -71,7 +95,7 @@ std::uint64_t parse_seed(const std::string& text) {
   char* end = nullptr;
   const unsigned long long v = std::strtoull(text.c_str(), &end, hex ? 16 : 10);
   if (errno == ERANGE || end == text.c_str() || *end != '\0')
-    throw UsageError("--seed '" + text + "': expected an unsigned 64-bit integer");
+    throw UsageError("--seed '" + echo(text) + "': expected an unsigned 64-bit integer");
   return static_cast<std::uint64_t>(v);
 }
 
@@ -107,12 +131,12 @@ std::string stage_pattern(const po::variables_map& vm) {
   bool any = false;
   while (std::getline(items, item, ',')) {
     if (trim(item).empty())
-      throw UsageError("--stage '" + pattern +
+      throw UsageError("--stage '" + echo(pattern) +
                        "': an empty pattern (give one, or '*' for every tensor)");
     any = true;
   }
   if (!any || pattern.back() == ',')
-    throw UsageError("--stage '" + pattern + "': an empty pattern (give one, or '*' for every tensor)");
+    throw UsageError("--stage '" + echo(pattern) + "': an empty pattern (give one, or '*' for every tensor)");
   return pattern;
 }
 
@@ -121,7 +145,8 @@ po::options_description problem_options(bool golden) {
   add_problem_fields(d);
   // clang-format off
   d.add_options()
-    ("config", po::value<std::string>(), "read problem options from FILE: 'name = value' lines ('d_model = 64', 'preset = long_t', '# comment'); the command line wins");
+    ("config", po::value<std::string>(), "read problem options from FILE: 'name = value' lines ('d_model = 64', 'preset = long_t', '# comment'); the command line wins")
+    ("allow-large", po::bool_switch(), "run a problem even when its tensors look larger than the machine's memory");
   if (golden)
     d.add_options()
       ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option");
@@ -151,28 +176,28 @@ void store_config_file(const std::string& path, po::variables_map& vm) {
     const std::string line = trim(raw.substr(0, raw.find('#')));
     if (line.empty()) continue;
     if (line.front() == '[')
-      throw UsageError("config " + where + ": sections ('" + line + "') are not used; write 'name = value'");
+      throw UsageError("config " + where + ": sections ('" + echo(line) + "') are not used; write 'name = value'");
     const auto eq = line.find('=');
     if (eq == std::string::npos)
-      throw UsageError("config " + where + ": expected 'name = value', got '" + line + "'");
+      throw UsageError("config " + where + ": expected 'name = value', got '" + echo(line) + "'");
     const std::string written = trim(line.substr(0, eq));
     const std::string value = trim(line.substr(eq + 1));
     std::string name = written;
     for (char& c : name)
       if (c == '_') c = '-';
     if (name == "config" || name == "golden")
-      throw UsageError("config " + where + ": '" + written + "' is not allowed in a config file");
+      throw UsageError("config " + where + ": '" + echo(written) + "' is not allowed in a config file");
     if (!fields.find_nothrow(name, false))
-      throw UsageError("config " + where + ": unknown key '" + written + "'");
+      throw UsageError("config " + where + ": unknown key '" + echo(written) + "'");
     if (!seen.insert(name).second)
-      throw UsageError("config " + where + ": key '" + written + "' given twice");
+      throw UsageError("config " + where + ": key '" + echo(written) + "' given twice");
     if (value.empty())
-      throw UsageError("config " + where + ": key '" + written + "' has no value");
+      throw UsageError("config " + where + ": key '" + echo(written) + "' has no value");
     try {  // the seed and the preset are resolved later; check them here, naming the line
       if (name == "seed") parse_seed(value);
       if (name == "preset") harness::find_preset(value);
     } catch (const std::exception& e) {
-      throw UsageError("config " + where + ": bad value '" + value + "' for '" + written + "' (" +
+      throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" + echo(written) + "' (" +
                        (name == "seed" ? "expected an unsigned 64-bit integer" : e.what()) + ")");
     }
     // Parse the one line on its own, first into a scratch map so that a bad value is reported
@@ -188,7 +213,7 @@ void store_config_file(const std::string& path, po::variables_map& vm) {
       const char* expected = name == "rope-fraction"                        ? "a number"
                              : name == "outproj-norm" || name == "zero-states" ? "true or false"
                                                                               : "an integer";
-      throw UsageError("config " + where + ": bad value '" + value + "' for '" + written +
+      throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" + echo(written) +
                        "' (expected " + expected + ")");
     }
   }
@@ -229,11 +254,48 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   return s;
 }
 
+namespace {
+
+// Host bytes a comparison run needs, roughly: every registry tensor of the larger scan mode as
+// a double about five times over (the oracle's buffers and capture, the subject's and the
+// baseline's captures, the comparison's copies).
+double host_bytes_estimate(const harness::RunSpec& spec) {
+  double most = 0;
+  for (ScanMode m : spec.modes) {
+    double n = 0;
+    for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, m)) {
+      double e = 1;
+      for (Idx v : ks.shape) e *= static_cast<double>(v);
+      n += e;
+    }
+    most = std::max(most, n);
+  }
+  return 5.0 * 8.0 * most;
+}
+
+// The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory is
+// refused before anything is allocated, naming both figures; --allow-large runs it anyway.
+void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec) {
+  if (vm.count("allow-large") && vm["allow-large"].as<bool>()) return;
+  const double need = host_bytes_estimate(spec);
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (have <= 0 || need <= have) return;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "needs about %.3g GiB of host memory, the machine has %.3g GiB",
+                need / (1024.0 * 1024.0 * 1024.0), have / (1024.0 * 1024.0 * 1024.0));
+  throw UsageError(std::string("the problem is too large: ") + buf +
+                   " (reduce B, T, the widths or the layers; --allow-large to try anyway)");
+}
+
+}  // namespace
+
 ProblemSource load_problem(const po::variables_map& vm) {
   const bool scan_given = given(vm, "scan");
   if (!vm.count("golden")) {
     harness::RunSpec spec = problem_from(vm);
     spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+    check_host_memory(vm, spec);
     Problem pb = harness::build_problem(spec);
     return {spec, std::move(pb), harness::reference_oracle()};
   }

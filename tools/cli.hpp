@@ -64,6 +64,10 @@ void store_config_file(const std::string& path, po::variables_map& vm);
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
 
+// User text for a message: control characters as \xNN, at most `max` characters, then
+// "... (N bytes)" — so a line read from a file never breaks or floods the one error line.
+std::string echo(const std::string& text, std::size_t max = 60);
+
 // The one rule for every file m3h writes (the value of `option`, e.g. "json" or "out"),
 // checked before any work: its folder exists; an existing path is replaced only when it is a
 // regular file (or a link to one) and `force` is set — a device, FIFO, folder or socket never,

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -75,10 +77,20 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // One line, whatever the message holds (control characters escaped, long text cut), and no
+  // C++ internals: the two library exceptions a too-large run can raise are said in words.
+  auto fail = [](const std::string& what) {
+    std::cerr << "m3h: error: " << m3::tools::echo(what, 400) << "\n";
+    return 2;
+  };
   try {
     return dispatch(argc, argv);
+  } catch (const std::bad_alloc&) {
+    return fail("out of host memory: the run needs more memory than this machine can give "
+                "(reduce B, T, the widths or the layers)");
+  } catch (const std::length_error&) {
+    return fail("a size is too large for this machine (reduce B, T, the widths or the layers)");
   } catch (const std::exception& e) {  // UsageError, m3::Error, program_options errors, …
-    std::cerr << "m3h: error: " << e.what() << "\n";
+    return fail(e.what());
   }
-  return 2;
 }
