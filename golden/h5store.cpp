@@ -9,6 +9,7 @@
 // Only API that is stable from HDF5 1.10 on is used (no H5Literate / H5Oget_info, whose
 // callback and struct types changed in 1.12).
 #include "h5store.hpp"
+#include "temp_files.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -342,6 +343,7 @@ std::string index_str(const std::vector<Idx>& shape, Idx flat) {
 struct Writer::Impl {
   Ctx ctx;  // display name = the final path
   std::string temp_path;
+  std::unique_ptr<tmp::TempFile> temp_guard;  // SIGINT / SIGTERM remove the temporary
   bool overwrite = false;
   FileId file;
   bool committed = false;
@@ -446,8 +448,10 @@ Writer::Writer(std::string final_path, bool overwrite) : impl_(std::make_unique<
   if (!parent.empty() && !fs::is_directory(parent, ec))
     fail(c, "cannot be written", "folder '" + parent.string() + "' does not exist");
 
+  tmp::clean_stale_temps(c.file);  // what a killed earlier run left
   w.temp_path = c.file + ".tmp." + std::to_string(::getpid()) + "." +
                 std::to_string(g_temp_counter.fetch_add(1));
+  w.temp_guard = std::make_unique<tmp::TempFile>(w.temp_path);
   const auto fapl =
       checked<PlistId>(H5Pcreate(H5P_FILE_ACCESS), c, "cannot create file access list");
   check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), c, "cannot set close degree");

@@ -85,10 +85,16 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
       any = any || key_matches(k, spec.filter);
   M3_REQUIRE(any, "dump", "--stage '" + spec.filter + "' matches no tensor of this run", "");
 
-  h5::Writer w(path, force);
-  write_meta(w, spec, pb, oracle.name, lineups);
+  // Everything is computed first and the file created only at the end, so that an interrupted
+  // or failing run leaves no temporary file behind while it computes (the writer's temporary
+  // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp).
+  struct Entry {
+    std::string group;
+    Tensor oracle, subject, diff, baseline;
+    bool has_oracle = false, has_subject = false, has_baseline = false;
+  };
   DumpResult res;
-  const auto nf = h5::NonFinite::Allow;
+  std::vector<std::vector<Entry>> entries;  // per cell, in run order
   for (ScanMode mode : spec.modes) {
     const Capture o = oracle.run(pb, mode);
     for (const Lineup& l : lineups) {
@@ -98,40 +104,66 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
       CompareOptions opt;
       opt.precision = l.precision;
       opt.filter = spec.filter;
-      CompareResult cr = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B,
-                                          spec.T, mode, opt);
-      for (const TensorResult& r : cr.rows) {
-        const std::string g = std::string("/dump/") + scan_mode_name(mode) + "/" +
-                              precision_name(l.precision) + "/" + r.key;
-        w.group(g);
+      res.cells.push_back(compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B,
+                                           spec.T, mode, opt));
+      std::vector<Entry>& cell = entries.emplace_back();
+      for (const TensorResult& r : res.cells.back().rows) {
+        Entry e;
+        e.group = std::string("/dump/") + scan_mode_name(mode) + "/" +
+                  precision_name(l.precision) + "/" + r.key;
         const Tensor* ot = o.find(r.key);
         const Tensor* st = s.find(r.key);
         const Tensor* bt = l.baseline ? b.find(r.key) : nullptr;
         if (ot) {
-          w.write(g + "/oracle", *ot, h5::DType::F64, nf);
-          ++res.n_datasets;
+          e.oracle = *ot;
+          e.has_oracle = true;
         }
         if (ot && st && st->shape == ot->shape) {
-          w.write(g + "/subject", *st, h5::DType::F64, nf);
-          w.write(g + "/diff", difference(*st, *ot, r.circular), h5::DType::F64, nf);
-          res.n_datasets += 2;
+          e.subject = *st;
+          e.diff = difference(*st, *ot, r.circular);
+          e.has_subject = true;
         }
         if (ot && bt && bt->shape == ot->shape) {
-          w.write(g + "/baseline", *bt, h5::DType::F64, nf);
-          ++res.n_datasets;
+          e.baseline = *bt;
+          e.has_baseline = true;
         }
-        w.attr(g, "axes", r.syms ? axes_name(*r.syms) : std::string());
-        w.attr(g, "circular", r.circular ? 1 : 0);
-        w.attr(g, "status", status_name(r.status));
-        w.attr(g, "rel_l2", r.subject.rel_l2);
-        w.attr(g, "max_abs", r.subject.max_abs);
-        w.attr(g, "p95_rel", r.subject.p95_rel);
-        w.attr(g, "cosine", r.subject.cosine);
-        w.attr(g, "pct", r.verdict.pct());
-        w.attr(g, "worst_coords", r.worst_coords);
-        ++res.n_keys;
+        cell.push_back(std::move(e));
       }
-      res.cells.push_back(std::move(cr));
+    }
+  }
+  h5::Writer w(path, force);
+  write_meta(w, spec, pb, oracle.name, lineups);
+  const auto nf = h5::NonFinite::Allow;
+  for (size_t ci = 0; ci < entries.size(); ++ci) {
+    const std::vector<TensorResult>& rows = res.cells[ci].rows;
+    for (size_t ri = 0; ri < entries[ci].size(); ++ri) {
+      const Entry& e = entries[ci][ri];
+      const TensorResult& r = rows[ri];
+      const std::string& g = e.group;
+      w.group(g);
+      if (e.has_oracle) {
+        w.write(g + "/oracle", e.oracle, h5::DType::F64, nf);
+        ++res.n_datasets;
+      }
+      if (e.has_subject) {
+        w.write(g + "/subject", e.subject, h5::DType::F64, nf);
+        w.write(g + "/diff", e.diff, h5::DType::F64, nf);
+        res.n_datasets += 2;
+      }
+      if (e.has_baseline) {
+        w.write(g + "/baseline", e.baseline, h5::DType::F64, nf);
+        ++res.n_datasets;
+      }
+      w.attr(g, "axes", r.syms ? axes_name(*r.syms) : std::string());
+      w.attr(g, "circular", r.circular ? 1 : 0);
+      w.attr(g, "status", status_name(r.status));
+      w.attr(g, "rel_l2", r.subject.rel_l2);
+      w.attr(g, "max_abs", r.subject.max_abs);
+      w.attr(g, "p95_rel", r.subject.p95_rel);
+      w.attr(g, "cosine", r.subject.cosine);
+      w.attr(g, "pct", r.verdict.pct());
+      w.attr(g, "worst_coords", r.worst_coords);
+      ++res.n_keys;
     }
   }
   w.commit();

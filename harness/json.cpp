@@ -1,5 +1,6 @@
 // JSON writer and atomic file write (see json.hpp).
 #include "json.hpp"
+#include "temp_files.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -172,15 +173,17 @@ const std::string& Json::text() const {
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  tmp::clean_stale_temps(path);  // what a killed earlier run left
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  const tmp::TempFile guard(temp);  // SIGINT / SIGTERM remove it
   auto fail = [&](const char* what) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
+    ::unlink(temp.c_str());
     throw Error(path, what, why);
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    throw Error(path, "cannot create the temporary file " + tmp, std::strerror(errno));
+    throw Error(path, "cannot create the temporary file " + temp, std::strerror(errno));
   }
   size_t off = 0;
   while (off < content.size()) {
@@ -197,7 +200,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     fail("fsync failed");
   }
   if (::close(fd) != 0) fail("close failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename over the final path failed");
+  if (::rename(temp.c_str(), path.c_str()) != 0) fail("rename over the final path failed");
 }
 
 }  // namespace m3::harness
