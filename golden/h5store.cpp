@@ -85,12 +85,24 @@ herr_t keep_innermost(unsigned n, const H5E_error2_t* err, void* out) {
   return 0;
 }
 
-// The innermost message of HDF5's error stack (then cleared), for the "why" of an Error.
+// The innermost message of HDF5's error stack (then cleared), for the "why" of an Error. A
+// failed system call's message ("file write failed: time = …, buf = 0x…, errno = 28, error
+// message = 'No space left on device', …") is cut to what it says: the operation and the
+// system's error message.
 std::string hdf5_why() {
   std::string desc;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, keep_innermost, &desc);
   H5Eclear2(H5E_DEFAULT);
-  return desc.empty() ? std::string("HDF5 gave no message") : "HDF5: " + one_line(desc);
+  if (desc.empty()) return "HDF5 gave no message";
+  const std::string key = "error message = '";
+  const std::size_t at = desc.find(key), colon = desc.find(':');
+  if (at != std::string::npos) {
+    const std::size_t from = at + key.size(), to = desc.find('\'', from);
+    const std::string op = colon != std::string::npos && colon < at ? desc.substr(0, colon) : "";
+    return "HDF5: " + (op.empty() ? "" : op + ": ") +
+           desc.substr(from, to == std::string::npos ? std::string::npos : to - from);
+  }
+  return "HDF5: " + one_line(desc);
 }
 
 // Where errors are reported: the file's display name, and whether it is being read (then any
@@ -460,8 +472,19 @@ Writer::Writer(std::string final_path, bool overwrite) : impl_(std::make_unique<
   w.file = FileId(f);
 }
 
+// A discarded temporary: its bytes are released first (truncated to zero), so that the library's
+// close, which flushes its metadata, has room even when a full disk made the write fail — a
+// failed close would leave the file registered in the library and crash its shutdown at exit.
 Writer::~Writer() {
   if (!impl_ || impl_->committed) return;
+  if (impl_->file.get() >= 0) {
+    const int fd = ::open(impl_->temp_path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const bool released = ::ftruncate(fd, 0) == 0;  // if not, the close may still fail
+      (void)released;
+      ::close(fd);
+    }
+  }
   impl_->file.reset();
   std::error_code ec;
   fs::remove(impl_->temp_path, ec);
