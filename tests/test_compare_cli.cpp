@@ -658,6 +658,24 @@ TEST_F(CliTest, AFullDiskFailsTheWriteCleanlyAndLeavesNothing) {
   }
 }
 
+// An empty path is named as such, not echoed as an empty name in front of a message.
+TEST_F(CliTest, EmptyPathsAreBadUsageNamingTheOption) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"golden regen --case default --dir ''", "--dir"},
+      {"golden check --file ''", "--file"},
+      {"compare --device cpu --golden ''", "--golden"},
+      {"compare --device cpu --config ''", "--config"},
+      {"compare --device cpu --json ''", "--json"},
+      {"dump --stage '*' --out ''", "--out"},
+  };
+  for (const auto& [args, option] : cases) {
+    const RunResult r = m3h(args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string(option) + ": an empty path"), std::string::npos) << r.err;
+  }
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {

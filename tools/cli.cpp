@@ -396,10 +396,17 @@ po::variables_map parse_args(const std::vector<std::string>& args,
                              const po::options_description& desc, const char* command) {
   po::variables_map vm;
   po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
-  for (const auto& o : parsed.options)
+  for (const auto& o : parsed.options) {
     if (o.position_key >= 0)
-      throw UsageError(std::string(command) + ": unexpected argument '" + o.value.front() +
+      throw UsageError(std::string(command) + ": unexpected argument '" + echo(o.value.front()) +
                        "' (see m3h " + command + " --help)");
+    // A path option given an empty value would surface later as a message that starts with
+    // an empty name (": golden folder does not exist").
+    for (const char* path_option : {"config", "golden", "json", "out", "dir", "file"})
+      if (o.string_key == path_option)
+        for (const auto& v : o.value)
+          if (v.empty()) throw UsageError("--" + o.string_key + ": an empty path");
+  }
   po::store(parsed, vm);
   if (desc.find_nothrow("config", false) && vm.count("config"))
     store_config_file(vm["config"].as<std::string>(), vm);
