@@ -605,10 +605,11 @@ TEST_F(CliTest, GoldenOptionsTheActionDoesNotUseAndRepeatedCasesAreBadUsage) {
 // A problem that cannot fit the machine is refused before anything is allocated, naming the
 // memory it needs and the override (it ended in std::bad_alloc or worse).
 TEST_F(CliTest, ProblemsLargerThanTheMachineAreRefusedNamingTheOverride) {
-  for (const char* cmd : {"compare", "determinism --runs 2", "dump --stage '*' --out OUT"}) {
+  for (const char* cmd : {"compare --device cpu", "determinism --runs 2 --device cpu",
+                          "dump --stage '*' --device cpu --out OUT", "bench --reference"}) {
     std::string c = cmd;
     if (c.find("OUT") != std::string::npos) c.replace(c.find("OUT"), 3, "'" + path("big.h5").string() + "'");
-    const RunResult r = m3h(c + " --device cpu --B 1048576 --T 1048576 --layers 1");
+    const RunResult r = m3h(c + " --B 1048576 --T 1048576 --layers 1");
     EXPECT_EQ(r.status, 2) << cmd << "\n" << r.out;
     EXPECT_EQ(count_lines(r.err), 1) << cmd << ": " << r.err;
     EXPECT_NE(r.err.find("host memory"), std::string::npos) << r.err;

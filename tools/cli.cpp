@@ -273,8 +273,8 @@ double host_bytes_estimate(const harness::RunSpec& spec) {
   return 5.0 * 8.0 * most;
 }
 
-// The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory is
-// refused before anything is allocated, naming both figures; --allow-large runs it anyway.
+}  // namespace
+
 void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec) {
   if (vm.count("allow-large") && vm["allow-large"].as<bool>()) return;
   const double need = host_bytes_estimate(spec);
@@ -287,8 +287,6 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
   throw UsageError(std::string("the problem is too large: ") + buf +
                    " (reduce B, T, the widths or the layers; --allow-large to try anyway)");
 }
-
-}  // namespace
 
 ProblemSource load_problem(const po::variables_map& vm) {
   const bool scan_given = given(vm, "scan");

@@ -76,6 +76,11 @@ std::string echo(const std::string& text, std::size_t max = 60);
 // (--config, --golden), force or not. Each refusal is a UsageError of one line.
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force);
 
+// The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory
+// (about five doubles per registry tensor element of the larger scan mode) is refused before
+// anything is allocated, naming both figures; --allow-large (problem_options) runs it anyway.
+void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec);
+
 // --stage as given: "" when it was not given (every key); a pattern that is empty or has an
 // empty comma-separated item is a UsageError (it would match every key, or nothing named).
 std::string stage_pattern(const po::variables_map& vm);

@@ -375,6 +375,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   spec.repeats = repeats;
   spec.warmup = warmup;
   spec.modes = modes;
+  {
+    harness::RunSpec guard = p;
+    guard.modes = modes;
+    check_host_memory(vm, guard);
+  }
   const std::vector<harness::BenchRow> rows = harness::bench_reference(spec);
   harness::print_bench(std::cout, spec, rows);
   return 0;
