@@ -677,6 +677,46 @@ TEST_F(CliTest, EmptyPathsAreBadUsageNamingTheOption) {
   }
 }
 
+// Golden data for a user's own config (issue 16 §3): regen --config … --out writes the
+// built-in schema atomically with the config and problem in /meta; check --file checks it.
+TEST_F(CliTest, GoldenRegenWritesAndChecksAUsersOwnConfig) {
+  write("my.cfg", "d_model = 32\nheaddim = 16\nd_state = 8\nlayers = 2\nT = 20\nB = 2\n"
+                  "seed = 42\nchunk_size = 8\noutproj_norm = 1\n");
+  const std::string out = path("mine.h5").string();
+  RunResult r = m3h("golden regen --config '" + path("my.cfg").string() + "' --T 24 --out '" +
+                    out + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const m3::golden::GoldenCase gc = m3::golden::read_golden(out);
+  EXPECT_EQ(gc.name, "mine");
+  EXPECT_EQ(gc.problem.cfg.d_model, 32);
+  EXPECT_EQ(gc.problem.cfg.n_layers, 2);
+  EXPECT_TRUE(gc.problem.cfg.is_outproj_norm);
+  EXPECT_EQ(gc.problem.T, 24) << "the command line wins over the config file";
+  EXPECT_EQ(gc.problem.seed, 42u);
+  EXPECT_EQ(gc.modes.size(), 2u);
+  r = m3h("golden check --file '" + out + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PASS mine"), std::string::npos) << r.out;
+  // The output rule: no silent replacement; --force replaces.
+  r = m3h("golden regen --d-model 16 --headdim 16 --out '" + out + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(m3::golden::read_golden(out).problem.cfg.d_model, 32);
+  r = m3h("golden regen --d-model 16 --headdim 16 --layers 1 --T 8 --scan chunked --name small "
+          "--out '" + out + "' --force");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const m3::golden::GoldenCase again = m3::golden::read_golden(out);
+  EXPECT_EQ(again.name, "small");
+  EXPECT_EQ(again.problem.cfg.d_model, 16);
+  EXPECT_EQ(again.modes, std::vector<m3::ScanMode>{m3::ScanMode::Chunked});
+  // Problem options belong to regen --out only.
+  for (const char* bad : {"golden regen --d-model 16", "golden check --file x.h5 --T 4",
+                          "golden list --seed 3", "golden regen --case default --out y.h5"}) {
+    r = m3h(std::string(bad) + " --dir '" + dir_.string() + "'");
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(count_lines(r.err), 1) << bad << ": " << r.err;
+  }
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {

@@ -275,6 +275,13 @@ double host_bytes_estimate(const harness::RunSpec& spec) {
 
 }  // namespace
 
+bool problem_options_given(const po::variables_map& vm) {
+  if (given(vm, "config")) return true;
+  for (const char* f : kProblemFields)
+    if (given(vm, f)) return true;
+  return false;
+}
+
 void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec) {
   if (vm.count("allow-large") && vm["allow-large"].as<bool>()) return;
   const double need = host_bytes_estimate(spec);

@@ -10,6 +10,10 @@
 //       stored problem and compares every stored tensor (tolerance: SCHEMA.md). One line per
 //       file: PASS, or FAIL with the first mismatching tensor in execution order. Without a
 //       selection: --all. --all = every built-in case plus any other *.h5 in DIR.
+//   m3h golden regen --out FILE.h5 [--config FILE] [--B … --T … --seed … --d-model …] [--scan …]
+//       [--name NAME] [--force]
+//       a golden file for your own problem: the same schema, the same atomic write, the
+//       config in /meta; `m3h golden check --file FILE.h5` checks it like a built-in one.
 //   m3h golden list [--dir DIR]
 //       the built-in cases, what each covers, and its file's size.
 // DIR defaults to $M3_GOLDEN_DIR, else the source tree's golden/cases.
@@ -25,6 +29,7 @@
 #include "commands.hpp"
 #include "error.hpp"
 #include "golden.hpp"
+#include "run.hpp"
 
 namespace m3::tools {
 
@@ -39,6 +44,9 @@ const char* kSummary =
     "  check  recompute every stored scan mode from the stored problem and compare every\n"
     "         stored tensor (max_abs and rel_l2 within 1e-10 of the tensor's scale)\n"
     "  list   the built-in cases\n"
+    "Your own problem: regen --out FILE.h5 with the problem options (--config FILE, --B, --T,\n"
+    "--seed, --d-model, ...; --scan, --name) writes the same schema, config in /meta; then\n"
+    "check --file FILE.h5.\n"
     "Exit status: 0 success, 1 some tensor differs (check), 2 bad usage or bad input.";
 
 void print_help(const po::options_description& desc) {
@@ -71,7 +79,36 @@ std::string size_str(const std::string& path) {
   return buf;
 }
 
+// regen --out: the problem of the problem options (a preset, --config, overrides), the modes
+// of --scan, named --name (default: the file's stem).
+int regen_user(const po::variables_map& vm) {
+  if (vm.count("case") || vm["all"].as<bool>() || vm.count("dir"))
+    throw UsageError("golden regen --out: --case, --all and --dir are for the built-in cases");
+  const bool force = vm["force"].as<bool>();
+  check_output_path(vm, "out", force);
+  const std::string out = vm["out"].as<std::string>();
+  harness::RunSpec spec = problem_from(vm);
+  spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+  check_host_memory(vm, spec);
+  const std::string name =
+      vm.count("name") ? vm["name"].as<std::string>() : fs::path(out).stem().string();
+  if (name.empty()) throw UsageError("golden regen --out: --name is empty");
+  const Problem pb = harness::build_problem(spec);
+  const golden::GoldenCase gc = golden::compute_case(name, pb, spec.modes);
+  golden::write_golden(out, gc, force);
+  size_t n_tensors = 0;
+  for (const auto& [mode, cap] : gc.oracle) n_tensors += cap.keys().size();
+  std::cout << name << ": wrote " << out << " (" << size_str(out) << ", " << n_tensors
+            << " oracle tensors; " << spec.cfg.describe() << ", B=" << spec.B
+            << " T=" << spec.T << " seed=" << spec.seed << ")\n";
+  return 0;
+}
+
 int regen(const po::variables_map& vm, const std::string& dir) {
+  if (vm.count("out")) return regen_user(vm);
+  if (problem_options_given(vm))
+    throw UsageError("golden regen: problem options need --out FILE.h5 (the built-in cases "
+                     "define their own problems)");
   const bool all = vm["all"].as<bool>();
   if (vm.count("file")) throw UsageError("golden regen: --file is for check (regen uses --dir)");
   if (all == (vm.count("case") != 0))
@@ -166,7 +203,11 @@ int cmd_golden(const std::vector<std::string>& args) {
     ("all", po::bool_switch(), "every built-in case (check: also every other *.h5 in DIR)")
     ("force", po::bool_switch(), "regen: replace existing files, printing what changed")
     ("dir", po::value<std::string>(), "case folder (default: $M3_GOLDEN_DIR, else the source tree's golden/cases)")
-    ("file", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable)");
+    ("file", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable)")
+    ("out", po::value<std::string>(), "regen: write a golden file of your own problem (the problem options below) to FILE.h5")
+    ("name", po::value<std::string>(), "regen --out: the case name in /meta (default: the file's stem)")
+    ("scan", po::value<std::string>()->default_value("seq,chunked"), "regen --out: the scan modes to store (seq, chunked, or both)");
+  desc.add(problem_options(false));
   // clang-format on
   if (args.empty()) throw UsageError("golden: give an action: regen, check or list");
   if (args[0] == "--help" || args[0] == "-h") {
@@ -185,7 +226,7 @@ int cmd_golden(const std::vector<std::string>& args) {
   // An option the action does not use is bad usage, never silently ignored.
   const std::pair<const char*, const char*> used_by[] = {
       {"case", "regen and check"}, {"all", "regen and check"}, {"force", "regen"},
-      {"file", "check"}, {"dir", "regen, check and list"}};
+      {"file", "check"}, {"dir", "regen, check and list"}, {"out", "regen"}, {"name", "regen"}};
   for (const auto& [opt, actions] : used_by) {
     const bool given = vm.count(opt) && !vm[opt].defaulted();
     const bool set = given && (std::string(opt) != "all" && std::string(opt) != "force"
@@ -194,6 +235,10 @@ int cmd_golden(const std::vector<std::string>& args) {
     if (set && std::string(actions).find(action) == std::string::npos)
       throw UsageError("golden " + action + ": --" + opt + " is for " + actions);
   }
+  if (action != "regen" && problem_options_given(vm))
+    throw UsageError("golden " + action + ": the problem options are for regen --out");
+  if (action != "regen" && vm.count("scan") && !vm["scan"].defaulted())
+    throw UsageError("golden " + action + ": --scan is for regen --out");
   const std::string dir = vm.count("dir") ? vm["dir"].as<std::string>() : golden::default_dir();
   if (action == "regen") return regen(vm, dir);
   if (action == "check") return check(vm, dir);
