@@ -95,7 +95,7 @@ namespace {
 
 void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
                const Capture* baseline, const Config& cfg, Idx B, Idx T, ScanMode mode,
-               Precision precision, CompareMode cmp) {
+               Precision precision, CompareMode cmp, bool profile) {
   const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode, cmp);
   const Tensor* o = oracle.find(row.key);
   const Tensor* s = subject.find(row.key);
@@ -122,6 +122,7 @@ void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
     return;
   }
   row.subject = compute_metrics(*o, *s, row.circular, precision);
+  if (profile) row.by_position = position_profile(*s, *o, B, T, row.circular);
   const Tensor* bl = baseline ? baseline->find(row.key) : nullptr;
   if (baseline && (!bl || bl->shape != o->shape)) {
     row.status = Status::OracleBad;  // the yardstick itself is unusable
@@ -206,7 +207,10 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
   }
   for (size_t i = 0; i < res.rows.size(); ++i) {
     TensorResult& r = res.rows[i];
-    judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode);
+    const bool profile = !opt.by_position.empty() && !r.is_param && r.syms && !r.syms->empty() &&
+                         r.syms->front() == Sym::BT && key_matches(r.key, opt.by_position);
+    judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode,
+              profile);
     if (!r.pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
     if (r.subject.nan_count + r.subject.inf_count > 0 && res.first_nonfinite < 0)
       res.first_nonfinite = static_cast<int>(i);

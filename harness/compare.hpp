@@ -25,6 +25,7 @@
 #include "capture.hpp"
 #include "config.hpp"
 #include "metrics.hpp"
+#include "position.hpp"
 #include "ulps.hpp"
 #include "registry.hpp"
 
@@ -58,6 +59,7 @@ struct TensorResult {
   Verdict verdict;
   std::string worst_coords;                 // decoded worst_index of subject vs oracle
   std::string note;                         // why it failed, when it did
+  PositionProfile by_position;              // subject vs oracle per t (CompareOptions::by_position)
 
   bool pass() const { return status == Status::Pass; }
 };
@@ -67,6 +69,9 @@ struct CompareOptions {
   CompareMode compare_mode = CompareMode::EndToEnd;
   std::string filter;                    // key_matches() pattern; empty = every key
   bool include_params = true;            // also compare "grad/…"
+  // key_matches() pattern of the [B·T, …] tensors whose error against position is kept
+  // (TensorResult::by_position, position.hpp); empty = none.
+  std::string by_position;
 };
 
 struct CompareResult {

@@ -7,6 +7,7 @@
 #include "golden.hpp"
 #include "h5store.hpp"
 #include "metrics.hpp"
+#include "position.hpp"
 
 namespace m3::harness {
 
@@ -92,6 +93,7 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
     std::string group;
     Tensor oracle, subject, diff, baseline;
     bool has_oracle = false, has_subject = false, has_baseline = false;
+    PositionProfile by_position;  // [B·T, …] tensors: the error against t (position.hpp)
   };
   DumpResult res;
   std::vector<std::vector<Entry>> entries;  // per cell, in run order
@@ -122,6 +124,8 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
           e.subject = *st;
           e.diff = difference(*st, *ot, r.circular);
           e.has_subject = true;
+          if (!r.is_param && r.syms && !r.syms->empty() && r.syms->front() == Sym::BT)
+            e.by_position = position_profile(*st, *ot, spec.B, spec.T, r.circular);
         }
         if (ot && bt && bt->shape == ot->shape) {
           e.baseline = *bt;
@@ -153,6 +157,15 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
       if (e.has_baseline) {
         w.write(g + "/baseline", e.baseline, h5::DType::F64, nf);
         ++res.n_datasets;
+      }
+      if (!e.by_position.empty()) {  // the error against t, [T] each
+        const std::vector<Idx> shape_t = {spec.T};
+        w.group(g + "/by_position");
+        w.write(g + "/by_position/max_abs", Tensor{shape_t, e.by_position.max_abs},
+                h5::DType::F64, nf);
+        w.write(g + "/by_position/rel_l2", Tensor{shape_t, e.by_position.rel_l2},
+                h5::DType::F64, nf);
+        res.n_datasets += 2;
       }
       w.attr(g, "axes", r.syms ? axes_name(*r.syms) : std::string());
       w.attr(g, "circular", r.circular ? 1 : 0);

@@ -109,6 +109,7 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
         CompareOptions opt;
         opt.precision = l.precision;
         opt.filter = spec.filter;
+        opt.by_position = spec.by_position;
         opt.compare_mode = spec.compare_modes[k];
         CompareResult r;
         if (opt.compare_mode == CompareMode::Isolated) {

@@ -51,6 +51,7 @@ struct RunSpec {
   std::vector<ScanMode> modes = {ScanMode::Sequential, ScanMode::Chunked};
   std::vector<CompareMode> compare_modes = {CompareMode::EndToEnd};  // e2e and/or isolated
   std::string filter;          // key_matches() pattern
+  std::string by_position;     // key_matches() pattern of the error-against-position profiles
   std::string device = "cpu";  // where the subject runs
 };
 

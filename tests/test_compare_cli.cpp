@@ -717,6 +717,23 @@ TEST_F(CliTest, GoldenRegenWritesAndChecksAUsersOwnConfig) {
   }
 }
 
+// compare --by-position: the error of a [B·T, …] tensor against t, one line per chunk with the
+// chunk's first position marked; a pattern that names no such tensor is bad usage.
+TEST_F(CliTest, CompareByPositionPrintsOneLinePerChunk) {
+  RunResult r = m3h(std::string("compare --device cpu --dtype bf16 --scan chunked --chunk-size 16 ") +
+                    kSmall + " --stage 'L0/F6/*' --by-position 'L0/F6/y'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("bf16 chunked L0/F6/y — error against position, per chunk of 16"),
+            std::string::npos) << r.out;
+  for (const char* line : {"t      0-15", "t     16-31", "t     32-47", "|t 16:", "|t 32:"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  for (const char* bad : {"'grad/*'", "'L0/states/*'", "'nothing'"}) {
+    r = m3h(std::string("compare --device cpu ") + kSmall + " --by-position " + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+}
+
 // ---- dump ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
@@ -747,6 +764,17 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
     const std::string gg = std::string("/dump/seq/") + p + "/grad/L0/dt_bias";
     EXPECT_EQ(rd.shape(gg + "/oracle"), std::vector<Idx>{cfg.nheads()});
     EXPECT_TRUE(rd.has(gg + "/diff"));
+    // [B·T, …] tensors carry their error against t (issue 16 §4), parameters none; the
+    // profile is the position-wise max of the stored difference.
+    const Tensor pmax = rd.read(g + "/by_position/max_abs", std::vector<Idx>{48});
+    rd.read(g + "/by_position/rel_l2", std::vector<Idx>{48});
+    EXPECT_FALSE(rd.has(gg + "/by_position"));
+    const Idx row = cfg.nheads() * cfg.num_rope_angles();
+    for (Idx t = 0; t < 48; ++t) {
+      double m = 0;
+      for (Idx i = 0; i < row; ++i) m = std::max(m, std::fabs(d.data[static_cast<size_t>(t * row + i)]));
+      ASSERT_DOUBLE_EQ(pmax.data[static_cast<size_t>(t)], m) << p << " t " << t;
+    }
   }
 
   // An existing file is not replaced without --force, and stays as it was.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -520,3 +521,46 @@ INSTANTIATE_TEST_SUITE_P(Modes, ReferenceCompare,
 
 }  // namespace
 }  // namespace m3::harness
+
+// ---- the error against position (position.hpp) --------------------------------------------------
+
+TEST(PositionProfile, MaxAndRelL2PerPositionOverBatchAndTrailingAxes) {
+  // B = 2, T = 3, rows of 2: oracle 1 everywhere, the subject off by 0.5 at (b 1, t 2, i 1)
+  // and by 0.25 at (b 0, t 0, i 0) (exact in binary).
+  m3::Tensor o{{6, 2}, std::vector<double>(12, 1.0)};
+  m3::Tensor s = o;
+  s.data[(1 * 3 + 2) * 2 + 1] += 0.5;
+  s.data[0] += 0.25;
+  const m3::harness::PositionProfile p = m3::harness::position_profile(s, o, 2, 3, false);
+  ASSERT_EQ(p.max_abs.size(), 3u);
+  EXPECT_DOUBLE_EQ(p.max_abs[0], 0.25);
+  EXPECT_DOUBLE_EQ(p.max_abs[1], 0.0);
+  EXPECT_DOUBLE_EQ(p.max_abs[2], 0.5);
+  EXPECT_DOUBLE_EQ(p.rel_l2[2], 0.5 / 2.0);  // ‖Δ_t‖ = 0.5 over 4 ones: ‖o_t‖ = 2
+  EXPECT_DOUBLE_EQ(p.rel_l2[1], 0.0);
+  // Angles by circular distance: 2π − 0.01 against 0.01 is 0.02 apart, not 6.26.
+  m3::Tensor a{{2, 1}, {0.01, 1.0}}, b{{2, 1}, {6.283185307179586 - 0.01, 1.0}};
+  const m3::harness::PositionProfile c = m3::harness::position_profile(b, a, 1, 2, true);
+  EXPECT_NEAR(c.max_abs[0], 0.02, 1e-12);
+  EXPECT_THROW(m3::harness::position_profile(s, m3::Tensor{{12}, std::vector<double>(12, 1.0)}, 2, 3,
+                                             false),
+               m3::Error);
+  EXPECT_THROW(m3::harness::position_profile(o, o, 4, 3, false), m3::Error);
+}
+
+TEST(PositionProfile, PrintsOneLinePerChunkMarkingItsFirstPosition) {
+  m3::harness::PositionProfile p;
+  for (int t = 0; t < 10; ++t) {
+    p.max_abs.push_back(t == 4 ? 9.0 : 1.0);
+    p.rel_l2.push_back(0.1 * (t + 1));
+  }
+  std::ostringstream os;
+  m3::harness::print_position_profile(os, "x", p, 4);
+  const std::string out = os.str();
+  EXPECT_NE(out.find("per chunk of 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("t      0-3 "), std::string::npos) << out;
+  EXPECT_NE(out.find("t      8-9 "), std::string::npos) << out;
+  EXPECT_NE(out.find("max_abs 9.000e+00 (t 4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("|t 4: max_abs 9.000e+00"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 4);  // the title and three chunks
+}

@@ -16,6 +16,7 @@
 #include "precision.hpp"
 #include "presets.hpp"
 #include "report.hpp"
+#include "position.hpp"
 #include "report_json.hpp"
 
 #include "device.hpp"
@@ -78,6 +79,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors, no baseline), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
+    ("by-position", po::value<std::string>(), "print the error against position t (per chunk, chunk boundaries marked) of the [B*T, ...] tensors matching PATTERN, e.g. 'L0/F6/y'")
     ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force)")
     ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
@@ -120,6 +122,18 @@ int cmd_compare(const std::vector<std::string>& args) {
     for (const auto& k : harness::expected_keys(spec.cfg, spec.B, spec.T, m))
       any = any || harness::key_matches(k, spec.filter);
   if (!any) throw UsageError("--stage '" + spec.filter + "' matches no tensor of this run");
+  if (vm.count("by-position")) {
+    spec.by_position = vm["by-position"].as<std::string>();
+    bool has = false;
+    for (ScanMode m : spec.modes)
+      for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, m))
+        has = has || (harness::has_position_axis(*ks.spec) &&
+                      harness::key_matches(ks.key, spec.by_position) &&
+                      harness::key_matches(ks.key, spec.filter));
+    if (spec.by_position.empty() || !has)
+      throw UsageError("--by-position '" + echo(spec.by_position) +
+                       "': matches no [B*T, ...] tensor of this run (and of --stage)");
+  }
 
   const harness::Comparison c =
       harness::run_comparison(spec, src.problem, src.oracle,
@@ -131,6 +145,13 @@ int cmd_compare(const std::vector<std::string>& args) {
   ropt.details = vm["details"].as<bool>();
   ropt.wide = vm["wide"].as<bool>();
   harness::print_compare(std::cout, c, ropt);
+  for (const harness::CompareResult& cell : c.cells)
+    for (const harness::TensorResult& row : cell.rows)
+      if (!row.by_position.empty()) {
+        std::cout << "\n";
+        harness::print_position_profile(std::cout, harness::cell_name(cell) + " " + row.key,
+                                        row.by_position, spec.cfg.chunk_size);
+      }
 
   if (vm.count("json")) {
     harness::RunInfo info;
