@@ -1,4 +1,4 @@
-// JSON writer and atomic file write (see json.hpp).
+// JSON writer (over nlohmann::ordered_json) and atomic file write (see json.hpp).
 #include "json.hpp"
 #include "temp_files.hpp"
 
@@ -11,165 +11,121 @@
 
 #include "error.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace m3::harness {
 
-std::string Json::escape(const std::string& s) {
-  std::string o;
-  o.reserve(s.size() + 2);
-  o += '"';
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
-      case '\b': o += "\\b"; break;
-      case '\f': o += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o += buf;
-        } else {
-          o += ch;
-        }
-    }
+// The document is built as an nlohmann::ordered_json tree (keys in insertion order) and
+// serialised by the library; this class keeps the streaming interface report_json.cpp uses,
+// its misuse checks, and the one rule JSON has no number for: a non-finite double becomes the
+// string "inf", "-inf" or "nan". Invalid UTF-8 in a string is replaced (U+FFFD), not an error.
+struct Json::Impl {
+  nlohmann::ordered_json root;
+  std::vector<nlohmann::ordered_json*> stack;  // the open containers, innermost last
+  std::string pending_key;
+  bool key_pending = false;
+  bool done = false;
+  mutable std::string text;
+};
+
+Json::Json() : impl_(std::make_unique<Impl>()) {}
+Json::~Json() = default;
+Json::Json(Json&&) noexcept = default;
+Json& Json::operator=(Json&&) noexcept = default;
+
+nlohmann::ordered_json& Json::place(nlohmann::ordered_json v) {
+  Impl& m = *impl_;
+  if (m.done) throw Error("json", "a second top-level value", "the document is complete");
+  if (m.stack.empty()) {
+    m.root = std::move(v);
+    if (!m.root.is_structured()) m.done = true;
+    return m.root;
   }
-  o += '"';
-  return o;
-}
-
-std::string Json::number(double v) {
-  if (std::isnan(v)) return "\"nan\"";
-  if (std::isinf(v)) return v > 0 ? "\"inf\"" : "\"-inf\"";
-  if (v == 0) return std::signbit(v) ? "-0.0" : "0";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;  // %g never gives a leading '+', a bare '.', or hex: always a JSON number
-}
-
-void Json::newline() {
-  out_ += '\n';
-  out_.append(2 * stack_.size(), ' ');
-}
-
-void Json::before_value(bool scalar) {
-  if (done_) throw Error("json", "a second top-level value", "the document is complete");
-  if (stack_.empty()) return;
-  Level& l = stack_.back();
-  if (l.object) {
-    if (!l.key_pending) throw Error("json", "a value inside an object without a key", "");
-    l.key_pending = false;
-    return;  // key() already wrote the separator, the newline and the indentation
+  nlohmann::ordered_json& top = *m.stack.back();
+  if (top.is_object()) {
+    if (!m.key_pending) throw Error("json", "a value inside an object without a key", "");
+    m.key_pending = false;
+    auto& slot = top[m.pending_key];
+    slot = std::move(v);
+    return slot;
   }
-  if (l.count > 0) out_ += ',';
-  if (scalar && l.inline_scalars) {
-    if (l.count > 0) out_ += ' ';
-  } else {
-    l.inline_scalars = false;
-    newline();
-  }
-  ++l.count;
-}
-
-Json& Json::key(const std::string& k) {
-  if (stack_.empty() || !stack_.back().object)
-    throw Error("json", "a key outside an object", k);
-  Level& l = stack_.back();
-  if (l.key_pending) throw Error("json", "two keys in a row", k);
-  if (l.count > 0) out_ += ',';
-  ++l.count;
-  newline();
-  out_ += escape(k);
-  out_ += ": ";
-  l.key_pending = true;
-  return *this;
+  if (m.key_pending) throw Error("json", "a key inside an array", m.pending_key);
+  top.push_back(std::move(v));
+  return top.back();
 }
 
 Json& Json::begin_object() {
-  before_value(false);
-  out_ += '{';
-  stack_.push_back({true});
+  impl_->stack.push_back(&place(nlohmann::ordered_json::object()));
   return *this;
 }
-
-Json& Json::end_object() {
-  if (stack_.empty() || !stack_.back().object || stack_.back().key_pending)
-    throw Error("json", "end_object without a matching begin_object", "");
-  const bool empty = stack_.back().count == 0;
-  stack_.pop_back();
-  if (!empty) newline();
-  out_ += '}';
-  if (stack_.empty()) done_ = true;
-  return *this;
-}
-
 Json& Json::begin_array() {
-  before_value(false);
-  out_ += '[';
-  stack_.push_back({false});
+  impl_->stack.push_back(&place(nlohmann::ordered_json::array()));
   return *this;
 }
-
+Json& Json::end_object() {
+  Impl& m = *impl_;
+  if (m.stack.empty() || !m.stack.back()->is_object())
+    throw Error("json", "end_object without an open object", "");
+  if (m.key_pending) throw Error("json", "end_object after a key without its value", m.pending_key);
+  m.stack.pop_back();
+  if (m.stack.empty()) m.done = true;
+  return *this;
+}
 Json& Json::end_array() {
-  if (stack_.empty() || stack_.back().object)
-    throw Error("json", "end_array without a matching begin_array", "");
-  const bool broken = !stack_.back().inline_scalars;
-  stack_.pop_back();
-  if (broken) newline();
-  out_ += ']';
-  if (stack_.empty()) done_ = true;
+  Impl& m = *impl_;
+  if (m.stack.empty() || !m.stack.back()->is_array())
+    throw Error("json", "end_array without an open array", "");
+  m.stack.pop_back();
+  if (m.stack.empty()) m.done = true;
   return *this;
 }
-
+Json& Json::key(const std::string& k) {
+  Impl& m = *impl_;
+  if (m.stack.empty() || !m.stack.back()->is_object())
+    throw Error("json", "a key outside an object", k);
+  if (m.key_pending) throw Error("json", "two keys in a row", m.pending_key + ", " + k);
+  if (m.stack.back()->contains(k)) throw Error("json", "a key given twice in one object", k);
+  m.pending_key = k;
+  m.key_pending = true;
+  return *this;
+}
 Json& Json::str(const std::string& v) {
-  before_value(true);
-  out_ += escape(v);
-  if (stack_.empty()) done_ = true;
+  place(v);
   return *this;
 }
-
 Json& Json::num(double v) {
-  before_value(true);
-  out_ += number(v);
-  if (stack_.empty()) done_ = true;
+  if (std::isnan(v)) {
+    place("nan");
+  } else if (std::isinf(v)) {
+    place(v > 0 ? "inf" : "-inf");
+  } else {
+    place(v);
+  }
   return *this;
 }
-
 Json& Json::num(std::int64_t v) {
-  before_value(true);
-  out_ += std::to_string(v);
-  if (stack_.empty()) done_ = true;
+  place(v);
   return *this;
 }
-
 Json& Json::num(std::uint64_t v) {
-  before_value(true);
-  out_ += std::to_string(v);
-  if (stack_.empty()) done_ = true;
+  place(v);
   return *this;
 }
-
 Json& Json::boolean(bool v) {
-  before_value(true);
-  out_ += v ? "true" : "false";
-  if (stack_.empty()) done_ = true;
+  place(v);
   return *this;
 }
-
 Json& Json::null() {
-  before_value(true);
-  out_ += "null";
-  if (stack_.empty()) done_ = true;
+  place(nullptr);
   return *this;
 }
 
 const std::string& Json::text() const {
-  if (!done_ || !stack_.empty())
-    throw Error("json", "the document is incomplete", std::to_string(stack_.size()) + " open");
-  return out_;
+  const Impl& m = *impl_;
+  if (!m.done)
+    throw Error("json", "the document is incomplete", std::to_string(m.stack.size()) + " open");
+  m.text = m.root.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  return m.text;
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {

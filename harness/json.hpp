@@ -1,27 +1,37 @@
-// A small streaming JSON writer (RFC 8259) and an atomic file write, for `m3h compare --json`.
+// The JSON documents of `m3h compare --json`: a streaming interface over Debian's
+// nlohmann-json (nlohmann::ordered_json: keys stay in the order written), and an atomic file
+// write.
 //
 //   Json j;                      j.begin_object();
 //   j.key("rel_l2").num(1e-5);   j.key("key").str("L0/F3/dt");   j.key("shape").begin_array();
 //   ...                          j.end_array(); j.end_object();   std::string text = j.text();
 //
-// Strings are escaped: " \ and the control characters U+0000…U+001F (\n \t \r \b \f or \u00XX);
-// everything else, UTF-8 included, is copied as is. Numbers: integers exactly (int64 / uint64
-// as decimal digits), doubles with 17 significant digits ("%.17g", round-trips), never a bare
-// "inf"/"nan": a NON-FINITE double is written as the STRING "inf", "-inf" or "nan" (JSON has no
-// such numbers; a reader sees a string where it expects a number and the value is not lost).
-// Misuse (a value where a key is due, unbalanced ends, text() before the top value is closed)
-// throws m3::Error. Objects are indented by two spaces per level; arrays of numbers stay on
-// one line so that shapes and small vectors read compactly.
+// The library escapes strings (" \ and the control characters U+0000…U+001F) and writes every
+// double so that it reads back to the same value. JSON has no non-finite numbers: a NON-FINITE
+// double is written as the STRING "inf", "-inf" or "nan" (a reader sees a string where it
+// expects a number and the value is not lost). Invalid UTF-8 in a string is replaced by U+FFFD.
+// Misuse (a value where a key is due, a key twice in one object, unbalanced ends, text()
+// before the top value is closed) throws m3::Error. Indented by two spaces per level.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace m3::harness {
 
 class Json {
  public:
+  Json();
+  ~Json();
+  Json(Json&&) noexcept;
+  Json& operator=(Json&&) noexcept;
+  Json(const Json&) = delete;
+  Json& operator=(const Json&) = delete;
+
   Json& begin_object();
   Json& end_object();
   Json& begin_array();
@@ -38,21 +48,10 @@ class Json {
   // The document; throws unless exactly one complete top-level value was written.
   const std::string& text() const;
 
-  static std::string escape(const std::string& s);  // with the surrounding quotes
-  static std::string number(double v);               // "1.0000000000000001e-05", "\"inf\""
-
  private:
-  struct Level {
-    bool object;
-    int count = 0;
-    bool key_pending = false;
-    bool inline_scalars = true;  // an array with only scalars so far (kept on one line)
-  };
-  void before_value(bool scalar);
-  void newline();
-  std::string out_;
-  std::vector<Level> stack_;
-  bool done_ = false;
+  struct Impl;
+  nlohmann::ordered_json& place(nlohmann::ordered_json v);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Writes `content` to "<path>.tmp.<pid>" beside `path`, flushes, fsyncs and renames it over

@@ -11,8 +11,8 @@ BUILD_DIR="${BUILD_DIR:-build}"
 JOBS="${JOBS:-2}"
 # hdf5-tools and gnuplot-nox serve scripts/plot-positions.sh (a dump's error against position
 # as a PNG); the build does not need them.
-packages=(libeigen3-dev libhdf5-dev libboost-program-options-dev libgtest-dev cmake g++ ninja-build
-          hdf5-tools gnuplot-nox)
+packages=(libeigen3-dev libhdf5-dev libboost-program-options-dev libgtest-dev nlohmann-json3-dev
+          cmake g++ ninja-build hdf5-tools gnuplot-nox)
 
 missing=()
 for p in "${packages[@]}"; do
