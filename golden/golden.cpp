@@ -89,12 +89,6 @@ auto input_vecs(P& pb) {
                                       &pb.states.k, &pb.states.v, &pb.states.angle};
 }
 
-Idx numel(const std::vector<Idx>& s) {
-  Idx n = 1;
-  for (Idx d : s) n *= d;
-  return n;
-}
-
 // Checks that a Problem is complete and consistent (sizes of everything).
 void check_problem(const Problem& pb, const char* where) {
   validate_run(pb.cfg, pb.B, pb.T);
@@ -102,7 +96,7 @@ void check_problem(const Problem& pb, const char* where) {
   const auto specs = input_specs(pb.cfg, pb.B, pb.T);
   const auto vecs = input_vecs(pb);
   for (size_t i = 0; i < specs.size(); ++i)
-    M3_REQUIRE(static_cast<Idx>(vecs[i]->size()) == numel(specs[i].shape), where,
+    M3_REQUIRE(static_cast<Idx>(vecs[i]->size()) == shape_numel(specs[i].shape), where,
                std::string("problem tensor '") + specs[i].path + "' has the wrong size", "got ",
                vecs[i]->size(), ", expected ", shape_str(specs[i].shape));
 }

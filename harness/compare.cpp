@@ -207,8 +207,8 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
   }
   for (size_t i = 0; i < res.rows.size(); ++i) {
     TensorResult& r = res.rows[i];
-    const bool profile = !opt.by_position.empty() && !r.is_param && r.syms && !r.syms->empty() &&
-                         r.syms->front() == Sym::BT && key_matches(r.key, opt.by_position);
+    const bool profile = !opt.by_position.empty() && !r.is_param && r.syms &&
+                         has_position_axis(*r.syms) && key_matches(r.key, opt.by_position);
     judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode,
               profile);
     if (!r.pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);

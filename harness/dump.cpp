@@ -124,7 +124,7 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
           e.subject = *st;
           e.diff = difference(*st, *ot, r.circular);
           e.has_subject = true;
-          if (!r.is_param && r.syms && !r.syms->empty() && r.syms->front() == Sym::BT)
+          if (!r.is_param && r.syms && has_position_axis(*r.syms))
             e.by_position = position_profile(*st, *ot, spec.B, spec.T, r.circular);
         }
         if (ot && bt && bt->shape == ot->shape) {

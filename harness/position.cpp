@@ -10,8 +10,8 @@
 
 namespace m3::harness {
 
-bool has_position_axis(const TensorSpec& spec) {
-  return !spec.shape.empty() && spec.shape.front() == Sym::BT;
+bool has_position_axis(const std::vector<Sym>& shape) {
+  return !shape.empty() && shape.front() == Sym::BT;
 }
 
 PositionProfile position_profile(const Tensor& subject, const Tensor& oracle, Idx B, Idx T,

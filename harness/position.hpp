@@ -24,8 +24,8 @@ struct PositionProfile {
   bool empty() const { return max_abs.empty(); }
 };
 
-// Whether registry tensor `spec` has the position axis (its first dimension is B·T).
-bool has_position_axis(const TensorSpec& spec);
+// Whether a registry shape has the position axis (its first dimension is B·T).
+bool has_position_axis(const std::vector<Sym>& shape);
 
 // subject and oracle of shape [B·T, …] (same shape); throws m3::Error naming what is wrong.
 PositionProfile position_profile(const Tensor& subject, const Tensor& oracle, Idx B, Idx T,

@@ -315,8 +315,7 @@ LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision
   LayerBytes out;
   for (const auto& s : stage_registry()) {
     if (s.scope != Scope::Layer || !exists_in(s, cfg, mode)) continue;
-    Idx n = 1;
-    for (Idx v : resolve_shape(s.shape, cfg, B, T)) n *= v;
+    const Idx n = shape_numel(resolve_shape(s.shape, cfg, B, T));
     const std::size_t bytes = static_cast<std::size_t>(n) * (s.typed ? typed : 4);
     switch (lifetime(s, mode, rc)) {
       case Life::Saved: out.saved += bytes; break;
@@ -354,6 +353,12 @@ std::vector<Idx> resolve_shape(const std::vector<Sym>& shape, const Config& cfg,
   out.reserve(shape.size());
   for (Sym s : shape) out.push_back(sym_value(s, cfg, B, T));
   return out;
+}
+
+Idx shape_numel(const std::vector<Idx>& shape) {
+  Idx n = 1;
+  for (Idx v : shape) n *= v;
+  return n;
 }
 
 bool exists_in(const TensorSpec& spec, const Config& cfg, ScanMode mode) {
@@ -428,8 +433,7 @@ std::vector<KeyedParam> expected_param_keys(const Config& cfg) {
 ParamLayout param_layout(const Config& cfg) {
   ParamLayout out;
   for (const KeyedParam& kp : expected_param_keys(cfg)) {
-    Idx n = 1;
-    for (Idx v : kp.shape) n *= v;
+    const Idx n = shape_numel(kp.shape);
     out.slots.push_back({kp.key.substr(5), kp.layer, kp.spec, kp.shape, out.total, n});
     out.total += (n + kParamAlign - 1) / kParamAlign * kParamAlign;
   }

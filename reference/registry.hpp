@@ -138,6 +138,8 @@ const std::vector<ParamSpec>& param_registry();
 
 Idx sym_value(Sym s, const Config& cfg, Idx B, Idx T);
 std::vector<Idx> resolve_shape(const std::vector<Sym>& shape, const Config& cfg, Idx B, Idx T);
+// Elements of a resolved shape (1 for a scalar's empty shape).
+Idx shape_numel(const std::vector<Idx>& shape);
 
 bool exists_in(const TensorSpec& spec, const Config& cfg, ScanMode mode);
 // Input projection parameters exist only when input_proj is not the identity.

@@ -58,11 +58,12 @@ std::string trim(const std::string& s) {
   return s.substr(a, b - a + 1);
 }
 
-bool given(const po::variables_map& vm, const char* name) {
-  return vm.count(name) && !vm[name].defaulted();
-}
 
 }  // namespace
+
+bool option_given(const po::variables_map& vm, const char* name) {
+  return vm.count(name) && !vm[name].defaulted();
+}
 
 std::string echo(const std::string& text, std::size_t max) {
   std::string out;
@@ -124,7 +125,7 @@ void check_output_path(const po::variables_map& vm, const std::string& option, b
 }
 
 std::string stage_pattern(const po::variables_map& vm) {
-  if (!given(vm, "stage")) return "";
+  if (!option_given(vm, "stage")) return "";
   const std::string pattern = vm["stage"].as<std::string>();
   std::stringstream items(pattern);
   std::string item;
@@ -276,9 +277,9 @@ double host_bytes_estimate(const harness::RunSpec& spec) {
 }  // namespace
 
 bool problem_options_given(const po::variables_map& vm) {
-  if (given(vm, "config")) return true;
+  if (option_given(vm, "config")) return true;
   for (const char* f : kProblemFields)
-    if (given(vm, f)) return true;
+    if (option_given(vm, f)) return true;
   return false;
 }
 
@@ -296,7 +297,7 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
 }
 
 ProblemSource load_problem(const po::variables_map& vm) {
-  const bool scan_given = given(vm, "scan");
+  const bool scan_given = option_given(vm, "scan");
   if (!vm.count("golden")) {
     harness::RunSpec spec = problem_from(vm);
     spec.modes = parse_scan_list(vm["scan"].as<std::string>());
@@ -305,10 +306,10 @@ ProblemSource load_problem(const po::variables_map& vm) {
     return {spec, std::move(pb), harness::reference_oracle()};
   }
   const std::string path = vm["golden"].as<std::string>();
-  if (given(vm, "config"))
+  if (option_given(vm, "config"))
     throw UsageError("--golden " + path + ": cannot be combined with --config (the problem comes from the file)");
   for (const char* f : kProblemFields)
-    if (given(vm, f))
+    if (option_given(vm, f))
       throw UsageError("--golden " + path + ": cannot be combined with --" + f +
                        " (the problem comes from the file)");
   golden::GoldenCase gc = golden::read_golden(path);

@@ -40,6 +40,8 @@ po::options_description problem_options(bool golden = false);
 // The preset named by --preset (or by the config file) with every given override applied;
 // validated (throws m3::Error). Precedence: command line, then --config file, then preset.
 harness::RunSpec problem_from(const po::variables_map& vm);
+// Whether the option was given on the command line or in the config file (not a default).
+bool option_given(const po::variables_map& vm, const char* name);
 // Whether any problem option (a field of problem_options, or --config) was given.
 bool problem_options_given(const po::variables_map& vm);
 

@@ -127,7 +127,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     bool has = false;
     for (ScanMode m : spec.modes)
       for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, m))
-        has = has || (harness::has_position_axis(*ks.spec) &&
+        has = has || (harness::has_position_axis(ks.spec->shape) &&
                       harness::key_matches(ks.key, spec.by_position) &&
                       harness::key_matches(ks.key, spec.filter));
     if (spec.by_position.empty() || !has)

@@ -110,7 +110,6 @@ int regen(const po::variables_map& vm, const std::string& dir) {
     throw UsageError("golden regen: problem options need --out FILE.h5 (the built-in cases "
                      "define their own problems)");
   const bool all = vm["all"].as<bool>();
-  if (vm.count("file")) throw UsageError("golden regen: --file is for check (regen uses --dir)");
   if (all == (vm.count("case") != 0))
     throw UsageError("golden regen: give --case NAME (repeatable) or --all");
   const bool force = vm["force"].as<bool>();
@@ -227,17 +226,13 @@ int cmd_golden(const std::vector<std::string>& args) {
   const std::pair<const char*, const char*> used_by[] = {
       {"case", "regen and check"}, {"all", "regen and check"}, {"force", "regen"},
       {"file", "check"}, {"dir", "regen, check and list"}, {"out", "regen"}, {"name", "regen"}};
-  for (const auto& [opt, actions] : used_by) {
-    const bool given = vm.count(opt) && !vm[opt].defaulted();
-    const bool set = given && (std::string(opt) != "all" && std::string(opt) != "force"
-                                   ? true
-                                   : vm[opt].as<bool>());
-    if (set && std::string(actions).find(action) == std::string::npos)
+  // (A bool switch given on the command line is not defaulted; one not given is.)
+  for (const auto& [opt, actions] : used_by)
+    if (option_given(vm, opt) && std::string(actions).find(action) == std::string::npos)
       throw UsageError("golden " + action + ": --" + opt + " is for " + actions);
-  }
   if (action != "regen" && problem_options_given(vm))
     throw UsageError("golden " + action + ": the problem options are for regen --out");
-  if (action != "regen" && vm.count("scan") && !vm["scan"].defaulted())
+  if (action != "regen" && option_given(vm, "scan"))
     throw UsageError("golden " + action + ": --scan is for regen --out");
   const std::string dir = vm.count("dir") ? vm["dir"].as<std::string>() : golden::default_dir();
   if (action == "regen") return regen(vm, dir);

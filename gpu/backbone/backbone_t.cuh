@@ -32,7 +32,6 @@ namespace m3::gpu {
 
 namespace detail {
 
-
 template <class T>
 constexpr Precision precision_of() {
   if constexpr (std::is_same_v<T, float>) return Precision::F32;
@@ -143,12 +142,6 @@ class Buffers {
   std::map<std::string, NamedBuf> m_;
 };
 
-inline Idx numel(const std::vector<Idx>& shape) {
-  Idx n = 1;
-  for (Idx v : shape) n *= v;
-  return n;
-}
-
 template <class U>
 inline void copy_d2d(cudaStream_t s, U* dst, const U* src, Idx n) {
   if (n > 0)
@@ -206,7 +199,7 @@ class BackboneT final : public GpuBackbone::Impl {
     const StateSizes z = state_sizes(cf);
     // Every registry tensor of the run (n = 0 where the run has none), with its lifetime.
     for (const auto& spec : stage_registry()) {
-      const Idx n = exists_in(spec, cf, m) ? numel(resolve_shape(spec.shape, cf, B, T_)) : 0;
+      const Idx n = exists_in(spec, cf, m) ? shape_numel(resolve_shape(spec.shape, cf, B, T_)) : 0;
       const std::size_t elem = spec.typed ? sizeof(T) : sizeof(float);
       if (spec.scope == Scope::Layer) {
         const Life life = layer_life(spec);
@@ -232,11 +225,11 @@ class BackboneT final : public GpuBackbone::Impl {
     table_ = stage_table(cf, m);
     for (const StageEntry& e : table_)
       if (e.scope == Scope::Layer) (e.dir == Dir::Forward ? layer_fwd_ : layer_bwd_).push_back(&e);
-    check_fits();
-    lay_out();
     // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
     // copies in one buffer of T, one segment per weight (refresh_typed_copies: one launch).
     layout_ = m3::param_layout(cf);
+    check_fits();
+    lay_out();
     params_.resize(layout_.total);
     grads_.resize(layout_.total);
     params_.zero(s_);
@@ -305,7 +298,7 @@ class BackboneT final : public GpuBackbone::Impl {
       const LayerBytes plan = layer_bytes(cfg_, d_.B, d_.T, mode_, precision_of<T>(), rc);
       std::size_t n = static_cast<std::size_t>(cfg_.n_layers) * plan.saved + plan.view +
                       plan.workspace + 4 * static_cast<std::size_t>(scratch_floats(d_)) +
-                      12 * static_cast<std::size_t>(m3::param_layout(cfg_).total);
+                      12 * static_cast<std::size_t>(layout_.total);
       for (const auto& [name, b] : bb_.all()) n += b.nbytes();
       return n;
     };
