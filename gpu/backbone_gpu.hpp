@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -111,6 +112,26 @@ class GpuBackbone {
   // exactly when the table lists every read of every stage.
   Capture run_isolated_poisoned_for_testing(const Capture& oracle);
 
+  // ---- token models (cfg.vocab_size = V > 0; TRAINING.md §1) -------------------------------
+  // The input is tokens [B*T] in 0 … V−1 instead of X: input_proj runs as the embedding's row
+  // gather (the bits of the one-hot GEMM) and its backward sums δ⁰'s typed rows per token in a
+  // fixed order (no atomics). Replaces set_input until set_input is called again. A token
+  // outside the vocabulary is an m3::Error naming the row.
+  void set_tokens(const std::vector<std::int32_t>& tok);
+  // Targets [B*T] in 0 … V−1, weights [B*T] (1 = scored) and N, the scored positions of the
+  // whole optimizer step (> 0; the loss normalisation of TRAINING.md §2.7).
+  void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                   double n_norm);
+  // forward(), then the head (logits = Out · head_w, typed) and the loss: returns this batch's
+  // share of the step's loss, Σ w·(lse − logit[tgt]) / N, summed in f64 in a fixed order (one
+  // 8-byte download). `cap` also receives head/logits, loss/lse, loss/value.
+  double forward_loss(Capture* cap = nullptr);
+  // The backward of scale·loss: d_logits, the head's GEMMs (d_Out typed, head_w's gradient
+  // accumulated), then backward(). `cap` also receives head/d_logits and head/d_Out.
+  void backward_loss(double scale, Capture* cap = nullptr);
+  std::vector<float> logits() const;               // [B*T, V] of the last forward_loss
+  std::vector<std::int32_t> argmax() const;        // [B*T]: the first largest logit per row
+
   std::vector<float> output() const;     // Out [B*T, d_model]
   States<float> states() const;          // current (leaving) states
   Params<float> grads() const;           // accumulated weight gradients
@@ -145,6 +166,12 @@ class GpuBackbone {
   // refresh_typed_copies() re-rounds the GEMM weights' bf16/f16 compute copies from them (one
   // launch, on the context's stream; nothing for f32).
   const ParamLayout& param_layout() const;
+  // Host copies of the whole master arena (param_layout().total floats, gaps zero), for
+  // checkpoints; set_params_flat uploads one (gaps must be zero) and refreshes the typed copies.
+  std::vector<float> params_flat() const;
+  void set_params_flat(const std::vector<float>& flat);
+  // Zero entering states for every layer, on the device (a new sequence).
+  void zero_states();
   float* param_arena();
   float* grad_arena();
   void refresh_typed_copies();

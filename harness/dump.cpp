@@ -30,6 +30,7 @@ const char* sym_name(Sym s) {
     case Sym::NC: return "NC";
     case Sym::CS: return "CS";
     case Sym::IN: return "IN";
+    case Sym::V: return "V";
   }
   return "?";
 }

@@ -185,6 +185,7 @@ std::string decode_index(const std::vector<Sym>& syms, const std::vector<Idx>& s
       case Sym::DI: put("d", i); put("h", i / hd); put("p", i % hd); break;
       case Sym::DM:
       case Sym::IN: put("i", i); break;
+      case Sym::V: put("v", i); break;
       case Sym::IP: put("j", i); os << " (" << in_proj_column(cfg, i) << ")"; break;
     }
   }

@@ -10,6 +10,7 @@
 //             dX = δ⁰·W_inᵀ (or δ⁰)
 // Buffers are allocated once per (config, B, T, mode) in the constructor.
 #include "backbone.hpp"
+#include "lm.hpp"
 
 #include <algorithm>
 
@@ -324,6 +325,7 @@ struct Backbone<S>::Impl {
   std::vector<std::vector<S>> w_in_typed, w_out_typed;
   std::vector<S> w_input_typed;
   bool have_forward = false;
+  std::vector<std::int32_t> tokens;  // the last forward_tokens' input (empty after forward())
   std::vector<StageEntry> table;                    // the registry's stage table of the run
   std::vector<const StageEntry*> layer_fwd, layer_bwd;  // its per-layer stages, in order
 
@@ -347,6 +349,8 @@ struct Backbone<S>::Impl {
   }
 
   bool typed() const { return d.storage == Precision::BF16 || d.storage == Precision::F16; }
+  // The layers and norm_f from H⁰ (set by forward or forward_tokens).
+  const std::vector<S>& forward_layers(const Params<S>& p, States<S>& states, Capture* cap);
 
   void refresh_typed_weights(const Params<S>& p) {
     if (!typed()) return;
@@ -450,6 +454,8 @@ Backbone<S>& Backbone<S>::operator=(Backbone&&) noexcept = default;
 template <class S>
 const Config& Backbone<S>::config() const { return impl_->cfg; }
 template <class S>
+const std::vector<S>& Backbone<S>::output() const { return impl_->out; }
+template <class S>
 Idx Backbone<S>::batch() const { return impl_->d.B; }
 template <class S>
 Idx Backbone<S>::seq_len() const { return impl_->d.T; }
@@ -487,6 +493,7 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   M3_REQUIRE(static_cast<Idx>(X.size()) == d.BT * d.in, where, "input X has the wrong size",
              "got ", X.size(), ", expected B*T*input_dim = ", d.BT * d.in);
   m.refresh_typed_weights(p);
+  m.tokens.clear();
   m.x_in = X;
   ref::store_typed(d, m.x_in);
   if (m.cfg.input_proj_identity) {
@@ -498,6 +505,40 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   }
   m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
   m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
+  return m.forward_layers(p, states, cap);
+}
+
+template <class S>
+const std::vector<S>& Backbone<S>::forward_tokens(const Params<S>& p,
+                                                  const std::vector<std::int32_t>& tok,
+                                                  States<S>& states, Capture* cap) {
+  Impl& m = *impl_;
+  const Dims& d = m.d;
+  const char* where = "Backbone::forward_tokens";
+  M3_REQUIRE(m.cfg.vocab_size > 0, where, "the config is no token model (vocab_size = 0)", "");
+  check_params(p, m.cfg, where);
+  check_states(states, m.cfg, d.B, where, "entering");
+  M3_REQUIRE(static_cast<Idx>(tok.size()) == d.BT, where, "tokens have the wrong size", "got ",
+             tok.size(), ", expected B*T = ", d.BT);
+  m.refresh_typed_weights(p);
+  m.tokens = tok;
+  ref::embed_forward(d.BT, d.in, d.dm, tok.data(), m.w_input(p), p.input_proj_b.data(),
+                     m.h0.data());
+  ref::store_typed(d, m.h0);
+  if (cap) {
+    m.x_in.assign(static_cast<size_t>(d.BT * d.in), S(0));
+    for (Idx r = 0; r < d.BT; ++r) m.x_in[r * d.in + tok[r]] = S(1);
+    m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
+  }
+  m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
+  return m.forward_layers(p, states, cap);
+}
+
+template <class S>
+const std::vector<S>& Backbone<S>::Impl::forward_layers(const Params<S>& p, States<S>& states,
+                                                        Capture* cap) {
+  Impl& m = *this;
+  const Dims& d = m.d;
   const std::vector<S>* h = &m.h0;
   for (int l = 0; l < static_cast<int>(m.cfg.n_layers); ++l) {
     LayerActs<S>& a = m.acts[l];
@@ -558,6 +599,26 @@ void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
     Impl::give(g.d_k_in, l, d_entering.k);
     Impl::give(g.d_v_in, l, d_entering.v);
     Impl::give(g.d_angle_in, l, d_entering.angle);
+  }
+  if (!m.tokens.empty()) {
+    // The embedding: the GEMM's dW of a one-hot X is a per-token sum of the typed δ⁰ rows.
+    const S* dt = m.typed_copy(m.delta);
+    ref::embed_backward(d.BT, d.in, d.dm, m.tokens.data(), dt, grads.input_proj_w.data(),
+                        static_cast<S*>(nullptr));
+    std::vector<S> db(static_cast<size_t>(d.dm), S(0));
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx j = 0; j < d.dm; ++j) db[j] += m.delta[r * d.dm + j];
+    for (Idx j = 0; j < d.dm; ++j) grads.input_proj_b[j] += db[j];
+    d_x.clear();
+    if (cap) {
+      d_x.assign(static_cast<size_t>(d.BT * d.in), S(0));
+      std::vector<S> unused_dw(static_cast<size_t>(d.in * d.dm), S(0));  // linear_backward's dW
+      ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), dt, d_x.data(),
+                           unused_dw.data(), static_cast<S*>(nullptr));
+      ref::store_typed(d, d_x);
+      m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);
+    }
+    return;
   }
   d_x.assign(static_cast<size_t>(d.BT * d.in), S(0));
   if (m.cfg.input_proj_identity) {

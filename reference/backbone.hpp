@@ -13,6 +13,7 @@
 // Single-threaded, fixed loop orders: the same build gives the same bytes on every run.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -38,11 +39,21 @@ class Backbone {
   const std::vector<S>& forward(const Params<S>& p, const std::vector<S>& X, States<S>& states,
                                 Capture* cap = nullptr);
 
+  // A token model (cfg.vocab_size = V > 0, TRAINING.md §1): the input is tokens [B*T] in
+  // 0 … V−1 and input_proj runs as the embedding's row gather, the same math as forward() of
+  // X = one-hot(tok) (a test holds them equal); the following backward() sums input_proj_w's
+  // gradient per token in a fixed order (ref::embed_backward) and produces d_x (∂L/∂ one-hot,
+  // nothing reads it) only for a Capture (else d_x is left empty). `cap` receives the one-hot
+  // as input_proj_inputs.
+  const std::vector<S>& forward_tokens(const Params<S>& p, const std::vector<std::int32_t>& tok,
+                                       States<S>& states, Capture* cap = nullptr);
+
   // Requires a preceding forward() with the same parameters.
   void backward(const Params<S>& p, const std::vector<S>& d_out, const States<S>* d_leaving,
                 Params<S>& grads, std::vector<S>& d_x, States<S>& d_entering,
                 Capture* cap = nullptr);
 
+  const std::vector<S>& output() const;  // Out of the last forward
   const Config& config() const;
   Idx batch() const;
   Idx seq_len() const;

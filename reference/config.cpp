@@ -76,6 +76,16 @@ void Config::validate() const {
   M3_REQUIRE(!input_proj_identity || input_dim == d_model, where,
              "input_dim must equal d_model when input_proj_identity is set",
              "input_dim=", input_dim, ", d_model=", d_model);
+  M3_REQUIRE(vocab_size >= 0, where, "vocab_size must be >= 0", "vocab_size=", vocab_size);
+  if (vocab_size > 0) {
+    M3_REQUIRE(!input_proj_identity, where,
+               "a token model (vocab_size > 0) embeds through input_proj: it cannot be the identity",
+               "vocab_size=", vocab_size);
+    M3_REQUIRE(input_dim == vocab_size, where,
+               "input_dim must equal vocab_size in a token model (the embedding is input_proj on a one-hot)",
+               "input_dim=", input_dim, ", vocab_size=", vocab_size);
+    checked_mul(d_model, vocab_size, where, "head_w (d_model*vocab_size)");
+  }
 }
 
 std::string Config::describe() const {
@@ -84,7 +94,9 @@ std::string Config::describe() const {
      << " headdim=" << headdim << " ngroups=" << ngroups << " n_layers=" << n_layers
      << " rope_fraction=" << rope_fraction << " a_floor=" << a_floor
      << " is_outproj_norm=" << (is_outproj_norm ? 1 : 0) << " input_dim=" << input_dim
-     << " input_proj_identity=" << (input_proj_identity ? 1 : 0) << " chunk_size=" << chunk_size
+     << " input_proj_identity=" << (input_proj_identity ? 1 : 0) << " chunk_size=" << chunk_size;
+  if (vocab_size > 0) os << " vocab_size=" << vocab_size;
+  os
      << " (d_inner=" << d_inner() << " nheads=" << nheads() << " num_rope_angles="
      << num_rope_angles() << " in_proj_dim=" << in_proj_dim() << ")";
   return os.str();

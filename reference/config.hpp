@@ -8,7 +8,9 @@
 //   n_chunks(T)      = ceil(T / chunk_size)
 //
 // The backbone input is X [B*T, input_dim]; with input_proj_identity the input projection is
-// the identity and input_dim must equal d_model (MODEL.md §2, backbone table).
+// the identity and input_dim must equal d_model (MODEL.md §2, backbone table). With
+// vocab_size = V > 0 the input is tokens (TRAINING.md §1): input_dim = V, and head_w
+// [d_model, V] is one more parameter.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +38,10 @@ struct Config {
   Idx input_dim = 128;              // width of the backbone input X
   bool input_proj_identity = false;  // true: H⁰ = X (requires input_dim == d_model)
   Idx chunk_size = 64;              // chunked scan only; any value ≥ 1 (MODEL.md §12.5)
+  // The language-model ends (TRAINING.md §1): 0 = none (the backbone of MODEL.md alone);
+  // V ≥ 1 = the input is tokens in 0 … V−1 (the embedding is input_proj on a one-hot, so
+  // input_dim = V and input_proj is not the identity) and a head head_w [d_model, V] follows.
+  Idx vocab_size = 0;
 
   Idx d_inner() const { return expand * d_model; }
   Idx nheads() const { return d_inner() / headdim; }

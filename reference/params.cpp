@@ -101,6 +101,7 @@ Params<S> make_params(const Config& cfg, std::uint64_t seed, Init init) {
     fill_uniform(L.out_proj_w, rng, -out_bound, out_bound);
   }
   ones(p.norm_f_weight, 0.2);
+  if (cfg.vocab_size > 0) fill_uniform(p.head_w, rng, -in_bound, in_bound);
   return p;
 }
 

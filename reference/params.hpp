@@ -4,12 +4,14 @@
 // Parameters, per layer: norm_weight [dm], in_proj_w [dm, ip], dt_bias [nh],
 // b_norm_weight [ds], c_norm_weight [ds], b_bias [nh, ds], c_bias [nh, ds], d_param [nh],
 // norm_gate_weight [di], out_proj_w [di, dm]; backbone: input_proj_w [input_dim, dm],
-// input_proj_b [dm] (empty when input_proj is the identity), norm_f_weight [dm].
+// input_proj_b [dm] (empty when input_proj is the identity), norm_f_weight [dm], head_w
+// [dm, V] (token models only, vocab_size = V > 0; empty otherwise).
 // Linear weights are [in, out] and used as Y = X·W.
 //
 // Initialisation (§2): norms, b/c biases and D = 1; in_proj_w, out_proj_w, input_proj_w
 // Kaiming-uniform with bound sqrt(3/fan_in); input_proj_b = 0;
-// dt_bias = softplus⁻¹(dt₀), dt₀ = max(1e-4, exp(U·(ln 0.1 − ln 0.001) + ln 0.001)).
+// dt_bias = softplus⁻¹(dt₀), dt₀ = max(1e-4, exp(U·(ln 0.1 − ln 0.001) + ln 0.001));
+// head_w Kaiming-uniform sqrt(3/dm), drawn last (so a model without a head draws the same).
 // Randomness comes from SplitMix64 with our own integer→double mapping, so the same seed
 // gives the same bytes on every machine (no std::*_distribution).
 //
@@ -48,6 +50,7 @@ struct Params {
   std::vector<S> input_proj_w, input_proj_b;
   std::vector<LayerParams<S>> layers;
   std::vector<S> norm_f_weight;
+  std::vector<S> head_w;  // [d_model, V]; empty unless vocab_size > 0 (TRAINING.md §1)
 };
 
 // Calls f(layer, name, vec) for every parameter vector in the flat order of MODEL.md §2
@@ -71,6 +74,7 @@ void for_each_param(P& p, F&& f) {
     f(li, "out_proj_w", L.out_proj_w);
   }
   f(-1, "norm_f_weight", p.norm_f_weight);
+  f(-1, "head_w", p.head_w);
 }
 
 enum class Init {

@@ -20,6 +20,7 @@ constexpr Modes CHK = Modes::Chunked;
 constexpr When ALW = When::Always;
 constexpr When ONRM = When::OutprojNorm;
 constexpr When ANG = When::HasAngles;
+constexpr When LM = When::Lm;
 
 std::vector<TensorSpec> build_stage_registry() {
   return {
@@ -79,6 +80,12 @@ std::vector<TensorSpec> build_stage_registry() {
       {BB, FW, BOTH, ALW, "norm_f", "norm_f_input", {S::BT, S::DM}, false},
       {BB, FW, BOTH, ALW, "norm_f", "norm_f_rms", {S::BT}, false},
       {BB, FW, BOTH, ALW, "norm_f", "Out", {S::BT, S::DM}, false},
+      // ---- the language-model ends, token models only (TRAINING.md §1)
+      {BB, FW, BOTH, LM, "head", "logits", {S::BT, S::V}, false},
+      {BB, FW, BOTH, LM, "loss", "lse", {S::BT}, false},
+      {BB, FW, BOTH, LM, "loss", "value", {}, false},
+      {BB, BW, BOTH, LM, "head", "d_logits", {S::BT, S::V}, false},
+      {BB, BW, BOTH, LM, "head", "d_Out", {S::BT, S::DM}, false},
       // ---- backbone backward start (MODEL.md §6.1)
       {BB, BW, BOTH, ALW, "norm_f", "d_norm", {S::BT, S::DM}, false},
       // ---- layer backward (MODEL.md §6.2–§6.4, §10.3)
@@ -145,6 +152,7 @@ std::vector<ParamSpec> build_param_registry() {
       {LY, "norm_gate_weight", {S::DI}},
       {LY, "out_proj_w", {S::DI, S::DM}},
       {BB, "norm_f_weight", {S::DM}},
+      {BB, "head_w", {S::DM, S::V}},  // token models only (TRAINING.md §1)
   };
 }
 
@@ -160,7 +168,8 @@ bool is_typed_tensor(const std::string& stage, const std::string& tensor) {
       {"norm_f", "Out"},     {"B8", "d_gated"},      {"B7", "d_y"},        {"B7", "d_z"},
       {"B6", "d_x"},         {"B4b", "d_b_normed"},  {"B4b", "d_c_normed"}, {"B4c", "d_b_raw"},
       {"B4c", "d_c_raw"},    {"B3", "d_proj"},       {"B2", "d_norm"},
-      {"input_proj", "d_input_proj_dx"},
+      {"input_proj", "d_input_proj_dx"}, {"head", "logits"}, {"head", "d_logits"},
+      {"head", "d_Out"},
   };
   for (const auto& t : kTyped)
     if (stage == t[0] && tensor == t[1]) return true;
@@ -344,6 +353,7 @@ Idx sym_value(Sym s, const Config& cfg, Idx B, Idx T) {
     case Sym::NC: return cfg.n_chunks(T);
     case Sym::CS: return cfg.chunk_size;
     case Sym::IN: return cfg.input_dim;
+    case Sym::V: return cfg.vocab_size;
   }
   throw Error("registry", "unknown dimension symbol", "");
 }
@@ -366,12 +376,14 @@ bool exists_in(const TensorSpec& spec, const Config& cfg, ScanMode mode) {
   if (spec.modes == Modes::Chunked && mode != ScanMode::Chunked) return false;
   if (spec.when == When::OutprojNorm && !cfg.is_outproj_norm) return false;
   if (spec.when == When::HasAngles && cfg.num_rope_angles() == 0) return false;
+  if (spec.when == When::Lm && cfg.vocab_size == 0) return false;
   return true;
 }
 
 bool param_exists(const ParamSpec& spec, const Config& cfg) {
   const std::string name = spec.name;
   if (name == "input_proj_w" || name == "input_proj_b") return !cfg.input_proj_identity;
+  if (name == "head_w") return cfg.vocab_size > 0;
   return true;
 }
 
@@ -406,6 +418,9 @@ std::vector<KeyedSpec> expected_stage_keys(const Config& cfg, Idx B, Idx T, Scan
   emit(Scope::Backbone, Dir::Forward, -1, "input_proj");
   for (int l = 0; l < L; ++l) emit(Scope::Layer, Dir::Forward, l, nullptr);
   emit(Scope::Backbone, Dir::Forward, -1, "norm_f");
+  emit(Scope::Backbone, Dir::Forward, -1, "head");
+  emit(Scope::Backbone, Dir::Forward, -1, "loss");
+  emit(Scope::Backbone, Dir::Backward, -1, "head");
   emit(Scope::Backbone, Dir::Backward, -1, "norm_f");
   for (int l = L - 1; l >= 0; --l) emit(Scope::Layer, Dir::Backward, l, nullptr);
   emit(Scope::Backbone, Dir::Backward, -1, "input_proj");
@@ -420,13 +435,16 @@ std::vector<KeyedParam> expected_param_keys(const Config& cfg) {
     out.push_back({param_key(layer, p.name), layer, &p, resolve_shape(p.shape, cfg, 1, 1)});
   };
   for (const auto& p : reg)
-    if (p.scope == Scope::Backbone && std::string(p.name) != "norm_f_weight" && param_exists(p, cfg))
+    if (p.scope == Scope::Backbone && std::string(p.name) != "norm_f_weight" &&
+        std::string(p.name) != "head_w" && param_exists(p, cfg))
       push(p, -1);
   for (int l = 0; l < L; ++l)
     for (const auto& p : reg)
       if (p.scope == Scope::Layer) push(p, l);
   for (const auto& p : reg)
     if (std::string(p.name) == "norm_f_weight") push(p, -1);
+  for (const auto& p : reg)
+    if (std::string(p.name) == "head_w" && param_exists(p, cfg)) push(p, -1);
   return out;
 }
 

@@ -24,13 +24,14 @@
 namespace m3 {
 
 // Symbolic dimensions of MODEL.md §0; shapes in the registry are lists of these.
-enum class Sym { B, T, BT, Tp1, DM, DI, IP, NH, HD, DS, NG, NA, NC, CS, IN };
+enum class Sym { B, T, BT, Tp1, DM, DI, IP, NH, HD, DS, NG, NA, NC, CS, IN, V };
 
 enum class Dir { Forward, Backward };
 enum class Scope { Backbone, Layer };
 enum class Modes { Both, Seq, Chunked };
-// When the tensor exists: always, only with is_outproj_norm, only when num_rope_angles > 0.
-enum class When { Always, OutprojNorm, HasAngles };
+// When the tensor exists: always, only with is_outproj_norm, only when num_rope_angles > 0,
+// only in a token model (vocab_size > 0: the LM ends of TRAINING.md §1).
+enum class When { Always, OutprojNorm, HasAngles, Lm };
 
 // How long a layer tensor lives in the production pass (the GPU's fused path, no Capture, not
 // isolated). A Capture, the isolated mode or set_fusion(false) give every tensor its own buffer
@@ -142,7 +143,8 @@ std::vector<Idx> resolve_shape(const std::vector<Sym>& shape, const Config& cfg,
 Idx shape_numel(const std::vector<Idx>& shape);
 
 bool exists_in(const TensorSpec& spec, const Config& cfg, ScanMode mode);
-// Input projection parameters exist only when input_proj is not the identity.
+// Input projection parameters exist only when input_proj is not the identity; head_w only in a
+// token model (vocab_size > 0).
 bool param_exists(const ParamSpec& spec, const Config& cfg);
 
 const TensorSpec& find_spec(const std::string& stage, const std::string& tensor);
@@ -170,7 +172,8 @@ std::vector<KeyedParam> expected_param_keys(const Config& cfg);
 
 // The flat parameter layout, the one description of where each parameter lives in a flat
 // buffer: the parameters of expected_param_keys (MODEL.md §2 order: input_proj_w,
-// input_proj_b, { norm_weight … out_proj_w } × n_layers, norm_f_weight), each at an offset
+// input_proj_b, { norm_weight … out_proj_w } × n_layers, norm_f_weight, then head_w in a token
+// model, TRAINING.md §2), each at an offset
 // that is a multiple of kParamAlign floats (256 bytes, so every kernel's vector loads find the
 // alignment a buffer of its own would give), the gaps zero. The GPU's f32 masters and
 // gradients (and the optimizer's moments) are each one buffer of `total` floats in this

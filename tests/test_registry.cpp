@@ -132,7 +132,7 @@ TEST(Registry, ParamNamesAreUniqueAndInFlatGradientOrder) {
   const std::vector<std::string> want = {
       "input_proj_w",  "input_proj_b", "norm_weight", "in_proj_w",        "dt_bias",
       "b_norm_weight", "c_norm_weight", "b_bias",     "c_bias",           "d_param",
-      "norm_gate_weight", "out_proj_w", "norm_f_weight"};
+      "norm_gate_weight", "out_proj_w", "norm_f_weight", "head_w"};
   std::vector<std::string> got;
   for (const auto& p : m3::param_registry()) got.push_back(p.name);
   EXPECT_EQ(got, want);

@@ -155,7 +155,8 @@ po::options_description problem_options(bool golden) {
   return d;
 }
 
-void store_config_file(const std::string& path, po::variables_map& vm) {
+void store_config_file(const std::string& path, po::variables_map& vm,
+                       const po::options_description* file_fields) {
   // A FIFO, a device or a folder would block or read garbage: only regular files (a symbolic
   // link to one is followed).
   std::error_code ec;
@@ -166,8 +167,9 @@ void store_config_file(const std::string& path, po::variables_map& vm) {
     throw UsageError("--config " + path + ": not a regular file");
   std::ifstream in(path);
   if (!in) throw UsageError("--config " + path + ": cannot open (" + std::strerror(errno) + ")");
-  po::options_description fields;
-  add_problem_fields(fields);
+  po::options_description problem_fields;
+  add_problem_fields(problem_fields);
+  const po::options_description& fields = file_fields ? *file_fields : problem_fields;
   std::set<std::string> seen;
   std::string raw;
   int lineno = 0;
@@ -211,8 +213,9 @@ void store_config_file(const std::string& path, po::variables_map& vm) {
       po::notify(scratch);
       po::store(parsed, vm);
     } catch (const po::error&) {
-      const char* expected = name == "rope-fraction"                        ? "a number"
+      const char* expected = !file_fields && name == "rope-fraction"       ? "a number"
                              : name == "outproj-norm" || name == "zero-states" ? "true or false"
+                             : file_fields                                    ? "a value of its type"
                                                                               : "an integer";
       throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" + echo(written) +
                        "' (expected " + expected + ")");
@@ -399,7 +402,8 @@ std::vector<Precision> parse_dtype_list(const std::string& s) {
 }
 
 po::variables_map parse_args(const std::vector<std::string>& args,
-                             const po::options_description& desc, const char* command) {
+                             const po::options_description& desc, const char* command,
+                             const po::options_description* config_fields) {
   po::variables_map vm;
   po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
   for (const auto& o : parsed.options) {
@@ -415,7 +419,7 @@ po::variables_map parse_args(const std::vector<std::string>& args,
   }
   po::store(parsed, vm);
   if (desc.find_nothrow("config", false) && vm.count("config"))
-    store_config_file(vm["config"].as<std::string>(), vm);
+    store_config_file(vm["config"].as<std::string>(), vm, config_fields);
   po::notify(vm);
   return vm;
 }

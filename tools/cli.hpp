@@ -63,7 +63,9 @@ ProblemSource load_problem(const po::variables_map& vm);
 // '_' and '-' are the same). Unknown names, a name given twice, a line without '=' and a bad
 // value are UsageErrors of one line naming the file, the line and the name. Values already set
 // on the command line win. Not allowed in a file: config, golden.
-void store_config_file(const std::string& path, po::variables_map& vm);
+// `file_fields`: the names a file may set instead of the problem options (m3h train's).
+void store_config_file(const std::string& path, po::variables_map& vm,
+                       const po::options_description* file_fields = nullptr);
 
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
@@ -108,8 +110,10 @@ std::string resolve_device(const std::string& device, const char* fallback);
 
 // Parses args against `desc`; any positional argument is a UsageError naming the command.
 // When desc has --config and it is given, the file's values are stored too (store_config_file).
+// `config_fields`: what a --config file may set (default: the problem options).
 po::variables_map parse_args(const std::vector<std::string>& args,
-                             const po::options_description& desc, const char* command);
+                             const po::options_description& desc, const char* command,
+                             const po::options_description* config_fields = nullptr);
 
 // "Usage: m3h <command> [options]" + the description, for --help.
 void print_command_help(const char* command, const char* summary,

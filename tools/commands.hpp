@@ -11,5 +11,7 @@ int cmd_bench(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_golden(const std::vector<std::string>& args);
 int cmd_determinism(const std::vector<std::string>& args);
+int cmd_train(const std::vector<std::string>& args);
+int cmd_sample(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

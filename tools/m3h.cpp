@@ -31,6 +31,9 @@ const std::vector<Command>& commands() {
       {"golden", "regen / check / list the golden HDF5 files", m3::tools::cmd_golden},
       {"determinism", "run N times, require bit-identical tensors (names the first divergence)",
        m3::tools::cmd_determinism},
+      {"train", "train a language model on the GPU path (or the CPU reference), with checkpoints",
+       m3::tools::cmd_train},
+      {"sample", "generate tokens from a checkpoint of m3h train", m3::tools::cmd_sample},
   };
   return table;
 }

@@ -49,7 +49,7 @@ std::string GpuBackbone::unsupported(const Config& cfg, Idx B, Idx T) {
   }
   // cuBLAS takes int dimensions; every GEMM dimension is at most B*T or a weight dimension.
   const Idx big = std::max<Idx>({B * T * cfg.in_proj_dim(), B * T * cfg.d_inner(),
-                                 B * T * cfg.input_dim});
+                                 B * T * cfg.input_dim, B * T * cfg.vocab_size});
   if (big >= (Idx(1) << 31))
     return "B*T*width = " + std::to_string(big) + " exceeds the 2^31 elements of one GEMM operand";
   return "";
@@ -87,6 +87,15 @@ Capture GpuBackbone::run_isolated(const Capture& oracle) { return impl_->run_iso
 Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture& oracle) {
   return impl_->run_isolated_poisoned_for_testing(oracle);
 }
+void GpuBackbone::set_tokens(const std::vector<std::int32_t>& tok) { impl_->set_tokens(tok); }
+void GpuBackbone::set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                              double n_norm) {
+  impl_->set_targets(tgt, w, n_norm);
+}
+double GpuBackbone::forward_loss(Capture* cap) { return impl_->forward_loss(cap); }
+void GpuBackbone::backward_loss(double scale, Capture* cap) { impl_->backward_loss(scale, cap); }
+std::vector<float> GpuBackbone::logits() const { return impl_->logits(); }
+std::vector<std::int32_t> GpuBackbone::argmax() const { return impl_->argmax(); }
 std::vector<float> GpuBackbone::output() const { return impl_->output(); }
 States<float> GpuBackbone::states() const { return impl_->states(); }
 Params<float> GpuBackbone::grads() const { return impl_->grads(); }
@@ -100,6 +109,9 @@ std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
 }
 void GpuBackbone::reset_stage_times() { impl_->reset_stage_times(); }
 const ParamLayout& GpuBackbone::param_layout() const { return impl_->param_layout(); }
+std::vector<float> GpuBackbone::params_flat() const { return impl_->params_flat(); }
+void GpuBackbone::set_params_flat(const std::vector<float>& flat) { impl_->set_params_flat(flat); }
+void GpuBackbone::zero_states() { impl_->zero_entering_states(); }
 float* GpuBackbone::param_arena() { return impl_->param_arena(); }
 float* GpuBackbone::grad_arena() { return impl_->grad_arena(); }
 void GpuBackbone::refresh_typed_copies() { impl_->refresh_typed_copies(); }

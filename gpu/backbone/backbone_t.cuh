@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "arena.cuh"
+#include "lm.hpp"  // reference: embed_order
+#include "lm_kernels.cuh"
 #include "backbone.hpp"  // reference: capture_grads
 #include "backbone_gpu.hpp"
 #include "common.cuh"
@@ -185,6 +188,16 @@ struct GpuBackbone::Impl {
   virtual bool verification_layout() const = 0;
   virtual BackboneMemory memory() const = 0;
   virtual void poison_for_testing(int layer, const std::string& tensor) = 0;
+  virtual std::vector<float> params_flat() = 0;
+  virtual void set_params_flat(const std::vector<float>& flat) = 0;
+  virtual void zero_entering_states() = 0;
+  virtual void set_tokens(const std::vector<std::int32_t>& tok) = 0;
+  virtual void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                           double n_norm) = 0;
+  virtual double forward_loss(Capture* cap) = 0;
+  virtual void backward_loss(double scale, Capture* cap) = 0;
+  virtual std::vector<float> logits() = 0;
+  virtual std::vector<std::int32_t> argmax() = 0;
 };
 
 namespace detail {
@@ -249,6 +262,7 @@ class BackboneT final : public GpuBackbone::Impl {
         w_out_off_.push_back(segment(l, "out_proj_w"));
       }
       if (!cf.input_proj_identity) w_input_off_ = segment(-1, "input_proj_w");
+      if (cf.vocab_size > 0) w_head_off_ = segment(-1, "head_w");
       typed_.resize(off);
       segments_.resize(static_cast<Idx>(segs.size() * sizeof(CopySegment)));
       M3_CUDA_CHECK(cudaMemcpyAsync(segments_.data(), segs.data(), segs.size() * sizeof(CopySegment),
@@ -263,6 +277,20 @@ class BackboneT final : public GpuBackbone::Impl {
       a->angle.resize(LB * z.angle);
     }
     scratch_.resize(scratch_floats(d_));
+    if (cf.vocab_size > 0) {  // the token model's inputs and the embedding backward's order
+      const Idx BT = d_.BT, V = cf.vocab_size;
+      tok_.resize(BT);
+      tgt_.resize(BT);
+      tw_.resize(BT);
+      perm_.resize(BT);
+      const Idx max_chunks = BT / kEmbedChunk + V;
+      chunks_.resize(max_chunks * 3);
+      token_chunks_.resize(V + 1);
+      embed_partial_.resize(max_chunks * d_.dm);
+      row_loss_.resize(BT);
+      loss_sum_.resize(1);
+      argmax_.resize(BT);
+    }
     zero_states(dl_);
     grads_.zero(s_);
     M3_CUDA_CHECK(cudaStreamSynchronize(s_));
@@ -386,7 +414,7 @@ class BackboneT final : public GpuBackbone::Impl {
     check_params(p, cfg_, "GpuBackbone::set_params");
     std::vector<float> host(static_cast<size_t>(layout_.total), 0.0f);  // the gaps stay zero
     for_each_param(p, [&](int l, const char* name, const std::vector<float>& v) {
-      if (v.empty() && l < 0 && cfg_.input_proj_identity) return;  // no input_proj
+      if (v.empty()) return;  // a parameter this config does not have (sizes checked above)
       const ParamSlot& sl = layout_.at(l, name);
       M3_REQUIRE(static_cast<Idx>(v.size()) == sl.size, "GpuBackbone::set_params",
                  "parameter '" + sl.name + "' has the wrong size", "got ", v.size(),
@@ -409,10 +437,132 @@ class BackboneT final : public GpuBackbone::Impl {
   float* grad_arena() override { return grads_.data(); }
 
   void set_input(const std::vector<float>& X) override {
+    tokens_ = false;
     NamedBuf& b = bb_.at("input_proj/input_proj_inputs");
     M3_REQUIRE(static_cast<Idx>(X.size()) == b.n, "GpuBackbone::set_input",
                "input X has the wrong size", "got ", X.size(), ", expected ", b.n);
     upload_floats(b, X.data(), storage(), s_);
+  }
+
+  std::vector<float> params_flat() override {
+    std::vector<float> host(static_cast<size_t>(layout_.total));
+    params_.download(host.data(), s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return host;
+  }
+  void set_params_flat(const std::vector<float>& flat) override {
+    M3_REQUIRE(static_cast<Idx>(flat.size()) == layout_.total, "GpuBackbone::set_params_flat",
+               "the flat parameters have the wrong size", "got ", flat.size(), ", expected ",
+               layout_.total);
+    params_.upload(flat.data(), s_);
+    refresh_typed_copies();
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void zero_entering_states() override { zero_states(st_); }
+
+  // ---- token models (TRAINING.md §1) --------------------------------------------------------
+  void set_tokens(const std::vector<std::int32_t>& tok) override {
+    const char* where = "GpuBackbone::set_tokens";
+    const Idx V = cfg_.vocab_size;
+    M3_REQUIRE(V > 0, where, "the config is no token model (vocab_size = 0)", "");
+    M3_REQUIRE(static_cast<Idx>(tok.size()) == d_.BT, where, "tokens have the wrong size",
+               "got ", tok.size(), ", expected B*T = ", d_.BT);
+    std::vector<Idx> order, starts;
+    ref::embed_order(tok.data(), d_.BT, V, order, starts);  // checks every token's range
+    std::vector<std::int32_t> perm(order.begin(), order.end()), chunks, token_chunks;
+    for (Idx v = 0; v < V; ++v) {
+      token_chunks.push_back(static_cast<std::int32_t>(chunks.size() / 3));
+      for (Idx a = starts[v]; a < starts[v + 1]; a += kEmbedChunk) {
+        chunks.push_back(static_cast<std::int32_t>(v));
+        chunks.push_back(static_cast<std::int32_t>(a));
+        chunks.push_back(static_cast<std::int32_t>(std::min(a + kEmbedChunk, starts[v + 1])));
+      }
+    }
+    token_chunks.push_back(static_cast<std::int32_t>(chunks.size() / 3));
+    n_chunks_ = static_cast<Idx>(chunks.size() / 3);
+    tok_.upload(tok.data(), s_);
+    perm_.upload(perm.data(), s_);
+    M3_CUDA_CHECK(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * 4,
+                                  cudaMemcpyHostToDevice, s_));
+    token_chunks_.upload(token_chunks.data(), s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));  // the host vectors go out of scope
+    tokens_ = true;
+  }
+  void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                   double n_norm) override {
+    const char* where = "GpuBackbone::set_targets";
+    const Idx V = cfg_.vocab_size;
+    M3_REQUIRE(V > 0, where, "the config is no token model (vocab_size = 0)", "");
+    M3_REQUIRE(static_cast<Idx>(tgt.size()) == d_.BT && static_cast<Idx>(w.size()) == d_.BT,
+               where, "targets and weights must have B*T entries", "got ", tgt.size(), " and ",
+               w.size(), ", expected ", d_.BT);
+    M3_REQUIRE(n_norm > 0, where, "no scored position (N = 0): the loss is undefined", "N=",
+               n_norm);
+    for (Idx r = 0; r < d_.BT; ++r) {
+      M3_REQUIRE(tgt[r] >= 0 && tgt[r] < V, where, "target outside the vocabulary", "row ", r,
+                 ": target ", tgt[r], ", vocab_size ", V);
+      M3_REQUIRE(std::isfinite(w[r]) && w[r] >= 0, where, "a position weight is not finite and >= 0",
+                 "row ", r, ": ", w[r]);
+    }
+    tgt_.upload(tgt.data(), s_);
+    tw_.upload(w.data(), s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    n_norm_ = n_norm;
+    targets_ = true;
+  }
+  double forward_loss(Capture* cap) override {
+    const char* where = "GpuBackbone::forward_loss";
+    M3_REQUIRE(tokens_ && targets_, where, "set_tokens and set_targets come first", "");
+    forward(cap);
+    mark("start");
+    const Idx V = cfg_.vocab_size;
+    T* logits = bb_.get<T>("head/logits");
+    gemm_forward<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), w_head(), nullptr, logits,
+                    scr());
+    mark("head");
+    capture(cap, -1, "head", Dir::Forward);
+    loss_forward<T>(s_, d_.BT, V, logits, tgt_.data(), tw_.data(), bb_.f("loss/lse"),
+                    row_loss_.data(), loss_sum_.data());
+    double sum = 0;
+    M3_CUDA_CHECK(cudaMemcpyAsync(&sum, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, s_));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    const double loss = sum / n_norm_;
+    const float value = static_cast<float>(loss);
+    M3_CUDA_CHECK(cudaMemcpyAsync(bb_.f("loss/value"), &value, sizeof(float),
+                                  cudaMemcpyHostToDevice, s_));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    mark("loss");
+    capture(cap, -1, "loss", Dir::Forward);
+    collect_marks();
+    have_loss_ = true;
+    return loss;
+  }
+  void backward_loss(double scale, Capture* cap) override {
+    M3_REQUIRE(have_loss_, "GpuBackbone::backward_loss", "backward_loss called before forward_loss", "");
+    const Idx V = cfg_.vocab_size;
+    mark("start");
+    T* d_logits = bb_.get<T>("head/d_logits");
+    T* d_out_typed = bb_.get<T>("head/d_Out");
+    loss_backward<T>(s_, d_.BT, V, bb_.get<T>("head/logits"), bb_.f("loss/lse"), tgt_.data(),
+                     tw_.data(), scale / n_norm_, d_logits);
+    mark("loss (bwd)");
+    gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), d_out_typed);
+    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), d_logits,
+                        G(-1, "head_w"));
+    convert<T, float>(s_, d_.BT * d_.dm, d_out_typed, bb_.f("d_out"));
+    mark("head (bwd)");
+    capture(cap, -1, "head", Dir::Backward);
+    collect_marks();
+    backward(cap);
+  }
+  std::vector<float> logits() override { return download(bb_.at("head/logits")); }
+  std::vector<std::int32_t> argmax() override {
+    M3_REQUIRE(have_loss_, "GpuBackbone::argmax", "argmax called before forward_loss", "");
+    argmax_rows<T>(s_, d_.BT, cfg_.vocab_size, bb_.get<T>("head/logits"), argmax_.data());
+    std::vector<std::int32_t> host(static_cast<size_t>(d_.BT));
+    argmax_.download(host.data(), s_);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    return host;
   }
 
   void set_states(const States<float>& st) override {
@@ -556,6 +706,10 @@ class BackboneT final : public GpuBackbone::Impl {
     if constexpr (std::is_same_v<T, float>) return P(-1, "input_proj_w");
     else return typed_.data() + w_input_off_;
   }
+  const T* w_head() {
+    if constexpr (std::is_same_v<T, float>) return P(-1, "head_w");
+    else return typed_.data() + w_head_off_;
+  }
   // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy).
   const T* delta_typed() {
     if constexpr (std::is_same_v<T, float>) {
@@ -629,6 +783,11 @@ class BackboneT final : public GpuBackbone::Impl {
   void input_proj_forward() {
     T* x = bb_.get<T>("input_proj/input_proj_inputs");
     T* h0 = bb_.get<T>("input_proj/input_proj_outputs");
+    if (tokens_) {  // the embedding (TRAINING.md §1): a row gather; the one-hot for a capture
+      embed_forward<T>(s_, d_.BT, d_.dm, tok_.data(), w_input(), P(-1, "input_proj_b"), h0);
+      if (full_) embed_one_hot<T>(s_, d_.BT, d_.in, tok_.data(), x);
+      return;
+    }
     if (cfg_.input_proj_identity) {
       copy_d2d(s_, h0, x, d_.BT * d_.dm);
     } else {
@@ -659,6 +818,16 @@ class BackboneT final : public GpuBackbone::Impl {
   }
   void input_proj_backward() {
     T* dx = bb_.get<T>("input_proj/d_input_proj_dx");
+    if (tokens_) {  // the GEMM's dW of a one-hot X: δ⁰'s typed rows summed per token
+      const T* dt = delta_typed();
+      embed_backward<T>(s_, cfg_.vocab_size, d_.dm, dt, perm_.data(),
+                        reinterpret_cast<const EmbedChunk*>(chunks_.data()), n_chunks_,
+                        token_chunks_.data(), embed_partial_.data(), G(-1, "input_proj_w"));
+      colsum(s_, d_.BT, d_.dm, bb_.f("delta"), G(-1, "input_proj_b"), true, scr());
+      // ∂L/∂(one-hot): nothing reads it; made for a capture only.
+      if (full_) gemm_backward_dx<T>(ctx_, d_.BT, d_.in, d_.dm, dt, w_input(), dx);
+      return;
+    }
     if (cfg_.input_proj_identity) {
       convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), dx);
     } else {
@@ -1133,7 +1302,16 @@ class BackboneT final : public GpuBackbone::Impl {
   int n_segments_ = 0;
   Idx max_segment_ = 0;
   std::vector<Idx> w_in_off_, w_out_off_;  // offsets into typed_
-  Idx w_input_off_ = 0;
+  Idx w_input_off_ = 0, w_head_off_ = 0;
+  // Token models (vocab_size > 0): tokens, targets and weights, the embedding backward's order
+  // (perm: rows sorted by token then r; chunks_: EmbedChunk[n_chunks_]; token_chunks_ [V + 1]),
+  // its stage-1 partials, the loss's per-row terms and sum, the argmax.
+  bool tokens_ = false, targets_ = false, have_loss_ = false;
+  double n_norm_ = 0;
+  Idx n_chunks_ = 0;
+  DeviceArray<std::int32_t> tok_, tgt_, perm_, chunks_, token_chunks_, argmax_;
+  DeviceArray<float> tw_, embed_partial_;
+  DeviceArray<double> row_loss_, loss_sum_;
   StateArrays st_;  // the states: entering before forward(), leaving after it
   StateArrays dl_;  // ∂L/∂(leaving states), set_leaving_grads
   StateArrays de_;  // ∂L/∂(entering states), from the last backward

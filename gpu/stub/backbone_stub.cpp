@@ -38,6 +38,17 @@ void GpuBackbone::set_fault(Fault, int) { no_cuda("GpuBackbone"); }
 void GpuBackbone::forward(Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward(Capture*) { no_cuda("GpuBackbone"); }
 Capture GpuBackbone::run_isolated(const Capture&) { no_cuda("GpuBackbone"); }
+std::vector<float> GpuBackbone::params_flat() const { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_params_flat(const std::vector<float>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::zero_states() { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_tokens(const std::vector<std::int32_t>&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_targets(const std::vector<std::int32_t>&, const std::vector<float>&, double) {
+  no_cuda("GpuBackbone");
+}
+double GpuBackbone::forward_loss(Capture*) { no_cuda("GpuBackbone"); }
+void GpuBackbone::backward_loss(double, Capture*) { no_cuda("GpuBackbone"); }
+std::vector<float> GpuBackbone::logits() const { no_cuda("GpuBackbone"); }
+std::vector<std::int32_t> GpuBackbone::argmax() const { no_cuda("GpuBackbone"); }
 Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture&) { no_cuda("GpuBackbone"); }
 std::vector<float> GpuBackbone::output() const { no_cuda("GpuBackbone"); }
 States<float> GpuBackbone::states() const { no_cuda("GpuBackbone"); }

@@ -1,0 +1,282 @@
+// The device optimizer step (optimizer_gpu.hpp; TRAINING.md §2) over the flat f32 arenas:
+//
+//   norm_partials  grid (ceil(total / kNormBlock)), kNormThreads threads: block b sums
+//                  g_i² (f64) over i ∈ [b·kNormBlock, (b+1)·kNormBlock) — thread j the
+//                  elements b·kNormBlock + j + k·kNormThreads in k order, then the block's
+//                  fixed butterfly/warp-order tree — into partials[b].
+//   norm_total     one block: thread j sums partials j, j + kTotalThreads, … in order, then
+//                  the same tree: Σ g_i², copied to the host, which takes the sqrt.
+//   adamw          grid (blocks over the longest slot, slots): block (x, s) strides over slot
+//                  s, per element reference adamw_step<float>'s formula in its order:
+//                    g = graw·gscale
+//                    m = β1·m + (1−β1)·g
+//                    v = β2·v + (1−β2)·(g·g)
+//                    upd = (m/bc1) / (sqrt(v/bc2) + ε) + (d ? wd : 0)·p
+//                    p = p − lr·upd
+//                  every operation a round-to-nearest intrinsic, so nvcc contracts nothing
+//                  into an FMA and the result is the host float step's bit for bit. float4
+//                  accesses over a slot's body when the arenas are 16-byte aligned (the
+//                  layout's offsets are multiples of kParamAlign), scalar for its tail.
+// No atomics; every sum in a fixed order (MODEL.md §7): run-to-run bit-identical.
+#include "optimizer_gpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common.cuh"
+
+namespace m3::gpu {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kTotalThreads = 1024;
+constexpr int kStepThreads = 256;
+static_assert(kNormBlock % kNormThreads == 0, "a norm block is a whole number of thread rows");
+
+struct AdamWSlot {
+  Idx offset, size;
+  int decay;
+};
+
+// The scalars of one step in float (cast once from AdamWScalars, as adamw_step<float> does).
+struct AdamWArgs {
+  float lr, gscale, beta1, one_m_beta1, beta2, one_m_beta2, bc1, bc2, eps, wd;
+};
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// As block_sum (common.cuh) in f64: warp sums, then warp 0 sums the per-warp values in
+// ascending warp order. shared holds >= 32 doubles; thread 0 gets the result.
+__device__ __forceinline__ double block_sum_f64(double v, double* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum_f64(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  double t = 0.0;
+  if (warp == 0) t = warp_sum_f64(lane < nwarps ? shared[lane] : 0.0);
+  return t;
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+norm_partials_kernel(const float* __restrict__ g, Idx n, double* __restrict__ partials) {
+  __shared__ double shared[32];
+  const Idx base = static_cast<Idx>(blockIdx.x) * kNormBlock + threadIdx.x;
+  double acc = 0.0;
+#pragma unroll
+  for (int k = 0; k < kNormBlock / kNormThreads; ++k) {
+    const Idx i = base + static_cast<Idx>(k) * kNormThreads;
+    if (i < n) {
+      const double x = static_cast<double>(g[i]);
+      acc = __dadd_rn(acc, __dmul_rn(x, x));
+    }
+  }
+  const double s = block_sum_f64(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kTotalThreads)
+norm_total_kernel(const double* __restrict__ partials, Idx n_partials, double* __restrict__ out) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (Idx i = threadIdx.x; i < n_partials; i += kTotalThreads) acc = __dadd_rn(acc, partials[i]);
+  const double s = block_sum_f64(acc, shared);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
+__device__ __forceinline__ void adamw_element(const AdamWArgs& a, float wd, float& p, float& m,
+                                              float& v, float graw) {
+  const float g = __fmul_rn(graw, a.gscale);
+  m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(a.one_m_beta1, g));
+  v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(a.one_m_beta2, __fmul_rn(g, g)));
+  const float mhat = __fdiv_rn(m, a.bc1);
+  const float vhat = __fdiv_rn(v, a.bc2);
+  const float upd =
+      __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)), __fmul_rn(wd, p));
+  p = __fsub_rn(p, __fmul_rn(a.lr, upd));
+}
+
+__device__ __forceinline__ void adamw_element4(const AdamWArgs& a, float wd, float4& p, float4& m,
+                                               float4& v, const float4& g) {
+  adamw_element(a, wd, p.x, m.x, v.x, g.x);
+  adamw_element(a, wd, p.y, m.y, v.y, g.y);
+  adamw_element(a, wd, p.z, m.z, v.z, g.z);
+  adamw_element(a, wd, p.w, m.w, v.w, g.w);
+}
+
+template <bool kVec4>
+__global__ void __launch_bounds__(kStepThreads)
+adamw_kernel(const AdamWSlot* __restrict__ slots, AdamWArgs a, float* __restrict__ p,
+             float* __restrict__ m, float* __restrict__ v, const float* __restrict__ g) {
+  const AdamWSlot s = slots[blockIdx.y];
+  const float wd = s.decay ? a.wd : 0.0f;
+  const Idx stride = static_cast<Idx>(gridDim.x) * kStepThreads;
+  const Idx first = static_cast<Idx>(blockIdx.x) * kStepThreads + threadIdx.x;
+  Idx body = 0;  // elements of the slot done by the float4 loop
+  if constexpr (kVec4) {
+    const Idx n4 = s.size / 4;
+    float4* p4 = reinterpret_cast<float4*>(p + s.offset);
+    float4* m4 = reinterpret_cast<float4*>(m + s.offset);
+    float4* v4 = reinterpret_cast<float4*>(v + s.offset);
+    const float4* g4 = reinterpret_cast<const float4*>(g + s.offset);
+    for (Idx i = first; i < n4; i += stride) {
+      float4 pi = p4[i], mi = m4[i], vi = v4[i];
+      adamw_element4(a, wd, pi, mi, vi, g4[i]);
+      p4[i] = pi;
+      m4[i] = mi;
+      v4[i] = vi;
+    }
+    body = 4 * n4;
+  }
+  for (Idx i = body + first; i < s.size; i += stride) {
+    const Idx e = s.offset + i;
+    float pi = p[e], mi = m[e], vi = v[e];
+    adamw_element(a, wd, pi, mi, vi, g[e]);
+    p[e] = pi;
+    m[e] = mi;
+    v[e] = vi;
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+struct GpuOptimizer::Impl {
+  GpuContext* ctx = nullptr;
+  ParamLayout layout;
+  DeviceArray<float> m, v;
+  DeviceArray<AdamWSlot> slots;
+  int n_slots = 0;
+  Idx max_size = 0;             // the longest slot
+  bool offsets_vec4 = true;     // every slot offset a multiple of 4 floats
+  DeviceArray<double> partials;  // one per norm block
+  DeviceArray<double> total;     // Σ g², one value
+
+  cudaStream_t stream() const { return stream_of(*ctx); }
+};
+
+GpuOptimizer::GpuOptimizer(GpuContext& ctx, const ParamLayout& layout)
+    : impl_(std::make_unique<Impl>()) {
+  const char* where = "GpuOptimizer";
+  Impl& im = *impl_;
+  im.ctx = &ctx;
+  im.layout = layout;
+  M3_REQUIRE(layout.total >= 0, where, "the layout's total must be >= 0", "total=", layout.total);
+  M3_REQUIRE(layout.slots.size() <= 65535, where, "too many parameter slots",
+             layout.slots.size(), " slots (at most 65535: the grid's y dimension)");
+  const std::vector<std::uint8_t> decay = decay_flags(layout);
+  std::vector<AdamWSlot> table;
+  table.reserve(layout.slots.size());
+  for (std::size_t s = 0; s < layout.slots.size(); ++s) {
+    const ParamSlot& slot = layout.slots[s];
+    M3_REQUIRE(slot.offset >= 0 && slot.size >= 0 && slot.offset + slot.size <= layout.total,
+               where, "slot '" + slot.name + "' outside the layout",
+               "offset=", slot.offset, ", size=", slot.size, ", total=", layout.total);
+    table.push_back({slot.offset, slot.size, decay[s]});
+    im.max_size = std::max(im.max_size, slot.size);
+    im.offsets_vec4 = im.offsets_vec4 && slot.offset % 4 == 0;
+  }
+  im.n_slots = static_cast<int>(table.size());
+  const cudaStream_t s = im.stream();
+  im.m.resize(layout.total);
+  im.v.resize(layout.total);
+  im.m.zero(s);
+  im.v.zero(s);
+  im.slots.resize(static_cast<Idx>(table.size()));
+  im.slots.upload(table.data(), s);
+  im.partials.resize((layout.total + kNormBlock - 1) / kNormBlock);
+  im.total.resize(1);
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));  // the table's host copy dies with this scope
+}
+
+GpuOptimizer::~GpuOptimizer() = default;
+
+const ParamLayout& GpuOptimizer::layout() const { return impl_->layout; }
+
+double GpuOptimizer::grad_norm(const float* grads) {
+  Impl& im = *impl_;
+  const Idx n = im.layout.total;
+  if (n == 0) return 0.0;
+  M3_REQUIRE(grads != nullptr, "GpuOptimizer::grad_norm", "no gradient arena",
+             "expected a device arena of ", n, " floats");
+  const cudaStream_t s = im.stream();
+  const Idx blocks = im.partials.size();
+  norm_partials_kernel<<<static_cast<unsigned>(blocks), kNormThreads, 0, s>>>(
+      grads, n, im.partials.data());
+  M3_LAUNCH_CHECK();
+  norm_total_kernel<<<1, kTotalThreads, 0, s>>>(im.partials.data(), blocks, im.total.data());
+  M3_LAUNCH_CHECK();
+  double sum_sq = 0.0;
+  im.total.download(&sum_sq, s);
+  M3_CUDA_CHECK(cudaStreamSynchronize(s));
+  return std::sqrt(sum_sq);
+}
+
+void GpuOptimizer::step(const AdamWScalars& a, float* params, const float* grads) {
+  const char* where = "GpuOptimizer::step";
+  Impl& im = *impl_;
+  if (im.n_slots == 0 || im.max_size == 0) return;
+  M3_REQUIRE(params != nullptr && grads != nullptr, where, "a null arena",
+             "params and grads must be device arenas of ", im.layout.total, " floats");
+  M3_REQUIRE(a.bc1 > 0 && a.bc2 > 0, where, "the bias corrections must be > 0",
+             "bc1=", a.bc1, ", bc2=", a.bc2, " (t >= 1 and beta < 1: adamw_scalars)");
+  AdamWArgs args;
+  args.lr = static_cast<float>(a.lr);
+  args.gscale = static_cast<float>(a.gscale);
+  args.beta1 = static_cast<float>(a.beta1);
+  args.one_m_beta1 = static_cast<float>(1.0 - a.beta1);
+  args.beta2 = static_cast<float>(a.beta2);
+  args.one_m_beta2 = static_cast<float>(1.0 - a.beta2);
+  args.bc1 = static_cast<float>(a.bc1);
+  args.bc2 = static_cast<float>(a.bc2);
+  args.eps = static_cast<float>(a.eps);
+  args.wd = static_cast<float>(a.wd);
+  const bool vec4 = im.offsets_vec4 && aligned16(params) && aligned16(grads);
+  // Enough blocks over the longest slot to fill the device, at most 1024 per slot.
+  const Idx work = vec4 ? (im.max_size + 3) / 4 : im.max_size;
+  const unsigned bx = std::min<unsigned>(blocks_for(work, kStepThreads), 1024u);
+  const dim3 grid(bx, static_cast<unsigned>(im.n_slots));
+  const cudaStream_t s = im.stream();
+  if (vec4)
+    adamw_kernel<true><<<grid, kStepThreads, 0, s>>>(im.slots.data(), args, params, im.m.data(),
+                                                     im.v.data(), grads);
+  else
+    adamw_kernel<false><<<grid, kStepThreads, 0, s>>>(im.slots.data(), args, params, im.m.data(),
+                                                      im.v.data(), grads);
+  M3_LAUNCH_CHECK();
+}
+
+std::vector<float> GpuOptimizer::m() const {
+  std::vector<float> h(static_cast<std::size_t>(impl_->layout.total));
+  impl_->m.download(h.data(), impl_->stream());
+  M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream()));
+  return h;
+}
+
+std::vector<float> GpuOptimizer::v() const {
+  std::vector<float> h(static_cast<std::size_t>(impl_->layout.total));
+  impl_->v.download(h.data(), impl_->stream());
+  M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream()));
+  return h;
+}
+
+void GpuOptimizer::set_moments(const std::vector<float>& m, const std::vector<float>& v) {
+  const Idx n = impl_->layout.total;
+  M3_REQUIRE(static_cast<Idx>(m.size()) == n, "GpuOptimizer::set_moments",
+             "m must hold layout.total floats", "m has ", m.size(), ", total=", n);
+  M3_REQUIRE(static_cast<Idx>(v.size()) == n, "GpuOptimizer::set_moments",
+             "v must hold layout.total floats", "v has ", v.size(), ", total=", n);
+  impl_->m.upload(m.data(), impl_->stream());
+  impl_->v.upload(v.data(), impl_->stream());
+  M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream()));
+}
+
+}  // namespace m3::gpu

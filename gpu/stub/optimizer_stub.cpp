@@ -1,0 +1,29 @@
+// CPU-only build (M3_CUDA=OFF): the device optimizer's API exists so that the trainer links the
+// same way in every build; every entry says in one line why it cannot run (the host step is
+// reference/optimizer.hpp's, which every build has).
+#include "error.hpp"
+#include "optimizer_gpu.hpp"
+
+namespace m3::gpu {
+
+namespace {
+[[noreturn]] void no_cuda(const char* where) {
+  throw Error(where, "no GPU", "built without CUDA (M3_CUDA=OFF)");
+}
+}  // namespace
+
+struct GpuOptimizer::Impl {};
+GpuOptimizer::GpuOptimizer(GpuContext&, const ParamLayout&) { no_cuda("GpuOptimizer"); }
+GpuOptimizer::~GpuOptimizer() = default;
+double GpuOptimizer::grad_norm(const float*) { no_cuda("GpuOptimizer::grad_norm"); }
+void GpuOptimizer::step(const AdamWScalars&, float*, const float*) {
+  no_cuda("GpuOptimizer::step");
+}
+std::vector<float> GpuOptimizer::m() const { no_cuda("GpuOptimizer::m"); }
+std::vector<float> GpuOptimizer::v() const { no_cuda("GpuOptimizer::v"); }
+void GpuOptimizer::set_moments(const std::vector<float>&, const std::vector<float>&) {
+  no_cuda("GpuOptimizer::set_moments");
+}
+const ParamLayout& GpuOptimizer::layout() const { no_cuda("GpuOptimizer::layout"); }
+
+}  // namespace m3::gpu

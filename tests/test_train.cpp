@@ -1,0 +1,447 @@
+// The training step and loop on the CPU reference path (train/trainer.hpp): one step equals
+// the reference step written out by hand bit for bit; gradient accumulation normalises over
+// the whole step; a skipped f16 step changes nothing but the loss scale; the float path's
+// drift from the double oracle over K steps (the rule the GPU trajectory test uses);
+// bit-exact resume (k steps + save + resume + N − k = N straight: weights, moments, losses);
+// stepping the sampler equals one forward; and `m3h train` / `m3h sample` on bad input: one
+// line, exit 2, nothing overwritten.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend.hpp"
+#include "checkpoint.hpp"
+#include "data.hpp"
+#include "error.hpp"
+#include "fd.hpp"
+#include "lm.hpp"
+#include "optimizer.hpp"
+#include "test_util.hpp"
+#include "trainer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using m3::Config;
+using m3::Idx;
+using m3::Precision;
+using m3::ScanMode;
+using namespace m3::train;
+
+Config tiny_lm(Idx V) {
+  Config c = m3::test::small_cfg(8, 4, 4, 1, 0.5, false, 2, 8, false, V);
+  c.vocab_size = V;
+  c.input_dim = V;
+  return c;
+}
+
+Batch random_batch(Idx B, Idx T, Idx V, std::uint64_t seed, double p_scored = 0.8) {
+  m3::Rng rng(seed);
+  Batch b;
+  b.B = B;
+  b.T = T;
+  for (Idx r = 0; r < B * T; ++r) {
+    b.tok.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
+    b.tgt.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
+    b.w.push_back(rng.uniform() < p_scored ? 1.0f : 0.0f);
+  }
+  b.w[0] = 1.0f;
+  return b;
+}
+
+BackendSpec cpu_spec(const Config& cfg, Idx B, Idx T, Precision st = Precision::F32) {
+  BackendSpec s;
+  s.cfg = cfg;
+  s.B = B;
+  s.T = T;
+  s.mode = ScanMode::Chunked;
+  s.storage = st;
+  return s;
+}
+
+m3::OptimConfig optim() {
+  m3::OptimConfig o;
+  o.lr = 1e-2;
+  o.warmup = 2;
+  o.steps = 10;
+  o.clip = 0.5;  // active: the gradient norms here are larger
+  return o;
+}
+
+TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
+  const Idx B = 2, T = 9, V = 7;
+  const Config cfg = tiny_lm(V);
+  auto be = make_cpu_backend(cpu_spec(cfg, B, T));
+  const TrainState s0 = initial_state(cfg, 5);
+  be->set_state(s0);
+  const Batch b = random_batch(B, T, V, 6);
+  m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F32);
+  const StepResult r = train_step(*be, {b}, 1, optim(), sc);
+  // By hand: the reference model, the flat gradient, the norm, the clip, AdamW.
+  const m3::ParamLayout layout = m3::param_layout(cfg);
+  m3::LmModel<float> model(cfg, B, T, ScanMode::Chunked, Precision::F32);
+  const m3::Params<float> p = from_flat(s0.params, cfg, layout);
+  const double loss = model.forward(p, b.tok, b.tgt, b.w, static_cast<double>(b.scored()));
+  m3::Params<float> g = m3::zero_params<float>(cfg);
+  model.backward(p, 1.0, g);
+  const std::vector<float> gf = to_flat(g, layout);
+  const double gn = m3::grad_norm(gf.data(), layout.total);
+  const m3::AdamWScalars a =
+      m3::adamw_scalars(optim(), 1, m3::clip_coefficient(gn, optim().clip), 1.0);
+  std::vector<float> pf = s0.params, mf = s0.m, vf = s0.v;
+  m3::adamw_step(layout, m3::decay_flags(layout), a, pf.data(), mf.data(), vf.data(), gf.data());
+  EXPECT_EQ(r.loss, loss);
+  EXPECT_EQ(r.grad_norm, gn);
+  EXPECT_GT(gn, optim().clip) << "the clip must be active for this test to check it";
+  const TrainState s1 = be->state();
+  EXPECT_EQ(s1.params, pf);
+  EXPECT_EQ(s1.m, mf);
+  EXPECT_EQ(s1.v, vf);
+  EXPECT_NE(s1.params, s0.params);
+}
+
+TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
+  const Idx T = 8, V = 5;
+  const Config cfg = tiny_lm(V);
+  const Batch b0 = random_batch(1, T, V, 11), b1 = random_batch(1, T, V, 12, 0.3);
+  Batch both = b0;
+  both.B = 2;
+  both.tok.insert(both.tok.end(), b1.tok.begin(), b1.tok.end());
+  both.tgt.insert(both.tgt.end(), b1.tgt.begin(), b1.tgt.end());
+  both.w.insert(both.w.end(), b1.w.begin(), b1.w.end());
+  auto one = make_cpu_backend(cpu_spec(cfg, 2, T));
+  auto acc = make_cpu_backend(cpu_spec(cfg, 1, T));
+  one->set_state(initial_state(cfg, 3));
+  acc->set_state(initial_state(cfg, 3));
+  m3::LossScaler s1 = m3::LossScaler::for_precision(Precision::F32), s2 = s1;
+  const StepResult r1 = train_step(*one, {both}, 1, optim(), s1);
+  const StepResult r2 = train_step(*acc, {b0, b1}, 1, optim(), s2);
+  // The same math, summed in another order: equal to float round-off.
+  EXPECT_NEAR(r2.loss, r1.loss, 1e-6 * r1.loss);
+  EXPECT_NEAR(r2.grad_norm, r1.grad_norm, 1e-5 * r1.grad_norm);
+  const std::vector<float> p1 = one->state().params, p2 = acc->state().params;
+  EXPECT_LE(m3::test::rel_l2(std::vector<double>(p2.begin(), p2.end()),
+                             std::vector<double>(p1.begin(), p1.end())),
+            1e-6);
+}
+
+TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
+  const Config cfg = tiny_lm(4);
+  auto be = make_cpu_backend(cpu_spec(cfg, 1, 4));
+  Batch b = random_batch(1, 4, 4, 1);
+  std::fill(b.w.begin(), b.w.end(), 0.0f);
+  m3::LossScaler sc;
+  EXPECT_THROW(train_step(*be, {b}, 1, optim(), sc), m3::Error);
+}
+
+TEST(TrainStep, ASkippedF16StepChangesNothingButTheLossScale) {
+  const Idx B = 1, T = 8, V = 6;
+  const Config cfg = tiny_lm(V);
+  auto be = make_cpu_backend(cpu_spec(cfg, B, T, Precision::F16));
+  const TrainState s0 = initial_state(cfg, 9);
+  be->set_state(s0);
+  m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F16);
+  ASSERT_TRUE(sc.dynamic);
+  sc.scale = std::ldexp(1.0, 60);  // d_logits overflow f16: the gradient is not finite
+  const StepResult r = train_step(*be, {random_batch(B, T, V, 10)}, 1, optim(), sc);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(r.finite);
+  EXPECT_EQ(sc.skipped, 1);
+  EXPECT_EQ(sc.scale, std::ldexp(1.0, 59));
+  const TrainState s1 = be->state();
+  EXPECT_EQ(s1.params, s0.params);
+  EXPECT_EQ(s1.m, s0.m);
+  EXPECT_EQ(s1.v, s0.v);
+  // With the default scale the same step is applied.
+  m3::LossScaler ok = m3::LossScaler::for_precision(Precision::F16);
+  const StepResult r2 = train_step(*be, {random_batch(B, T, V, 10)}, 1, optim(), ok);
+  EXPECT_FALSE(r2.skipped);
+  EXPECT_NE(be->state().params, s0.params);
+}
+
+// K steps of the float path against the same K steps in double (LmModel<double> and
+// adamw_step<double> from the same start on the same batches): the drift a float run
+// accumulates. Measured: loss ≤ 1e-5 relative per step, weights ≤ 3e-6 relative (rel_l2)
+// after 6 steps. The GPU trajectory test (tests/gpu/test_gpu_lm.cpp) allows k = 2 times this
+// float baseline's error plus a floor.
+TEST(TrainTrajectory, TheFloatPathDriftsFromTheDoubleOracleByFloatRoundOffOnly) {
+  const Idx B = 2, T = 16, V = 9, K = 6;
+  const Config cfg = tiny_lm(V);
+  const m3::ParamLayout layout = m3::param_layout(cfg);
+  auto be = make_cpu_backend(cpu_spec(cfg, B, T));
+  const TrainState s0 = initial_state(cfg, 21);
+  be->set_state(s0);
+  m3::LossScaler sc;
+  std::vector<double> p(s0.params.begin(), s0.params.end()), m(p.size(), 0.0), v(p.size(), 0.0);
+  m3::LmModel<double> oracle(cfg, B, T, ScanMode::Chunked);
+  const auto decay = m3::decay_flags(layout);
+  for (Idx t = 1; t <= K; ++t) {
+    const Batch b = random_batch(B, T, V, 100 + t);
+    const StepResult r = train_step(*be, {b}, t, optim(), sc);
+    // The oracle's step.
+    m3::Params<double> pd = m3::zero_params<double>(cfg);
+    m3::for_each_param(pd, [&](int l, const char* name, std::vector<double>& vec) {
+      if (vec.empty()) return;
+      const auto& slot = layout.at(l, name);
+      std::copy(p.begin() + slot.offset, p.begin() + slot.offset + slot.size, vec.begin());
+    });
+    const double loss = oracle.forward(pd, b.tok, b.tgt, b.w, static_cast<double>(b.scored()));
+    m3::Params<double> gd = m3::zero_params<double>(cfg);
+    oracle.backward(pd, 1.0, gd);
+    std::vector<double> g(p.size(), 0.0);
+    m3::for_each_param(gd, [&](int l, const char* name, const std::vector<double>& vec) {
+      if (vec.empty()) return;
+      std::copy(vec.begin(), vec.end(), g.begin() + layout.at(l, name).offset);
+    });
+    const double gn = m3::grad_norm(g.data(), layout.total);
+    m3::adamw_step(layout, decay,
+                   m3::adamw_scalars(optim(), t, m3::clip_coefficient(gn, optim().clip), 1.0),
+                   p.data(), m.data(), v.data(), g.data());
+    EXPECT_NEAR(r.loss, loss, 1e-5 * loss) << "step " << t;
+  }
+  const std::vector<float> pf = be->state().params;
+  const double drift = m3::test::rel_l2(std::vector<double>(pf.begin(), pf.end()), p);
+  EXPECT_LE(drift, 3e-6);
+  EXPECT_GT(drift, 0.0) << "float and double cannot agree exactly";
+}
+
+// ---- the whole loop: bit-exact resume -------------------------------------------------------
+
+class TrainRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("m3_train_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+  TrainOptions options(const std::string& out, Precision st) const {
+    TrainOptions o;
+    o.cfg = m3::test::small_cfg(8, 4, 4, 1, 1.0, false, 2, 8, false, 3);
+    o.device = "cpu";
+    o.storage = st;
+    o.mode = ScanMode::Chunked;
+    o.B = 3;
+    o.T = 12;
+    o.optim = optim();
+    o.optim.steps = 9;
+    o.seed = 77;
+    o.task = "parity";
+    o.task_options = {{"n_min", "2"}, {"n_max", "12"}};
+    o.out = (dir_ / out).string();
+    o.val_batches = 2;
+    o.val_every = 3;
+    o.log_every = 100;
+    o.config_text = "# test\n";
+    return o;
+  }
+  static std::vector<std::string> loss_column(const fs::path& csv) {
+    std::ifstream in(csv);
+    std::vector<std::string> out;
+    std::string line;
+    while (std::getline(in, line)) out.push_back(line.substr(0, line.find(',', line.find(',') + 1)));
+    return out;
+  }
+};
+
+TEST_F(TrainRun, KStepsSaveResumeAndTheRestEqualTheRunStraightBitForBit) {
+  for (Precision st : {Precision::F32, Precision::BF16, Precision::F16}) {
+    SCOPED_TRACE(m3::precision_name(st));
+    const std::string tag = m3::precision_name(st);
+    std::ostringstream sink;
+    TrainOptions straight = options("straight_" + tag, st);
+    ASSERT_EQ(run_training(straight, sink), 0);
+    TrainOptions part = options("parts_" + tag, st);
+    part.ckpt_every = 4;
+    ASSERT_EQ(run_training(part, sink), 0);
+    const fs::path dir = dir_ / ("parts_" + tag);
+    fs::remove(dir / "ckpt-00000008.h5");
+    fs::remove(dir / "ckpt-00000009.h5");
+    TrainOptions resumed = part;
+    resumed.resume = (dir / "ckpt-00000004.h5").string();
+    ASSERT_EQ(run_training(resumed, sink), 0);
+    Config c1, c2;
+    TrainState a, b;
+    const CheckpointMeta ma =
+        read_checkpoint((dir_ / ("straight_" + tag) / "ckpt-00000009.h5").string(), &c1, &a);
+    const CheckpointMeta mb = read_checkpoint((dir / "ckpt-00000009.h5").string(), &c2, &b);
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_EQ(a.m, b.m);
+    EXPECT_EQ(a.v, b.v);
+    EXPECT_EQ(ma.loss_scale, mb.loss_scale);
+    EXPECT_EQ(loss_column(dir_ / ("straight_" + tag) / "metrics.csv"),
+              loss_column(dir / "metrics.csv"));
+    EXPECT_EQ(loss_column(dir / "metrics.csv").size(), 10u);  // header + 9 steps
+  }
+}
+
+TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
+  std::ostringstream sink;
+  TrainOptions o = options("run", Precision::F32);
+  o.optim.steps = 3;
+  ASSERT_EQ(run_training(o, sink), 0);
+  TrainOptions r = o;
+  r.optim.steps = 6;
+  r.resume = (dir_ / "run" / "ckpt-00000003.h5").string();
+  r.optim.wd = 0.2;
+  try {
+    run_training(r, sink);
+    FAIL() << "no error";
+  } catch (const m3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'steps'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainRun, TrainingAParityModelLowersItsLoss) {
+  std::ostringstream sink;
+  TrainOptions o = options("learn", Precision::F32);
+  o.optim.steps = 40;
+  o.optim.lr = 3e-2;
+  o.optim.warmup = 4;
+  ASSERT_EQ(run_training(o, sink), 0);
+  std::ifstream in(dir_ / "learn" / "metrics.csv");
+  std::string line;
+  std::getline(in, line);
+  std::vector<double> loss;
+  while (std::getline(in, line)) loss.push_back(std::stod(line.substr(line.find(',') + 1)));
+  ASSERT_EQ(loss.size(), 40u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += loss[i], last += loss[loss.size() - 1 - i];
+  EXPECT_LT(last, 0.95 * first) << sink.str();
+}
+
+// ---- sampling -------------------------------------------------------------------------------
+
+TEST(Sample, SteppingTheStatesGivesTheLogitsOfOneForwardOverTheWholeSequence) {
+  const Idx V = 11;
+  const Config cfg = tiny_lm(V);
+  const TrainState st = initial_state(cfg, 13);
+  SampleOptions o;
+  o.device = "cpu";
+  o.prompt = {1, 4, 2, 9, 0, 3, 3, 7, 10, 5, 1};  // 11 tokens: more than one chunk (cs 8)
+  o.tokens = 9;
+  o.temperature = 0.9;
+  o.seed = 5;
+  std::vector<std::vector<float>> step_logits;
+  const std::vector<std::int32_t> gen =
+      sample(o, cfg, st.params, ScanMode::Chunked, Precision::F32, &step_logits);
+  ASSERT_EQ(gen.size(), 9u);
+  // One forward over prompt + generated tokens (but the last one) in the sequential mode.
+  std::vector<std::int32_t> all = o.prompt;
+  all.insert(all.end(), gen.begin(), gen.end() - 1);
+  const Idx n = static_cast<Idx>(all.size());
+  ASSERT_EQ(static_cast<Idx>(step_logits.size()), n);
+  m3::LmModel<double> full(cfg, 1, n, ScanMode::Sequential);
+  const m3::Params<double> pd =
+      m3::cast_params<double>(from_flat(st.params, cfg, m3::param_layout(cfg)));
+  full.forward(pd, all, std::vector<std::int32_t>(n, 0), std::vector<float>(n, 1.0f), 1.0);
+  double worst = 0, scale = 0;
+  for (Idx r = 0; r < n; ++r)
+    for (Idx v = 0; v < V; ++v) {
+      worst = std::max(worst, std::abs(step_logits[r][v] - full.logits()[r * V + v]));
+      scale = std::max(scale, std::abs(full.logits()[r * V + v]));
+    }
+  EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "stepping drifted from the full forward";
+  // Same seed, same tokens.
+  EXPECT_EQ(sample(o, cfg, st.params, ScanMode::Chunked, Precision::F32), gen);
+}
+
+// ---- m3h train / sample on bad input --------------------------------------------------------
+#ifdef M3H_PATH
+class TrainCli : public TrainRun {
+ protected:
+  struct Result {
+    int status;
+    std::string out, err;
+  };
+  Result m3h(const std::string& args) const {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = std::string("cd '") + dir_.string() + "' && '" + M3H_PATH + "' " +
+                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+    const int raw = std::system(cmd.c_str());
+    auto read = [](const fs::path& p) {
+      std::ifstream in(p);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      return ss.str();
+    };
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read(out), read(err)};
+  }
+  static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+  void expect_usage_error(const std::string& args, const std::string& needle) const {
+    const Result r = m3h(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+  }
+};
+
+const char* kSmallRun = "train --device cpu --d-model 8 --d-state 4 --headdim 4 --layers 1 --B 2 --T 16 --steps 3 --warmup 1 --val-batches 1";
+
+TEST_F(TrainCli, BadDataIsOneLineAndExitTwo) {
+  const std::string base = kSmallRun;
+  expect_usage_error(base + " --out r --data nosuch.txt", "nosuch.txt");
+  std::ofstream(dir_ / "empty.txt").close();
+  expect_usage_error(base + " --out r --data empty.txt", "empty.txt");
+  std::ofstream(dir_ / "short.txt") << "only a few bytes";
+  expect_usage_error(base + " --out r --data short.txt", "short.txt");
+  expect_usage_error(base + " --out r --task nosuch", "nosuch");
+  expect_usage_error(base + " --out r", "--data");
+  expect_usage_error(base + " --out r --task parity --steps 0", "steps");
+  expect_usage_error(base + " --out r --task parity --d-model 0", "d-model");
+  expect_usage_error(base + " --out r --task parity --B 4611686018427387904 --T 4", "B");
+  EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
+}
+
+TEST_F(TrainCli, AnOutThatHoldsAnotherRunIsRefusedAndLeftAlone) {
+  const std::string run = std::string(kSmallRun) + " --task parity --out r";
+  ASSERT_EQ(m3h(run).status, 0);
+  const auto before = fs::last_write_time(dir_ / "r" / "metrics.csv");
+  std::ifstream in(dir_ / "r" / "metrics.csv");
+  std::stringstream was;
+  was << in.rdbuf();
+  expect_usage_error(run, "holds another run");
+  std::ifstream in2(dir_ / "r" / "metrics.csv");
+  std::stringstream now;
+  now << in2.rdbuf();
+  EXPECT_EQ(was.str(), now.str());
+  EXPECT_EQ(before, fs::last_write_time(dir_ / "r" / "metrics.csv"));
+  EXPECT_EQ(m3h(run + " --force").status, 0);
+}
+
+TEST_F(TrainCli, ACorruptOrMismatchedCheckpointIsOneLine) {
+  const std::string run = std::string(kSmallRun) + " --task parity --out r";
+  ASSERT_EQ(m3h(run).status, 0);
+  expect_usage_error(run + " --resume r/ckpt-00000003.h5 --lr 0.5", "'lr'");
+  std::ofstream(dir_ / "bad.h5") << "not an HDF5 file";
+  expect_usage_error(run + " --resume bad.h5", "bad.h5");
+  expect_usage_error("sample --device cpu --checkpoint bad.h5", "bad.h5");
+  expect_usage_error("sample --device cpu --checkpoint nosuch.h5", "nosuch.h5");
+}
+
+TEST_F(TrainCli, SampleWritesTheContinuationInTheTasksSpelling) {
+  ASSERT_EQ(m3h(std::string(kSmallRun) + " --task parity --out r").status, 0);
+  const Result r = m3h("sample --device cpu --checkpoint r/ckpt-00000003.h5 --prompt 0110 --tokens 5");
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_GE(r.out.size(), 10u);
+  EXPECT_EQ(r.out.substr(0, 4), "0110");
+  for (char c : r.out.substr(4, 5)) EXPECT_TRUE(c == '0' || c == '1' || c == '.') << r.out;
+}
+#endif
+
+}  // namespace

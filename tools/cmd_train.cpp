@@ -1,0 +1,293 @@
+// m3h train and m3h sample (TRAINING.md §4–§7): option parsing only; the loop, the data, the
+// checkpoints and the sampler live in train/ (trainer.hpp).
+//
+// train: the model config (MODEL.md names), the data (--data FILE or --task NAME with
+// --task-opt key=value), the optimizer, the run directory (--out) and its schedule of
+// validations, checkpoints and logs. Every option can come from a --config file (the run's
+// config.txt is one: `m3h train --config RUN/config.txt` starts the same run again).
+// sample: --checkpoint FILE --prompt TEXT --tokens N [--temperature τ] [--top-k k] [--seed s].
+// Exit status: 0 done, 1 stopped by a failure (non-finite loss or gradient), 2 bad usage or bad
+// input, 130 interrupted (a checkpoint was written).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "checkpoint.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "data.hpp"
+#include "error.hpp"
+#include "trainer.hpp"
+
+namespace m3::tools {
+
+using train::Settings;
+
+namespace {
+
+const char* kTrainSummary =
+    "Trains a Mamba-3 language model (token embedding, the backbone, a head, softmax\n"
+    "cross-entropy) with AdamW on byte-level text (--data FILE; scripts/fetch-jargon.sh fetches\n"
+    "the Jargon File) or a synthetic task (--task parity|modular|selective-copy). Writes\n"
+    "config.txt, metrics.csv, checkpoints ckpt-<step>.h5 and loss.png into --out; --resume\n"
+    "continues bit-exactly from a checkpoint. On a terminal one updating line shows the\n"
+    "progress; otherwise a plain line every --log-every steps. Ctrl-C writes a checkpoint and\n"
+    "exits 130.\n"
+    "Exit status: 0 done, 1 stopped (non-finite loss or gradient), 2 bad usage or bad input,\n"
+    "130 interrupted.";
+
+// The options a config file may set (all but config, resume and force); train's config.txt.
+void add_train_fields(po::options_description& d) {
+  // clang-format off
+  d.add_options()
+    ("d-model", po::value<Idx>()->default_value(128), "d_model")
+    ("d-state", po::value<Idx>()->default_value(32), "d_state")
+    ("headdim", po::value<Idx>()->default_value(32), "headdim")
+    ("expand", po::value<Idx>()->default_value(2), "expand (d_inner = expand*d_model)")
+    ("ngroups", po::value<Idx>()->default_value(1), "ngroups")
+    ("layers", po::value<Idx>()->default_value(2), "n_layers")
+    ("rope-fraction", po::value<double>()->default_value(0.5), "rope_fraction (0.5 or 1.0); num_rope_angles = floor(floor(d_state*rope_fraction)/2), so e.g. d_state 3 gives 1 angle with 1.0 and none (a real-valued state) with 0.5")
+    ("outproj-norm", po::value<bool>()->default_value(false)->implicit_value(true), "gated RMSNorm before out_proj")
+    ("chunk-size", po::value<Idx>()->default_value(64), "chunk size of the chunked scan")
+    ("data", po::value<std::string>(), "byte-level text file (V = 256)")
+    ("val-fraction", po::value<double>()->default_value(0.05), "the last fraction of --data held out for validation")
+    ("task", po::value<std::string>(), "synthetic task: parity, modular, selective-copy")
+    ("task-opt", po::value<std::vector<std::string>>()->composing(), "a task option key=value (parity: n_min, n_max; modular: m, n_min, n_max; selective-copy: K, alphabet); repeatable")
+    ("eval-len", po::value<Idx>()->default_value(0), "tasks: also report accuracy at this longer length at the end")
+    ("B", po::value<Idx>()->default_value(8), "micro-batch rows")
+    ("T", po::value<Idx>()->default_value(256), "sequence length")
+    ("steps", po::value<Idx>()->default_value(1000), "optimizer steps")
+    ("grad-accum", po::value<Idx>()->default_value(1), "micro-batches per step (gradients summed in order)")
+    ("lr", po::value<double>()->default_value(3e-3), "peak learning rate")
+    ("warmup", po::value<Idx>()->default_value(100), "linear warmup steps")
+    ("min-lr-ratio", po::value<double>()->default_value(0.1), "the cosine ends at lr * this")
+    ("wd", po::value<double>()->default_value(0.1), "AdamW decoupled weight decay (in_proj_w, out_proj_w, head_w)")
+    ("beta1", po::value<double>()->default_value(0.9), "AdamW beta1")
+    ("beta2", po::value<double>()->default_value(0.95), "AdamW beta2")
+    ("eps", po::value<double>()->default_value(1e-8), "AdamW epsilon")
+    ("clip", po::value<double>()->default_value(1.0), "global gradient-norm clip (0 = off)")
+    ("dtype", po::value<std::string>()->default_value("bf16"), "storage precision: f32, bf16, f16 (f16: dynamic loss scaling)")
+    ("scan", po::value<std::string>()->default_value("chunked"), "scan mode: seq or chunked")
+    ("recompute", po::value<std::string>()->default_value("none"), "GPU memory policy: none or scan")
+    ("device", po::value<std::string>()->default_value("gpu"), "gpu, or cpu (the float reference: small models, CI)")
+    ("seed", po::value<std::string>()->default_value("0"), "seed of the weights and the batches")
+    ("out", po::value<std::string>(), "run directory")
+    ("ckpt-every", po::value<Idx>()->default_value(0), "checkpoint every N steps (0: only the final one)")
+    ("keep", po::value<Idx>()->default_value(3), "checkpoints kept (plus the final one)")
+    ("val-every", po::value<Idx>()->default_value(0), "validation every N steps (0: at the end only)")
+    ("val-batches", po::value<Idx>()->default_value(8), "validation batches (fixed for the run)")
+    ("log-every", po::value<Idx>()->default_value(10), "a plain log line every N steps (not on a terminal)")
+    ("verify-every", po::value<Idx>()->default_value(0), "compare the GPU path with the double oracle every N steps (not yet available: must be 0)");
+  // clang-format on
+}
+
+Idx positive(const po::variables_map& vm, const char* name, Idx min) {
+  const Idx v = vm[name].as<Idx>();
+  if (v < min)
+    throw UsageError("--" + std::string(name) + " must be >= " + std::to_string(min) + " (got " +
+                     std::to_string(v) + ")");
+  return v;
+}
+
+// The resolved options as a config file (every field, defaults included), loadable with
+// --config.
+std::string config_text(const po::variables_map& vm, const po::options_description& fields) {
+  std::ostringstream os;
+  os << "# m3h train: the resolved options of this run (load with --config)\n";
+  for (const auto& opt : fields.options()) {
+    const std::string name = opt->long_name();
+    if (!vm.count(name)) continue;
+    const boost::any& v = vm[name].value();
+    if (const auto* s = boost::any_cast<std::string>(&v)) {
+      os << name << " = " << *s << "\n";
+    } else if (const auto* i = boost::any_cast<Idx>(&v)) {
+      os << name << " = " << *i << "\n";
+    } else if (const auto* d = boost::any_cast<double>(&v)) {
+      os << name << " = " << train::exact_double(*d) << "\n";
+    } else if (const auto* b = boost::any_cast<bool>(&v)) {
+      os << name << " = " << (*b ? "true" : "false") << "\n";
+    } else if (const auto* l = boost::any_cast<std::vector<std::string>>(&v)) {
+      for (const auto& e : *l) os << name << " = " << e << "\n";
+    }
+  }
+  return os.str();
+}
+
+Settings task_options(const po::variables_map& vm) {
+  Settings out;
+  if (!vm.count("task-opt")) return out;
+  for (const std::string& kv : vm["task-opt"].as<std::vector<std::string>>()) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--task-opt '" + echo(kv) + "': expected key=value");
+    out.push_back({kv.substr(0, eq), kv.substr(eq + 1)});
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_train(const std::vector<std::string>& args) {
+  po::options_description fields("Training (also in a --config file)");
+  add_train_fields(fields);
+  po::options_description run("Run");
+  // clang-format off
+  run.add_options()
+    ("help,h", "this help")
+    ("config", po::value<std::string>(), "a config file of the options above (a run's config.txt)")
+    ("resume", po::value<std::string>(), "continue from this checkpoint (every setting must match)")
+    ("force", po::bool_switch(), "start over in an --out that holds another run");
+  // clang-format on
+  po::options_description all;
+  all.add(fields).add(run);
+  const po::variables_map vm = parse_args(args, all, "train", &fields);
+  if (vm.count("help")) {
+    print_command_help("train", kTrainSummary, all);
+    return 0;
+  }
+  if (!vm.count("out")) throw UsageError("train: --out DIR is required (the run directory)");
+  if (vm.count("data") == vm.count("task"))
+    throw UsageError("train: give exactly one of --data FILE and --task NAME");
+  if (vm.count("resume") && vm["force"].as<bool>())
+    throw UsageError("train: --resume and --force contradict each other");
+  train::TrainOptions o;
+  Config& c = o.cfg;
+  c.d_model = positive(vm, "d-model", 1);
+  c.d_state = positive(vm, "d-state", 1);
+  c.headdim = positive(vm, "headdim", 1);
+  c.expand = positive(vm, "expand", 1);
+  c.ngroups = positive(vm, "ngroups", 1);
+  c.n_layers = positive(vm, "layers", 1);
+  c.rope_fraction = vm["rope-fraction"].as<double>();
+  c.is_outproj_norm = vm["outproj-norm"].as<bool>();
+  c.chunk_size = positive(vm, "chunk-size", 1);
+  if (vm.count("data")) o.data = vm["data"].as<std::string>();
+  o.val_fraction = vm["val-fraction"].as<double>();
+  if (vm.count("task")) o.task = vm["task"].as<std::string>();
+  o.task_options = task_options(vm);
+  o.eval_len = positive(vm, "eval-len", 0);
+  o.B = positive(vm, "B", 1);
+  o.T = positive(vm, "T", 1);
+  o.optim.steps = positive(vm, "steps", 1);
+  o.grad_accum = positive(vm, "grad-accum", 1);
+  o.optim.lr = vm["lr"].as<double>();
+  o.optim.warmup = positive(vm, "warmup", 0);
+  o.optim.min_lr_ratio = vm["min-lr-ratio"].as<double>();
+  o.optim.wd = vm["wd"].as<double>();
+  o.optim.beta1 = vm["beta1"].as<double>();
+  o.optim.beta2 = vm["beta2"].as<double>();
+  o.optim.eps = vm["eps"].as<double>();
+  o.optim.clip = vm["clip"].as<double>();
+  if (o.optim.warmup > o.optim.steps) o.optim.warmup = o.optim.steps;
+  const std::vector<Precision> dt = parse_dtype_list(vm["dtype"].as<std::string>());
+  if (dt.size() != 1) throw UsageError("train: --dtype takes one precision (f32, bf16 or f16)");
+  o.storage = dt[0];
+  const std::vector<ScanMode> sm = parse_scan_list(vm["scan"].as<std::string>());
+  if (sm.size() != 1) throw UsageError("train: --scan takes one mode (seq or chunked)");
+  o.mode = sm[0];
+  o.recompute = parse_recompute(vm["recompute"].as<std::string>());
+  o.device = vm["device"].as<std::string>();
+  if (o.device != "gpu" && o.device != "cpu")
+    throw UsageError("train: --device must be gpu or cpu (got '" + echo(o.device) + "')");
+  if (o.device == "gpu") o.device = resolve_device("gpu", "");
+  o.seed = parse_seed(vm["seed"].as<std::string>());
+  o.out = vm["out"].as<std::string>();
+  o.force = vm["force"].as<bool>();
+  if (vm.count("resume")) o.resume = vm["resume"].as<std::string>();
+  o.ckpt_every = positive(vm, "ckpt-every", 0);
+  o.keep = positive(vm, "keep", 1);
+  o.val_every = positive(vm, "val-every", 0);
+  o.val_batches = positive(vm, "val-batches", 0);
+  o.log_every = positive(vm, "log-every", 1);
+  o.verify_every = positive(vm, "verify-every", 0);
+  if (o.verify_every != 0)
+    throw UsageError("train: --verify-every is not available yet (the in-run comparison with the "
+                     "oracle is still to be built): use 0, and m3h compare on a checkpoint's weights");
+  o.config_text = config_text(vm, fields);
+  o.tty = isatty(1) != 0;
+  return train::run_training(o, std::cout);
+}
+
+namespace {
+const char* kSampleSummary =
+    "Generates text from a checkpoint: the prompt runs through one forward (the checkpoint's scan\n"
+    "mode), then each new token runs as a T = 1 step carrying the recurrent states. Prints the\n"
+    "prompt and the continuation (for a task, in its spelling).\n"
+    "Exit status: 0 done, 2 bad usage or bad input.";
+}
+
+int cmd_sample(const std::vector<std::string>& args) {
+  po::options_description d("Sampling");
+  // clang-format off
+  d.add_options()
+    ("help,h", "this help")
+    ("checkpoint", po::value<std::string>(), "a checkpoint of m3h train")
+    ("prompt", po::value<std::string>()->default_value("\n"), "the prompt (text: bytes; a task: its spelling)")
+    ("tokens", po::value<Idx>()->default_value(200), "tokens to generate")
+    ("temperature", po::value<double>()->default_value(0.8), "softmax temperature (0 = greedy)")
+    ("top-k", po::value<Idx>()->default_value(0), "sample among the k most likely tokens (0 = all)")
+    ("seed", po::value<std::string>()->default_value("0"), "seed of the sampling")
+    ("device", po::value<std::string>()->default_value("auto"), "gpu, cpu, or auto");
+  // clang-format on
+  const po::variables_map vm = parse_args(args, d, "sample");
+  if (vm.count("help")) {
+    print_command_help("sample", kSampleSummary, d);
+    return 0;
+  }
+  if (!vm.count("checkpoint")) throw UsageError("sample: --checkpoint FILE is required");
+  train::SampleOptions o;
+  o.checkpoint = vm["checkpoint"].as<std::string>();
+  o.tokens = vm["tokens"].as<Idx>();
+  if (o.tokens < 0) throw UsageError("--tokens must be >= 0");
+  o.temperature = vm["temperature"].as<double>();
+  if (!(o.temperature >= 0)) throw UsageError("--temperature must be >= 0");
+  o.top_k = vm["top-k"].as<Idx>();
+  if (o.top_k < 0) throw UsageError("--top-k must be >= 0");
+  o.seed = parse_seed(vm["seed"].as<std::string>());
+  o.device = resolve_device(vm["device"].as<std::string>(), "sampling with the float reference");
+  Config cfg;
+  train::TrainState st;
+  const train::CheckpointMeta meta = train::read_checkpoint(o.checkpoint, &cfg, &st);
+  auto setting = [&](const std::string& k) -> std::string {
+    for (const auto& kv : meta.settings)
+      if (kv.first == k) return kv.second;
+    throw Error("sample", o.checkpoint + ": the checkpoint has no setting '" + k + "'", "");
+  };
+  // The data's spelling: text is bytes; a task is rebuilt from its settings.
+  std::unique_ptr<train::Dataset> spell;
+  std::string task;
+  for (const auto& kv : meta.settings)
+    if (kv.first == "task") task = kv.second;
+  if (!task.empty()) {
+    Settings opts;
+    bool in_task = false;
+    for (const auto& kv : meta.settings) {
+      if (kv.first == "task") { in_task = true; continue; }
+      if (in_task && kv.first == "eval_len") break;
+      if (in_task) opts.push_back(kv);
+    }
+    spell = train::make_task(task, opts, std::stoll(setting("T")));
+  }
+  const std::string prompt = vm["prompt"].as<std::string>();
+  if (spell) {
+    o.prompt = spell->encode(prompt);
+  } else {
+    for (unsigned char ch : prompt) o.prompt.push_back(ch);
+  }
+  const Precision storage = parse_dtype_list(setting("precision")).at(0);
+  const ScanMode mode = parse_scan_list(setting("scan")).at(0);
+  const std::vector<std::int32_t> gen = train::sample(o, cfg, st.params, mode, storage);
+  if (spell) {
+    std::cout << prompt << spell->decode(gen) << "\n";
+  } else {
+    std::string text = prompt;
+    for (std::int32_t t : gen) text.push_back(static_cast<char>(t));
+    std::cout << text << "\n";
+  }
+  return 0;
+}
+
+}  // namespace m3::tools

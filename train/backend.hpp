@@ -1,0 +1,79 @@
+// A training backend: one device's model and optimizer state (TRAINING.md §1–§2), driven by
+// the training loop (trainer.hpp), which owns the step's logic (micro-batches, loss scaling,
+// norm, clipping, the schedule) so that the GPU and the CPU run the same step.
+//
+//   gpu  GpuBackbone in a token model (the embedding, the backbone, head and loss on the
+//        device, production layout) + GpuOptimizer (f64 norm, AdamW on the flat arenas, one
+//        launch each) + the typed-copy refresh
+//   cpu  the reference LmModel<float> with the run's storage emulation (bf16/f16 rounding
+//        points, MODEL.md §8) + the host AdamW of reference/optimizer.hpp, on flat vectors in
+//        the same ParamLayout — for small models and for CI
+//
+// Every backend holds B×T micro-batches of one shape. Gradients accumulate over forward /
+// backward pairs until zero_grads(); the entering states are zero for every batch (rows are
+// independent sequences).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "config.hpp"
+#include "data.hpp"
+#include "optimizer.hpp"
+#include "params.hpp"
+#include "precision.hpp"
+#include "registry.hpp"
+
+namespace m3::train {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "gpu" | "cpu"
+  virtual const ParamLayout& layout() const = 0;
+  // Parameters and AdamW moments as flat f32 vectors in layout() order (layout().total each).
+  virtual TrainState state() = 0;
+  virtual void set_state(const TrainState& st) = 0;
+  virtual void zero_grads() = 0;
+  // Forward of one micro-batch: returns its share of the step's loss, Σ w·ce / n_norm.
+  virtual double forward(const Batch& b, double n_norm) = 0;
+  // Backward of scale·loss of the last forward; gradients accumulate.
+  virtual void backward(double scale) = 0;
+  // argmax of the last forward's logits per row.
+  virtual std::vector<std::int32_t> argmax() = 0;
+  // The last forward's logits [B*T, V] (sampling).
+  virtual std::vector<float> logits() = 0;
+  // ‖g‖₂ of the accumulated gradients (f64, fixed order).
+  virtual double grad_norm() = 0;
+  // One AdamW step with these scalars, then the typed copies refreshed.
+  virtual void adamw(const AdamWScalars& a) = 0;
+  // The accumulated gradients, flat (tests, verification).
+  virtual std::vector<float> grads() = 0;
+};
+
+struct BackendSpec {
+  Config cfg;
+  Idx B = 1, T = 1;
+  ScanMode mode = ScanMode::Chunked;
+  Precision storage = Precision::F32;
+  Recompute recompute = Recompute::None;  // gpu only
+};
+
+// The initial state: parameters from make_params(cfg, seed, Init::Spec) in the layout, zero
+// moments.
+TrainState initial_state(const Config& cfg, std::uint64_t seed);
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendSpec& spec);
+// Throws m3::Error (one line) when there is no usable GPU or the shape does not fit.
+std::unique_ptr<Backend> make_gpu_backend(const BackendSpec& spec);
+std::unique_ptr<Backend> make_backend(const std::string& device, const BackendSpec& spec);
+
+// Params<float> ↔ flat layout vectors (gaps zero).
+std::vector<float> to_flat(const Params<float>& p, const ParamLayout& layout);
+Params<float> from_flat(const std::vector<float>& flat, const Config& cfg,
+                        const ParamLayout& layout);
+
+}  // namespace m3::train

@@ -1,0 +1,392 @@
+// The run directory (run_dir.hpp): the folder rules, metrics.csv, checkpoint names and pruning,
+// loss.png by gnuplot.
+#include "run_dir.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "error.hpp"
+#include "json.hpp"
+#include "temp_files.hpp"
+
+extern char** environ;
+
+namespace m3::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kWhere = "run directory";
+constexpr const char* kConfig = "config.txt";
+constexpr const char* kMetrics = "metrics.csv";
+constexpr const char* kPlot = "loss.png";
+constexpr const char* kPlotScript = "loss.gp";  // only ever as a temporary
+constexpr const char* kPlotLog = "loss.log";    // only ever as a temporary
+constexpr int kMetricsColumns = 10;
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// "ckpt-<digits>.h5" → the step; −1 for any other name.
+Idx checkpoint_step(const std::string& name) {
+  const std::string pre = "ckpt-", post = ".h5";
+  if (name.size() <= pre.size() + post.size() || name.compare(0, pre.size(), pre) != 0 ||
+      name.compare(name.size() - post.size(), post.size(), post) != 0)
+    return -1;
+  const std::string digits = name.substr(pre.size(), name.size() - pre.size() - post.size());
+  if (!all_digits(digits) || digits.size() > 18) return -1;
+  return static_cast<Idx>(std::stoll(digits));
+}
+
+bool is_final_run_file(const std::string& name) {
+  return name == kConfig || name == kMetrics || name == kPlot || checkpoint_step(name) >= 0;
+}
+
+bool holds_run(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / kConfig, ec) || fs::exists(fs::path(dir) / kMetrics, ec);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path, "cannot read the file", std::strerror(errno));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// The lines of `text` ('\n'-separated); *torn is set when the last one has no '\n'.
+std::vector<std::string> split_lines(const std::string& text, bool* torn) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) {
+      lines.push_back(text.substr(start));
+      *torn = true;
+      return lines;
+    }
+    lines.push_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  *torn = false;
+  return lines;
+}
+
+std::vector<std::string> split_fields(const std::string& line) {
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  std::string item;
+  while (std::getline(ss, item, ',')) f.push_back(item);
+  if (!line.empty() && line.back() == ',') f.emplace_back();
+  return f;
+}
+
+std::string cell(const std::optional<double>& v) { return v ? exact_double(*v) : ""; }
+
+// A path inside a gnuplot single-quoted string ('' stands for ').
+std::string gnuplot_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string find_on_path(const std::string& program) {
+  const char* env = std::getenv("PATH");
+  const std::string path = env ? env : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    std::size_t colon = path.find(':', start);
+    if (colon == std::string::npos) colon = path.size();
+    std::string d = path.substr(start, colon - start);
+    if (d.empty()) d = ".";
+    const std::string candidate = d + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) return candidate;
+    start = colon + 1;
+  }
+  return "";
+}
+
+std::string first_line(const std::string& text) {
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) return line;
+  return "";
+}
+
+// Runs `program script` with stdin /dev/null and stdout + stderr into `log`; the exit status
+// (−1 when it did not run or died by a signal).
+int run_program(const std::string& program, const std::string& script, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv = {const_cast<char*>(program.c_str()),
+                             const_cast<char*>(script.c_str()), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return -1;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+bool is_run_file(const std::string& name) {
+  if (is_final_run_file(name)) return true;
+  // "<run file>.tmp.<pid>[.<n>]", also of the plot's script and log.
+  const std::size_t at = name.find(".tmp.");
+  if (at == std::string::npos) return false;
+  const std::string base = name.substr(0, at), rest = name.substr(at + 5);
+  if (rest.empty() || rest.find_first_not_of("0123456789.") != std::string::npos) return false;
+  return is_final_run_file(base) || base == kPlotScript || base == kPlotLog;
+}
+
+RunDir::RunDir(const std::string& dir, bool resume, bool force) : dir_(dir), resume_(resume) {
+  M3_REQUIRE(!dir.empty(), kWhere, "--out needs a folder", "");
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  const bool exists = fs::exists(st);
+  if (exists && !fs::is_directory(st))
+    throw Error(kWhere, "--out " + dir + " exists and is not a directory", "name a folder");
+  if (resume) {
+    if (!exists) throw Error(kWhere, "--out " + dir + " does not exist", "resuming needs the run's folder");
+    if (!holds_run(dir))
+      throw Error(kWhere, "--out " + dir + " holds no run", "no config.txt or metrics.csv there");
+    return;
+  }
+  if (!exists) {
+    fs::create_directories(dir, ec);
+    if (ec) throw Error(kWhere, "cannot create --out " + dir, ec.message());
+    return;
+  }
+  if (holds_run(dir) && !force)
+    throw Error(kWhere, "--out " + dir + " holds another run",
+                "use --resume FILE to continue it or --force to start over");
+  const bool empty = fs::is_empty(dir, ec);
+  if (!empty && !force)
+    throw Error(kWhere, "--out " + dir + " is not empty",
+                "use a new or empty folder, or --force (it removes only a run's own files)");
+  if (!force) return;
+  std::vector<fs::path> doomed;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (is_run_file(name) && !it->is_directory()) doomed.push_back(it->path());
+  }
+  if (ec) throw Error(kWhere, "cannot list --out " + dir, ec.message());
+  for (const fs::path& p : doomed) {
+    fs::remove(p, ec);
+    if (ec) throw Error(kWhere, "cannot remove " + p.string() + " (--force)", ec.message());
+  }
+}
+
+RunDir::~RunDir() = default;
+RunDir::RunDir(RunDir&&) noexcept = default;
+RunDir& RunDir::operator=(RunDir&&) noexcept = default;
+
+std::string RunDir::path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+
+void RunDir::write_config(const std::string& text) { harness::write_file_atomic(path(kConfig), text); }
+
+void RunDir::open_metrics(Idx resume_step) {
+  M3_REQUIRE(resume_step >= 0, kWhere, "open_metrics: resume step must be >= 0", resume_step);
+  metrics_.reset();
+  const std::string p = path(kMetrics);
+  std::error_code ec;
+  const std::string header = std::string(kMetricsHeader) + "\n";
+  if (!resume_ || !fs::exists(p, ec) || fs::file_size(p, ec) == 0) {
+    harness::write_file_atomic(p, header);
+  } else {
+    bool torn = false;
+    const std::vector<std::string> lines = split_lines(read_text(p), &torn);
+    if (lines.empty() || lines[0] != kMetricsHeader)
+      throw Error(p, "line 1 is not the metrics header",
+                  "expected '" + std::string(kMetricsHeader) + "'");
+    std::string kept = header;
+    for (std::size_t i = 1; i < lines.size(); ++i) {
+      if (torn && i + 1 == lines.size()) break;  // a row cut off by a killed run
+      const std::vector<std::string> f = split_fields(lines[i]);
+      Idx step = -1;
+      if (static_cast<int>(f.size()) != kMetricsColumns || !all_digits(f[0]) || f[0].size() > 18)
+        throw Error(p, why("line ", i + 1, " is not a metrics row"), "'" + lines[i] + "'");
+      step = static_cast<Idx>(std::stoll(f[0]));
+      if (step <= resume_step) kept += lines[i] + "\n";
+    }
+    harness::write_file_atomic(p, kept);
+  }
+  metrics_.reset(std::fopen(p.c_str(), "a"));
+  if (!metrics_) throw Error(p, "cannot open for appending", std::strerror(errno));
+}
+
+std::string RunDir::format_row(const Row& r) {
+  char tps[64];
+  std::snprintf(tps, sizeof tps, "%.1f", r.tokens_per_s);
+  std::string s;
+  s += std::to_string(r.step) + ",";
+  s += exact_double(r.loss) + ",";
+  s += cell(r.val_loss) + ",";
+  s += cell(r.accuracy) + ",";
+  s += exact_double(r.lr) + ",";
+  s += exact_double(r.grad_norm) + ",";
+  s += std::string(tps) + ",";
+  s += exact_double(r.loss_scale) + ",";
+  s += std::to_string(r.skipped) + ",";
+  s += cell(r.verify_pct);
+  return s;
+}
+
+void RunDir::append(const Row& r) {
+  const std::string p = path(kMetrics);
+  if (!metrics_) throw Error(p, "append before open_metrics", "");
+  const std::string line = format_row(r) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), metrics_.get()) != line.size() ||
+      std::fflush(metrics_.get()) != 0)
+    throw Error(p, "cannot append a row", std::strerror(errno));
+}
+
+std::string RunDir::checkpoint_path(Idx step) const {
+  M3_REQUIRE(step >= 0, kWhere, "checkpoint step must be >= 0", step);
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+  return path(name);
+}
+
+void RunDir::prune_checkpoints(Idx keep, Idx final_step) {
+  M3_REQUIRE(keep >= 1, kWhere, "--keep must be >= 1", "got ", keep);
+  std::vector<std::pair<Idx, fs::path>> ckpts;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const Idx step = checkpoint_step(it->path().filename().string());
+    if (step >= 0 && !it->is_directory()) ckpts.emplace_back(step, it->path());
+  }
+  if (ec) throw Error(kWhere, "cannot list " + dir_, ec.message());
+  std::sort(ckpts.begin(), ckpts.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t i = static_cast<std::size_t>(keep); i < ckpts.size(); ++i) {
+    if (ckpts[i].first == final_step) continue;
+    fs::remove(ckpts[i].second, ec);
+    if (ec) throw Error(kWhere, "cannot remove the old checkpoint " + ckpts[i].second.string(),
+                        ec.message());
+  }
+}
+
+std::string RunDir::plot_loss() const {
+  const std::string note = "loss.png not drawn: ";
+  const std::string gnuplot = find_on_path("gnuplot");
+  if (gnuplot.empty()) return note + "gnuplot not found (apt-get install gnuplot-nox)";
+
+  // Train loss of every row, validation loss where measured; non-finite values left out.
+  std::string train, val;
+  Idx n_train = 0, n_val = 0;
+  {
+    const std::string p = path(kMetrics);
+    std::error_code ec;
+    if (!fs::exists(p, ec)) return note + "no metrics.csv yet";
+    bool torn = false;
+    std::vector<std::string> lines;
+    try {
+      lines = split_lines(read_text(p), &torn);
+    } catch (const Error& e) {
+      return note + e.what();
+    }
+    char buf[96];
+    for (std::size_t i = 1; i < lines.size(); ++i) {
+      const std::vector<std::string> f = split_fields(lines[i]);
+      if (static_cast<int>(f.size()) != kMetricsColumns || !all_digits(f[0])) continue;
+      const double step = std::strtod(f[0].c_str(), nullptr);
+      const double loss = std::strtod(f[1].c_str(), nullptr);
+      if (!f[1].empty() && std::isfinite(loss)) {
+        std::snprintf(buf, sizeof buf, "%.17g %.17g\n", step, loss);
+        train += buf;
+        ++n_train;
+      }
+      const double vl = f[2].empty() ? NAN : std::strtod(f[2].c_str(), nullptr);
+      if (std::isfinite(vl)) {
+        std::snprintf(buf, sizeof buf, "%.17g %.17g\n", step, vl);
+        val += buf;
+        ++n_val;
+      }
+    }
+  }
+  if (n_train + n_val == 0) return note + "metrics.csv has no finite loss yet";
+
+  const std::string pid = std::to_string(::getpid());
+  const std::string png_final = path(kPlot);
+  const std::string png = png_final + ".tmp." + pid;
+  const std::string script = path(std::string(kPlotScript) + ".tmp." + pid);
+  const std::string log = path(std::string(kPlotLog) + ".tmp." + pid);
+  const tmp::TempFile g1(png), g2(script), g3(log);
+  auto cleanup = [&] {
+    ::unlink(png.c_str());
+    ::unlink(script.c_str());
+    ::unlink(log.c_str());
+  };
+
+  std::ostringstream gp;
+  gp << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+        "  set terminal pngcairo size 960,540\n"
+        "} else {\n"
+        "  set terminal png size 960,540\n"
+        "}\n"
+     << "set output " << gnuplot_quote(png) << "\n"
+     << "set xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n"
+     << "set title 'loss against step'\n";
+  if (n_train > 0) gp << "$train << EOD\n" << train << "EOD\n";
+  if (n_val > 0) gp << "$val << EOD\n" << val << "EOD\n";
+  gp << "plot ";
+  if (n_train > 0)
+    gp << "$train using 1:2 with " << (n_train > 1 ? "lines" : "points") << " lw 1.5 title 'train'";
+  if (n_train > 0 && n_val > 0) gp << ", ";
+  if (n_val > 0) gp << "$val using 1:2 with linespoints pt 7 ps 0.8 lw 1.5 title 'validation'";
+  gp << "\nset output\n";
+  {
+    std::ofstream out(script, std::ios::binary | std::ios::trunc);
+    out << gp.str();
+    if (!out.good()) {
+      cleanup();
+      return note + "cannot write the gnuplot script " + script;
+    }
+  }
+  const int rc = run_program(gnuplot, script, log);
+  std::error_code ec;
+  const bool drawn = rc == 0 && fs::exists(png, ec) && fs::file_size(png, ec) > 0;
+  if (!drawn) {
+    std::string why;
+    try {
+      why = first_line(read_text(log));
+    } catch (const Error&) {
+    }
+    cleanup();
+    return note + "gnuplot failed" + (why.empty() ? std::string() : ": " + why);
+  }
+  if (::rename(png.c_str(), png_final.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    cleanup();
+    return note + "cannot rename it into place (" + why + ")";
+  }
+  cleanup();
+  return "";
+}
+
+}  // namespace m3::train

@@ -1,0 +1,97 @@
+// The run directory of TRAINING.md §5 (`--out DIR`). What a run writes there, and nothing else:
+//
+//   config.txt            the resolved options, loadable with --config (the caller formats it);
+//                         written atomically (temp + rename)
+//   metrics.csv           one row per logged step, header kMetricsHeader; empty cells for values
+//                         not measured at that step; doubles as the shortest text that reads back
+//                         to the same double (exact_double), tokens_per_s with one decimal
+//   ckpt-<step>.h5        checkpoints, the step as 8 digits or more: "ckpt-00000120.h5"
+//   loss.png              train and validation loss against step (gnuplot)
+//   *.tmp.<pid>[.<n>]     the temporaries of the above while they are written (loss.gp.tmp.<pid>,
+//                         loss.log.tmp.<pid>: the gnuplot script and its output)
+//
+// The final checkpoint keeps its step name; prune_checkpoints never deletes the checkpoint of
+// the step it is told is final. --force removes exactly these names (is_run_file) and leaves
+// every other file of the folder alone.
+//
+// Resume: metrics.csv keeps the rows of the steps the checkpoint has done (step <= k) and drops
+// the later ones, so k steps + resume + N−k steps give the same rows as N steps straight.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "config.hpp"
+
+namespace m3::train {
+
+constexpr const char* kMetricsHeader =
+    "step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,loss_scale,skipped,verify_pct";
+
+// True for the names a run writes (the list above): what --force may remove.
+bool is_run_file(const std::string& name);
+
+class RunDir {
+ public:
+  // Opens or creates `dir`.
+  //   new run (resume = false): dir must not exist (it is created), be empty, or — with force —
+  //     have the run files removed (other files stay). A dir holding another run (config.txt or
+  //     metrics.csv) without force: m3::Error "--out DIR holds another run (use --resume FILE to
+  //     continue it or --force to start over)"; a non-empty dir without a run, without force:
+  //     an error too.
+  //   resume = true: dir must exist and hold a run.
+  //   A path that exists and is not a directory is an error either way.
+  RunDir(const std::string& dir, bool resume, bool force);
+  ~RunDir();
+  RunDir(RunDir&&) noexcept;
+  RunDir& operator=(RunDir&&) noexcept;
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  std::string path(const std::string& name) const;  // dir/name
+
+  void write_config(const std::string& text);  // config.txt, atomic
+
+  // Opens metrics.csv for appending. A new run: a fresh file holding the header. Resuming at
+  // step resume_step: the existing rows with step <= resume_step are kept and later ones
+  // dropped (the file rewritten atomically; a torn last line without its newline is dropped
+  // too); no file yet: a fresh one. A header other than kMetricsHeader or a malformed row is an
+  // m3::Error naming the file and the line.
+  void open_metrics(Idx resume_step);
+  struct Row {
+    Idx step = 0;
+    double loss = 0;
+    std::optional<double> val_loss, accuracy;
+    double lr = 0, grad_norm = 0, tokens_per_s = 0, loss_scale = 1;
+    Idx skipped = 0;
+    std::optional<double> verify_pct;
+  };
+  void append(const Row& r);  // one line, flushed
+  static std::string format_row(const Row& r);  // the line append writes, without '\n'
+
+  // dir/ckpt-<step, 8 digits or more>.h5
+  std::string checkpoint_path(Idx step) const;
+  // After a checkpoint is written: deletes every ckpt-<digits>.h5 of the folder except the
+  // newest `keep` (keep >= 1, by step) and the one of final_step (the run's final checkpoint;
+  // −1 when there is none yet). Other names are never touched.
+  void prune_checkpoints(Idx keep, Idx final_step);
+
+  // Draws loss.png (train loss per row, validation loss where measured, against step) from
+  // metrics.csv with gnuplot (pngcairo, else png), written atomically. "" on success; a one-line
+  // note instead of throwing when it cannot draw: "loss.png not drawn: gnuplot not found
+  // (apt-get install gnuplot-nox)", no rows yet, or gnuplot's own first error line.
+  std::string plot_loss() const;
+
+ private:
+  std::string dir_;
+  bool resume_ = false;
+  struct FileCloser {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, FileCloser> metrics_;
+};
+
+}  // namespace m3::train

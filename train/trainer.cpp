@@ -1,0 +1,387 @@
+// The training loop and the sampler (trainer.hpp has the step's math and the run's rules).
+#include "trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+#include <sstream>
+
+#include "backbone_gpu.hpp"
+#include "context.hpp"
+#include "error.hpp"
+#include "golden.hpp"
+#include "lm.hpp"
+#include "progress.hpp"
+#include "run_dir.hpp"
+
+namespace m3::train {
+
+StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const OptimConfig& o,
+                      LossScaler& scaler) {
+  M3_REQUIRE(!micro.empty(), "train step", "no micro-batch", "");
+  double n = 0;
+  for (const Batch& b : micro) n += static_cast<double>(b.scored());
+  M3_REQUIRE(n > 0, "train step", "the step's batches have no scored position (N = 0)",
+             "every weight of the step is 0: the loss is undefined");
+  const double scale = scaler.scale;
+  StepResult r;
+  r.lr = learning_rate(o, t);
+  be.zero_grads();
+  for (const Batch& b : micro) {
+    r.loss += be.forward(b, n);
+    be.backward(scale);
+  }
+  const double g_scaled = be.grad_norm();
+  r.finite = std::isfinite(g_scaled);
+  const bool apply = scaler.update(r.finite);
+  if (!apply) {
+    r.skipped = true;
+    r.grad_norm = std::nan("");
+    return r;
+  }
+  r.grad_norm = g_scaled / scale;
+  if (!r.finite) return r;  // bf16/f32: the caller stops the run; nothing is applied
+  be.adamw(adamw_scalars(o, t, clip_coefficient(r.grad_norm, o.clip), scale));
+  return r;
+}
+
+EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
+  EvalResult e;
+  double weighted = 0, n = 0;
+  for (const Batch& b : batches) {
+    const double nb = static_cast<double>(b.scored());
+    if (nb == 0) continue;
+    weighted += be.forward(b, nb) * nb;
+    n += nb;
+    e.acc.add(accuracy(b, be.argmax()));
+  }
+  e.loss = n > 0 ? weighted / n : std::nan("");
+  return e;
+}
+
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T) {
+  if (!o.data.empty()) return make_text_dataset(o.data, o.val_fraction, T);
+  M3_REQUIRE(!o.task.empty(), "train", "no data: give --data FILE or --task NAME", "");
+  return make_task(o.task, o.task_options, T);
+}
+
+Settings run_settings(const TrainOptions& o, const Dataset& data) {
+  Settings s = config_settings(o.cfg);
+  for (const auto& kv : data.settings())
+    if (kv.first != "data") s.push_back(kv);  // the file is compared by size and hash, not path
+  s.push_back({"eval_len", std::to_string(o.eval_len)});
+  const OptimConfig& p = o.optim;
+  s.push_back({"lr", exact_double(p.lr)});
+  s.push_back({"warmup", std::to_string(p.warmup)});
+  s.push_back({"steps", std::to_string(p.steps)});
+  s.push_back({"min_lr_ratio", exact_double(p.min_lr_ratio)});
+  s.push_back({"beta1", exact_double(p.beta1)});
+  s.push_back({"beta2", exact_double(p.beta2)});
+  s.push_back({"eps", exact_double(p.eps)});
+  s.push_back({"wd", exact_double(p.wd)});
+  s.push_back({"clip", exact_double(p.clip)});
+  s.push_back({"precision", precision_name(o.storage)});
+  s.push_back({"scan", scan_mode_name(o.mode)});
+  s.push_back({"seed", std::to_string(o.seed)});
+  s.push_back({"B", std::to_string(o.B)});
+  s.push_back({"T", std::to_string(o.T)});
+  s.push_back({"grad_accum", std::to_string(o.grad_accum)});
+  return s;
+}
+
+namespace {
+
+// The longer-length evaluation of a task: the same task with every sequence of length L.
+std::unique_ptr<Dataset> eval_dataset(const TrainOptions& o, Idx L) {
+  Settings opts;
+  for (const auto& kv : o.task_options)
+    if (kv.first != "n_min" && kv.first != "n_max") opts.push_back(kv);
+  if (o.task == "parity") {
+    opts.push_back({"n_min", std::to_string(L)});
+    opts.push_back({"n_max", std::to_string(L)});
+  } else if (o.task == "modular") {
+    const Idx terms = (L + 1) / 2;
+    opts.push_back({"n_min", std::to_string(terms)});
+    opts.push_back({"n_max", std::to_string(terms)});
+  }
+  return make_task(o.task, opts, L);
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(digits);
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+int run_training(const TrainOptions& opt, std::ostream& out) {
+  TrainOptions o = opt;
+  o.optim.validate();
+  M3_REQUIRE(o.B >= 1 && o.T >= 1 && o.grad_accum >= 1, "train", "B, T and --grad-accum must be >= 1",
+             "B=", o.B, " T=", o.T, " grad_accum=", o.grad_accum);
+  M3_REQUIRE(o.optim.steps >= 1, "train", "--steps must be >= 1", "steps=", o.optim.steps);
+  M3_REQUIRE(o.keep >= 1, "train", "--keep must be >= 1", "keep=", o.keep);
+  M3_REQUIRE(o.val_batches >= 0 && o.val_every >= 0 && o.ckpt_every >= 0 && o.log_every >= 1,
+             "train", "--val-every, --val-batches and --ckpt-every must be >= 0, --log-every >= 1",
+             "");
+  std::unique_ptr<Dataset> data = make_dataset(o, o.T);
+  o.cfg.vocab_size = data->vocab();
+  o.cfg.input_dim = data->vocab();
+  o.cfg.input_proj_identity = false;
+  validate_run(o.cfg, o.B, o.T);
+  std::unique_ptr<Dataset> long_data;
+  if (o.eval_len > 0) {
+    M3_REQUIRE(!o.task.empty(), "train", "--eval-len is for the synthetic tasks", "");
+    long_data = eval_dataset(o, o.eval_len);
+  }
+
+  CheckpointMeta now;
+  now.settings = run_settings(o, *data);
+  now.data_size = data->content_size();
+  now.data_hash = data->content_hash();
+  now.git_revision = golden::git_revision();
+
+  RunDir dir(o.out, !o.resume.empty(), o.force);
+  LossScaler scaler = LossScaler::for_precision(o.storage);
+  Idx step0 = 0;
+  TrainState st;
+  if (!o.resume.empty()) {
+    Config ck_cfg;
+    const CheckpointMeta saved = read_checkpoint(o.resume, &ck_cfg, &st);
+    const std::string why = resume_mismatch(saved, now);
+    M3_REQUIRE(why.empty(), "train", why, "");
+    step0 = saved.step;
+    scaler.scale = saved.loss_scale;
+    scaler.good_steps = saved.good_steps;
+    scaler.skipped = saved.skipped;
+    M3_REQUIRE(step0 <= o.optim.steps, "train", "the checkpoint is past --steps",
+               "checkpoint step ", step0, ", --steps ", o.optim.steps);
+  } else {
+    st = initial_state(o.cfg, o.seed);
+    dir.write_config(o.config_text);
+  }
+
+  BackendSpec spec{o.cfg, o.B, o.T, o.mode, o.storage, o.recompute};
+  std::unique_ptr<Backend> be = make_backend(o.device, spec);
+  be->set_state(st);
+  std::unique_ptr<Backend> long_be;
+  if (long_data) {
+    BackendSpec ls = spec;
+    ls.T = o.eval_len;
+    long_be = make_backend(o.device, ls);
+  }
+  std::vector<Batch> val;
+  for (Idx i = 0; i < o.val_batches; ++i) val.push_back(data->val_batch(i, o.B, o.T));
+
+  dir.open_metrics(step0);
+  StopFlag::install();
+  Progress prog(o.optim.steps, o.log_every, o.tty, out);
+  prog.note("train: " + std::to_string(o.optim.steps) + " steps of " +
+            std::to_string(o.grad_accum) + "x" + std::to_string(o.B) + "x" + std::to_string(o.T) +
+            " tokens on the " + be->name() + " (" + precision_name(o.storage) + ", " +
+            scan_mode_name(o.mode) + "), " + std::to_string(be->layout().total) +
+            " parameter floats; " + o.cfg.describe() +
+            (step0 ? "; resumed at step " + std::to_string(step0) : std::string()));
+
+  auto save = [&](Idx step) {
+    CheckpointMeta m = now;
+    m.step = step;
+    m.loss_scale = scaler.scale;
+    m.good_steps = scaler.good_steps;
+    m.skipped = scaler.skipped;
+    write_checkpoint(dir.checkpoint_path(step), o.cfg, m, be->state(), true);
+    dir.prune_checkpoints(o.keep, step == o.optim.steps ? step : -1);
+  };
+
+  const auto t_start = std::chrono::steady_clock::now();
+  Idx step = step0;
+  double last_loss = std::nan(""), last_val = std::nan("");
+  int status = 0;
+  while (step < o.optim.steps) {
+    const Idx s = step + 1;
+    std::vector<Batch> micro;
+    for (Idx k = 0; k < o.grad_accum; ++k) micro.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
+    const Idx t = s - scaler.skipped;  // the optimizer step: applied steps so far + 1
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = train_step(*be, micro, t, o.optim, scaler);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step = s;
+    last_loss = r.loss;
+    RunDir::Row row;
+    row.step = s;
+    row.loss = r.loss;
+    row.lr = r.lr;
+    row.grad_norm = r.skipped ? 0.0 : r.grad_norm;
+    row.tokens_per_s = static_cast<double>(o.grad_accum * o.B * o.T) / std::max(secs, 1e-9);
+    row.loss_scale = scaler.scale;
+    row.skipped = scaler.skipped;
+    if (!std::isfinite(r.loss) || (!r.finite && !r.skipped)) {
+      dir.append(row);
+      prog.note("train: stopped at step " + std::to_string(s) + ": the " +
+                (std::isfinite(r.loss) ? std::string("gradient norm") : std::string("loss")) +
+                " is not finite (" + precision_name(o.storage) + "); checkpoint " +
+                dir.checkpoint_path(s));
+      save(s);
+      status = 1;
+      break;
+    }
+    if (r.skipped)
+      prog.note("train: step " + std::to_string(s) + " skipped (non-finite f16 gradient); loss scale now " +
+                exact_double(scaler.scale));
+    const bool last = s == o.optim.steps;
+    if (!val.empty() && ((o.val_every > 0 && s % o.val_every == 0) || last)) {
+      const EvalResult e = evaluate(*be, val);
+      row.val_loss = e.loss;
+      row.accuracy = e.acc.token();
+      last_val = e.loss;
+    }
+    dir.append(row);
+    prog.update(s, r.loss, std::isfinite(last_val) ? std::optional<double>(last_val) : std::nullopt,
+                r.lr, row.tokens_per_s);
+    if ((o.ckpt_every > 0 && s % o.ckpt_every == 0) || last) save(s);
+    if (StopFlag::requested() && !last) {
+      save(s);
+      prog.note("train: interrupted at step " + std::to_string(s) + "; checkpoint " +
+                dir.checkpoint_path(s) + " (continue with --resume)");
+      status = 130;
+      break;
+    }
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::ostringstream sum;
+  sum << "train: step " << step << "/" << o.optim.steps << ", loss " << fixed(last_loss, 4);
+  if (std::isfinite(last_val)) sum << ", val loss " << fixed(last_val, 4);
+  sum << ", " << fixed(total, 1) << " s";
+  if (status == 0 && !val.empty()) {
+    const EvalResult e = evaluate(*be, val);
+    sum << ", val accuracy " << fixed(100 * e.acc.token(), 2) << " %";
+    if (data->sequence_accuracy()) sum << " (sequences " << fixed(100 * e.acc.sequence(), 2) << " %)";
+  }
+  if (status == 0 && long_be) {
+    long_be->set_state(be->state());
+    std::vector<Batch> lv;
+    for (Idx i = 0; i < std::max<Idx>(1, o.val_batches); ++i)
+      lv.push_back(long_data->val_batch(i, o.B, o.eval_len));
+    const EvalResult e = evaluate(*long_be, lv);
+    sum << "; at length " << o.eval_len << ": accuracy " << fixed(100 * e.acc.token(), 2) << " %";
+    if (long_data->sequence_accuracy()) sum << " (sequences " << fixed(100 * e.acc.sequence(), 2) << " %)";
+  }
+  const std::string note = dir.plot_loss();
+  if (!note.empty()) prog.note("train: " + note);
+  prog.finish(sum.str());
+  return status;
+}
+
+// ---- sampling ------------------------------------------------------------------------------
+
+namespace {
+
+std::int32_t choose(const float* logits, Idx V, double temperature, Idx top_k, Rng& rng) {
+  std::vector<Idx> idx(static_cast<size_t>(V));
+  for (Idx v = 0; v < V; ++v) idx[v] = v;
+  std::stable_sort(idx.begin(), idx.end(), [&](Idx a, Idx b) { return logits[a] > logits[b]; });
+  if (temperature <= 0) return static_cast<std::int32_t>(idx[0]);
+  const Idx k = top_k > 0 ? std::min(top_k, V) : V;
+  std::vector<double> p(static_cast<size_t>(k));
+  double z = 0;
+  for (Idx i = 0; i < k; ++i) {
+    p[i] = std::exp((static_cast<double>(logits[idx[i]]) - logits[idx[0]]) / temperature);
+    z += p[i];
+  }
+  double u = rng.uniform() * z;
+  for (Idx i = 0; i < k; ++i) {
+    if (u < p[i]) return static_cast<std::int32_t>(idx[i]);
+    u -= p[i];
+  }
+  return static_cast<std::int32_t>(idx[k - 1]);
+}
+
+// A model that takes a window of tokens carrying its states: the prompt (P tokens), then
+// single tokens. logits() are the window's.
+struct Stepper {
+  virtual ~Stepper() = default;
+  virtual void run(const std::vector<std::int32_t>& tok) = 0;
+  virtual std::vector<float> logits() = 0;
+};
+
+struct CpuStepper final : Stepper {
+  CpuStepper(const Config& cfg, Idx T, ScanMode mode, Precision st, const std::vector<float>& flat,
+             States<float>* states)
+      : model(cfg, 1, T, mode, st), p(from_flat(flat, cfg, param_layout(cfg))), s(states) {}
+  void run(const std::vector<std::int32_t>& tok) override {
+    std::vector<std::int32_t> tgt(tok.size(), 0);
+    std::vector<float> w(tok.size(), 1.0f);
+    model.forward(p, tok, tgt, w, static_cast<double>(tok.size()), s);
+  }
+  std::vector<float> logits() override { return model.logits(); }
+  LmModel<float> model;
+  Params<float> p;
+  States<float>* s;
+};
+
+struct GpuStepper final : Stepper {
+  GpuStepper(gpu::GpuContext& ctx, const Config& cfg, Idx T, ScanMode mode, Precision st,
+             const std::vector<float>& flat)
+      : net(ctx, cfg, 1, T, mode, st) {
+    net.set_params_flat(flat);
+    net.zero_states();
+  }
+  void run(const std::vector<std::int32_t>& tok) override {
+    net.set_tokens(tok);
+    net.set_targets(std::vector<std::int32_t>(tok.size(), 0), std::vector<float>(tok.size(), 1.0f),
+                    static_cast<double>(tok.size()));
+    net.forward_loss();
+  }
+  std::vector<float> logits() override { return net.logits(); }
+  gpu::GpuBackbone net;
+};
+
+}  // namespace
+
+std::vector<std::int32_t> sample(const SampleOptions& o, const Config& cfg,
+                                 const std::vector<float>& params, ScanMode prompt_mode,
+                                 Precision storage, std::vector<std::vector<float>>* step_logits) {
+  const Idx V = cfg.vocab_size, P = static_cast<Idx>(o.prompt.size());
+  M3_REQUIRE(V > 0, "sample", "the checkpoint's model has no vocabulary", "");
+  M3_REQUIRE(P >= 1, "sample", "the prompt is empty", "give at least one token of prompt");
+  M3_REQUIRE(o.tokens >= 0, "sample", "--tokens must be >= 0", "");
+  Rng rng(o.seed);
+  std::unique_ptr<gpu::GpuContext> ctx;
+  std::unique_ptr<Stepper> full, one;
+  States<float> states = zero_states<float>(cfg, 1);
+  if (o.device == "gpu") {
+    ctx = std::make_unique<gpu::GpuContext>(0);
+    auto f = std::make_unique<GpuStepper>(*ctx, cfg, P, prompt_mode, storage, params);
+    f->run(o.prompt);
+    const States<float> leaving = f->net.states();
+    auto s = std::make_unique<GpuStepper>(*ctx, cfg, 1, ScanMode::Sequential, storage, params);
+    s->net.set_states(leaving);
+    full = std::move(f);
+    one = std::move(s);
+  } else {
+    full = std::make_unique<CpuStepper>(cfg, P, prompt_mode, storage, params, &states);
+    full->run(o.prompt);
+    one = std::make_unique<CpuStepper>(cfg, 1, ScanMode::Sequential, storage, params, &states);
+  }
+  std::vector<float> lg = full->logits();
+  if (step_logits)
+    for (Idx r = 0; r < P; ++r) step_logits->emplace_back(lg.begin() + r * V, lg.begin() + (r + 1) * V);
+  std::vector<float> last(lg.end() - V, lg.end());
+  std::vector<std::int32_t> outp;
+  for (Idx i = 0; i < o.tokens; ++i) {
+    const std::int32_t next = choose(last.data(), V, o.temperature, o.top_k, rng);
+    outp.push_back(next);
+    if (i + 1 == o.tokens) break;
+    one->run({next});
+    last = one->logits();
+    if (step_logits) step_logits->push_back(last);
+  }
+  return outp;
+}
+
+}  // namespace m3::train

@@ -1,0 +1,108 @@
+// The training loop of `m3h train` (TRAINING.md §2–§6) and the sampler of `m3h sample` (§7).
+//
+// One optimizer step (train_step), the same for every backend:
+//   N      = Σ scored positions over the step's micro-batches (0 is an error)
+//   loss   = Σ_k forward(micro_k, N)          each micro-batch's share of the step's loss
+//            backward(S) after each forward   gradients of S·loss accumulate, micro-batch order
+//   ‖g‖    = grad_norm() / S                  f64, fixed order
+//   S      the loss scale (f16: dynamic, 2^16 at first; bf16/f32: 1). A non-finite norm with
+//          f16 skips the step (weights, moments and the optimizer step t unchanged, the scale
+//          halved); with bf16/f32 it stops the run.
+//   AdamW  with c = clip_coefficient(‖g‖, clip), gscale = c / S, lr = learning_rate(t),
+//          t = the number of applied steps so far + 1; then the typed copies are refreshed.
+// Batch k of step s is train_batch(seed, s, k, B, T): the loader's state is the step number.
+//
+// A run (run_training): the data, the backend, the run directory (config.txt, metrics.csv,
+// checkpoints ckpt-<step>.h5, loss.png), --resume from a checkpoint (every setting must match;
+// bit-exact: k steps + resume + N − k steps give the weights, moments and losses of N steps),
+// validation every --val-every steps over --val-batches fixed batches, a checkpoint every
+// --ckpt-every steps keeping the last --keep and the final one, Ctrl-C = checkpoint + exit 130,
+// a non-finite loss = checkpoint + exit 1.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "checkpoint.hpp"
+#include "config.hpp"
+#include "data.hpp"
+#include "optimizer.hpp"
+
+namespace m3::train {
+
+struct StepResult {
+  double loss = 0;       // the step's loss (the mean over its scored positions)
+  double grad_norm = 0;  // ‖g‖ before clipping (unscaled); NaN when skipped
+  double lr = 0;         // the learning rate used (of the step's t)
+  bool skipped = false;  // f16: a non-finite gradient; nothing changed but the scale
+  bool finite = true;    // the gradient norm was finite
+};
+
+// One optimizer step over `micro` (see the file comment). t: the optimizer step, ≥ 1.
+StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const OptimConfig& o,
+                      LossScaler& scaler);
+
+// Mean loss per scored position and accuracy over batches (no backward).
+struct EvalResult {
+  double loss = 0;
+  Accuracy acc;
+};
+EvalResult evaluate(Backend& be, const std::vector<Batch>& batches);
+
+struct TrainOptions {
+  Config cfg;                 // vocab_size / input_dim are set from the data
+  std::string device = "gpu";
+  Precision storage = Precision::BF16;
+  ScanMode mode = ScanMode::Chunked;
+  Recompute recompute = Recompute::None;
+  Idx B = 8, T = 256, steps = 1000, grad_accum = 1;
+  OptimConfig optim;
+  std::uint64_t seed = 0;
+  std::string data;           // --data FILE (text), or
+  double val_fraction = 0.05;
+  std::string task;           // --task NAME
+  Settings task_options;      // its options
+  Idx eval_len = 0;           // tasks: also evaluate at this length (0 = no)
+  std::string out;
+  bool force = false;
+  std::string resume;         // a checkpoint file
+  Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
+  Idx verify_every = 0;
+  std::string config_text;    // the resolved options, written to config.txt
+  bool tty = false;
+};
+
+// The dataset of the options (text or task). Errors are m3::Error.
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T);
+
+// The settings a checkpoint records and a resume compares, in order.
+Settings run_settings(const TrainOptions& o, const Dataset& data);
+
+// Runs the whole training; returns the exit status (0 done, 1 stopped by a failure — a
+// non-finite loss or gradient, a failed verification — 130 interrupted). `out`: the console.
+int run_training(const TrainOptions& o, std::ostream& out);
+
+// TRAINING.md §7: the prompt through one forward, then each new token as a T = 1 step
+// carrying the states. Returns the generated tokens. With `step_logits`, the logits of every
+// position after the prompt's first (prompt positions from the full forward, then one per
+// generated token) — for the test that stepping equals one forward.
+struct SampleOptions {
+  std::string checkpoint;
+  std::string device = "gpu";
+  std::vector<std::int32_t> prompt;
+  Idx tokens = 100;
+  double temperature = 1.0;  // 0 = greedy
+  Idx top_k = 0;             // 0 = all
+  std::uint64_t seed = 0;
+};
+std::vector<std::int32_t> sample(const SampleOptions& o, const Config& cfg,
+                                 const std::vector<float>& params, ScanMode prompt_mode,
+                                 Precision storage,
+                                 std::vector<std::vector<float>>* step_logits = nullptr);
+
+}  // namespace m3::train
