@@ -204,10 +204,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   int status = 0;
   while (step < o.optim.steps) {
     const Idx s = step + 1;
+    const auto t0 = std::chrono::steady_clock::now();  // tokens/s counts the data too
     std::vector<Batch> micro;
     for (Idx k = 0; k < o.grad_accum; ++k) micro.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
     const Idx t = s - scaler.skipped;  // the optimizer step: applied steps so far + 1
-    const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = train_step(*be, micro, t, o.optim, scaler);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step = s;

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The training figures of TRAINING.md on the GPU machine, in one go (each run's console and
+# metrics under ${OUT:-gpu-logs}/train/, packed into train.tar.gz):
+#   throughput   m3h train at the official shape (d_model 1024, headdim 64, d_state 128,
+#                expand 2, B 8, T 4096, bf16, chunked, 2 layers) on text, next to m3h bench's
+#                forward+backward of the backbone alone (official, official2)
+#   jargon       a byte-level model on the Jargon File (data/jargon.txt: scripts/fetch-jargon.sh)
+#   parity       with angles (d_state 2, rope_fraction 1: one angle) and without (rope_fraction
+#                0.5: none), trained on lengths 3…64, evaluated at 256
+#   copy         selective-copy
+# Usage: bash scripts/train-figures.sh M3H [STEP...]   (steps: throughput jargon parity copy)
+set -uo pipefail
+m3h="$1"
+shift
+steps=("$@")
+((${#steps[@]})) || steps=(throughput jargon parity copy)
+logs="${OUT:-gpu-logs}/train"
+mkdir -p "$logs"
+run() {  # NAME ARGS...: m3h train --out $logs/NAME ARGS, console to $logs/NAME.log
+  local name="$1"
+  shift
+  echo "=== $name: m3h train $*"
+  /usr/bin/time -v "$m3h" train --out "$logs/$name" --force "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  tail -n 3 "$logs/$name.log"
+  echo "rc=$rc"
+}
+for s in "${steps[@]}"; do
+  case "$s" in
+    throughput)
+      [[ -f data/jargon.txt ]] || { echo "throughput: data/jargon.txt missing"; continue; }
+      for L in 1 2 4; do
+        run "official_L$L" --data data/jargon.txt --d-model 1024 --headdim 64 --d-state 128 \
+          --expand 2 --layers "$L" --B 8 --T 4096 --steps 30 --warmup 5 --dtype bf16 \
+          --scan chunked --val-batches 0 --log-every 10
+      done
+      "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 --scan chunked \
+        >"$logs/bench_official.log" 2>&1
+      tail -n 12 "$logs/bench_official.log"
+      ;;
+    jargon)
+      [[ -f data/jargon.txt ]] || { echo "jargon: data/jargon.txt missing"; continue; }
+      run jargon --data data/jargon.txt --d-model 384 --headdim 64 --d-state 64 --layers 4 \
+        --B 16 --T 512 --steps 2500 --warmup 100 --lr 2e-3 --wd 0.1 --dtype bf16 \
+        --val-every 250 --val-batches 16 --log-every 250 --ckpt-every 1000
+      "$m3h" sample --device gpu --checkpoint "$logs/jargon/ckpt-00002500.h5" \
+        --prompt "hacker n." --tokens 400 --temperature 0.8 --seed 1 >"$logs/jargon_sample.txt" 2>&1
+      cat "$logs/jargon_sample.txt"
+      ;;
+    parity)
+      for rf in 1.0 0.5; do
+        run "parity_rf$rf" --task parity --task-opt n_min=3 --task-opt n_max=64 --eval-len 256 \
+          --d-model 64 --headdim 16 --d-state 2 --rope-fraction "$rf" --layers 2 --B 64 --T 64 \
+          --steps 3000 --warmup 100 --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 \
+          --log-every 500
+      done
+      ;;
+    copy)
+      run copy --task selective-copy --task-opt K=16 --task-opt alphabet=8 --d-model 128 \
+        --headdim 32 --d-state 32 --layers 2 --B 32 --T 256 --steps 3000 --warmup 100 \
+        --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 --log-every 500
+      ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+tar --exclude='*.h5' -C "$logs/.." -czf "${OUT:-gpu-logs}/train.tar.gz" train
