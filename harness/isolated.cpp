@@ -3,6 +3,8 @@
 // order, rounding where the backbone rounds, capturing — no stage's math.
 #include "isolated.hpp"
 
+#include "lm.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -58,6 +60,7 @@ class Runner {
     a_.allocate(d_, mode);
     g_.allocate(d_, mode);
     w_input_ = typed(p_.input_proj_w);
+    w_head_ = typed(p_.head_w);
     for (const auto& L : p_.layers) {
       w_in_.push_back(typed(L.in_proj_w));
       w_out_.push_back(typed(L.out_proj_w));
@@ -131,10 +134,13 @@ class Runner {
   // ---- forward ----------------------------------------------------------------------------
   void forward() {
     const Idx BT = d_.BT;
-    Vec x_in(pb_.x.begin(), pb_.x.end());
-    ref::store_typed(d_, x_in);
+    Vec x_in = input();
     Vec h0(static_cast<size_t>(BT * d_.dm));
-    if (cfg_.input_proj_identity) {
+    if (pb_.token_model()) {  // the embedding: the one-hot GEMM as a row gather (same bits)
+      ref::embed_forward(BT, d_.in, d_.dm, pb_.tok.data(), w_input_.data(), p_.input_proj_b.data(),
+                         h0.data());
+      ref::store_typed(d_, h0);
+    } else if (cfg_.input_proj_identity) {
       h0 = x_in;
     } else {
       ref::linear_forward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), p_.input_proj_b.data(),
@@ -162,6 +168,52 @@ class Runner {
     put(-1, "norm_f", "norm_f_input", nf_in);
     put(-1, "norm_f", "norm_f_rms", nf_rms);
     put(-1, "norm_f", "Out", out);
+    if (!pb_.token_model()) return;
+    // head on the oracle's Out; loss on the oracle's logits (TRAINING.md §1).
+    const Idx V = cfg_.vocab_size;
+    Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT));
+    load("norm_f/Out", out, true);
+    ref::linear_forward(BT, d_.dm, V, out.data(), w_head_.data(), static_cast<const float*>(nullptr),
+                        logits.data());
+    ref::store_typed(d_, logits);
+    put(-1, "head", "logits", logits);
+    load("head/logits", logits, true);
+    const float value = static_cast<float>(
+        ref::loss_forward(BT, V, logits.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(), lse.data()));
+    put(-1, "loss", "lse", lse);
+    put(-1, "loss", "value", Vec{value});
+  }
+
+  // X as the backbone reads it: the problem's input, or a token model's one-hot (typed).
+  Vec input() const {
+    Vec x_in(pb_.x.begin(), pb_.x.end());
+    if (pb_.token_model()) {
+      x_in.assign(static_cast<size_t>(d_.BT * d_.in), 0.0f);
+      for (Idx r = 0; r < d_.BT; ++r) x_in[static_cast<size_t>(r * d_.in + pb_.tok[r])] = 1.0f;
+    }
+    ref::store_typed(d_, x_in);
+    return x_in;
+  }
+
+  // The head's backward on the oracle's logits, lse and Out: d_logits (typed), d_Out = d_logits ·
+  // head_wᵀ (f32), head_w's gradient; returns the oracle's d_Out (norm_f's dOut).
+  Vec head_backward() {
+    const Idx BT = d_.BT, V = cfg_.vocab_size;
+    Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT)),
+        out(static_cast<size_t>(BT * d_.dm)), d_logits(logits.size()), d_out(out.size());
+    load("head/logits", logits, true);
+    load("loss/lse", lse, false);
+    load("norm_f/Out", out, true);
+    ref::loss_backward(BT, V, logits.data(), lse.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(),
+                       1.0, d_logits.data());
+    ref::store_typed(d_, d_logits);
+    put(-1, "head", "d_logits", d_logits);
+    load("head/d_logits", d_logits, true);
+    ref::linear_backward(BT, d_.dm, V, out.data(), w_head_.data(), d_logits.data(), d_out.data(),
+                         grads_.head_w.data(), static_cast<float*>(nullptr));
+    put(-1, "head", "d_Out", d_out);
+    load("head/d_Out", d_out, false);
+    return d_out;
   }
 
   // One forward stage of layer l on the loaded values (the reference's step, then the
@@ -211,7 +263,7 @@ class Runner {
       Vec nf_in(n_dm), nf_rms(static_cast<size_t>(BT)), d_norm_f(n_dm);
       load("norm_f/norm_f_input", nf_in, false);
       load("norm_f/norm_f_rms", nf_rms, false);
-      const Vec d_out(pb_.d_out.begin(), pb_.d_out.end());
+      const Vec d_out = pb_.token_model() ? head_backward() : Vec(pb_.d_out.begin(), pb_.d_out.end());
       ref::rmsnorm_backward(BT, d_.dm, nf_in.data(), p_.norm_f_weight.data(), nf_rms.data(),
                             d_out.data(), d_norm_f.data(), grads_.norm_f_weight.data());
       put(-1, "norm_f", "d_norm", d_norm_f);
@@ -236,11 +288,18 @@ class Runner {
     if (cfg_.input_proj_identity) {
       d_x = delta;
     } else {
-      Vec x_in(pb_.x.begin(), pb_.x.end());
-      ref::store_typed(d_, x_in);
+      const Vec x_in = input();
       delta_typed = typed(delta);
-      ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
-                           d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      if (pb_.token_model()) {  // dW: the per-token fixed-order sum; dX for the capture
+        Vec unused(grads_.input_proj_w.size(), 0.0f);
+        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
+                             d_x.data(), unused.data(), static_cast<float*>(nullptr));
+        ref::embed_backward(BT, d_.in, d_.dm, pb_.tok.data(), delta_typed.data(),
+                            grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      } else {
+        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
+                             d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      }
       Vec db(static_cast<size_t>(d_.dm), 0.0f);
       for (Idx r = 0; r < BT; ++r)
         for (Idx j = 0; j < d_.dm; ++j) db[j] += delta[r * d_.dm + j];
@@ -281,7 +340,7 @@ class Runner {
   Capture cap_;
   Acts a_;
   Grads g_;
-  Vec w_input_;
+  Vec w_input_, w_head_;
   std::vector<Vec> w_in_, w_out_;
   std::vector<StageEntry> table_ = stage_table(cfg_, mode_);  // the order of the stages
 };

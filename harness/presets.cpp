@@ -134,6 +134,16 @@ std::vector<Preset> build_presets() {
     p.push_back(s);
   }
   {
+    Preset s = base("lm",
+                    "a token model (TRAINING.md §1): vocab 256 (bytes), default widths, 2 layers, "
+                    "B=2, T=128; one training step, tokens in, the loss and every gradient out");
+    s.cfg.n_layers = 2;
+    s.cfg.vocab_size = 256;
+    s.cfg.input_dim = 256;
+    s.T = 128;
+    p.push_back(s);
+  }
+  {
     Preset s = base("long_t", "adversarial: T=1024 (16 chunks), B=1, 1 layer, default widths");
     s.cfg.n_layers = 1;
     s.B = 1;

@@ -179,10 +179,9 @@ void LmModel<S>::backward(const Params<S>& p, double scale, Params<S>& grads, Ca
   ref::loss_backward(BT, V, logits_.data(), lse_.data(), tgt_.data(), w_.data(), n_norm_, scale,
                      d_logits_.data());
   ref::store_typed(d, d_logits_);
-  // head backward: d_Out = d_logits · head_wᵀ (typed, a GEMM's dX), d head_w += Outᵀ · d_logits.
+  // head backward: d_Out = d_logits · head_wᵀ (f32: norm_f's dOut), d head_w += Outᵀ · d_logits.
   ref::linear_backward(BT, dm, V, net_.output().data(), head_w_typed_.data(), d_logits_.data(),
                        d_out_.data(), grads.head_w.data(), static_cast<S*>(nullptr));
-  ref::store_typed(d, d_out_);
   if (cap) {
     cap->put_stage(-1, "head", "d_logits", d_logits_.data(), static_cast<Idx>(d_logits_.size()));
     cap->put_stage(-1, "head", "d_Out", d_out_.data(), static_cast<Idx>(d_out_.size()));

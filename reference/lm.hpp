@@ -13,9 +13,10 @@
 //   scored positions of the whole optimizer step (gradient accumulation normalises over the
 //   step, §2.7), so each micro-batch's loss is its share of the step's loss.
 //
-// Storage (MODEL.md §8): logits, d_logits and the head's d_Out are typed (rounded to bf16/f16
-// where the GPU stores them: a GEMM's output or operand); lse is f32 (S); the loss is summed in
-// double over rows in order, in every implementation. The head GEMMs read head_w's typed copy.
+// Storage (MODEL.md §8): logits and d_logits are typed (rounded to bf16/f16 where the GPU
+// stores them: a GEMM's output or operand); lse and the head's d_Out (norm_f's dOut, f32 as
+// without a head) are f32 (S); the loss is summed in double over rows in order, in every
+// implementation. The head GEMMs read head_w's typed copy.
 // Shapes: tok, tgt, w [B*T]; logits, d_logits [B*T, V]; lse [B*T].
 #pragma once
 

@@ -1,6 +1,8 @@
 // Seeded problems and the end-to-end reference run used by the harness (see problem.hpp).
 #include "problem.hpp"
 
+#include "lm.hpp"
+
 #include "backbone.hpp"
 
 namespace m3 {
@@ -15,16 +17,42 @@ Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
   pb.seed = seed;
   // Independent streams per role, derived from the one seed.
   pb.params = make_params<double>(cfg, seed * 4 + 0, Init::Perturbed);
-  pb.x = make_input<double>(cfg, B, T, seed * 4 + 1);
-  pb.d_out = make_dout<double>(cfg, B, T, seed * 4 + 2);
+  if (cfg.vocab_size > 0) {
+    Rng rng(seed * 4 + 1);
+    const auto V = static_cast<std::uint64_t>(cfg.vocab_size);
+    for (Idx r = 0; r < B * T; ++r) {
+      pb.tok.push_back(static_cast<std::int32_t>(rng.next() % V));
+      pb.tgt.push_back(static_cast<std::int32_t>(rng.next() % V));
+      pb.w.push_back(r % 7 == 6 ? 0.0f : 1.0f);
+    }
+  } else {
+    pb.x = make_input<double>(cfg, B, T, seed * 4 + 1);
+    pb.d_out = make_dout<double>(cfg, B, T, seed * 4 + 2);
+  }
   pb.states = random_entering_states ? random_states<double>(cfg, B, seed * 4 + 3)
                                      : zero_states<double>(cfg, B);
   return pb;
 }
 
+double Problem::scored() const {
+  double n = 0;
+  for (float v : w) n += v;
+  return n;
+}
+
 template <class S>
 Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
   Capture cap(pb.cfg, pb.B, pb.T);
+  if (pb.token_model()) {
+    LmModel<S> lm(pb.cfg, pb.B, pb.T, mode, storage);
+    const Params<S> params = cast_params<S>(pb.params);
+    States<S> states = cast_states<S>(pb.states);
+    lm.forward(params, pb.tok, pb.tgt, pb.w, pb.scored(), &states, &cap);
+    Params<S> grads = zero_params<S>(pb.cfg);
+    lm.backward(params, 1.0, grads, &cap);
+    capture_grads(grads, pb.cfg, cap);
+    return cap;
+  }
   Backbone<S> net(pb.cfg, pb.B, pb.T, mode, storage);
   const Params<S> params = cast_params<S>(pb.params);
   States<S> states = cast_states<S>(pb.states);

@@ -4,7 +4,9 @@
 //
 // run_reference<S>() runs the reference in scalar S end to end — forward, then backward of
 // dOut with zero gradients wrt the leaving states — and returns a Capture holding every stage
-// tensor of the registry for that scan mode plus every parameter gradient ("grad/…").
+// tensor of the registry for that scan mode plus every parameter gradient ("grad/…"). A token
+// model runs one training step instead (LmModel: embed → backbone → head → loss, then the
+// backward of the loss), with the problem's entering states.
 #pragma once
 
 #include <cstdint>
@@ -25,10 +27,19 @@ struct Problem {
   std::vector<double> x;       // [B*T, input_dim]
   std::vector<double> d_out;   // [B*T, d_model]
   States<double> states;       // entering states [L][B][…]
+  // A token model (cfg.vocab_size > 0, TRAINING.md §1): tokens, targets and weights [B*T]
+  // instead of x and d_out (both empty): the run is one training step, tokens in, loss and
+  // every gradient out (d_out = the head's gradient of the loss).
+  std::vector<std::int32_t> tok, tgt;
+  std::vector<float> w;
+  bool token_model() const { return cfg.vocab_size > 0; }
+  double scored() const;  // N = Σ w
 };
 
-// Seeded problem: params (Init::Perturbed), x, dOut from `seed`; entering states random when
-// `random_entering_states`, else zero. Validates the config and the run shape.
+// Seeded problem: params (Init::Perturbed), x, dOut from `seed` (a token model: uniform random
+// tokens and targets, weights 1 except every 7th position 0, the first always 1); entering
+// states random when `random_entering_states`, else zero. Validates the config and the run
+// shape.
 Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
                      bool random_entering_states);
 

@@ -169,7 +169,6 @@ bool is_typed_tensor(const std::string& stage, const std::string& tensor) {
       {"B6", "d_x"},         {"B4b", "d_b_normed"},  {"B4b", "d_c_normed"}, {"B4c", "d_b_raw"},
       {"B4c", "d_c_raw"},    {"B3", "d_proj"},       {"B2", "d_norm"},
       {"input_proj", "d_input_proj_dx"}, {"head", "logits"}, {"head", "d_logits"},
-      {"head", "d_Out"},
   };
   for (const auto& t : kTyped)
     if (stage == t[0] && tensor == t[1]) return true;
@@ -551,6 +550,13 @@ std::vector<StageEntry> stage_table(const Config& cfg, ScanMode mode) {
   s.push_back(entry("F8", true, {t("F7", "gated"), w("out_proj_w"), t("F1", "residual")}));
   s.push_back(entry("states", true, {}));
   s.push_back(entry("norm_f", false, {t("norm_f", "norm_f_input"), p("norm_f_weight")}));
+  if (cfg.vocab_size > 0) {  // the language-model ends (TRAINING.md §1)
+    s.push_back(entry("head", false, {t("norm_f", "Out"), w("head_w")}));
+    s.push_back(entry("loss", false, {t("head", "logits")}));  // + the targets and weights
+    s.push_back(entry("head (bwd)", false,
+                 {t("head", "logits"), t("loss", "lse"), t("norm_f", "Out"), w("head_w"),
+                  g("head_w")}));
+  }
 
   s.push_back(entry("norm_f (bwd)", false,
                {t("norm_f", "norm_f_input"), p("norm_f_weight"), t("norm_f", "norm_f_rms"),

@@ -42,14 +42,15 @@ void add_problem_fields(po::options_description& d) {
     ("rope-fraction", po::value<double>(), "rope_fraction (0.5 or 1.0)")
     ("outproj-norm", po::value<bool>()->implicit_value(true), "gated RMSNorm before out_proj (is_outproj_norm)")
     ("chunk-size", po::value<Idx>(), "chunk size of the chunked scan")
-    ("input-dim", po::value<Idx>(), "width of the backbone input X");
+    ("input-dim", po::value<Idx>(), "width of the backbone input X")
+    ("vocab-size", po::value<Idx>(), "a token model (TRAINING.md §1) with this vocabulary: tokens in, the loss and every gradient out (input_dim = vocab_size; 0 = none)");
   // clang-format on
 }
 
 const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed",
                                       "zero-states", "d-model", "d-state", "headdim",
                                       "expand",   "ngroups", "layers",     "rope-fraction",
-                                      "outproj-norm", "chunk-size", "input-dim"};
+                                      "outproj-norm", "chunk-size", "input-dim", "vocab-size"};
 
 std::string trim(const std::string& s) {
   const auto a = s.find_first_not_of(" \t\r");
@@ -254,6 +255,13 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   // X keeps the model width unless told otherwise (every preset has input_dim = d_model).
   if (vm.count("input-dim")) s.cfg.input_dim = vm["input-dim"].as<Idx>();
   else if (vm.count("d-model") && p.cfg.input_dim == p.cfg.d_model) s.cfg.input_dim = s.cfg.d_model;
+  // A token model embeds one-hot tokens: input_dim is the vocabulary.
+  idx("vocab-size", s.cfg.vocab_size);
+  if (s.cfg.vocab_size > 0) {
+    if (vm.count("input-dim") && s.cfg.input_dim != s.cfg.vocab_size)
+      throw UsageError("--input-dim must equal --vocab-size in a token model (or be left out)");
+    s.cfg.input_dim = s.cfg.vocab_size;
+  }
   validate_run(s.cfg, s.B, s.T);
   return s;
 }

@@ -125,9 +125,14 @@ void GpuBackbone::poison_for_testing(int layer, const std::string& tensor) {
 
 void load_problem(GpuBackbone& net, const Problem& pb) {
   net.set_params(cast_params<float>(pb.params));
-  net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+  if (pb.token_model()) {
+    net.set_tokens(pb.tok);
+    net.set_targets(pb.tgt, pb.w, pb.scored());
+  } else {
+    net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
+    net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
+  }
   net.set_states(cast_states<float>(pb.states));
-  net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
   net.set_leaving_grads(nullptr);
   net.zero_grads();
 }
@@ -138,8 +143,13 @@ Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode, Precision sto
   GpuBackbone net(ctx, pb.cfg, pb.B, pb.T, mode, storage);
   load_problem(net, pb);
   net.set_fault(fault, 0);
-  net.forward(&cap);
-  net.backward(&cap);
+  if (pb.token_model()) {
+    net.forward_loss(&cap);
+    net.backward_loss(1.0, &cap);
+  } else {
+    net.forward(&cap);
+    net.backward(&cap);
+  }
   capture_grads(net.grads(), pb.cfg, cap);
   return cap;
 }

@@ -511,47 +511,22 @@ class BackboneT final : public GpuBackbone::Impl {
     targets_ = true;
   }
   double forward_loss(Capture* cap) override {
-    const char* where = "GpuBackbone::forward_loss";
-    M3_REQUIRE(tokens_ && targets_, where, "set_tokens and set_targets come first", "");
+    M3_REQUIRE(tokens_ && targets_, "GpuBackbone::forward_loss",
+               "set_tokens and set_targets come first", "");
     forward(cap);
     mark("start");
-    const Idx V = cfg_.vocab_size;
-    T* logits = bb_.get<T>("head/logits");
-    gemm_forward<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), w_head(), nullptr, logits,
-                    scr());
-    mark("head");
-    capture(cap, -1, "head", Dir::Forward);
-    loss_forward<T>(s_, d_.BT, V, logits, tgt_.data(), tw_.data(), bb_.f("loss/lse"),
-                    row_loss_.data(), loss_sum_.data());
-    double sum = 0;
-    M3_CUDA_CHECK(cudaMemcpyAsync(&sum, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, s_));
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
-    const double loss = sum / n_norm_;
-    const float value = static_cast<float>(loss);
-    M3_CUDA_CHECK(cudaMemcpyAsync(bb_.f("loss/value"), &value, sizeof(float),
-                                  cudaMemcpyHostToDevice, s_));
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
-    mark("loss");
-    capture(cap, -1, "loss", Dir::Forward);
+    run_stage(-1, "head", Dir::Forward, cap);
+    run_stage(-1, "loss", Dir::Forward, cap);
     collect_marks();
     have_loss_ = true;
-    return loss;
+    return loss_;
   }
   void backward_loss(double scale, Capture* cap) override {
-    M3_REQUIRE(have_loss_, "GpuBackbone::backward_loss", "backward_loss called before forward_loss", "");
-    const Idx V = cfg_.vocab_size;
+    M3_REQUIRE(have_loss_, "GpuBackbone::backward_loss",
+               "backward_loss called before forward_loss", "");
+    loss_scale_ = scale;
     mark("start");
-    T* d_logits = bb_.get<T>("head/d_logits");
-    T* d_out_typed = bb_.get<T>("head/d_Out");
-    loss_backward<T>(s_, d_.BT, V, bb_.get<T>("head/logits"), bb_.f("loss/lse"), tgt_.data(),
-                     tw_.data(), scale / n_norm_, d_logits);
-    mark("loss (bwd)");
-    gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), d_out_typed);
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), d_logits,
-                        G(-1, "head_w"));
-    convert<T, float>(s_, d_.BT * d_.dm, d_out_typed, bb_.f("d_out"));
-    mark("head (bwd)");
-    capture(cap, -1, "head", Dir::Backward);
+    run_stage(-1, "head", Dir::Backward, cap);
     collect_marks();
     backward(cap);
   }
@@ -770,6 +745,8 @@ class BackboneT final : public GpuBackbone::Impl {
     if (l < 0) {
       if (st == "input_proj") dir == Dir::Forward ? input_proj_forward() : input_proj_backward();
       if (st == "norm_f") dir == Dir::Forward ? norm_f_forward() : norm_f_backward();
+      if (st == "head") dir == Dir::Forward ? head_forward() : head_backward();
+      if (st == "loss") loss_stage();
     } else if (dir == Dir::Forward) {
       layer_forward_stage(l, st, cap != nullptr);
     } else {
@@ -810,6 +787,38 @@ class BackboneT final : public GpuBackbone::Impl {
   void norm_f_forward() {
     norm_of_output(static_cast<int>(cfg_.n_layers) - 1, bb_.f("norm_f/norm_f_input"),
                    P(-1, "norm_f_weight"), bb_.get<T>("norm_f/Out"), bb_.f("norm_f/norm_f_rms"));
+  }
+  // ---- the language-model ends (TRAINING.md §1) ----
+  // head: logits = Out · head_w (typed).
+  void head_forward() {
+    gemm_forward<T>(ctx_, d_.BT, d_.dm, cfg_.vocab_size, bb_.get<T>("norm_f/Out"), w_head(),
+                    nullptr, bb_.get<T>("head/logits"), scr());
+  }
+  // loss: lse per row and Σ w·(lse − logit[tgt]) in f64 (one 8-byte download) / N.
+  void loss_stage() {
+    loss_forward<T>(s_, d_.BT, cfg_.vocab_size, bb_.get<T>("head/logits"), tgt_.data(),
+                    tw_.data(), bb_.f("loss/lse"), row_loss_.data(), loss_sum_.data());
+    double sum = 0;
+    M3_CUDA_CHECK(cudaMemcpyAsync(&sum, loss_sum_.data(), sizeof(double),
+                                  cudaMemcpyDeviceToHost, s_));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    loss_ = sum / n_norm_;
+    const float value = static_cast<float>(loss_);
+    M3_CUDA_CHECK(cudaMemcpyAsync(bb_.f("loss/value"), &value, sizeof(float),
+                                  cudaMemcpyHostToDevice, s_));
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  // head (bwd): d_logits of loss_scale_·loss (typed); d_Out = d_logits · head_wᵀ in f32
+  // (norm_f's dOut, f32 as without a head); head_w's gradient accumulated.
+  void head_backward() {
+    const Idx V = cfg_.vocab_size;
+    T* d_logits = bb_.get<T>("head/d_logits");
+    loss_backward<T>(s_, d_.BT, V, bb_.get<T>("head/logits"), bb_.f("loss/lse"), tgt_.data(),
+                     tw_.data(), loss_scale_ / n_norm_, d_logits);
+    gemm_backward_dx_f32<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), bb_.f("head/d_Out"));
+    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), d_logits,
+                        G(-1, "head_w"));
+    copy_d2d(s_, bb_.f("d_out"), bb_.f("head/d_Out"), d_.BT * d_.dm);
   }
   void norm_f_backward() {
     rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
@@ -1307,7 +1316,7 @@ class BackboneT final : public GpuBackbone::Impl {
   // (perm: rows sorted by token then r; chunks_: EmbedChunk[n_chunks_]; token_chunks_ [V + 1]),
   // its stage-1 partials, the loss's per-row terms and sum, the argmax.
   bool tokens_ = false, targets_ = false, have_loss_ = false;
-  double n_norm_ = 0;
+  double n_norm_ = 0, loss_ = 0, loss_scale_ = 1.0;
   Idx n_chunks_ = 0;
   DeviceArray<std::int32_t> tok_, tgt_, perm_, chunks_, token_chunks_, argmax_;
   DeviceArray<float> tw_, embed_partial_;

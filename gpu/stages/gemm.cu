@@ -118,6 +118,12 @@ void gemm_backward_dx(const GpuContext& c, Idx rows, Idx in, Idx out, const T* d
 }
 
 template <class T>
+void gemm_backward_dx_f32(const GpuContext& c, Idx rows, Idx in, Idx out, const T* dY, const T* W,
+                          float* dX) {
+  gemm<T>(c, CUBLAS_OP_T, CUBLAS_OP_N, in, rows, out, W, out, dY, out, 0.0f, dX, CUDA_R_32F, in);
+}
+
+template <class T>
 void gemm_backward_dw(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, const T* dY,
                       float* dW) {
   gemm<T>(c, CUBLAS_OP_N, CUBLAS_OP_T, out, in, rows, dY, out, X, in, 1.0f, dW, CUDA_R_32F, out);
@@ -128,6 +134,8 @@ void gemm_backward_dw(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X
                                 const float*, T*, Scratch);                                   \
   template void gemm_backward_dx<T>(const GpuContext&, Idx, Idx, Idx, const T*, const T*,    \
                                     T*);                                                      \
+  template void gemm_backward_dx_f32<T>(const GpuContext&, Idx, Idx, Idx, const T*, const T*, \
+                                        float*);                                              \
   template void gemm_backward_dw<T>(const GpuContext&, Idx, Idx, Idx, const T*, const T*,    \
                                     float*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)

@@ -52,6 +52,10 @@ void gemm_forward(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, co
 template <class T>
 void gemm_backward_dx(const GpuContext& c, Idx rows, Idx in, Idx out, const T* dY, const T* W,
                       T* dX);
+// The same, the f32 accumulation stored as f32 (no rounding to T): the head's d_Out.
+template <class T>
+void gemm_backward_dx_f32(const GpuContext& c, Idx rows, Idx in, Idx out, const T* dY,
+                          const T* W, float* dX);
 // dW[in,out] += Xᵀ·dY   (f32 accumulate, β = 1)
 template <class T>
 void gemm_backward_dw(const GpuContext& c, Idx rows, Idx in, Idx out, const T* X, const T* dY,

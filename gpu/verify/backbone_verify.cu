@@ -68,6 +68,14 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
     for (const StageEntry* e : layer_fwd_) isolated(l, e->stage.c_str(), Dir::Forward);
   }
   isolated(-1, "norm_f", Dir::Forward);
+  if (cfg_.vocab_size > 0) {  // the head and the loss; norm_f's dOut is the oracle's d_Out
+    loss_scale_ = 1.0;
+    isolated(-1, "head", Dir::Forward);
+    isolated(-1, "loss", Dir::Forward);
+    isolated(-1, "head", Dir::Backward);
+    upload_floats(bb_.at("d_out"), oracle_data(oracle, stage_key(-1, "head", "d_Out")),
+                  Precision::F32, s_);
+  }
   isolated(-1, "norm_f", Dir::Backward);
   const int L = static_cast<int>(cfg_.n_layers);
   for (int l = L - 1; l >= 0; --l) {

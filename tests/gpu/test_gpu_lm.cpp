@@ -141,6 +141,32 @@ INSTANTIATE_TEST_SUITE_P(
              m3::scan_mode_name(std::get<1>(info.param));
     });
 
+// The isolated (teacher-forced) mode of a token model: every stage, the embedding, head and
+// loss included, fed the oracle's inputs, within the isolated budgets.
+TEST_P(GpuLmStep, EveryStageIsolatedIsWithinBudgetOfTheOracle) {
+  M3_SKIP_WITHOUT_GPU();
+  const auto [st, mode] = GetParam();
+  m3::Config cfg = lm_cfg(41);
+  const m3::Problem pb = m3::make_problem(cfg, 2, 72, 5, true);
+  const m3::Capture oracle = m3::run_reference<double>(pb, mode);
+  m3::gpu::GpuContext ctx;
+  const m3::Capture iso = m3::gpu::run_gpu_isolated(ctx, pb, mode, oracle, st);
+  m3::harness::CompareOptions opt;
+  opt.precision = st;
+  opt.compare_mode = m3::harness::CompareMode::Isolated;
+  const m3::harness::CompareResult r =
+      m3::harness::compare_captures(oracle, iso, nullptr, cfg, pb.B, pb.T, mode, opt);
+  ASSERT_TRUE(r.pass()) << "first failing: " << r.rows[r.first_fail].key << " ("
+                        << r.rows[r.first_fail].note << ")";
+  // And the end-to-end run of the same Problem through run_gpu (the harness's subject).
+  const m3::Capture e2e = m3::gpu::run_gpu(ctx, pb, mode, st);
+  const m3::Capture base = m3::run_reference<float>(pb, mode, st);
+  opt.compare_mode = m3::harness::CompareMode::EndToEnd;
+  const m3::harness::CompareResult r2 =
+      m3::harness::compare_captures(oracle, e2e, &base, cfg, pb.B, pb.T, mode, opt);
+  ASSERT_TRUE(r2.pass()) << "first failing: " << r2.rows[r2.first_fail].key;
+}
+
 TEST(GpuLm, TheProductionPassEqualsTheVerificationPassAndRunsAreBitIdentical) {
   M3_SKIP_WITHOUT_GPU();
   const Idx B = 3, T = 70, V = 256;
