@@ -10,6 +10,8 @@
 //   entering_states    non-zero entering states, B = 2
 //   ragged_chunks      T = 11 with chunk_size 4: three chunks, the last one short
 //   deep_linear_input  3 layers, input_proj not the identity, input_dim 5 ≠ d_model
+//   lm_step            a token model (TRAINING.md §1): one training step, tokens in, loss and
+//                      every gradient out (embed, 2 layers, head, loss; ragged chunks)
 //
 // Size (SCHEMA.md "Size"): values are f64 and every parameter is stored twice per mode
 // (weight + gradient), so a d_model-128 layer costs ~0.9 MB of weights plus 0.9 MB of
@@ -18,6 +20,8 @@
 // official_small uses d_model 32 with expand 8 (d_inner 256 = 4 heads of 64): its per-head
 // state tensors [NH, HD, DS] = 32768 values each are what the case is about, in_proj_w at
 // d_model 128 would add 1.7 MB. The small cases are mostly HDF5 per-dataset overhead.
+// lm_step (2 layers, both modes, ~370 oracle tensors) is kept at d_model 16 and B·T = 22 for
+// the same reason: its ~220k values are 1.8 MiB.
 // `m3h golden list` prints each file's size.
 #include "golden.hpp"
 
@@ -129,6 +133,34 @@ std::vector<CaseDef> build_cases() {
     d.cfg.input_dim = 5;
     d.T = 6;
     d.seed = 9;
+    v.push_back(d);
+  }
+  {
+    // d_model 16, expand 2 → d_inner 32 = 4 heads of 8, d_state 16 → 4 rope angles, vocab 24
+    // (input_dim 24: the embedding is input_proj on a one-hot; V ≠ DM ≠ DI, so a transposed
+    // head_w or embedding cannot pass), B=2, T=11 in chunks of 4, 4, 3; positions 6, 13, 20
+    // unscored (make_problem: every 7th weight is 0). 1.8 MiB: the stage tensors of both
+    // modes and layers (~90% of the values) grow with B·T and the widths; d_model 32,
+    // headdim 16, vocab 32 and T 40 would be 7.6 MB.
+    CaseDef d;
+    d.name = "lm_step";
+    d.about = "token model, one training step (embed, 2 layers, head, loss): vocab 24, "
+              "d_model 16, d_state 16, 4 heads of 8, B=2, T=11 in chunks of 4, 4, 3, random "
+              "entering states";
+    d.cfg = Config{};
+    d.cfg.d_model = 16;
+    d.cfg.d_state = 16;
+    d.cfg.expand = 2;
+    d.cfg.headdim = 8;
+    d.cfg.n_layers = 2;
+    d.cfg.vocab_size = 24;
+    d.cfg.input_dim = 24;
+    d.cfg.input_proj_identity = false;
+    d.cfg.chunk_size = 4;
+    d.B = 2;
+    d.T = 11;
+    d.seed = 10;
+    d.random_states = true;
     v.push_back(d);
   }
   for (const CaseDef& d : v) validate_run(d.cfg, d.B, d.T);

@@ -4,9 +4,12 @@
 //   /meta                                   attributes only (SCHEMA.md)
 //   /weights/<p>, /weights/L<ℓ>/<p>         every parameter of expected_param_keys(cfg)
 //   /inputs/x, /inputs/d_out, /inputs/states/{ssm,k,v,angle}
+//                                           (a token model, vocab_size > 0: /inputs/tok,
+//                                           /inputs/tgt, /inputs/w instead of x and d_out)
 //   /stages/<m>/<key>                       every key of expected_stage_keys(cfg, B, T, m)
 //   /grads/<m>/<p>, /grads/<m>/L<ℓ>/<p>     every parameter gradient, per mode
-// Everything is f64; nothing else may be in the file.
+// Everything is f64 (tokens and targets too: small integers, exact in f64); nothing else may
+// be in the file.
 #include "golden.hpp"
 
 #include <algorithm>
@@ -16,8 +19,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "error.hpp"
 #include "h5store.hpp"
@@ -72,24 +77,97 @@ struct InputSpec {
   std::vector<Idx> shape;
 };
 
-// The four state tensors [L, B, …] and X, dOut, with their shapes.
+// The double-valued inputs with their shapes: X and dOut (not in a token model), then the four
+// entering states [L, B, …].
 std::vector<InputSpec> input_specs(const Config& c, Idx B, Idx T) {
   const Idx L = c.n_layers, nh = c.nheads();
-  return {{"/inputs/x", {B * T, c.input_dim}},
-          {"/inputs/d_out", {B * T, c.d_model}},
-          {"/inputs/states/ssm", {L, B, nh, c.headdim, c.d_state}},
-          {"/inputs/states/k", {L, B, nh, c.d_state}},
-          {"/inputs/states/v", {L, B, nh, c.headdim}},
-          {"/inputs/states/angle", {L, B, nh, c.num_rope_angles()}}};
+  std::vector<InputSpec> v;
+  if (c.vocab_size == 0) {
+    v.push_back({"/inputs/x", {B * T, c.input_dim}});
+    v.push_back({"/inputs/d_out", {B * T, c.d_model}});
+  }
+  v.push_back({"/inputs/states/ssm", {L, B, nh, c.headdim, c.d_state}});
+  v.push_back({"/inputs/states/k", {L, B, nh, c.d_state}});
+  v.push_back({"/inputs/states/v", {L, B, nh, c.headdim}});
+  v.push_back({"/inputs/states/angle", {L, B, nh, c.num_rope_angles()}});
+  return v;
 }
 
+// The Problem's vectors of input_specs, in the same order.
 template <class P>
 auto input_vecs(P& pb) {
-  return std::vector<decltype(&pb.x)>{&pb.x, &pb.d_out, &pb.states.ssm,
-                                      &pb.states.k, &pb.states.v, &pb.states.angle};
+  std::vector<decltype(&pb.x)> v;
+  if (pb.cfg.vocab_size == 0) {
+    v.push_back(&pb.x);
+    v.push_back(&pb.d_out);
+  }
+  for (auto* s : {&pb.states.ssm, &pb.states.k, &pb.states.v, &pb.states.angle}) v.push_back(s);
+  return v;
 }
 
-// Checks that a Problem is complete and consistent (sizes of everything).
+// ---- the token inputs of a token model (TRAINING.md §1; SCHEMA.md /inputs) -----------------
+// tok, tgt: int32 in the Problem, integers in [0, V) stored as f64 (exact); w: float in the
+// Problem, finite, ≥ 0 and Σ w > 0, stored as f64 (exact: every float is a double).
+
+enum class TokenInput { Tok, Tgt, W };
+constexpr TokenInput kTokenInputs[] = {TokenInput::Tok, TokenInput::Tgt, TokenInput::W};
+
+const char* token_path(TokenInput k) {
+  switch (k) {
+    case TokenInput::Tok: return "/inputs/tok";
+    case TokenInput::Tgt: return "/inputs/tgt";
+    case TokenInput::W: return "/inputs/w";
+  }
+  return "?";
+}
+
+// The Problem's values of one token input, as doubles (exact).
+std::vector<double> token_values(const Problem& pb, TokenInput k) {
+  if (k == TokenInput::W) return std::vector<double>(pb.w.begin(), pb.w.end());
+  const std::vector<std::int32_t>& v = k == TokenInput::Tok ? pb.tok : pb.tgt;
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// What is wrong with the values of one token input ({"", ""} when nothing): a token or target
+// that is no integer in [0, V), a weight that is negative, not finite or no float value, or
+// weights that sum to 0 (the loss is undefined). {what, why}, the index in the why.
+std::pair<std::string, std::string> token_values_error(TokenInput k, const std::vector<double>& v,
+                                                       Idx V) {
+  const Idx n = static_cast<Idx>(v.size());
+  const std::vector<Idx> shape{n};
+  if (k == TokenInput::W) {
+    double sum = 0;
+    for (Idx i = 0; i < n; ++i) {
+      const double x = v[i];
+      const std::string at = " at " + h5::index_str(shape, i);
+      if (!std::isfinite(x)) return {"holds a non-finite weight", why(x, at)};
+      if (x < 0) return {"holds a negative weight", why(x, at, ", expected w >= 0")};
+      if (static_cast<double>(static_cast<float>(x)) != x)
+        return {"holds a weight that is not a float32 value",
+                why(x, at, ": the problem holds the weights as float")};
+      sum += x;
+    }
+    if (n > 0 && !(sum > 0))
+      return {"holds weights that are all 0",
+              "N = sum of w = 0 scores no position: the loss is undefined"};
+    return {"", ""};
+  }
+  const char* what = k == TokenInput::Tok ? "token" : "target";
+  for (Idx i = 0; i < n; ++i) {
+    const double x = v[i];
+    const std::string at = " at " + h5::index_str(shape, i);
+    if (!std::isfinite(x) || x != std::floor(x))
+      return {std::string("holds a ") + what + " that is not an integer", why(x, at)};
+    if (x < 0 || x >= static_cast<double>(V) ||
+        x > static_cast<double>(std::numeric_limits<std::int32_t>::max()))
+      return {std::string("holds a ") + what + " out of range",
+              why(x, at, ", expected 0 <= ", what, " < vocab_size = ", V)};
+  }
+  return {"", ""};
+}
+
+// Checks that a Problem is complete and consistent (sizes of everything; a token model's token
+// values).
 void check_problem(const Problem& pb, const char* where) {
   validate_run(pb.cfg, pb.B, pb.T);
   check_params(pb.params, pb.cfg, where);
@@ -99,6 +177,25 @@ void check_problem(const Problem& pb, const char* where) {
     M3_REQUIRE(static_cast<Idx>(vecs[i]->size()) == shape_numel(specs[i].shape), where,
                std::string("problem tensor '") + specs[i].path + "' has the wrong size", "got ",
                vecs[i]->size(), ", expected ", shape_str(specs[i].shape));
+  const Idx BT = pb.B * pb.T;
+  if (!pb.token_model()) {
+    M3_REQUIRE(pb.tok.empty() && pb.tgt.empty() && pb.w.empty(), where,
+               "the problem holds tokens but its config is no token model (vocab_size = 0)",
+               pb.tok.size(), " tokens, ", pb.tgt.size(), " targets, ", pb.w.size(), " weights");
+    return;
+  }
+  M3_REQUIRE(pb.x.empty() && pb.d_out.empty(), where,
+             "a token model's problem holds x or d_out (it has tokens instead)", "x ",
+             pb.x.size(), " values, d_out ", pb.d_out.size());
+  for (TokenInput k : kTokenInputs) {
+    const std::vector<double> v = token_values(pb, k);
+    M3_REQUIRE(static_cast<Idx>(v.size()) == BT, where,
+               std::string("problem tensor '") + token_path(k) + "' has the wrong size", "got ",
+               v.size(), ", expected [", BT, "]");
+    const auto [what, reason] = token_values_error(k, v, pb.cfg.vocab_size);
+    M3_REQUIRE(what.empty(), where, std::string("problem tensor '") + token_path(k) + "' " + what,
+               reason);
+  }
 }
 
 void check_modes(const std::vector<ScanMode>& modes, const char* where) {
@@ -113,7 +210,8 @@ bool same_config(const Config& a, const Config& b) {
          a.headdim == b.headdim && a.ngroups == b.ngroups && a.n_layers == b.n_layers &&
          a.rope_fraction == b.rope_fraction && a.a_floor == b.a_floor &&
          a.is_outproj_norm == b.is_outproj_norm && a.input_dim == b.input_dim &&
-         a.input_proj_identity == b.input_proj_identity && a.chunk_size == b.chunk_size;
+         a.input_proj_identity == b.input_proj_identity && a.chunk_size == b.chunk_size &&
+         a.vocab_size == b.vocab_size;
 }
 
 bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
@@ -260,6 +358,9 @@ void write_run_attrs(h5::Writer& w, const std::string& g, const Config& c, Idx B
   w.attr(g, "input_dim", c.input_dim);
   w.attr(g, "input_proj_identity", c.input_proj_identity ? 1 : 0);
   w.attr(g, "chunk_size", c.chunk_size);
+  // Only in a token model: a file without it has vocab_size 0 (the files written before token
+  // models stay valid, and the backbone-only files keep their bytes).
+  if (c.vocab_size > 0) w.attr(g, "vocab_size", c.vocab_size);
   w.attr(g, "d_inner", c.d_inner());
   w.attr(g, "nheads", c.nheads());
   w.attr(g, "num_rope_angles", c.num_rope_angles());
@@ -296,6 +397,9 @@ void write_golden(const std::string& path, const GoldenCase& gc, bool force) {
     w.write(weight_path(kp), Tensor{kp.shape, param_vec(pb.params, kp.key)}, h5::DType::F64);
   const auto specs = input_specs(c, pb.B, pb.T);
   const auto vecs = input_vecs(pb);
+  if (pb.token_model())
+    for (TokenInput k : kTokenInputs)
+      w.write(token_path(k), Tensor{{pb.B * pb.T}, token_values(pb, k)}, h5::DType::F64);
   for (size_t i = 0; i < specs.size(); ++i)
     w.write(specs[i].path, Tensor{specs[i].shape, *vecs[i]}, h5::DType::F64);
 
@@ -362,6 +466,7 @@ GoldenCase read_golden(const std::string& path) {
   c.input_dim = f.meta_int("input_dim");
   c.input_proj_identity = f.meta_bool("input_proj_identity");
   c.chunk_size = f.meta_int("chunk_size");
+  c.vocab_size = r.has_attr(kMeta, "vocab_size") ? f.meta_int("vocab_size") : 0;
   pb.B = f.meta_int("B");
   pb.T = f.meta_int("T");
   try {
@@ -407,6 +512,17 @@ GoldenCase read_golden(const std::string& path) {
     param_vec(pb.params, kp.key) = f.dataset(p, kp.shape).data;
     expected_paths.insert(p);
   }
+  if (pb.token_model())
+    for (TokenInput k : kTokenInputs) {
+      const std::vector<double> v = f.dataset(token_path(k), {pb.B * pb.T}).data;
+      const auto [what, reason] = token_values_error(k, v, c.vocab_size);
+      if (!what.empty()) f.fail(std::string("dataset '") + token_path(k) + "' " + what, reason);
+      if (k == TokenInput::W)
+        pb.w.assign(v.begin(), v.end());
+      else
+        (k == TokenInput::Tok ? pb.tok : pb.tgt).assign(v.begin(), v.end());
+      expected_paths.insert(token_path(k));
+    }
   const auto specs = input_specs(c, pb.B, pb.T);
   const auto vecs = input_vecs(pb);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -492,6 +608,10 @@ CaseDiff diff_cases(const GoldenCase& ref, const GoldenCase& cand, const Toleran
     const auto specs = input_specs(a.cfg, a.B, a.T);
     const auto va = input_vecs(a);
     const auto vb = input_vecs(b);
+    if (a.token_model())
+      for (TokenInput k : kTokenInputs)
+        if (!same_bits(token_values(a, k), token_values(b, k)))
+          note(std::string(token_path(k) + 1));
     for (size_t i = 0; i < specs.size(); ++i)
       if (!same_bits(*va[i], *vb[i])) note(std::string(specs[i].path + 1));
   }

@@ -1,6 +1,8 @@
 // Golden files (HARNESS.md §8): one HDF5 file per case holding a whole double-oracle run —
 // config, run shape, seed, weights, input X, output gradient dOut, entering states, and every
 // stage tensor and parameter gradient the stage registry says the run produces, per scan mode.
+// A token model (cfg.vocab_size > 0, TRAINING.md §1) holds tokens, targets and weights instead
+// of X and dOut, and its run is one training step (embed → backbone → head → loss, backward).
 // The layout is golden/SCHEMA.md (schema version kSchemaVersion); the HDF5 layer is h5store.hpp.
 //
 //   compute_case  runs run_reference<double> on a Problem for each requested scan mode
@@ -8,7 +10,9 @@
 //                 existing file unless force
 //   read_golden   reads a file back and validates EVERYTHING (schema version, config, presence
 //                 and shape of every dataset the registry expects and nothing else, finiteness
-//                 of weights, inputs and oracle tensors); any problem is one m3::Error line.
+//                 of weights, inputs and oracle tensors; a token model's tokens and targets
+//                 integers in [0, vocab_size), its weights ≥ 0 and not all 0); any problem is
+//                 one m3::Error line naming the dataset.
 //                 The Problem is reconstructed bit-exactly (all values are stored as f64).
 //   diff_cases    tensor-by-tensor comparison of two cases (check: stored vs recomputed;
 //                 regen: old file vs new computation), in execution order per mode
@@ -38,14 +42,17 @@ constexpr const char* kGeneratorVersion = "0.1";
 const char* git_revision();
 
 // The attributes that describe a run, written on `group` of both golden files and dumps:
-// every Config field, the derived dimensions (d_inner, nheads, num_rope_angles, in_proj_dim),
-// B, T and the seed (as a decimal string: HDF5's int64 cannot hold every uint64 seed).
+// every Config field (vocab_size only when > 0: absent means 0, so the files of backbone-only
+// runs are as before token models), the derived dimensions (d_inner, nheads, num_rope_angles,
+// in_proj_dim), B, T and the seed (as a decimal string: HDF5's int64 cannot hold every uint64
+// seed).
 void write_run_attrs(h5::Writer& w, const std::string& group, const Config& c, Idx B, Idx T,
                      std::uint64_t seed);
 
 struct GoldenCase {             // everything a golden file holds
   std::string name;             // case name
-  Problem problem;              // config, B, T, seed, params, x, d_out, entering states (double)
+  Problem problem;              // config, B, T, seed, params, x, d_out (a token model: tok,
+                                // tgt, w), entering states (double)
   std::vector<ScanMode> modes;  // modes stored, in file order
   std::map<ScanMode, Capture> oracle;  // per mode: every registry stage tensor + "grad/..." keys
 };

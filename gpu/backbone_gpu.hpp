@@ -126,6 +126,10 @@ class GpuBackbone {
   // share of the step's loss, Σ w·(lse − logit[tgt]) / N, summed in f64 in a fixed order (one
   // 8-byte download). `cap` also receives head/logits, loss/lse, loss/value.
   double forward_loss(Capture* cap = nullptr);
+  // The same without waiting for the loss (the backward can be queued behind it); loss() waits
+  // for the last forward_loss's loss.
+  void forward_loss_async(Capture* cap = nullptr);
+  double loss() const;
   // The backward of scale·loss: d_logits, the head's GEMMs (d_Out typed, head_w's gradient
   // accumulated), then backward(). `cap` also receives head/d_logits and head/d_Out.
   void backward_loss(double scale, Capture* cap = nullptr);

@@ -19,6 +19,11 @@
 #                             achieved rates; the reference time on the f32 rows)
 #   memory                    m3h bench on official and official2, bf16 chunked, both recompute
 #                             policies: the marginal layer's time and bytes per further layer
+#   train                     scripts/train-figures.sh: m3h train's throughput at the official
+#                             shape next to m3h bench, a Jargon File model (data/jargon.txt,
+#                             carried: scripts/fetch-jargon.sh), parity with and without angles,
+#                             selective-copy; logs and metrics in train.tar.gz
+#   compare-lm                m3h compare --device gpu --preset lm --mode both (a training step)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
@@ -116,6 +121,8 @@ if ((failed == 0)); then
     step bench "$m3h" bench --profile
     step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \
       --scan chunked --recompute none,scan
+    step compare-lm "$m3h" compare --device gpu --preset lm --mode both --failures-only
+    step train bash scripts/train-figures.sh "$m3h"
   fi
 fi
 

@@ -6,14 +6,15 @@
 #                forward+backward of the backbone alone (official, official2)
 #   jargon       a byte-level model on the Jargon File (data/jargon.txt: scripts/fetch-jargon.sh)
 #   parity       with angles (d_state 2, rope_fraction 1: one angle) and without (rope_fraction
-#                0.5: none), trained on lengths 3…64, evaluated at 256
+#                0.5: none), trained on lengths 3…64, evaluated at 256; also f16 (loss scaling)
 #   copy         selective-copy
-# Usage: bash scripts/train-figures.sh M3H [STEP...]   (steps: throughput jargon parity copy)
+# Usage: bash scripts/train-figures.sh M3H [STEP...]
+#   (steps: throughput jargon parity parity16 copy; default all)
 set -uo pipefail
 m3h="$1"
 shift
 steps=("$@")
-((${#steps[@]})) || steps=(throughput jargon parity copy)
+((${#steps[@]})) || steps=(throughput jargon parity parity16 copy)
 logs="${OUT:-gpu-logs}/train"
 mkdir -p "$logs"
 run() {  # NAME ARGS...: m3h train --out $logs/NAME ARGS, console to $logs/NAME.log
@@ -40,25 +41,40 @@ for s in "${steps[@]}"; do
       ;;
     jargon)
       [[ -f data/jargon.txt ]] || { echo "jargon: data/jargon.txt missing"; continue; }
+      # 1.68 MB of text overfits quickly: 1000 steps of 16x512 bytes are ~5 passes over it.
       run jargon --data data/jargon.txt --d-model 384 --headdim 64 --d-state 64 --layers 4 \
-        --B 16 --T 512 --steps 2500 --warmup 100 --lr 2e-3 --wd 0.1 --dtype bf16 \
-        --val-every 250 --val-batches 16 --log-every 250 --ckpt-every 1000
-      "$m3h" sample --device gpu --checkpoint "$logs/jargon/ckpt-00002500.h5" \
+        --B 16 --T 512 --steps 1000 --warmup 100 --lr 2e-3 --wd 0.1 --dtype bf16 \
+        --val-every 100 --val-batches 10 --log-every 100 --verify-every 100
+      "$m3h" sample --device gpu --checkpoint "$logs/jargon/ckpt-00001000.h5" \
         --prompt "hacker n." --tokens 400 --temperature 0.8 --seed 1 >"$logs/jargon_sample.txt" 2>&1
       cat "$logs/jargon_sample.txt"
+      "$m3h" compare --device gpu --checkpoint "$logs/jargon/ckpt-00001000.h5" --mode both \
+        --failures-only >"$logs/jargon_compare.log" 2>&1
+      tail -n 4 "$logs/jargon_compare.log"
+      run jargon_wide --data data/jargon.txt --d-model 512 --headdim 64 --d-state 64 --layers 6 \
+        --B 16 --T 512 --steps 800 --warmup 80 --lr 1.5e-3 --wd 0.1 --dtype bf16 \
+        --val-every 100 --val-batches 10 --log-every 100
       ;;
     parity)
       for rf in 1.0 0.5; do
         run "parity_rf$rf" --task parity --task-opt n_min=3 --task-opt n_max=64 --eval-len 256 \
           --d-model 64 --headdim 16 --d-state 2 --rope-fraction "$rf" --layers 2 --B 64 --T 64 \
           --steps 3000 --warmup 100 --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 \
-          --log-every 500
+          --log-every 500 --verify-every 500
+      done
+      ;;
+    parity16)  # the same model in f16 (dynamic loss scaling) and in f32
+      for dt in f16 f32; do
+        run "parity_$dt" --task parity --task-opt n_min=3 --task-opt n_max=64 --eval-len 256 \
+          --d-model 64 --headdim 16 --d-state 2 --rope-fraction 1.0 --layers 2 --B 64 --T 64 \
+          --steps 3000 --warmup 100 --lr 3e-3 --dtype "$dt" --val-every 500 --val-batches 8 \
+          --log-every 500 --verify-every 500
       done
       ;;
     copy)
       run copy --task selective-copy --task-opt K=16 --task-opt alphabet=8 --d-model 128 \
         --headdim 32 --d-state 32 --layers 2 --B 32 --T 256 --steps 3000 --warmup 100 \
-        --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 --log-every 500
+        --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 --log-every 500 --verify-every 500
       ;;
     *) echo "unknown step $s" ;;
   esac

@@ -3,12 +3,16 @@
 //   GoldenCommitted   every committed case under golden/cases passes `check` (recomputed by
 //                     run_reference<double> from the stored problem)
 //   GoldenRoundTrip   write → read reconstructs the Problem and every oracle tensor bit-exactly
+//                     (a token model too: tokens, targets, weights, head_w)
+//   GoldenTokenModel  the lm_step case holds one training step (vocab_size in /meta, tok / tgt
+//                     / w instead of x / d_out, the head and loss tensors, grad/head_w)
 //   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
 //                     tensor (the first in execution order when several differ); angles compare
 //                     by circular distance
 //   GoldenReader      schema-version mismatch, missing / mis-shaped / extra / non-f64 /
 //                     non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
-//                     that name the problem
+//                     that name the problem; a token model's mis-shaped, non-integer or
+//                     out-of-range tokens and targets and bad weights, naming the dataset
 //   GoldenCli         the m3h binary: bad files exit 2 with one stderr line; a perturbed file
 //                     exits 1 naming the tensor; regen without --force exits 2 and leaves the
 //                     file byte-identical; regen --force on an unchanged case reports 0 changed
@@ -19,7 +23,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -108,6 +114,8 @@ const std::vector<std::string> kMetaInts = {
     "ngroups",        "n_layers", "is_outproj_norm", "input_dim", "input_proj_identity",
     "chunk_size",     "d_inner",  "nheads",     "num_rope_angles", "in_proj_dim",
     "B",              "T"};
+// Written only in a token model (absent = 0).
+const std::vector<std::string> kMetaOptionalInts = {"vocab_size"};
 
 struct Edits {
   std::string skip;                                  // dataset not copied
@@ -141,6 +149,8 @@ void copy_golden(const std::string& from, const std::string& to, const Edits& e)
   for (const auto& a : kMetaDoubles)
     meta(a, [&] { w.attr("/meta", a, r.attr_double("/meta", a)); });
   for (const auto& a : kMetaInts) meta(a, [&] { w.attr("/meta", a, r.attr_int("/meta", a)); });
+  for (const auto& a : kMetaOptionalInts)
+    if (r.has_attr("/meta", a)) meta(a, [&] { w.attr("/meta", a, r.attr_int("/meta", a)); });
   std::vector<std::string> paths;
   walk(r, "/", paths);
   for (const auto& p : paths) {
@@ -240,7 +250,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GoldenCommitted, ::testing::ValuesIn(case_names(
 TEST(GoldenCases, EveryPropertyIsCovered) {
   bool ngroups = false, rope1 = false, no_rope = false, outnorm = false, states = false,
        ragged = false, deep_linear = false, identity = false, batch = false, seq = false,
-       chunked = false;
+       chunked = false, token = false;
   for (const auto& d : golden::builtin_cases()) {
     const m3::Config& c = d.cfg;
     ngroups |= c.ngroups > 1;
@@ -252,10 +262,14 @@ TEST(GoldenCases, EveryPropertyIsCovered) {
     deep_linear |= c.n_layers >= 3 && !c.input_proj_identity && c.input_dim != c.d_model;
     identity |= c.input_proj_identity;
     batch |= d.B > 1;
+    // One training step: tokens in, loss and every gradient out, through several layers
+    // and ragged chunks in both modes (TRAINING.md §1).
+    token |= c.vocab_size > 0 && c.n_layers >= 2 && d.T % c.chunk_size != 0 &&
+             d.modes.size() == 2;
     for (ScanMode m : d.modes) (m == ScanMode::Sequential ? seq : chunked) = true;
   }
   EXPECT_TRUE(ngroups && rope1 && no_rope && outnorm && states && ragged && deep_linear &&
-              identity && batch && seq && chunked);
+              identity && batch && seq && chunked && token);
   EXPECT_NO_THROW(golden::find_case("default"));
   EXPECT_NE(error_of([] { golden::find_case("nope"); }).find("known cases: default"),
             std::string::npos);
@@ -276,6 +290,52 @@ TEST(GoldenRoundTrip, ProblemAndOracleAreBitExact) {
   for (const auto& t : d.tensors) EXPECT_TRUE(t.identical) << t.path();
   // Every key of every mode made the round trip.
   for (ScanMode m : gc.modes) EXPECT_EQ(back.oracle.at(m).keys().size(), gc.oracle.at(m).keys().size());
+}
+
+TEST(GoldenRoundTrip, TokenModelIsBitExact) {
+  TempDir tmp;
+  const golden::GoldenCase gc = golden::make_case(golden::find_case("lm_step"));
+  const m3::Problem& pb = gc.problem;
+  ASSERT_TRUE(pb.token_model());
+  ASSERT_EQ(pb.tok.size(), static_cast<size_t>(pb.B * pb.T));
+  const std::string path = tmp.file("lm.h5");
+  golden::write_golden(path, gc, false);
+  const golden::GoldenCase back = golden::read_golden(path);
+  const m3::Problem& bp = back.problem;
+  EXPECT_EQ(bp.cfg.vocab_size, pb.cfg.vocab_size);
+  EXPECT_EQ(bp.cfg.input_dim, pb.cfg.input_dim);
+  EXPECT_EQ(bp.tok, pb.tok);
+  EXPECT_EQ(bp.tgt, pb.tgt);
+  EXPECT_EQ(bp.w, pb.w);
+  EXPECT_EQ(bp.params.head_w, pb.params.head_w);
+  EXPECT_EQ(bp.params.head_w.size(), static_cast<size_t>(pb.cfg.d_model * pb.cfg.vocab_size));
+  EXPECT_EQ(bp.params.input_proj_w, pb.params.input_proj_w);
+  EXPECT_TRUE(bp.x.empty());
+  EXPECT_TRUE(bp.d_out.empty());
+  EXPECT_EQ(bp.states.ssm, pb.states.ssm);
+  const golden::CaseDiff d = golden::diff_cases(gc, back);
+  EXPECT_FALSE(d.inputs_changed) << d.inputs_note;
+  ASSERT_EQ(d.count(golden::DiffStatus::Unchanged), static_cast<int>(d.tensors.size()));
+  for (const auto& t : d.tensors) EXPECT_TRUE(t.identical) << t.path();
+  for (ScanMode m : gc.modes)
+    EXPECT_EQ(back.oracle.at(m).keys().size(), gc.oracle.at(m).keys().size());
+  // The token datasets are what the file holds instead of x and d_out.
+  const h5::Reader r(path);
+  EXPECT_EQ(r.attr_int("/meta", "vocab_size"), pb.cfg.vocab_size);
+  for (const char* p : {"/inputs/tok", "/inputs/tgt", "/inputs/w"}) {
+    EXPECT_EQ(r.dtype(p), h5::DType::F64) << p;
+    EXPECT_EQ(r.shape(p), (std::vector<Idx>{pb.B * pb.T})) << p;
+  }
+  EXPECT_FALSE(r.has("/inputs/x"));
+  EXPECT_FALSE(r.has("/inputs/d_out"));
+  EXPECT_EQ(r.read("/inputs/tok").data[3], static_cast<double>(pb.tok[3]));
+}
+
+TEST(GoldenRoundTrip, BackboneFileHasNoVocabSize) {
+  // vocab_size is written only in a token model: the backbone files keep their bytes.
+  const h5::Reader r(committed("no_rope"));
+  EXPECT_FALSE(r.has_attr("/meta", "vocab_size"));
+  EXPECT_EQ(golden::read_golden(committed("no_rope")).problem.cfg.vocab_size, 0);
 }
 
 TEST(GoldenRoundTrip, LargeSeedSurvives) {
@@ -374,6 +434,68 @@ TEST(GoldenDiff, NewRemovedAndInputs) {
   EXPECT_EQ(lines[0].rfind("unchanged: ", 0), 0u);
   EXPECT_NE(lines[0].find("removed: "), std::string::npos);
   EXPECT_EQ(lines.back().rfind("... and ", 0), 0u);
+}
+
+TEST(GoldenDiff, TokenInputsAreCompared) {
+  const golden::GoldenCase a = golden::read_golden(committed("lm_step"));
+  golden::GoldenCase b = a;
+  b.problem.tgt[4] = (b.problem.tgt[4] + 1) % static_cast<std::int32_t>(a.problem.cfg.vocab_size);
+  golden::CaseDiff d = golden::diff_cases(a, b);
+  EXPECT_TRUE(d.inputs_changed);
+  EXPECT_EQ(d.inputs_note, "inputs/tgt");
+  b = a;
+  b.problem.w[0] = 0.5f;
+  d = golden::diff_cases(a, b);
+  EXPECT_EQ(d.inputs_note, "inputs/w");
+  b = a;
+  b.problem.cfg.vocab_size = 0;  // the config differs first
+  d = golden::diff_cases(a, b);
+  EXPECT_EQ(d.inputs_note.rfind("config ", 0), 0u) << d.inputs_note;
+}
+
+// ---- the token-model case ---------------------------------------------------------------
+
+TEST(GoldenTokenModel, CommittedCaseIsOneTrainingStep) {
+  const golden::GoldenCase gc = golden::read_golden(committed("lm_step"));
+  const m3::Problem& pb = gc.problem;
+  ASSERT_TRUE(pb.token_model());
+  EXPECT_EQ(pb.cfg.input_dim, pb.cfg.vocab_size);
+  EXPECT_NE(pb.cfg.vocab_size, pb.cfg.d_model);  // a transposed head_w could not pass
+  EXPECT_GT(pb.scored(), 0);
+  EXPECT_LT(pb.scored(), static_cast<double>(pb.B * pb.T));  // some positions unscored
+  EXPECT_EQ(gc.modes, (std::vector<ScanMode>{ScanMode::Sequential, ScanMode::Chunked}));
+  for (ScanMode m : gc.modes) {
+    const m3::Capture& cap = gc.oracle.at(m);
+    for (const char* k : {"input_proj/input_proj_inputs", "head/logits", "loss/lse",
+                          "loss/value", "head/d_logits", "head/d_Out", "grad/head_w",
+                          "grad/input_proj_w", "grad/L1/in_proj_w"})
+      EXPECT_NE(cap.find(k), nullptr) << m3::scan_mode_name(m) << " " << k;
+    const Tensor& loss = cap.at("loss/value");
+    ASSERT_EQ(loss.data.size(), 1u);
+    EXPECT_TRUE(std::isfinite(loss.data[0]) && loss.data[0] > 0) << loss.data[0];
+  }
+  // Both modes compute the same loss up to round-off.
+  EXPECT_NEAR(gc.oracle.at(ScanMode::Sequential).at("loss/value").data[0],
+              gc.oracle.at(ScanMode::Chunked).at("loss/value").data[0], 1e-12);
+}
+
+TEST(GoldenTokenModel, WriterRejectsBadTokens) {
+  TempDir tmp;
+  golden::GoldenCase gc = golden::read_golden(committed("lm_step"));
+  const auto V = static_cast<std::int32_t>(gc.problem.cfg.vocab_size);
+  golden::GoldenCase bad = gc;
+  bad.problem.tok[2] = V;
+  std::string msg = error_of([&] { golden::write_golden(tmp.file("a.h5"), bad, false); });
+  EXPECT_NE(msg.find("'/inputs/tok' holds a token out of range"), std::string::npos) << msg;
+  bad = gc;
+  bad.problem.tgt.pop_back();
+  msg = error_of([&] { golden::write_golden(tmp.file("a.h5"), bad, false); });
+  EXPECT_NE(msg.find("'/inputs/tgt' has the wrong size"), std::string::npos) << msg;
+  bad = gc;
+  bad.problem.x.assign(static_cast<size_t>(bad.problem.B * bad.problem.T * V), 0.0);
+  msg = error_of([&] { golden::write_golden(tmp.file("a.h5"), bad, false); });
+  EXPECT_NE(msg.find("holds x or d_out"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(tmp.file("a.h5")));
 }
 
 // ---- reader errors ------------------------------------------------------------------------
@@ -490,6 +612,152 @@ TEST_F(GoldenReader, BadFilesGiveOneLine) {
     w.commit();
   }
   EXPECT_NE(read_error(tmp.file("other.h5")).find("not a golden file"), std::string::npos);
+}
+
+// A token model's file (lm_step): the token datasets are checked and named.
+class GoldenTokenReader : public GoldenReader {
+ protected:
+  GoldenTokenReader() { src = committed("lm_step"); }
+  // The read error of lm_step with the value at `index` of dataset `path` set to `v`.
+  std::string with_value(const std::string& path, Idx index, double v) {
+    Edits e;
+    e.tensor = [&](const std::string& p, Tensor& t) {
+      if (p == path) t.data[index] = v;
+    };
+    return read_error(edited(e));
+  }
+};
+
+TEST_F(GoldenTokenReader, UneditedCopyReads) {
+  EXPECT_EQ(read_error(edited({})), "");
+}
+
+TEST_F(GoldenTokenReader, MisShapedTokenDatasetsAreNamed) {
+  for (const char* path : {"/inputs/tok", "/inputs/tgt", "/inputs/w"}) {
+    Edits e;
+    e.tensor = [&](const std::string& p, Tensor& t) {
+      if (p == path) t.shape = {2, t.shape[0] / 2};  // [B, T] instead of [B*T]
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[2, 11]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[22]"), std::string::npos) << msg;
+  }
+  Edits e;
+  e.tensor = [](const std::string& p, Tensor& t) {
+    if (p == "/inputs/tok") {
+      t.shape = {t.shape[0] - 1};
+      t.data.pop_back();
+    }
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("/inputs/tok"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[21]"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, OutOfRangeTokensAndTargetsAreNamed) {
+  std::string msg = with_value("/inputs/tok", 5, 24);  // = vocab_size
+  EXPECT_NE(msg.find("dataset '/inputs/tok' holds a token out of range"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("24 at [5], expected 0 <= token < vocab_size = 24"), std::string::npos)
+      << msg;
+  msg = with_value("/inputs/tgt", 0, -1);
+  EXPECT_NE(msg.find("dataset '/inputs/tgt' holds a target out of range"), std::string::npos)
+      << msg;
+  msg = with_value("/inputs/tok", 1, 1e10);
+  EXPECT_NE(msg.find("'/inputs/tok' holds a token out of range"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, NonIntegerTokensAreNamed) {
+  std::string msg = with_value("/inputs/tgt", 7, 2.5);
+  EXPECT_NE(msg.find("dataset '/inputs/tgt' holds a target that is not an integer"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("2.5 at [7]"), std::string::npos) << msg;
+  msg = with_value("/inputs/tok", 0, std::nan(""));
+  EXPECT_NE(msg.find("/inputs/tok"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, BadWeightsAreNamed) {
+  std::string msg = with_value("/inputs/w", 3, -1);
+  EXPECT_NE(msg.find("dataset '/inputs/w' holds a negative weight"), std::string::npos) << msg;
+  msg = with_value("/inputs/w", 3, 0.1);  // no float32 value: the Problem could not hold it
+  EXPECT_NE(msg.find("dataset '/inputs/w' holds a weight that is not a float32 value"),
+            std::string::npos)
+      << msg;
+  msg = with_value("/inputs/w", 3, INFINITY);
+  EXPECT_NE(msg.find("/inputs/w"), std::string::npos) << msg;
+  Edits e;
+  e.tensor = [](const std::string& p, Tensor& t) {
+    if (p == "/inputs/w") std::fill(t.data.begin(), t.data.end(), 0.0);
+  };
+  msg = read_error(edited(e));
+  EXPECT_NE(msg.find("dataset '/inputs/w' holds weights that are all 0"), std::string::npos)
+      << msg;
+  // Non-binary weights ≥ 0 are fine (finite, ≥ 0, float).
+  EXPECT_EQ(with_value("/inputs/w", 3, 0.5), "");
+}
+
+TEST_F(GoldenTokenReader, MissingOrNonF64TokenDatasetsAreNamed) {
+  Edits e;
+  e.skip = "/inputs/tgt";
+  std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/inputs/tgt'"), std::string::npos) << msg;
+  e = {};
+  e.skip = "/weights/head_w";
+  msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/weights/head_w'"), std::string::npos) << msg;
+  e = {};
+  e.skip = "/grads/seq/head_w";
+  msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/grads/seq/head_w'"), std::string::npos) << msg;
+  e = {};
+  e.skip = "/stages/chunked/loss/value";
+  msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/stages/chunked/loss/value'"), std::string::npos) << msg;
+  e = {};
+  e.dtype = h5::DType::F32;
+  e.dtype_for = "/inputs/tok";
+  msg = read_error(edited(e));
+  EXPECT_NE(msg.find("'/inputs/tok' is stored as f32"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, BackboneInputsInATokenFileAreRejected) {
+  Edits e;
+  e.extra = [](h5::Writer& w) {
+    w.write("/inputs/x", Tensor{{22, 24}, std::vector<double>(22 * 24, 0.0)}, h5::DType::F64);
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("unexpected dataset '/inputs/x'"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, WithoutVocabSizeTheFileIsNoTokenModel) {
+  // What a reader from before token models sees: vocab_size 0, so it wants /inputs/x.
+  Edits e;
+  e.meta = [](const std::string& a, h5::Writer&) { return a == "vocab_size"; };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("missing dataset '/inputs/x'"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenTokenReader, InvalidVocabSizeIsRejected) {
+  Edits e;
+  e.meta = [](const std::string& a, h5::Writer& w) {
+    if (a != "vocab_size") return false;
+    w.attr("/meta", a, 23);  // ≠ input_dim 24
+    return true;
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("input_dim must equal vocab_size"), std::string::npos) << msg;
+}
+
+TEST_F(GoldenReader, TokenDatasetsInABackboneFileAreRejected) {
+  Edits e;
+  e.extra = [](h5::Writer& w) {
+    w.write("/inputs/tok", Tensor{{8}, std::vector<double>(8, 0.0)}, h5::DType::F64);
+  };
+  const std::string msg = read_error(edited(e));
+  EXPECT_NE(msg.find("unexpected dataset '/inputs/tok'"), std::string::npos) << msg;
 }
 
 // ---- the m3h binary ---------------------------------------------------------------------------

@@ -6,10 +6,14 @@
 // stepping the sampler equals one forward; and `m3h train` / `m3h sample` on bad input: one
 // line, exit 2, nothing overwritten.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -408,6 +412,12 @@ TEST_F(TrainCli, BadDataIsOneLineAndExitTwo) {
   EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
 }
 
+TEST_F(TrainCli, VerifyEveryOnTheCpuIsRefusedItHasNoKernelToVerify) {
+  expect_usage_error(std::string(kSmallRun) + " --task parity --out r --verify-every 2",
+                     "--verify-every");
+  EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
+}
+
 TEST_F(TrainCli, AnOutThatHoldsAnotherRunIsRefusedAndLeftAlone) {
   const std::string run = std::string(kSmallRun) + " --task parity --out r";
   ASSERT_EQ(m3h(run).status, 0);
@@ -432,6 +442,59 @@ TEST_F(TrainCli, ACorruptOrMismatchedCheckpointIsOneLine) {
   expect_usage_error(run + " --resume bad.h5", "bad.h5");
   expect_usage_error("sample --device cpu --checkpoint bad.h5", "bad.h5");
   expect_usage_error("sample --device cpu --checkpoint nosuch.h5", "nosuch.h5");
+}
+
+// Ctrl-C (TRAINING.md §5): the step finishes, a checkpoint of that step is written, exit 130;
+// the checkpoint resumes.
+TEST_F(TrainCli, CtrlCFinishesTheStepWritesACheckpointAndExits130) {
+  const std::string out = (dir_ / "r").string();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(M3H_PATH, M3H_PATH, "train", "--device", "cpu", "--task", "parity", "--d-model", "16",
+          "--d-state", "4", "--headdim", "8", "--layers", "2", "--B", "4", "--T", "64",
+          "--steps", "20000", "--warmup", "2", "--val-batches", "0", "--log-every", "100000",
+          "--out", out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for a few metrics rows, then interrupt.
+  const fs::path csv = dir_ / "r" / "metrics.csv";
+  int rows = 0;
+  for (int i = 0; i < 3000 && rows < 4; ++i) {
+    usleep(10000);
+    std::ifstream in(csv);
+    rows = static_cast<int>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+  }
+  ASSERT_GE(rows, 4) << "the run wrote no metrics";
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  // The checkpoint is of the last step in metrics.csv.
+  std::ifstream in(csv);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  const long step = std::stol(last.substr(0, last.find(',')));
+  ASSERT_GT(step, 2);
+  ASSERT_LT(step, 20000) << "the run ended before the signal came";
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%08ld.h5", step);
+  ASSERT_TRUE(fs::exists(dir_ / "r" / name)) << name;
+  m3::Config cfg;
+  TrainState st;
+  EXPECT_EQ(read_checkpoint((dir_ / "r" / name).string(), &cfg, &st).step, step);
+  for (const auto& e : fs::directory_iterator(dir_ / "r"))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(TrainCli, CompareOnACheckpointsTrainedWeights) {
+  ASSERT_EQ(m3h(std::string(kSmallRun) + " --task parity --out r").status, 0);
+  const Result r = m3h("compare --device cpu --checkpoint r/ckpt-00000003.h5 --T 24 --dtype f32");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("grad/head_w"), std::string::npos);
+  EXPECT_NE(r.out.find("checkpoint r/ckpt-00000003.h5"), std::string::npos) << r.out;
+  expect_usage_error("compare --device cpu --checkpoint r/ckpt-00000003.h5 --d-model 8", "--d-model");
 }
 
 TEST_F(TrainCli, SampleWritesTheContinuationInTheTasksSpelling) {

@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "backend.hpp"  // from_flat
+#include "checkpoint.hpp"
 #include "golden.hpp"
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
@@ -151,7 +153,8 @@ po::options_description problem_options(bool golden) {
     ("allow-large", po::bool_switch(), "run a problem even when its tensors look larger than the machine's memory");
   if (golden)
     d.add_options()
-      ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option");
+      ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option")
+      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
   // clang-format on
   return d;
 }
@@ -309,6 +312,39 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
 
 ProblemSource load_problem(const po::variables_map& vm) {
   const bool scan_given = option_given(vm, "scan");
+  if (vm.count("checkpoint")) {
+    const std::string path = vm["checkpoint"].as<std::string>();
+    if (vm.count("golden")) throw UsageError("--checkpoint and --golden exclude each other");
+    if (option_given(vm, "config"))
+      throw UsageError("--checkpoint " + path + ": cannot be combined with --config");
+    for (const char* f : kProblemFields) {
+      const std::string name = f;
+      if (name != "B" && name != "T" && name != "seed" && name != "zero-states" &&
+          option_given(vm, f))
+        throw UsageError("--checkpoint " + path + ": cannot be combined with --" + name +
+                         " (the model comes from the checkpoint)");
+    }
+    Config cfg;
+    train::TrainState st;
+    const train::CheckpointMeta meta = train::read_checkpoint(path, &cfg, &st);
+    Idx run_T = 256;
+    for (const auto& kv : meta.settings)
+      if (kv.first == "T") run_T = std::stoll(kv.second);
+    harness::RunSpec spec;
+    spec.preset = "";
+    spec.source = "checkpoint " + path + " (step " + std::to_string(meta.step) + ")";
+    spec.cfg = cfg;
+    spec.B = vm.count("B") ? vm["B"].as<Idx>() : 2;
+    spec.T = vm.count("T") ? vm["T"].as<Idx>() : std::min<Idx>(256, run_T);
+    if (vm.count("seed")) spec.seed = parse_seed(vm["seed"].as<std::string>());
+    if (vm.count("zero-states") && vm["zero-states"].as<bool>()) spec.random_states = false;
+    validate_run(spec.cfg, spec.B, spec.T);
+    spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+    check_host_memory(vm, spec);
+    Problem pb = make_problem(spec.cfg, spec.B, spec.T, spec.seed, spec.random_states);
+    pb.params = cast_params<double>(train::from_flat(st.params, cfg, param_layout(cfg)));
+    return {spec, std::move(pb), harness::reference_oracle()};
+  }
   if (!vm.count("golden")) {
     harness::RunSpec spec = problem_from(vm);
     spec.modes = parse_scan_list(vm["scan"].as<std::string>());

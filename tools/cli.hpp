@@ -46,6 +46,8 @@ bool option_given(const po::variables_map& vm, const char* name);
 bool problem_options_given(const po::variables_map& vm);
 
 // Where a command's problem and oracle come from:
+//   --checkpoint F  the config and trained weights of an m3h train checkpoint, seeded tokens
+//                   (--B, --T, --seed, --zero-states apply), oracle = reference<double>
 //   --golden FILE   the stored Problem and the stored oracle Captures (not recomputed); the
 //                   scan modes are the file's, or --scan's when given (each must be stored);
 //                   no preset, config or override option may be combined with it

@@ -19,6 +19,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "data.hpp"
+#include "run_dir.hpp"
 #include "error.hpp"
 #include "trainer.hpp"
 
@@ -80,7 +81,7 @@ void add_train_fields(po::options_description& d) {
     ("val-every", po::value<Idx>()->default_value(0), "validation every N steps (0: at the end only)")
     ("val-batches", po::value<Idx>()->default_value(8), "validation batches (fixed for the run)")
     ("log-every", po::value<Idx>()->default_value(10), "a plain log line every N steps (not on a terminal)")
-    ("verify-every", po::value<Idx>()->default_value(0), "compare the GPU path with the double oracle every N steps (not yet available: must be 0)");
+    ("verify-every", po::value<Idx>()->default_value(0), "every N steps, compare the GPU path with the double oracle on a slice of the live batch (1 row, T <= 256) with the live weights; a failure stops the run (exit 1) naming the first failing tensor (0: never)");
   // clang-format on
 }
 
@@ -203,9 +204,6 @@ int cmd_train(const std::vector<std::string>& args) {
   o.val_batches = positive(vm, "val-batches", 0);
   o.log_every = positive(vm, "log-every", 1);
   o.verify_every = positive(vm, "verify-every", 0);
-  if (o.verify_every != 0)
-    throw UsageError("train: --verify-every is not available yet (the in-run comparison with the "
-                     "oracle is still to be built): use 0, and m3h compare on a checkpoint's weights");
   o.config_text = config_text(vm, fields);
   o.tty = isatty(1) != 0;
   return train::run_training(o, std::cout);
@@ -287,6 +285,34 @@ int cmd_sample(const std::vector<std::string>& args) {
     for (std::int32_t t : gen) text.push_back(static_cast<char>(t));
     std::cout << text << "\n";
   }
+  return 0;
+}
+
+int cmd_plot(const std::vector<std::string>& args) {
+  po::options_description d("Plot");
+  // clang-format off
+  d.add_options()
+    ("help,h", "this help")
+    ("run", po::value<std::string>(), "a run directory of m3h train");
+  // clang-format on
+  const po::variables_map vm = parse_args(args, d, "plot");
+  if (vm.count("help")) {
+    print_command_help("plot",
+                       "Draws (again) a run's loss.png from its metrics.csv: train and validation "
+                       "loss against step\n(for a run trained where gnuplot was missing). "
+                       "Replaces only the run's own loss.png.\nExit status: 0 drawn, 1 not drawn "
+                       "(the note says why), 2 bad usage or bad input.",
+                       d);
+    return 0;
+  }
+  if (!vm.count("run")) throw UsageError("plot: --run DIR is required");
+  const train::RunDir dir(vm["run"].as<std::string>(), true, false);
+  const std::string note = dir.plot_loss();
+  if (!note.empty()) {
+    std::cout << "m3h plot: " << note << "\n";
+    return 1;
+  }
+  std::cout << "m3h plot: " << dir.path("loss.png") << "\n";
   return 0;
 }
 

@@ -13,5 +13,6 @@ int cmd_golden(const std::vector<std::string>& args);
 int cmd_determinism(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

@@ -34,6 +34,7 @@ const std::vector<Command>& commands() {
       {"train", "train a language model on the GPU path (or the CPU reference), with checkpoints",
        m3::tools::cmd_train},
       {"sample", "generate tokens from a checkpoint of m3h train", m3::tools::cmd_sample},
+      {"plot", "draw a training run's loss.png from its metrics.csv", m3::tools::cmd_plot},
   };
   return table;
 }

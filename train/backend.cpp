@@ -81,9 +81,10 @@ class CpuBackend final : public Backend {
     v_ = st.v;
   }
   void zero_grads() override { grads_ = zero_params<float>(spec_.cfg); }
-  double forward(const Batch& b, double n_norm) override {
-    return model_.forward(params_, b.tok, b.tgt, b.w, n_norm);
+  void forward(const Batch& b, double n_norm) override {
+    loss_ = model_.forward(params_, b.tok, b.tgt, b.w, n_norm);
   }
+  double loss() override { return loss_; }
   void backward(double scale) override { model_.backward(params_, scale, grads_); }
   std::vector<std::int32_t> argmax() override { return model_.argmax(); }
   std::vector<float> logits() override { return model_.logits(); }
@@ -106,6 +107,7 @@ class CpuBackend final : public Backend {
   LmModel<float> model_;
   Params<float> params_, grads_;
   std::vector<float> m_, v_;
+  double loss_ = 0;
 };
 
 // ---- the GPU: GpuBackbone (token model) + GpuOptimizer ---------------------------------------
@@ -128,12 +130,13 @@ class GpuBackend final : public Backend {
     opt_.set_moments(st.m, st.v);
   }
   void zero_grads() override { net_.zero_grads(); }
-  double forward(const Batch& b, double n_norm) override {
+  void forward(const Batch& b, double n_norm) override {
     net_.set_tokens(b.tok);
     net_.set_targets(b.tgt, b.w, n_norm);
     net_.zero_states();
-    return net_.forward_loss();
+    net_.forward_loss_async();
   }
+  double loss() override { return net_.loss(); }
   void backward(double scale) override { net_.backward_loss(scale); }
   std::vector<std::int32_t> argmax() override { return net_.argmax(); }
   std::vector<float> logits() override { return net_.logits(); }

@@ -38,8 +38,11 @@ class Backend {
   virtual TrainState state() = 0;
   virtual void set_state(const TrainState& st) = 0;
   virtual void zero_grads() = 0;
-  // Forward of one micro-batch: returns its share of the step's loss, Σ w·ce / n_norm.
-  virtual double forward(const Batch& b, double n_norm) = 0;
+  // Forward of one micro-batch (the GPU queues it and returns at once).
+  virtual void forward(const Batch& b, double n_norm) = 0;
+  // The last forward's share of the step's loss, Σ w·ce / n_norm (the GPU waits for it here,
+  // so a backward queued before this call overlaps the wait).
+  virtual double loss() = 0;
   // Backward of scale·loss of the last forward; gradients accumulate.
   virtual void backward(double scale) = 0;
   // argmax of the last forward's logits per row.

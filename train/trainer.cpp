@@ -10,9 +10,11 @@
 
 #include "backbone_gpu.hpp"
 #include "context.hpp"
+#include "compare.hpp"
 #include "error.hpp"
 #include "golden.hpp"
 #include "lm.hpp"
+#include "problem.hpp"
 #include "progress.hpp"
 #include "run_dir.hpp"
 
@@ -30,8 +32,9 @@ StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const
   r.lr = learning_rate(o, t);
   be.zero_grads();
   for (const Batch& b : micro) {
-    r.loss += be.forward(b, n);
+    be.forward(b, n);
     be.backward(scale);
+    r.loss += be.loss();
   }
   const double g_scaled = be.grad_norm();
   r.finite = std::isfinite(g_scaled);
@@ -53,12 +56,48 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
   for (const Batch& b : batches) {
     const double nb = static_cast<double>(b.scored());
     if (nb == 0) continue;
-    weighted += be.forward(b, nb) * nb;
+    be.forward(b, nb);
+    weighted += be.loss() * nb;
     n += nb;
     e.acc.add(accuracy(b, be.argmax()));
   }
   e.loss = n > 0 ? weighted / n : std::nan("");
   return e;
+}
+
+VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
+                             Precision storage, const std::vector<float>& params,
+                             const Batch& live, gpu::Fault fault) {
+  Problem pb;
+  pb.cfg = cfg;
+  pb.B = 1;
+  pb.T = std::min<Idx>(live.T, 256);
+  pb.params = cast_params<double>(from_flat(params, cfg, param_layout(cfg)));
+  pb.tok.assign(live.tok.begin(), live.tok.begin() + pb.T);
+  pb.tgt.assign(live.tgt.begin(), live.tgt.begin() + pb.T);
+  pb.w.assign(live.w.begin(), live.w.begin() + pb.T);
+  if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
+  pb.states = zero_states<double>(cfg, 1);
+  const Capture oracle = run_reference<double>(pb, mode);
+  const Capture base = run_reference<float>(pb, mode, storage);
+  Capture subject;
+  if (device == "gpu") {
+    gpu::GpuContext ctx;
+    subject = gpu::run_gpu(ctx, pb, mode, storage, fault);
+  }
+  harness::CompareOptions opt;
+  opt.precision = storage;
+  const harness::CompareResult r =
+      device == "gpu"
+          ? harness::compare_captures(oracle, subject, &base, cfg, pb.B, pb.T, mode, opt)
+          : harness::compare_captures(oracle, base, nullptr, cfg, pb.B, pb.T, mode, opt);
+  VerifyResult v;
+  v.pass = r.pass();
+  v.tensors = static_cast<Idx>(r.rows.size());
+  for (const auto& row : r.rows) v.worst_pct = std::max(v.worst_pct, row.verdict.pct());
+  if (r.first_fail >= 0) v.first_fail = r.rows[r.first_fail].key;
+  if (r.first_nonfinite >= 0) v.first_nonfinite = r.rows[r.first_nonfinite].key;
+  return v;
 }
 
 std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T) {
@@ -129,6 +168,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   M3_REQUIRE(o.val_batches >= 0 && o.val_every >= 0 && o.ckpt_every >= 0 && o.log_every >= 1,
              "train", "--val-every, --val-batches and --ckpt-every must be >= 0, --log-every >= 1",
              "");
+  M3_REQUIRE(o.verify_every == 0 || o.device == "gpu", "train",
+             "--verify-every checks the GPU path against the double oracle",
+             "with --device cpu the trained model IS the reference (in float); there is no "
+             "kernel to verify");
   std::unique_ptr<Dataset> data = make_dataset(o, o.T);
   o.cfg.vocab_size = data->vocab();
   o.cfg.input_dim = data->vocab();
@@ -200,7 +243,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
 
   const auto t_start = std::chrono::steady_clock::now();
   Idx step = step0;
-  double last_loss = std::nan(""), last_val = std::nan("");
+  double last_loss = std::nan(""), last_val = std::nan(""), worst_verify = -1;
   int status = 0;
   while (step < o.optim.steps) {
     const Idx s = step + 1;
@@ -221,14 +264,36 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     row.loss_scale = scaler.scale;
     row.skipped = scaler.skipped;
     if (!std::isfinite(r.loss) || (!r.finite && !r.skipped)) {
+      // Name the first non-finite stage: the harness on a slice of this batch.
+      const VerifyResult v = verify_on_slice(o.cfg, be->name(), o.mode, o.storage,
+                                             be->state().params, micro[0], o.verify_fault);
       dir.append(row);
       prog.note("train: stopped at step " + std::to_string(s) + ": the " +
                 (std::isfinite(r.loss) ? std::string("gradient norm") : std::string("loss")) +
-                " is not finite (" + precision_name(o.storage) + "); checkpoint " +
-                dir.checkpoint_path(s));
+                " is not finite (" + precision_name(o.storage) + "); " +
+                (v.first_nonfinite.empty()
+                     ? std::string("the slice the harness checks stays finite (the first "
+                                   "non-finite value is elsewhere in the batch)")
+                     : "first non-finite tensor: " + v.first_nonfinite) +
+                "; checkpoint " + dir.checkpoint_path(s));
       save(s);
       status = 1;
       break;
+    }
+    if (o.verify_every > 0 && s % o.verify_every == 0) {
+      const VerifyResult v = verify_on_slice(o.cfg, be->name(), o.mode, o.storage,
+                                             be->state().params, micro[0], o.verify_fault);
+      row.verify_pct = v.worst_pct;
+      worst_verify = std::max(worst_verify, v.worst_pct);
+      if (!v.pass) {
+        dir.append(row);
+        prog.note("train: verification failed at step " + std::to_string(s) +
+                  ": first failing tensor " + v.first_fail + " (" + exact_double(v.worst_pct) +
+                  " % of budget at worst); checkpoint " + dir.checkpoint_path(s));
+        save(s);
+        status = 1;
+        break;
+      }
     }
     if (r.skipped)
       prog.note("train: step " + std::to_string(s) + " skipped (non-finite f16 gradient); loss scale now " +
@@ -257,6 +322,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   sum << "train: step " << step << "/" << o.optim.steps << ", loss " << fixed(last_loss, 4);
   if (std::isfinite(last_val)) sum << ", val loss " << fixed(last_val, 4);
   sum << ", " << fixed(total, 1) << " s";
+  if (worst_verify >= 0) sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget";
   if (status == 0 && !val.empty()) {
     const EvalResult e = evaluate(*be, val);
     sum << ", val accuracy " << fixed(100 * e.acc.token(), 2) << " %";

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "backbone_gpu.hpp"  // gpu::Fault
 #include "checkpoint.hpp"
 #include "config.hpp"
 #include "data.hpp"
@@ -54,6 +55,24 @@ struct EvalResult {
 };
 EvalResult evaluate(Backend& be, const std::vector<Batch>& batches);
 
+// TRAINING.md §6: the harness on the live run. A slice of a live batch (its first row, the
+// first min(T, 256) positions; all positions weighted when none of the slice is scored) with
+// the live weights: the double oracle, the float reference with the run's storage emulation
+// (the baseline) and the subject (the GPU path) through compare_captures, k·baseline + floor
+// per tensor (HARNESS.md §4). worst_pct: the largest % of budget of any tensor. (device "cpu":
+// the float reference judged by the floors alone — a diagnostic, not a pass rule: floors
+// ignore a tensor's conditioning, so the trainer does not offer it.)
+struct VerifyResult {
+  bool pass = true;
+  double worst_pct = 0;
+  std::string first_fail;       // the first failing tensor in execution order ("" if none)
+  std::string first_nonfinite;  // the first tensor the subject has non-finite ("" if none)
+  Idx tensors = 0;
+};
+VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
+                             Precision storage, const std::vector<float>& params,
+                             const Batch& live, gpu::Fault fault = gpu::Fault::None);
+
 struct TrainOptions {
   Config cfg;                 // vocab_size / input_dim are set from the data
   std::string device = "gpu";
@@ -72,7 +91,8 @@ struct TrainOptions {
   bool force = false;
   std::string resume;         // a checkpoint file
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
-  Idx verify_every = 0;
+  Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
+  gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
   std::string config_text;    // the resolved options, written to config.txt
   bool tty = false;
 };

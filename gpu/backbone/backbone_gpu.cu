@@ -93,6 +93,8 @@ void GpuBackbone::set_targets(const std::vector<std::int32_t>& tgt, const std::v
   impl_->set_targets(tgt, w, n_norm);
 }
 double GpuBackbone::forward_loss(Capture* cap) { return impl_->forward_loss(cap); }
+void GpuBackbone::forward_loss_async(Capture* cap) { impl_->forward_loss_async(cap); }
+double GpuBackbone::loss() const { return impl_->loss(); }
 void GpuBackbone::backward_loss(double scale, Capture* cap) { impl_->backward_loss(scale, cap); }
 std::vector<float> GpuBackbone::logits() const { return impl_->logits(); }
 std::vector<std::int32_t> GpuBackbone::argmax() const { return impl_->argmax(); }

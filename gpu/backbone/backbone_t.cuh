@@ -195,6 +195,8 @@ struct GpuBackbone::Impl {
   virtual void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                            double n_norm) = 0;
   virtual double forward_loss(Capture* cap) = 0;
+  virtual void forward_loss_async(Capture* cap) = 0;
+  virtual double loss() = 0;
   virtual void backward_loss(double scale, Capture* cap) = 0;
   virtual std::vector<float> logits() = 0;
   virtual std::vector<std::int32_t> argmax() = 0;
@@ -485,7 +487,8 @@ class BackboneT final : public GpuBackbone::Impl {
     M3_CUDA_CHECK(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * 4,
                                   cudaMemcpyHostToDevice, s_));
     token_chunks_.upload(token_chunks.data(), s_);
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));  // the host vectors go out of scope
+    // No synchronisation: an asynchronous copy from pageable memory has taken the host data
+    // when it returns, so the vectors may go; the kernels before it keep running meanwhile.
     tokens_ = true;
   }
   void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
@@ -504,13 +507,16 @@ class BackboneT final : public GpuBackbone::Impl {
       M3_REQUIRE(std::isfinite(w[r]) && w[r] >= 0, where, "a position weight is not finite and >= 0",
                  "row ", r, ": ", w[r]);
     }
-    tgt_.upload(tgt.data(), s_);
+    tgt_.upload(tgt.data(), s_);  // pageable: the data is taken when the call returns
     tw_.upload(w.data(), s_);
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
     n_norm_ = n_norm;
     targets_ = true;
   }
   double forward_loss(Capture* cap) override {
+    forward_loss_async(cap);
+    return loss();
+  }
+  void forward_loss_async(Capture* cap) override {
     M3_REQUIRE(tokens_ && targets_, "GpuBackbone::forward_loss",
                "set_tokens and set_targets come first", "");
     forward(cap);
@@ -519,7 +525,11 @@ class BackboneT final : public GpuBackbone::Impl {
     run_stage(-1, "loss", Dir::Forward, cap);
     collect_marks();
     have_loss_ = true;
-    return loss_;
+  }
+  double loss() override {
+    M3_REQUIRE(have_loss_, "GpuBackbone::loss", "loss called before forward_loss", "");
+    M3_CUDA_CHECK(cudaEventSynchronize(loss_ready_.e));
+    return *loss_host_.p / n_norm_;
   }
   void backward_loss(double scale, Capture* cap) override {
     M3_REQUIRE(have_loss_, "GpuBackbone::backward_loss",
@@ -794,19 +804,15 @@ class BackboneT final : public GpuBackbone::Impl {
     gemm_forward<T>(ctx_, d_.BT, d_.dm, cfg_.vocab_size, bb_.get<T>("norm_f/Out"), w_head(),
                     nullptr, bb_.get<T>("head/logits"), scr());
   }
-  // loss: lse per row and Σ w·(lse − logit[tgt]) in f64 (one 8-byte download) / N.
+  // loss: lse per row and Σ w·(lse − logit[tgt]) in f64; loss/value = float(Σ / N) on the
+  // device; Σ copied into pinned host memory without waiting (loss() waits for it).
   void loss_stage() {
     loss_forward<T>(s_, d_.BT, cfg_.vocab_size, bb_.get<T>("head/logits"), tgt_.data(),
-                    tw_.data(), bb_.f("loss/lse"), row_loss_.data(), loss_sum_.data());
-    double sum = 0;
-    M3_CUDA_CHECK(cudaMemcpyAsync(&sum, loss_sum_.data(), sizeof(double),
+                    tw_.data(), 1.0 / n_norm_, bb_.f("loss/lse"), row_loss_.data(),
+                    loss_sum_.data(), bb_.f("loss/value"));
+    M3_CUDA_CHECK(cudaMemcpyAsync(loss_host_.p, loss_sum_.data(), sizeof(double),
                                   cudaMemcpyDeviceToHost, s_));
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
-    loss_ = sum / n_norm_;
-    const float value = static_cast<float>(loss_);
-    M3_CUDA_CHECK(cudaMemcpyAsync(bb_.f("loss/value"), &value, sizeof(float),
-                                  cudaMemcpyHostToDevice, s_));
-    M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+    M3_CUDA_CHECK(cudaEventRecord(loss_ready_.e, s_));
   }
   // head (bwd): d_logits of loss_scale_·loss (typed); d_Out = d_logits · head_wᵀ in f32
   // (norm_f's dOut, f32 as without a head); head_w's gradient accumulated.
@@ -1316,7 +1322,22 @@ class BackboneT final : public GpuBackbone::Impl {
   // (perm: rows sorted by token then r; chunks_: EmbedChunk[n_chunks_]; token_chunks_ [V + 1]),
   // its stage-1 partials, the loss's per-row terms and sum, the argmax.
   bool tokens_ = false, targets_ = false, have_loss_ = false;
-  double n_norm_ = 0, loss_ = 0, loss_scale_ = 1.0;
+  double n_norm_ = 0, loss_scale_ = 1.0;
+  // The loss's sum, copied to the host asynchronously (pinned), and the event after the copy.
+  struct PinnedDouble {
+    double* p = nullptr;
+    PinnedDouble() { M3_CUDA_CHECK(cudaMallocHost(&p, sizeof(double))); *p = 0; }
+    ~PinnedDouble() { cudaFreeHost(p); }
+    PinnedDouble(const PinnedDouble&) = delete;
+    PinnedDouble& operator=(const PinnedDouble&) = delete;
+  } loss_host_;
+  struct Event {
+    cudaEvent_t e = nullptr;
+    Event() { M3_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+    ~Event() { cudaEventDestroy(e); }
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+  } loss_ready_;
   Idx n_chunks_ = 0;
   DeviceArray<std::int32_t> tok_, tgt_, perm_, chunks_, token_chunks_, argmax_;
   DeviceArray<float> tw_, embed_partial_;

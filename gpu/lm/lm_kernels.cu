@@ -114,15 +114,18 @@ __global__ void loss_row_kernel(Idx V, const T* __restrict__ logits,
 }
 
 // One block: thread i sums rows i·per … in order, then a fixed tree.
-__global__ void loss_sum_kernel(Idx BT, const double* __restrict__ row_loss,
-                                double* __restrict__ out) {
+__global__ void loss_sum_kernel(Idx BT, const double* __restrict__ row_loss, double inv_n,
+                                double* __restrict__ out, float* __restrict__ value) {
   __shared__ double sh[kRowThreads];
   const Idx per = (BT + kRowThreads - 1) / kRowThreads;
   const Idx a = threadIdx.x * per, e = a + per < BT ? a + per : BT;
   double acc = 0.0;
   for (Idx r = a; r < e; ++r) acc += row_loss[r];
   acc = block_tree(sh, acc, AddD{});
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) {
+    *out = acc;
+    *value = static_cast<float>(acc * inv_n);
+  }
 }
 
 template <class T>
@@ -207,11 +210,12 @@ void embed_backward(cudaStream_t s, Idx V, Idx dm, const T* dH, const std::int32
 
 template <class T>
 void loss_forward(cudaStream_t s, Idx BT, Idx V, const T* logits, const std::int32_t* tgt,
-                  const float* w, float* lse, double* row_loss, double* loss_sum) {
+                  const float* w, double inv_n, float* lse, double* row_loss, double* loss_sum,
+                  float* value) {
   loss_row_kernel<T><<<static_cast<unsigned>(BT), kRowThreads, 0, s>>>(V, logits, tgt, w, lse,
                                                                        row_loss);
   M3_CUDA_CHECK(cudaGetLastError());
-  loss_sum_kernel<<<1, kRowThreads, 0, s>>>(BT, row_loss, loss_sum);
+  loss_sum_kernel<<<1, kRowThreads, 0, s>>>(BT, row_loss, inv_n, loss_sum, value);
   M3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -236,7 +240,7 @@ void argmax_rows(cudaStream_t s, Idx BT, Idx V, const T* logits, std::int32_t* o
   template void embed_backward<T>(cudaStream_t, Idx, Idx, const T*, const std::int32_t*,       \
                                   const EmbedChunk*, Idx, const std::int32_t*, float*, float*); \
   template void loss_forward<T>(cudaStream_t, Idx, Idx, const T*, const std::int32_t*,         \
-                                const float*, float*, double*, double*);                       \
+                                const float*, double, float*, double*, double*, float*);       \
   template void loss_backward<T>(cudaStream_t, Idx, Idx, const T*, const float*,               \
                                  const std::int32_t*, const float*, double, T*);               \
   template void argmax_rows<T>(cudaStream_t, Idx, Idx, const T*, std::int32_t*);

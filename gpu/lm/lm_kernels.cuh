@@ -47,10 +47,12 @@ void embed_backward(cudaStream_t s, Idx V, Idx dm, const T* dH, const std::int32
                     const EmbedChunk* chunks, Idx n_chunks, const std::int32_t* token_chunks,
                     float* partial, float* dW);
 
-// row_loss ≥ BT doubles of scratch; loss_sum: one double (device).
+// row_loss ≥ BT doubles of scratch; loss_sum: one double (device), Σ_r w·(lse − logit[tgt]);
+// value: one float (device), float(loss_sum · inv_n).
 template <class T>
 void loss_forward(cudaStream_t s, Idx BT, Idx V, const T* logits, const std::int32_t* tgt,
-                  const float* w, float* lse, double* row_loss, double* loss_sum);
+                  const float* w, double inv_n, float* lse, double* row_loss, double* loss_sum,
+                  float* value);
 template <class T>
 void loss_backward(cudaStream_t s, Idx BT, Idx V, const T* logits, const float* lse,
                    const std::int32_t* tgt, const float* w, double coef, T* d_logits);

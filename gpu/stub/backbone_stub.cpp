@@ -46,6 +46,8 @@ void GpuBackbone::set_targets(const std::vector<std::int32_t>&, const std::vecto
   no_cuda("GpuBackbone");
 }
 double GpuBackbone::forward_loss(Capture*) { no_cuda("GpuBackbone"); }
+void GpuBackbone::forward_loss_async(Capture*) { no_cuda("GpuBackbone"); }
+double GpuBackbone::loss() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward_loss(double, Capture*) { no_cuda("GpuBackbone"); }
 std::vector<float> GpuBackbone::logits() const { no_cuda("GpuBackbone"); }
 std::vector<std::int32_t> GpuBackbone::argmax() const { no_cuda("GpuBackbone"); }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <iostream>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -167,6 +168,32 @@ TEST_P(GpuLmStep, EveryStageIsolatedIsWithinBudgetOfTheOracle) {
   ASSERT_TRUE(r2.pass()) << "first failing: " << r2.rows[r2.first_fail].key;
 }
 
+// The negative controls on a token model: every injected fault fails the isolated comparison
+// of the training step, and the first failing tensor is the faulted stage's (layer 0).
+TEST(GpuLm, EveryFaultInATrainingStepFailsAndNamesItsStageFirst) {
+  M3_SKIP_WITHOUT_GPU();
+  const m3::Config cfg = lm_cfg(23);
+  const m3::Problem pb = m3::make_problem(cfg, 1, 96, 9, true);
+  m3::gpu::GpuContext ctx;
+  for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
+    const m3::Capture oracle = m3::run_reference<double>(pb, mode);
+    m3::harness::CompareOptions opt;
+    opt.precision = Precision::BF16;
+    opt.compare_mode = m3::harness::CompareMode::Isolated;
+    for (m3::gpu::Fault f : {m3::gpu::Fault::DropBeta, m3::gpu::Fault::FlipAngleSign,
+                             m3::gpu::Fault::ChunkBoundaryOff, m3::gpu::Fault::RoundTwice}) {
+      const m3::Capture iso = m3::gpu::run_gpu_isolated(ctx, pb, mode, oracle, Precision::BF16, f);
+      const m3::harness::CompareResult r =
+          m3::harness::compare_captures(oracle, iso, nullptr, cfg, pb.B, pb.T, mode, opt);
+      const std::string where = std::string(m3::gpu::fault_name(f)) + " " + m3::scan_mode_name(mode);
+      ASSERT_FALSE(r.pass()) << where;
+      const std::string want = std::string("L0/") + m3::gpu::fault_stage(f) + "/";
+      EXPECT_EQ(r.rows[r.first_fail].key.rfind(want, 0), 0u)
+          << where << ": first failing " << r.rows[r.first_fail].key << ", expected " << want;
+    }
+  }
+}
+
 TEST(GpuLm, TheProductionPassEqualsTheVerificationPassAndRunsAreBitIdentical) {
   M3_SKIP_WITHOUT_GPU();
   const Idx B = 3, T = 70, V = 256;
@@ -314,6 +341,39 @@ TEST_F(GpuTrainRun, KStepsSaveResumeAndTheRestEqualTheRunStraightBitForBit) {
     EXPECT_EQ(a.params, b.params);
     EXPECT_EQ(a.m, b.m);
     EXPECT_EQ(a.v, b.v);
+  }
+}
+
+TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsStage) {
+  M3_SKIP_WITHOUT_GPU();
+  using namespace m3::train;
+  for (Precision st : {Precision::BF16, Precision::F32}) {
+    SCOPED_TRACE(m3::precision_name(st));
+    std::ostringstream ok_log;
+    TrainOptions o = options(std::string("verify_") + m3::precision_name(st), st);
+    o.verify_every = 3;
+    ASSERT_EQ(run_training(o, ok_log), 0) << ok_log.str();
+    std::ifstream in(fs::path(o.out) / "metrics.csv");
+    std::string line;
+    int verified = 0;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      const std::string pct = line.substr(line.rfind(',') + 1);
+      if (!pct.empty()) {
+        ++verified;
+        EXPECT_LT(std::stod(pct), 100.0) << line;
+      }
+    }
+    EXPECT_EQ(verified, 3);  // steps 3, 6, 9
+    std::ostringstream bad_log;
+    TrainOptions f = options(std::string("fault_") + m3::precision_name(st), st);
+    f.verify_every = 3;
+    f.verify_fault = m3::gpu::Fault::DropBeta;
+    EXPECT_EQ(run_training(f, bad_log), 1);
+    EXPECT_NE(bad_log.str().find("verification failed at step 3"), std::string::npos)
+        << bad_log.str();
+    EXPECT_NE(bad_log.str().find("/F5b/beta"), std::string::npos) << bad_log.str();
+    EXPECT_TRUE(fs::exists(fs::path(f.out) / "ckpt-00000003.h5"));
   }
 }
 
