@@ -133,6 +133,9 @@ class GpuBackbone {
   // The backward of scale·loss: d_logits, the head's GEMMs (d_Out typed, head_w's gradient
   // accumulated), then backward(). `cap` also receives head/d_logits and head/d_Out.
   void backward_loss(double scale, Capture* cap = nullptr);
+  // The scale of the loss whose gradient backward_loss makes (backward_loss sets it; the
+  // isolated mode's head (bwd) uses the one set last; 1 at first).
+  void set_loss_scale(double scale);
   std::vector<float> logits() const;               // [B*T, V] of the last forward_loss
   std::vector<std::int32_t> argmax() const;        // [B*T]: the first largest logit per row
 

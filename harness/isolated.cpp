@@ -205,7 +205,7 @@ class Runner {
     load("loss/lse", lse, false);
     load("norm_f/Out", out, true);
     ref::loss_backward(BT, V, logits.data(), lse.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(),
-                       1.0, d_logits.data());
+                       pb_.loss_scale(), d_logits.data());
     ref::store_typed(d_, d_logits);
     put(-1, "head", "d_logits", d_logits);
     load("head/d_logits", d_logits, true);

@@ -3,6 +3,8 @@
 
 #include "lm.hpp"
 
+#include <cmath>
+
 #include "backbone.hpp"
 
 namespace m3 {
@@ -40,6 +42,12 @@ double Problem::scored() const {
   return n;
 }
 
+double Problem::loss_scale() const {
+  if (!token_model()) return 1.0;
+  const double n = scored();
+  return n > 1 ? std::exp2(std::ceil(std::log2(n))) : 1.0;
+}
+
 template <class S>
 Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
   Capture cap(pb.cfg, pb.B, pb.T);
@@ -49,7 +57,7 @@ Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
     States<S> states = cast_states<S>(pb.states);
     lm.forward(params, pb.tok, pb.tgt, pb.w, pb.scored(), &states, &cap);
     Params<S> grads = zero_params<S>(pb.cfg);
-    lm.backward(params, 1.0, grads, &cap);
+    lm.backward(params, pb.loss_scale(), grads, &cap);
     capture_grads(grads, pb.cfg, cap);
     return cap;
   }

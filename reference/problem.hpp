@@ -34,6 +34,12 @@ struct Problem {
   std::vector<float> w;
   bool token_model() const { return cfg.vocab_size > 0; }
   double scored() const;  // N = Σ w
+  // The loss scale of a token model's comparison run: S = 2^⌈log2 N⌉, so that the output
+  // gradient d_logits = S·w/N·(softmax − one-hot) is O(1) per row, the scale of the backbone
+  // problems' dOut ~ U(−1, 1) that the budgets were calibrated on (and far from f16's
+  // subnormals, as f16 training's loss scaling keeps it). A power of two: exact in every
+  // precision, so the gradients are S times the loss's, bit for bit in the oracle. 1 otherwise.
+  double loss_scale() const;
 };
 
 // Seeded problem: params (Init::Perturbed), x, dOut from `seed` (a token model: uniform random

@@ -497,6 +497,16 @@ TEST_F(TrainCli, CompareOnACheckpointsTrainedWeights) {
   expect_usage_error("compare --device cpu --checkpoint r/ckpt-00000003.h5 --d-model 8", "--d-model");
 }
 
+TEST_F(TrainCli, TheLmPresetComparesATrainingStepEndToEndAndIsolatedAndDumpsIt) {
+  const Result r = m3h("compare --device cpu --preset lm --T 24 --mode both --failures-only");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASS (e2e PASS, isolated PASS)"), std::string::npos) << r.out;
+  const Result d = m3h("dump --device cpu --preset lm --T 24 --stage 'head/*,loss/*,grad/head_w' "
+                       "--dtype bf16 --scan chunked --out lm.h5");
+  EXPECT_EQ(d.status, 0) << d.out << d.err;
+  EXPECT_NE(d.out.find("6 key group(s)"), std::string::npos) << d.out;
+}
+
 TEST_F(TrainCli, SampleWritesTheContinuationInTheTasksSpelling) {
   ASSERT_EQ(m3h(std::string(kSmallRun) + " --task parity --out r").status, 0);
   const Result r = m3h("sample --device cpu --checkpoint r/ckpt-00000003.h5 --prompt 0110 --tokens 5");

@@ -96,6 +96,7 @@ double GpuBackbone::forward_loss(Capture* cap) { return impl_->forward_loss(cap)
 void GpuBackbone::forward_loss_async(Capture* cap) { impl_->forward_loss_async(cap); }
 double GpuBackbone::loss() const { return impl_->loss(); }
 void GpuBackbone::backward_loss(double scale, Capture* cap) { impl_->backward_loss(scale, cap); }
+void GpuBackbone::set_loss_scale(double scale) { impl_->set_loss_scale(scale); }
 std::vector<float> GpuBackbone::logits() const { return impl_->logits(); }
 std::vector<std::int32_t> GpuBackbone::argmax() const { return impl_->argmax(); }
 std::vector<float> GpuBackbone::output() const { return impl_->output(); }
@@ -130,6 +131,7 @@ void load_problem(GpuBackbone& net, const Problem& pb) {
   if (pb.token_model()) {
     net.set_tokens(pb.tok);
     net.set_targets(pb.tgt, pb.w, pb.scored());
+    net.set_loss_scale(pb.loss_scale());
   } else {
     net.set_input(std::vector<float>(pb.x.begin(), pb.x.end()));
     net.set_dout(std::vector<float>(pb.d_out.begin(), pb.d_out.end()));
@@ -147,7 +149,7 @@ Capture run_gpu(GpuContext& ctx, const Problem& pb, ScanMode mode, Precision sto
   net.set_fault(fault, 0);
   if (pb.token_model()) {
     net.forward_loss(&cap);
-    net.backward_loss(1.0, &cap);
+    net.backward_loss(pb.loss_scale(), &cap);
   } else {
     net.forward(&cap);
     net.backward(&cap);

@@ -198,6 +198,7 @@ struct GpuBackbone::Impl {
   virtual void forward_loss_async(Capture* cap) = 0;
   virtual double loss() = 0;
   virtual void backward_loss(double scale, Capture* cap) = 0;
+  virtual void set_loss_scale(double scale) = 0;
   virtual std::vector<float> logits() = 0;
   virtual std::vector<std::int32_t> argmax() = 0;
 };
@@ -539,6 +540,11 @@ class BackboneT final : public GpuBackbone::Impl {
     run_stage(-1, "head", Dir::Backward, cap);
     collect_marks();
     backward(cap);
+  }
+  void set_loss_scale(double scale) override {
+    M3_REQUIRE(std::isfinite(scale) && scale > 0, "GpuBackbone::set_loss_scale",
+               "the loss scale must be finite and > 0", "scale=", scale);
+    loss_scale_ = scale;
   }
   std::vector<float> logits() override { return download(bb_.at("head/logits")); }
   std::vector<std::int32_t> argmax() override {

@@ -69,7 +69,6 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
   }
   isolated(-1, "norm_f", Dir::Forward);
   if (cfg_.vocab_size > 0) {  // the head and the loss; norm_f's dOut is the oracle's d_Out
-    loss_scale_ = 1.0;
     isolated(-1, "head", Dir::Forward);
     isolated(-1, "loss", Dir::Forward);
     isolated(-1, "head", Dir::Backward);
