@@ -5,6 +5,7 @@
 // line — "where: what (why)" — which is exactly what a tool prints before exiting non-zero.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,29 @@ std::string why(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
   return os.str();
+}
+
+// User text for a one-line message: control characters as \xNN, at most `max` characters,
+// then "... (N bytes)" — so a name or a line read from a file never breaks or floods the line.
+inline std::string escape_for_message(const std::string& text, std::size_t max) {
+  std::string out;
+  std::size_t shown = 0;
+  for (unsigned char c : text) {
+    if (shown == max) {
+      out += "... (" + std::to_string(text.size()) + " bytes)";
+      break;
+    }
+    if (c < 0x20 || c == 0x7f) {
+      static const char* const kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+    ++shown;
+  }
+  return out;
 }
 
 }  // namespace m3

@@ -12,6 +12,7 @@
 
 #include "error.hpp"
 #include "fd.hpp"
+#include "lm_test_util.hpp"
 #include "lm.hpp"
 #include "test_util.hpp"
 
@@ -30,23 +31,10 @@ Config lm_cfg(Idx V, Idx layers = 2, double rope = 0.5) {
   return c;
 }
 
-struct Batch {
-  std::vector<std::int32_t> tok, tgt;
-  std::vector<float> w;
-  double n = 0;
-};
+using Batch = m3::test::TokenBatch;
 
 Batch random_batch(Idx BT, Idx V, std::uint64_t seed) {
-  m3::Rng rng(seed);
-  Batch b;
-  for (Idx r = 0; r < BT; ++r) {
-    b.tok.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    b.tgt.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    b.w.push_back(rng.uniform() < 0.7 ? 1.0f : 0.0f);
-  }
-  b.w[0] = 1.0f;
-  for (float x : b.w) b.n += x;
-  return b;
+  return m3::test::random_token_batch(BT, V, seed, 0.7);
 }
 
 class LmFd : public ::testing::TestWithParam<ScanMode> {};

@@ -26,6 +26,7 @@
 #include "data.hpp"
 #include "error.hpp"
 #include "fd.hpp"
+#include "lm_test_util.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
 #include "test_util.hpp"
@@ -49,16 +50,13 @@ Config tiny_lm(Idx V) {
 }
 
 Batch random_batch(Idx B, Idx T, Idx V, std::uint64_t seed, double p_scored = 0.8) {
-  m3::Rng rng(seed);
+  const m3::test::TokenBatch t = m3::test::random_token_batch(B * T, V, seed, p_scored);
   Batch b;
   b.B = B;
   b.T = T;
-  for (Idx r = 0; r < B * T; ++r) {
-    b.tok.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    b.tgt.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    b.w.push_back(rng.uniform() < p_scored ? 1.0f : 0.0f);
-  }
-  b.w[0] = 1.0f;
+  b.tok = t.tok;
+  b.tgt = t.tgt;
+  b.w = t.w;
   return b;
 }
 
@@ -346,21 +344,9 @@ TEST(Sample, SteppingTheStatesGivesTheLogitsOfOneForwardOverTheWholeSequence) {
       sample(o, cfg, st.params, ScanMode::Chunked, Precision::F32, &step_logits);
   ASSERT_EQ(gen.size(), 9u);
   // One forward over prompt + generated tokens (but the last one) in the sequential mode.
-  std::vector<std::int32_t> all = o.prompt;
-  all.insert(all.end(), gen.begin(), gen.end() - 1);
-  const Idx n = static_cast<Idx>(all.size());
-  ASSERT_EQ(static_cast<Idx>(step_logits.size()), n);
-  m3::LmModel<double> full(cfg, 1, n, ScanMode::Sequential);
-  const m3::Params<double> pd =
-      m3::cast_params<double>(from_flat(st.params, cfg, m3::param_layout(cfg)));
-  full.forward(pd, all, std::vector<std::int32_t>(n, 0), std::vector<float>(n, 1.0f), 1.0);
-  double worst = 0, scale = 0;
-  for (Idx r = 0; r < n; ++r)
-    for (Idx v = 0; v < V; ++v) {
-      worst = std::max(worst, std::abs(step_logits[r][v] - full.logits()[r * V + v]));
-      scale = std::max(scale, std::abs(full.logits()[r * V + v]));
-    }
-  EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "stepping drifted from the full forward";
+  const m3::test::SteppedVsFull d = m3::test::stepped_vs_full(cfg, st.params, o.prompt, gen, step_logits);
+  ASSERT_EQ(static_cast<Idx>(step_logits.size()), d.rows);
+  EXPECT_LE(d.worst, 1e-5 * std::max(1.0, d.scale)) << "stepping drifted from the full forward";
   // Same seed, same tokens.
   EXPECT_EQ(sample(o, cfg, st.params, ScanMode::Chunked, Precision::F32), gen);
 }

@@ -69,23 +69,7 @@ bool option_given(const po::variables_map& vm, const char* name) {
 }
 
 std::string echo(const std::string& text, std::size_t max) {
-  std::string out;
-  std::size_t shown = 0;
-  for (unsigned char c : text) {
-    if (shown == max) {
-      out += "... (" + std::to_string(text.size()) + " bytes)";
-      break;
-    }
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-    ++shown;
-  }
-  return out;
+  return escape_for_message(text, max);
 }
 
 std::uint64_t parse_seed(const std::string& text) {

@@ -23,25 +23,7 @@ constexpr Idx kLarge = Idx{1} << 40;  // "no limit" for tasks: T, validation win
 constexpr std::size_t kShown = 200;   // user text is shown cut to this many characters
 
 // User text for a message: cut to kShown characters, control characters as \xNN.
-std::string show(const std::string& text) {
-  std::string out;
-  std::size_t shown = 0;
-  for (unsigned char c : text) {
-    if (shown == kShown) {
-      out += "... (" + std::to_string(text.size()) + " bytes)";
-      break;
-    }
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-    ++shown;
-  }
-  return out;
-}
+std::string show(const std::string& text) { return escape_for_message(text, kShown); }
 
 // The shortest decimal that reads back as v (so settings compare by value, not by format).
 std::string format_double(double v) {

@@ -25,6 +25,7 @@
 #include "compare.hpp"
 #include "context.hpp"
 #include "gpu_test_util.hpp"
+#include "../lm_test_util.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
 #include "trainer.hpp"
@@ -53,23 +54,10 @@ Config lm_cfg(Idx V, Idx ds = 16, double rope = 0.5) {
   return c;
 }
 
-struct Tokens {
-  std::vector<std::int32_t> tok, tgt;
-  std::vector<float> w;
-  double n = 0;
-};
+using Tokens = m3::test::TokenBatch;
 
 Tokens random_tokens(Idx BT, Idx V, std::uint64_t seed) {
-  m3::Rng rng(seed);
-  Tokens t;
-  for (Idx r = 0; r < BT; ++r) {
-    t.tok.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    t.tgt.push_back(static_cast<std::int32_t>(rng.next() % static_cast<std::uint64_t>(V)));
-    t.w.push_back(rng.uniform() < 0.8 ? 1.0f : 0.0f);
-  }
-  t.w[0] = 1.0f;
-  for (float x : t.w) t.n += x;
-  return t;
+  return m3::test::random_token_batch(BT, V, seed);
 }
 
 template <class S>
@@ -390,21 +378,9 @@ TEST(GpuLm, TheSamplersStepsEqualOneForwardOverTheWholeSequence) {
   o.seed = 2;
   std::vector<std::vector<float>> steps;
   const auto gen = sample(o, cfg, st.params, ScanMode::Chunked, Precision::F32, &steps);
-  std::vector<std::int32_t> all = o.prompt;
-  all.insert(all.end(), gen.begin(), gen.end() - 1);
-  const Idx n = static_cast<Idx>(all.size());
-  ASSERT_EQ(static_cast<Idx>(steps.size()), n);
-  m3::LmModel<double> full(cfg, 1, n, ScanMode::Sequential);
-  const m3::Params<double> pd =
-      m3::cast_params<double>(from_flat(st.params, cfg, m3::param_layout(cfg)));
-  full.forward(pd, all, std::vector<std::int32_t>(n, 0), std::vector<float>(n, 1.0f), 1.0);
-  double worst = 0, scale = 0;
-  for (Idx r = 0; r < n; ++r)
-    for (Idx v = 0; v < V; ++v) {
-      worst = std::max(worst, std::abs(steps[r][v] - full.logits()[r * V + v]));
-      scale = std::max(scale, std::abs(full.logits()[r * V + v]));
-    }
-  EXPECT_LE(worst, 1e-4 * std::max(1.0, scale));
+  const m3::test::SteppedVsFull d = m3::test::stepped_vs_full(cfg, st.params, o.prompt, gen, steps);
+  ASSERT_EQ(static_cast<Idx>(steps.size()), d.rows);
+  EXPECT_LE(d.worst, 1e-4 * std::max(1.0, d.scale));
 }
 
 }  // namespace
