@@ -5,14 +5,28 @@
 //                                       one forward, then one per stepped token) against one
 //                                       double forward over the prompt and the generated tokens
 //                                       (all but the last) in the sequential mode
+//   expect_bit_exact_resume(...)        TRAINING.md §4: a run straight, and the same run with a
+//                                       checkpoint every `every` steps, resumed from the first one
+//                                       after the later ones are deleted: the final weights,
+//                                       moments, loss scale and loss log must be equal bit for bit
 #pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "backend.hpp"  // from_flat
+#include "checkpoint.hpp"
+#include "trainer.hpp"
 #include "config.hpp"
 #include "lm.hpp"
 #include "params.hpp"
@@ -64,6 +78,51 @@ inline SteppedVsFull stepped_vs_full(const Config& cfg, const std::vector<float>
       r.scale = std::max(r.scale, std::abs(full.logits()[i * V + v]));
     }
   return r;
+}
+
+// The step and loss columns of a metrics.csv, one string per line (the header included).
+inline std::vector<std::string> loss_column(const std::filesystem::path& csv) {
+  std::ifstream in(csv);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line.substr(0, line.find(',', line.find(',') + 1)));
+  return out;
+}
+
+inline void expect_bit_exact_resume(const std::filesystem::path& root, train::TrainOptions base,
+                                    Idx every) {
+  namespace fs = std::filesystem;
+  const Idx steps = base.optim.steps;
+  ASSERT_GT(steps, 2 * every) << "the run must pass at least two checkpoints";
+  const std::string tag = precision_name(base.storage);
+  auto ckpt = [](const fs::path& dir, Idx step) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(step));
+    return dir / name;
+  };
+  std::ostringstream sink;
+  train::TrainOptions straight = base;
+  straight.out = (root / ("straight_" + tag)).string();
+  ASSERT_EQ(train::run_training(straight, sink), 0) << sink.str();
+  train::TrainOptions part = base;
+  part.ckpt_every = every;
+  part.out = (root / ("parts_" + tag)).string();
+  ASSERT_EQ(train::run_training(part, sink), 0) << sink.str();
+  for (Idx s = 2 * every; s <= steps; s += every) fs::remove(ckpt(part.out, s));
+  fs::remove(ckpt(part.out, steps));
+  part.resume = ckpt(part.out, every).string();
+  ASSERT_EQ(train::run_training(part, sink), 0) << sink.str();
+  train::TrainState a, b;
+  const train::CheckpointMeta ma = train::read_checkpoint(ckpt(straight.out, steps).string(), nullptr, &a);
+  const train::CheckpointMeta mb = train::read_checkpoint(ckpt(part.out, steps).string(), nullptr, &b);
+  EXPECT_EQ(a.params, b.params);
+  EXPECT_EQ(a.m, b.m);
+  EXPECT_EQ(a.v, b.v);
+  EXPECT_EQ(ma.loss_scale, mb.loss_scale);
+  EXPECT_EQ(ma.skipped, mb.skipped);
+  const auto la = loss_column(fs::path(straight.out) / "metrics.csv");
+  EXPECT_EQ(la, loss_column(fs::path(part.out) / "metrics.csv"));
+  EXPECT_EQ(la.size(), static_cast<size_t>(steps + 1));  // the header + every step
 }
 
 }  // namespace m3::test
