@@ -139,6 +139,15 @@ class GpuBackbone {
   std::vector<float> logits() const;               // [B*T, V] of the last forward_loss
   std::vector<std::int32_t> argmax() const;        // [B*T]: the first largest logit per row
 
+  // m3h determinism at CI scale (HARNESS.md §7): reruns forward + backward of what was loaded
+  // (the tokens/targets or the input and dOut set last) from the entering states set last, with
+  // zero gradients and zero leaving-state gradients, every registry tensor stored as a Capture
+  // would (the verification layout; `cap`, optional, receives them too), and returns one 64-bit
+  // digest per key of repeat_digest_keys(cfg, B, T, mode): every registry tensor's buffer at
+  // the end of the run, then every parameter gradient — computed on the device
+  // (gpu/verify/digest.cuh), so a run copies no tensor to the host.
+  std::vector<std::uint64_t> repeat_digests(Capture* cap = nullptr);
+
   std::vector<float> output() const;     // Out [B*T, d_model]
   States<float> states() const;          // current (leaving) states
   Params<float> grads() const;           // accumulated weight gradients
@@ -201,6 +210,10 @@ class GpuBackbone {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// The keys of GpuBackbone::repeat_digests, in its order: the registry tensors of
+// expected_stage_keys, then the parameter gradients of expected_param_keys.
+std::vector<std::string> repeat_digest_keys(const Config& cfg, Idx B, Idx T, ScanMode mode);
 
 // For tests: the chunked scan's per-row kernels (K0/K1's prep with F4ef, step 2's tail) launch
 // at most `rows` rows at a time (rounded down to whole tail blocks of 64 rows for the tail; 0

@@ -62,4 +62,37 @@ DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMod
   return rep;
 }
 
+DeterminismReport check_determinism_repeat(const RepeatRunner& runner, const Problem& pb,
+                                           ScanMode mode, int runs) {
+  M3_REQUIRE(runs >= 2, "determinism", "needs at least 2 runs", "runs=", runs);
+  const std::vector<std::string> keys = expected_keys(pb.cfg, pb.B, pb.T, mode, true);
+  DeterminismReport rep;
+  rep.mode = mode;
+  rep.runs = runs;
+  rep.tensors = static_cast<int>(keys.size());
+  Capture cap(pb.cfg, pb.B, pb.T);
+  const std::vector<std::uint64_t> ref = runner.run(&cap);
+  M3_REQUIRE(ref.size() == runner.keys.size(), "determinism", "digest count differs from its keys",
+             ref.size(), " digests, ", runner.keys.size(), " keys");
+  std::vector<std::uint64_t> hashes;
+  for (const auto& k : keys) {
+    const Tensor* t = cap.find(k);
+    hashes.push_back(t ? content_hash(*t) : 0);
+  }
+  rep.digest = fnv(kFnvOffset, hashes.data(), hashes.size() * sizeof(std::uint64_t));
+  for (int r = 1; r < runs; ++r) {
+    const std::vector<std::uint64_t> h = runner.run(nullptr);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      if (h[i] == ref[i]) continue;
+      rep.identical = false;
+      rep.first_key = runner.keys[i];
+      rep.first_run = r;
+      rep.hash0 = ref[i];
+      rep.hash_run = h[i];
+      return rep;
+    }
+  }
+  return rep;
+}
+
 }  // namespace m3::harness

@@ -7,6 +7,8 @@
 //             values the capture holds, which widen float/bf16/f16 exactly).
 #pragma once
 
+#include "run.hpp"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,10 +34,18 @@ struct DeterminismReport {
 };
 
 using RunFn = std::function<Capture(const Problem&, ScanMode)>;
+struct RepeatRunner;  // run.hpp
 
 // Runs `run` `runs` times (≥ 2). Keys are compared in expected_keys() order; a key missing in
 // a later run is a divergence too.
 DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMode mode,
                                     int runs);
+
+// CI scale (a subject that digests on its device, RepeatRunner): run 0 captures every tensor —
+// its content hashes give the report's digest, the same as check_determinism's — and digests
+// its buffers where they live; runs 1 … runs−1 only digest (no tensor leaves the device), and
+// the first digest that differs from run 0's names its key and the run.
+DeterminismReport check_determinism_repeat(const RepeatRunner& runner, const Problem& pb,
+                                           ScanMode mode, int runs);
 
 }  // namespace m3::harness

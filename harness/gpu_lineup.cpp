@@ -1,6 +1,8 @@
 // The GPU lineups (see gpu_lineup.hpp).
 #include "gpu_lineup.hpp"
 
+#include <memory>
+
 #include "device.hpp"
 #include "error.hpp"
 
@@ -29,6 +31,17 @@ Implementation gpu_subject(Precision storage, gpu::Fault fault) {
           },
           [storage, fault](const Problem& pb, ScanMode mode, const Capture& oracle) {
             return gpu::run_gpu_isolated(context(), pb, mode, oracle, storage, fault);
+          },
+          [storage, fault](const Problem& pb, ScanMode mode) {
+            // One backbone, loaded once, rerun per call (GpuBackbone::repeat_digests).
+            auto net = std::make_shared<gpu::GpuBackbone>(context(), pb.cfg, pb.B, pb.T, mode,
+                                                          storage);
+            gpu::load_problem(*net, pb);
+            net->set_fault(fault, 0);
+            RepeatRunner r;
+            r.keys = gpu::repeat_digest_keys(pb.cfg, pb.B, pb.T, mode);
+            r.run = [net](Capture* cap) { return net->repeat_digests(cap); };
+            return r;
           }};
 }
 

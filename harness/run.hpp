@@ -62,10 +62,19 @@ Problem build_problem(const RunSpec& spec);
 // scan mode) → every stage's outputs when the stage is fed the oracle's inputs.
 using IsolatedRun = std::function<Capture(const Problem&, ScanMode, const Capture& oracle)>;
 
+// A subject that reruns itself and digests its own tensors where they live (the GPU): the
+// keys of the digests in order, and a run that returns them (with `cap`, optional, capturing
+// every tensor too). m3h determinism at CI scale uses it (determinism.hpp).
+struct RepeatRunner {
+  std::vector<std::string> keys;
+  std::function<std::vector<std::uint64_t>(Capture* cap)> run;
+};
+
 struct Implementation {
   std::string name;  // e.g. "reference<double>"
   std::function<Capture(const Problem&, ScanMode)> run;
   IsolatedRun isolated = nullptr;  // empty: no isolated mode
+  std::function<RepeatRunner(const Problem&, ScanMode)> repeat = nullptr;  // empty: none
 };
 
 Implementation reference_oracle();                    // run_reference<double>

@@ -14,11 +14,13 @@
 #include "budget.hpp"
 #include "capture.hpp"
 #include "compare.hpp"
+#include "determinism.hpp"
 #include "error.hpp"
 #include "metrics.hpp"
 #include "presets.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
+#include "test_util.hpp"
 
 namespace m3::harness {
 namespace {
@@ -563,4 +565,49 @@ TEST(PositionProfile, PrintsOneLinePerChunkMarkingItsFirstPosition) {
   EXPECT_NE(out.find("max_abs 9.000e+00 (t 4)"), std::string::npos) << out;
   EXPECT_NE(out.find("|t 4: max_abs 9.000e+00"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 4);  // the title and three chunks
+}
+
+// ---- determinism at CI scale: the repeat runner's loop (harness/determinism.hpp) -------------
+
+namespace {
+m3::harness::RepeatRunner fake_runner(const m3::Problem& pb, m3::ScanMode mode, int diverge_at,
+                                      size_t diverge_key, int* calls) {
+  m3::harness::RepeatRunner r;
+  r.keys = m3::harness::expected_keys(pb.cfg, pb.B, pb.T, mode, true);
+  r.run = [=, n = r.keys.size()](m3::Capture* cap) {
+    const int call = (*calls)++;
+    if (cap) *cap = m3::run_reference<float>(pb, mode);
+    std::vector<std::uint64_t> d(n, 7);
+    if (call == diverge_at) d[diverge_key] = 8;
+    return d;
+  };
+  return r;
+}
+}  // namespace
+
+TEST(DeterminismRepeat, IdenticalRunsGiveTheDigestOfTheCapturePath) {
+  m3::Config cfg = m3::test::small_cfg();
+  const m3::Problem pb = m3::make_problem(cfg, 1, 9, 3, true);
+  int calls = 0;
+  const auto fast = m3::harness::check_determinism_repeat(
+      fake_runner(pb, m3::ScanMode::Chunked, -1, 0, &calls), pb, m3::ScanMode::Chunked, 5);
+  const auto slow = m3::harness::check_determinism(
+      [](const m3::Problem& p, m3::ScanMode m) { return m3::run_reference<float>(p, m); }, pb,
+      m3::ScanMode::Chunked, 2);
+  EXPECT_TRUE(fast.identical);
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(fast.digest, slow.digest) << "the printed digest must not depend on the path";
+  EXPECT_EQ(fast.tensors, slow.tensors);
+}
+
+TEST(DeterminismRepeat, ADigestThatDiffersNamesItsKeyAndTheRun) {
+  m3::Config cfg = m3::test::small_cfg();
+  const m3::Problem pb = m3::make_problem(cfg, 1, 9, 3, true);
+  int calls = 0;
+  const auto runner = fake_runner(pb, m3::ScanMode::Sequential, 3, 11, &calls);
+  const auto r = m3::harness::check_determinism_repeat(runner, pb, m3::ScanMode::Sequential, 10);
+  EXPECT_FALSE(r.identical);
+  EXPECT_EQ(r.first_run, 3);
+  EXPECT_EQ(r.first_key, runner.keys[11]);
+  EXPECT_EQ(calls, 4) << "the loop stops at the first divergence";
 }

@@ -7,6 +7,7 @@
 // CPU the subject is the float reference (reference_emulation): an explicit --dtype runs each
 // precision's storage emulation; the default is f32 only there (the CPU reference is
 // single-threaded and deterministic by construction; the requirement is the GPU's).
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -22,8 +23,10 @@ const char* kSummary =
     "Runs the subject (--device gpu: the CUDA path; cpu: the float reference) forward and\n"
     "backward --runs times on one seeded problem per precision of --dtype and scan mode, hashes\n"
     "every captured tensor (FNV-1a 64 over shape and values) and requires every run to equal\n"
-    "the first. Prints one line per precision and scan mode; a divergence names the first\n"
-    "tensor in execution order and the run.\n"
+    "the first. On the GPU only run 0 is captured: the others digest every tensor on the device\n"
+    "(no host copies), and a digest that differs names its tensor. Prints one line per\n"
+    "precision and scan mode with its time; a divergence names the first tensor in execution\n"
+    "order and the run.\n"
     "--dtype: on the GPU every precision given (default f32,bf16,f16); on the CPU the float\n"
     "reference with that storage emulation, f32 only unless --dtype is given.\n"
     "Exit status: 0 bit-identical, 1 divergent, 2 bad usage or bad input.";
@@ -61,18 +64,26 @@ int cmd_determinism(const std::vector<std::string>& args) {
     const harness::Implementation impl =
         device == "gpu" ? harness::gpu_subject(p) : harness::reference_emulation(p);
     for (ScanMode mode : src.spec.modes) {
+      // On the GPU only run 0 leaves the device: the others are digested where they ran.
+      const auto t0 = std::chrono::steady_clock::now();
       const harness::DeterminismReport r =
-          harness::check_determinism(impl.run, src.problem, mode, runs);
+          impl.repeat ? harness::check_determinism_repeat(impl.repeat(src.problem, mode),
+                                                          src.problem, mode, runs)
+                      : harness::check_determinism(impl.run, src.problem, mode, runs);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char digest[32];
       std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(r.digest));
+      char took[48];
+      std::snprintf(took, sizeof took, ", %.2f s", secs);
       std::cout << precision_name(p) << " " << scan_mode_name(mode) << " (" << impl.name << "): ";
       if (r.identical) {
         std::cout << "IDENTICAL over " << runs << " runs (" << r.tensors << " tensors, digest "
-                  << digest << ")\n";
+                  << digest << took << ")\n";
       } else {
         all_identical = false;
         std::cout << "DIVERGED at run " << r.first_run << ": first divergent tensor "
-                  << r.first_key << "\n";
+                  << r.first_key << " (" << took + 2 << ")\n";
       }
     }
   }

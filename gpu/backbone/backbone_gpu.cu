@@ -97,6 +97,16 @@ void GpuBackbone::forward_loss_async(Capture* cap) { impl_->forward_loss_async(c
 double GpuBackbone::loss() const { return impl_->loss(); }
 void GpuBackbone::backward_loss(double scale, Capture* cap) { impl_->backward_loss(scale, cap); }
 void GpuBackbone::set_loss_scale(double scale) { impl_->set_loss_scale(scale); }
+std::vector<std::uint64_t> GpuBackbone::repeat_digests(Capture* cap) {
+  return impl_->repeat_digests(cap);
+}
+
+std::vector<std::string> repeat_digest_keys(const Config& cfg, Idx B, Idx T, ScanMode mode) {
+  std::vector<std::string> keys;
+  for (const KeyedSpec& ks : expected_stage_keys(cfg, B, T, mode)) keys.push_back(ks.key);
+  for (const KeyedParam& kp : expected_param_keys(cfg)) keys.push_back(kp.key);
+  return keys;
+}
 std::vector<float> GpuBackbone::logits() const { return impl_->logits(); }
 std::vector<std::int32_t> GpuBackbone::argmax() const { return impl_->argmax(); }
 std::vector<float> GpuBackbone::output() const { return impl_->output(); }

@@ -199,6 +199,7 @@ struct GpuBackbone::Impl {
   virtual double loss() = 0;
   virtual void backward_loss(double scale, Capture* cap) = 0;
   virtual void set_loss_scale(double scale) = 0;
+  virtual std::vector<std::uint64_t> repeat_digests(Capture* cap) = 0;
   virtual std::vector<float> logits() = 0;
   virtual std::vector<std::int32_t> argmax() = 0;
 };
@@ -273,7 +274,7 @@ class BackboneT final : public GpuBackbone::Impl {
       n_segments_ = static_cast<int>(segs.size());
     }
     const Idx LB = cf.n_layers * B;
-    for (StateArrays* a : {&st_, &dl_, &de_}) {
+    for (StateArrays* a : {&st_, &st0_, &dl_, &de_}) {
       a->ssm.resize(LB * z.ssm);
       a->k.resize(LB * z.k);
       a->v.resize(LB * z.v);
@@ -411,6 +412,9 @@ class BackboneT final : public GpuBackbone::Impl {
   // NaN into a tensor's buffer (all bits set: a quiet NaN in f32, bf16 and f16), or into every
   // workspace buffer with tensor "*workspace*".
   void poison_for_testing(int layer, const std::string& tensor) override;  // verify/backbone_verify.cu
+  // m3h determinism at CI scale: the loaded run again from st0_, every tensor stored as for a
+  // capture, then one device digest per key of repeat_digest_keys (verify/backbone_verify.cu).
+  std::vector<std::uint64_t> repeat_digests(Capture* cap) override;
 
   // ---- uploads / downloads ------------------------------------------------------------------
   void set_params(const Params<float>& p) override {
@@ -558,6 +562,7 @@ class BackboneT final : public GpuBackbone::Impl {
 
   void set_states(const States<float>& st) override {
     upload_states(st, st_, "GpuBackbone::set_states");
+    upload_states(st, st0_, "GpuBackbone::set_states");  // repeat_digests starts from them
   }
 
   void set_dout(const std::vector<float>& d) override {
@@ -764,9 +769,9 @@ class BackboneT final : public GpuBackbone::Impl {
       if (st == "head") dir == Dir::Forward ? head_forward() : head_backward();
       if (st == "loss") loss_stage();
     } else if (dir == Dir::Forward) {
-      layer_forward_stage(l, st, cap != nullptr);
+      layer_forward_stage(l, st, cap != nullptr || store_all_);
     } else {
-      layer_backward_stage(l, st, cap != nullptr);
+      layer_backward_stage(l, st, cap != nullptr || store_all_);
     }
     if (l == fault_layer_ && fault_ != Fault::None && st == fault_stage(fault_)) apply_fault(l);
     mark(l < 0 && dir == Dir::Backward ? st + " (bwd)" : st);
@@ -1349,7 +1354,11 @@ class BackboneT final : public GpuBackbone::Impl {
   DeviceArray<float> tw_, embed_partial_;
   DeviceArray<double> row_loss_, loss_sum_;
   StateArrays st_;  // the states: entering before forward(), leaving after it
+  StateArrays st0_;  // the entering states set last (repeat_digests reruns from them)
+  bool store_all_ = false;  // repeat_digests: every stage stores what a Capture would read
   StateArrays dl_;  // ∂L/∂(leaving states), set_leaving_grads
+  DeviceArray<unsigned char> digest_segs_;  // repeat_digests: DigestSegment[n] on the device
+  DeviceArray<std::uint64_t> digests_;
   StateArrays de_;  // ∂L/∂(entering states), from the last backward
   DeviceArray<float> scratch_;
   bool have_forward_ = false;

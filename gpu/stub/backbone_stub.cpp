@@ -50,6 +50,10 @@ void GpuBackbone::forward_loss_async(Capture*) { no_cuda("GpuBackbone"); }
 double GpuBackbone::loss() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward_loss(double, Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_loss_scale(double) { no_cuda("GpuBackbone"); }
+std::vector<std::uint64_t> GpuBackbone::repeat_digests(Capture*) { no_cuda("GpuBackbone"); }
+std::vector<std::string> repeat_digest_keys(const Config&, Idx, Idx, ScanMode) {
+  no_cuda("repeat_digest_keys");
+}
 std::vector<float> GpuBackbone::logits() const { no_cuda("GpuBackbone"); }
 std::vector<std::int32_t> GpuBackbone::argmax() const { no_cuda("GpuBackbone"); }
 Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture&) { no_cuda("GpuBackbone"); }

@@ -6,6 +6,7 @@
 // pass: a Capture, run_isolated, a fault or a test poison switch the backbone to the
 // verification layout first (or poison what they name).
 #include "backbone_t.cuh"
+#include "digest.cuh"
 #include "fault_kernels.cuh"
 
 namespace m3::gpu::detail {
@@ -174,6 +175,56 @@ void BackboneT<T>::restore(const Capture& oracle, const KeyedSpec& ks) {
   upload_floats(b, host.data(), storage(), s_);
 }
 
+template <class T>
+std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture* cap) {
+  ensure_full();
+  for (int i = 0; i < 4; ++i) {  // the entering states set last, again
+    DeviceArray<float>* from[4] = {&st0_.ssm, &st0_.k, &st0_.v, &st0_.angle};
+    DeviceArray<float>* to[4] = {&st_.ssm, &st_.k, &st_.v, &st_.angle};
+    copy_d2d(s_, to[i]->data(), from[i]->data(), from[i]->size());
+  }
+  zero_states(dl_);
+  zero_grads();
+  struct StoreAll {
+    bool& flag;
+    explicit StoreAll(bool& f) : flag(f) { flag = true; }
+    ~StoreAll() { flag = false; }
+  } guard(store_all_);
+  if (tokens_) {
+    forward_loss_async(cap);
+    backward_loss(loss_scale_, cap);
+  } else {
+    forward(cap);
+    backward(cap);
+  }
+  // Every registry tensor's buffer as it is at the end of the run, then every gradient slot.
+  std::vector<DigestSegment> segs;
+  Idx most = 0;
+  for (const KeyedSpec& ks : expected_stage_keys(cfg_, d_.B, d_.T, mode_)) {
+    NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+    segs.push_back({b.data(), static_cast<Idx>(b.nbytes())});
+  }
+  for (const KeyedParam& kp : expected_param_keys(cfg_)) {
+    const ParamSlot& sl = layout_.at(kp.layer, kp.spec->name);
+    segs.push_back({grads_.data() + sl.offset, sl.size * Idx(sizeof(float))});
+  }
+  for (const DigestSegment& s : segs) most = std::max(most, s.bytes);
+  const Idx n = static_cast<Idx>(segs.size());
+  if (digest_segs_.size() < n * Idx(sizeof(DigestSegment))) {
+    digest_segs_.resize(n * Idx(sizeof(DigestSegment)));
+    digests_.resize(n);
+  }
+  M3_CUDA_CHECK(cudaMemcpyAsync(digest_segs_.data(), segs.data(), segs.size() * sizeof(DigestSegment),
+                                cudaMemcpyHostToDevice, s_));
+  digest_segments(s_, reinterpret_cast<const DigestSegment*>(digest_segs_.data()), static_cast<int>(n),
+                  most, digests_.data());
+  std::vector<std::uint64_t> host(static_cast<size_t>(n));
+  M3_CUDA_CHECK(cudaMemcpyAsync(host.data(), digests_.data(), host.size() * sizeof(std::uint64_t),
+                                cudaMemcpyDeviceToHost, s_));
+  M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  return host;
+}
+
 #define M3_INSTANTIATE(T)                                                                      \
   template void BackboneT<T>::poison_for_testing(int, const std::string&);                     \
   template Capture BackboneT<T>::isolated_run(const Capture&, bool);                           \
@@ -182,7 +233,8 @@ void BackboneT<T>::restore(const Capture& oracle, const KeyedSpec& ks) {
                                                const std::vector<KeyedSpec>&);                  \
   template void BackboneT<T>::apply_fault(int);                                                \
   template void BackboneT<T>::capture(Capture*, int, const char*, Dir);                        \
-  template void BackboneT<T>::restore(const Capture&, const KeyedSpec&);
+  template void BackboneT<T>::restore(const Capture&, const KeyedSpec&);                       \
+  template std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 
