@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "backbone.hpp"  // capture_grads
 #include "device.hpp"
 #include "error.hpp"
 
@@ -40,7 +41,11 @@ Implementation gpu_subject(Precision storage, gpu::Fault fault) {
             net->set_fault(fault, 0);
             RepeatRunner r;
             r.keys = gpu::repeat_digest_keys(pb.cfg, pb.B, pb.T, mode);
-            r.run = [net](Capture* cap) { return net->repeat_digests(cap); };
+            r.run = [net, cfg = pb.cfg](Capture* cap) {
+              std::vector<std::uint64_t> d = net->repeat_digests(cap);
+              if (cap) capture_grads(net->grads(), cfg, *cap);  // as run_gpu's capture
+              return d;
+            };
             return r;
           }};
 }
