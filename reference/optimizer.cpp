@@ -62,20 +62,36 @@ std::vector<std::uint8_t> decay_flags(const ParamLayout& layout) {
 }
 
 template <class S>
-double grad_norm(const S* g, Idx n) {
-  M3_REQUIRE(n >= 0, "grad_norm", "the element count must be >= 0", "n=", n);
-  M3_REQUIRE(n == 0 || g != nullptr, "grad_norm", "no gradient buffer", "n=", n);
-  double total = 0.0;
-  for (Idx b = 0; b < n; b += kNormBlock) {
-    const Idx e = b + kNormBlock < n ? b + kNormBlock : n;
+std::vector<double> norm_partials(const S* g, Idx begin, Idx end) {
+  M3_REQUIRE(begin >= 0 && begin <= end, "norm_partials", "the range must be ordered",
+             "begin=", begin, ", end=", end);
+  M3_REQUIRE(begin % kNormBlock == 0, "norm_partials", "a range starts at a block boundary",
+             "begin=", begin, " is not a multiple of kNormBlock=", kNormBlock);
+  M3_REQUIRE(begin == end || g != nullptr, "norm_partials", "no gradient buffer", "");
+  std::vector<double> out;
+  for (Idx b = begin; b < end; b += kNormBlock) {
+    const Idx e = b + kNormBlock < end ? b + kNormBlock : end;
     double partial = 0.0;
     for (Idx i = b; i < e; ++i) {
       const double x = static_cast<double>(g[i]);
       partial += x * x;
     }
-    total += partial;
+    out.push_back(partial);
   }
+  return out;
+}
+
+double norm_from_partials(const std::vector<double>& partials) {
+  double total = 0.0;
+  for (double p : partials) total += p;
   return std::sqrt(total);
+}
+
+template <class S>
+double grad_norm(const S* g, Idx n) {
+  M3_REQUIRE(n >= 0, "grad_norm", "the element count must be >= 0", "n=", n);
+  M3_REQUIRE(n == 0 || g != nullptr, "grad_norm", "no gradient buffer", "n=", n);
+  return norm_from_partials(norm_partials(g, 0, n));
 }
 
 double clip_coefficient(double g_norm, double clip) {
@@ -111,7 +127,16 @@ AdamWScalars adamw_scalars(const OptimConfig& o, Idx t, double clip_coef, double
 template <class S>
 void adamw_step(const ParamLayout& layout, const std::vector<std::uint8_t>& decay,
                 const AdamWScalars& a, S* p, S* m, S* v, const S* g) {
+  adamw_step_range(layout, decay, a, 0, layout.total, p, m, v, g);
+}
+
+template <class S>
+void adamw_step_range(const ParamLayout& layout, const std::vector<std::uint8_t>& decay,
+                      const AdamWScalars& a, Idx begin, Idx end, S* p, S* m, S* v, const S* g) {
   const char* where = "adamw_step";
+  M3_REQUIRE(begin >= 0 && begin <= end && end <= layout.total, where,
+             "the range must lie in the layout", "begin=", begin, ", end=", end, ", total=",
+             layout.total);
   M3_REQUIRE(decay.size() == layout.slots.size(), where, "one decay flag per slot",
              decay.size(), " flags for ", layout.slots.size(), " slots");
   M3_REQUIRE(layout.total == 0 || (p && m && v && g), where, "a null buffer",
@@ -124,7 +149,9 @@ void adamw_step(const ParamLayout& layout, const std::vector<std::uint8_t>& deca
   for (std::size_t s = 0; s < layout.slots.size(); ++s) {
     const ParamSlot& slot = layout.slots[s];
     const S wd = decay[s] ? S(a.wd) : S(0);
-    for (Idx i = slot.offset; i < slot.offset + slot.size; ++i) {
+    const Idx lo = slot.offset > begin ? slot.offset : begin;
+    const Idx hi = slot.offset + slot.size < end ? slot.offset + slot.size : end;
+    for (Idx i = lo; i < hi; ++i) {
       const S gi = g[i] * gscale;
       m[i] = beta1 * m[i] + one_m_beta1 * gi;
       v[i] = beta2 * v[i] + one_m_beta2 * (gi * gi);
@@ -162,6 +189,9 @@ bool LossScaler::update(bool finite) {
 
 #define M3_INSTANTIATE(S)                                                                  \
   template double grad_norm<S>(const S*, Idx);                                             \
+  template std::vector<double> norm_partials<S>(const S*, Idx, Idx);                       \
+  template void adamw_step_range<S>(const ParamLayout&, const std::vector<std::uint8_t>&,  \
+                                    const AdamWScalars&, Idx, Idx, S*, S*, S*, const S*);  \
   template void adamw_step<S>(const ParamLayout&, const std::vector<std::uint8_t>&,        \
                               const AdamWScalars&, S*, S*, S*, const S*);
 M3_INSTANTIATE(float)

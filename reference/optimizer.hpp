@@ -60,6 +60,15 @@ constexpr Idx kNormBlock = 4096;
 // partial sum in index order (g_i widened to double, then squared), then the partials summed
 // in block order. A pure function of the bits of g[0..n); a non-finite g_i gives a non-finite
 // result. n = 0 gives 0.
+// grad_norm's f64 partial sums of the blocks of kNormBlock elements that start in [begin, end)
+// (begin a multiple of kNormBlock; the last block cut at end), each summed in index order: a
+// shard's share of the global norm (ZeRO-1, TRAINING.md §8). The partials of contiguous
+// block-aligned shards, in shard order, are grad_norm's own, so norm_from_partials of them is
+// grad_norm bit for bit.
+template <class S>
+std::vector<double> norm_partials(const S* g, Idx begin, Idx end);
+double norm_from_partials(const std::vector<double>& partials);  // sqrt of their ordered sum
+
 template <class S>
 double grad_norm(const S* g, Idx n);
 
@@ -89,6 +98,12 @@ AdamWScalars adamw_scalars(const OptimConfig& o, Idx t, double clip_coef, double
 template <class S>
 void adamw_step(const ParamLayout& layout, const std::vector<std::uint8_t>& decay,
                 const AdamWScalars& a, S* p, S* m, S* v, const S* g);
+// adamw_step restricted to the elements [begin, end) of the flat arena (a shard; slots may be
+// cut): the same per-element arithmetic, so the shards' steps together are adamw_step bit for
+// bit.
+template <class S>
+void adamw_step_range(const ParamLayout& layout, const std::vector<std::uint8_t>& decay,
+                      const AdamWScalars& a, Idx begin, Idx end, S* p, S* m, S* v, const S* g);
 
 // f16 dynamic loss scaling (TRAINING.md §2.6). For F16: dynamic, scale 2^16; a non-finite
 // gradient (its norm non-finite) skips the step, halves the scale, counts the skip and resets
