@@ -1,6 +1,8 @@
 // Capture-against-capture comparison over the registry's keys (see compare.hpp).
 #include "compare.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -95,7 +97,10 @@ namespace {
 
 void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
                const Capture* baseline, const Config& cfg, Idx B, Idx T, ScanMode mode,
-               Precision precision, CompareMode cmp, bool profile) {
+               Precision precision, CompareMode cmp, bool profile, BaselineKind kind,
+               const std::vector<const Capture*>& more_baselines,
+               const std::vector<const Capture*>& isolated_baselines,
+               const Capture* baseline_reference) {
   const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode, cmp);
   const Tensor* o = oracle.find(row.key);
   const Tensor* s = subject.find(row.key);
@@ -123,7 +128,25 @@ void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
   }
   row.subject = compute_metrics(*o, *s, row.circular, precision);
   if (profile) row.by_position = position_profile(*s, *o, B, T, row.circular);
+  // The baseline draws: the e2e baseline and its further draws, or the isolated baselines.
+  std::vector<const Capture*> draws;
+  if (cmp == CompareMode::EndToEnd) {
+    if (baseline) {
+      draws.push_back(baseline);
+      draws.insert(draws.end(), more_baselines.begin(), more_baselines.end());
+    }
+  } else {
+    draws = isolated_baselines;
+  }
+  baseline = draws.empty() ? nullptr : draws.front();
   const Tensor* bl = baseline ? baseline->find(row.key) : nullptr;
+  // What the draws deviate from: the oracle, or the baseline's own unperturbed run.
+  const Tensor* ref = baseline_reference ? baseline_reference->find(row.key) : o;
+  if (baseline && (!ref || ref->shape != o->shape)) {
+    row.status = Status::OracleBad;
+    row.note = "the baseline's reference run lacks this key or its shape";
+    return;
+  }
   if (baseline && (!bl || bl->shape != o->shape)) {
     row.status = Status::OracleBad;  // the yardstick itself is unusable
     row.note = bl ? "baseline shape " + shape_str(bl->shape) + " differs from the oracle's"
@@ -132,10 +155,31 @@ void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
   }
   if (bl) {
     row.has_baseline = true;
-    row.baseline = compute_metrics(*o, *bl, row.circular, precision);
+    row.baseline = compute_metrics(*ref, *bl, row.circular, precision);
+    // Further draws (budget.hpp): the largest error plus the draws' range (max − min), for
+    // rel_l2 and max_abs each; a NaN anywhere stays NaN.
+    double lo_rel = row.baseline.rel_l2, hi_rel = lo_rel;
+    double lo_max = row.baseline.max_abs, hi_max = lo_max;
+    for (size_t d = 1; d < draws.size(); ++d) {
+      const Tensor* t = draws[d] ? draws[d]->find(row.key) : nullptr;
+      if (!t || t->shape != o->shape) {
+        row.status = Status::OracleBad;
+        row.note = "a further baseline draw lacks this key or its shape";
+        return;
+      }
+      const Metrics m = compute_metrics(*ref, *t, row.circular, precision);
+      lo_rel = std::min(lo_rel, m.rel_l2);
+      hi_rel = std::isnan(m.rel_l2) ? m.rel_l2 : std::max(hi_rel, m.rel_l2);
+      lo_max = std::min(lo_max, m.max_abs);
+      hi_max = std::isnan(m.max_abs) ? m.max_abs : std::max(hi_max, m.max_abs);
+    }
+    if (draws.size() > 1) {
+      row.baseline.rel_l2 = hi_rel + (hi_rel - lo_rel);
+      row.baseline.max_abs = hi_max + (hi_max - lo_max);
+    }
   }
   row.budget = make_budget(tol, precision, row.subject, row.has_baseline ? &row.baseline : nullptr,
-                           cmp == CompareMode::EndToEnd ? depth_factor(cfg) : 1.0);
+                           cmp == CompareMode::EndToEnd ? depth_factor(cfg) : 1.0, kind);
   row.verdict = judge(row.subject, row.budget);
   if (row.subject.worst_index >= 0 && row.syms)
     row.worst_coords = decode_index(*row.syms, row.shape, row.subject.worst_index, cfg, B, T);
@@ -210,7 +254,8 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
     const bool profile = !opt.by_position.empty() && !r.is_param && r.syms &&
                          has_position_axis(*r.syms) && key_matches(r.key, opt.by_position);
     judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode,
-              profile);
+              profile, opt.baseline_kind, opt.more_baselines, opt.isolated_baselines,
+              opt.baseline_reference);
     if (!r.pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
     if (r.subject.nan_count + r.subject.inf_count > 0 && res.first_nonfinite < 0)
       res.first_nonfinite = static_cast<int>(i);

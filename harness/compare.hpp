@@ -14,8 +14,8 @@
 // Comparison mode (budget.hpp, HARNESS.md §2): end to end (the default; the table's end-to-end
 // floors × the depth factor, plus k · the baseline's error when there is a baseline) or
 // isolated (the subject Capture holds each stage's outputs when fed the oracle's inputs; the
-// table's isolated floors, no baseline, no depth factor — a teacher-forced stage does not
-// accumulate error over layers).
+// table's isolated floors, no depth factor — a teacher-forced stage does not accumulate error
+// over layers — plus k · the error of CompareOptions::isolated_baselines when given).
 #pragma once
 
 #include <string>
@@ -72,6 +72,19 @@ struct CompareOptions {
   // key_matches() pattern of the [B·T, …] tensors whose error against position is kept
   // (TensorResult::by_position, position.hpp); empty = none.
   std::string by_position;
+  // What the baseline is (budget.hpp: the k of the rule).
+  BaselineKind baseline_kind = BaselineKind::SamePrecision;
+  // Further draws of a random baseline (Lineup::more_baselines): each tensor's baseline error is
+  // the largest over `baseline` and these plus their range, max + (max − min) (rel_l2 and
+  // max_abs each; budget.hpp). Ignored without a baseline.
+  std::vector<const Capture*> more_baselines = {};
+  // Isolated mode only: the draws of a teacher-forced baseline (the perturbed oracle's isolated
+  // run, sweep.hpp), combined the same way. (The end-to-end `baseline` argument stays refused
+  // in isolated mode.)
+  std::vector<const Capture*> isolated_baselines = {};
+  // What the baseline draws' error is measured against (Lineup::baseline_reference, and its
+  // isolated counterpart); null: the oracle. The subject's error is always against the oracle.
+  const Capture* baseline_reference = nullptr;
 };
 
 struct CompareResult {

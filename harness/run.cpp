@@ -111,14 +111,33 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
         opt.filter = spec.filter;
         opt.by_position = spec.by_position;
         opt.compare_mode = spec.compare_modes[k];
+        opt.baseline_kind = l.baseline_kind;
         CompareResult r;
         if (opt.compare_mode == CompareMode::Isolated) {
           const Capture s = l.subject.isolated(pb, mode, o);
+          std::vector<Capture> iso;
+          for (const IsolatedRun& ib : l.isolated_baselines) iso.push_back(ib(pb, mode, o));
+          for (const Capture& c2 : iso) opt.isolated_baselines.push_back(&c2);
+          if (!iso.empty()) opt.baseline_kind = BaselineKind::Perturbed;  // always (run.hpp)
+          Capture ref;
+          if (!iso.empty() && l.isolated_baseline_reference) {
+            ref = l.isolated_baseline_reference(pb, mode, o);
+            opt.baseline_reference = &ref;
+          }
           r = compare_captures(o, s, nullptr, spec.cfg, spec.B, spec.T, mode, opt);
         } else {
           const Capture s = l.subject.run(pb, mode);
           Capture b;
           if (l.baseline) b = l.baseline->run(pb, mode);
+          std::vector<Capture> more;
+          if (l.baseline)
+            for (const Implementation& mb : l.more_baselines) more.push_back(mb.run(pb, mode));
+          for (const Capture& m2 : more) opt.more_baselines.push_back(&m2);
+          Capture ref;
+          if (l.baseline && l.baseline_reference) {
+            ref = l.baseline_reference(pb, mode);
+            opt.baseline_reference = &ref;
+          }
           r = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode,
                                opt);
         }

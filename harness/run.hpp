@@ -9,8 +9,9 @@
 // backbone — and/or isolated — the subject's teacher-forced runner is handed the ORACLE's
 // Capture of the same scan mode (computed first, once) and returns each stage's outputs when
 // fed the oracle's inputs; isolated cells have no baseline (the floors of the table's isolated
-// section decide). Cells are precision-major, then scan mode, then comparison mode (e2e before
-// isolated), so that a report shows the two side by side.
+// section decide) unless the lineup has isolated_baselines. Cells are precision-major, then
+// scan mode, then comparison mode (e2e before isolated), so that a report shows the two side
+// by side.
 //
 // An Implementation is anything that turns (Problem, scan mode) into a Capture of every registry
 // tensor and parameter gradient; it may also have a teacher-forced (isolated) runner. Today on
@@ -19,9 +20,11 @@
 //   subject   reference<float> with the precision's storage: F32 exact float, BF16 / F16 the
 //             mixed-precision storage emulation of MODEL.md §8 (float compute, typed tensors
 //             rounded where the GPU stores them)
-//   baseline  none: the subject IS the precision's yardstick, so the floors of the tolerance
-//             table alone decide. With the CUDA subject (gpu_lineup.hpp) the baseline of each
-//             precision is the emulation above (HARNESS.md §1).
+//   baseline  none in cpu_lineups (the subject IS the precision's yardstick, so the floors of
+//             the tolerance table alone decide); m3h compare uses cpu_lineups_perturbed
+//             (sweep.hpp): the perturbed oracle, the error each tensor's conditioning forces at
+//             the precision, end to end and isolated. With the CUDA subject (gpu_lineup.hpp)
+//             the baseline of each precision is the emulation above (HARNESS.md §1).
 //   isolated  reference_emulation's teacher-forced runner is run_reference_isolated
 //             (isolated.hpp): every reference stage alone on the oracle's inputs.
 #pragma once
@@ -89,6 +92,22 @@ struct Lineup {
   Precision precision = Precision::F32;
   Implementation subject;
   std::optional<Implementation> baseline;
+  // The conditioning baseline (sweep.hpp, the perturbed oracle) instead of a same-precision one:
+  // the kind sets the rule's k (budget.hpp). more_baselines: further draws of `baseline`, a
+  // tensor's baseline error the largest over all draws plus their range (rel_l2 and max_abs
+  // each; budget.hpp).
+  // isolated_baselines: the draws of the isolated cells' baseline (teacher-forced, handed the
+  // oracle's Capture like the subject's isolated run; always BaselineKind::Perturbed, whatever
+  // baseline_kind says of the end-to-end baseline); empty: isolated cells have none.
+  BaselineKind baseline_kind = BaselineKind::SamePrecision;
+  std::vector<Implementation> more_baselines = {};
+  std::vector<IsolatedRun> isolated_baselines = {};
+  // The unperturbed runs the draws deviate from: a draw's error is measured against these, not
+  // against the oracle, so that an oracle which is not the reference's own value (a stored,
+  // possibly tampered golden file) never counts as error the precision forces. Empty: the
+  // oracle (right when the oracle is reference<double> itself).
+  std::function<Capture(const Problem&, ScanMode)> baseline_reference = nullptr;
+  IsolatedRun isolated_baseline_reference = nullptr;
 };
 
 // The CPU lineup of spec.precisions: subject = reference_emulation(p), no baseline.

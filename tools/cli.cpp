@@ -45,6 +45,7 @@ void add_problem_fields(po::options_description& d) {
     ("outproj-norm", po::value<bool>()->implicit_value(true), "gated RMSNorm before out_proj (is_outproj_norm)")
     ("chunk-size", po::value<Idx>(), "chunk size of the chunked scan")
     ("input-dim", po::value<Idx>(), "width of the backbone input X")
+    ("input-proj-identity", po::value<bool>()->implicit_value(true), "input_proj is the identity (H0 = X; input_dim = d_model)")
     ("vocab-size", po::value<Idx>(), "a token model (TRAINING.md §1) with this vocabulary: tokens in, the loss and every gradient out (input_dim = vocab_size; 0 = none)");
   // clang-format on
 }
@@ -52,7 +53,8 @@ void add_problem_fields(po::options_description& d) {
 const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed",
                                       "zero-states", "d-model", "d-state", "headdim",
                                       "expand",   "ngroups", "layers",     "rope-fraction",
-                                      "outproj-norm", "chunk-size", "input-dim", "vocab-size"};
+                                      "outproj-norm", "chunk-size", "input-dim", "vocab-size",
+                                      "input-proj-identity"};
 
 std::string trim(const std::string& s) {
   const auto a = s.find_first_not_of(" \t\r");
@@ -202,7 +204,8 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       po::store(parsed, vm);
     } catch (const po::error&) {
       const char* expected = !file_fields && name == "rope-fraction"       ? "a number"
-                             : name == "outproj-norm" || name == "zero-states" ? "true or false"
+                             : name == "outproj-norm" || name == "zero-states" ||
+                                       name == "input-proj-identity"             ? "true or false"
                              : file_fields                                    ? "a value of its type"
                                                                               : "an integer";
       throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" + echo(written) +
@@ -242,6 +245,10 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   // X keeps the model width unless told otherwise (every preset has input_dim = d_model).
   if (vm.count("input-dim")) s.cfg.input_dim = vm["input-dim"].as<Idx>();
   else if (vm.count("d-model") && p.cfg.input_dim == p.cfg.d_model) s.cfg.input_dim = s.cfg.d_model;
+  if (vm.count("input-proj-identity")) {
+    s.cfg.input_proj_identity = vm["input-proj-identity"].as<bool>();
+    if (s.cfg.input_proj_identity && !vm.count("input-dim")) s.cfg.input_dim = s.cfg.d_model;
+  }
   // A token model embeds one-hot tokens: input_dim is the vocabulary.
   idx("vocab-size", s.cfg.vocab_size);
   if (s.cfg.vocab_size > 0) {

@@ -34,7 +34,8 @@ struct Command {
 
 // --preset, --config, --B, --T, --seed, --zero-states and the Config overrides (--d-model,
 // --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --outproj-norm,
-// --chunk-size, --input-dim). With golden = true also --golden FILE.
+// --chunk-size, --input-dim, --input-proj-identity, --vocab-size). With golden = true also
+// --golden FILE.
 po::options_description problem_options(bool golden = false);
 
 // The preset named by --preset (or by the config file) with every given override applied;

@@ -2,10 +2,12 @@
 // every storage precision of --dtype, every scan mode of --scan and every comparison mode of
 // --mode (end to end and/or isolated). On the CPU the subject of precision p is the float
 // reference with p's storage (f32 exact; bf16/f16 the mixed-precision storage emulation of
-// MODEL.md §8), without a baseline: the floors of the tolerance table decide; its isolated run
-// is the same reference teacher-forced (harness/isolated.hpp). On the GPU the subject is the
-// CUDA path at p, with the emulation at p as the baseline, and gpu::run_gpu_isolated as its
-// isolated run; --fault injects a negative control (a self-test of the harness).
+// MODEL.md §8), with the perturbed oracle as the baseline (harness/sweep.hpp: the budget
+// follows each tensor's conditioning); its isolated run is the same reference teacher-forced
+// (harness/isolated.hpp). On the GPU the subject is the CUDA path at p, with the emulation at p
+// as the baseline, and gpu::run_gpu_isolated as its isolated run; isolated cells (CPU and GPU)
+// have the perturbed oracle's teacher-forced run as their baseline; --fault injects a negative
+// control (a self-test of the harness). --sweep N runs N random problems (harness/sweep.hpp).
 #include <filesystem>
 #include <iostream>
 
@@ -18,6 +20,7 @@
 #include "report.hpp"
 #include "position.hpp"
 #include "report_json.hpp"
+#include "sweep.hpp"
 
 #include "device.hpp"
 
@@ -33,15 +36,19 @@ std::string summary_text() {
       "execution order, columns = precision x scan mode (rel_l2 and %budget; --wide adds max_abs\n"
       "and p95_rel), then the failures and a summary naming the first failing stage.\n"
       "CPU subject of precision p: reference<float> with p's storage (f32 exact; bf16/f16 round\n"
-      "every typed tensor where the GPU stores it, MODEL.md sec. 8); no baseline, so the floors\n"
-      "of the tolerance table (harness/budget.cpp) alone decide.\n"
+      "every typed tensor where the GPU stores it, MODEL.md sec. 8); its baseline is the\n"
+      "perturbed oracle (harness/sweep.hpp): reference<double> with one random rounding of p on\n"
+      "every stored value, 4 draws, so that the budget follows each tensor's conditioning\n"
+      "(k = 5 f32, 3 bf16/f16; harness/budget.hpp). Isolated cells, on the CPU and the GPU,\n"
+      "have its teacher-forced counterpart as their baseline.\n"
       "GPU subject (--device gpu, or auto with a device): the CUDA path storing p, with the\n"
       "reference at the same precision as the baseline (pass: err <= k*baseline + floor, k = 2\n"
       "f32, 3 bf16/f16, HARNESS.md sec. 4).\n"
       "--mode (HARNESS.md sec. 2): e2e = every implementation runs the whole backbone (error as it\n"
       "propagates); isolated = each subject stage is fed the ORACLE's inputs (rounded to its\n"
       "storage) and only its own outputs are compared, against the isolated floors of the table\n"
-      "(no baseline): the error a stage adds by itself; both = the two side by side per\n"
+      "(+ k x the perturbed oracle's, teacher-forced): the error a stage adds by itself; both =\n"
+      "the two side by side per\n"
       "precision x scan mode, with a diagnosis line (fails isolated: the stage is broken; fails\n"
       "e2e only: upstream error amplified). On the CPU, isolated runs the float reference\n"
       "teacher-forced the same way.\n"
@@ -53,6 +60,10 @@ std::string summary_text() {
       "round-twice in bf16/f16, whose extra rounding can hide within the e2e budget).\n"
       "--json FILE writes every metric of every cell (key x precision x mode), the budgets, the\n"
       "config, seed, build and device (atomically; non-finite numbers as \"inf\"/\"-inf\"/\"nan\").\n"
+      "--sweep N --seed S: N random valid problems over the supported space (harness/sweep.hpp),\n"
+      "each compared as above (--mode defaults to both); one line per failing problem with a\n"
+      "reproducer, then the smallest problem that still fails and its reproducer; a summary\n"
+      "'N problems, F failed'; --jobs J runs J problems at a time (CPU).\n"
       "Exit status: 0 all within budget, 1 some budget exceeded, 2 bad usage or bad input.\n\n"
       "Presets:\n";
   for (const auto& p : harness::presets()) s += "  " + p.name + ": " + p.about + "\n";
@@ -62,8 +73,50 @@ std::string summary_text() {
        "  m3h compare --config my.cfg --json out.json\n"
        "  m3h compare --mode both --dtype bf16 --failures-only  # isolated next to end-to-end\n"
        "  m3h compare --device gpu --mode both --fault round-twice --T 40 --layers 2  # self-test\n"
-       "  m3h compare --golden golden/cases/default.h5 --dtype f32";
+       "  m3h compare --golden golden/cases/default.h5 --dtype f32\n"
+       "  m3h compare --device cpu --sweep 1000 --seed 3 --jobs 2   # random problems";
   return s;
+}
+
+// m3h compare --sweep N: the problems come from the sweep's generator, one after another.
+int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisions,
+              const std::string& device, gpu::Fault fault) {
+  for (const char* f : {"preset", "B", "T", "zero-states", "d-model", "d-state", "headdim",
+                        "expand", "ngroups", "layers", "rope-fraction", "outproj-norm",
+                        "chunk-size", "input-dim", "input-proj-identity", "vocab-size", "config",
+                        "golden", "checkpoint", "stage", "by-position", "json"})
+    if (option_given(vm, f))
+      throw UsageError(std::string("--sweep draws every problem: --") + f +
+                       " cannot be combined with it (reproduce one problem without --sweep)");
+  for (const char* f : {"failures-only", "details", "wide"})
+    if (vm[f].as<bool>()) throw UsageError(std::string("--") + f + ": not with --sweep");
+  const std::uint64_t n = vm["sweep"].as<std::uint64_t>();
+  if (n == 0) throw UsageError("--sweep 0: draw at least one problem");
+  harness::SweepOptions opt;
+  opt.precisions = precisions;
+  opt.modes = parse_scan_list(vm["scan"].as<std::string>());
+  opt.compare_modes = option_given(vm, "mode")
+                          ? parse_compare_modes(vm["mode"].as<std::string>())
+                          : std::vector<harness::CompareMode>{harness::CompareMode::EndToEnd,
+                                                              harness::CompareMode::Isolated};
+  opt.device = device;
+  if (fault != gpu::Fault::None) opt.fault = gpu::fault_name(fault);
+  if (device == "gpu")
+    opt.lineups = [fault](const std::vector<Precision>& ps) {
+      std::vector<harness::Lineup> l = harness::gpu_lineups(ps, fault);
+      harness::add_isolated_baselines(l);
+      return l;
+    };
+  else
+    opt.lineups = [](const std::vector<Precision>& ps) { return harness::cpu_lineups_perturbed(ps); };
+  opt.shrink = !vm["no-shrink"].as<bool>();
+  opt.jobs = vm["jobs"].as<int>();
+  if (opt.jobs < 1) throw UsageError("--jobs " + std::to_string(opt.jobs) + ": at least 1");
+  if (opt.jobs > 1 && device == "gpu")
+    throw UsageError("--jobs: the GPU runs one problem at a time (one device context)");
+  const std::uint64_t seed = vm.count("seed") ? parse_seed(vm["seed"].as<std::string>()) : 1;
+  const harness::SweepResult r = harness::run_sweep(seed, n, opt, std::cout);
+  return r.pass() ? 0 : 1;
 }
 
 }  // namespace
@@ -77,14 +130,17 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
     ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "subject storage precisions (comma list of f32, bf16, f16)")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
-    ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors, no baseline), or both (side by side)")
+    ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors + k x the perturbed oracle's teacher-forced error), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
     ("by-position", po::value<std::string>(), "print the error against position t (per chunk, chunk boundaries marked) of the [B*T, ...] tensors matching PATTERN, e.g. 'L0/F6/y'")
     ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force)")
     ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
-    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget");
+    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget")
+    ("sweep", po::value<std::uint64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
+    ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
+    ("jobs", po::value<int>()->default_value(1), "with --sweep on the CPU: problems run on N threads (the output is the same)");
   // clang-format on
   po::options_description all;
   all.add(run).add(problem_options(true));
@@ -109,6 +165,9 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (fault != gpu::Fault::None && device != "gpu")
     throw UsageError(std::string("--fault ") + gpu::fault_name(fault) +
                      ": faults are injected in the GPU subject only (--device gpu)");
+  if (vm.count("sweep")) return run_sweep(vm, precisions, device, fault);
+  if (vm["no-shrink"].as<bool>()) throw UsageError("--no-shrink: only with --sweep");
+  if (option_given(vm, "jobs")) throw UsageError("--jobs: only with --sweep");
   if (vm.count("json"))  // fail before the run, not after it
     check_output_path(vm, "json", vm["force"].as<bool>());
   ProblemSource src = load_problem(vm);
@@ -135,10 +194,16 @@ int cmd_compare(const std::vector<std::string>& args) {
                        "': matches no [B*T, ...] tensor of this run (and of --stage)");
   }
 
-  const harness::Comparison c =
-      harness::run_comparison(spec, src.problem, src.oracle,
-                              device == "gpu" ? harness::gpu_lineups(precisions, fault)
-                                              : harness::cpu_lineups(precisions));
+  // The cells without a same-precision baseline get the perturbed oracle (harness/sweep.hpp):
+  // the CPU's e2e and isolated cells, the GPU's isolated cells.
+  std::vector<harness::Lineup> lineups;
+  if (device == "gpu") {
+    lineups = harness::gpu_lineups(precisions, fault);
+    harness::add_isolated_baselines(lineups);
+  } else {
+    lineups = harness::cpu_lineups_perturbed(precisions);
+  }
+  const harness::Comparison c = harness::run_comparison(spec, src.problem, src.oracle, lineups);
 
   harness::ReportOptions ropt;
   ropt.failures_only = vm["failures-only"].as<bool>();

@@ -1,0 +1,237 @@
+// A random sweep over the supported config space (issue 16 §5, `m3h compare --sweep N --seed S`):
+// fixed presets only find the bugs someone thought of, so the sweep draws N valid problems at
+// random, runs each through the usual comparison (run.hpp: every precision of --dtype, every
+// scan mode, e2e and/or isolated), and for every failing problem prints a one-line reproducer
+// (`m3h compare --d-model … --seed …`, options that rebuild exactly that Problem), shrinks it
+// toward the smallest problem that still fails the same way, and prints the shrunk reproducer.
+//
+// The generator (draw_problem; problem i of sweep seed S is drawn from its own stream
+// Rng(sweep_stream(S, i)), so (S, i) reproduces it whatever N is). Every field of Config's
+// supported space (Config::validate) is drawn; sizes stay small (SweepLimits) so that a
+// thousand problems take minutes on a CPU:
+//   headdim      uniform over {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64} ∩ [1, max_headdim]
+//                (≥ min_gated_headdim with the gated norm)
+//   ngroups      1 (½), 2 (¼), 4 (¼);  heads per group 1 … 4;  nheads = ngroups·hpg ≤ max_heads
+//   expand       uniform over {1, 2, 3} among those with d_model = nheads·headdim / expand an
+//                integer in [min_d_model, max_d_model]
+//   d_state      uniform over {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64} ∩ [1, max_d_state]
+//                (≥ min_d_state: 2, 3 with rope 0.5 give num_rope_angles = 0)
+//   rope_fraction 0.5 or 1.0 (½ each);  is_outproj_norm ½
+//   n_layers     uniform 1 … max_layers;  B uniform 1 … max_B
+//   chunk_size   uniform over {1, 2, 3, 4, 5, 7, 8, 12, 16, 32, 64} ∩ [1, max_T]
+//   T            ⅓ each: T < chunk_size (1 … chunk−1; T = 1 when chunk = 1), a whole number of
+//                chunks (chunk·m), a ragged last chunk (chunk·m + r, 0 < r < chunk); T ≤ max_T
+//                (a class that does not fit redraws the class)
+//   input        a token model with probability p_token (vocab_size uniform 2 … max_vocab,
+//                input_dim = vocab_size); else input_proj the identity (¼; input_dim =
+//                d_model), or a linear input_proj with input_dim = d_model (⅜) or uniform in
+//                1 … max_input_dim (⅜)
+//   entering states random (½) or zero (½);  seed uniform 32-bit;  preset "default" (no
+//                adversarial adjustment), a_floor its default (no command-line option)
+// A draw that breaks Config::validate or a limit is redrawn whole (the stream continues).
+// Two corners of the space are left out by default, because no tolerance can judge them (each
+// has a SweepLimits switch to draw it anyway):
+//  * an RMS over ONE value (d_state = 1; headdim = 1 with the gated norm) or d_model < 4: a
+//    single-value RMSNorm is u·w/√(u² + ε) ≈ ±w, a step where u crosses ±√ε, so whether a
+//    rounding flips an output is a lottery, and d_model 2, 3 still hit it (RMS of 2–3 values
+//    near zero, gain up to 1/√ε ≈ 316). Measured with the perturbed oracle (below), 600
+//    problems: 11 of 165 such problems fail, 0 of 435 of the others.
+//  * T = 1 with zero entering states and the gated norm: y is then a per-head multiple of x,
+//    which the per-head gated RMSNorm divides out, so every gradient of the q·k, B, C, dt, D
+//    path is zero but for ε's effect, ~1e-5 of its terms. The computed value is rounding noise
+//    of sums of terms of order one, and two kinds of that noise are beyond the perturbed
+//    oracle's model: an f32 reduction of n cancelling terms errs ~√n times more than one
+//    rounding per term (up to 6x the baseline, headdim 64), and f16 flushes the ~1e-8
+//    gradients inside a stage (up to 370x). (The first problem quoted in issue 16 is of this
+//    kind; it passes end to end.)
+//
+// The baseline of the cells without a same-precision one (the CPU's, and the GPU's isolated
+// cells): the perturbed oracle below, BaselineKind::Perturbed (budget.hpp: the rule's k).
+//
+// Shrinking (shrink_failure): candidates, tried in this order, each only when it gives a valid
+// and different problem — n_layers 1, n_layers − 1; T 1, T/2, T − 1; B 1; zero entering states;
+// no outproj norm; rope_fraction 0.5; the identity input_proj (or input_dim 1 … halved; a token
+// model: vocab_size halved); nheads halved (fewer heads per group, then fewer groups); headdim
+// halved; expand 1; d_state halved, d_state − 1; chunk_size halved — the first candidate that
+// still fails `keeps` is taken and the list restarts; it stops when none does or after
+// max_steps accepted steps. "Still fails": the cells that failed (precision × scan mode ×
+// comparison mode) are re-run and the first failing tensor's stage/tensor (without its layer)
+// fails again in one of them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "run.hpp"
+
+namespace m3::harness {
+
+// ---- the perturbed oracle: the conditioning baseline of the CPU cells (budget.hpp) ----------
+
+// The perturbed oracle of a cell of precision p: the double reference with a random error of
+// the size of one rounding wherever a float implementation at p rounds a stored value —
+// relative u_typed = unit_roundoff(p) where MODEL.md §8 stores a tensor typed (the registry's
+// typed tensors, the GEMM weights' compute copies, X, the staged typed copy of δ that feeds a
+// GEMM), relative u_f32 = 2^-24 everywhere else (f32 tensors, the other parameters, dOut, the
+// entering states); in an f16 cell every stage output also absolutely, by up to half f16's
+// smallest subnormal (2^-25), where that is larger (see `tiny`). f32: all at 2^-24.
+struct Perturbation {
+  double u_typed = 0, u_f32 = 0;
+  // The absolute floor of every value's error, stage outputs f32 or typed: in an f16 cell a
+  // value below f16's normal range has passed through (or was computed from) f16 storage,
+  // whose rounding there is absolute, 2^-25 (half the smallest subnormal); 0 for f32, bf16.
+  double tiny = 0;
+};
+Perturbation perturbation_of(Precision p);
+
+// `pb` with every parameter, X, dOut and entering state multiplied by (1 + u·r), r uniform in
+// [−1, 1) from Rng(perturbation_seed(pb.seed, pt.u_typed, draw, 0)), in the flat order of
+// for_each_param (GEMM weights at u_typed, the others at u_f32), then x, d_out, the states ssm,
+// k, v, angle; tokens, targets and loss weights of a token model are kept (integers and 0/1).
+Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw);
+// The stream of (problem seed, u, draw, role): role 0 the problem's perturbation, 1 the stages'.
+std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role);
+// The double reference on perturbed_problem(pb, pt, draw), run stage by stage in the registry's
+// stage table as Backbone<double> / LmModel<double> chain them, with EVERY tensor a stage
+// writes (activations, saved tensors, states, gradients) perturbed as above right after the
+// stage (stream role 1). Same keys as run_reference<double>; with a zero Perturbation equal to
+// it bit for bit.
+Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturbation& pt,
+                                int draw);
+// The isolated counterpart (HARNESS.md §2): every stage of run_perturbed_reference fed the
+// ORACLE's values of its inputs, each perturbed as one rounding at its storage (the isolated
+// runner rounds the oracle's inputs so, isolated.hpp), its outputs perturbed and captured
+// (stream role 2): the error one stage cannot avoid at p, given its conditioning.
+Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
+                               const Perturbation& pt, int draw);
+// run_perturbed_reference at unit_roundoff(p); named "reference<double>~u(p)[#draw]".
+Implementation perturbed_oracle(Precision p, int draw);
+// run_perturbed_isolated at unit_roundoff(p), as a lineup's isolated baseline.
+IsolatedRun perturbed_isolated_oracle(Precision p, int draw);
+// Gives every lineup `draws` draws of perturbed_isolated_oracle as its isolated baselines (the
+// GPU lineups too: their isolated cells have no same-precision baseline either), measured
+// against the unperturbed teacher-forced double run (isolated_baseline_reference; computed once
+// per problem and scan mode for all the lineups).
+void add_isolated_baselines(std::vector<Lineup>& lineups, int draws = kPerturbationDraws);
+// The CPU lineup of m3h compare: subject = reference_emulation(p), baseline = the perturbed
+// oracle at p (BaselineKind::Perturbed), `draws` draws (≥ 1): draw 0 as the baseline, the
+// others as more_baselines, measured against run_reference<double> (baseline_reference: so
+// that a stored oracle's own deviation is never taken for precision-forced error; computed
+// once per problem and scan mode for all the lineups); and add_isolated_baselines(…, draws).
+std::vector<Lineup> cpu_lineups_perturbed(const std::vector<Precision>& precisions,
+                                          int draws = kPerturbationDraws);
+
+// ---- the sweep ------------------------------------------------------------------------------
+
+struct SweepLimits {
+  Idx max_B = 2;
+  Idx max_T = 100;
+  Idx max_d_model = 64;
+  Idx max_headdim = 64;
+  Idx max_heads = 8;
+  Idx max_d_state = 64;
+  Idx max_layers = 3;
+  Idx max_input_dim = 64;
+  Idx max_vocab = 64;
+  double p_token = 0.125;  // share of token models (vocab_size > 0)
+  // The fewest values each RMS of the model is taken over: d_model (the RMSNorms of every layer
+  // and norm_f), d_state (BCNorm) and, with is_outproj_norm, headdim (the gated norm, per
+  // head). Lower ones admit the narrow norms that no tolerance judges (see the header comment).
+  Idx min_d_model = 4;
+  Idx min_d_state = 2;
+  Idx min_gated_headdim = 4;
+  // Admit T = 1 with zero entering states and the gated norm (see the header comment).
+  bool scale_invariant_heads = false;
+};
+
+// The stream of problem `index` of sweep `seed`.
+std::uint64_t sweep_stream(std::uint64_t seed, std::uint64_t index);
+
+// Problem `index` of sweep `seed`: a RunSpec with preset "default", the drawn cfg, B, T, seed
+// and random_states (modes and comparison modes left at RunSpec's defaults). Always valid.
+RunSpec draw_problem(std::uint64_t seed, std::uint64_t index, const SweepLimits& lim = {});
+
+// What the sweep runs on each problem, and how it names the run in a reproducer.
+struct SweepOptions {
+  std::vector<Precision> precisions = {Precision::F32, Precision::BF16, Precision::F16};
+  std::vector<ScanMode> modes = {ScanMode::Sequential, ScanMode::Chunked};
+  std::vector<CompareMode> compare_modes = {CompareMode::EndToEnd, CompareMode::Isolated};
+  std::string device = "cpu";  // for the reproducer (--device)
+  std::string fault;           // for the reproducer (--fault), "" = none
+  // The lineup of a run at the given precisions (cpu_lineups_perturbed, gpu_lineups, …).
+  std::function<std::vector<Lineup>(const std::vector<Precision>&)> lineups;
+  SweepLimits limits;
+  bool shrink = true;
+  int max_shrink_steps = 40;
+  int progress_every = 50;  // a progress line every so many problems (0: none)
+  int jobs = 1;             // problems run in parallel (threads); the output is the same
+};
+
+// The problem options of `m3h compare` that rebuild exactly spec's Problem: --d-model,
+// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --chunk-size,
+// --input-dim or --vocab-size, [--input-proj-identity], [--outproj-norm], --B, --T, --seed,
+// [--zero-states] (a preset other than default adds --preset). Each option and value is its
+// own element.
+std::vector<std::string> reproducer_args(const RunSpec& spec);
+// "m3h compare --device D --dtype … --scan … --mode … [--fault F] <reproducer_args>".
+std::string reproducer(const RunSpec& spec, const std::vector<Precision>& precisions,
+                       const std::vector<ScanMode>& modes,
+                       const std::vector<CompareMode>& compare_modes, const std::string& device,
+                       const std::string& fault = "");
+
+// One problem's comparison, reduced to what the sweep needs.
+struct ProblemOutcome {
+  bool pass = true;
+  std::string error;        // an m3::Error (or other exception) of the run, "" when none
+  std::string first_fail;   // "L1/B6/dQK_dot [f32 chunked e2e]: rel_l2 … > budget …"
+  std::string fail_tensor;  // stage/tensor of the first failure without the layer ("B6/dQK_dot")
+  int n_fail = 0;           // failing tensor checks over all cells
+  std::vector<std::string> failing_tensors;  // stage/tensor of every failing check
+  // The failing cells.
+  std::vector<Precision> precisions;
+  std::vector<ScanMode> modes;
+  std::vector<CompareMode> compare_modes;
+};
+
+// Runs spec (its cfg, B, T, seed, states; modes and comparison modes from `opt`) against
+// reference<double> with opt.lineups(precisions). Never throws: an error is a failure.
+ProblemOutcome run_problem(const RunSpec& spec, const SweepOptions& opt,
+                           const std::vector<Precision>& precisions);
+
+// The shrinking candidates of `spec` (see the header comment), in order: valid ones within
+// `lim` only (so that a shrink never leaves the space the sweep judges).
+std::vector<RunSpec> shrink_candidates(const RunSpec& spec, const SweepLimits& lim = {});
+
+// Shrinks `spec` while `fails` holds (spec itself must fail). Returns the smallest failing
+// problem found; `steps` (optional) receives the number of accepted steps.
+RunSpec shrink_failure(const RunSpec& spec, const std::function<bool(const RunSpec&)>& fails,
+                       int max_steps, int* steps = nullptr, const SweepLimits& lim = {});
+
+struct SweepFailure {
+  std::uint64_t index = 0;
+  RunSpec problem;             // as drawn
+  ProblemOutcome outcome;      // of the drawn problem
+  RunSpec shrunk;              // the smallest failing problem found (= problem without shrinking)
+  ProblemOutcome shrunk_outcome;
+  int shrink_steps = 0;
+};
+
+struct SweepResult {
+  std::uint64_t seed = 0;
+  std::uint64_t n = 0;
+  std::vector<SweepFailure> failures;
+  double seconds = 0;
+  bool pass() const { return failures.empty(); }
+};
+
+// Draws and runs problems 0 … n−1 of sweep `seed`, printing to `out`: a header line, one line
+// per failing problem with its reproducer (and, when shrinking, a second line with the shrunk
+// reproducer), a progress line every opt.progress_every problems, and the summary
+// "sweep: N problems, F failed (…)".
+SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& opt,
+                      std::ostream& out);
+
+}  // namespace m3::harness
