@@ -407,7 +407,8 @@ double depth_factor(const Config& cfg) {
 }
 
 Budget make_budget(const ToleranceRow& row, Precision p, const Metrics& subject,
-                   const Metrics* baseline, double depth, BaselineKind kind) {
+                   const Metrics* baseline, double depth, BaselineKind kind,
+                   const Metrics* conditioning) {
   Budget b;
   b.precision = p;
   b.row = &row;
@@ -415,11 +416,12 @@ Budget make_budget(const ToleranceRow& row, Precision p, const Metrics& subject,
   b.k = baseline_k(p, kind, row.cmp);
   // An isolated stage that reads and writes f32 only (the table gives it f32's floors in every
   // precision) errs like an f32 implementation, whatever the cell's precision: f32's k.
-  if (kind == BaselineKind::Perturbed && row.cmp == CompareMode::Isolated &&
-      floors_of(row, p).rel_l2 == row.f32.rel_l2 && floors_of(row, p).rel_max == row.f32.rel_max)
+  const bool f32_only = floors_of(row, p).rel_l2 == row.f32.rel_l2 &&
+                        floors_of(row, p).rel_max == row.f32.rel_max;
+  if (kind == BaselineKind::Perturbed && row.cmp == CompareMode::Isolated && f32_only)
     b.k = baseline_k(Precision::F32, kind, row.cmp);
-  const bool tight = row.tight && kind == BaselineKind::Perturbed;
-  if (tight) b.k = kTightK;
+  b.tight = row.tight && kind == BaselineKind::Perturbed && subject.numel >= kTightMinElements;
+  if (b.tight) b.k = kTightK;
   b.depth = depth;
   const Floors& f = floors_of(row, p);
   const double scale = subject.zero_oracle() ? 1.0 : subject.oracle_scale;
@@ -429,12 +431,23 @@ Budget make_budget(const ToleranceRow& row, Precision p, const Metrics& subject,
     b.baseline_rel_l2 = baseline->rel_l2;
     b.baseline_max_abs = baseline->max_abs;
   }
-  if (tight) {
-    b.rel_l2 = std::max(b.k * b.baseline_rel_l2, b.floor_rel_l2);
-    b.max_abs = std::max(b.k * b.baseline_max_abs, b.floor_max_abs);
+  double term_rel = b.k * b.baseline_rel_l2, term_max = b.k * b.baseline_max_abs;
+  if (conditioning) {
+    b.k_conditioning = baseline_k(p, BaselineKind::Perturbed, row.cmp);
+    b.conditioning_rel_l2 = conditioning->rel_l2;
+    b.conditioning_max_abs = conditioning->max_abs;
+    // std::max would drop a NaN on one side; a NaN term must make the limit NaN (no pass).
+    const double c_rel = b.k_conditioning * b.conditioning_rel_l2;
+    const double c_max = b.k_conditioning * b.conditioning_max_abs;
+    term_rel = std::isnan(c_rel) || c_rel > term_rel ? c_rel : term_rel;
+    term_max = std::isnan(c_max) || c_max > term_max ? c_max : term_max;
+  }
+  if (b.tight) {
+    b.rel_l2 = std::max(term_rel, b.floor_rel_l2);
+    b.max_abs = std::max(term_max, b.floor_max_abs);
   } else {
-    b.rel_l2 = b.k * b.baseline_rel_l2 + b.floor_rel_l2;
-    b.max_abs = b.k * b.baseline_max_abs + b.floor_max_abs;
+    b.rel_l2 = term_rel + b.floor_rel_l2;
+    b.max_abs = term_max + b.floor_max_abs;
   }
   return b;
 }

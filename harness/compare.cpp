@@ -95,12 +95,51 @@ std::vector<std::string> expected_keys(const Config& cfg, Idx B, Idx T, ScanMode
 
 namespace {
 
+// The error of a set of baseline draws against `ref` (budget.hpp): the largest draw plus the
+// draws' range (max − min), rel_l2 and max_abs each; a NaN anywhere stays NaN. False, with
+// row.status/note set, when a draw or the reference lacks the key or its shape.
+bool draw_error(TensorResult& row, const Tensor& o, const Tensor* ref,
+                const std::vector<const Capture*>& draws, Precision precision, const char* what,
+                Metrics& out) {
+  if (!ref || ref->shape != o.shape) {
+    row.status = Status::OracleBad;
+    row.note = std::string("the ") + what + "'s reference run lacks this key or its shape";
+    return false;
+  }
+  double lo_rel = 0, hi_rel = 0, lo_max = 0, hi_max = 0;
+  for (size_t d = 0; d < draws.size(); ++d) {
+    const Tensor* t = draws[d] ? draws[d]->find(row.key) : nullptr;
+    if (!t || t->shape != o.shape) {
+      row.status = Status::OracleBad;  // the yardstick itself is unusable
+      row.note = t ? std::string(what) + " shape " + shape_str(t->shape) + " differs from the oracle's"
+                   : std::string("the ") + what + (d ? " (draw " + std::to_string(d) + ")" : "") +
+                         " did not capture this key";
+      return false;
+    }
+    const Metrics m = compute_metrics(*ref, *t, row.circular, precision);
+    if (d == 0) {
+      out = m;
+      lo_rel = hi_rel = m.rel_l2;
+      lo_max = hi_max = m.max_abs;
+      continue;
+    }
+    lo_rel = std::min(lo_rel, m.rel_l2);
+    hi_rel = std::isnan(m.rel_l2) ? m.rel_l2 : std::max(hi_rel, m.rel_l2);
+    lo_max = std::min(lo_max, m.max_abs);
+    hi_max = std::isnan(m.max_abs) ? m.max_abs : std::max(hi_max, m.max_abs);
+  }
+  if (draws.size() > 1) {
+    out.rel_l2 = hi_rel + (hi_rel - lo_rel);
+    out.max_abs = hi_max + (hi_max - lo_max);
+  }
+  return true;
+}
+
 void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
                const Capture* baseline, const Config& cfg, Idx B, Idx T, ScanMode mode,
-               Precision precision, CompareMode cmp, bool profile, BaselineKind kind,
-               const std::vector<const Capture*>& more_baselines,
-               const std::vector<const Capture*>& isolated_baselines,
-               const Capture* baseline_reference) {
+               bool profile, const CompareOptions& opt) {
+  const Precision precision = opt.precision;
+  const CompareMode cmp = opt.compare_mode;
   const ToleranceRow& tol = find_tolerance(row.stage, row.tensor, mode, cmp);
   const Tensor* o = oracle.find(row.key);
   const Tensor* s = subject.find(row.key);
@@ -133,53 +172,31 @@ void judge_row(TensorResult& row, const Capture& oracle, const Capture& subject,
   if (cmp == CompareMode::EndToEnd) {
     if (baseline) {
       draws.push_back(baseline);
-      draws.insert(draws.end(), more_baselines.begin(), more_baselines.end());
+      draws.insert(draws.end(), opt.more_baselines.begin(), opt.more_baselines.end());
     }
   } else {
-    draws = isolated_baselines;
+    draws = opt.isolated_baselines;
   }
-  baseline = draws.empty() ? nullptr : draws.front();
-  const Tensor* bl = baseline ? baseline->find(row.key) : nullptr;
   // What the draws deviate from: the oracle, or the baseline's own unperturbed run.
-  const Tensor* ref = baseline_reference ? baseline_reference->find(row.key) : o;
-  if (baseline && (!ref || ref->shape != o->shape)) {
-    row.status = Status::OracleBad;
-    row.note = "the baseline's reference run lacks this key or its shape";
-    return;
-  }
-  if (baseline && (!bl || bl->shape != o->shape)) {
-    row.status = Status::OracleBad;  // the yardstick itself is unusable
-    row.note = bl ? "baseline shape " + shape_str(bl->shape) + " differs from the oracle's"
-                  : "the baseline did not capture this key";
-    return;
-  }
-  if (bl) {
+  if (!draws.empty()) {
+    const Tensor* ref = opt.baseline_reference ? opt.baseline_reference->find(row.key) : o;
+    if (!draw_error(row, *o, ref, draws, precision, "baseline", row.baseline)) return;
     row.has_baseline = true;
-    row.baseline = compute_metrics(*ref, *bl, row.circular, precision);
-    // Further draws (budget.hpp): the largest error plus the draws' range (max − min), for
-    // rel_l2 and max_abs each; a NaN anywhere stays NaN.
-    double lo_rel = row.baseline.rel_l2, hi_rel = lo_rel;
-    double lo_max = row.baseline.max_abs, hi_max = lo_max;
-    for (size_t d = 1; d < draws.size(); ++d) {
-      const Tensor* t = draws[d] ? draws[d]->find(row.key) : nullptr;
-      if (!t || t->shape != o->shape) {
-        row.status = Status::OracleBad;
-        row.note = "a further baseline draw lacks this key or its shape";
-        return;
-      }
-      const Metrics m = compute_metrics(*ref, *t, row.circular, precision);
-      lo_rel = std::min(lo_rel, m.rel_l2);
-      hi_rel = std::isnan(m.rel_l2) ? m.rel_l2 : std::max(hi_rel, m.rel_l2);
-      lo_max = std::min(lo_max, m.max_abs);
-      hi_max = std::isnan(m.max_abs) ? m.max_abs : std::max(hi_max, m.max_abs);
-    }
-    if (draws.size() > 1) {
-      row.baseline.rel_l2 = hi_rel + (hi_rel - lo_rel);
-      row.baseline.max_abs = hi_max + (hi_max - lo_max);
-    }
+  }
+  // The conditioning term of a cell with a same-precision baseline (CompareOptions).
+  Metrics cond;
+  const bool has_cond = cmp == CompareMode::EndToEnd && !opt.conditioning.empty();
+  if (has_cond) {
+    const Tensor* ref =
+        opt.conditioning_reference ? opt.conditioning_reference->find(row.key) : o;
+    if (!draw_error(row, *o, ref, opt.conditioning, precision, "conditioning baseline", cond))
+      return;
   }
   row.budget = make_budget(tol, precision, row.subject, row.has_baseline ? &row.baseline : nullptr,
-                           cmp == CompareMode::EndToEnd ? depth_factor(cfg) : 1.0, kind);
+                           cmp == CompareMode::EndToEnd ? depth_factor(cfg) : 1.0,
+                           cmp == CompareMode::Isolated && !draws.empty() ? BaselineKind::Perturbed
+                                                                          : opt.baseline_kind,
+                           has_cond ? &cond : nullptr);
   row.verdict = judge(row.subject, row.budget);
   if (row.subject.worst_index >= 0 && row.syms)
     row.worst_coords = decode_index(*row.syms, row.shape, row.subject.worst_index, cfg, B, T);
@@ -253,9 +270,7 @@ CompareResult compare_captures(const Capture& oracle, const Capture& subject,
     TensorResult& r = res.rows[i];
     const bool profile = !opt.by_position.empty() && !r.is_param && r.syms &&
                          has_position_axis(*r.syms) && key_matches(r.key, opt.by_position);
-    judge_row(r, oracle, subject, baseline, cfg, B, T, mode, opt.precision, opt.compare_mode,
-              profile, opt.baseline_kind, opt.more_baselines, opt.isolated_baselines,
-              opt.baseline_reference);
+    judge_row(r, oracle, subject, baseline, cfg, B, T, mode, profile, opt);
     if (!r.pass() && res.first_fail < 0) res.first_fail = static_cast<int>(i);
     if (r.subject.nan_count + r.subject.inf_count > 0 && res.first_nonfinite < 0)
       res.first_nonfinite = static_cast<int>(i);

@@ -85,6 +85,13 @@ struct CompareOptions {
   // What the baseline draws' error is measured against (Lineup::baseline_reference, and its
   // isolated counterpart); null: the oracle. The subject's error is always against the oracle.
   const Capture* baseline_reference = nullptr;
+  // End to end, beside a same-precision baseline (the GPU's cells): the perturbed oracle's
+  // draws (Lineup::conditioning) and what they deviate from (null: the oracle). A tensor's
+  // limit is then max(k · baseline, k_p · conditioning) + floor (budget.hpp): the emulation
+  // is one float implementation, and another one (other summation orders) may err by as much
+  // as the tensor's conditioning forces.
+  std::vector<const Capture*> conditioning = {};
+  const Capture* conditioning_reference = nullptr;
 };
 
 struct CompareResult {

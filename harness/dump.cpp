@@ -76,74 +76,92 @@ Tensor difference(const Tensor& subject, const Tensor& oracle, bool circular) {
 
 std::string axes_name(const std::vector<Sym>& syms) { return join(syms, sym_name); }
 
-DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
-                      const Implementation& oracle, const std::vector<Lineup>& lineups) {
+DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_in,
+                      const Problem& pb, const Implementation& oracle,
+                      const std::vector<Lineup>& lineups, const DumpOptions& dopt) {
+  RunSpec spec = spec_in;
+  spec.compare_modes = {CompareMode::EndToEnd};  // a dump holds end-to-end arrays
   M3_REQUIRE(!spec.filter.empty(), "dump", "no --stage pattern", "say which keys to dump ('*' for all)");
   M3_REQUIRE(!lineups.empty() && !spec.modes.empty(), "dump", "nothing to dump",
              "no precision or no scan mode");
-  bool any = false;
-  for (ScanMode mode : spec.modes)
+  bool any = false, any_profile = false;
+  for (ScanMode mode : spec.modes) {
     for (const auto& k : expected_keys(spec.cfg, spec.B, spec.T, mode))
       any = any || key_matches(k, spec.filter);
+    for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, mode))
+      any_profile = any_profile ||
+                    (has_position_axis(ks.spec->shape) && key_matches(ks.key, spec.filter));
+  }
   M3_REQUIRE(any, "dump", "--stage '" + spec.filter + "' matches no tensor of this run", "");
+  M3_REQUIRE(!dopt.profiles_only || any_profile, "dump",
+             "--profiles-only: --stage '" + spec.filter + "' matches no [B*T, ...] tensor",
+             "only those have an error-against-position profile");
 
   // Everything is computed first and the file created only at the end, so that an interrupted
   // or failing run leaves no temporary file behind while it computes (the writer's temporary
-  // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp).
+  // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp). The verdicts are
+  // run_comparison's, on the captures it judged (its CellObserver).
   struct Entry {
     std::string group;
     Tensor oracle, subject, diff, baseline;
     bool has_oracle = false, has_subject = false, has_baseline = false;
     PositionProfile by_position;  // [B·T, …] tensors: the error against t (position.hpp)
   };
-  DumpResult res;
   std::vector<std::vector<Entry>> entries;  // per cell, in run order
-  for (ScanMode mode : spec.modes) {
-    const Capture o = oracle.run(pb, mode);
-    for (const Lineup& l : lineups) {
-      const Capture s = l.subject.run(pb, mode);
-      Capture b;
-      if (l.baseline) b = l.baseline->run(pb, mode);
-      CompareOptions opt;
-      opt.precision = l.precision;
-      opt.filter = spec.filter;
-      res.cells.push_back(compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B,
-                                           spec.T, mode, opt));
-      std::vector<Entry>& cell = entries.emplace_back();
-      for (const TensorResult& r : res.cells.back().rows) {
-        Entry e;
-        e.group = std::string("/dump/") + scan_mode_name(mode) + "/" +
-                  precision_name(l.precision) + "/" + r.key;
-        const Tensor* ot = o.find(r.key);
-        const Tensor* st = s.find(r.key);
-        const Tensor* bt = l.baseline ? b.find(r.key) : nullptr;
-        if (ot) {
-          e.oracle = *ot;
-          e.has_oracle = true;
-        }
-        if (ot && st && st->shape == ot->shape) {
+  std::vector<const CompareResult*> run_order;
+  const bool keep_arrays = !dopt.profiles_only;
+  auto observe = [&](const CompareResult& cell, const Capture& o, const Capture& s,
+                     const Capture* b) {
+    std::vector<Entry>& out = entries.emplace_back();
+    for (const TensorResult& r : cell.rows) {
+      const bool positional = !r.is_param && r.syms && has_position_axis(*r.syms);
+      if (dopt.profiles_only && !positional) continue;
+      Entry e;
+      e.group = std::string("/dump/") + scan_mode_name(cell.mode) + "/" +
+                precision_name(cell.precision) + "/" + r.key;
+      const Tensor* ot = o.find(r.key);
+      const Tensor* st = s.find(r.key);
+      const Tensor* bt = b ? b->find(r.key) : nullptr;
+      if (ot && keep_arrays) {
+        e.oracle = *ot;
+        e.has_oracle = true;
+      }
+      if (ot && st && st->shape == ot->shape) {
+        if (keep_arrays) {
           e.subject = *st;
           e.diff = difference(*st, *ot, r.circular);
           e.has_subject = true;
-          if (!r.is_param && r.syms && has_position_axis(*r.syms))
-            e.by_position = position_profile(*st, *ot, spec.B, spec.T, r.circular);
         }
-        if (ot && bt && bt->shape == ot->shape) {
-          e.baseline = *bt;
-          e.has_baseline = true;
-        }
-        cell.push_back(std::move(e));
+        if (positional) e.by_position = position_profile(*st, *ot, spec.B, spec.T, r.circular);
       }
+      if (ot && bt && bt->shape == ot->shape && keep_arrays) {
+        e.baseline = *bt;
+        e.has_baseline = true;
+      }
+      out.push_back(std::move(e));
     }
-  }
+  };
+  const Comparison c = run_comparison(spec, pb, oracle, lineups, observe);
+  // run order (mode outermost, then lineup) -> the comparison's precision-major cells
+  const size_t np = lineups.size(), nm = spec.modes.size();
+  for (size_t m = 0; m < nm; ++m)
+    for (size_t p = 0; p < np; ++p) run_order.push_back(&c.cells[p * nm + m]);
+  M3_REQUIRE(run_order.size() == entries.size(), "dump", "internal: cells and captures differ",
+             run_order.size(), " cells, ", entries.size(), " observed");
+
+  DumpResult res;
   h5::Writer w(path, force);
   write_meta(w, spec, pb, oracle.name, lineups);
+  w.attr("/meta", "profiles_only", dopt.profiles_only ? 1 : 0);
   const auto nf = h5::NonFinite::Allow;
   for (size_t ci = 0; ci < entries.size(); ++ci) {
-    const std::vector<TensorResult>& rows = res.cells[ci].rows;
+    std::vector<const TensorResult*> rows;
+    for (const TensorResult& r : run_order[ci]->rows)
+      if (!dopt.profiles_only || (!r.is_param && r.syms && has_position_axis(*r.syms)))
+        rows.push_back(&r);
     for (size_t ri = 0; ri < entries[ci].size(); ++ri) {
       const Entry& e = entries[ci][ri];
-      const TensorResult& r = rows[ri];
+      const TensorResult& r = *rows[ri];
       const std::string& g = e.group;
       w.group(g);
       if (e.has_oracle) {
@@ -181,12 +199,7 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, 
     }
   }
   w.commit();
-  // Precision-major, as run_comparison's cells.
-  std::vector<CompareResult> ordered;
-  const size_t np = lineups.size();
-  for (size_t p = 0; p < np; ++p)
-    for (size_t m = 0; m < spec.modes.size(); ++m) ordered.push_back(std::move(res.cells[m * np + p]));
-  res.cells = std::move(ordered);
+  res.cells = c.cells;  // precision-major, as run_comparison's
   return res;
 }
 

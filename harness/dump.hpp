@@ -21,6 +21,8 @@
 //     attributes: axes ("BT,NH,HD": the registry's symbolic shape), circular (0/1), status
 //                 ("ok", "FAIL", …), rel_l2, max_abs, p95_rel, cosine, pct (of budget),
 //                 worst_coords
+// With DumpOptions::profiles_only a key group holds by_position/ and the attributes only, and
+// /meta has profiles_only = 1 (else 0); only [B·T, …] tensors are written.
 // NaN/Inf are stored as they are (a dump is for looking at failures). A subject that lacks a
 // key or has another shape gets no subject/diff datasets; its status attribute says why.
 #pragma once
@@ -42,9 +44,19 @@ struct DumpResult {
   int n_datasets = 0;
 };
 
-// Requires a non-empty spec.filter matching at least one key (m3::Error otherwise).
+struct DumpOptions {
+  // Only the error-against-position profiles (by_position/max_abs, rel_l2 and the key's
+  // attributes) of the [B·T, …] tensors: a file of O(T) per key instead of the arrays, for
+  // long sequences (the full arrays of the long_t preset are tens of MB).
+  bool profiles_only = false;
+};
+
+// The verdicts are run_comparison's on `lineups` (end to end; spec.compare_modes is ignored).
+// Requires a non-empty spec.filter matching at least one key (with profiles_only: one
+// [B·T, …] tensor); m3::Error otherwise.
 DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
-                      const Implementation& oracle, const std::vector<Lineup>& lineups);
+                      const Implementation& oracle, const std::vector<Lineup>& lineups,
+                      const DumpOptions& opt = {});
 
 // "BT,NH,HD".
 std::string axes_name(const std::vector<Sym>& syms);

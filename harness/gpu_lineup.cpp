@@ -6,6 +6,7 @@
 #include "backbone.hpp"  // capture_grads
 #include "device.hpp"
 #include "error.hpp"
+#include "sweep.hpp"
 
 namespace m3::harness {
 
@@ -55,6 +56,19 @@ std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions, gpu::F
   for (Precision p : precisions)
     out.push_back({p, gpu_subject(p, fault), reference_emulation(p)});
   return out;
+}
+
+std::vector<Lineup> judged_lineups(const std::string& device,
+                                   const std::vector<Precision>& precisions, gpu::Fault fault) {
+  if (device == "gpu") {
+    std::vector<Lineup> l = gpu_lineups(precisions, fault);
+    add_perturbed_baselines(l);
+    return l;
+  }
+  M3_REQUIRE(device == "cpu", "judged_lineups", "the device is gpu or cpu", "device=", device);
+  M3_REQUIRE(fault == gpu::Fault::None, "judged_lineups",
+             "a fault is injected into the GPU subject only", "fault=", gpu::fault_name(fault));
+  return cpu_lineups_perturbed(precisions);
 }
 
 }  // namespace m3::harness

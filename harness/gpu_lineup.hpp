@@ -25,4 +25,12 @@ Implementation gpu_subject(Precision storage, gpu::Fault fault = gpu::Fault::Non
 std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions,
                                 gpu::Fault fault = gpu::Fault::None);
 
+// The lineups every judging command uses (m3h compare, dump, the sweep), so that one problem
+// gets one verdict whichever command runs it. device "gpu": gpu_lineups(…, fault) with
+// add_perturbed_baselines (the isolated cells' baseline, the end-to-end cells' conditioning
+// term); "cpu": cpu_lineups_perturbed (a fault there is an m3::Error: the CPU subject has none).
+std::vector<Lineup> judged_lineups(const std::string& device,
+                                   const std::vector<Precision>& precisions,
+                                   gpu::Fault fault = gpu::Fault::None);
+
 }  // namespace m3::harness

@@ -152,6 +152,44 @@ std::vector<std::string> merged_keys(const Comparison& c) {
   return merged;
 }
 
+RuleSummary rule_summary(const Comparison& c) {
+  RuleSummary r;
+  for (const Lineup& l : c.lineups) {
+    if (l.baseline && !r.e2e_baseline) {
+      r.e2e_baseline = true;
+      r.e2e_kind = l.baseline_kind;
+    }
+    r.e2e_conditioning = r.e2e_conditioning || !l.conditioning.empty();
+    r.iso_baseline = r.iso_baseline || !l.isolated_baselines.empty();
+  }
+  auto ks = [](BaselineKind kind, CompareMode cmp) {
+    return "k=" + printf_str("%g", baseline_k(Precision::F32, kind, cmp)) + " f32, " +
+           printf_str("%g", baseline_k(Precision::BF16, kind, cmp)) + " bf16/f16";
+  };
+  const std::string draws = "max + range of " + std::to_string(kPerturbationDraws) + " draws";
+  if (!r.e2e_baseline) {
+    r.e2e = "floor (no baseline: the floors alone decide)";
+  } else if (r.e2e_kind == BaselineKind::Perturbed) {
+    r.e2e = "k*perturbed + floor (perturbed = the perturbed oracle's error, " + draws + "; " +
+            ks(BaselineKind::Perturbed, CompareMode::EndToEnd) + ")";
+  } else if (r.e2e_conditioning) {
+    r.e2e = "max(k*baseline, kp*perturbed) + floor (baseline = the emulation, " +
+            ks(BaselineKind::SamePrecision, CompareMode::EndToEnd) + "; perturbed = the "
+            "perturbed oracle's error, " + draws + ", kp: " +
+            ks(BaselineKind::Perturbed, CompareMode::EndToEnd).substr(2) + ")";
+  } else {
+    r.e2e = "k*baseline + floor (" + ks(BaselineKind::SamePrecision, CompareMode::EndToEnd) + ")";
+  }
+  if (r.iso_baseline)
+    r.iso = "k*perturbed + the isolated floor (the perturbed oracle's teacher-forced error, " +
+            draws + "; " + ks(BaselineKind::Perturbed, CompareMode::Isolated) +
+            ", f32-only stages f32's; tight rows on >= " + std::to_string(kTightMinElements) +
+            " values: max(floor, " + printf_str("%g", kTightK) + "*perturbed))";
+  else
+    r.iso = "the isolated floor (no baseline)";
+  return r;
+}
+
 void print_compare_header(std::ostream& os, const Comparison& c) {
   const RunSpec& s = c.spec;
   os << "m3h compare: oracle=" << c.oracle_name << " device=" << s.device << "\n";
@@ -167,19 +205,18 @@ void print_compare_header(std::ostream& os, const Comparison& c) {
         })
      << " stage=" << (s.filter.empty() ? "*" : s.filter)
      << " compare=" << join(s.compare_modes, ",", compare_mode_name) << "\n";
-  bool any_baseline = false, e2e = false, iso = false;
-  for (const Lineup& l : c.lineups) any_baseline = any_baseline || l.baseline.has_value();
+  bool e2e = false, iso = false;
   for (CompareMode m : s.compare_modes) (m == CompareMode::Isolated ? iso : e2e) = true;
+  const RuleSummary rs = rule_summary(c);
   if (e2e)
-    os << "rule" << (iso ? " e2e" : "")
-       << ": pass when rel_l2 and max_abs <= k*baseline + floor (k=2 f32, 3 bf16/f16"
-       << (any_baseline ? "" : "; no baseline: the floors alone decide") << "; floors x"
-       << depth_factor(s.cfg) << " for depth); %budget = err/limit, the larger of the two\n";
+    os << "rule" << (iso ? " e2e" : "") << ": pass when rel_l2 and max_abs <= " << rs.e2e
+       << "; floors x" << depth_factor(s.cfg) << " for depth; %budget = err/limit, the larger "
+       << "of the two\n";
   if (iso)
     os << "rule" << (e2e ? " iso" : "")
        << ": isolated (teacher-forced: each stage fed the oracle's inputs, rounded to its "
-          "storage); pass when rel_l2 and max_abs <= the isolated floor (no baseline, no depth "
-          "factor)\n";
+          "storage); pass when rel_l2 and max_abs <= "
+       << rs.iso << " (no depth factor)\n";
   os << "flags: FAIL over budget, NAN non-finite subject, MISS not captured, SHPE shape "
         "differs, ORCL oracle/baseline unusable\n";
 }

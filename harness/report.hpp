@@ -56,6 +56,17 @@ struct ReportOptions {
   bool wide = false;           // max_abs, rel_l2, p95_rel, %budget per cell
 };
 
+// The pass rule a comparison applied (budget.hpp), derived from its lineups: the limit in
+// words for the end-to-end and the isolated cells, and what their baselines are.
+struct RuleSummary {
+  std::string e2e, iso;               // e.g. "2*baseline + floor (k=2 f32, 3 bf16/f16)"
+  BaselineKind e2e_kind = BaselineKind::SamePrecision;
+  bool e2e_baseline = false;          // some lineup has an end-to-end baseline
+  bool e2e_conditioning = false;      // … and the perturbed oracle's conditioning term
+  bool iso_baseline = false;          // the isolated cells have the perturbed oracle
+};
+RuleSummary rule_summary(const Comparison& c);
+
 void print_compare_header(std::ostream& os, const Comparison& c);
 void print_compare_table(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
 void print_compare_summary(std::ostream& os, const Comparison& c);

@@ -106,6 +106,18 @@ void write_cell(Json& j, const CompareResult& cell, const TensorResult& r) {
     j.key("floor_max_abs").num(b.floor_max_abs);
     j.key("baseline_rel_l2").num(b.baseline_rel_l2);
     j.key("baseline_max_abs").num(b.baseline_max_abs);
+    j.key("baseline_kind").str(b.kind == BaselineKind::Perturbed ? "perturbed" : "same-precision");
+    j.key("tight").boolean(b.tight);
+    j.key("conditioning");
+    if (b.k_conditioning > 0) {
+      j.begin_object();
+      j.key("k").num(b.k_conditioning);
+      j.key("rel_l2").num(b.conditioning_rel_l2);
+      j.key("max_abs").num(b.conditioning_max_abs);
+      j.end_object();
+    } else {
+      j.null();
+    }
     j.key("rel_l2").num(b.rel_l2);
     j.key("max_abs").num(b.max_abs);
     j.key("row").begin_object();
@@ -186,12 +198,38 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
   j.end_array();
   j.key("config");
   write_config(j, s.cfg, s.T);
+  // The rule as applied (budget.hpp): per comparison mode, what the baseline is and its k.
+  const RuleSummary rs = rule_summary(c);
+  auto ks = [&](BaselineKind kind, CompareMode cmp) {
+    j.begin_object();
+    for (Precision p : {Precision::F32, Precision::BF16, Precision::F16})
+      j.key(precision_name(p)).num(baseline_k(p, kind, cmp));
+    j.end_object();
+  };
   j.key("rule").begin_object();
-  j.key("k").begin_object();
-  for (Precision p : {Precision::F32, Precision::BF16, Precision::F16})
-    j.key(precision_name(p)).num(k_factor(p));
-  j.end_object();
   j.key("depth").num(depth_factor(s.cfg));
+  j.key("e2e").begin_object();
+  j.key("text").str(rs.e2e);
+  j.key("baseline").str(!rs.e2e_baseline ? "none"
+                        : rs.e2e_kind == BaselineKind::Perturbed ? "perturbed"
+                                                                 : "same-precision");
+  j.key("k");
+  if (rs.e2e_baseline) ks(rs.e2e_kind, CompareMode::EndToEnd);
+  else j.null();
+  j.key("conditioning_k");
+  if (rs.e2e_conditioning) ks(BaselineKind::Perturbed, CompareMode::EndToEnd);
+  else j.null();
+  j.end_object();
+  j.key("isolated").begin_object();
+  j.key("text").str(rs.iso);
+  j.key("baseline").str(rs.iso_baseline ? "perturbed" : "none");
+  j.key("k");
+  if (rs.iso_baseline) ks(BaselineKind::Perturbed, CompareMode::Isolated);
+  else j.null();
+  j.key("tight_k").num(kTightK);
+  j.key("tight_min_elements").num(static_cast<std::int64_t>(kTightMinElements));
+  j.end_object();
+  j.key("draws").num(kPerturbationDraws);
   j.end_object();
   j.key("lineups").begin_array();
   for (const Lineup& l : c.lineups) {

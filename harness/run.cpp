@@ -77,7 +77,7 @@ int Comparison::n_fail() const {
 }
 
 Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
-                          const std::vector<Lineup>& lineups) {
+                          const std::vector<Lineup>& lineups, const CellObserver& observe) {
   validate_run(spec.cfg, spec.B, spec.T);
   M3_REQUIRE(!lineups.empty(), "run_comparison", "no precision to compare", "");
   M3_REQUIRE(!spec.modes.empty(), "run_comparison", "no scan mode to compare", "");
@@ -125,6 +125,7 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
             opt.baseline_reference = &ref;
           }
           r = compare_captures(o, s, nullptr, spec.cfg, spec.B, spec.T, mode, opt);
+          if (observe) observe(r, o, s, iso.empty() ? nullptr : &iso.front());
         } else {
           const Capture s = l.subject.run(pb, mode);
           Capture b;
@@ -138,8 +139,17 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
             ref = l.baseline_reference(pb, mode);
             opt.baseline_reference = &ref;
           }
+          std::vector<Capture> cond;
+          for (const Implementation& ci : l.conditioning) cond.push_back(ci.run(pb, mode));
+          for (const Capture& c2 : cond) opt.conditioning.push_back(&c2);
+          Capture cref;
+          if (!cond.empty() && l.conditioning_reference) {
+            cref = l.conditioning_reference(pb, mode);
+            opt.conditioning_reference = &cref;
+          }
           r = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode,
                                opt);
+          if (observe) observe(r, o, s, l.baseline ? &b : nullptr);
         }
         cells[(p * nm + m) * nc + k] = std::move(r);
       }

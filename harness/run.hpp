@@ -108,6 +108,11 @@ struct Lineup {
   // oracle (right when the oracle is reference<double> itself).
   std::function<Capture(const Problem&, ScanMode)> baseline_reference = nullptr;
   IsolatedRun isolated_baseline_reference = nullptr;
+  // End to end, beside a same-precision baseline: the perturbed oracle's draws, the tensor's
+  // conditioning (CompareOptions::conditioning, budget.hpp), measured against
+  // conditioning_reference (null: the oracle). Empty: no such term.
+  std::vector<Implementation> conditioning = {};
+  std::function<Capture(const Problem&, ScanMode)> conditioning_reference = nullptr;
 };
 
 // The CPU lineup of spec.precisions: subject = reference_emulation(p), no baseline.
@@ -131,7 +136,13 @@ struct Comparison {
 // Runs and compares every (precision, scan mode, comparison mode) cell on `pb` (which must
 // match spec's cfg, B, T). Throws m3::Error on an invalid config or run shape, an empty
 // lineup/mode list, or an isolated comparison of a subject without a teacher-forced runner.
+// `observe` (may be empty) is called once per cell right after it is judged, in run order
+// (scan mode outermost, then lineup, then comparison mode), with the captures it was judged
+// on: the oracle's, the subject's and the baseline's (its first draw; null without one) —
+// m3h dump writes its arrays from these, so that its verdicts are compare's.
+using CellObserver = std::function<void(const CompareResult& cell, const Capture& oracle,
+                                        const Capture& subject, const Capture* baseline)>;
 Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
-                          const std::vector<Lineup>& lineups);
+                          const std::vector<Lineup>& lineups, const CellObserver& observe = {});
 
 }  // namespace m3::harness

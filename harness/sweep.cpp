@@ -547,7 +547,7 @@ namespace {
 
 // The unperturbed runs the perturbed draws deviate from (Lineup::baseline_reference), computed
 // once per problem and scan mode and shared by every precision's lineup of one
-// cpu_lineups_perturbed / add_isolated_baselines call. A run is reused only for the same
+// cpu_lineups_perturbed / add_perturbed_baselines call. A run is reused only for the same
 // problem and (isolated) the same oracle: same objects, same seed, shape and content marks.
 class ReferenceRuns {
  public:
@@ -606,8 +606,8 @@ IsolatedRun perturbed_isolated_oracle(Precision p, int draw) {
   };
 }
 
-void add_isolated_baselines(std::vector<Lineup>& lineups, int draws) {
-  M3_REQUIRE(draws >= 1, "add_isolated_baselines", "at least one draw of the perturbed oracle",
+void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws) {
+  M3_REQUIRE(draws >= 1, "add_perturbed_baselines", "at least one draw of the perturbed oracle",
              "draws=" + std::to_string(draws));
   auto refs = std::make_shared<ReferenceRuns>();
   for (Lineup& l : lineups) {
@@ -616,6 +616,13 @@ void add_isolated_baselines(std::vector<Lineup>& lineups, int draws) {
       l.isolated_baselines.push_back(perturbed_isolated_oracle(l.precision, d));
     l.isolated_baseline_reference = [refs](const Problem& pb, ScanMode mode, const Capture& o) {
       return refs->isolated(pb, mode, o);
+    };
+    l.conditioning.clear();
+    l.conditioning_reference = nullptr;
+    if (!l.baseline || l.baseline_kind != BaselineKind::SamePrecision) continue;
+    for (int d = 0; d < draws; ++d) l.conditioning.push_back(perturbed_oracle(l.precision, d));
+    l.conditioning_reference = [refs](const Problem& pb, ScanMode mode) {
+      return refs->e2e(pb, mode);
     };
   }
 }
@@ -633,7 +640,7 @@ std::vector<Lineup> cpu_lineups_perturbed(const std::vector<Precision>& precisio
     if (draws > 1) l.baseline->name += " (max of " + std::to_string(draws) + " draws)";
     out.push_back(std::move(l));
   }
-  add_isolated_baselines(out, draws);
+  add_perturbed_baselines(out, draws);
   return out;
 }
 

@@ -23,6 +23,7 @@
 #include "budget.hpp"
 #include "capture.hpp"
 #include "compare.hpp"
+#include "planted_bugs.hpp"
 #include "presets.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
@@ -78,14 +79,6 @@ class PrecisionBudget : public ::testing::TestWithParam<Param> {
   }
 };
 
-// Replaces one tensor of a capture by an edited copy.
-template <class F>
-void edit(Capture& cap, const std::string& key, F&& f) {
-  Tensor t = cap.at(key);
-  f(t);
-  cap.put(key, t.shape, t.data.data());
-}
-
 TEST_P(PrecisionBudget, CorrectSubjectPassesEveryTensorWithHeadroom) {
   const CompareResult r = compare(subject());
   ASSERT_TRUE(r.pass()) << first_fail(r) << ": " << r.rows[std::max(r.first_fail, 0)].note;
@@ -103,68 +96,19 @@ TEST_P(PrecisionBudget, CorrectSubjectPassesEveryTensorWithHeadroom) {
 // so the wrong one must fail, alone, and be the first failure.
 TEST_P(PrecisionBudget, BugInOneTensorFailsAndIsNamedFirst) {
   const Config& cfg = cal().pb.cfg;
-  const Idx nh = cfg.nheads(), ds = cfg.d_state, na = cfg.num_rope_angles(), hd = cfg.headdim;
-  const Idx B = cal().pb.B, T = cal().pb.T;
-  ASSERT_GT(na, 0);
-  auto expect_only_failure = [&](const std::string& key, const Capture& s) {
+  ASSERT_GT(cfg.num_rope_angles(), 0);
+  // The smallest systematic error each precision is required to catch.
+  const double delta = precision() == Precision::F32 ? 1e-4
+                       : precision() == Precision::F16 ? 2e-2
+                                                        : 0.15;
+  for (const m3::test::PlantedBug& bug : m3::test::planted_bugs(cfg, cal().pb.B, cal().pb.T, delta)) {
+    SCOPED_TRACE(bug.what);
+    Capture s = subject();
+    bug.plant(s);
     const CompareResult r = compare(s);
-    ASSERT_FALSE(r.pass()) << key << " went unnoticed";
-    EXPECT_EQ(first_fail(r), key);
-    EXPECT_EQ(r.n_fail(), 1) << key;
-  };
-  {
-    SCOPED_TRACE("k = R(-theta) b instead of R(theta) b (a sign bug of sin theta)");
-    Capture s = subject();
-    const Tensor b = s.at("L1/F4/b_biased");
-    const Tensor th = s.at("L1/F5/angle_cumsum");
-    edit(s, "L1/F4ef/k", [&](Tensor& k) {
-      for (Idx r = 0; r < k.shape[0]; ++r)
-        for (Idx h = 0; h < nh; ++h)
-          for (Idx a = 0; a < na; ++a) {
-            const double t = th.data[static_cast<size_t>((r * nh + h) * na + a)];
-            const size_t i = static_cast<size_t>((r * nh + h) * ds + 2 * a);
-            const double b0 = b.data[i], b1 = b.data[i + 1];
-            k.data[i] = std::cos(t) * b0 + std::sin(t) * b1;
-            k.data[i + 1] = -std::sin(t) * b0 + std::cos(t) * b1;
-          }
-    });
-    expect_only_failure("L1/F4ef/k", s);
-  }
-  {
-    SCOPED_TRACE("heads 2 and 5 of y swapped (an index bug)");
-    Capture s = subject();
-    edit(s, "L2/F6/y", [&](Tensor& y) {
-      for (Idx r = 0; r < y.shape[0]; ++r)
-        for (Idx p = 0; p < hd; ++p)
-          std::swap(y.data[static_cast<size_t>((r * nh + 2) * hd + p)],
-                    y.data[static_cast<size_t>((r * nh + 5) * hd + p)]);
-    });
-    expect_only_failure("L2/F6/y", s);
-  }
-  {
-    SCOPED_TRACE("d_x shifted by one time step (an off-by-one)");
-    Capture s = subject();
-    edit(s, "L1/B6/d_x", [&](Tensor& t) {
-      const Idx w = t.shape[1];
-      for (Idx b = 0; b < B; ++b)
-        for (Idx tt = T - 1; tt >= 1; --tt)
-          for (Idx j = 0; j < w; ++j)
-            t.data[static_cast<size_t>((b * T + tt) * w + j)] =
-                t.data[static_cast<size_t>((b * T + tt - 1) * w + j)];
-    });
-    expect_only_failure("L1/B6/d_x", s);
-  }
-  {
-    // The smallest systematic error each precision is required to catch.
-    const double delta = precision() == Precision::F32 ? 1e-4
-                         : precision() == Precision::F16 ? 2e-2
-                                                          : 0.15;
-    SCOPED_TRACE("grad/L0/dt_bias off by a factor 1 + " + std::to_string(delta));
-    Capture s = subject();
-    edit(s, "grad/L0/dt_bias", [&](Tensor& t) {
-      for (double& v : t.data) v *= 1.0 + delta;
-    });
-    expect_only_failure("grad/L0/dt_bias", s);
+    ASSERT_FALSE(r.pass()) << bug.key << " went unnoticed";
+    EXPECT_EQ(first_fail(r), bug.key);
+    EXPECT_EQ(r.n_fail(), 1) << bug.key;
   }
 }
 

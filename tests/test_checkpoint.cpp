@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "capture.hpp"
+#include "test_io.hpp"
 #include "checkpoint.hpp"
 #include "config.hpp"
 #include "error.hpp"
@@ -124,37 +125,15 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using m3::test::slurp;
 
 void touch(const fs::path& p, const std::string& text = "x") {
   std::ofstream(p, std::ios::binary) << text;
 }
 
 // A fresh folder per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("m3_ckpt_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
-             info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+struct TempDir : m3::test::TempDir {
+  TempDir() : m3::test::TempDir("m3_ckpt_") {}
 };
 
 // A checkpoint written by hand with h5::Writer, as write_checkpoint lays it out, with one
@@ -347,63 +326,55 @@ TEST(Checkpoint, HandWrittenFileReadsBack) {  // the helper below is a valid che
   EXPECT_EQ(bits(back.params[3]), bits(st.params[3]));
 }
 
-TEST(Checkpoint, MissingDatasetIsNamed) {
+// A checkpoint of tiny_cfg() written by hand with one defect, and the error reading it gives.
+class CheckpointDefect : public ::testing::Test {
+ protected:
+  std::string read_error(const Defect& d, std::uint64_t seed) {
+    write_by_hand(path, cfg, tiny_meta(cfg), random_state(m3::param_layout(cfg), seed), d);
+    return error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  }
   TempDir dir;
   const Config cfg = tiny_cfg();
   const std::string path = dir.file("a.h5");
+};
+
+TEST_F(CheckpointDefect, MissingDatasetIsNamed) {
   Defect d;
   d.omit = "/optimizer/v/L1/dt_bias";
-  write_by_hand(path, cfg, tiny_meta(cfg), random_state(m3::param_layout(cfg), 7), d);
-  const std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  const std::string msg = read_error(d, 7);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing dataset '/optimizer/v/L1/dt_bias'"), std::string::npos) << msg;
 }
 
-TEST(Checkpoint, MisShapedDatasetIsNamed) {
-  TempDir dir;
-  const Config cfg = tiny_cfg();
-  const std::string path = dir.file("a.h5");
+TEST_F(CheckpointDefect, MisShapedDatasetIsNamed) {
   Defect d;
   d.reshape = "/weights/L1/in_proj_w";
-  write_by_hand(path, cfg, tiny_meta(cfg), random_state(m3::param_layout(cfg), 8), d);
-  const std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  const std::string msg = read_error(d, 8);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("/weights/L1/in_proj_w"), std::string::npos) << msg;
   EXPECT_NE(msg.find(m3::shape_str({8, cfg.in_proj_dim()})), std::string::npos) << msg;
 }
 
-TEST(Checkpoint, NonFiniteAndExtraDatasetsAreNamed) {
-  TempDir dir;
-  const Config cfg = tiny_cfg();
-  const std::string path = dir.file("a.h5");
-  const TrainState st = random_state(m3::param_layout(cfg), 9);
+TEST_F(CheckpointDefect, NonFiniteAndExtraDatasetsAreNamed) {
   Defect d;
   d.nan_in = "/optimizer/m/head_w";
-  write_by_hand(path, cfg, tiny_meta(cfg), st, d);
-  std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  std::string msg = read_error(d, 9);
   EXPECT_NE(msg.find("/optimizer/m/head_w"), std::string::npos) << msg;
   d = {};
   d.extra = "/weights/L2/in_proj_w";  // a layer this config does not have
-  write_by_hand(path, cfg, tiny_meta(cfg), st, d);
-  msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  msg = read_error(d, 9);
   EXPECT_NE(msg.find("unexpected dataset '/weights/L2/in_proj_w'"), std::string::npos) << msg;
 }
 
-TEST(Checkpoint, WrongKindOrSchemaIsAnError) {
-  TempDir dir;
-  const Config cfg = tiny_cfg();
-  const std::string path = dir.file("a.h5");
-  const TrainState st = random_state(m3::param_layout(cfg), 10);
+TEST_F(CheckpointDefect, WrongKindOrSchemaIsAnError) {
   Defect d;
   d.kind = "golden";
-  write_by_hand(path, cfg, tiny_meta(cfg), st, d);
-  std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  std::string msg = read_error(d, 10);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("not a checkpoint: /meta kind is 'golden'"), std::string::npos) << msg;
   d = {};
   d.schema = 2;
-  write_by_hand(path, cfg, tiny_meta(cfg), st, d);
-  msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+  msg = read_error(d, 10);
   EXPECT_NE(msg.find("checkpoint schema version 2 found, version 1 expected"), std::string::npos)
       << msg;
   {  // no kind at all (a golden file, say)

@@ -28,7 +28,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "compare.hpp"
+#include "test_io.hpp"
 #include "device.hpp"
 #include "golden.hpp"
 #include "h5store.hpp"
@@ -47,8 +50,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// ---- a minimal JSON parser (RFC 8259 grammar; numbers as double) -------------------------
+// ---- the JSON reports, read with nlohmann::ordered_json (key order kept) -------------------
 
+// A parsed value in the few terms the tests need (numbers as double).
 struct JValue {
   enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
   bool b = false;
@@ -69,180 +73,35 @@ struct JValue {
   }
 };
 
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-  JValue parse() {
-    JValue v = value();
-    ws();
-    if (i_ != s_.size()) fail("trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) {
-    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
-  }
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t'))
-      ++i_;
-  }
-  char peek() {
-    ws();
-    if (i_ >= s_.size()) fail("unexpected end");
-    return s_[i_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++i_;
-  }
-  bool literal(const char* w) {
-    const size_t n = std::char_traits<char>::length(w);
-    if (s_.compare(i_, n, w) != 0) return false;
-    i_ += n;
-    return true;
-  }
-  JValue value() {
-    const char c = peek();
-    JValue v;
-    if (c == '{') {
-      v.kind = JValue::Object;
-      ++i_;
-      if (peek() == '}') {
-        ++i_;
-        return v;
-      }
-      for (;;) {
-        if (peek() != '"') fail("expected a key");
-        std::string k = string();
-        expect(':');
-        v.obj.emplace_back(std::move(k), value());
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect('}');
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.kind = JValue::Array;
-      ++i_;
-      if (peek() == ']') {
-        ++i_;
-        return v;
-      }
-      for (;;) {
-        v.arr.push_back(value());
-        if (peek() == ',') {
-          ++i_;
-          continue;
-        }
-        expect(']');
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.kind = JValue::String;
-      v.str = string();
-      return v;
-    }
-    if (literal("true")) {
-      v.kind = JValue::Bool;
-      v.b = true;
-      return v;
-    }
-    if (literal("false")) {
-      v.kind = JValue::Bool;
-      return v;
-    }
-    if (literal("null")) return v;
+JValue to_jvalue(const nlohmann::ordered_json& j) {
+  JValue v;
+  if (j.is_boolean()) {
+    v.kind = JValue::Bool;
+    v.b = j.get<bool>();
+  } else if (j.is_number()) {
     v.kind = JValue::Number;
-    v.num = number();
-    return v;
+    v.num = j.get<double>();
+  } else if (j.is_string()) {
+    v.kind = JValue::String;
+    v.str = j.get<std::string>();
+  } else if (j.is_array()) {
+    v.kind = JValue::Array;
+    for (const auto& e : j) v.arr.push_back(to_jvalue(e));
+  } else if (j.is_object()) {
+    v.kind = JValue::Object;
+    for (auto it = j.begin(); it != j.end(); ++it) v.obj.emplace_back(it.key(), to_jvalue(it.value()));
   }
-  std::string string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      const unsigned char c = static_cast<unsigned char>(s_[i_++]);
-      if (c == '"') return out;
-      if (c < 0x20) fail("raw control character in a string");
-      if (c != '\\') {
-        out += static_cast<char>(c);
-        continue;
-      }
-      if (i_ >= s_.size()) fail("unterminated escape");
-      const char e = s_[i_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (i_ + 4 > s_.size()) fail("short \\u escape");
-          unsigned cp = 0;
-          for (int k = 0; k < 4; ++k) {
-            const char h = s_[i_++];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) fail("bad \\u escape");
-            cp = cp * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h))
-                                                     ? h - '0'
-                                                     : std::tolower(h) - 'a' + 10);
-          }
-          if (cp >= 0x80) fail("test parser only decodes ASCII \\u escapes");
-          out += static_cast<char>(cp);
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-  }
-  double number() {
-    const size_t start = i_;
-    if (s_[i_] == '-') ++i_;
-    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad number");
-    if (s_[i_] == '0') {
-      ++i_;
-    } else {
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    if (i_ < s_.size() && s_[i_] == '.') {
-      ++i_;
-      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad fraction");
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad exponent");
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    return std::strtod(s_.substr(start, i_ - start).c_str(), nullptr);
-  }
-  const std::string& s_;
-  size_t i_ = 0;
-};
+  return v;
+}
 
-JValue parse_json(const std::string& text) { return JsonParser(text).parse(); }
+// Throws (nlohmann::json::parse_error) on text that is not JSON.
+JValue parse_json(const std::string& text) { return to_jvalue(nlohmann::ordered_json::parse(text)); }
 
 // ---- running m3h ---------------------------------------------------------------------------
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file(const fs::path& p) { return m3::test::slurp(p); }
 
-struct RunResult {
-  int status = -1;  // exit status
-  std::string out, err;
-};
+using RunResult = m3::test::CliRun;
 
 class CliTest : public ::testing::Test {
  protected:
@@ -260,28 +119,14 @@ class CliTest : public ::testing::Test {
   fs::path path(const std::string& name) const { return dir_ / name; }
 
   // Runs `m3h <args>` (args already shell-quoted where needed).
-  RunResult m3h(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("'") + M3H_PATH + "' " + args + " >'" + out.string() +
-                            "' 2>'" + err.string() + "'";
-    const int raw = std::system(cmd.c_str());
-    RunResult r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    r.out = read_file(out);
-    r.err = read_file(err);
-    return r;
-  }
+  RunResult m3h(const std::string& args) const { return m3::test::run_m3h(args, dir_); }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(path(name)) << text;
   }
   fs::path dir_;
 };
 
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using m3::test::count_lines;
 
 // A small, fast problem: default widths, 1 layer, B 1, T 48.
 const char* kSmall = "--layers 1 --B 1 --T 48";
@@ -355,6 +200,24 @@ TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
   for (const JValue& c : cells.arr)
     if (c.at("tensor").str == "angle_cumsum") any_circular = c.at("circular").b;
   EXPECT_TRUE(any_circular);
+  // The rule as applied: on the CPU every cell's baseline is the perturbed oracle (k 5 f32,
+  // 3 bf16/f16), and each cell's budget says so.
+  const JValue& rule = doc.at("rule");
+  EXPECT_EQ(rule.at("e2e").at("baseline").str, "perturbed");
+  EXPECT_EQ(rule.at("e2e").at("k").at("f32").num, harness::kPerturbedKf32);
+  EXPECT_EQ(rule.at("e2e").at("k").at("bf16").num, harness::kPerturbedKTyped);
+  EXPECT_EQ(rule.at("e2e").at("conditioning_k").kind, JValue::Null);
+  EXPECT_EQ(rule.at("draws").num, harness::kPerturbationDraws);
+  for (const JValue& c : cells.arr) {
+    const JValue& b = c.at("budget");
+    EXPECT_EQ(b.at("baseline_kind").str, "perturbed") << c.at("key").str;
+    EXPECT_EQ(b.at("k").num, c.at("precision").str == "f32" ? harness::kPerturbedKf32
+                                                              : harness::kPerturbedKTyped)
+        << c.at("key").str;
+  }
+  EXPECT_NE(r.out.find("rule: pass when rel_l2 and max_abs <= k*perturbed + floor"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CliTest, StageFilterKeepsOnlyMatchingKeys) {
@@ -756,7 +619,12 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
     const Tensor o = rd.read(g + "/oracle", th_shape);
     const Tensor s = rd.read(g + "/subject", th_shape);
     const Tensor d = rd.read(g + "/diff", th_shape);
-    EXPECT_FALSE(rd.has(g + "/baseline"));
+    // The baseline is compare's: on the CPU the perturbed oracle's first draw, which is not
+    // the oracle, but within a few roundings of it.
+    const Tensor bl = rd.read(g + "/baseline", th_shape);
+    EXPECT_NE(bl.data, o.data);
+    for (size_t i = 0; i < o.data.size(); ++i)
+      ASSERT_LE(std::fabs(harness::circular_diff(bl.data[i], o.data[i])), 1e-1) << i;
     EXPECT_EQ(rd.attr_int(g, "circular"), 1);
     EXPECT_EQ(rd.attr_string(g, "axes"), "BT,NH,NA");
     for (size_t i = 0; i < o.data.size(); ++i)
@@ -790,6 +658,51 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
   h5::Reader rd2(h5.string());
   EXPECT_TRUE(rd2.has("/dump/chunked/f32/L0/F3/dt/diff"));
   EXPECT_FALSE(rd2.has("/dump/seq"));
+}
+
+// --profiles-only: the [B·T, …] tensors' error-against-position profiles and attributes only,
+// and every verdict equal to m3h compare's on the same run.
+TEST_F(CliTest, DumpProfilesOnlyHoldsTheProfilesAndCompareVerdicts) {
+  const fs::path h5 = path("p.h5"), json = path("p.json");
+  const std::string run = "--device cpu --stage 'L0/*,grad/L0/dt_bias' --dtype bf16 " + std::string(kSmall);
+  const RunResult r = m3h("dump --profiles-only --out '" + h5.string() + "' " + run);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const RunResult c = m3h("compare --json '" + json.string() + "' " + run);
+  ASSERT_EQ(c.status, 0) << c.err;
+  std::map<std::string, std::string> status;  // mode|key -> compare's status
+  const JValue doc = parse_json(read_file(json));
+  for (const JValue& cell : doc.at("cells").arr)
+    status[cell.at("mode").str + "|" + cell.at("key").str] = cell.at("status").str;
+
+  h5::Reader rd(h5.string());
+  EXPECT_EQ(rd.attr_int("/meta", "profiles_only"), 1);
+  Config cfg;
+  cfg.n_layers = 1;
+  int n = 0;
+  for (ScanMode m : {ScanMode::Sequential, ScanMode::Chunked})
+    for (const KeyedSpec& ks : expected_stage_keys(cfg, 1, 48, m)) {
+      if (!harness::key_matches(ks.key, "L0/*")) continue;
+      const std::string g = std::string("/dump/") + scan_mode_name(m) + "/bf16/" + ks.key;
+      if (!harness::has_position_axis(ks.spec->shape)) {
+        EXPECT_FALSE(rd.has(g)) << g;
+        continue;
+      }
+      ++n;
+      ASSERT_TRUE(rd.has(g + "/by_position/rel_l2")) << g;
+      EXPECT_EQ(rd.shape(g + "/by_position/max_abs"), std::vector<Idx>{48});
+      for (const char* d : {"oracle", "subject", "diff", "baseline"}) EXPECT_FALSE(rd.has(g + "/" + d)) << g;
+      EXPECT_EQ(rd.attr_string(g, "status"), status.at(std::string(scan_mode_name(m)) + "|" + ks.key)) << g;
+    }
+  EXPECT_GT(n, 10);
+  EXPECT_FALSE(rd.has("/dump/seq/bf16/grad"));
+
+  // A pattern without a [B·T, …] tensor has no profile to write: one line, exit 2, no file.
+  const RunResult none =
+      m3h("dump --device cpu --profiles-only --stage 'grad/*' --out '" + path("n.h5").string() + "' " + kSmall);
+  EXPECT_EQ(none.status, 2);
+  EXPECT_EQ(count_lines(none.err), 1) << none.err;
+  EXPECT_NE(none.err.find("--profiles-only"), std::string::npos) << none.err;
+  EXPECT_FALSE(fs::exists(path("n.h5")));
 }
 
 TEST_F(CliTest, DumpWithoutStageOrOutIsBadUsage) {
@@ -877,7 +790,7 @@ TEST(JsonWriter, EscapesStringsAndWritesNonFiniteNumbersAsStrings) {
   EXPECT_EQ(text.find('\x01'), std::string::npos);
   EXPECT_NE(text.find("\\u0001"), std::string::npos);
   EXPECT_NE(text.find("\\u001f"), std::string::npos);
-  // The test parser decodes only ASCII escapes; é is copied through as raw UTF-8.
+  // Parsed back by nlohmann: every escape decodes to the original bytes (é as raw UTF-8).
   const JValue doc = parse_json(text);
   EXPECT_EQ(doc.at(nasty).str, nasty);
   EXPECT_EQ(doc.at("inf").str, "inf");

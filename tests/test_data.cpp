@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "data.hpp"
+#include "test_io.hpp"
 #include "error.hpp"
 #include "params.hpp"
 
@@ -29,19 +30,8 @@ using m3::train::Dataset;
 using Options = std::vector<std::pair<std::string, std::string>>;
 
 // A fresh directory per test, removed at the end.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fs::temp_directory_path() / ("m3_data_" + std::to_string(::getpid()) + "_" +
-                                       info->test_suite_name() + "_" + info->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct TempDir : m3::test::TempDir {
+  TempDir() : m3::test::TempDir("m3_data_") {}
   std::string write(const std::string& name, const std::string& bytes) const {
     const fs::path p = dir / name;
     std::ofstream(p, std::ios::binary) << bytes;

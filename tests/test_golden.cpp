@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "test_io.hpp"
 #include "golden.hpp"
 #include "h5store.hpp"
 #include "registry.hpp"
@@ -55,37 +56,15 @@ namespace h5 = m3::h5;
 namespace {
 
 // A fresh temporary folder per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string("m3_golden_") + (info ? info->name() : "x") + "_" +
-                       std::to_string(::getpid());
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = fs::temp_directory_path() / name;
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
+struct TempDir : m3::test::TempDir {
+  TempDir() : m3::test::TempDir("m3_golden_") {}
 };
 
 std::string committed(const std::string& name) {
   return golden::case_path(M3_GOLDEN_CASES_DIR, name);
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string read_bytes(const std::string& path) { return m3::test::slurp(path); }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -166,10 +145,7 @@ void copy_golden(const std::string& from, const std::string& to, const Edits& e)
 
 // ---- running the m3h binary -----------------------------------------------------------------
 
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
+using CliResult = m3::test::CliRun;
 
 bool have_m3h() {
 #ifdef M3H_PATH
@@ -180,24 +156,10 @@ bool have_m3h() {
 }
 
 CliResult run_m3h(const std::string& args, const TempDir& tmp) {
-  CliResult res;
-#ifdef M3H_PATH
-  const std::string out = tmp.file("stdout.txt"), err = tmp.file("stderr.txt");
-  const std::string cmd = std::string("'") + M3H_PATH + "' " + args + " >'" + out + "' 2>'" +
-                          err + "'";
-  const int rc = std::system(cmd.c_str());
-  res.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  res.out = read_bytes(out);
-  res.err = read_bytes(err);
-#endif
-  return res;
+  return m3::test::run_m3h(args, tmp.str());
 }
 
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using m3::test::count_lines;
 
 // A Capture equal to `cap` with f applied to the tensor under `key`.
 m3::Capture with_change(const m3::Capture& cap, const std::string& key,

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backbone.hpp"
+#include "test_io.hpp"
 #include "backbone_gpu.hpp"
 #include "compare.hpp"
 #include "error.hpp"
@@ -512,32 +513,9 @@ TEST(FaultNames, RoundTripAndStages) {
 // ---- m3h ---------------------------------------------------------------------------------------
 
 #ifdef M3H_PATH
-struct Ran {
-  int status = -1;
-  std::string out, err;
-};
+using Ran = m3::test::CliRun;
 
-Ran m3h(const std::string& args) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("m3h_iso_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path out = dir / "out.txt", err = dir / "err.txt";
-  const std::string cmd = std::string("'") + M3H_PATH + "' " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "'";
-  const int raw = std::system(cmd.c_str());
-  Ran r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove_all(dir);
-  return r;
-}
+Ran m3h(const std::string& args) { return m3::test::run_m3h(args); }
 
 const char* const kSmallArgs =
     " --d-model 32 --headdim 16 --d-state 16 --layers 2 --B 2 --T 40 --chunk-size 16";

@@ -2,9 +2,10 @@
 // precision (f32, bf16, f16) and scan mode, the GPU backbone with one fault in layer 0 —
 // drop-beta (F5b), flip-angle (F5), chunk-boundary (F6), round-twice (F6) — must FAIL the
 // comparison and name L0/<fault_stage>/… as its first failing key, end to end (subject vs the
-// double oracle with the storage emulation as baseline) and isolated (teacher-forced, the
-// isolated floors); without a fault every cell passes in both modes. The run goes through
-// run_comparison with gpu_lineups, exactly as `m3h compare --device gpu --mode both --fault F`.
+// double oracle with the storage emulation as baseline and the perturbed oracle as the
+// conditioning term) and isolated (teacher-forced: the isolated floors + k x the perturbed
+// oracle); without a fault every cell passes in both modes. The run goes through
+// run_comparison with judged_lineups, exactly as `m3h compare --device gpu --mode both --fault F`.
 //
 // One case is below the end-to-end resolution by design: round-twice in bf16/f16 adds one
 // rounding at bf16 granularity (rel_l2 ≈ 1.7e-3 in f16, 7.4e-3 in bf16) to a tensor whose
@@ -81,7 +82,7 @@ TEST_P(NegativeControls, WithoutFaultEveryCellPassesEndToEndAndIsolated) {
   const Precision p = GetParam();
   const RunSpec spec = small_spec();
   const Problem pb = build_problem(spec);
-  const Comparison c = run_comparison(spec, pb, cached_oracle(pb), gpu_lineups({p}));
+  const Comparison c = run_comparison(spec, pb, cached_oracle(pb), judged_lineups("gpu", {p}));
   ASSERT_EQ(c.cells.size(), 4u);
   for (const CompareResult& cell : c.cells) {
     EXPECT_TRUE(cell.pass()) << cell_name(cell) << ": first failing " << first_fail(cell);
@@ -99,7 +100,7 @@ TEST_P(NegativeControls, EveryFaultFailsAndNamesItsStageFirst) {
   for (Fault f : kFaults) {
     SCOPED_TRACE(gpu::fault_name(f));
     const std::string want = std::string("L0/") + gpu::fault_stage(f) + "/";
-    const Comparison c = run_comparison(spec, pb, oracle, gpu_lineups({p}, f));
+    const Comparison c = run_comparison(spec, pb, oracle, judged_lineups("gpu", {p}, f));
     for (ScanMode m : spec.modes) {
       const CompareResult* iso = c.cell(p, m, CompareMode::Isolated);
       const CompareResult* e2e = c.cell(p, m, CompareMode::EndToEnd);

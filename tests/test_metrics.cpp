@@ -270,6 +270,62 @@ TEST(Budget, LimitIsKTimesBaselinePlusFloor) {
   EXPECT_GT(v.pct(), 100.0);
 }
 
+// Beside a same-precision baseline, the perturbed oracle's conditioning term: the limit is
+// max(k · baseline, k_p · conditioning) + floor; a NaN term fails whatever the other says.
+TEST(Budget, ConditioningTermIsTheLargerOfTheTwoBaselineTerms) {
+  const ToleranceRow& row = tolerance_table().front();
+  Metrics subject, baseline, cond;
+  subject.oracle_scale = 2.0;
+  baseline.rel_l2 = 1e-6;
+  baseline.max_abs = 4e-6;
+  cond.rel_l2 = 1e-7;  // below the emulation's term: the emulation decides rel_l2
+  cond.max_abs = 1e-4;  // above it: the conditioning decides max_abs
+  const Budget b = make_budget(row, Precision::F32, subject, &baseline, 1.0,
+                               BaselineKind::SamePrecision, &cond);
+  EXPECT_EQ(b.k, k_factor(Precision::F32));
+  EXPECT_EQ(b.k_conditioning, kPerturbedKf32);
+  EXPECT_DOUBLE_EQ(b.rel_l2, 2 * 1e-6 + row.f32.rel_l2);
+  EXPECT_DOUBLE_EQ(b.max_abs, kPerturbedKf32 * 1e-4 + row.f32.rel_max * 2.0);
+  const Budget plain = make_budget(row, Precision::F32, subject, &baseline);
+  EXPECT_EQ(plain.k_conditioning, 0);
+  EXPECT_DOUBLE_EQ(plain.max_abs, 2 * 4e-6 + row.f32.rel_max * 2.0);
+  // bf16: k 3 on both sides.
+  const Budget t = make_budget(row, Precision::BF16, subject, &baseline, 1.0,
+                               BaselineKind::SamePrecision, &cond);
+  EXPECT_EQ(t.k_conditioning, kPerturbedKTyped);
+  EXPECT_DOUBLE_EQ(t.max_abs, kPerturbedKTyped * 1e-4 + row.bf16.rel_max * 2.0);
+  cond.max_abs = std::numeric_limits<double>::quiet_NaN();
+  const Budget bad = make_budget(row, Precision::F32, subject, &baseline, 1.0,
+                                 BaselineKind::SamePrecision, &cond);
+  EXPECT_FALSE(judge(subject, bad).pass);
+}
+
+// The tight rule (max(floor, kTightK · baseline)) holds on tensors of kTightMinElements values
+// or more; a smaller one takes k · baseline + floor.
+TEST(Budget, TightRowsAreTightOnLargeTensorsOnly) {
+  const ToleranceRow* tight = nullptr;
+  for (const ToleranceRow& r : tolerance_table())
+    if (r.tight) tight = &r;
+  ASSERT_NE(tight, nullptr) << "the isolated F6/y row is tight";
+  Metrics subject, baseline;
+  subject.oracle_scale = 1.0;
+  baseline.rel_l2 = 1e-3;
+  baseline.max_abs = 1e-3;
+  subject.numel = kTightMinElements;
+  const Budget big = make_budget(*tight, Precision::BF16, subject, &baseline, 1.0,
+                                 BaselineKind::Perturbed);
+  EXPECT_TRUE(big.tight);
+  EXPECT_DOUBLE_EQ(big.rel_l2, std::max(kTightK * 1e-3, tight->bf16.rel_l2));
+  subject.numel = kTightMinElements - 1;
+  const Budget small = make_budget(*tight, Precision::BF16, subject, &baseline, 1.0,
+                                   BaselineKind::Perturbed);
+  EXPECT_FALSE(small.tight);
+  EXPECT_DOUBLE_EQ(small.rel_l2, kPerturbedKTyped * 1e-3 + tight->bf16.rel_l2);
+  // Without a perturbed baseline the row is an ordinary one whatever the size.
+  subject.numel = 1 << 20;
+  EXPECT_FALSE(make_budget(*tight, Precision::BF16, subject, &baseline).tight);
+}
+
 TEST(Budget, EveryTableRowHasPositiveFloorsAndEveryLooseningAReason) {
   const auto& table = tolerance_table();
   ASSERT_FALSE(table.empty());

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "h5store.hpp"
+#include "test_io.hpp"
 #include "json.hpp"
 #include "temp_files.hpp"
 
@@ -19,19 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    dir = fs::temp_directory_path() /
-          ("m3_tmpfiles_" + std::to_string(::getpid()) + "_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct TempDir : m3::test::TempDir {
+  TempDir() : m3::test::TempDir("m3_tmpfiles_") {}
 };
 
 void touch(const fs::path& p) { std::ofstream(p) << "x"; }

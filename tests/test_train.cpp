@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "test_io.hpp"
 #include "checkpoint.hpp"
 #include "data.hpp"
 #include "error.hpp"
@@ -324,23 +325,8 @@ TEST(Sample, SteppingTheStatesGivesTheLogitsOfOneForwardOverTheWholeSequence) {
 #ifdef M3H_PATH
 class TrainCli : public TrainRun {
  protected:
-  struct Result {
-    int status;
-    std::string out, err;
-  };
-  Result m3h(const std::string& args) const {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("cd '") + dir_.string() + "' && '" + M3H_PATH + "' " +
-                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int raw = std::system(cmd.c_str());
-    auto read = [](const fs::path& p) {
-      std::ifstream in(p);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      return ss.str();
-    };
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, read(out), read(err)};
-  }
+  using Result = m3::test::CliRun;
+  Result m3h(const std::string& args) const { return m3::test::run_m3h(args, dir_, dir_); }
   static int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
   void expect_usage_error(const std::string& args, const std::string& needle) const {
     const Result r = m3h(args);

@@ -101,14 +101,9 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
                                                               harness::CompareMode::Isolated};
   opt.device = device;
   if (fault != gpu::Fault::None) opt.fault = gpu::fault_name(fault);
-  if (device == "gpu")
-    opt.lineups = [fault](const std::vector<Precision>& ps) {
-      std::vector<harness::Lineup> l = harness::gpu_lineups(ps, fault);
-      harness::add_isolated_baselines(l);
-      return l;
-    };
-  else
-    opt.lineups = [](const std::vector<Precision>& ps) { return harness::cpu_lineups_perturbed(ps); };
+  opt.lineups = [device, fault](const std::vector<Precision>& ps) {
+    return harness::judged_lineups(device, ps, fault);
+  };
   opt.shrink = !vm["no-shrink"].as<bool>();
   opt.jobs = vm["jobs"].as<int>();
   if (opt.jobs < 1) throw UsageError("--jobs " + std::to_string(opt.jobs) + ": at least 1");
@@ -195,15 +190,10 @@ int cmd_compare(const std::vector<std::string>& args) {
   }
 
   // The cells without a same-precision baseline get the perturbed oracle (harness/sweep.hpp):
-  // the CPU's e2e and isolated cells, the GPU's isolated cells.
-  std::vector<harness::Lineup> lineups;
-  if (device == "gpu") {
-    lineups = harness::gpu_lineups(precisions, fault);
-    harness::add_isolated_baselines(lineups);
-  } else {
-    lineups = harness::cpu_lineups_perturbed(precisions);
-  }
-  const harness::Comparison c = harness::run_comparison(spec, src.problem, src.oracle, lineups);
+  // the CPU's e2e and isolated cells, the GPU's isolated cells; the GPU's e2e cells get it as
+  // their conditioning term beside the emulation (budget.hpp).
+  const harness::Comparison c = harness::run_comparison(
+      spec, src.problem, src.oracle, harness::judged_lineups(device, precisions, fault));
 
   harness::ReportOptions ropt;
   ropt.failures_only = vm["failures-only"].as<bool>();

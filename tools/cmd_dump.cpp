@@ -20,12 +20,14 @@ const char* kSummary =
     "                                           kind=dump, source, stage_pattern, precisions\n"
     "  /dump/<mode>/<precision>/<key>/oracle    f64, the registry shape\n"
     "  /dump/<mode>/<precision>/<key>/subject   f64 (exact values of the subject's storage)\n"
-    "  /dump/<mode>/<precision>/<key>/baseline  f64, only when the precision has a baseline\n"
+    "  /dump/<mode>/<precision>/<key>/baseline  f64, the baseline (on the CPU: the perturbed\n"
+    "                                           oracle's first draw; on the GPU: the emulation)\n"
     "  /dump/<mode>/<precision>/<key>/diff      subject - oracle (angles: circular distance)\n"
     "  /dump/<mode>/<precision>/<key>/by_position/max_abs, rel_l2\n"
     "                                           [T]: the error at each position t, over b and\n"
     "                                           the other axes ([B*T, ...] tensors only; plot\n"
     "                                           with scripts/plot-positions.sh)\n"
+    "  --profiles-only: by_position and the attributes only, [B*T, ...] tensors only.\n"
     "  e.g. /dump/seq/bf16/L0/F5/angle_cumsum/diff, /dump/chunked/f32/grad/L1/dt_bias/oracle;\n"
     "  each key group has attributes axes (\"BT,NH,NA\"), circular, status, rel_l2, max_abs,\n"
     "  p95_rel, cosine, pct (of budget), worst_coords.\n"
@@ -42,6 +44,7 @@ int cmd_dump(const std::vector<std::string>& args) {
     ("stage", po::value<std::string>(), "keys to dump (required): substring, or glob with * ? [..]; comma = or; '*' = all")
     ("out", po::value<std::string>(), "the HDF5 file to write (required)")
     ("force", po::bool_switch(), "replace an existing file")
+    ("profiles-only", po::bool_switch(), "write only the error-against-position profiles (by_position) of the matching [B*T, ...] tensors, not their arrays: O(T) per key")
     ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions (comma list of f32, bf16, f16)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)");
@@ -65,10 +68,12 @@ int cmd_dump(const std::vector<std::string>& args) {
   ProblemSource src = load_problem(vm);
   src.spec.filter = pattern;
   const std::string out = vm["out"].as<std::string>();
+  harness::DumpOptions dopt;
+  dopt.profiles_only = vm["profiles-only"].as<bool>();
+  // The lineups of m3h compare (the same baselines, so the same verdicts).
   const harness::DumpResult r =
       harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,
-                          device == "gpu" ? harness::gpu_lineups(precisions)
-                                          : harness::cpu_lineups(precisions));
+                          harness::judged_lineups(device, precisions), dopt);
   std::cout << "m3h dump: wrote " << r.n_keys << " key group(s) (" << r.n_datasets
             << " datasets) to " << out << " under /dump/<mode>/<precision>/<key>/\n";
   for (const auto& c : r.cells)
