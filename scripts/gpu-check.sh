@@ -24,6 +24,13 @@
 #                             carried: scripts/fetch-jargon.sh), parity with and without angles,
 #                             selective-copy; logs and metrics in train.tar.gz
 #   compare-lm                m3h compare --device gpu --preset lm --mode both (a training step)
+#   positions                 m3h dump --profiles-only of the long_t preset in bf16, both scan
+#                             modes: y's and d_x's error against t (render it with
+#                             scripts/plot-positions.sh where gnuplot is installed)
+#   sweep-gpu                 m3h compare --device gpu --sweep 220 --seed 7: random problems
+#                             over the supported space, every precision and scan mode, e2e and
+#                             isolated (issue 16 §5: 0 failures of correct code over >= 200)
+#   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end, and the exit status is non-zero if any step failed.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
@@ -123,6 +130,10 @@ if ((failed == 0)); then
       --scan chunked --recompute none,scan
     step compare-lm "$m3h" compare --device gpu --preset lm --mode both --failures-only
     step train bash scripts/train-figures.sh "$m3h"
+    step positions "$m3h" dump --device gpu --preset long_t --dtype bf16 --profiles-only \
+      --stage 'L0/F6/y,L0/B6/d_x' --force --out "$LOGS/long_t_bf16_positions.h5"
+    step sweep-gpu "$m3h" compare --device gpu --sweep 220 --seed 7
+    step sweep-cpu "$m3h" compare --device cpu --sweep 1000 --seed 5 --jobs "$JOBS"
   fi
 fi
 
