@@ -57,10 +57,14 @@ struct BackboneMemory {
   std::size_t workspace = 0;        // the shared workspace buffers (production layout)
   std::size_t backbone = 0;         // input_proj, norm_f, δ and dOut tensors
   std::size_t params = 0;           // the master, gradient and typed-copy arenas
-  std::size_t states = 0;           // entering/leaving states and their gradients, all layers
+  std::size_t states = 0;           // entering/leaving states, their gradients and the copy of
+                                    // the entering states repeat_digests reruns from, all layers
   std::size_t scratch = 0;          // the stages' reduction scratch
+  std::size_t tokens = 0;           // a token model's tokens, targets, weights, embedding order
+                                    // and partials, loss terms and argmax (0 without a vocab)
+  std::size_t digests = 0;          // repeat_digests' segments and digests (after its first call)
   std::size_t total() const {
-    std::size_t t = workspace + backbone + params + states + scratch;
+    std::size_t t = workspace + backbone + params + states + scratch + tokens + digests;
     for (std::size_t b : layers) t += b;
     return t;
   }

@@ -76,7 +76,8 @@ trap 'rm -rf "$work" "$tmp_out"' EXIT
 {
   echo "set terminal pngcairo size 1400,700 font ',11'"
   echo "set output '$tmp_out'"
-  echo "set title 'rel\\_l2 of the subject against the oracle, per position t ($(basename -- "$dump"))'"
+  base="$(basename -- "$dump")"
+  echo "set title 'rel\\_l2 of the subject against the oracle, per position t (${base//_/\\_})'"
   echo "set xlabel 't (grid: chunk boundaries, chunk\\_size $chunk)'"
   echo "set ylabel 'rel\\_l2 at t (over b and the other axes)'"
   echo "set logscale y"

@@ -170,16 +170,16 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // Where a row's bytes are (GpuBackbone::memory(), production layout): per layer (the last
 // layer's; layer 0 also holds H⁰ in f32), the shared workspace, the parameter arenas, the
-// states and the scratch.
+// states, the scratch and a token model's buffers.
 void print_memory(const gpu::GpuTiming& t) {
   const gpu::BackboneMemory& m = t.memory;
   const double per_layer = m.layers.empty() ? 0.0 : static_cast<double>(m.layers.back());
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "  bytes: %.3f GiB per layer, workspace %.3f, backbone %.3f, parameters %.3f, "
-                "states %.3f, scratch %.3f GiB",
+                "states %.3f, scratch %.3f, tokens %.3f GiB",
                 per_layer / kGiB, m.workspace / kGiB, m.backbone / kGiB, m.params / kGiB,
-                m.states / kGiB, m.scratch / kGiB);
+                m.states / kGiB, m.scratch / kGiB, m.tokens / kGiB);
   std::cout << buf << "\n";
 }
 

@@ -403,10 +403,16 @@ class BackboneT final : public GpuBackbone::Impl {
     m.params = 4 * static_cast<std::size_t>(params_.size() + grads_.size()) +
                sizeof(T) * static_cast<std::size_t>(typed_.size()) +
                static_cast<std::size_t>(segments_.size());
-    for (const StateArrays* a : {&st_, &dl_, &de_})
+    for (const StateArrays* a : {&st_, &st0_, &dl_, &de_})
       m.states += 4 * static_cast<std::size_t>(a->ssm.size() + a->k.size() + a->v.size() +
                                                a->angle.size());
     m.scratch = 4 * static_cast<std::size_t>(scratch_.size());
+    for (const DeviceArray<std::int32_t>* a : {&tok_, &tgt_, &perm_, &chunks_, &token_chunks_, &argmax_})
+      m.tokens += 4 * static_cast<std::size_t>(a->size());
+    m.tokens += 4 * static_cast<std::size_t>(tw_.size() + embed_partial_.size()) +
+                8 * static_cast<std::size_t>(row_loss_.size() + loss_sum_.size());
+    m.digests = static_cast<std::size_t>(digest_segs_.size()) +
+                8 * static_cast<std::size_t>(digests_.size());
     return m;
   }
   // NaN into a tensor's buffer (all bits set: a quiet NaN in f32, bf16 and f16), or into every

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <string>
@@ -240,6 +241,43 @@ TEST(GpuMemory, LayerBytesFollowTheRegistryAndPassesAllocateNothing) {
                 << what << ": verification layout, layer " << l;
           EXPECT_EQ(full.workspace, 0u) << what;
         }
+}
+
+// Every device byte the backbone holds is in one of memory()'s roles, a token model's buffers
+// and the entering-state copy of repeat_digests included; a production training step
+// (tokens, targets, loss, backward) allocates nothing either.
+TEST(GpuMemory, TokenModelBuffersAreCountedAndATrainingStepAllocatesNothing) {
+  M3_SKIP_WITHOUT_GPU();
+  Config cfg = small(16, 16, 2, false, 0.5, 1, 16);
+  cfg.vocab_size = 19;
+  cfg.input_dim = cfg.vocab_size;
+  const Idx B = 2, T = 40;
+  for (Precision p : kDtypes) {
+    const std::size_t before = m3::gpu::device_bytes_live();
+    GpuBackbone net(ctx(), cfg, B, T, ScanMode::Chunked, p);
+    const m3::gpu::BackboneMemory m = net.memory();
+    EXPECT_EQ(m3::gpu::device_bytes_live() - before, m.total()) << m3::precision_name(p);
+    EXPECT_GT(m.tokens, 4u * static_cast<std::size_t>(B * T)) << m3::precision_name(p);
+    EXPECT_EQ(m.digests, 0u);
+    std::vector<std::int32_t> tok(static_cast<size_t>(B * T)), tgt(tok.size());
+    for (size_t i = 0; i < tok.size(); ++i) {
+      tok[i] = static_cast<std::int32_t>((7 * i + 3) % 19);
+      tgt[i] = static_cast<std::int32_t>((5 * i + 1) % 19);
+    }
+    const Problem pb = m3::make_problem(cfg, B, T, 31, true);
+    m3::gpu::load_problem(net, pb);
+    net.set_tokens(tok);
+    net.set_targets(tgt, std::vector<float>(tok.size(), 1.0f), static_cast<double>(tok.size()));
+    net.synchronize();
+    m3::gpu::reset_device_bytes_peak();
+    const std::size_t live = m3::gpu::device_bytes_live();
+    const double loss = net.forward_loss();
+    net.backward_loss(1.0);
+    net.synchronize();
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_EQ(m3::gpu::device_bytes_live(), live) << m3::precision_name(p);
+    EXPECT_EQ(m3::gpu::device_bytes_peak(), live) << m3::precision_name(p) << ": a step allocated";
+  }
 }
 
 // A capture must start at the forward: the production forward does not keep what a Capture of
