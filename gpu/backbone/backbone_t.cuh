@@ -902,7 +902,11 @@ class BackboneT final : public GpuBackbone::Impl {
     a.scale_saved = f("scale_saved");
     a.gamma_saved = f("gamma_saved");
     a.da_cumsum_saved = f("da_cumsum_saved");
-    a.chunk_states = f("chunk_states");
+    // Production: K2/K3 + K4/K6 as one chunk walk (its bits), the contributions kept in
+    // registers — stored only in the verification layout (a capture compares them). Isolated
+    // and unfused runs keep the two kernels, so that each stage still runs on its own.
+    a.fuse_states = fused();
+    a.chunk_states = fused() && lean() && ssm_chunked_walks<T>(d_) ? nullptr : f("chunk_states");
     a.chunk_states_saved = f("chunk_states_saved");
     a.final_states = f("final_states");
     a.ssm_out = f("ssm_state");
@@ -1108,6 +1112,7 @@ class BackboneT final : public GpuBackbone::Impl {
     const bool tail = fused() && ssm_chunked_tail_fuses(d_);
     const bool store_pre = !tail || capturing;
     SsmChunkBwd<T> a{};
+    a.fuse_states = fused();  // B1 + B2 as one chunk walk (their bits)
     a.x = t("x");
     a.k = t("k");
     a.q = t("q");

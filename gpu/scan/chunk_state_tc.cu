@@ -72,47 +72,68 @@ struct Layout {
   static constexpr int kMinBlocks = HP * DQ / kNT > 32 ? 2 : NPV == 1 ? 4 : 3;
 };
 
-template <class T, int RH, int RD, bool kFwd>
-__global__ void __launch_bounds__(kNT, (Layout<T, RH, RD>::kMinBlocks))
-chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
-  using Ly = Layout<T, RH, RD>;
-  constexpr int HP = Ly::HP, DQ = Ly::DQ, LDH = Ly::LDH, LDQ = Ly::LDQ;
-  constexpr int kUo = Ly::kUo, kVo = Ly::kVo;
-  constexpr bool kSp = tcf::kSplitStorage<T>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Up = reinterpret_cast<bf16*>(smem);  // U, then W (hi, lo)
-  bf16* Vp = Up + 2 * kUo;
-  float* wsm = reinterpret_cast<float*>(Vp + Ly::NPV * kVo);
-  const int tid = threadIdx.x, lane = tid & 31;
-  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+// ---- the steps, shared by the per-chunk kernel and the walk ----------------------------------
+
+// The planes of one chunk in shared memory (Layout::kBytes from `base`).
+template <class Ly>
+struct Planes {
+  bf16 *U, *V;  // U then W (hi, lo at kUo), V (lo at kVo for f16 storage)
+  float* w;     // [kTR]
+  __device__ explicit Planes(unsigned char* base)
+      : U(reinterpret_cast<bf16*>(base)), V(U + 2 * Ly::kUo),
+        w(reinterpret_cast<float*>(V + Ly::NPV * Ly::kVo)) {}
+};
+
+// 1a. Warp 0: the row scalars of chunk c — adt (forward) or cum (backward) of rows lane and
+// lane + 32 — in registers; 0 for rows ≥ L.
+template <bool kFwd>
+__device__ __forceinline__ void chunk_rows(const ChunkGeom& g, const ChunkStateArgs& a, Idx b,
+                                           Idx c, Idx h, float& r0, float& r1) {
+  const int lane = threadIdx.x & 31, L = g.len(c);
+  r0 = 0.0f;
+  r1 = 0.0f;
+  if constexpr (kFwd) {
+    const float* adt = a.adt + (b * g.T + g.t0(c)) * g.nh + h;
+    if (lane < L) r0 = adt[lane * g.nh];
+    if (lane + 32 < L) r1 = adt[(lane + 32) * g.nh];
+  } else {
+    const float* cum = a.cum_in + g.cum_base(b, c, h);
+    if (lane < L) r0 = cum[lane];
+    if (lane + 32 < L) r1 = cum[lane + 32];
+  }
+}
+
+// 1b. All threads: chunk c's U and V tiles into the planes (bf16 by cp.async: the caller commits
+// and waits).
+// V's columns n0 … n0 + min(DQ, ds − n0) − 1 (n0 > 0: the walk's second half of d_state).
+template <class T, class Ly>
+__device__ __forceinline__ void issue_tiles(const ChunkGeom& g, const ChunkStateArgs& a, Idx b,
+                                            Idx c, Idx h, const Planes<Ly>& pl, int n0 = 0) {
   const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
-  const Idx row0 = b * g.T + g.t0(c), cb = g.cum_base(b, c, h);
+  const int nv = min(Ly::DQ, ds - n0);
+  const Idx row0 = b * g.T + g.t0(c);
+  const T* U = static_cast<const T*>(a.u);
+  const T* V = static_cast<const T*>(a.v);
+  const T* const u_src[1] = {U + row0 * g.di + h * hd};
+  bf16* const u_dst[1] = {pl.U};
+  tcf::load_typed<T, Ly::HP, 1>(u_src, u_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(U, 16));
+  const T* const v_src[1] = {V + (row0 * g.nh + h) * ds + n0};
+  bf16* const v_dst[1] = {pl.V};
+  tcf::load_typed<T, Ly::DQ, 1>(v_src, v_dst, g.nh * ds, L, nv,
+                                ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
+}
 
-  // ---- 1. row scalars (warp 0), then the tiles
-  float r0 = 0.0f, r1 = 0.0f;  // rows lane, lane + 32: adt (forward) or cum (backward); 0 ≥ L
-  if (tid < 32) {
-    if constexpr (kFwd) {
-      const float* adt = a.adt + row0 * g.nh + h;
-      if (lane < L) r0 = adt[lane * g.nh];
-      if (lane + 32 < L) r1 = adt[(lane + 32) * g.nh];
-    } else {
-      const float* cum = a.cum_in + cb;
-      if (lane < L) r0 = cum[lane];
-      if (lane + 32 < L) r1 = cum[lane + 32];
-    }
-  }
-  {
-    const T* U = static_cast<const T*>(a.u);
-    const T* V = static_cast<const T*>(a.v);
-    const T* const u_src[1] = {U + row0 * g.di + h * hd};
-    bf16* const u_dst[1] = {Up};
-    tcf::load_typed<T, HP, 1>(u_src, u_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(U, 16));
-    const T* const v_src[1] = {V + (row0 * g.nh + h) * ds};
-    bf16* const v_dst[1] = {Vp};
-    tcf::load_typed<T, DQ, 1>(v_src, v_dst, g.nh * ds, L, ds, ds % 8 == 0 && is_aligned(V, 16));
-  }
-
-  // ---- 2. cumsum / weights
+// 2. Warp 0: the cumsum (forward; da_cumsum_saved written) or da_cs_sum (backward), and the
+// weights w_s into pl.w; returns Λ = cum_{L−1} (in warp 0). The other threads zero the forward's
+// slots [kTR, cs).
+// write: this block writes da_cumsum_saved / da_cs_sum (the walk's first half only: one writer).
+template <bool kFwd>
+__device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkStateArgs& a, Idx b,
+                                               Idx c, Idx h, float r0, float r1, float* wsm,
+                                               bool write = true) {
+  const int tid = threadIdx.x, lane = tid & 31, L = g.len(c);
+  const Idx cb = g.cum_base(b, c, h);
+  float lam = 0.0f;
   if (tid < 32) {
     float w0, w1;
     if constexpr (kFwd) {
@@ -129,13 +150,14 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
       }
       // run = Λ = cum_{L−1}
       float* cw = a.cum_out + cb;
-      if (lane < g.cs) cw[lane] = lane < L ? c0 : 0.0f;
-      if (lane + 32 < g.cs) cw[lane + 32] = lane + 32 < L ? c1 : 0.0f;
+      if (write && lane < g.cs) cw[lane] = lane < L ? c0 : 0.0f;
+      if (write && lane + 32 < g.cs) cw[lane + 32] = lane + 32 < L ? c1 : 0.0f;
       w0 = lane < L ? expf(run - c0) : 0.0f;
       w1 = lane + 32 < L ? expf(run - c1) : 0.0f;
+      lam = run;
     } else {
-      const float lam = __shfl_sync(0xffffffffu, L - 1 < 32 ? r0 : r1, (L - 1) & 31);
-      if (lane == 0) a.da_cs_sum[(b * g.nc + c) * g.nh + h] = lam;
+      lam = __shfl_sync(0xffffffffu, L - 1 < 32 ? r0 : r1, (L - 1) & 31);
+      if (write && lane == 0) a.da_cs_sum[(b * g.nc + c) * g.nh + h] = lam;
       w0 = lane < L ? expf(r0) : 0.0f;
       w1 = lane + 32 < L ? expf(r1) : 0.0f;
     }
@@ -143,56 +165,210 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
     wsm[lane + 32] = w1;
   } else if constexpr (kFwd) {
     float* cw = a.cum_out + cb;
-    for (Idx k = kTR + (tid - 32); k < g.cs; k += kNT - 32) cw[k] = 0.0f;
+    if (write)
+      for (Idx k = kTR + (tid - 32); k < g.cs; k += kNT - 32) cw[k] = 0.0f;
   }
+  return lam;
+}
+
+// 3. All threads: W = w ⊙ U (hi/lo) in place, 8 values per slot, every row (rows ≥ L: zeros).
+template <class T, class Ly>
+__device__ __forceinline__ void weight_planes(const Planes<Ly>& pl) {
+  constexpr int HP = Ly::HP, LDH = Ly::LDH, kUo = Ly::kUo, kW = HP / 8;
+  constexpr bool kSp = tcf::kSplitStorage<T>;
+  static_assert(kTR * kW % kNT == 0, "the block must tile U");
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < kTR * kW / kNT; ++k) {
+    const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
+    bf16* at = pl.U + r * LDH + col;
+    const uint4 hv = *reinterpret_cast<const uint4*>(at);
+    uint4 lv = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kSp) lv = *reinterpret_cast<const uint4*>(at + kUo);
+    const std::uint32_t hin[4] = {hv.x, hv.y, hv.z, hv.w}, lin[4] = {lv.x, lv.y, lv.z, lv.w};
+    const float ws = pl.w[r];
+    std::uint32_t ho[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hin[j]));
+      if constexpr (kSp) {  // f16: hi + lo is the value, exactly
+        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lin[j]));
+        u.x += l.x;
+        u.y += l.y;
+      }
+      tc::split2(__fmul_rn(ws, u.x), __fmul_rn(ws, u.y), ho[j], lo[j]);
+    }
+    *reinterpret_cast<uint4*>(at) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
+    *reinterpret_cast<uint4*>(at + kUo) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+
+template <class Ly>
+using ChunkFrag = tcf::Frag<Ly::HP, Ly::DQ, kNW>;
+
+// 4. All threads: f = Wᵀ V.
+template <class T, class Ly>
+__device__ __forceinline__ void chunk_product(ChunkFrag<Ly>& f, const Planes<Ly>& pl) {
+  f.zero();
+  f.template add<kTR>(tcf::Opnd<Ly::LDH, false, true>{pl.U, Ly::kUo},
+                      tcf::Opnd<Ly::LDQ, false, tcf::kSplitStorage<T>>{pl.V, Ly::kVo});
+}
+
+// A [hd][ld] f32 state at `out` ← the pair (p, n), (p, n + 1) of its columns n < cols (p < hd
+// and n < cols checked; cols ≤ ld).
+__device__ __forceinline__ void store_pair(float* out, int hd, int cols, int ld, bool pair_store,
+                                           int p, int n, float v0, float v1) {
+  if (p >= hd || n >= cols) return;
+  float* o = out + p * ld + n;
+  if (pair_store) {  // n even and cols, ld even: n + 1 < cols, 8-byte aligned
+    *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+  } else {
+    o[0] = v0;
+    if (n + 1 < cols) o[1] = v1;
+  }
+}
+
+// ---- one chunk per block ---------------------------------------------------------------------
+
+template <class T, int RH, int RD, bool kFwd>
+__global__ void __launch_bounds__(kNT, (Layout<T, RH, RD>::kMinBlocks))
+chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
+  using Ly = Layout<T, RH, RD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Planes<Ly> pl(smem);
+  const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  float r0 = 0.0f, r1 = 0.0f;
+  if (threadIdx.x < 32) chunk_rows<kFwd>(g, a, b, c, h, r0, r1);
+  issue_tiles<T, Ly>(g, a, b, c, h, pl);  // in flight during the cumsum
+  chunk_weights<kFwd>(g, a, b, c, h, r0, r1, pl.w);
   tcf::cp_async_wait();
   __syncthreads();
-
-  // ---- 3. W = w ⊙ U (hi/lo), in place: 8 values per slot, every row (rows ≥ L: zeros)
-  {
-    constexpr int kW = HP / 8;
-    static_assert(kTR * kW % kNT == 0, "the block must tile U");
-#pragma unroll
-    for (int k = 0; k < kTR * kW / kNT; ++k) {
-      const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
-      bf16* at = Up + r * LDH + col;
-      const uint4 hv = *reinterpret_cast<const uint4*>(at);
-      uint4 lv = make_uint4(0u, 0u, 0u, 0u);
-      if constexpr (kSp) lv = *reinterpret_cast<const uint4*>(at + kUo);
-      const std::uint32_t hin[4] = {hv.x, hv.y, hv.z, hv.w}, lin[4] = {lv.x, lv.y, lv.z, lv.w};
-      const float ws = wsm[r];
-      std::uint32_t ho[4], lo[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hin[j]));
-        if constexpr (kSp) {  // f16: hi + lo is the value, exactly
-          const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lin[j]));
-          u.x += l.x;
-          u.y += l.y;
-        }
-        tc::split2(__fmul_rn(ws, u.x), __fmul_rn(ws, u.y), ho[j], lo[j]);
-      }
-      *reinterpret_cast<uint4*>(at) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
-      *reinterpret_cast<uint4*>(at + kUo) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
-  }
+  weight_planes<T, Ly>(pl);
   __syncthreads();
-
-  // ---- 4. out = Wᵀ V
-  tcf::Frag<HP, DQ, kNW> f;
-  f.zero();
-  f.template add<kTR>(tcf::Opnd<LDH, false, true>{Up, kUo}, tcf::Opnd<LDQ, false, kSp>{Vp, kVo});
+  ChunkFrag<Ly> f;
+  chunk_product<T, Ly>(f, pl);
   float* out = a.out + g.state_base(b, c, h);
+  const int hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
   const bool pair_store = ds % 2 == 0 && is_aligned(a.out, 8);
   f.pairs([&](int, int, int, int p, int n, float& v0, float& v1) {
-    if (p >= hd || n >= ds) return;
-    float* o = out + p * ds + n;
-    if (pair_store) {  // n even and ds even: n + 1 < ds, 8-byte aligned
-      *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
-    } else {
-      o[0] = v0;
-      if (n + 1 < ds) o[1] = v1;
+    store_pair(out, hd, ds, ds, pair_store, p, n, v0, v1);
+  });
+}
+
+// ---- the walk: one block per (b, h, half of d_state) over its chunks --------------------------
+// grid (nh, B, NS), 256 threads; chunks ascending (forward) or descending (backward). Block z
+// holds the state columns n ∈ [z·DQ, (z + 1)·DQ) (NS = 2 halves when d_state > 64, so that the
+// state and one chunk's product fit the registers of two blocks per SM; the columns of a
+// product are independent, so a half's values are the whole product's). The state S (forward)
+// or dS (backward) lives in a ChunkFrag in the product's own layout (one owner per element).
+// Per chunk c, with two plane stages (chunk c's landed, its successor's in flight):
+//   store S as states[c] (and f as the contribution when a.s.out); S = state_step(Λ_c, S, f)
+// — the order, the values and the expressions of state_pass_fwd/bwd_kernel over the
+// contributions chunk_state_tc_kernel stores, so the bits are theirs. Block z = 0 alone writes
+// the per-chunk scalars (da_cumsum_saved / da_cs_sum) and K6. Shared: 2 × Layout::kBytes
+// (16-byte aligned) + Λ [2].
+template <class Ly>
+constexpr std::size_t stage_bytes() {
+  return (Ly::kBytes + 15) / 16 * 16;
+}
+// Blocks per SM: S and f hold HP·DQ / 256 floats each per thread; two blocks (128 registers)
+// while that is ≤ 16, else one.
+template <class Ly>
+constexpr int walk_blocks() {
+  return Ly::HP * Ly::DQ / kNT > 16 ? 1 : 2;
+}
+
+template <class T, int RH, int RD, bool kFwd>
+__global__ void __launch_bounds__(kNT, (walk_blocks<Layout<T, RH, RD>>()))
+chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
+  using Ly = Layout<T, RH, RD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr std::size_t kStage = stage_bytes<Ly>();
+  float* lam_s = reinterpret_cast<float*>(smem + 2 * kStage);
+  const int tid = threadIdx.x;
+  const Idx h = blockIdx.x, b = blockIdx.y, sb = b * g.nh + h;
+  const int n0 = static_cast<int>(blockIdx.z) * Ly::DQ;
+  const bool first = blockIdx.z == 0;
+  const int hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
+  const int nc = static_cast<int>(g.nc);
+  const Idx hds = g.hd * g.ds;
+  auto chunk_of = [&](int k) -> Idx { return kFwd ? k : nc - 1 - k; };
+
+  // The entering value: S_0 (forward) or ∂L/∂(leaving state) (backward), columns n0 + n.
+  ChunkFrag<Ly> S;
+  {
+    const float* init = w.init + sb * hds;
+    float sgm1 = 0.0f;
+    if constexpr (kFwd) {
+      const Idx i0 = (b * g.T) * g.nh + h;
+      sgm1 = w.dt[i0] * (1.0f - w.trap[i0]);
     }
+    auto at = [&](int p, int n) {
+      if constexpr (kFwd)
+        return entering_state(init[p * ds + n], sgm1, w.v_in[sb * g.hd + p], w.k_in[sb * g.ds + n]);
+      else
+        return init[p * ds + n];
+    };
+    S.pairs([&](int, int, int, int p, int n, float& v0, float& v1) {
+      v0 = p < hd && n0 + n < ds ? at(p, n0 + n) : 0.0f;
+      v1 = p < hd && n0 + n + 1 < ds ? at(p, n0 + n + 1) : 0.0f;
+    });
+  }
+  if (kFwd && first) {  // K6: k and x at t = T − 1, as floats
+    const Idx rl = b * g.T + g.T - 1;
+    const T* k = static_cast<const T*>(w.k_last);
+    const T* x = static_cast<const T*>(w.x_last);
+    for (Idx q = tid; q < g.ds; q += kNT) w.k_out[sb * g.ds + q] = to_float(k[(rl * g.nh + h) * g.ds + q]);
+    for (Idx q = tid; q < g.hd; q += kNT) w.v_out[sb * g.hd + q] = to_float(x[rl * g.di + h * g.hd + q]);
+  }
+
+  const bool pair_store = ds % 2 == 0 && is_aligned(w.states, 8) &&
+                          (w.s.out == nullptr || is_aligned(w.s.out, 8));
+  float r0 = 0.0f, r1 = 0.0f;
+  if (tid < 32) chunk_rows<kFwd>(g, w.s, b, chunk_of(0), h, r0, r1);
+  issue_tiles<T, Ly>(g, w.s, b, chunk_of(0), h, Planes<Ly>(smem), n0);
+  tcf::cp_async_commit();
+  for (int k = 0; k < nc; ++k) {
+    const int st = k & 1;
+    const Idx c = chunk_of(k);
+    const Planes<Ly> pl(smem + st * kStage);
+    // The next chunk's tiles into the other stage (last read by chunk k − 1's product, before
+    // the barrier that ended it); an empty group at the end keeps the wait count uniform.
+    if (k + 1 < nc)
+      issue_tiles<T, Ly>(g, w.s, b, chunk_of(k + 1), h, Planes<Ly>(smem + (st ^ 1) * kStage), n0);
+    tcf::cp_async_commit();
+    float nx0 = 0.0f, nx1 = 0.0f;
+    if (tid < 32 && k + 1 < nc) chunk_rows<kFwd>(g, w.s, b, chunk_of(k + 1), h, nx0, nx1);
+    const float lam = chunk_weights<kFwd>(g, w.s, b, c, h, r0, r1, pl.w, first);
+    if (tid == 0) lam_s[st] = lam;
+    tcf::cp_async_wait_group<1>();  // chunk c's planes (its group is the older one)
+    __syncthreads();
+    weight_planes<T, Ly>(pl);
+    __syncthreads();
+    ChunkFrag<Ly> f;
+    chunk_product<T, Ly>(f, pl);
+    const float lc = lam_s[st];
+    float* so = w.states + g.state_base(b, c, h) + n0;
+    float* co = w.s.out ? w.s.out + g.state_base(b, c, h) + n0 : nullptr;
+    f.pairs([&](int i, int hh, int j, int p, int n, float& f0, float& f1) {
+      float& s0 = S.d[i][j][2 * hh];
+      float& s1 = S.d[i][j][2 * hh + 1];
+      store_pair(so, hd, ds - n0, ds, pair_store, p, n, s0, s1);
+      if (co) store_pair(co, hd, ds - n0, ds, pair_store, p, n, f0, f1);
+      s0 = state_step(lc, s0, f0);
+      s1 = state_step(lc, s1, f1);
+    });
+    r0 = nx0;
+    r1 = nx1;
+    __syncthreads();  // this stage's planes, w and Λ are rewritten two chunks on
+  }
+  // The leaving value: final_states and ssm_out (forward) or ∂L/∂(entering state) (backward).
+  float* f1p = w.fin + sb * hds + n0;
+  float* f2p = w.fin2 ? w.fin2 + sb * hds + n0 : nullptr;
+  const bool pair_fin = ds % 2 == 0 && is_aligned(w.fin, 8) && (!f2p || is_aligned(w.fin2, 8));
+  S.pairs([&](int, int, int, int p, int n, float& v0, float& v1) {
+    store_pair(f1p, hd, ds - n0, ds, pair_fin, p, n, v0, v1);
+    if (f2p) store_pair(f2p, hd, ds - n0, ds, pair_fin, p, n, v0, v1);
   });
 }
 
@@ -216,9 +392,31 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
   });
 }
 
+template <class T, bool kFwd>
+void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
+  M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, kChunkWhere,
+             "unsupported chunk geometry for chunk_walk_tc", "row tiles per chunk=", g.nt,
+             " headdim=", g.hd, " d_state=", g.ds,
+             " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+  with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
+    constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
+    // d_state > 64: two halves of 64 columns per (b, h) (see the kernel's comment).
+    constexpr int RDh = RD == 8 ? 4 : RD, NS = RD == 8 ? 2 : 1;
+    using Ly = Layout<T, RH, RDh>;
+    auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd>;
+    constexpr std::size_t bytes = 2 * stage_bytes<Ly>() + 2 * sizeof(float);
+    set_smem(k, bytes);
+    k<<<dim3(static_cast<unsigned>(g.nh), static_cast<unsigned>(g.B), NS), kNT, bytes, s>>>(g,
+                                                                                          a);
+    M3_LAUNCH_CHECK();
+  });
+}
+
 #define M3_INSTANTIATE(T)                                                                  \
   template void chunk_state_tc<T, true>(cudaStream_t, const ChunkGeom&, const ChunkStateArgs&); \
-  template void chunk_state_tc<T, false>(cudaStream_t, const ChunkGeom&, const ChunkStateArgs&);
+  template void chunk_state_tc<T, false>(cudaStream_t, const ChunkGeom&, const ChunkStateArgs&); \
+  template void chunk_walk_tc<T, true>(cudaStream_t, const ChunkGeom&, const ChunkWalkArgs&);    \
+  template void chunk_walk_tc<T, false>(cudaStream_t, const ChunkGeom&, const ChunkWalkArgs&);
 M3_FOR_EACH_TYPED_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

@@ -672,18 +672,30 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
-    if (planes) {
-      if constexpr (kTyped) chunk_state_tc<T, false>(s, g, a);
+    if (planes && p.fuse_states) {  // B1 + B2 in one walk: dS written, dcontrib never stored
+      if constexpr (kTyped) {
+        ChunkWalkArgs cw{};
+        cw.s = a;
+        cw.s.out = nullptr;
+        cw.states = w.dS;
+        cw.init = p.d_ssm_out;
+        cw.fin = p.d_ssm_in;
+        chunk_walk_tc<T, false>(s, g, cw);
+      }
     } else {
-      auto k1 = chunk_state_kernel<T, RH, RD, false>;
-      const std::size_t sm1 = smem_chunk_state(RH, RD, kTyped);
-      set_smem(k1, sm1);
-      k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
+      if (planes) {
+        if constexpr (kTyped) chunk_state_tc<T, false>(s, g, a);
+      } else {
+        auto k1 = chunk_state_kernel<T, RH, RD, false>;
+        const std::size_t sm1 = smem_chunk_state(RH, RD, kTyped);
+        set_smem(k1, sm1);
+        k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
+        M3_LAUNCH_CHECK();
+      }
+      state_pass_bwd_kernel<<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0,
+                              s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
       M3_LAUNCH_CHECK();
     }
-    state_pass_bwd_kernel<<<grid3(blocks_for(d.hd * d.ds, kThreads), d.nh, d.B), kThreads, 0,
-                            s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
-    M3_LAUNCH_CHECK();
     entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
     if (planes) {

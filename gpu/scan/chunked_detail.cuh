@@ -269,7 +269,7 @@ __device__ __forceinline__ void pass_chunks(int n, int last_j, const float* in, 
     for (int k = 0; k < kChunkBatch; ++k, oq += sstep) {
       if (j0 + k >= n) break;
       *oq = v;
-      v = expf(dv[k]) * v + cv[k];
+      v = state_step(dv[k], v, cv[k]);
     }
     in += kChunkBatch * sstep, out += kChunkBatch * sstep, lam += kChunkBatch * lstep;
   }

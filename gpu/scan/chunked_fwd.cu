@@ -23,7 +23,7 @@ state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   if (e >= hds) return;
   const Idx pi = e / g.ds, n = e % g.ds, i0 = (b * g.T) * g.nh + h;
   const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
-  float S = p.ssm_in[sb * hds + e] + sgm1 * (p.v_in[sb * g.hd + pi] * p.k_in[sb * g.ds + n]);
+  float S = entering_state(p.ssm_in[sb * hds + e], sgm1, p.v_in[sb * g.hd + pi], p.k_in[sb * g.ds + n]);
   const ChunkWalk w(g, b, h, e);
   const int nc = static_cast<int>(g.nc);
   pass_chunks(nc, nc - 1, p.chunk_states + w.state0, p.chunk_states_saved + w.state0,
@@ -163,6 +163,28 @@ void launch_states(cudaStream_t s, const Dims& d, const ChunkGeom& g, bool plane
                    const SsmChunkFwd<T>& p) {
   const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
                          p.chunk_states};
+  if (planes && p.fuse_states) {
+    if constexpr (kTensorProducts<T>) {
+      ChunkWalkArgs w{};
+      w.s = a;
+      w.states = p.chunk_states_saved;
+      w.init = p.ssm_in;
+      w.dt = p.dt;
+      w.trap = p.trap;
+      w.k_in = p.k_in;
+      w.v_in = p.v_in;
+      w.fin = p.final_states;
+      w.fin2 = p.ssm_out;
+      w.k_last = p.k;
+      w.x_last = p.x;
+      w.k_out = p.k_out;
+      w.v_out = p.v_out;
+      chunk_walk_tc<T, true>(s, g, w);
+    }
+    return;
+  }
+  M3_REQUIRE(p.chunk_states, kChunkWhere, "the chunk contributions need a buffer",
+             "chunk_states is null (allowed only with fuse_states on the walk's path)");
   if (planes) {
     if constexpr (kTensorProducts<T>) chunk_state_tc<T, true>(s, g, a);
   } else {
@@ -214,10 +236,16 @@ void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p) 
   });
 }
 
+template <class T>
+bool ssm_chunked_walks(const Dims& d) {
+  return kTensorProducts<T> && std::min(d.cs, d.T) <= kTR;
+}
+
 #define M3_INSTANTIATE(T)                                                                   \
   template void ssm_chunked_forward<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&,    \
                                        Scratch);                                            \
-  template void ssm_chunked_states<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&);
+  template void ssm_chunked_states<T>(cudaStream_t, const Dims&, const SsmChunkFwd<T>&);    \
+  template bool ssm_chunked_walks<T>(const Dims&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

@@ -25,6 +25,17 @@ struct ChunkGeom {
   }
 };
 
+// The state passing's two expressions (K4/K6, B2 and the chunk walks of chunk_state_tc.cu), one
+// definition each, so that every path forms the same bits:
+//   S_0 = ssm_in + sg₋₁·(v_in[p]·k_in[n])   (sg₋₁ = dt₀·(1 − trap₀): the entering state's β term)
+//   v ← e^Λ·v + contribution                (one FMA, the product of e^Λ and v not rounded)
+__device__ __forceinline__ float entering_state(float ssm_in, float sgm1, float v_in, float k_in) {
+  return ssm_in + sgm1 * (v_in * k_in);
+}
+__device__ __forceinline__ float state_step(float lam, float v, float contrib) {
+  return __fmaf_rn(expf(lam), v, contrib);
+}
+
 // ---- host helpers of the launchers --------------------------------------------------------
 inline const char* const kChunkWhere = "gpu::ssm_chunked";
 
@@ -71,6 +82,20 @@ struct ChunkStateArgs {
   const float* cum_in;      // backward: da_cumsum_saved (read)
   float* da_cs_sum;         // backward: [B, nc, nh]
   float* out;               // [B, nc, nh, hd, ds]
+};
+
+// The chunk walk (chunk_state_tc.cu): K2/K3 with K4/K6 (forward) or B1 with B2 (backward) in
+// one kernel per (b, h), the state carried in registers from chunk to chunk, so that the
+// contributions never go through global memory. s: as chunk_state_tc's (s.out: where the
+// contributions are stored as well, for a capture; null: not at all).
+struct ChunkWalkArgs {
+  ChunkStateArgs s;
+  float* states;                         // fwd: chunk_states_saved (S_c); bwd: dS (dS_c)
+  const float* init;                     // fwd: ssm_in; bwd: d_ssm_out [B, nh, hd, ds]
+  const float *dt, *trap, *k_in, *v_in;  // fwd: S_0's β term
+  float *fin, *fin2;                     // fwd: final_states, ssm_out; bwd: d_ssm_in, null
+  const void *k_last, *x_last;           // fwd: k [BT, nh, ds], x [BT, di] (K6 reads t = T − 1)
+  float *k_out, *v_out;                  // fwd: K6
 };
 
 // B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile

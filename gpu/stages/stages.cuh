@@ -254,6 +254,10 @@ struct SsmChunkFwd {
   float *chunk_states, *chunk_states_saved, *final_states;
   float *ssm_out, *k_out, *v_out;
   bool prep_done;  // K0/K1 already ran (ssm_chunked_rope_prep): skip them
+  // K2/K3 and K4/K6 as one chunk walk (chunk_walk_tc, typed runs with chunks ≤ 64; the bits of
+  // the two kernels): the contributions stay in registers, and chunk_states is written only
+  // when non-null (a capture). false: the two kernels, chunk_states required.
+  bool fuse_states;
 };
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
@@ -283,6 +287,11 @@ void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
 // states from the forward.
 template <class T>
 void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p);
+// Whether fuse_states takes the chunk walk (SsmChunkFwd/Bwd::fuse_states) for T-typed storage
+// at d: typed runs whose chunks fit one row tile (min(chunk_size, T) ≤ 64). Otherwise the two
+// kernels run, and the forward needs chunk_states.
+template <class T>
+bool ssm_chunked_walks(const Dims& d);
 // Step 1 (dqkv, incl. dADT and the entering-state gradients), step 2 (dScale, dGamma,
 // d_b_pre_rope, d_c_pre_rope, d_angle_cumsum: the formulas of rope_backward with the qk extra),
 // step 3 (ddt_dtrap: dDT, d_trap_sig; d_adt_total = dADT, d_dt_direct = dDT). ∂L/∂v_out is
@@ -310,6 +319,9 @@ struct SsmChunkBwd {
   // d_X_pre_rope. bcnorm_backward then runs with null d_X_pre_rope (B4c only).
   T *d_b_normed, *d_c_normed;
   float *d_b_bias, *d_c_bias;
+  // B1 and B2 as one chunk walk (chunk_walk_tc, typed runs with chunks ≤ 64; the bits of the
+  // two kernels): dcontrib stays in registers. false: the two kernels.
+  bool fuse_states;
 };
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,

@@ -1082,7 +1082,7 @@ class Bufs {
 };
 
 template <class T>
-Tensors gpu_ssm(const Dims& d, const SsmInputs& in, ScanMode mode) {
+Tensors gpu_ssm(const Dims& d, const SsmInputs& in, ScanMode mode, bool fuse_states = false) {
   Stream st;
   const cudaStream_t s = st;
   Bufs<T> b(s);
@@ -1185,6 +1185,7 @@ Tensors gpu_ssm(const Dims& d, const SsmInputs& in, ScanMode mode) {
     f.ssm_out = b.out("ssm_out", d.B * nh * d.hd * d.ds);
     f.k_out = b.out("k_out", d.B * nh * d.ds);
     f.v_out = b.out("v_out", d.B * nh * d.hd);
+    f.fuse_states = fuse_states;
     m3::gpu::ssm_chunked_forward<T>(s, d, f, scratch);
     m3::gpu::SsmChunkBwd<T> g{};
     g.x = x;
@@ -1229,6 +1230,7 @@ Tensors gpu_ssm(const Dims& d, const SsmInputs& in, ScanMode mode) {
     g.d_k_in = b.out("d_k_in", d.B * nh * d.ds);
     g.d_v_in = b.out("d_v_in", d.B * nh * d.hd);
     g.d_d_param = dD;
+    g.fuse_states = fuse_states;
     m3::gpu::ssm_chunked_backward<T>(s, d, g, scratch);
   }
   Tensors t = b.download();
@@ -1321,6 +1323,32 @@ TYPED_TEST(TypedSsm, ChunkedMatchesReference) {
     SCOPED_TRACE(c.name());
     const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
     check_ssm<T>(d, ssm_inputs<T>(d, 23), ScanMode::Chunked);
+  }
+}
+
+// The chunk walk (K2/K3 + K4/K6 and B1 + B2 in one kernel per (b, h), fuse_states) writes the
+// bits of the two-kernel path: every output, the contributions it also stores included.
+TYPED_TEST(TypedSsm, ChunkWalkGivesTheBitsOfTheTwoKernels) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const SsmCase& c : kSsmCases) {
+    SCOPED_TRACE(c.name());
+    const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
+    const SsmInputs in = ssm_inputs<T>(d, 29);
+    const Tensors two = gpu_ssm<T>(d, in, ScanMode::Chunked, false);
+    const Tensors walk = gpu_ssm<T>(d, in, ScanMode::Chunked, true);
+    ASSERT_EQ(two.size(), walk.size());
+    for (const auto& [n, v] : two) {
+      ASSERT_TRUE(walk.count(n)) << n;
+      const auto& w = walk.at(n);
+      ASSERT_EQ(v.size(), w.size()) << n;
+      size_t first = v.size();
+      for (size_t i = 0; i < v.size() && first == v.size(); ++i)
+        if (std::memcmp(&v[i], &w[i], sizeof(double)) != 0) first = i;
+      EXPECT_EQ(first, v.size()) << n << " differs first at " << first << ": two kernels "
+                                 << (first < v.size() ? v[first] : 0.0) << ", walk "
+                                 << (first < w.size() ? w[first] : 0.0);
+    }
   }
 }
 
