@@ -261,12 +261,13 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
 // state and one chunk's product fit the registers of two blocks per SM; the columns of a
 // product are independent, so a half's values are the whole product's). The state S (forward)
 // or dS (backward) lives in a ChunkFrag in the product's own layout (one owner per element).
-// Per chunk c, with two plane stages (chunk c's landed, its successor's in flight):
+// Per chunk c (its plane stage landed, the next chunks' in flight):
 //   store S as states[c] (and f as the contribution when a.s.out); S = state_step(Λ_c, S, f)
 // — the order, the values and the expressions of state_pass_fwd/bwd_kernel over the
 // contributions chunk_state_tc_kernel stores, so the bits are theirs. Block z = 0 alone writes
-// the per-chunk scalars (da_cumsum_saved / da_cs_sum) and K6. Shared: 2 × Layout::kBytes
-// (16-byte aligned) + Λ [2].
+// the per-chunk scalars (da_cumsum_saved / da_cs_sum) and K6. Shared: kS plane stages
+// (walk_stages: 3 where they fit, the next two chunks' tiles in flight by cp.async while one
+// computes; else 2) of Layout::kBytes (16-byte aligned) + Λ [kS].
 template <class Ly>
 constexpr std::size_t stage_bytes() {
   return (Ly::kBytes + 15) / 16 * 16;
@@ -277,6 +278,16 @@ template <class Ly>
 constexpr int walk_blocks() {
   return Ly::HP * Ly::DQ / kNT > 16 ? 1 : 2;
 }
+// Plane stages: three (two chunks in flight while one computes) where they fit the blocks per
+// SM in 200 KB of shared memory, else two.
+template <class Ly>
+constexpr int walk_stages() {
+  return 3 * stage_bytes<Ly>() * walk_blocks<Ly>() <= 200 * 1024 ? 3 : 2;
+}
+template <class Ly>
+constexpr std::size_t walk_smem() {
+  return walk_stages<Ly>() * (stage_bytes<Ly>() + sizeof(float));
+}
 
 template <class T, int RH, int RD, bool kFwd>
 __global__ void __launch_bounds__(kNT, (walk_blocks<Layout<T, RH, RD>>()))
@@ -284,7 +295,8 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
   using Ly = Layout<T, RH, RD>;
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr std::size_t kStage = stage_bytes<Ly>();
-  float* lam_s = reinterpret_cast<float*>(smem + 2 * kStage);
+  constexpr int kS = walk_stages<Ly>();
+  float* lam_s = reinterpret_cast<float*>(smem + kS * kStage);
   const int tid = threadIdx.x;
   const Idx h = blockIdx.x, b = blockIdx.y, sb = b * g.nh + h;
   const int n0 = static_cast<int>(blockIdx.z) * Ly::DQ;
@@ -326,22 +338,28 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
                           (w.s.out == nullptr || is_aligned(w.s.out, 8));
   float r0 = 0.0f, r1 = 0.0f;
   if (tid < 32) chunk_rows<kFwd>(g, w.s, b, chunk_of(0), h, r0, r1);
-  issue_tiles<T, Ly>(g, w.s, b, chunk_of(0), h, Planes<Ly>(smem), n0);
-  tcf::cp_async_commit();
+  // Chunks 0 … kS − 2 in flight (one cp.async group each, empty ones past the end).
+#pragma unroll
+  for (int j = 0; j < kS - 1; ++j) {
+    if (j < nc) issue_tiles<T, Ly>(g, w.s, b, chunk_of(j), h, Planes<Ly>(smem + j * kStage), n0);
+    tcf::cp_async_commit();
+  }
   for (int k = 0; k < nc; ++k) {
-    const int st = k & 1;
+    const int st = k % kS;
     const Idx c = chunk_of(k);
     const Planes<Ly> pl(smem + st * kStage);
-    // The next chunk's tiles into the other stage (last read by chunk k − 1's product, before
-    // the barrier that ended it); an empty group at the end keeps the wait count uniform.
-    if (k + 1 < nc)
-      issue_tiles<T, Ly>(g, w.s, b, chunk_of(k + 1), h, Planes<Ly>(smem + (st ^ 1) * kStage), n0);
+    // Chunk k + kS − 1's tiles into stage (k − 1) mod kS (last read by chunk k − 1's product,
+    // before the barrier that ended it); an empty group past the end keeps the wait uniform.
+    const int ahead = k + kS - 1;
+    if (ahead < nc)
+      issue_tiles<T, Ly>(g, w.s, b, chunk_of(ahead), h, Planes<Ly>(smem + (ahead % kS) * kStage),
+                         n0);
     tcf::cp_async_commit();
     float nx0 = 0.0f, nx1 = 0.0f;
     if (tid < 32 && k + 1 < nc) chunk_rows<kFwd>(g, w.s, b, chunk_of(k + 1), h, nx0, nx1);
     const float lam = chunk_weights<kFwd>(g, w.s, b, c, h, r0, r1, pl.w, first);
     if (tid == 0) lam_s[st] = lam;
-    tcf::cp_async_wait_group<1>();  // chunk c's planes (its group is the older one)
+    tcf::cp_async_wait_group<kS - 1>();  // chunk c's group (the kS − 1 newer may be pending)
     __syncthreads();
     weight_planes<T, Ly>(pl);
     __syncthreads();
@@ -360,7 +378,7 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
     });
     r0 = nx0;
     r1 = nx1;
-    __syncthreads();  // this stage's planes, w and Λ are rewritten two chunks on
+    __syncthreads();  // this stage's planes, w and Λ are rewritten kS chunks on
   }
   // The leaving value: final_states and ssm_out (forward) or ∂L/∂(entering state) (backward).
   float* f1p = w.fin + sb * hds + n0;
@@ -404,7 +422,7 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
     constexpr int RDh = RD == 8 ? 4 : RD, NS = RD == 8 ? 2 : 1;
     using Ly = Layout<T, RH, RDh>;
     auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd>;
-    constexpr std::size_t bytes = 2 * stage_bytes<Ly>() + 2 * sizeof(float);
+    constexpr std::size_t bytes = walk_smem<Ly>();
     set_smem(k, bytes);
     k<<<dim3(static_cast<unsigned>(g.nh), static_cast<unsigned>(g.B), NS), kNT, bytes, s>>>(g,
                                                                                           a);
