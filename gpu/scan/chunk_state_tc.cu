@@ -1,4 +1,7 @@
-// K2/K3 (forward) and B1 (backward) of the chunked scan (MODEL.md §5.2, §6.4; chunk_state_kernel
+// K2/K3 (forward) and B1 (backward) of the chunked scan, alone (chunk_state_tc) or with the
+// state passing K4/K6 / B2 in one walk per (b, h) (chunk_walk_tc: S_{c+1} = e^{Λ_c}·S_c + out_c,
+// forward over c ascending from S_0, backward over c descending from ∂L/∂S_leaving; see the
+// walk's comment below). The per-chunk product, as in (MODEL.md §5.2, §6.4; chunk_state_kernel
 // of gpu/scan/chunked_detail.cuh, whose header states the algorithm) for typed runs (bf16 / f16) whose
 // chunks fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands in bf16 planes
 // and the accumulators in registers (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256
