@@ -414,16 +414,15 @@ Budget make_budget(const ToleranceRow& row, Precision p, const Metrics& subject,
   b.row = &row;
   b.kind = kind;
   b.k = baseline_k(p, kind, row.cmp);
+  const Floors& f = floors_of(row, p);
   // An isolated stage that reads and writes f32 only (the table gives it f32's floors in every
   // precision) errs like an f32 implementation, whatever the cell's precision: f32's k.
-  const bool f32_only = floors_of(row, p).rel_l2 == row.f32.rel_l2 &&
-                        floors_of(row, p).rel_max == row.f32.rel_max;
+  const bool f32_only = f.rel_l2 == row.f32.rel_l2 && f.rel_max == row.f32.rel_max;
   if (kind == BaselineKind::Perturbed && row.cmp == CompareMode::Isolated && f32_only)
     b.k = baseline_k(Precision::F32, kind, row.cmp);
   b.tight = row.tight && kind == BaselineKind::Perturbed && subject.numel >= kTightMinElements;
   if (b.tight) b.k = kTightK;
   b.depth = depth;
-  const Floors& f = floors_of(row, p);
   const double scale = subject.zero_oracle() ? 1.0 : subject.oracle_scale;
   b.floor_rel_l2 = depth * f.rel_l2;
   b.floor_max_abs = depth * f.rel_max * scale;

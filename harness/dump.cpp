@@ -102,6 +102,7 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_i
   // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp). The verdicts are
   // run_comparison's, on the captures it judged (its CellObserver).
   struct Entry {
+    size_t row = 0;  // index into its cell's rows
     std::string group;
     Tensor oracle, subject, diff, baseline;
     bool has_oracle = false, has_subject = false, has_baseline = false;
@@ -113,10 +114,12 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_i
   auto observe = [&](const CompareResult& cell, const Capture& o, const Capture& s,
                      const Capture* b) {
     std::vector<Entry>& out = entries.emplace_back();
-    for (const TensorResult& r : cell.rows) {
+    for (size_t ri = 0; ri < cell.rows.size(); ++ri) {
+      const TensorResult& r = cell.rows[ri];
       const bool positional = !r.is_param && r.syms && has_position_axis(*r.syms);
       if (dopt.profiles_only && !positional) continue;
       Entry e;
+      e.row = ri;
       e.group = std::string("/dump/") + scan_mode_name(cell.mode) + "/" +
                 precision_name(cell.precision) + "/" + r.key;
       const Tensor* ot = o.find(r.key);
@@ -155,13 +158,8 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_i
   w.attr("/meta", "profiles_only", dopt.profiles_only ? 1 : 0);
   const auto nf = h5::NonFinite::Allow;
   for (size_t ci = 0; ci < entries.size(); ++ci) {
-    std::vector<const TensorResult*> rows;
-    for (const TensorResult& r : run_order[ci]->rows)
-      if (!dopt.profiles_only || (!r.is_param && r.syms && has_position_axis(*r.syms)))
-        rows.push_back(&r);
-    for (size_t ri = 0; ri < entries[ci].size(); ++ri) {
-      const Entry& e = entries[ci][ri];
-      const TensorResult& r = *rows[ri];
+    for (const Entry& e : entries[ci]) {
+      const TensorResult& r = run_order[ci]->rows[e.row];
       const std::string& g = e.group;
       w.group(g);
       if (e.has_oracle) {

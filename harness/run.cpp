@@ -118,7 +118,6 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
           std::vector<Capture> iso;
           for (const IsolatedRun& ib : l.isolated_baselines) iso.push_back(ib(pb, mode, o));
           for (const Capture& c2 : iso) opt.isolated_baselines.push_back(&c2);
-          if (!iso.empty()) opt.baseline_kind = BaselineKind::Perturbed;  // always (run.hpp)
           Capture ref;
           if (!iso.empty() && l.isolated_baseline_reference) {
             ref = l.isolated_baseline_reference(pb, mode, o);
