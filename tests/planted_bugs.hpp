@@ -8,8 +8,13 @@
 //   L1/B6/d_x        d_x shifted by one time step (an off-by-one)
 //   grad/L0/dt_bias  dt_bias's gradient times 1 + delta (the smallest systematic error a
 //                    precision's rule must catch; delta chosen by the caller)
+// and in the problem itself (a wrong parameter reaches every tensor downstream, so the first
+// failure must be where it enters), on a model of at least 2 layers:
+//   L1/F6/y          D's sign flipped in layer 1 (y = … + D·x is the first tensor it reaches)
+//   L0/F3/dt         dt_bias of layer 0's fastest head shifted by +0.5
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -18,6 +23,7 @@
 
 #include "capture.hpp"
 #include "config.hpp"
+#include "problem.hpp"
 
 namespace m3::test {
 
@@ -80,6 +86,25 @@ inline std::vector<PlantedBug> planted_bugs(const Config& cfg, Idx B, Idx T,
                     });
                   }});
   return bugs;
+}
+
+struct PlantedProblemBug {
+  std::string what;       // for SCOPED_TRACE
+  std::string first_key;  // where it must fail first
+  std::function<void(Problem&)> plant;
+};
+
+inline std::vector<PlantedProblemBug> planted_problem_bugs() {
+  return {{"D's sign flipped in layer 1: y = ... + D x is the first tensor it reaches", "L1/F6/y",
+           [](Problem& pb) {
+             for (double& d : pb.params.layers[1].d_param) d = -d;
+           }},
+          {"dt_bias of the fastest head of layer 0 shifted by +0.5", "L0/F3/dt",
+           [](Problem& pb) {
+             auto& bias = pb.params.layers[0].dt_bias;
+             const auto h = std::max_element(bias.begin(), bias.end()) - bias.begin();
+             bias[static_cast<size_t>(h)] += 0.5;
+           }}};
 }
 
 }  // namespace m3::test

@@ -36,6 +36,7 @@
 #include "error.hpp"
 #include "isolated.hpp"
 #include "negative_control.hpp"
+#include "planted_bugs.hpp"
 #include "report.hpp"
 #include "report_json.hpp"
 #include "run.hpp"
@@ -364,9 +365,9 @@ TEST(IsolatedReport, EndToEndOnlyFailureIsDiagnosedAsAmplifiedUpstreamError) {
       "fake",
       [](const Problem& p, ScanMode m) {
         Capture c = run_reference<float>(p, m);
-        Tensor t = c.at("L1/F7/gated");
-        for (double& v : t.data) v *= 1.01;
-        c.put("L1/F7/gated", t.shape, t.data.data());
+        m3::test::edit_tensor(c, "L1/F7/gated", [](Tensor& t) {
+          for (double& v : t.data) v *= 1.01;
+        });
         return c;
       },
       [](const Problem& p, ScanMode m, const Capture& o) {

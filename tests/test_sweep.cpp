@@ -334,9 +334,9 @@ Implementation faulty_y_subject() {
   return {"reference<float> with y x 1.01",
           [](const Problem& pb, ScanMode mode) {
             Capture c = run_reference<float>(pb, mode);
-            Tensor y = c.at("L0/F6/y");
-            for (double& v : y.data) v *= 1.01;
-            c.put("L0/F6/y", y.shape, y.data.data());
+            m3::test::edit_tensor(c, "L0/F6/y", [](Tensor& y) {
+              for (double& v : y.data) v *= 1.01;
+            });
             return c;
           },
           [](const Problem& pb, ScanMode mode, const Capture& oracle) {
@@ -714,13 +714,13 @@ TEST_P(PerturbedBudget, BugsInTheDefaultPresetStillFailAndAreNamedFirst) {
     bug.plant(s);
     expect_only_failure(bug.key, s);
   }
-  {
-    SCOPED_TRACE("D's sign flipped in layer 1");
+  for (const m3::test::PlantedProblemBug& bug : m3::test::planted_problem_bugs()) {
+    SCOPED_TRACE(bug.what);
     Problem bad = pb;
-    for (double& d : bad.params.layers[1].d_param) d = -d;
+    bug.plant(bad);
     const CompareResult r = compare(run_reference<float>(bad, mode, p));
     ASSERT_FALSE(r.pass());
-    EXPECT_EQ(first_fail_key(r), "L1/F6/y");
+    EXPECT_EQ(first_fail_key(r), bug.first_key);
   }
 }
 

@@ -47,6 +47,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "chunk_state_tc.cuh"
 #include "convert.cuh"
@@ -395,12 +396,17 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
 
 }  // namespace
 
+// The plane kernels' geometry: chunks of one row tile, headdim and d_state ≤ 128.
+static void require_plane_geometry(const ChunkGeom& g, const char* kernel) {
+  M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, kChunkWhere,
+             std::string("unsupported chunk geometry for ") + kernel, "row tiles per chunk=",
+             g.nt, " headdim=", g.hd, " d_state=", g.ds,
+             " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+}
+
 template <class T, bool kFwd>
 void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a) {
-  M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, kChunkWhere,
-             "unsupported chunk geometry for chunk_state_tc", "row tiles per chunk=", g.nt,
-             " headdim=", g.hd, " d_state=", g.ds,
-             " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+  require_plane_geometry(g, "chunk_state_tc");
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     auto k = chunk_state_tc_kernel<T, RH, RD, kFwd>;
@@ -415,10 +421,7 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
 
 template <class T, bool kFwd>
 void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
-  M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, kChunkWhere,
-             "unsupported chunk geometry for chunk_walk_tc", "row tiles per chunk=", g.nt,
-             " headdim=", g.hd, " d_state=", g.ds,
-             " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+  require_plane_geometry(g, "chunk_walk_tc");
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     // d_state > 64: two halves of 64 columns per (b, h) (see the kernel's comment).
