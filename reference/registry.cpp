@@ -184,7 +184,9 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
 // per scan mode, for the GPU's fused path. Why each is kept:
 //   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
 //       rms_vals      B1;  post_norm  B2's weight gradient
-//   F3  z, x          B7, B6;  b/c_raw  B4c;  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
+//   F2  proj          its z and x columns (F3's z, x: Life::Columns, read in place by F6, F7,
+//                     B7, B6), so the split copies neither
+//   F3  b/c_raw  B4c;  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
 //       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
 //   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
 //                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
@@ -198,8 +200,9 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
 //       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
 //   F7  gated_rms_vals B7;  gated  B8's weight gradient
 //   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
+//   B7  d_z, B6 d_x   written in place into d_proj's columns (Life::Columns; B3 copies neither)
 //   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
-// Everything else (proj, out_flat, the leaving states, every backward tensor) is workspace.
+// Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
 struct LifeRow {
   const char* stage;
   const char* tensor;
@@ -209,12 +212,14 @@ struct LifeRow {
 constexpr Life SV = Life::Saved;
 constexpr Life WS = Life::Workspace;
 constexpr Life VF = Life::Verify;
+constexpr Life CL = Life::Columns;
 constexpr LifeRow kLife[] = {
     {"F1", "residual", Life::View, Life::View, false},
     {"F1", "rms_vals", SV, SV, false},
     {"F1", "post_norm", SV, SV, false},
-    {"F3", "z", SV, SV, false},
-    {"F3", "x", SV, SV, false},
+    {"F2", "proj", SV, SV, false},
+    {"F3", "z", CL, CL, false},
+    {"F3", "x", CL, CL, false},
     {"F3", "b_raw", SV, SV, false},
     {"F3", "c_raw", SV, SV, false},
     {"F3", "dd_dt_raw", SV, SV, false},
@@ -248,6 +253,8 @@ constexpr LifeRow kLife[] = {
     {"F7", "gated_rms_vals", SV, SV, false},
     {"F7", "gated", SV, SV, false},
     {"F8", "layer_output", SV, SV, false},
+    {"B7", "d_z", CL, CL, false},
+    {"B6", "d_x", CL, CL, false},
     {"B1", "d_pre_norm", VF, VF, false},
 };
 
@@ -268,6 +275,7 @@ const char* life_name(Life l) {
   switch (l) {
     case Life::Saved: return "saved";
     case Life::View: return "view";
+    case Life::Columns: return "columns";
     case Life::Workspace: return "workspace";
     case Life::Verify: return "verify";
   }
@@ -299,7 +307,41 @@ void check_life_table() {
     M3_REQUIRE(!r.scan || r.chunked == Life::Saved, "registry::lifetime",
                std::string("'") + r.stage + "/" + r.tensor + "' is recomputed but not saved",
                "Recompute::Scan turns a saved chunked tensor into workspace");
+    if (r.seq == Life::Columns || r.chunked == Life::Columns) {
+      // The tensor it lives in: of the same direction, and kept as long as the view is read
+      // (a forward view's tensor saved, a backward view's the layer's workspace).
+      Config any;
+      const ColumnView cv = column_view(s, any);
+      const TensorSpec& of = find_spec(cv.stage, cv.tensor);
+      M3_REQUIRE(of.dir == s.dir && r.seq == r.chunked, "registry::lifetime",
+                 std::string("column view '") + r.stage + "/" + r.tensor + "' of '" + cv.stage +
+                     "/" + cv.tensor + "'",
+                 "a column view is one in both scan modes, of a tensor of its direction");
+      const LifeRow* orow = nullptr;  // the tensor's row (none: workspace)
+      for (const LifeRow& o : kLife)
+        if (std::string(o.stage) == cv.stage && std::string(o.tensor) == cv.tensor) orow = &o;
+      for (ScanMode m : {ScanMode::Sequential, ScanMode::Chunked}) {
+        const Life lo = !orow ? Life::Workspace : m == ScanMode::Sequential ? orow->seq : orow->chunked;
+        M3_REQUIRE(s.dir == Dir::Forward ? lo == Life::Saved : lo == Life::Workspace,
+                   "registry::lifetime",
+                   std::string("column view '") + r.stage + "/" + r.tensor + "' of '" +
+                       cv.stage + "/" + cv.tensor + "', which is " + life_name(lo),
+                   "a forward view needs its tensor saved, a backward one in the workspace");
+      }
+    }
   }
+}
+
+ColumnView column_view(const TensorSpec& spec, const Config& cfg) {
+  const std::string t = spec.tensor;
+  const Idx di = cfg.d_inner();  // the split's order (MODEL.md §2.1): z | x | …
+  if (t == "z") return {"F2", "proj", 0};
+  if (t == "x") return {"F2", "proj", di};
+  if (t == "d_z") return {"B3", "d_proj", 0};
+  if (t == "d_x") return {"B3", "d_proj", di};
+  throw Error("registry::column_view",
+              std::string("'") + spec.stage + "/" + spec.tensor + "' is not a column view",
+              "only z, x, d_z and d_x are (kLife)");
 }
 
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {
@@ -328,6 +370,7 @@ LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision
     switch (lifetime(s, mode, rc)) {
       case Life::Saved: out.saved += bytes; break;
       case Life::View: out.view += bytes; break;
+      case Life::Columns: out.columns += bytes; break;
       case Life::Workspace: out.workspace += bytes; break;
       case Life::Verify: out.verify += bytes; break;
     }

@@ -41,12 +41,16 @@ enum class When { Always, OutprojNorm, HasAngles, Lm };
 //   View       the value of a saved tensor of another layer (a layer's input `residual` is the
 //              previous layer's `layer_output`): no storage of its own (layer 0's residual,
 //              H⁰ widened to f32, has one).
+//   Columns    a block of columns of another tensor of the same layer (column_view: z and x are
+//              proj's first 2·di columns, d_z and d_x d_proj's), read and written in place with
+//              that tensor's row stride: no storage of its own, and no copy (F3 and B3 skip
+//              those columns). The kernels take the row stride (ldx, ldz).
 //   Workspace  alive within one stage or one layer's pass (or handed on to the next layer's
 //              pass, e.g. out_flat to the next norm): one buffer serves every layer.
 //   Verify     not written in production (a fused kernel keeps it in registers, or nothing
 //              reads it): allocated only for a Capture or the isolated mode.
-enum class Life { Saved, View, Workspace, Verify };
-const char* life_name(Life l);  // "saved" | "view" | "workspace" | "verify"
+enum class Life { Saved, View, Columns, Workspace, Verify };
+const char* life_name(Life l);  // "saved" | "view" | "columns" | "workspace" | "verify"
 
 // The production path's recompute policy. None: every tensor the backward reads is saved by
 // the forward. Scan (the chunked mode only): the chunked scan's prep outputs (q, Ks, qk·γ,
@@ -119,12 +123,22 @@ std::string writing_stage(const TensorSpec& s);
 // are all allocated). The table is in registry.cpp, beside the stage rows.
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc);
 
+// Where a Life::Columns tensor lives: columns [first, first + its width) of every row of the
+// layer tensor stage/tensor (whose row is the split's full width, MODEL.md §2.1). Throws for a
+// tensor that is not a column view.
+struct ColumnView {
+  const char* stage;
+  const char* tensor;
+  Idx first;
+};
+ColumnView column_view(const TensorSpec& spec, const Config& cfg);
+
 // Bytes per layer of each lifetime for a run (every tensor of the layer that exists in the
 // run; typed tensors at 2 bytes when storage is bf16/f16, else 4). `saved` is what each
 // further layer costs in production; `workspace` is allocated once for all layers; `verify`
 // is what the verification layout adds per layer (with `view` and `workspace`).
 struct LayerBytes {
-  std::size_t saved = 0, view = 0, workspace = 0, verify = 0;
+  std::size_t saved = 0, view = 0, columns = 0, workspace = 0, verify = 0;
 };
 LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
                        Recompute rc);

@@ -276,7 +276,8 @@ TEST(Registry, LifetimesCoverEveryLayerTensorAndKeepOnlyForwardTensors) {
       for (m3::Recompute rc : {m3::Recompute::None, m3::Recompute::Scan}) {
         const m3::Life life = m3::lifetime(s, mode, rc);
         if (s.dir == m3::Dir::Backward) {
-          EXPECT_TRUE(life == m3::Life::Workspace || life == m3::Life::Verify)
+          EXPECT_TRUE(life == m3::Life::Workspace || life == m3::Life::Verify ||
+                      life == m3::Life::Columns)
               << s.stage << "/" << s.tensor << " is " << m3::life_name(life);
         }
       }
@@ -314,7 +315,7 @@ TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
           all += static_cast<std::size_t>(n) * (s.typed && p == m3::Precision::BF16 ? 2 : 4);
         }
         const m3::LayerBytes b = m3::layer_bytes(rc.cfg, rc.B, rc.T, mode, p, m3::Recompute::Scan);
-        EXPECT_EQ(b.saved + b.view + b.workspace + b.verify, all) << rc.name;
+        EXPECT_EQ(b.saved + b.view + b.columns + b.workspace + b.verify, all) << rc.name;
         EXPECT_GT(b.saved, 0u) << rc.name;
       }
   Config off;  // the official Mamba-3 shape (harness/presets.cpp "official")
@@ -336,6 +337,41 @@ TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
       << "the scan recompute frees the 0.5 GiB of chunk states and the 0.5 GiB of q and Ks";
   // The layer's input is the previous layer's output: no bytes of its own.
   EXPECT_EQ(scan.view, std::size_t(8) * 4096 * 1024 * 4);
+}
+
+// The column views (Life::Columns): z, x are proj's first 2·di columns and d_z, d_x d_proj's, in
+// both modes; the tensor they live in is saved (forward) or workspace (backward), so the split
+// copies neither; every other tensor is not a column view.
+TEST(Registry, ColumnViewsAreTheSplitsFirstColumnsOfAKeptTensor) {
+  Config cfg;
+  cfg.d_model = 48;
+  cfg.expand = 2;
+  const std::map<std::string, std::pair<std::string, Idx>> expected = {
+      {"z", {"proj", 0}}, {"x", {"proj", 96}}, {"d_z", {"d_proj", 0}}, {"d_x", {"d_proj", 96}}};
+  std::set<std::string> seen;
+  for (const auto& s : m3::stage_registry()) {
+    if (s.scope != m3::Scope::Layer) continue;
+    for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
+      const m3::Life life = m3::lifetime(s, mode, m3::Recompute::Scan);
+      const auto it = expected.find(s.tensor);
+      if (it == expected.end()) {
+        EXPECT_NE(life, m3::Life::Columns) << s.tensor;
+        EXPECT_THROW(m3::column_view(s, cfg), m3::Error) << s.tensor;
+        continue;
+      }
+      seen.insert(s.tensor);
+      EXPECT_EQ(life, m3::Life::Columns) << s.tensor;
+      const m3::ColumnView cv = m3::column_view(s, cfg);
+      EXPECT_EQ(cv.tensor, it->second.first) << s.tensor;
+      EXPECT_EQ(cv.first, it->second.second) << s.tensor;
+      const m3::TensorSpec& of = m3::find_spec(cv.stage, cv.tensor);
+      EXPECT_EQ(of.dir, s.dir) << s.tensor;
+      EXPECT_EQ(m3::lifetime(of, mode, m3::Recompute::Scan),
+                s.dir == m3::Dir::Forward ? m3::Life::Saved : m3::Life::Workspace)
+          << s.tensor;
+    }
+  }
+  EXPECT_EQ(seen.size(), expected.size());
 }
 
 // The flat parameter layout: expected_param_keys order, 256-byte aligned slots that do not

@@ -46,15 +46,18 @@ constexpr Precision precision_of() {
 // lives depends on the layout (registry.hpp Life): its own storage (a saved tensor, or every
 // tensor in the verification layout), the one workspace buffer of its name that every layer
 // shares (production layout), a view of another tensor's buffer (Buffers::view: a layer's input
-// is the previous layer's output, so that no copy is made), or nowhere (a verification-only
-// tensor in the production layout: get() then throws, naming it).
+// is the previous layer's output, so that no copy is made), a block of another tensor's columns
+// (Life::Columns in the production layout: z, x in proj, d_z, d_x in d_proj, with that tensor's
+// row stride `ld`), or nowhere (a verification-only tensor in the production layout: get()
+// then throws, naming it).
 struct NamedBuf {
   DeviceArray<unsigned char> bytes;  // own storage
   unsigned char* shared = nullptr;   // the shared workspace buffer (production layout)
   unsigned char* viewed = nullptr;   // Buffers::view
   Life life = Life::Workspace;
   std::size_t elem = 4;
-  Idx n = 0;  // 0: the tensor does not exist in this run (e.g. angle tensors with na = 0)
+  Idx n = 0;   // 0: the tensor does not exist in this run (e.g. angle tensors with na = 0)
+  Idx ld = 0;  // a column view's row stride (its tensor's row width); 0: contiguous rows
   unsigned char* data() { return viewed ? viewed : bytes.size() ? bytes.data() : shared; }
   const unsigned char* data() const {
     return viewed ? viewed : bytes.size() ? bytes.data() : shared;
@@ -320,6 +323,22 @@ class BackboneT final : public GpuBackbone::Impl {
     return lifetime(spec, mode_, rc_);
   }
   bool lean() const { return !full_; }
+  // The registry spec of a layer tensor by its (unique) name.
+  static const TensorSpec& layer_spec(const std::string& name) {
+    for (const auto& s : stage_registry())
+      if (s.scope == Scope::Layer && name == s.tensor) return s;
+    throw Error("GpuBackbone", "no layer tensor '" + name + "'", "not in the stage registry");
+  }
+  // A layer tensor's row stride for the kernels: its tensor's row width when it is a column view
+  // in this layout (ld), else 0 (contiguous rows).
+  Idx ld_of(int l, const char* name) { return layers_[l].at(name).ld; }
+  bool column_views(int l) { return ld_of(l, "x") != 0; }
+  // x and d_x share one row stride in the scan kernels (proj and d_proj have the same rows).
+  Idx x_and_dx_ld(int l) {
+    const Idx ld = ld_of(l, "x");
+    M3_REQUIRE(ld_of(l, "d_x") == ld, "GpuBackbone", "x and d_x differ in layout", "");
+    return ld;
+  }
   // Before allocating: the production layout's bytes (registry plan, the arenas, the scratch,
   // the backbone tensors) against the device's free memory — a clear message instead of a
   // cudaMalloc failure halfway, naming the policy that would fit.
@@ -359,10 +378,26 @@ class BackboneT final : public GpuBackbone::Impl {
         const bool own = full_ || b.life == Life::Saved || (b.life == Life::View && l == 0);
         if (b.n == 0 || !own) b.bytes.resize(0);
         if (b.n > 0 && own && b.bytes.size() == 0) b.bytes.resize(static_cast<Idx>(b.nbytes()));
+        b.ld = 0;
         if (b.n == 0 || own || b.life != Life::Workspace) continue;
         const bool on_d_norm = name == "d_temporal" && (L - 1 - l) % 2 == 1;
         b.shared = on_d_norm ? bb_.at("norm_f/d_norm").data() : workspace(name, b.nbytes());
       }
+    // Column views (production layout), once their tensors have storage: z, x at proj's
+    // columns 0 and di, d_z, d_x at d_proj's (registry column_view), read with its row stride.
+    if (!full_)
+      for (int l = 0; l < L; ++l)
+        for (auto& [name, b] : layers_[l].all()) {
+          if (b.n == 0 || b.life != Life::Columns) continue;
+          const ColumnView cv = column_view(layer_spec(name), cfg_);
+          NamedBuf& of = layers_[l].at(cv.tensor);
+          M3_REQUIRE(of.data() != nullptr && of.n % d_.BT == 0 && b.n % d_.BT == 0 &&
+                         cv.first + b.n / d_.BT <= of.n / d_.BT && of.elem == b.elem,
+                     "GpuBackbone", "column view '" + name + "' does not fit '" + cv.tensor + "'",
+                     "");
+          b.viewed = of.data() + static_cast<std::size_t>(cv.first) * b.elem;
+          b.ld = of.n / d_.BT;
+        }
     if (full_) ws_.clear();
     pending_add_ = -1;
     have_forward_ = false;
@@ -913,6 +948,7 @@ class BackboneT final : public GpuBackbone::Impl {
     a.k_out = f("k_state");
     a.v_out = f("v_state");
     a.prep_done = prep_done;
+    a.ldx = ld_of(l, "x");
     return a;
   }
 
@@ -944,8 +980,9 @@ class BackboneT final : public GpuBackbone::Impl {
       SplitFwd<T> a{};
       a.proj = t("proj");
       a.dt_bias = P(l, "dt_bias");
-      a.z = t("z");
-      a.x = t("x");
+      // Column views (production): z and x stay in proj, read in place; else copied out.
+      a.z = column_views(l) ? nullptr : t("z");
+      a.x = column_views(l) ? nullptr : t("x");
       a.b_raw = t("b_raw");
       a.c_raw = t("c_raw");
       a.dd_dt_raw = f("dd_dt_raw");
@@ -1013,6 +1050,7 @@ class BackboneT final : public GpuBackbone::Impl {
         a.ssm_out = f("ssm_state");
         a.k_out = f("k_state");
         a.v_out = f("v_state");
+        a.ldx = ld_of(l, "x");
         ssm_seq_forward<T>(s_, d_, a);
       } else {
         const bool prep_done = prep_fused_layer_ == l;  // K0/K1 ran with F4ef
@@ -1021,7 +1059,7 @@ class BackboneT final : public GpuBackbone::Impl {
       }
     } else if (st == "F7") {
       gating_forward<T>(s_, d_, t("y"), t("z"), P(l, "norm_gate_weight"), t("gated"),
-                        f("gated_rms_vals"));
+                        f("gated_rms_vals"), ld_of(l, "z"));
     } else if (st == "F8") {
       gemm_forward<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), w_out(l), nullptr, t("out_flat"));
       // layer_output = residual + out_flat: done by the next norm (layer l + 1's F1, or
@@ -1076,6 +1114,7 @@ class BackboneT final : public GpuBackbone::Impl {
     a.d_k_in = f("d_k_state");
     a.d_v_in = f("d_v_state");
     a.d_d_param = G(l, "d_param");
+    a.ldx = x_and_dx_ld(l);
     ssm_seq_backward<T>(s_, d_, a, scr());
     RopeBwd<T> r{};
     r.theta = f("angle_cumsum");
@@ -1113,6 +1152,7 @@ class BackboneT final : public GpuBackbone::Impl {
     const bool store_pre = !tail || capturing;
     SsmChunkBwd<T> a{};
     a.fuse_states = fused();  // B1 + B2 as one chunk walk (their bits)
+    a.ldx = x_and_dx_ld(l);
     a.x = t("x");
     a.k = t("k");
     a.q = t("q");
@@ -1191,6 +1231,8 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_y = t("d_y");
       a.d_z = t("d_z");
       a.d_norm_gate_weight = G(l, "norm_gate_weight");
+      a.ldz = ld_of(l, "z");
+      M3_REQUIRE(ld_of(l, "d_z") == a.ldz, "GpuBackbone", "z and d_z differ in layout", "");
       gating_backward<T>(s_, d_, a, scr());
     } else if (st == "B6") {
       mode_ == ScanMode::Sequential ? seq_b6(l) : chunked_b6(l, capturing);
@@ -1245,8 +1287,9 @@ class BackboneT final : public GpuBackbone::Impl {
       bcnorm_backward<T>(s_, d_, a, scr());
     } else if (st == "B3") {
       SplitBwd<T> a{};
-      a.d_z = t("d_z");
-      a.d_x = t("d_x");
+      // Column views (production): B7 and B6 wrote d_z and d_x into d_proj already.
+      a.d_z = column_views(l) ? nullptr : t("d_z");
+      a.d_x = column_views(l) ? nullptr : t("d_x");
       a.d_b_raw = t("d_b_raw");
       a.d_c_raw = t("d_c_raw");
       a.d_dd_dt = f("d_dd_dt");

@@ -6,6 +6,7 @@
 // e_s = e^{Λ − cum_s}:
 //   dQ_mid = e^{cum_t}·(dO S) + MP Ks                                   [t][n]
 //   dV     = MAᵀ dO + e_s·(Ks dSᵀ) + (D + qk_s)·dO  (+ d_v_out at t = T−1) → d_x (typed)
+//   (x and d_x with the row stride g.ldx: proj's / d_proj's width when they are column views)
 //   dK_mid = MPᵀ Q + e_s·(X dS)                                         [s][n]
 //   dQK_t  = dO_t·x_t
 //   loc_t  = e^{cum_t}(dO S)_t·Q_t + Σ_s W[t,s] − Σ_j W[j,t];  M_t = e_t·(X dS)_t·Ks_t
@@ -46,6 +47,22 @@ using tcf::Opnd;
 
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
+
+// Values n, n + 1 (n even) of a row of `cols` values: one paired store (store_n: the bits of
+// two scalar from_float) when `paired` (cols even, the row 8-byte (f32) / 4-byte (T) aligned),
+// else the scalars that exist.
+template <class V>
+__device__ __forceinline__ void store_row_pair(V* row, int n, int cols, bool paired, float v0,
+                                               float v1) {
+  if (n >= cols) return;
+  if (paired) {
+    const float v[2] = {v0, v1};
+    store_n<2>(row + n, v);
+  } else {
+    row[n] = from_float<V>(v0);
+    if (n + 1 < cols) row[n + 1] = from_float<V>(v1);
+  }
+}
 
 template <int HP, int DP, int NPT>
 constexpr std::size_t smem_bytes() {
@@ -92,16 +109,19 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
 
   // ---- (0) loads
   {
-    const Idx qb = (row0 * nh + h) * ds, xb = row0 * di + h * hd;
+    const Idx qb = (row0 * nh + h) * ds, ob = row0 * di + h * hd, xb = row0 * g.ldx + h * hd;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
     tcf::load_typed<T, DP, 2>(qk_src, qk_dst, kst, L, ds,
                               ds % 8 == 0 && is_aligned(p.q, 16) &&
                                   is_aligned(p.k_scaled_saved, 16));
-    const T* const ox_src[2] = {p.d_y + xb, p.x + xb};
-    bf16* const ox_dst[2] = {Op, Xp};
-    tcf::load_typed<T, HP, 2>(ox_src, ox_dst, di, L, hd,
-                              hd % 8 == 0 && is_aligned(p.d_y, 16) && is_aligned(p.x, 16));
+    const T* const o_src[1] = {p.d_y + ob};
+    const T* const x_src[1] = {p.x + xb};
+    bf16* const o_dst[1] = {Op};
+    bf16* const x_dst[1] = {Xp};
+    tcf::load_typed<T, HP, 1>(o_src, o_dst, di, L, hd, hd % 8 == 0 && is_aligned(p.d_y, 16));
+    tcf::load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd,
+                              hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   if (tid < kTR) {
     cum[tid] = tid < L ? cumg[tid] : 0.0f;
@@ -197,11 +217,11 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     loc[tid] = tid < L ? rowsums - colsum : 0.0f;
   }
   dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Kp, kQo});
+  // The f32 rows go out as pairs (one 8-byte store per lane) when ds is even: full sectors
+  // per store instruction instead of every other word.
+  const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
-    if (t >= L) return;
-    float* o = p.dQ_mid + ((row0 + t) * nh + h) * ds;
-    if (n < ds) o[n] = v0;
-    if (n + 1 < ds) o[n + 1] = v1;
+    if (t < L) store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
   // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R
@@ -218,6 +238,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   // ---- (4) the dS terms, the diagonal term, stores
   const float es[2] = {expf(Lam - cum[dV.wm() * 16 + g4]), expf(Lam - cum[dV.wm() * 16 + g4 + 8])};
   {
+    const bool pairs_x = hd % 2 == 0 && g.ldx % 2 == 0 && is_aligned(p.d_x, 4);
     Frag<kTR, HP, kNW> v2;
     v2.zero();
     v2.template add<DP>(oK, Opnd<LDD, true, true>{R, kSo});
@@ -225,12 +246,11 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       const float2 o = tcf::get_pair<kTS>(Op, kHo, s * LDH + q4);
       v0 += es[hh] * v2.d[i][j][2 * hh] + qkD[s] * o.x;
       v1 += es[hh] * v2.d[i][j][2 * hh + 1] + qkD[s] * o.y;
-      if (s >= L) return;
-      const Idx r = row0 + s;
+      if (s >= L || q4 >= hd) return;
       const bool last = g.t0(c) + s == g.T - 1;
-      T* o_dx = p.d_x + r * di + h * hd;
-      if (q4 < hd) o_dx[q4] = from_float<T>(last ? v0 + p.d_v_out[sb * hd + q4] : v0);
-      if (q4 + 1 < hd) o_dx[q4 + 1] = from_float<T>(last ? v1 + p.d_v_out[sb * hd + q4 + 1] : v1);
+      const float w0 = last ? v0 + p.d_v_out[sb * hd + q4] : v0;
+      const float w1 = last && q4 + 1 < hd ? v1 + p.d_v_out[sb * hd + q4 + 1] : v1;
+      store_row_pair(p.d_x + (row0 + s) * g.ldx + h * hd, q4, hd, pairs_x, w0, w1);
     });
   }
   {
@@ -244,10 +264,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;
       v1 += es[hh] * u1;
-      if (s >= L) return;
-      float* o = p.dK_mid + ((row0 + s) * nh + h) * ds;
-      if (n < ds) o[n] = v0;
-      if (n + 1 < ds) o[n + 1] = v1;
+      if (s < L) store_row_pair(p.dK_mid + ((row0 + s) * nh + h) * ds, n, ds, pairs_f, v0, v1);
     });
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {

@@ -4,7 +4,8 @@
 // (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256 threads], t, s < L:
 //   y[t][p] = e^{cum_t} Σ_n Q[t][n] S[p][n]
 //             + Σ_{s<t} e^{cum_t − cum_s} (Σ_n Q[t][n] Ks[s][n]) X[s][p] + (D + qk_t) X[t][p]
-// Q = q, Ks = k_scaled_saved [BT, nh, ds] (typed); X = x [BT, di] (typed, columns h·hd…);
+// Q = q, Ks = k_scaled_saved [BT, nh, ds] (typed); X = x [BT, di] (typed, columns h·hd…;
+// row stride g.ldx: proj's width when x is its column view);
 // S = chunk_states_saved [B, nc, nh, hd, ds], cum = da_cumsum_saved [B, nc, nh, cs], qk =
 // qk_dot_saved [BT, nh] (f32); y [BT, di] rounded to T once, as it is stored.
 //   1. Loads (all issued before their shared stores; bf16 rows by cp.async): planes Q, Ks
@@ -112,9 +113,10 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   // 3. X loads (in flight during the rest of step 3); MA = mask · e^{cum_t − cum_s} · A;
   //    y ·= e^{cum_t}.
   {
-    const T* const x_src[1] = {p.x + row0 * g.di + h * hd};
+    const T* const x_src[1] = {p.x + row0 * g.ldx + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(p.x, 16));
+    load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd,
+                         hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {

@@ -9,7 +9,8 @@
 //   out[p][n] = Σ_s w_s U[s][p] V[s][n]          (p < hd, n < ds; [hd][ds] f32 at state_base)
 //   forward  (K2/K3): cum_s = Σ_{s' ≤ s} adt[row0 + s'][h] (f32, serial, ascending) →
 //                     da_cumsum_saved (slots [L, cs) zero); Λ = cum_{L−1}; w_s = e^{Λ − cum_s};
-//                     U = x [BT, di] (columns h·hd…), V = k_scaled_saved [BT, nh, ds] (typed);
+//                     U = x [BT, di] (columns h·hd…, row stride a.ldu = g.ldx),
+//                     V = k_scaled_saved [BT, nh, ds] (typed);
 //                     out = chunk_states (the contributions)
 //   backward (B1):    cum read from da_cumsum_saved; da_cs_sum[b, c, h] = cum_{L−1};
 //                     w_s = e^{cum_s}; U = d_y (like x), V = q (like k); out = dcontrib (dS)
@@ -118,9 +119,10 @@ __device__ __forceinline__ void issue_tiles(const ChunkGeom& g, const ChunkState
   const Idx row0 = b * g.T + g.t0(c);
   const T* U = static_cast<const T*>(a.u);
   const T* V = static_cast<const T*>(a.v);
-  const T* const u_src[1] = {U + row0 * g.di + h * hd};
+  const T* const u_src[1] = {U + row0 * a.ldu + h * hd};
   bf16* const u_dst[1] = {pl.U};
-  tcf::load_typed<T, Ly::HP, 1>(u_src, u_dst, g.di, L, hd, hd % 8 == 0 && is_aligned(U, 16));
+  tcf::load_typed<T, Ly::HP, 1>(u_src, u_dst, a.ldu, L, hd,
+                                hd % 8 == 0 && a.ldu % 8 == 0 && is_aligned(U, 16));
   const T* const v_src[1] = {V + (row0 * g.nh + h) * ds + n0};
   bf16* const v_dst[1] = {pl.V};
   tcf::load_typed<T, Ly::DQ, 1>(v_src, v_dst, g.nh * ds, L, nv,
@@ -335,7 +337,7 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
     const T* k = static_cast<const T*>(w.k_last);
     const T* x = static_cast<const T*>(w.x_last);
     for (Idx q = tid; q < g.ds; q += kNT) w.k_out[sb * g.ds + q] = to_float(k[(rl * g.nh + h) * g.ds + q]);
-    for (Idx q = tid; q < g.hd; q += kNT) w.v_out[sb * g.hd + q] = to_float(x[rl * g.di + h * g.hd + q]);
+    for (Idx q = tid; q < g.hd; q += kNT) w.v_out[sb * g.hd + q] = to_float(x[rl * g.ldx + h * g.hd + q]);
   }
 
   const bool pair_store = ds % 2 == 0 && is_aligned(w.states, 8) &&

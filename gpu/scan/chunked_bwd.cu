@@ -122,7 +122,7 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     const Idx r = row0 + J * kTR;
     __syncthreads();
     load_target(J);
-    load_tile<HP, LDH, NT>(Xs, p.x + r * di + h * hd, di, nJ, hd);
+    load_tile<HP, LDH, NT>(Xs, p.x + r * g.ldx + h * hd, g.ldx, nJ, hd);
     float acc[kBR][RD];
     zero(acc);
     for (int p0 = 0; p0 < hd; p0 += kNK) {
@@ -163,7 +163,7 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     __syncthreads();
     if (nt > 1) load_target(I);  // with one tile, phase A left Q_0, dO_0 (and X_0) in place
     load_tile<DP, LDD, NT>(Ks, p.k_scaled_saved + (rI * nh + h) * ds, kst, nI, ds);
-    if (nt > 1) load_tile<HP, LDH, NT>(Xs, p.x + rI * di + h * hd, di, nI, hd);
+    if (nt > 1) load_tile<HP, LDH, NT>(Xs, p.x + rI * g.ldx + h * hd, g.ldx, nI, hd);
     if (tid < kTR) {
       cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
       colsum[tid] = 0.0f;
@@ -283,7 +283,7 @@ chunk_bwd_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       for (int j = 0; j < RH; ++j) {
         const int q = tn + 16 * j;
         if (q < hd)
-          p.d_x[r * di + h * hd + q] =
+          p.d_x[r * g.ldx + h * hd + q] =
               from_float<T>(last ? dV[i][j] + p.d_v_out[sb * hd + q] : dV[i][j]);
       }
 #pragma unroll
@@ -647,7 +647,7 @@ template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
                           Scratch scratch) {
   constexpr bool kTyped = kTensorProducts<T>;
-  const ChunkGeom g = chunk_geom(d);
+  const ChunkGeom g = with_ldx(chunk_geom(d), p.ldx);
   const bool planes = kTyped && g.nt == 1;
   M3_REQUIRE(d.na >= 0 && 2 * d.na <= d.ds, kChunkWhere, "bad dims", "na=", d.na, " ds=", d.ds,
              " (needs 2·na ≤ ds)");
@@ -671,7 +671,8 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   const Idx rows = d.BT * d.nh;
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    const ChunkStateArgs a{p.d_y, p.q, nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum, w.dS};
+    const ChunkStateArgs a{p.d_y,  p.q,  nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum,
+                           w.dS,   g.di};  // U = d_y: contiguous
     if (planes && p.fuse_states) {  // B1 + B2 in one walk: dS written, dcontrib never stored
       if constexpr (kTyped) {
         ChunkWalkArgs cw{};

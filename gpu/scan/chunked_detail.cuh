@@ -447,7 +447,7 @@ chunk_state_kernel(ChunkGeom g, ChunkStateArgs a) {
     }
     __syncthreads();
     fill_tile<kTR, HP, LDH>(Us, [&](int r, int q) {
-      return (r < n && q < hd) ? w[r] * to_float(U[(row0 + base + r) * g.di + h * hd + q]) : 0.0f;
+      return (r < n && q < hd) ? w[r] * to_float(U[(row0 + base + r) * a.ldu + h * hd + q]) : 0.0f;
     });
     load_tile<DP, LDD>(Vs, Vv + ((row0 + base) * g.nh + h) * ds, g.nh * g.ds, n, ds);
     __syncthreads();
@@ -494,7 +494,14 @@ inline ChunkGeom chunk_geom(const Dims& d) {
   const int nt = static_cast<int>((lmax + kTR - 1) / kTR);
   M3_REQUIRE(d.nc * nt <= 0x7fffffff, kChunkWhere, "grid too large", "chunks=", d.nc,
              " tiles per chunk=", nt);
-  return ChunkGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, d.cs, d.nc, nt};
+  return ChunkGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, d.cs, d.nc, nt, d.di};
+}
+// chunk_geom with x's and d_x's row stride (SsmChunkFwd/Bwd::ldx; 0: d_inner, contiguous).
+inline ChunkGeom with_ldx(ChunkGeom g, Idx ldx) {
+  M3_REQUIRE(ldx == 0 || ldx >= g.di, kChunkWhere, "x's row stride is shorter than its row",
+             "ldx=", ldx, " d_inner=", g.di);
+  if (ldx) g.ldx = ldx;
+  return g;
 }
 
 

@@ -18,7 +18,7 @@ state_pass_fwd_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     for (Idx q = threadIdx.x; q < g.ds; q += kThreads)
       p.k_out[sb * g.ds + q] = to_float(p.k[(rl * g.nh + h) * g.ds + q]);
     for (Idx q = threadIdx.x; q < g.hd; q += kThreads)
-      p.v_out[sb * g.hd + q] = to_float(p.x[rl * g.di + h * g.hd + q]);
+      p.v_out[sb * g.hd + q] = to_float(p.x[rl * g.ldx + h * g.hd + q]);
   }
   if (e >= hds) return;
   const Idx pi = e / g.ds, n = e % g.ds, i0 = (b * g.T) * g.nh + h;
@@ -66,7 +66,7 @@ chunk_scan_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   auto load_source = [&](int I, int nI) {
     __syncthreads();
     load_tile<DP, LDD>(Ks, p.k_scaled_saved + ((row0 + I * kTR) * g.nh + h) * ds, kst, nI, ds);
-    load_tile<HP, LDH>(Xs, p.x + (row0 + I * kTR) * g.di + h * hd, g.di, nI, hd);
+    load_tile<HP, LDH>(Xs, p.x + (row0 + I * kTR) * g.ldx + h * hd, g.ldx, nI, hd);
     if (tid < kTR) cumI[tid] = tid < nI ? cum[I * kTR + tid] : 0.0f;
     __syncthreads();
   };
@@ -162,7 +162,7 @@ template <class T, int RH, int RD>
 void launch_states(cudaStream_t s, const Dims& d, const ChunkGeom& g, bool planes,
                    const SsmChunkFwd<T>& p) {
   const ChunkStateArgs a{p.x, p.k_scaled_saved, p.adt, p.da_cumsum_saved, nullptr, nullptr,
-                         p.chunk_states};
+                         p.chunk_states, g.ldx};
   if (planes && p.fuse_states) {
     if constexpr (kTensorProducts<T>) {
       ChunkWalkArgs w{};
@@ -206,7 +206,7 @@ void launch_states(cudaStream_t s, const Dims& d, const ChunkGeom& g, bool plane
 // only, hence the if constexpr); f32 runs and longer chunks the tiled kernels of this family.
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, Scratch) {
-  const ChunkGeom g = chunk_geom(d);
+  const ChunkGeom g = with_ldx(chunk_geom(d), p.ldx);
   const bool planes = kTensorProducts<T> && g.nt == 1;
   if (!p.prep_done) chunked_detail::chunked_prep<T>(s, d, p, nullptr);
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
@@ -228,7 +228,7 @@ template <class T>
 void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p) {
   M3_REQUIRE(p.prep_done, kChunkWhere, "the chunk states need the prep's outputs",
              "run ssm_chunked_rope_prep first (prep_done = true)");
-  const ChunkGeom g = chunk_geom(d);
+  const ChunkGeom g = with_ldx(chunk_geom(d), p.ldx);
   const bool planes = kTensorProducts<T> && g.nt == 1;
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;

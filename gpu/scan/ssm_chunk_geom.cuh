@@ -16,7 +16,8 @@ constexpr int kTR = 64;  // rows (time steps) per tile of the per-chunk kernels
 
 struct ChunkGeom {
   Idx B, T, nh, hd, ds, di, cs, nc;
-  int nt;  // row tiles of kTR per (longest) chunk
+  int nt;   // row tiles of kTR per (longest) chunk
+  Idx ldx;  // row stride of x and d_x: di, or ip for proj's / d_proj's column views (with_ldx)
   __device__ Idx t0(Idx c) const { return c * cs; }
   __device__ int len(Idx c) const { return static_cast<int>(min(T, (c + 1) * cs) - c * cs); }
   __device__ Idx cum_base(Idx b, Idx c, Idx h) const { return ((b * nc + c) * nh + h) * cs; }
@@ -76,12 +77,13 @@ inline void set_smem(K kernel, std::size_t bytes) {
 
 // Arguments of K2/K3 (forward) and B1 (backward): out[p, n] = Σ_s w_s U_s[p] V_s[n] per chunk.
 struct ChunkStateArgs {
-  const void *u, *v;        // typed [BT, di] and [BT, nh, ds]
+  const void *u, *v;        // typed [BT, di] (row stride ldu) and [BT, nh, ds]
   const float* adt;         // forward: adt [BT, nh]
   float* cum_out;           // forward: da_cumsum_saved (written)
   const float* cum_in;      // backward: da_cumsum_saved (read)
   float* da_cs_sum;         // backward: [B, nc, nh]
   float* out;               // [B, nc, nh, hd, ds]
+  Idx ldu;                  // U's row stride: g.ldx (forward, U = x) or g.di (backward, U = d_y)
 };
 
 // The chunk walk (chunk_state_tc.cu): K2/K3 with K4/K6 (forward) or B1 with B2 (backward) in

@@ -25,6 +25,7 @@
 //     lanes of a segment (fixed order), leaving each total in one lane; scalars then summed over
 //     the TN segments in ascending order.
 // Per step, x/K/Q (and d_y, k_prev, v_prev) are staged in double-buffered shared memory.
+// x and d_x have the row stride ldx (SeqGeom; proj's / d_proj's column views in production).
 // Typed storage T (MODEL.md §8): x, k, q, d_y are read as f32; y and d_x are rounded once as they
 // are stored (d_x after its carry and d_v_out terms); states, saves and other gradients are f32.
 // Shapes supported: headdim ≤ 128, d_state ≤ 128 (any values in range); others throw m3::Error.
@@ -39,7 +40,8 @@ namespace {
 
 struct SeqGeom {
   Idx B, T, nh, hd, ds, di;
-  int TN;  // thread rows over n; block = TP·TN threads
+  int TN;   // thread rows over n; block = TP·TN threads
+  Idx ldx;  // row stride of x and d_x (di, or ip for proj's / d_proj's column views)
 };
 
 __host__ __device__ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
@@ -123,7 +125,7 @@ ssm_seq_forward_kernel(SeqGeom g, SsmSeqFwd<T> p) {
     float* kc = ks + cur * ds;
     const float* kp = ks + prv * ds;
     for (int e = tid; e < hd; e += NT) {
-      xc[e] = to_float(p.x[r * di + h * hd + e]);
+      xc[e] = to_float(p.x[r * g.ldx + h * hd + e]);
       p.v_prev_saved[i_rh * hd + e] = xp[e];
     }
     for (int e = tid; e < ds; e += NT) {
@@ -255,7 +257,7 @@ ssm_seq_backward_kernel(SeqGeom g, SsmSeqBwd<T> p) {
     for (int e = tid; e < hd; e += NT) {
       if (step) {
         dy[e] = to_float(p.d_y[r * di + h * hd + e]);
-        x[e] = to_float(p.x[r * di + h * hd + e]);
+        x[e] = to_float(p.x[r * g.ldx + h * hd + e]);
         vp[e] = p.v_prev_saved[i_rh * hd + e];
       }
       if (prev) dyn[e] = to_float(p.d_y[(r - 1) * di + h * hd + e]);
@@ -356,7 +358,7 @@ ssm_seq_backward_kernel(SeqGeom g, SsmSeqBwd<T> p) {
         sk += red[(w * 2) * hd + e];
         skp += red[(w * 2 + 1) * hd + e];
       }
-      p.d_x[r * di + h * hd + e] = from_float<T>(carry_x[i] + D * dy[e] + ga * sk);
+      p.d_x[r * g.ldx + h * hd + e] = from_float<T>(carry_x[i] + D * dy[e] + ga * sk);
       carry_x[i] = be * skp;
       dD[i] += dy[e] * x[e];
     }
@@ -431,13 +433,15 @@ void with_seq_variant(const Dims& d, F&& f) {
 }
 
 template <class Vt>
-SeqGeom seq_geom(const Dims& d) {
+SeqGeom seq_geom(const Dims& d, Idx ldx) {
   int tn = 1;
   while (Idx(tn) * Vt::MN < d.ds) tn <<= 1;
   tn = std::max(tn, 32 / Vt::TP);
   M3_REQUIRE(Vt::TP * tn <= Vt::NTMAX, kSeqWhere, "unsupported SSM shape", "headdim=", d.hd,
              " d_state=", d.ds);
-  return SeqGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, tn};
+  M3_REQUIRE(ldx == 0 || ldx >= d.di, kSeqWhere, "x's row stride is shorter than its row",
+             "ldx=", ldx, " d_inner=", d.di);
+  return SeqGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, tn, ldx ? ldx : d.di};
 }
 
 template <class K>
@@ -453,7 +457,7 @@ template <class T>
 void ssm_seq_forward(cudaStream_t s, const Dims& d, const SsmSeqFwd<T>& p) {
   with_seq_variant(d, [&](auto vt) {
     using Vt = decltype(vt);
-    const SeqGeom g = seq_geom<Vt>(d);
+    const SeqGeom g = seq_geom<Vt>(d, p.ldx);
     const int nt = Vt::TP * g.TN, w = nt / 32;
     const std::size_t smem = sizeof(float) * (2 * d.hd + 3 * d.ds + 4 + w * d.hd);
     auto kernel = ssm_seq_forward_kernel<T, Vt::TP, Vt::MP, Vt::MN, Vt::NTMAX>;
@@ -467,7 +471,7 @@ template <class T>
 void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scratch) {
   with_seq_variant(d, [&](auto vt) {
     using Vt = decltype(vt);
-    const SeqGeom g = seq_geom<Vt>(d);
+    const SeqGeom g = seq_geom<Vt>(d, p.ldx);
     const int nt = Vt::TP * g.TN, w = nt / 32;
     const std::size_t smem =
         sizeof(float) * (8 * d.hd + 8 * d.ds + 8 + w * 2 * d.hd + g.TN * 4);

@@ -20,11 +20,17 @@
 // any headdim works and short heads share a warp; lane l takes the V values at l·V, then at
 // l·V + L·V, …. With V > 1 the sums for rstd and c1 thus add values in another fixed order than
 // with V = 1 (a lane's vectors in ascending order, then the lanes by the butterfly).
+// z (and d_z) may have a row stride ldz ≠ di: in the production layout they are column views of
+// proj / d_proj (row stride ip). Element i = r·di + c of the [BT, di] tensors is then z's
+// r·ldz + c (ZAt). (a) takes vectors only inside z's rows (else one value at a time: the same
+// bits, each value is on its own); (b) keeps V and loads z one value at a time when z's rows do
+// not keep its vectors aligned (load_z), so that its sums' order never depends on z's layout.
 #include <initializer_list>
 #include <type_traits>
 
 #include "activations.cuh"
 #include "convert.cuh"
+#include "fast_div.cuh"
 #include "reduce.cuh"
 
 namespace m3::gpu {
@@ -33,28 +39,63 @@ namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
 
+// Where element i = r·di + c of a [BT, di] tensor lies in z / d_z: r·ldz + c.
+struct ZAt {
+  FastDiv row;  // i → r (divisor di)
+  Idx gap;      // ldz − di
+  __device__ __forceinline__ Idx operator()(Idx i) const { return gap ? i + row.div(i) * gap : i; }
+};
+// (b)'s z and d_z accesses: V values in vector accesses when kZV (z's rows keep the vectors
+// aligned), else one value at a time — the same values, so V, and with it the order of the
+// rstd and c1 sums, never depends on z's layout.
+template <bool kZV, int V, class T>
+__device__ __forceinline__ void load_z(const T* p, float (&v)[V]) {
+  if constexpr (kZV) {
+    load_vec(p, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = to_float(p[e]);
+  }
+}
+template <bool kZV, int V, class T>
+__device__ __forceinline__ void store_z(T* p, const float (&v)[V]) {
+  if constexpr (kZV) {
+    store_vec(p, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) p[e] = from_float<T>(v[e]);
+  }
+}
+
+ZAt z_at(const Dims& d, Idx ldz) {
+  const Idx ld = ldz ? ldz : d.di;
+  M3_REQUIRE(ld >= d.di, "gpu::gating", "z's row stride is shorter than its row", "ldz=", ld,
+             " di=", d.di);
+  return ZAt{FastDiv(d.di), ld - d.di};
+}
+
 // (a): values [0, nv·V) in vectors of V, then [nv·V, n) one per thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-gate_silu_forward_kernel(Idx n, Idx nv, const T* y, const T* z, T* gated) {
+gate_silu_forward_kernel(Idx n, Idx nv, const T* y, const T* z, ZAt za, T* gated) {
   constexpr int V = 16 / sizeof(T);
   const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
   for (Idx i = first * V; i < nv * V; i += stride * V) {
     float yv[V], zv[V];
     load_n<V>(y + i, yv);
-    load_n<V>(z + i, zv);
+    load_n<V>(z + za(i), zv);
 #pragma unroll
     for (int e = 0; e < V; ++e) yv[e] = yv[e] * silu(zv[e]);
     store_n<V>(gated + i, yv);
   }
   for (Idx i = nv * V + first; i < n; i += stride)
-    gated[i] = from_float<T>(to_float(y[i]) * silu(to_float(z[i])));
+    gated[i] = from_float<T>(to_float(y[i]) * silu(to_float(z[za(i)])));
 }
 
-template <class T, int L, int V>
+template <class T, int L, int V, bool kZV>
 __global__ void __launch_bounds__(kThreads)
-gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, const float* w,
-                         T* gated, float* rstd_out) {
+gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt za,
+                         const float* w, T* gated, float* rstd_out) {
   using S = Seg<L>;
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();  // r·nh + h
@@ -76,7 +117,7 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, cons
     for (Idx p = S::lane() * V; p < hd; p += L * V) {
       float yv[V], zv[V], wv[V];
       load_vec(y + row + p, yv);
-      load_vec(z + row + p, zv);
+      load_z<kZV>(z + za(row + p), zv);
       load_vec(wh + p, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
@@ -87,13 +128,13 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, cons
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p) {
+gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p, ZAt za) {
   constexpr int V = 16 / sizeof(T);
   const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
   for (Idx i = first * V; i < nv * V; i += stride * V) {
     float dg[V], zv[V], yv[V];
     load_n<V>(p.d_gated + i, dg);
-    load_n<V>(p.z + i, zv);
+    load_n<V>(p.z + za(i), zv);
     load_n<V>(p.y + i, yv);
     float dy[V], dz[V];
 #pragma unroll
@@ -102,18 +143,19 @@ gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p) {
       dz[e] = dg[e] * yv[e] * silu_grad(zv[e]);
     }
     store_n<V>(p.d_y + i, dy);
-    store_n<V>(p.d_z + i, dz);
+    store_n<V>(p.d_z + za(i), dz);
   }
   for (Idx i = nv * V + first; i < n; i += stride) {
-    const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[i]);
+    const Idx iz = za(i);
+    const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[iz]);
     p.d_y[i] = from_float<T>(dg * silu(zi));
-    p.d_z[i] = from_float<T>(dg * to_float(p.y[i]) * silu_grad(zi));
+    p.d_z[iz] = from_float<T>(dg * to_float(p.y[i]) * silu_grad(zi));
   }
 }
 
-template <class T, int L, int V>
+template <class T, int L, int V, bool kZV>
 __global__ void __launch_bounds__(kThreads)
-gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
+gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
   using S = Seg<L>;
   for (Idx w0 = S::first(); w0 < units; w0 += S::stride()) {
     const Idx unit = w0 + S::seg();
@@ -124,7 +166,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
     // The lane's group at q of d_gated, z, y and the weight (both passes read the same four).
     auto load4 = [&](Idx q, float (&dg)[V], float (&zv)[V], float (&yv)[V], float (&wv)[V]) {
       load_vec(p.d_gated + row + q, dg);
-      load_vec(p.z + row + q, zv);
+      load_z<kZV>(p.z + za(row + q), zv);
       load_vec(p.y + row + q, yv);
       load_vec(wh + q, wv);
     };
@@ -139,7 +181,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p) {
           dz[e] = dg[e] * yh * wv[e] * silu_grad(zv[e]);
           c1 += yh * wv[e] * gg;
         }
-        store_vec(p.d_z + row + q, dz);
+        store_z<kZV>(p.d_z + za(row + q), dz);
       }
     c1 = segment_sum<L>(c1) / static_cast<float>(hd);
     if (!on) continue;
@@ -162,10 +204,11 @@ template <class T>
 struct GateWeightTerm {
   const T *d_gated, *z, *y;
   const float* rstd;
-  Idx di, hd, nh;
+  Idx di, hd, nh, ldz;
   __device__ float operator()(Idx r, Idx d) const {
     const Idx i = r * di + d;
-    return to_float(d_gated[i]) * silu(to_float(z[i])) * to_float(y[i]) * rstd[r * nh + d / hd];
+    return to_float(d_gated[i]) * silu(to_float(z[r * ldz + d])) * to_float(y[i]) *
+           rstd[r * nh + d / hd];
   }
 };
 
@@ -177,28 +220,37 @@ void check_gating_dims(const Dims& d, const char* where) {
 // Vectors of V = 16 / sizeof(T) values an (a) kernel takes: n / V if every pointer is 16-byte
 // aligned, else 0; and its blocks (one thread per vector and per leftover value).
 template <class T>
-Idx silu_vectors(Idx n, std::initializer_list<const void*> ptrs) {
+Idx silu_vectors(Idx n, std::initializer_list<const void*> ptrs, const ZAt& za, Idx di) {
+  constexpr Idx V = 16 / sizeof(T);
   for (const void* q : ptrs)
     if (!is_aligned(q, 16)) return 0;
-  return n / static_cast<Idx>(16 / sizeof(T));
+  if (za.gap && (di % V != 0 || za.gap % V != 0)) return 0;  // vectors inside z's rows, aligned
+  return n / V;
 }
 template <class T>
 unsigned int silu_blocks(Idx n, Idx nv) {
   return grid_for(std::max(nv, n - nv * static_cast<Idx>(16 / sizeof(T))), kThreads);
 }
 
-// Calls f(integral_constant L, integral_constant V) for the (b) kernels: V = 16 / sizeof(T) when
-// hd % V == 0 and every pointer is 16-byte aligned, else 1; L = segment_lanes(hd / V).
+// Calls f(integral_constant L, integral_constant V, integral_constant kZV) for the (b) kernels:
+// V = 16 / sizeof(T) when hd % V == 0 and every pointer of `ptrs` (all but z, d_z) is 16-byte
+// aligned, else 1; L = segment_lanes(hd / V); kZV: z and d_z (`zs`) keep V-value vectors
+// aligned at z's row stride (di + zgap) too.
 template <class T, class F>
-void with_norm_layout(Idx hd, std::initializer_list<const void*> ptrs, F&& f) {
+void with_norm_layout(Idx hd, Idx zgap, std::initializer_list<const void*> ptrs,
+                      std::initializer_list<const void*> zs, F&& f) {
   constexpr int V = 16 / sizeof(T);
   bool vec = hd % V == 0;
   for (const void* q : ptrs) vec = vec && is_aligned(q, 16);
+  bool zvec = vec && zgap % V == 0;
+  for (const void* q : zs) zvec = zvec && is_aligned(q, 16);
   with_lanes(segment_lanes(vec ? hd / V : hd), [&](auto lanes) {
-    if (vec)
-      f(lanes, std::integral_constant<int, V>{});
+    if (!vec)
+      f(lanes, std::integral_constant<int, 1>{}, std::true_type{});
+    else if (zvec)
+      f(lanes, std::integral_constant<int, V>{}, std::true_type{});
     else
-      f(lanes, std::integral_constant<int, 1>{});
+      f(lanes, std::integral_constant<int, V>{}, std::false_type{});
   });
 }
 
@@ -206,23 +258,27 @@ void with_norm_layout(Idx hd, std::initializer_list<const void*> ptrs, F&& f) {
 
 template <class T>
 void gating_forward(cudaStream_t s, const Dims& d, const T* y, const T* z,
-                    const float* norm_gate_weight, T* gated, float* gated_rms_vals) {
+                    const float* norm_gate_weight, T* gated, float* gated_rms_vals, Idx ldz) {
   const char* where = "gpu::gating_forward";
   check_gating_dims(d, where);
   const Idx n = d.BT * d.di, units = d.BT * d.nh;
   if (n == 0) return;
+  const ZAt za = z_at(d, ldz);
   if (!d.outproj_norm) {
-    const Idx nv = silu_vectors<T>(n, {y, z, gated});
-    gate_silu_forward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, y, z, gated);
+    const Idx nv = silu_vectors<T>(n, {y, z, gated}, za, d.di);
+    gate_silu_forward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, y, z, za, gated);
     M3_LAUNCH_CHECK();
     return;
   }
   M3_REQUIRE(norm_gate_weight && gated_rms_vals, where,
              "is_outproj_norm needs norm_gate_weight and gated_rms_vals", "a pointer is null");
-  with_norm_layout<T>(d.hd, {y, z, gated, norm_gate_weight}, [&](auto lanes, auto vec) {
+  with_norm_layout<T>(d.hd, za.gap, {y, gated, norm_gate_weight}, {z},
+                      [&](auto lanes, auto vec, auto zvec) {
     constexpr int L = decltype(lanes)::value, V = decltype(vec)::value;
-    gate_norm_forward_kernel<T, L, V><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        units, d.hd, d.nh, y, z, norm_gate_weight, gated, gated_rms_vals);
+    constexpr bool kZV = decltype(zvec)::value;
+    gate_norm_forward_kernel<T, L, V, kZV>
+        <<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+        units, d.hd, d.nh, y, z, za, norm_gate_weight, gated, gated_rms_vals);
   });
   M3_LAUNCH_CHECK();
 }
@@ -232,10 +288,11 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
   const char* where = "gpu::gating_backward";
   check_gating_dims(d, where);
   const Idx n = d.BT * d.di, units = d.BT * d.nh;
+  const ZAt za = z_at(d, p.ldz);
   if (!d.outproj_norm) {
     if (n == 0) return;
-    const Idx nv = silu_vectors<T>(n, {p.y, p.z, p.d_gated, p.d_y, p.d_z});
-    gate_silu_backward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, p);
+    const Idx nv = silu_vectors<T>(n, {p.y, p.z, p.d_gated, p.d_y, p.d_z}, za, d.di);
+    gate_silu_backward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, p, za);
     M3_LAUNCH_CHECK();
     return;
   }
@@ -244,21 +301,24 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
              "a pointer is null");
   require_scratch(scratch, colsum_scratch_floats(d.BT, d.di), where);
   if (n == 0) return;
-  with_norm_layout<T>(d.hd, {p.y, p.z, p.d_gated, p.d_y, p.d_z, p.norm_gate_weight},
-                      [&](auto lanes, auto vec) {
+  with_norm_layout<T>(d.hd, za.gap, {p.y, p.d_gated, p.d_y, p.norm_gate_weight}, {p.z, p.d_z},
+                      [&](auto lanes, auto vec, auto zvec) {
     constexpr int L = decltype(lanes)::value, V = decltype(vec)::value;
-    gate_norm_backward_kernel<T, L, V><<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        units, d.hd, d.nh, p);
+    constexpr bool kZV = decltype(zvec)::value;
+    gate_norm_backward_kernel<T, L, V, kZV>
+        <<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+        units, d.hd, d.nh, p, za);
   });
   M3_LAUNCH_CHECK();
   colsum_rows(s, d.BT, d.di,
-              GateWeightTerm<T>{p.d_gated, p.z, p.y, p.gated_rms_vals, d.di, d.hd, d.nh},
+              GateWeightTerm<T>{p.d_gated, p.z, p.y, p.gated_rms_vals, d.di, d.hd, d.nh,
+                                d.di + za.gap},
               p.d_norm_gate_weight, true, scratch, where);
 }
 
 #define M3_INSTANTIATE(T)                                                                  \
   template void gating_forward<T>(cudaStream_t, const Dims&, const T*, const T*, const float*, \
-                                  T*, float*);                                             \
+                                  T*, float*, Idx);                                        \
   template void gating_backward<T>(cudaStream_t, const Dims&, const GatingBwd<T>&, Scratch);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE

@@ -21,12 +21,18 @@
 //   d dt_bias += Σ_r d_dd_dt                             (colsum_rows, fixed order)
 // B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
 //     d_angles_raw] in the column order above (f32 parts stored as T).
+// Production layout (registry.hpp Life::Columns): z, x are read in place as column views of
+// proj (row stride ip) and d_z, d_x written in place into d_proj by B7 / B6, so F3 and B3 copy
+// only the other parts (SplitFwd::z/x, SplitBwd::d_z/d_x null).
 // Per-head tensors are [BT, nh]. Nothing is saved beyond the outputs listed.
 // Memory access: F3/B3 copy the typed parts (as bits) in 16-byte vectors and the f32 parts one
 // value at a time; F5b, abg glue and B5b use float4. Each falls back to one value per access
 // where the widths or the pointers do not allow vectors.
+#include <algorithm>
+
 #include "activations.cuh"
 #include "convert.cuh"
+#include "fast_div.cuh"
 #include "reduce.cuh"
 
 namespace m3::gpu {
@@ -68,11 +74,25 @@ void check_split_dims(const Dims& d, const char* where) {
 // Row work of F3 / B3, in items: the typed parts z | x | b_raw | c_raw (columns [0, ddt)) as
 // vectors of V columns, then one item per f32 column (dd_dt … angles, columns [ddt, ip)).
 // V = kVec<T> (16 bytes of T) when the typed widths, the row length and the typed pointers
-// allow, else 1. A block takes one row per iteration; each thread loads its kUnroll items
-// (kThreads apart) before it stores any. Typed parts are bit copies.
+// allow, else 1. The items [j_lo, items) of every row are one flat range (RowItems: item e is
+// row e / m, item j_lo + e mod m), so that a short row (the column views leave ≈ 160 items)
+// does not leave most of a block idle; each thread loads its kUnroll items (a grid apart)
+// before it stores any. Typed parts are bit copies.
 template <class T>
 constexpr int kVec = 16 / sizeof(T);
 constexpr int kUnroll = 4;
+
+struct RowItems {
+  Idx j_lo, total;  // first item of a row; rows · m
+  FastDiv m;        // items per row
+  __device__ __forceinline__ void at(Idx e, Idx& r, Idx& j) const {
+    r = m.div(e);
+    j = j_lo + (e - r * m.divisor());
+  }
+};
+RowItems row_items(Idx rows, Idx items, Idx j_lo) {
+  return RowItems{j_lo, rows * (items - j_lo), FastDiv(std::max<Idx>(items - j_lo, 1))};
+}
 
 // Whether V-column vectors stay inside one typed part and every row starts V-aligned.
 bool split_vectorizable(const SplitCols& c, Idx v) {
@@ -107,33 +127,36 @@ __device__ __forceinline__ void split_store_f32(Idx r, Idx j, const SplitCols& c
   }
 }
 
+// z, x null: their columns stay in proj (the readers' column views), items from b_raw on.
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
-split_forward_kernel(Idx rows, SplitCols c, float a_floor, SplitFwd<T> p) {
+split_forward_kernel(SplitCols c, RowItems ri, float a_floor, SplitFwd<T> p) {
   using Vec = VecOf<T, V>;
-  const Idx nv = c.ddt / V, items = nv + (c.ip - c.ddt);
-  for (Idx r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* pr = p.proj + r * c.ip;
-    for (Idx j0 = threadIdx.x; j0 < items; j0 += kUnroll * kThreads) {
-      Vec v[kUnroll];  // a typed vector, or in e[0] the value of an f32 column
+  const Idx nv = c.ddt / V, stride = Idx(gridDim.x) * kThreads;
+  for (Idx e0 = Idx(blockIdx.x) * kThreads + threadIdx.x; e0 < ri.total; e0 += kUnroll * stride) {
+    Vec v[kUnroll];  // a typed vector, or in e[0] the value of an f32 column
+    Idx r[kUnroll], j[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const Idx j = j0 + u * kThreads;
-        if (j < nv) v[u] = reinterpret_cast<const Vec*>(pr)[j];
-        else if (j < items) v[u].e[0] = pr[c.ddt + (j - nv)];
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      const Idx e = e0 + u * stride;
+      if (e >= ri.total) continue;
+      ri.at(e, r[u], j[u]);
+      const T* pr = p.proj + r[u] * c.ip;
+      if (j[u] < nv) v[u] = reinterpret_cast<const Vec*>(pr)[j[u]];
+      else v[u].e[0] = pr[c.ddt + (j[u] - nv)];
+    }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const Idx j = j0 + u * kThreads, k = j * V;
-        if (j < nv) {
-          T* dst = k < c.x   ? p.z + r * c.di + k
-                   : k < c.b ? p.x + r * c.di + (k - c.x)
-                   : k < c.c ? p.b_raw + r * c.bc + (k - c.b)
-                             : p.c_raw + r * c.bc + (k - c.c);
-          *reinterpret_cast<Vec*>(dst) = v[u];
-        } else if (j < items) {
-          split_store_f32(r, c.ddt + (j - nv), c, a_floor, p, to_float(v[u].e[0]));
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      if (e0 + u * stride >= ri.total) continue;
+      const Idx k = j[u] * V;
+      if (j[u] < nv) {
+        T* dst = k < c.x   ? p.z + r[u] * c.di + k
+                 : k < c.b ? p.x + r[u] * c.di + (k - c.x)
+                 : k < c.c ? p.b_raw + r[u] * c.bc + (k - c.b)
+                           : p.c_raw + r[u] * c.bc + (k - c.c);
+        *reinterpret_cast<Vec*>(dst) = v[u];
+      } else {
+        split_store_f32(r[u], c.ddt + (j[u] - nv), c, a_floor, p, to_float(v[u].e[0]));
       }
     }
   }
@@ -238,34 +261,37 @@ __device__ __forceinline__ float split_load_f32(Idx r, Idx j, const SplitCols& c
 }
 
 // Items of a d_proj row as in the forward.
+// d_z, d_x null: d_proj's first 2·di columns were written by B7 and B6, items from d_b_raw on.
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
-split_backward_kernel(Idx rows, SplitCols c, SplitBwd<T> p) {
+split_backward_kernel(SplitCols c, RowItems ri, SplitBwd<T> p) {
   using Vec = VecOf<T, V>;
-  const Idx nv = c.ddt / V, items = nv + (c.ip - c.ddt);
-  for (Idx r = blockIdx.x; r < rows; r += gridDim.x) {
-    T* out = p.d_proj + r * c.ip;
-    for (Idx j0 = threadIdx.x; j0 < items; j0 += kUnroll * kThreads) {
-      Vec v[kUnroll];  // a typed vector, or in e[0] the rounded value of an f32 column
+  const Idx nv = c.ddt / V, stride = Idx(gridDim.x) * kThreads;
+  for (Idx e0 = Idx(blockIdx.x) * kThreads + threadIdx.x; e0 < ri.total; e0 += kUnroll * stride) {
+    Vec v[kUnroll];  // a typed vector, or in e[0] the rounded value of an f32 column
+    Idx r[kUnroll], j[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const Idx j = j0 + u * kThreads, k = j * V;
-        if (j < nv) {
-          const T* src = k < c.x   ? p.d_z + r * c.di + k
-                         : k < c.b ? p.d_x + r * c.di + (k - c.x)
-                         : k < c.c ? p.d_b_raw + r * c.bc + (k - c.b)
-                                   : p.d_c_raw + r * c.bc + (k - c.c);
-          v[u] = *reinterpret_cast<const Vec*>(src);
-        } else if (j < items) {
-          v[u].e[0] = from_float<T>(split_load_f32(r, c.ddt + (j - nv), c, p));
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const Idx e = e0 + u * stride;
+      if (e >= ri.total) continue;
+      ri.at(e, r[u], j[u]);
+      const Idx k = j[u] * V;
+      if (j[u] < nv) {
+        const T* src = k < c.x   ? p.d_z + r[u] * c.di + k
+                       : k < c.b ? p.d_x + r[u] * c.di + (k - c.x)
+                       : k < c.c ? p.d_b_raw + r[u] * c.bc + (k - c.b)
+                                 : p.d_c_raw + r[u] * c.bc + (k - c.c);
+        v[u] = *reinterpret_cast<const Vec*>(src);
+      } else {
+        v[u].e[0] = from_float<T>(split_load_f32(r[u], c.ddt + (j[u] - nv), c, p));
       }
+    }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const Idx j = j0 + u * kThreads;
-        if (j < nv) reinterpret_cast<Vec*>(out)[j] = v[u];
-        else if (j < items) out[c.ddt + (j - nv)] = v[u].e[0];
-      }
+    for (int u = 0; u < kUnroll; ++u) {
+      if (e0 + u * stride >= ri.total) continue;
+      T* out = p.d_proj + r[u] * c.ip;
+      if (j[u] < nv) reinterpret_cast<Vec*>(out)[j[u]] = v[u];
+      else out[c.ddt + (j[u] - nv)] = v[u].e[0];
     }
   }
 }
@@ -275,12 +301,17 @@ split_backward_kernel(Idx rows, SplitCols c, SplitBwd<T> p) {
 template <class T>
 void split_forward(cudaStream_t s, const Dims& d, const SplitFwd<T>& p) {
   check_split_dims(d, "gpu::split_forward");
+  M3_REQUIRE((p.z == nullptr) == (p.x == nullptr), "gpu::split_forward",
+             "z and x are copied together or left in proj together", "one of them is null");
   if (d.BT == 0) return;
   const SplitCols c = split_cols(d);
   const bool vec =
       split_vectorizable(c, kVec<T>) && aligned16(p.proj, p.z, p.x, p.b_raw, p.c_raw);
+  const Idx V = vec ? kVec<T> : 1, items = c.ddt / V + (c.ip - c.ddt);
+  const RowItems ri = row_items(d.BT, items, p.z ? 0 : c.b / V);
   const auto kernel = vec ? split_forward_kernel<kVec<T>, T> : split_forward_kernel<1, T>;
-  kernel<<<grid_for(d.BT, 1), kThreads, 0, s>>>(d.BT, c, static_cast<float>(d.a_floor), p);
+  kernel<<<grid_for(ri.total, kThreads * kUnroll), kThreads, 0, s>>>(
+      c, ri, static_cast<float>(d.a_floor), p);
   M3_LAUNCH_CHECK();
 }
 
@@ -326,12 +357,17 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
 template <class T>
 void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p) {
   check_split_dims(d, "gpu::split_backward");
+  M3_REQUIRE((p.d_z == nullptr) == (p.d_x == nullptr), "gpu::split_backward",
+             "d_z and d_x are copied together or already in d_proj together",
+             "one of them is null");
   if (d.BT == 0) return;
   const SplitCols c = split_cols(d);
   const bool vec =
       split_vectorizable(c, kVec<T>) && aligned16(p.d_z, p.d_x, p.d_b_raw, p.d_c_raw, p.d_proj);
+  const Idx V = vec ? kVec<T> : 1, items = c.ddt / V + (c.ip - c.ddt);
+  const RowItems ri = row_items(d.BT, items, p.d_z ? 0 : c.b / V);
   const auto kernel = vec ? split_backward_kernel<kVec<T>, T> : split_backward_kernel<1, T>;
-  kernel<<<grid_for(d.BT, 1), kThreads, 0, s>>>(d.BT, c, p);
+  kernel<<<grid_for(ri.total, kThreads * kUnroll), kThreads, 0, s>>>(c, ri, p);
   M3_LAUNCH_CHECK();
 }
 

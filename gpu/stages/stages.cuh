@@ -90,6 +90,8 @@ template <class T>
 struct SplitFwd {
   const T* proj;
   const float* dt_bias;
+  // z, x: both null when the readers take them as column views of proj (row stride ip; the
+  // production layout, registry.hpp Life::Columns): their columns are then not copied.
   T *z, *x, *b_raw, *c_raw;
   float *dd_dt_raw, *dd_a_raw, *trap_raw, *angles_raw, *dt, *a_val, *trap;
 };
@@ -119,6 +121,8 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
 // d_angles_raw] (column order of §2.1).
 template <class T>
 struct SplitBwd {
+  // d_z, d_x: both null when their writers (B7, B6) stored them into d_proj's columns already
+  // (the production layout): those columns are then left as they are.
   const T *d_z, *d_x, *d_b_raw, *d_c_raw;
   const float *d_dd_dt, *d_dd_a, *d_trap_raw, *d_angles_raw;
   T* d_proj;
@@ -202,16 +206,18 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
 Idx angle_backward_scratch_floats(const Dims& d);
 
 // ---- gating.cu (§4 F7, §6.2 B7; reference gating.cpp) ------------------------------------
-// gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr).
+// gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr). ldz: z's row
+// stride (0: di, contiguous; ip when z is proj's column view).
 template <class T>
 void gating_forward(cudaStream_t s, const Dims& d, const T* y, const T* z,
-                    const float* norm_gate_weight, T* gated, float* gated_rms_vals);
+                    const float* norm_gate_weight, T* gated, float* gated_rms_vals, Idx ldz = 0);
 template <class T>
 struct GatingBwd {
   const T *y, *z, *d_gated;
   const float *norm_gate_weight, *gated_rms_vals;
   T *d_y, *d_z;
   float* d_norm_gate_weight;  // accumulate (only with is_outproj_norm)
+  Idx ldz = 0;  // row stride of z and d_z (0: di; ip when they are proj's / d_proj's columns)
 };
 template <class T>
 void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scratch scratch);
@@ -219,12 +225,13 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
 // ---- ssm_seq.cu (§4 F6 recurrence, §6.3 BPTT; reference ssm_sequential.cpp) --------------
 template <class T>
 struct SsmSeqFwd {
-  const T *x, *k, *q;
+  const T *x, *k, *q;  // x: row stride ldx
   const float *alpha, *beta, *gamma, *d_param;
   const float *ssm_in, *k_in, *v_in;                  // entering states [B, nh, …]
   T* y;
   float *h_saved, *k_prev_saved, *v_prev_saved;       // h_saved [B, T+1, ds, di] (transposed)
   float *ssm_out, *k_out, *v_out;
+  Idx ldx = 0;  // row stride of x (0: di, contiguous; ip when x is proj's column view)
 };
 template <class T>
 void ssm_seq_forward(cudaStream_t s, const Dims& d, const SsmSeqFwd<T>& p);
@@ -238,6 +245,7 @@ struct SsmSeqBwd {
   float *d_k, *d_q, *d_alpha, *d_beta, *d_gamma, *d_d_local;
   float *d_ssm_in, *d_k_in, *d_v_in;
   float* d_d_param;  // [nh], accumulate: Σ_b Σ_p d_d_local (fixed order)
+  Idx ldx = 0;       // row stride of x and d_x (0: di; ip when they are proj's / d_proj's columns)
 };
 template <class T>
 void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scratch scratch);
@@ -258,6 +266,7 @@ struct SsmChunkFwd {
   // the two kernels): the contributions stay in registers, and chunk_states is written only
   // when non-null (a capture). false: the two kernels, chunk_states required.
   bool fuse_states;
+  Idx ldx = 0;  // row stride of x (0: di, contiguous; ip when x is proj's column view)
 };
 template <class T>
 void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
@@ -322,6 +331,7 @@ struct SsmChunkBwd {
   // B1 and B2 as one chunk walk (chunk_walk_tc, typed runs with chunks ≤ 64; the bits of the
   // two kernels): dcontrib stays in registers. false: the two kernels.
   bool fuse_states;
+  Idx ldx = 0;  // row stride of x and d_x (0: di; ip when they are proj's / d_proj's columns)
 };
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,

@@ -7,7 +7,8 @@
 //    both scan modes;
 //  * every saved tensor is read by the backward: NaN in one changes the gradients (so nothing
 //    is kept that the backward does not need);
-//  * the bytes follow the registry: each further layer holds exactly layer_bytes().saved plus
+//  * the bytes follow the registry (column views of proj / d_proj have no bytes of their own):
+//    each further layer holds exactly layer_bytes().saved plus
 //    its state buffers, the process-wide count grows by exactly memory().total(), and a
 //    production forward+backward allocates nothing;
 //  * the arenas: set_params puts each parameter at its ParamLayout slot (gaps zero), grads()
@@ -237,7 +238,8 @@ TEST(GpuMemory, LayerBytesFollowTheRegistryAndPassesAllocateNothing) {
           const m3::gpu::BackboneMemory full = net.memory();
           for (size_t l = 0; l < full.layers.size(); ++l)
             EXPECT_EQ(full.layers[l],
-                      plan.saved + plan.view + plan.workspace + plan.verify + extra)
+                      plan.saved + plan.view + plan.columns + plan.workspace + plan.verify +
+                          extra)
                 << what << ": verification layout, layer " << l;
           EXPECT_EQ(full.workspace, 0u) << what;
         }

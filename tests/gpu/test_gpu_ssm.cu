@@ -323,6 +323,31 @@ class Bufs {
   std::vector<std::string> outs_;
 };
 
+// x and d_x with a row stride di + pad (pad > 0), as the production layout's column views of
+// proj / d_proj: x is laid into wider rows (pads 0.5), d_x taken back out of them, and every
+// pad of d_x must still be the NaN the output was filled with.
+std::vector<double> widen(const std::vector<double>& v, Idx rows, Idx cols, Idx pad) {
+  if (pad == 0) return v;
+  std::vector<double> w(static_cast<size_t>(rows * (cols + pad)), 0.5);
+  for (Idx r = 0; r < rows; ++r)
+    for (Idx c = 0; c < cols; ++c) w[r * (cols + pad) + c] = v[r * cols + c];
+  return w;
+}
+void narrow(Tensors& t, const std::string& name, Idx rows, Idx cols, Idx pad) {
+  if (pad == 0) return;
+  const std::vector<double>& w = t.at(name);
+  std::vector<double> v(static_cast<size_t>(rows * cols));
+  bool pads_nan = true;
+  for (Idx r = 0; r < rows; ++r)
+    for (Idx c = 0; c < cols + pad; ++c) {
+      const double e = w[r * (cols + pad) + c];
+      if (c < cols) v[r * cols + c] = e;
+      else pads_nan = pads_nan && std::isnan(e);
+    }
+  EXPECT_TRUE(pads_nan) << name << ": a value outside its columns was written";
+  t[name] = v;
+}
+
 m3::gpu::Scratch make_scratch(DeviceArray<float>& buf, const Dims& d) {
   buf.resize(std::max(m3::gpu::scratch_floats(d), chunked_scratch_floats(d)));
   return {buf.data(), buf.size()};
@@ -331,13 +356,14 @@ m3::gpu::Scratch make_scratch(DeviceArray<float>& buf, const Dims& d) {
 // Sequential mode; with `glue`, also the GPU rope backward of d_k, d_q (as the backbone does) so
 // that the RoPE-side gradients can be compared with the chunked mode; the B5b inputs
 // (d_adt_total, …) are formed on the host by the reference abg_backward from d_alpha/β/γ.
-Tensors gpu_seq(const Dims& d, const Inputs& in, bool glue) {
+Tensors gpu_seq(const Dims& d, const Inputs& in, bool glue, Idx pad = 0) {
   Stream st;
   const cudaStream_t s = st.get();
   Bufs b(s);
   const Idx BT = d.BT, nh = d.nh;
   m3::gpu::SsmSeqFwd<float> f{};
-  f.x = b.in("x", in.x);
+  f.x = b.in("x", widen(in.x, BT, d.di, pad));
+  f.ldx = pad ? d.di + pad : 0;
   f.k = b.in("k", in.k);
   f.q = b.in("q", in.q);
   f.alpha = b.in("alpha", in.alpha);
@@ -372,7 +398,8 @@ Tensors gpu_seq(const Dims& d, const Inputs& in, bool glue) {
   g.d_ssm_out = b.in("d_ssm_out", in.d_ssm_out);
   g.d_k_out = b.in("d_k_out", in.d_k_out);
   g.d_v_out = b.in("d_v_out", in.d_v_out);
-  g.d_x = b.out("d_x", BT * d.di);
+  g.d_x = b.out("d_x", BT * (d.di + pad));
+  g.ldx = f.ldx;
   g.d_k = b.out("d_k", BT * nh * d.ds);
   g.d_q = b.out("d_q", BT * nh * d.ds);
   g.d_alpha = b.out("d_alpha", BT * nh);
@@ -397,6 +424,7 @@ Tensors gpu_seq(const Dims& d, const Inputs& in, bool glue) {
     m3::gpu::rope_backward<float>(s, d, rb);
   }
   Tensors t = b.download();
+  narrow(t, "d_x", BT, d.di, pad);
   std::vector<float> acc(static_cast<size_t>(nh));
   M3_CUDA_CHECK(cudaMemcpy(acc.data(), g.d_d_param, acc.size() * 4, cudaMemcpyDeviceToHost));
   t["d_d_param"] = to_double(acc);
@@ -419,7 +447,7 @@ Tensors gpu_seq(const Dims& d, const Inputs& in, bool glue) {
   return t;
 }
 
-Tensors gpu_chunked(const Dims& d, const Inputs& in) {
+Tensors gpu_chunked(const Dims& d, const Inputs& in, Idx pad = 0) {
   Stream st;
   const cudaStream_t s = st.get();
   Bufs b(s);
@@ -427,7 +455,8 @@ Tensors gpu_chunked(const Dims& d, const Inputs& in) {
   DeviceArray<float> scr;
   const m3::gpu::Scratch scratch = make_scratch(scr, d);
   m3::gpu::SsmChunkFwd<float> f{};
-  f.x = b.in("x", in.x);
+  f.x = b.in("x", widen(in.x, BT, d.di, pad));
+  f.ldx = pad ? d.di + pad : 0;
   f.k = b.in("k", in.k);
   f.q = b.in("q", in.q);
   f.dt = b.in("dt", in.dt);
@@ -484,7 +513,8 @@ Tensors gpu_chunked(const Dims& d, const Inputs& in) {
   g.dScale = b.out("dScale", BT * nh);
   g.dGamma = b.out("dGamma", BT * nh);
   g.dDT = b.out("dDT", BT * nh);
-  g.d_x = b.out("d_x", BT * d.di);
+  g.d_x = b.out("d_x", BT * (d.di + pad));
+  g.ldx = f.ldx;
   g.d_b_pre_rope = b.out("d_b_pre_rope", BT * nh * d.ds);
   g.d_c_pre_rope = b.out("d_c_pre_rope", BT * nh * d.ds);
   g.d_angle_cumsum = b.out("d_angle_cumsum", BT * nh * d.na);
@@ -497,6 +527,7 @@ Tensors gpu_chunked(const Dims& d, const Inputs& in) {
   g.d_d_param = b.in("d_d_param", in.d_param_acc);
   m3::gpu::ssm_chunked_backward<float>(s, d, g, scratch);
   Tensors t = b.download();
+  narrow(t, "d_x", BT, d.di, pad);
   std::vector<float> acc(static_cast<size_t>(nh));
   M3_CUDA_CHECK(cudaMemcpy(acc.data(), g.d_d_param, acc.size() * 4, cudaMemcpyDeviceToHost));
   t["d_d_param"] = to_double(acc);
@@ -613,21 +644,36 @@ TEST_P(SsmGpu, SequentialEqualsChunked) {
   expect_close("seq≡chunked", chk, seq, fchk, fseq, common);
 }
 
+// Every tensor of a is bit for bit the same tensor of b (what: how b was run).
+void expect_bits_equal(const Tensors& a, const Tensors& b, const std::string& what) {
+  for (const auto& [n, v] : a) {
+    const auto& w = b.at(n);
+    ASSERT_EQ(v.size(), w.size()) << n;
+    EXPECT_EQ(0, std::memcmp(v.data(), w.data(), v.size() * sizeof(double)))
+        << n << " differs " << what;
+  }
+}
+
 TEST_P(SsmGpu, RunsAreBitIdentical) {
   M3_SKIP_WITHOUT_GPU();
   const SsmCase& c = GetParam();
   const Dims d = dims_of(c);
   const Inputs in = make_inputs(d, c, 31);
-  for (int mode = 0; mode < 2; ++mode) {
-    const Tensors a = mode ? gpu_chunked(d, in) : gpu_seq(d, in, false);
-    const Tensors b = mode ? gpu_chunked(d, in) : gpu_seq(d, in, false);
-    for (const auto& [n, v] : a) {
-      const auto& w = b.at(n);
-      ASSERT_EQ(v.size(), w.size()) << n;
-      EXPECT_EQ(0, std::memcmp(v.data(), w.data(), v.size() * sizeof(double)))
-          << (mode ? "chunked " : "seq ") << n << " differs between two runs";
-    }
-  }
+  expect_bits_equal(gpu_seq(d, in, false), gpu_seq(d, in, false), "between two seq runs");
+  expect_bits_equal(gpu_chunked(d, in), gpu_chunked(d, in), "between two chunked runs");
+}
+
+// x and d_x with a row stride (the production layout's column views of proj and d_proj): the
+// bits of the contiguous run in both modes, for an odd pad (f32 loads one value at a time).
+TEST_P(SsmGpu, StridedXGivesTheContiguousBits) {
+  M3_SKIP_WITHOUT_GPU();
+  const SsmCase& c = GetParam();
+  const Dims d = dims_of(c);
+  const Inputs in = make_inputs(d, c, 37);
+  expect_bits_equal(gpu_seq(d, in, false), gpu_seq(d, in, false, 5),
+                    "in seq with x at row stride d_inner + 5");
+  expect_bits_equal(gpu_chunked(d, in), gpu_chunked(d, in, 5),
+                    "in chunked with x at row stride d_inner + 5");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SsmSeqGpu, ::testing::ValuesIn(ssm_cases()), case_name);

@@ -554,6 +554,48 @@ TYPED_TEST(TypedStages, RmsNormMatchesReference) {
   }
 }
 
+// F3 on the world's proj: every output, and proj after it. views: z and x null (the production
+// layout's column views), so neither is written or returned.
+template <class T>
+Named split_forward_run(const World<T>& w, cudaStream_t s, bool views) {
+  const Dims& d = w.d;
+  auto proj = up_t<T>(w.a.proj, s);
+  auto dt_bias = up(w.p.dt_bias, s);
+  DeviceArray<T> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
+      c_raw(d.BT * d.ng * d.ds);
+  DeviceArray<float> dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
+      ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
+  m3::gpu::SplitFwd<T> p{proj.data(),     dt_bias.data(), views ? nullptr : z.data(),
+                         views ? nullptr : x.data(),      b_raw.data(),  c_raw.data(),
+                         dd_dt.data(),    dd_a.data(),    trap_raw.data(), ang.data(),
+                         dt.data(),       a_val.data(),   trap.data()};
+  m3::gpu::split_forward<T>(s, d, p);
+  Named out{{"proj", down_t(proj, s)},       {"b_raw", down_t(b_raw, s)},
+            {"c_raw", down_t(c_raw, s)},     {"dd_dt_raw", down(dd_dt, s)},
+            {"dd_a_raw", down(dd_a, s)},     {"trap_raw", down(trap_raw, s)},
+            {"angles_raw", down(ang, s)},    {"dt", down(dt, s)},
+            {"a_val", down(a_val, s)},       {"trap", down(trap, s)}};
+  if (!views) out["z"] = down_t(z, s), out["x"] = down_t(x, s);
+  return out;
+}
+
+// B3 from the world's gradients into a d_proj filled with `fill`. views: d_z and d_x null (they
+// are d_proj's columns in the production layout), so those columns keep `fill`.
+template <class T>
+Vec split_backward_run(const World<T>& w, cudaStream_t s, bool views, float fill) {
+  const Dims& d = w.d;
+  auto dz = up_t<T>(w.g.d_z, s), dx = up_t<T>(w.g.d_x, s), db = up_t<T>(w.g.d_b_raw, s),
+       dc = up_t<T>(w.g.d_c_raw, s);
+  auto ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
+       dan = up(w.g.d_angles_raw, s);
+  auto d_proj = up_t<T>(Vec(static_cast<size_t>(d.BT * d.ip), fill), s);
+  m3::gpu::SplitBwd<T> p{views ? nullptr : dz.data(), views ? nullptr : dx.data(),
+                         db.data(),  dc.data(),  ddt.data(), dda.data(),
+                         dtr.data(), dan.data(), d_proj.data()};
+  m3::gpu::split_backward<T>(s, d, p);
+  return down_t(d_proj, s);
+}
+
 // F3: the typed parts are copies (bit-equal), the raw logits exact f32 copies.
 TYPED_TEST(TypedStages, SplitForwardMatchesReference) {
   M3_SKIP_WITHOUT_GPU();
@@ -561,27 +603,8 @@ TYPED_TEST(TypedStages, SplitForwardMatchesReference) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     World<T> w = make_world<T>(c, false);
-    const Dims& d = w.d;
     Stream s;
-    const Named got = twice("split_forward", [&] {
-      auto proj = up_t<T>(w.a.proj, s);
-      auto dt_bias = up(w.p.dt_bias, s);
-      DeviceArray<T> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
-          c_raw(d.BT * d.ng * d.ds);
-      DeviceArray<float> dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
-          ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
-      m3::gpu::SplitFwd<T> p{proj.data(),     dt_bias.data(), z.data(),     x.data(),
-                             b_raw.data(),    c_raw.data(),   dd_dt.data(), dd_a.data(),
-                             trap_raw.data(), ang.data(),     dt.data(),    a_val.data(),
-                             trap.data()};
-      m3::gpu::split_forward<T>(s, d, p);
-      return Named{{"z", down_t(z, s)},          {"x", down_t(x, s)},
-                   {"b_raw", down_t(b_raw, s)},  {"c_raw", down_t(c_raw, s)},
-                   {"dd_dt_raw", down(dd_dt, s)}, {"dd_a_raw", down(dd_a, s)},
-                   {"trap_raw", down(trap_raw, s)}, {"angles_raw", down(ang, s)},
-                   {"dt", down(dt, s)},          {"a_val", down(a_val, s)},
-                   {"trap", down(trap, s)}};
-    });
+    const Named got = twice("split_forward", [&] { return split_forward_run(w, s, false); });
     for (const auto& [name, ref] : std::vector<std::pair<const char*, const Vec*>>{
              {"z", &w.a.z}, {"x", &w.a.x}, {"b_raw", &w.a.b_raw}, {"c_raw", &w.a.c_raw}})
       expect_typed<T>(name, got.at(name), *ref, 0.0, 1.0);
@@ -605,22 +628,45 @@ TYPED_TEST(TypedStages, SplitBackwardMatchesReference) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     World<T> w = make_world<T>(c, false);
-    const Dims& d = w.d;
-    m3::ref::split_backward(d, w.g);
-    m3::ref::store_typed(d, w.g.d_proj);
+    m3::ref::split_backward(w.d, w.g);
+    m3::ref::store_typed(w.d, w.g.d_proj);
     Stream s;
     const Named got = twice("split_backward", [&] {
-      auto dz = up_t<T>(w.g.d_z, s), dx = up_t<T>(w.g.d_x, s), db = up_t<T>(w.g.d_b_raw, s),
-           dc = up_t<T>(w.g.d_c_raw, s);
-      auto ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
-           dan = up(w.g.d_angles_raw, s);
-      DeviceArray<T> d_proj(d.BT * d.ip);
-      m3::gpu::SplitBwd<T> p{dz.data(),  dx.data(),  db.data(),  dc.data(),    ddt.data(),
-                             dda.data(), dtr.data(), dan.data(), d_proj.data()};
-      m3::gpu::split_backward<T>(s, d, p);
-      return Named{{"d_proj", down_t(d_proj, s)}};
+      return Named{{"d_proj", split_backward_run(w, s, false, 3.0f)}};
     });
     expect_typed<T>("d_proj", got.at("d_proj"), w.g.d_proj, 0.0, 1.0);
+  }
+}
+
+// The production layout's column views: F3 with z, x null leaves proj as it is and writes the
+// other parts as with them; B3 with d_z, d_x null leaves d_proj's first 2·di columns (written in
+// place by B7, B6) and writes the rest as with them; one of the pair null is refused.
+TYPED_TEST(TypedStages, SplitLeavesTheColumnViewsInPlace) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    World<T> w = make_world<T>(c, false);
+    const Dims& d = w.d;
+    Stream s;
+    const Named fw = split_forward_run(w, s, false), fv = split_forward_run(w, s, true);
+    for (const auto& [name, v] : fv) EXPECT_EQ(v, fw.at(name)) << "F3 " << name;
+    EXPECT_EQ(fv.count("z") + fv.count("x"), 0u);
+    const Vec bw = split_backward_run(w, s, false, 3.0f), bv = split_backward_run(w, s, true, 3.0f);
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx j = 0; j < d.ip; ++j) {
+        const size_t i = static_cast<size_t>(r * d.ip + j);
+        if (j < 2 * d.di) {
+          ASSERT_EQ(bv[i], 3.0f) << "B3 wrote d_proj[" << r << ", " << j << "] of a column view";
+        } else {
+          ASSERT_EQ(bv[i], bw[i]) << "B3 d_proj[" << r << ", " << j << "]";
+        }
+      }
+    DeviceArray<T> one(d.BT * d.di), proj(d.BT * d.ip);
+    m3::gpu::SplitFwd<T> half{};
+    half.proj = proj.data();
+    half.z = one.data();
+    EXPECT_THROW(m3::gpu::split_forward<T>(s, d, half), m3::Error);
   }
 }
 
@@ -796,6 +842,69 @@ TYPED_TEST(TypedStages, GatingMatchesReferenceBothVariants) {
       expect_typed<T>("d_z", got.at("d_z"), w.g.d_z, 1e-6, 0.98);
       expect_close("d norm_gate_weight (accumulated / untouched)",
                    got.at("d_norm_gate_weight"), pg.norm_gate_weight);
+    }
+  }
+}
+
+// z (and d_z) read and written with a row stride ldz > di, as the production layout's column
+// views of proj / d_proj: the bits of the contiguous run, and nothing written outside z's
+// columns. Pads that keep 16-byte vectors (ld − di a multiple of 8) and one that does not (the
+// one-value path), both variants.
+TYPED_TEST(TypedStages, GatingWithAStridedZGivesTheContiguousBits) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const Case& c : kCases) {
+    for (bool norm : {false, true}) {
+      World<T> w = make_world<T>(c, norm);
+      const Dims& d = w.d;
+      Stream s;
+      ScratchBuf sc(d);
+      const Idx n = d.BT * d.di;
+      // run(ld): z at row stride ld (0: contiguous); returns the outputs, d_z unpacked, and
+      // whether every pad value of z's and d_z's buffers is still the sentinel.
+      auto run = [&](Idx ld) {
+        const Idx L = ld ? ld : d.di;
+        Vec zw(static_cast<size_t>(d.BT * L), 7.0f), dzw(zw.size(), -5.0f);
+        for (Idx r = 0; r < d.BT; ++r)
+          for (Idx q = 0; q < d.di; ++q) zw[r * L + q] = w.a.z[r * d.di + q];
+        auto y = up_t<T>(w.a.y, s), z = up_t<T>(zw, s), dg = up_t<T>(w.g.d_gated, s),
+             dz = up_t<T>(dzw, s);
+        auto ngw = up(w.p.norm_gate_weight, s), r_rstd = up(w.a.gated_rms_vals, s),
+             dngw = up(w.pg0.norm_gate_weight, s);
+        DeviceArray<T> gated(n), dy(n);
+        DeviceArray<float> rstd(norm ? d.BT * d.nh : 0);
+        m3::gpu::gating_forward<T>(s, d, y.data(), z.data(), ngw.data(), gated.data(),
+                                   norm ? rstd.data() : nullptr, ld);
+        m3::gpu::GatingBwd<T> p{y.data(),  z.data(),  dg.data(),  ngw.data(),
+                                norm ? r_rstd.data() : nullptr,  dy.data(),
+                                dz.data(), dngw.data()};
+        p.ldz = ld;
+        m3::gpu::gating_backward<T>(s, d, p, sc.get());
+        const Vec zb = down_t(z, s), dzb = down_t(dz, s);
+        Vec dz_packed(static_cast<size_t>(n));
+        bool pads = true;
+        for (Idx r = 0; r < d.BT; ++r)
+          for (Idx q = 0; q < L; ++q) {
+            if (q < d.di) {
+              dz_packed[r * d.di + q] = dzb[r * L + q];
+            } else {
+              pads = pads && zb[r * L + q] == 7.0f && dzb[r * L + q] == -5.0f;
+            }
+          }
+        return std::make_pair(Named{{"gated", down_t(gated, s)}, {"rstd", down(rstd, s)},
+                                    {"d_y", down_t(dy, s)}, {"d_z", dz_packed},
+                                    {"d_norm_gate_weight", down(dngw, s)}},
+                              pads);
+      };
+      const auto want = run(0);
+      for (Idx pad : {Idx(8), Idx(24), Idx(3)}) {
+        SCOPED_TRACE(std::string(c.name) + (norm ? " is_outproj_norm" : " silu gate") +
+                     " ld = di + " + std::to_string(pad));
+        const auto got = run(d.di + pad);
+        EXPECT_TRUE(got.second) << "a value outside z's columns was written";
+        for (const auto& [name, v] : want.first)
+          EXPECT_EQ(got.first.at(name), v) << name << " differs from the contiguous run";
+      }
     }
   }
 }
