@@ -290,6 +290,13 @@ Recompute parse_recompute(const std::string& s) {
   throw Error("registry", "unknown recompute policy '" + s + "'", "expected none or scan");
 }
 
+// kLife's row of stage/tensor, null when it has none (workspace).
+static const LifeRow* life_row(const std::string& stage, const std::string& tensor) {
+  for (const LifeRow& r : kLife)
+    if (stage == r.stage && tensor == r.tensor) return &r;
+  return nullptr;
+}
+
 // Every row of kLife names a layer tensor of the stage registry, and only a forward tensor can
 // be saved or a view (a backward tensor never outlives its layer's backward). Checked once.
 void check_life_table() {
@@ -317,9 +324,7 @@ void check_life_table() {
                  std::string("column view '") + r.stage + "/" + r.tensor + "' of '" + cv.stage +
                      "/" + cv.tensor + "'",
                  "a column view is one in both scan modes, of a tensor of its direction");
-      const LifeRow* orow = nullptr;  // the tensor's row (none: workspace)
-      for (const LifeRow& o : kLife)
-        if (std::string(o.stage) == cv.stage && std::string(o.tensor) == cv.tensor) orow = &o;
+      const LifeRow* orow = life_row(cv.stage, cv.tensor);
       for (ScanMode m : {ScanMode::Sequential, ScanMode::Chunked}) {
         const Life lo = !orow ? Life::Workspace : m == ScanMode::Sequential ? orow->seq : orow->chunked;
         M3_REQUIRE(s.dir == Dir::Forward ? lo == Life::Saved : lo == Life::Workspace,
@@ -351,12 +356,10 @@ Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {
              std::string("backbone tensor '") + spec.stage + "/" + spec.tensor +
                  "' has no per-layer lifetime",
              "backbone tensors exist once per run");
-  for (const LifeRow& r : kLife) {
-    if (std::string(r.stage) != spec.stage || std::string(r.tensor) != spec.tensor) continue;
-    if (mode == ScanMode::Sequential) return r.seq;
-    return r.scan && rc == Recompute::Scan ? Life::Workspace : r.chunked;
-  }
-  return Life::Workspace;
+  const LifeRow* r = life_row(spec.stage, spec.tensor);
+  if (!r) return Life::Workspace;
+  if (mode == ScanMode::Sequential) return r->seq;
+  return r->scan && rc == Recompute::Scan ? Life::Workspace : r->chunked;
 }
 
 LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,

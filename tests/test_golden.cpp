@@ -64,7 +64,7 @@ std::string committed(const std::string& name) {
   return golden::case_path(M3_GOLDEN_CASES_DIR, name);
 }
 
-std::string read_bytes(const std::string& path) { return m3::test::slurp(path); }
+using m3::test::slurp;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -314,11 +314,11 @@ TEST(GoldenWrite, RefusesToReplaceWithoutForce) {
   TempDir tmp;
   const std::string path = tmp.file("no_rope.h5");
   fs::copy_file(committed("no_rope"), path);
-  const std::string before = read_bytes(path);
+  const std::string before = slurp(path);
   const golden::GoldenCase gc = golden::read_golden(path);
   EXPECT_NE(error_of([&] { golden::write_golden(path, gc, false); }).find("file exists"),
             std::string::npos);
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(slurp(path), before);
   EXPECT_NO_THROW(golden::write_golden(path, gc, true));
 }
 
@@ -559,7 +559,7 @@ TEST_F(GoldenReader, InvalidConfigIsRejected) {
 }
 
 TEST_F(GoldenReader, BadFilesGiveOneLine) {
-  const std::string good = read_bytes(src);
+  const std::string good = slurp(src);
   write_bytes(tmp.file("empty.h5"), "");
   write_bytes(tmp.file("text.h5"), "this is not an HDF5 file\n");
   write_bytes(tmp.file("trunc.h5"), good.substr(0, good.size() / 3));
@@ -733,7 +733,7 @@ class GoldenCli : public ::testing::Test {
 };
 
 TEST_F(GoldenCli, BadFilesExit2WithOneStderrLine) {
-  const std::string good = read_bytes(committed("no_rope"));
+  const std::string good = slurp(committed("no_rope"));
   write_bytes(tmp.file("empty.h5"), "");
   write_bytes(tmp.file("text.h5"), "plain text");
   write_bytes(tmp.file("trunc.h5"), good.substr(0, 4096));
@@ -778,13 +778,13 @@ TEST_F(GoldenCli, CheckAllOnACopyPassesAndAMissingCaseIsExit2) {
 TEST_F(GoldenCli, RegenWithoutForceRefusesAndLeavesTheFileAlone) {
   const std::string path = tmp.file("no_rope.h5");
   fs::copy_file(committed("no_rope"), path);
-  const std::string before = read_bytes(path);
+  const std::string before = slurp(path);
   const CliResult r = run_m3h("golden regen --case no_rope --dir '" + tmp.str() + "'", tmp);
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("file exists"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
-  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(slurp(path), before);
   size_t n_files = 0;
   for (const auto& e : fs::directory_iterator(tmp.str())) n_files += e.path().extension() == ".h5";
   EXPECT_EQ(n_files, 1u);  // no temporary file left behind

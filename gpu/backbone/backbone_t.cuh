@@ -333,10 +333,12 @@ class BackboneT final : public GpuBackbone::Impl {
   // in this layout (ld), else 0 (contiguous rows).
   Idx ld_of(int l, const char* name) { return layers_[l].at(name).ld; }
   bool column_views(int l) { return ld_of(l, "x") != 0; }
-  // x and d_x share one row stride in the scan kernels (proj and d_proj have the same rows).
-  Idx x_and_dx_ld(int l) {
-    const Idx ld = ld_of(l, "x");
-    M3_REQUIRE(ld_of(l, "d_x") == ld, "GpuBackbone", "x and d_x differ in layout", "");
+  // The one row stride a kernel takes for a tensor and its gradient (x and d_x, z and d_z:
+  // proj and d_proj have the same rows).
+  Idx shared_ld(int l, const char* name, const char* grad) {
+    const Idx ld = ld_of(l, name);
+    M3_REQUIRE(ld_of(l, grad) == ld, "GpuBackbone",
+               std::string(name) + " and " + grad + " differ in layout", "");
     return ld;
   }
   // Before allocating: the production layout's bytes (registry plan, the arenas, the scratch,
@@ -1114,7 +1116,7 @@ class BackboneT final : public GpuBackbone::Impl {
     a.d_k_in = f("d_k_state");
     a.d_v_in = f("d_v_state");
     a.d_d_param = G(l, "d_param");
-    a.ldx = x_and_dx_ld(l);
+    a.ldx = shared_ld(l, "x", "d_x");
     ssm_seq_backward<T>(s_, d_, a, scr());
     RopeBwd<T> r{};
     r.theta = f("angle_cumsum");
@@ -1152,7 +1154,7 @@ class BackboneT final : public GpuBackbone::Impl {
     const bool store_pre = !tail || capturing;
     SsmChunkBwd<T> a{};
     a.fuse_states = fused();  // B1 + B2 as one chunk walk (their bits)
-    a.ldx = x_and_dx_ld(l);
+    a.ldx = shared_ld(l, "x", "d_x");
     a.x = t("x");
     a.k = t("k");
     a.q = t("q");
@@ -1231,8 +1233,7 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_y = t("d_y");
       a.d_z = t("d_z");
       a.d_norm_gate_weight = G(l, "norm_gate_weight");
-      a.ldz = ld_of(l, "z");
-      M3_REQUIRE(ld_of(l, "d_z") == a.ldz, "GpuBackbone", "z and d_z differ in layout", "");
+      a.ldz = shared_ld(l, "z", "d_z");
       gating_backward<T>(s_, d_, a, scr());
     } else if (st == "B6") {
       mode_ == ScanMode::Sequential ? seq_b6(l) : chunked_b6(l, capturing);

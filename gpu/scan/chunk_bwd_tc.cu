@@ -48,22 +48,6 @@ using tcf::Opnd;
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
 
-// Values n, n + 1 (n even) of a row of `cols` values: one paired store (store_n: the bits of
-// two scalar from_float) when `paired` (cols even, the row 8-byte (f32) / 4-byte (T) aligned),
-// else the scalars that exist.
-template <class V>
-__device__ __forceinline__ void store_row_pair(V* row, int n, int cols, bool paired, float v0,
-                                               float v1) {
-  if (n >= cols) return;
-  if (paired) {
-    const float v[2] = {v0, v1};
-    store_n<2>(row + n, v);
-  } else {
-    row[n] = from_float<V>(v0);
-    if (n + 1 < cols) row[n + 1] = from_float<V>(v1);
-  }
-}
-
 template <int HP, int DP, int NPT>
 constexpr std::size_t smem_bytes() {
   constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
@@ -221,7 +205,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   // per store instruction instead of every other word.
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
-    if (t < L) store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
+    if (t < L) tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
   // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R
@@ -250,7 +234,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       const bool last = g.t0(c) + s == g.T - 1;
       const float w0 = last ? v0 + p.d_v_out[sb * hd + q4] : v0;
       const float w1 = last && q4 + 1 < hd ? v1 + p.d_v_out[sb * hd + q4 + 1] : v1;
-      store_row_pair(p.d_x + (row0 + s) * g.ldx + h * hd, q4, hd, pairs_x, w0, w1);
+      tcf::store_row_pair(p.d_x + (row0 + s) * g.ldx + h * hd, q4, hd, pairs_x, w0, w1);
     });
   }
   {
@@ -264,7 +248,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;
       v1 += es[hh] * u1;
-      if (s < L) store_row_pair(p.dK_mid + ((row0 + s) * nh + h) * ds, n, ds, pairs_f, v0, v1);
+      if (s < L) tcf::store_row_pair(p.dK_mid + ((row0 + s) * nh + h) * ds, n, ds, pairs_f, v0, v1);
     });
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {

@@ -498,9 +498,7 @@ inline ChunkGeom chunk_geom(const Dims& d) {
 }
 // chunk_geom with x's and d_x's row stride (SsmChunkFwd/Bwd::ldx; 0: d_inner, contiguous).
 inline ChunkGeom with_ldx(ChunkGeom g, Idx ldx) {
-  M3_REQUIRE(ldx == 0 || ldx >= g.di, kChunkWhere, "x's row stride is shorter than its row",
-             "ldx=", ldx, " d_inner=", g.di);
-  if (ldx) g.ldx = ldx;
+  g.ldx = row_stride(ldx, g.di, kChunkWhere, "x");
   return g;
 }
 

@@ -439,9 +439,7 @@ SeqGeom seq_geom(const Dims& d, Idx ldx) {
   tn = std::max(tn, 32 / Vt::TP);
   M3_REQUIRE(Vt::TP * tn <= Vt::NTMAX, kSeqWhere, "unsupported SSM shape", "headdim=", d.hd,
              " d_state=", d.ds);
-  M3_REQUIRE(ldx == 0 || ldx >= d.di, kSeqWhere, "x's row stride is shorter than its row",
-             "ldx=", ldx, " d_inner=", d.di);
-  return SeqGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, tn, ldx ? ldx : d.di};
+  return SeqGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, tn, row_stride(ldx, d.di, kSeqWhere, "x")};
 }
 
 template <class K>

@@ -23,8 +23,9 @@
 // z (and d_z) may have a row stride ldz ≠ di: in the production layout they are column views of
 // proj / d_proj (row stride ip). Element i = r·di + c of the [BT, di] tensors is then z's
 // r·ldz + c (ZAt). (a) takes vectors only inside z's rows (else one value at a time: the same
-// bits, each value is on its own); (b) keeps V and loads z one value at a time when z's rows do
-// not keep its vectors aligned (load_z), so that its sums' order never depends on z's layout.
+// bits, each value is on its own); (b) keeps V and moves z's whole V-groups one value at a time
+// when z's rows do not keep its vectors aligned (load_group / store_group with kZV false), so
+// that its sums' order never depends on z's layout.
 #include <initializer_list>
 #include <type_traits>
 
@@ -45,33 +46,8 @@ struct ZAt {
   Idx gap;      // ldz − di
   __device__ __forceinline__ Idx operator()(Idx i) const { return gap ? i + row.div(i) * gap : i; }
 };
-// (b)'s z and d_z accesses: V values in vector accesses when kZV (z's rows keep the vectors
-// aligned), else one value at a time — the same values, so V, and with it the order of the
-// rstd and c1 sums, never depends on z's layout.
-template <bool kZV, int V, class T>
-__device__ __forceinline__ void load_z(const T* p, float (&v)[V]) {
-  if constexpr (kZV) {
-    load_vec(p, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) v[e] = to_float(p[e]);
-  }
-}
-template <bool kZV, int V, class T>
-__device__ __forceinline__ void store_z(T* p, const float (&v)[V]) {
-  if constexpr (kZV) {
-    store_vec(p, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) p[e] = from_float<T>(v[e]);
-  }
-}
-
 ZAt z_at(const Dims& d, Idx ldz) {
-  const Idx ld = ldz ? ldz : d.di;
-  M3_REQUIRE(ld >= d.di, "gpu::gating", "z's row stride is shorter than its row", "ldz=", ld,
-             " di=", d.di);
-  return ZAt{FastDiv(d.di), ld - d.di};
+  return ZAt{FastDiv(d.di), row_stride(ldz, d.di, "gpu::gating", "z") - d.di};
 }
 
 // (a): values [0, nv·V) in vectors of V, then [nv·V, n) one per thread.
@@ -117,7 +93,7 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt 
     for (Idx p = S::lane() * V; p < hd; p += L * V) {
       float yv[V], zv[V], wv[V];
       load_vec(y + row + p, yv);
-      load_z<kZV>(z + za(row + p), zv);
+      load_group<kZV>(z + za(row + p), V, zv);
       load_vec(wh + p, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
@@ -166,7 +142,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
     // The lane's group at q of d_gated, z, y and the weight (both passes read the same four).
     auto load4 = [&](Idx q, float (&dg)[V], float (&zv)[V], float (&yv)[V], float (&wv)[V]) {
       load_vec(p.d_gated + row + q, dg);
-      load_z<kZV>(p.z + za(row + q), zv);
+      load_group<kZV>(p.z + za(row + q), V, zv);
       load_vec(p.y + row + q, yv);
       load_vec(wh + q, wv);
     };
@@ -181,7 +157,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
           dz[e] = dg[e] * yh * wv[e] * silu_grad(zv[e]);
           c1 += yh * wv[e] * gg;
         }
-        store_z<kZV>(p.d_z + za(row + q), dz);
+        store_group<kZV>(p.d_z + za(row + q), V, dz);
       }
     c1 = segment_sum<L>(c1) / static_cast<float>(hd);
     if (!on) continue;

@@ -20,10 +20,22 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "common.cuh"
 #include "stages.hpp"  // reference: m3::ref::Dims
 
 namespace m3::gpu {
+
+// The row stride a kernel uses for a [rows, width] tensor passed with `ld` (the ldx / ldz fields
+// below): 0 means contiguous rows (width); a column view of a wider tensor (registry.hpp
+// Life::Columns) passes that tensor's row width. A stride shorter than the row is an error.
+inline Idx row_stride(Idx ld, Idx width, const char* where, const char* what) {
+  M3_REQUIRE(ld == 0 || ld >= width, where,
+             std::string(what) + "'s row stride is shorter than its row", "stride=", ld,
+             " row=", width);
+  return ld ? ld : width;
+}
 
 using ref::Dims;
 

@@ -20,6 +20,23 @@ namespace m3::gpu::tcf {
 constexpr int kTileThreads = 256;
 constexpr int kBatch = 8;  // loads in flight per thread before their stores
 
+// Values n, n + 1 (n even) of a row of `cols` values, stored as T: one paired store (store_n:
+// the bits of two scalar from_float) when `paired` (cols even, the row 8-byte (f32) / 4-byte
+// (16-bit T) aligned), else the scalars that exist. The product kernels' epilogues store their
+// fragments' pairs with it.
+template <class T>
+__device__ __forceinline__ void store_row_pair(T* row, int n, int cols, bool paired, float v0,
+                                               float v1) {
+  if (n >= cols) return;
+  if (paired) {
+    const float v[2] = {v0, v1};
+    store_n<2>(row + n, v);
+  } else {
+    row[n] = from_float<T>(v0);
+    if (n + 1 < cols) row[n + 1] = from_float<T>(v1);
+  }
+}
+
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                "l"(__cvta_generic_to_global(src)), "r"(bytes)
