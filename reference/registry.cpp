@@ -184,9 +184,10 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
 // per scan mode, for the GPU's fused path. Why each is kept:
 //   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
 //       rms_vals      B1;  post_norm  B2's weight gradient
-//   F2  proj          its z and x columns (F3's z, x: Life::Columns, read in place by F6, F7,
-//                     B7, B6), so the split copies neither
-//   F3  b/c_raw  B4c;  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
+//   F2  proj          its typed columns: F3's z, x, b_raw, c_raw are Life::Columns of it, read
+//                     in place (z: F7, B7; x: F6, B6; b/c_raw: F4, B4c), so the split copies
+//                     only the f32 parts
+//   F3  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
 //       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
 //   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
 //                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
@@ -200,7 +201,8 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
 //       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
 //   F7  gated_rms_vals B7;  gated  B8's weight gradient
 //   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
-//   B7  d_z, B6 d_x   written in place into d_proj's columns (Life::Columns; B3 copies neither)
+//   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
+//                     writes only the f32 parts)
 //   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
 // Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
 struct LifeRow {
@@ -220,8 +222,8 @@ constexpr LifeRow kLife[] = {
     {"F2", "proj", SV, SV, false},
     {"F3", "z", CL, CL, false},
     {"F3", "x", CL, CL, false},
-    {"F3", "b_raw", SV, SV, false},
-    {"F3", "c_raw", SV, SV, false},
+    {"F3", "b_raw", CL, CL, false},
+    {"F3", "c_raw", CL, CL, false},
     {"F3", "dd_dt_raw", SV, SV, false},
     {"F3", "dd_a_raw", SV, SV, false},
     {"F3", "angles_raw", SV, SV, false},
@@ -255,6 +257,8 @@ constexpr LifeRow kLife[] = {
     {"F8", "layer_output", SV, SV, false},
     {"B7", "d_z", CL, CL, false},
     {"B6", "d_x", CL, CL, false},
+    {"B4c", "d_b_raw", CL, CL, false},
+    {"B4c", "d_c_raw", CL, CL, false},
     {"B1", "d_pre_norm", VF, VF, false},
 };
 
@@ -339,14 +343,19 @@ void check_life_table() {
 
 ColumnView column_view(const TensorSpec& spec, const Config& cfg) {
   const std::string t = spec.tensor;
-  const Idx di = cfg.d_inner();  // the split's order (MODEL.md §2.1): z | x | …
+  // The split's order (MODEL.md §2.1): z | x | b_raw | c_raw | the f32 parts.
+  const Idx di = cfg.d_inner(), bc = cfg.ngroups * cfg.d_state;
   if (t == "z") return {"F2", "proj", 0};
   if (t == "x") return {"F2", "proj", di};
+  if (t == "b_raw") return {"F2", "proj", 2 * di};
+  if (t == "c_raw") return {"F2", "proj", 2 * di + bc};
   if (t == "d_z") return {"B3", "d_proj", 0};
   if (t == "d_x") return {"B3", "d_proj", di};
+  if (t == "d_b_raw") return {"B3", "d_proj", 2 * di};
+  if (t == "d_c_raw") return {"B3", "d_proj", 2 * di + bc};
   throw Error("registry::column_view",
               std::string("'") + spec.stage + "/" + spec.tensor + "' is not a column view",
-              "only z, x, d_z and d_x are (kLife)");
+              "only the split's typed parts z, x, b_raw, c_raw and their gradients are (kLife)");
 }
 
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {

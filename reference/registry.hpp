@@ -41,10 +41,11 @@ enum class When { Always, OutprojNorm, HasAngles, Lm };
 //   View       the value of a saved tensor of another layer (a layer's input `residual` is the
 //              previous layer's `layer_output`): no storage of its own (layer 0's residual,
 //              H⁰ widened to f32, has one).
-//   Columns    a block of columns of another tensor of the same layer (column_view: z and x are
-//              proj's first 2·di columns, d_z and d_x d_proj's), read and written in place with
-//              that tensor's row stride: no storage of its own, and no copy (F3 and B3 skip
-//              those columns). The kernels take the row stride (ldx, ldz).
+//   Columns    a block of columns of another tensor of the same layer (column_view: z, x,
+//              b_raw, c_raw are proj's typed columns, their gradients d_proj's), read and
+//              written in place with that tensor's row stride: no storage of its own, and no
+//              copy (F3 and B3 move only the f32 parts). The kernels take the row stride (ldx,
+//              ldz, ldr).
 //   Workspace  alive within one stage or one layer's pass (or handed on to the next layer's
 //              pass, e.g. out_flat to the next norm): one buffer serves every layer.
 //   Verify     not written in production (a fused kernel keeps it in registers, or nothing

@@ -339,15 +339,19 @@ TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
   EXPECT_EQ(scan.view, std::size_t(8) * 4096 * 1024 * 4);
 }
 
-// The column views (Life::Columns): z, x are proj's first 2·di columns and d_z, d_x d_proj's, in
-// both modes; the tensor they live in is saved (forward) or workspace (backward), so the split
-// copies neither; every other tensor is not a column view.
-TEST(Registry, ColumnViewsAreTheSplitsFirstColumnsOfAKeptTensor) {
+// The column views (Life::Columns): z, x, b_raw, c_raw are proj's typed columns and their
+// gradients d_proj's, in both modes; the tensor they live in is saved (forward) or workspace
+// (backward), so the split moves only the f32 parts; every other tensor is not a column view.
+TEST(Registry, ColumnViewsAreTheSplitsTypedColumnsOfAKeptTensor) {
   Config cfg;
   cfg.d_model = 48;
   cfg.expand = 2;
+  cfg.ngroups = 2;
+  cfg.d_state = 16;
   const std::map<std::string, std::pair<std::string, Idx>> expected = {
-      {"z", {"proj", 0}}, {"x", {"proj", 96}}, {"d_z", {"d_proj", 0}}, {"d_x", {"d_proj", 96}}};
+      {"z", {"proj", 0}},         {"x", {"proj", 96}},          {"b_raw", {"proj", 192}},
+      {"c_raw", {"proj", 224}},   {"d_z", {"d_proj", 0}},       {"d_x", {"d_proj", 96}},
+      {"d_b_raw", {"d_proj", 192}}, {"d_c_raw", {"d_proj", 224}}};
   std::set<std::string> seen;
   for (const auto& s : m3::stage_registry()) {
     if (s.scope != m3::Scope::Layer) continue;

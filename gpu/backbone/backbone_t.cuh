@@ -341,6 +341,13 @@ class BackboneT final : public GpuBackbone::Impl {
                std::string(name) + " and " + grad + " differ in layout", "");
     return ld;
   }
+  // b/c_raw and d_b/c_raw share one row stride in the BCNorm kernels.
+  Idx raw_ld(int l) {
+    const Idx ld = shared_ld(l, "b_raw", "d_b_raw");
+    M3_REQUIRE(shared_ld(l, "c_raw", "d_c_raw") == ld, "GpuBackbone",
+               "b_raw and c_raw differ in layout", "");
+    return ld;
+  }
   // Before allocating: the production layout's bytes (registry plan, the arenas, the scratch,
   // the backbone tensors) against the device's free memory — a clear message instead of a
   // cudaMalloc failure halfway, naming the policy that would fit.
@@ -982,11 +989,12 @@ class BackboneT final : public GpuBackbone::Impl {
       SplitFwd<T> a{};
       a.proj = t("proj");
       a.dt_bias = P(l, "dt_bias");
-      // Column views (production): z and x stay in proj, read in place; else copied out.
-      a.z = column_views(l) ? nullptr : t("z");
-      a.x = column_views(l) ? nullptr : t("x");
-      a.b_raw = t("b_raw");
-      a.c_raw = t("c_raw");
+      // Column views (production): z, x, b_raw, c_raw stay in proj, read in place.
+      const bool views = column_views(l);
+      a.z = views ? nullptr : t("z");
+      a.x = views ? nullptr : t("x");
+      a.b_raw = views ? nullptr : t("b_raw");
+      a.c_raw = views ? nullptr : t("c_raw");
       a.dd_dt_raw = f("dd_dt_raw");
       a.dd_a_raw = f("dd_a_raw");
       a.trap_raw = f("trap_raw");
@@ -1001,6 +1009,7 @@ class BackboneT final : public GpuBackbone::Impl {
       BcnormFwd<T> a{};
       a.b_raw = t("b_raw");
       a.c_raw = t("c_raw");
+      a.ldr = raw_ld(l);
       a.b_norm_weight = P(l, "b_norm_weight");
       a.c_norm_weight = P(l, "c_norm_weight");
       a.b_bias = P(l, "b_bias");
@@ -1271,6 +1280,7 @@ class BackboneT final : public GpuBackbone::Impl {
       BcnormBwd<T> a{};
       a.b_raw = t("b_raw");
       a.c_raw = t("c_raw");
+      a.ldr = raw_ld(l);
       a.b_norm_weight = P(l, "b_norm_weight");
       a.c_norm_weight = P(l, "c_norm_weight");
       a.b_rms = f("b_rms");
@@ -1288,11 +1298,12 @@ class BackboneT final : public GpuBackbone::Impl {
       bcnorm_backward<T>(s_, d_, a, scr());
     } else if (st == "B3") {
       SplitBwd<T> a{};
-      // Column views (production): B7 and B6 wrote d_z and d_x into d_proj already.
-      a.d_z = column_views(l) ? nullptr : t("d_z");
-      a.d_x = column_views(l) ? nullptr : t("d_x");
-      a.d_b_raw = t("d_b_raw");
-      a.d_c_raw = t("d_c_raw");
+      // Column views (production): B7, B6 and B4c wrote the typed parts into d_proj already.
+      const bool views = column_views(l);
+      a.d_z = views ? nullptr : t("d_z");
+      a.d_x = views ? nullptr : t("d_x");
+      a.d_b_raw = views ? nullptr : t("d_b_raw");
+      a.d_c_raw = views ? nullptr : t("d_c_raw");
       a.d_dd_dt = f("d_dd_dt");
       a.d_dd_a = f("d_dd_a");
       a.d_trap_raw = f("d_trap_raw");

@@ -24,7 +24,12 @@
 // the typed rows, X_biased being most of its traffic), V = 4 in the backward (16 bytes of the f32
 // d_X_pre_rope). Σ_n is each lane's sum in ascending n, then segment_sum (a fixed order that
 // depends on ds and T only). With ds % V == 0 and aligned pointers a group is read and written
-// with vector accesses, otherwise the same groups element by element.
+// with vector accesses, otherwise the same groups element by element (the same sums either way).
+// X_raw and d_X_raw may have a row stride ldr ≠ ng·ds: in the production layout they are column
+// views of proj / d_proj (row stride ip); row (r, g) then starts at r·ldr + g·ds (BcShape::raw).
+// Where that stride breaks the vectors' alignment, only the X_raw / d_X_raw accesses go element
+// by element (kRawVec false); the groups, and the code that sums them, stay those of the
+// contiguous layout, so that the layout does not change a bit.
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -41,9 +46,15 @@ constexpr int kBwdV = 4;               // backward group: 16 bytes of f32
 struct BcShape {
   Idx rows;  // BT·ng
   Idx ng, nh, hpg, ds;
+  Idx ldr;   // X_raw's and d_X_raw's row stride (ng·ds when contiguous)
+  // Where row (r, g) = r·ng + g of X_raw / d_X_raw starts.
+  __device__ __forceinline__ Idx raw(Idx row) const {
+    const Idx r = row / ng;
+    return r * ldr + (row - r * ng) * ds;
+  }
 };
 
-template <class T, int L, bool kVec>
+template <class T, int L, bool kVec, bool kRawVec>
 __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, BcnormFwd<T> p) {
   using S = Seg<L>;
   constexpr int V = kFwdV<T>;
@@ -54,12 +65,12 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
     const bool on = unit < units;
     const bool is_c = (unit & 1) != 0;
     const Idx row = unit >> 1;  // r·ng + g
-    const T* raw = (is_c ? p.c_raw : p.b_raw) + row * ds;
+    const T* raw = (is_c ? p.c_raw : p.b_raw) + sh.raw(row);
     float ss = 0.0f;
     if (on)
       for (Idx n = n0; n < ds; n += kStep) {
         float x[V];
-        load_group<kVec>(raw + n, ds - n, x);
+        load_group<kRawVec>(raw + n, ds - n, x);
 #pragma unroll
         for (int j = 0; j < V; ++j)
           if (kVec || j < ds - n) ss += x[j] * x[j];
@@ -75,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
     T* biased = (is_c ? p.c_biased : p.b_biased) + (r * sh.nh + h0) * ds;
     for (Idx n = n0; n < ds; n += kStep) {
       float x[V], wv[V], nv[V];
-      load_group<kVec>(raw + n, ds - n, x);
+      load_group<kRawVec>(raw + n, ds - n, x);
       load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) nv[j] = x[j] / rr * wv[j];
@@ -93,8 +104,16 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
   }
 }
 
+// w·d − x̂·c1 with its one contraction written out: x̂·c1 rounded, w·d fused into the subtraction.
+// Left to the compiler, ptxas fused one of the two products and chose which per instantiation
+// (f32 this one, f16 the other), so the vector and the element-wise loops (kRawVec) could differ
+// in the last bit; written out, every instantiation rounds the same way.
+__device__ __forceinline__ float draw_numerator(float w, float d, float xh, float c1) {
+  return __fmaf_rn(w, d, -__fmul_rn(xh, c1));
+}
+
 // kHeadSum: B4b + B4c from d_X_pre_rope; otherwise B4c alone from the stored d_X_normed.
-template <class T, int L, bool kVec, bool kHeadSum>
+template <class T, int L, bool kVec, bool kRawVec, bool kHeadSum>
 __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, BcnormBwd<T> p) {
   using S = Seg<L>;
   constexpr int V = kBwdV;
@@ -105,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     const bool on = unit < units;
     const bool is_c = (unit & 1) != 0;
     const Idx row = unit >> 1;
-    const T* raw = (is_c ? p.c_raw : p.b_raw) + row * ds;
+    const T* raw = (is_c ? p.c_raw : p.b_raw) + sh.raw(row);
     const float* w = is_c ? p.c_norm_weight : p.b_norm_weight;
     T* dnormed = (is_c ? p.d_c_normed : p.d_b_normed) + row * ds;
     const float rr = on ? (is_c ? p.c_rms : p.b_rms)[row] : 1.0f;
@@ -144,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
           load_group<kVec>(dnormed + n, ds - n, dn);
         }
         float x[V], wv[V];
-        load_group<kVec>(raw + n, ds - n, x);
+        load_group<kRawVec>(raw + n, ds - n, x);
         load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
         for (int j = 0; j < V; ++j)
@@ -153,18 +172,18 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     }
     c1 = segment_sum<L>(c1) / static_cast<float>(ds);
     if (!on) continue;
-    T* draw = (is_c ? p.d_c_raw : p.d_b_raw) + row * ds;
+    T* draw = (is_c ? p.d_c_raw : p.d_b_raw) + sh.raw(row);
     for (Idx n = n0; n < ds; n += kStep) {
       float x[V], d[V], wv[V], o[V];
-      load_group<kVec>(raw + n, ds - n, x);
+      load_group<kRawVec>(raw + n, ds - n, x);
       load_group<kVec>(dnormed + n, ds - n, d);  // as stored
       load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xh = x[j] / rr;
-        o[j] = (wv[j] * d[j] - xh * c1) / rr;
+        o[j] = draw_numerator(wv[j], d[j], xh, c1) / rr;
       }
-      store_group<kVec>(draw + n, ds - n, o);
+      store_group<kRawVec>(draw + n, ds - n, o);
     }
   }
 }
@@ -175,18 +194,18 @@ struct NormWeightTerm {
   const T* dnormed;
   const T* raw;
   const float* rms;
-  Idx ds;
+  BcShape sh;
   __device__ float operator()(Idx row, Idx n) const {
-    return to_float(dnormed[row * ds + n]) * (to_float(raw[row * ds + n]) / rms[row]);
+    return to_float(dnormed[row * sh.ds + n]) * (to_float(raw[sh.raw(row) + n]) / rms[row]);
   }
 };
 
-BcShape bc_shape(const Dims& d, const char* where) {
+BcShape bc_shape(const Dims& d, Idx ldr, const char* where) {
   M3_REQUIRE(d.BT >= 0 && d.ds >= 1 && d.ng >= 1 && d.nh >= 1 && d.nh % d.ng == 0 &&
                  d.hpg * d.ng == d.nh,
              where, "bad dims", "BT=", d.BT, " ds=", d.ds, " ng=", d.ng, " nh=", d.nh,
              " hpg=", d.hpg);
-  return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds};
+  return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds, row_stride(ldr, d.ng * d.ds, where, "X_raw")};
 }
 
 Idx bcnorm_scratch_floats(const Dims& d) {
@@ -197,21 +216,24 @@ Idx bcnorm_scratch_floats(const Dims& d) {
 
 template <class T>
 void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p) {
-  const BcShape sh = bc_shape(d, "gpu::bcnorm_forward");
+  const BcShape sh = bc_shape(d, p.ldr, "gpu::bcnorm_forward");
   M3_REQUIRE((p.b_biased == nullptr) == (p.c_biased == nullptr), "gpu::bcnorm_forward",
              "bad arguments", "b_biased and c_biased are both set or both null");
   if (sh.rows == 0) return;
   constexpr int V = kFwdV<T>;
   const bool vec = d.ds % V == 0 &&
-                   all_aligned(16, p.b_raw, p.c_raw, p.b_norm_weight, p.c_norm_weight, p.b_bias,
-                               p.c_bias, p.b_normed, p.c_normed, p.b_biased, p.c_biased);
+                   all_aligned(16, p.b_norm_weight, p.c_norm_weight, p.b_bias, p.c_bias,
+                               p.b_normed, p.c_normed, p.b_biased, p.c_biased);
+  const bool raw_vec = vec && sh.ldr % V == 0 && all_aligned(16, p.b_raw, p.c_raw);
   with_lanes(segment_lanes((d.ds + V - 1) / V), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const unsigned int grid = grid_for(2 * sh.rows, Seg<L>::kPerBlock);
-    if (vec)
-      bcnorm_forward_kernel<T, L, true><<<grid, kThreads, 0, s>>>(sh, p);
+    if (raw_vec)
+      bcnorm_forward_kernel<T, L, true, true><<<grid, kThreads, 0, s>>>(sh, p);
+    else if (vec)
+      bcnorm_forward_kernel<T, L, true, false><<<grid, kThreads, 0, s>>>(sh, p);
     else
-      bcnorm_forward_kernel<T, L, false><<<grid, kThreads, 0, s>>>(sh, p);
+      bcnorm_forward_kernel<T, L, false, false><<<grid, kThreads, 0, s>>>(sh, p);
   });
   M3_LAUNCH_CHECK();
 }
@@ -219,7 +241,7 @@ void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p) {
 template <class T>
 void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scratch scratch) {
   const char* where = "gpu::bcnorm_backward";
-  const BcShape sh = bc_shape(d, where);
+  const BcShape sh = bc_shape(d, p.ldr, where);
   require_scratch(scratch, bcnorm_scratch_floats(d), where);
   if (sh.rows == 0) return;
   const bool head_sum = p.d_b_pre_rope != nullptr;
@@ -229,14 +251,18 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
   const bool vec = d.ds % V == 0 &&
                    all_aligned(16, p.b_norm_weight, p.c_norm_weight, p.d_b_pre_rope,
                                p.d_c_pre_rope) &&
-                   all_aligned(V * sizeof(T), p.b_raw, p.c_raw, p.d_b_normed, p.d_c_normed,
-                               p.d_b_raw, p.d_c_raw);
+                   all_aligned(V * sizeof(T), p.d_b_normed, p.d_c_normed);
+  const bool raw_vec = vec && sh.ldr % V == 0 &&
+                       all_aligned(V * sizeof(T), p.b_raw, p.c_raw, p.d_b_raw, p.d_c_raw);
   with_lanes(segment_lanes((d.ds + V - 1) / V), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     const unsigned int grid = grid_for(2 * sh.rows, Seg<L>::kPerBlock);
     with_flags(vec, head_sum, [&](auto vec_c, auto sum_c) {
-      bcnorm_backward_kernel<T, L, decltype(vec_c)::value, decltype(sum_c)::value>
-          <<<grid, kThreads, 0, s>>>(sh, p);
+      constexpr bool kV = decltype(vec_c)::value, kS = decltype(sum_c)::value;
+      if (kV && raw_vec)
+        bcnorm_backward_kernel<T, L, kV, true, kS><<<grid, kThreads, 0, s>>>(sh, p);
+      else
+        bcnorm_backward_kernel<T, L, kV, false, kS><<<grid, kThreads, 0, s>>>(sh, p);
     });
   });
   M3_LAUNCH_CHECK();
@@ -248,9 +274,9 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
     colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch,
                 where);
   }
-  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, d.ds},
+  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, sh},
               p.d_b_norm_weight, true, scratch, where);
-  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, d.ds},
+  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, sh},
               p.d_c_norm_weight, true, scratch, where);
 }
 

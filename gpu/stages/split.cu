@@ -21,9 +21,9 @@
 //   d dt_bias += Σ_r d_dd_dt                             (colsum_rows, fixed order)
 // B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
 //     d_angles_raw] in the column order above (f32 parts stored as T).
-// Production layout (registry.hpp Life::Columns): z, x are read in place as column views of
-// proj (row stride ip) and d_z, d_x written in place into d_proj by B7 / B6, so F3 and B3 copy
-// only the other parts (SplitFwd::z/x, SplitBwd::d_z/d_x null).
+// Production layout (registry.hpp Life::Columns): z, x, b_raw, c_raw are read in place as
+// column views of proj (row stride ip) and their gradients written in place into d_proj by
+// B7, B6, B4c, so F3 and B3 move only the f32 parts (the typed pointers null).
 // Per-head tensors are [BT, nh]. Nothing is saved beyond the outputs listed.
 // Memory access: F3/B3 copy the typed parts (as bits) in 16-byte vectors and the f32 parts one
 // value at a time; F5b, abg glue and B5b use float4. Each falls back to one value per access
@@ -127,7 +127,7 @@ __device__ __forceinline__ void split_store_f32(Idx r, Idx j, const SplitCols& c
   }
 }
 
-// z, x null: their columns stay in proj (the readers' column views), items from b_raw on.
+// Typed parts null: their columns stay in proj (the readers' column views).
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
 split_forward_kernel(SplitCols c, RowItems ri, float a_floor, SplitFwd<T> p) {
@@ -261,7 +261,7 @@ __device__ __forceinline__ float split_load_f32(Idx r, Idx j, const SplitCols& c
 }
 
 // Items of a d_proj row as in the forward.
-// d_z, d_x null: d_proj's first 2·di columns were written by B7 and B6, items from d_b_raw on.
+// Typed parts null: d_proj's typed columns were written by B7, B6 and B4c.
 template <int V, class T>
 __global__ void __launch_bounds__(kThreads)
 split_backward_kernel(SplitCols c, RowItems ri, SplitBwd<T> p) {
@@ -301,14 +301,15 @@ split_backward_kernel(SplitCols c, RowItems ri, SplitBwd<T> p) {
 template <class T>
 void split_forward(cudaStream_t s, const Dims& d, const SplitFwd<T>& p) {
   check_split_dims(d, "gpu::split_forward");
-  M3_REQUIRE((p.z == nullptr) == (p.x == nullptr), "gpu::split_forward",
-             "z and x are copied together or left in proj together", "one of them is null");
+  M3_REQUIRE(!p.z == !p.x && !p.z == !p.b_raw && !p.z == !p.c_raw, "gpu::split_forward",
+             "z, x, b_raw, c_raw are copied together or left in proj together",
+             "some of them are null");
   if (d.BT == 0) return;
   const SplitCols c = split_cols(d);
   const bool vec =
       split_vectorizable(c, kVec<T>) && aligned16(p.proj, p.z, p.x, p.b_raw, p.c_raw);
   const Idx V = vec ? kVec<T> : 1, items = c.ddt / V + (c.ip - c.ddt);
-  const RowItems ri = row_items(d.BT, items, p.z ? 0 : c.b / V);
+  const RowItems ri = row_items(d.BT, items, p.z ? 0 : c.ddt / V);
   const auto kernel = vec ? split_forward_kernel<kVec<T>, T> : split_forward_kernel<1, T>;
   kernel<<<grid_for(ri.total, kThreads * kUnroll), kThreads, 0, s>>>(
       c, ri, static_cast<float>(d.a_floor), p);
@@ -357,15 +358,16 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
 template <class T>
 void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p) {
   check_split_dims(d, "gpu::split_backward");
-  M3_REQUIRE((p.d_z == nullptr) == (p.d_x == nullptr), "gpu::split_backward",
-             "d_z and d_x are copied together or already in d_proj together",
-             "one of them is null");
+  M3_REQUIRE(!p.d_z == !p.d_x && !p.d_z == !p.d_b_raw && !p.d_z == !p.d_c_raw,
+             "gpu::split_backward",
+             "d_z, d_x, d_b_raw, d_c_raw are copied together or already in d_proj together",
+             "some of them are null");
   if (d.BT == 0) return;
   const SplitCols c = split_cols(d);
   const bool vec =
       split_vectorizable(c, kVec<T>) && aligned16(p.d_z, p.d_x, p.d_b_raw, p.d_c_raw, p.d_proj);
   const Idx V = vec ? kVec<T> : 1, items = c.ddt / V + (c.ip - c.ddt);
-  const RowItems ri = row_items(d.BT, items, p.d_z ? 0 : c.b / V);
+  const RowItems ri = row_items(d.BT, items, p.d_z ? 0 : c.ddt / V);
   const auto kernel = vec ? split_backward_kernel<kVec<T>, T> : split_backward_kernel<1, T>;
   kernel<<<grid_for(ri.total, kThreads * kUnroll), kThreads, 0, s>>>(c, ri, p);
   M3_LAUNCH_CHECK();

@@ -102,8 +102,9 @@ template <class T>
 struct SplitFwd {
   const T* proj;
   const float* dt_bias;
-  // z, x: both null when the readers take them as column views of proj (row stride ip; the
-  // production layout, registry.hpp Life::Columns): their columns are then not copied.
+  // z, x, b_raw, c_raw: all null when the readers take them as column views of proj (row
+  // stride ip; the production layout, registry.hpp Life::Columns): only the f32 parts are
+  // written then.
   T *z, *x, *b_raw, *c_raw;
   float *dd_dt_raw, *dd_a_raw, *trap_raw, *angles_raw, *dt, *a_val, *trap;
 };
@@ -133,8 +134,8 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
 // d_angles_raw] (column order of §2.1).
 template <class T>
 struct SplitBwd {
-  // d_z, d_x: both null when their writers (B7, B6) stored them into d_proj's columns already
-  // (the production layout): those columns are then left as they are.
+  // d_z, d_x, d_b_raw, d_c_raw: all null when their writers (B7, B6, B4c) stored them into
+  // d_proj's columns already (the production layout): only the f32 parts are written then.
   const T *d_z, *d_x, *d_b_raw, *d_c_raw;
   const float *d_dd_dt, *d_dd_a, *d_trap_raw, *d_angles_raw;
   T* d_proj;
@@ -146,10 +147,11 @@ void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p);
 // With typed storage, X_normed is stored (rounded) and the bias add reads the stored value.
 template <class T>
 struct BcnormFwd {
-  const T *b_raw, *c_raw;
+  const T *b_raw, *c_raw;  // row stride ldr
   const float *b_norm_weight, *c_norm_weight, *b_bias, *c_bias;
   T *b_normed, *c_normed, *b_biased, *c_biased;  // b/c_biased: both null → not stored
   float *b_rms, *c_rms;
+  Idx ldr = 0;  // row stride of b/c_raw (0: ng·ds, contiguous; ip for proj's column views)
 };
 template <class T>
 void bcnorm_forward(cudaStream_t s, const Dims& d, const BcnormFwd<T>& p);
@@ -165,6 +167,7 @@ struct BcnormBwd {
   const float *d_b_pre_rope, *d_c_pre_rope;
   T *d_b_normed, *d_c_normed, *d_b_raw, *d_c_raw;  // B4c reads the stored d_X_normed
   float *d_b_norm_weight, *d_c_norm_weight, *d_b_bias, *d_c_bias;  // accumulate
+  Idx ldr = 0;  // row stride of b/c_raw and d_b/c_raw (0: ng·ds; ip for the column views)
 };
 template <class T>
 void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scratch scratch);
