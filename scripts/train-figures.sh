@@ -8,13 +8,19 @@
 #   parity       with angles (d_state 2, rope_fraction 1: one angle) and without (rope_fraction
 #                0.5: none), trained on lengths 3…64, evaluated at 256; also f16 (loss scaling)
 #   copy         selective-copy
+#   parallel     data parallelism (TRAINING.md §8) at the official shape, 2 layers, global batch
+#                B 8 x T 4096, bf16: one GPU on the plain path; one GPU through the data-parallel
+#                path (a one-process job: NCCL, the sharded optimizer, the gathers); and G = 2,
+#                4, 8 where that many GPUs are present: median tokens/s of steps 6-30, the
+#                scaling efficiency against the plain path, the exchange's ms per step. Text:
+#                the repository's own sources (no download needed)
 # Usage: bash scripts/train-figures.sh M3H [STEP...]
-#   (steps: throughput jargon parity parity16 copy; default all)
+#   (steps: throughput jargon parity parity16 copy parallel; default all)
 set -uo pipefail
 m3h="$1"
 shift
 steps=("$@")
-((${#steps[@]})) || steps=(throughput jargon parity parity16 copy)
+((${#steps[@]})) || steps=(throughput jargon parity parity16 copy parallel)
 logs="${OUT:-gpu-logs}/train"
 mkdir -p "$logs"
 run() {  # NAME ARGS...: m3h train --out $logs/NAME ARGS, console to $logs/NAME.log
@@ -75,6 +81,46 @@ for s in "${steps[@]}"; do
       run copy --task selective-copy --task-opt K=16 --task-opt alphabet=8 --d-model 128 \
         --headdim 32 --d-state 32 --layers 2 --B 32 --T 256 --steps 3000 --warmup 100 \
         --lr 3e-3 --dtype bf16 --val-every 500 --val-batches 8 --log-every 500 --verify-every 500
+      ;;
+    parallel)
+      text="$logs/sources.txt"
+      find reference gpu train harness tools tests docs -type f \( -name '*.cpp' -o -name '*.cu' \
+        -o -name '*.cuh' -o -name '*.hpp' -o -name '*.md' \) -print0 | sort -z | xargs -0 cat >"$text"
+      shape=(--data "$text" --d-model 1024 --headdim 64 --d-state 128 --expand 2 --layers 2
+        --B 8 --T 4096 --steps 30 --warmup 5 --dtype bf16 --scan chunked --val-batches 0
+        --log-every 10)
+      # Median tokens/s of steps 6..30 (metrics.csv column 7).
+      median() { awk -F, 'NR > 6 { print $7 }' "$1/metrics.csv" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+      run par_plain "${shape[@]}"
+      rm -f "$logs/nccl.id"
+      run par_job1 "${shape[@]}" --nccl-id-file "$logs/nccl.id" --rank 0 --world-size 1
+      base=$(median "$logs/par_plain")
+      echo "parallel: plain 1 GPU $base tok/s; one-process job through NCCL $(median "$logs/par_job1") tok/s"
+      if cmp -s "$logs/par_job1/ckpt-00000030.h5" "$logs/par_plain/ckpt-00000030.h5"; then
+        echo "parallel: the one-process job equals the plain path bit for bit (final checkpoint)"
+      else
+        echo "parallel: FAIL: the one-process job differs from the plain path"
+      fi
+      n=$(nvidia-smi -L 2>/dev/null | wc -l)
+      for G in 2 4 8; do
+        ((G <= n)) || break
+        run "par_g$G" "${shape[@]}" --gpus "$G"
+        t=$(median "$logs/par_g$G")
+        echo "parallel: G = $G: $t tok/s, scaling efficiency $(awk -v t="$t" -v b="$base" -v g="$G" 'BEGIN { printf "%.1f %%", 100 * t / (g * b) }')"
+      done
+      if ((n >= 2)); then  # a job of 2 processes (the launcher's environment) against --gpus 2
+        rm -f "$logs/nccl2.id"
+        for r in 0 1; do
+          M3_RANK=$r M3_WORLD_SIZE=2 M3_LOCAL_RANK=$r "$m3h" train --out "$logs/par_job2" --force \
+            "${shape[@]}" --nccl-id-file "$logs/nccl2.id" >"$logs/par_job2_rank$r.log" 2>&1 &
+        done
+        wait
+        if cmp -s "$logs/par_job2/ckpt-00000030.h5" "$logs/par_g2/ckpt-00000030.h5"; then
+          echo "parallel: a job of 2 processes equals --gpus 2 bit for bit (final checkpoint)"
+        else
+          echo "parallel: FAIL: a job of 2 processes differs from --gpus 2"
+        fi
+      fi
       ;;
     *) echo "unknown step $s" ;;
   esac

@@ -9,6 +9,11 @@
 //                                       checkpoint every `every` steps, resumed from the first one
 //                                       after the later ones are deleted: the final weights,
 //                                       moments, loss scale and loss log must be equal bit for bit
+//   token_batch(B, T, V, seed, p)       random_token_batch as a train::Batch of B rows of T
+//   train_trajectory(be, cfg, st, B, T, steps)  `steps` optimizer steps of two micro-batches each
+//                                       from initial_state(cfg, 3): every loss and norm, the end
+//                                       state (the data-parallel tests compare backends with it)
+//   expect_one_line_error(f, needle)    f() throws an m3::Error of one line that contains needle
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "backend.hpp"  // from_flat
+#include "error.hpp"
 #include "checkpoint.hpp"
 #include "trainer.hpp"
 #include "config.hpp"
@@ -123,6 +129,55 @@ inline void expect_bit_exact_resume(const std::filesystem::path& root, train::Tr
   const auto la = loss_column(fs::path(straight.out) / "metrics.csv");
   EXPECT_EQ(la, loss_column(fs::path(part.out) / "metrics.csv"));
   EXPECT_EQ(la.size(), static_cast<size_t>(steps + 1));  // the header + every step
+}
+
+inline train::Batch token_batch(Idx B, Idx T, Idx V, std::uint64_t seed, double p_scored = 0.8) {
+  const TokenBatch t = random_token_batch(B * T, V, seed, p_scored);
+  train::Batch b;
+  b.B = B;
+  b.T = T;
+  b.tok = t.tok;
+  b.tgt = t.tgt;
+  b.w = t.w;
+  return b;
+}
+
+struct Trajectory {
+  std::vector<double> loss, norm;
+  train::TrainState end;
+};
+
+inline Trajectory train_trajectory(train::Backend& be, const Config& cfg, Precision st, Idx B,
+                                   Idx T, int steps) {
+  be.set_state(train::initial_state(cfg, 3));
+  OptimConfig o;
+  o.lr = 1e-2;
+  o.warmup = 2;
+  o.steps = 10;
+  o.clip = 0.5;  // active at these gradient norms
+  LossScaler sc = LossScaler::for_precision(st);
+  Trajectory t;
+  for (int k = 1; k <= steps; ++k) {
+    const Idx V = cfg.vocab_size;
+    const train::StepResult r = train::train_step(
+        be, {token_batch(B, T, V, 100 + k), token_batch(B, T, V, 200 + k)}, k, o, sc);
+    t.loss.push_back(r.loss);
+    t.norm.push_back(r.grad_norm);
+  }
+  t.end = be.state();
+  return t;
+}
+
+template <class F>
+void expect_one_line_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one about: " << needle;
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find(needle), std::string::npos) << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+  }
 }
 
 }  // namespace m3::test

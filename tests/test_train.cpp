@@ -50,17 +50,6 @@ Config tiny_lm(Idx V) {
   return c;
 }
 
-Batch random_batch(Idx B, Idx T, Idx V, std::uint64_t seed, double p_scored = 0.8) {
-  const m3::test::TokenBatch t = m3::test::random_token_batch(B * T, V, seed, p_scored);
-  Batch b;
-  b.B = B;
-  b.T = T;
-  b.tok = t.tok;
-  b.tgt = t.tgt;
-  b.w = t.w;
-  return b;
-}
-
 BackendSpec cpu_spec(const Config& cfg, Idx B, Idx T, Precision st = Precision::F32) {
   BackendSpec s;
   s.cfg = cfg;
@@ -86,7 +75,7 @@ TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
   auto be = make_cpu_backend(cpu_spec(cfg, B, T));
   const TrainState s0 = initial_state(cfg, 5);
   be->set_state(s0);
-  const Batch b = random_batch(B, T, V, 6);
+  const Batch b = m3::test::token_batch(B, T, V, 6);
   m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F32);
   const StepResult r = train_step(*be, {b}, 1, optim(), sc);
   // By hand: the reference model, the flat gradient, the norm, the clip, AdamW.
@@ -115,7 +104,7 @@ TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
 TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
   const Idx T = 8, V = 5;
   const Config cfg = tiny_lm(V);
-  const Batch b0 = random_batch(1, T, V, 11), b1 = random_batch(1, T, V, 12, 0.3);
+  const Batch b0 = m3::test::token_batch(1, T, V, 11), b1 = m3::test::token_batch(1, T, V, 12, 0.3);
   Batch both = b0;
   both.B = 2;
   both.tok.insert(both.tok.end(), b1.tok.begin(), b1.tok.end());
@@ -140,7 +129,7 @@ TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
 TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
   const Config cfg = tiny_lm(4);
   auto be = make_cpu_backend(cpu_spec(cfg, 1, 4));
-  Batch b = random_batch(1, 4, 4, 1);
+  Batch b = m3::test::token_batch(1, 4, 4, 1);
   std::fill(b.w.begin(), b.w.end(), 0.0f);
   m3::LossScaler sc;
   EXPECT_THROW(train_step(*be, {b}, 1, optim(), sc), m3::Error);
@@ -155,7 +144,7 @@ TEST(TrainStep, ASkippedF16StepChangesNothingButTheLossScale) {
   m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F16);
   ASSERT_TRUE(sc.dynamic);
   sc.scale = std::ldexp(1.0, 60);  // d_logits overflow f16: the gradient is not finite
-  const StepResult r = train_step(*be, {random_batch(B, T, V, 10)}, 1, optim(), sc);
+  const StepResult r = train_step(*be, {m3::test::token_batch(B, T, V, 10)}, 1, optim(), sc);
   EXPECT_TRUE(r.skipped);
   EXPECT_FALSE(r.finite);
   EXPECT_EQ(sc.skipped, 1);
@@ -166,7 +155,7 @@ TEST(TrainStep, ASkippedF16StepChangesNothingButTheLossScale) {
   EXPECT_EQ(s1.v, s0.v);
   // With the default scale the same step is applied.
   m3::LossScaler ok = m3::LossScaler::for_precision(Precision::F16);
-  const StepResult r2 = train_step(*be, {random_batch(B, T, V, 10)}, 1, optim(), ok);
+  const StepResult r2 = train_step(*be, {m3::test::token_batch(B, T, V, 10)}, 1, optim(), ok);
   EXPECT_FALSE(r2.skipped);
   EXPECT_NE(be->state().params, s0.params);
 }
@@ -188,7 +177,7 @@ TEST(TrainTrajectory, TheFloatPathDriftsFromTheDoubleOracleByFloatRoundOffOnly) 
   m3::LmModel<double> oracle(cfg, B, T, ScanMode::Chunked);
   const auto decay = m3::decay_flags(layout);
   for (Idx t = 1; t <= K; ++t) {
-    const Batch b = random_batch(B, T, V, 100 + t);
+    const Batch b = m3::test::token_batch(B, T, V, 100 + t);
     const StepResult r = train_step(*be, {b}, t, optim(), sc);
     // The oracle's step.
     m3::Params<double> pd = m3::zero_params<double>(cfg);
@@ -221,18 +210,8 @@ TEST(TrainTrajectory, TheFloatPathDriftsFromTheDoubleOracleByFloatRoundOffOnly) 
 
 class TrainRun : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("m3_train_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
+  m3::test::TempDir tmp_{"m3_train_"};
+  const fs::path& dir_ = tmp_.dir;
   TrainOptions options(const std::string& out, Precision st) const {
     TrainOptions o;
     o.cfg = m3::test::small_cfg(8, 4, 4, 1, 1.0, false, 2, 8, false, 3);
@@ -350,6 +329,22 @@ TEST_F(TrainCli, BadDataIsOneLineAndExitTwo) {
   expect_usage_error(base + " --out r --task parity --steps 0", "steps");
   expect_usage_error(base + " --out r --task parity --d-model 0", "d-model");
   expect_usage_error(base + " --out r --task parity --B 4611686018427387904 --T 4", "B");
+  EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
+}
+
+// --gpus with the CPU ranks (parallel.hpp): a run that reports its exchange; a batch that does
+// not split, job options without a job, and (without NCCL) several GPUs: one line, exit 2.
+TEST_F(TrainCli, DataParallelOptionsRunOrSayInOneLineWhyNot) {
+  const std::string base = std::string(kSmallRun) + " --task parity";
+  const Result ok = m3h(base + " --gpus 2 --out two");
+  EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("2 CPU ranks"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("ms/step"), std::string::npos) << "the exchange's time: " << ok.out;
+  expect_usage_error(base + " --gpus 3 --out r", "split evenly");
+  expect_usage_error(base + " --gpus 0 --out r", "--gpus");
+  expect_usage_error(base + " --rank 1 --out r", "--nccl-id-file");
+  expect_usage_error(base + " --nccl-id-file id --out r", "world");
+  expect_usage_error(base + " --nccl-id-file id --world-size 2 --rank 0 --out r", "GPUs");
   EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
 }
 

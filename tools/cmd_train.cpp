@@ -19,6 +19,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "data.hpp"
+#include "parallel.hpp"
 #include "run_dir.hpp"
 #include "error.hpp"
 #include "trainer.hpp"
@@ -36,7 +37,8 @@ const char* kTrainSummary =
     "config.txt, metrics.csv, checkpoints ckpt-<step>.h5 and loss.png into --out; --resume\n"
     "continues bit-exactly from a checkpoint. On a terminal one updating line shows the\n"
     "progress; otherwise a plain line every --log-every steps. Ctrl-C writes a checkpoint and\n"
-    "exits 130.\n"
+    "exits 130. Several GPUs: --gpus G in one process, or one process per GPU with\n"
+    "--nccl-id-file (TRAINING.md §8); --B is the global batch either way.\n"
     "Exit status: 0 done, 1 stopped (non-finite loss or gradient), 2 bad usage or bad input,\n"
     "130 interrupted.";
 
@@ -58,7 +60,7 @@ void add_train_fields(po::options_description& d) {
     ("task", po::value<std::string>(), "synthetic task: parity, modular, selective-copy")
     ("task-opt", po::value<std::vector<std::string>>()->composing(), "a task option key=value (parity: n_min, n_max; modular: m, n_min, n_max; selective-copy: K, alphabet); repeatable")
     ("eval-len", po::value<Idx>()->default_value(0), "tasks: also report accuracy at this longer length at the end")
-    ("B", po::value<Idx>()->default_value(8), "micro-batch rows")
+    ("B", po::value<Idx>()->default_value(8), "micro-batch rows (the global batch: data-parallel ranks take B/G rows each)")
     ("T", po::value<Idx>()->default_value(256), "sequence length")
     ("steps", po::value<Idx>()->default_value(1000), "optimizer steps")
     ("grad-accum", po::value<Idx>()->default_value(1), "micro-batches per step (gradients summed in order)")
@@ -141,9 +143,17 @@ int cmd_train(const std::vector<std::string>& args) {
     ("config", po::value<std::string>(), "a config file of the options above (a run's config.txt)")
     ("resume", po::value<std::string>(), "continue from this checkpoint (every setting must match)")
     ("force", po::bool_switch(), "start over in an --out that holds another run");
+  po::options_description par("Data parallelism (TRAINING.md §8; not part of a run's settings: a checkpoint resumes with any rank count)");
+  par.add_options()
+    ("gpus", po::value<int>()->default_value(1), "ranks of this process: GPUs 0..G-1, a thread each, gradients summed in rank order through NCCL copies, AdamW sharded (ZeRO-1); --B splits evenly. With --device cpu: G reference ranks exchanging through host memory (the same arithmetic, for tests)")
+    ("nccl-id-file", po::value<std::string>(), "one process per GPU (the path past one host): rank 0 writes NCCL's id to this file (it must not exist), the others read it; needs the rank and world size")
+    ("rank", po::value<int>(), "with --nccl-id-file: this process's rank (default: the launcher's M3_RANK, RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID)")
+    ("world-size", po::value<int>(), "with --nccl-id-file: the job's ranks (default: M3_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS)")
+    ("local-device", po::value<int>(), "with --nccl-id-file: this process's GPU (default: the launcher's local rank, else rank % GPUs)")
+    ("id-timeout", po::value<double>()->default_value(300, "300"), "with --nccl-id-file: seconds a rank > 0 waits for the id file");
   // clang-format on
   po::options_description all;
-  all.add(fields).add(run);
+  all.add(fields).add(run).add(par);
   const po::variables_map vm = parse_args(args, all, "train", &fields);
   if (vm.count("help")) {
     print_command_help("train", kTrainSummary, all);
@@ -206,6 +216,24 @@ int cmd_train(const std::vector<std::string>& args) {
   o.verify_every = positive(vm, "verify-every", 0);
   o.config_text = config_text(vm, fields);
   o.tty = isatty(1) != 0;
+  o.par.gpus = vm["gpus"].as<int>();
+  if (o.par.gpus < 1) throw UsageError("train: --gpus must be >= 1 (got " + std::to_string(o.par.gpus) + ")");
+  const bool job = vm.count("nccl-id-file") != 0;
+  for (const char* k : {"rank", "world-size", "local-device"})
+    if (vm.count(k) && !job)
+      throw UsageError(std::string("train: --") + k + " is for a job of one process per GPU (give --nccl-id-file)");
+  if (job) {
+    o.par.nccl_id_file = vm["nccl-id-file"].as<std::string>();
+    o.par.rank = vm.count("rank") ? vm["rank"].as<int>() : -1;
+    if (vm.count("world-size")) o.par.world = vm["world-size"].as<int>();
+    if (vm.count("local-device")) o.par.device = vm["local-device"].as<int>();
+    o.par.id_timeout_s = vm["id-timeout"].as<double>();
+    train::fill_from_launcher_env(o.par, vm.count("rank") != 0);
+    if (o.par.world < 1)
+      throw UsageError("train: --nccl-id-file needs the job's size: --world-size, or a launcher's WORLD_SIZE / OMPI_COMM_WORLD_SIZE / SLURM_NTASKS");
+    if (o.par.rank < 0 || o.par.rank >= o.par.world)
+      throw UsageError("train: --nccl-id-file needs this process's rank in 0.." + std::to_string(o.par.world - 1) + ": --rank, or a launcher's RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID");
+  }
   return train::run_training(o, std::cout);
 }
 

@@ -55,6 +55,14 @@ class Backend {
   virtual void adamw(const AdamWScalars& a) = 0;
   // The accumulated gradients, flat (tests, verification).
   virtual std::vector<float> grads() = 0;
+  // Data parallelism (parallel.hpp). rank(): this process's rank of ranks() (0 of 1 for a
+  // single-rank backend; 0 for a whole group driven by this process). any_rank: whether any
+  // rank of the job says `mine` (a collective in a job of processes: every rank calls it at the
+  // same point). exchange_seconds: the time spent in the gradient and parameter exchange so far.
+  virtual int rank() const { return 0; }
+  virtual int ranks() const { return 1; }
+  virtual bool any_rank(bool mine) { return mine; }
+  virtual double exchange_seconds() const { return 0.0; }
 };
 
 struct BackendSpec {

@@ -189,7 +189,13 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   now.data_hash = data->content_hash();
   now.git_revision = golden::git_revision();
 
-  RunDir dir(o.out, !o.resume.empty(), o.force);
+  check_parallel(o.device, o.B, o.par);
+  // In a job of processes only rank 0 writes the run directory and the console.
+  const bool lead = !o.par.multi_process() || o.par.rank == 0;
+  std::unique_ptr<RunDir> dir;
+  if (lead) dir = std::make_unique<RunDir>(o.out, !o.resume.empty(), o.force);
+  std::ostream quiet(nullptr);
+  std::ostream& console = lead ? out : quiet;
   LossScaler scaler = LossScaler::for_precision(o.storage);
   Idx step0 = 0;
   TrainState st;
@@ -206,14 +212,15 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                "checkpoint step ", step0, ", --steps ", o.optim.steps);
   } else {
     st = initial_state(o.cfg, o.seed);
-    dir.write_config(o.config_text);
   }
 
   BackendSpec spec{o.cfg, o.B, o.T, o.mode, o.storage, o.recompute};
-  std::unique_ptr<Backend> be = make_backend(o.device, spec);
+  std::unique_ptr<Backend> be = make_data_parallel(o.device, spec, o.par);
+  // Only now, so that a backend that cannot be built leaves at most an empty new folder.
+  if (dir && o.resume.empty()) dir->write_config(o.config_text);
   be->set_state(st);
-  std::unique_ptr<Backend> long_be;
-  if (long_data) {
+  std::unique_ptr<Backend> long_be;  // one rank (the lead's device) evaluates the long length
+  if (long_data && lead) {
     BackendSpec ls = spec;
     ls.T = o.eval_len;
     long_be = make_backend(o.device, ls);
@@ -221,24 +228,37 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   std::vector<Batch> val;
   for (Idx i = 0; i < o.val_batches; ++i) val.push_back(data->val_batch(i, o.B, o.T));
 
-  dir.open_metrics(step0);
+  if (dir) dir->open_metrics(step0);
   StopFlag::install();
-  Progress prog(o.optim.steps, o.log_every, o.tty, out);
+  Progress prog(o.optim.steps, o.log_every, o.tty && lead, console);
   prog.note("train: " + std::to_string(o.optim.steps) + " steps of " +
             std::to_string(o.grad_accum) + "x" + std::to_string(o.B) + "x" + std::to_string(o.T) +
-            " tokens on the " + be->name() + " (" + precision_name(o.storage) + ", " +
+            " tokens (global batch) on " + be->name() + " (" + precision_name(o.storage) + ", " +
             scan_mode_name(o.mode) + "), " + std::to_string(be->layout().total) +
             " parameter floats; " + o.cfg.describe() +
             (step0 ? "; resumed at step " + std::to_string(step0) : std::string()));
 
+  // Every rank calls it (the state is gathered); the lead writes.
   auto save = [&](Idx step) {
     CheckpointMeta m = now;
     m.step = step;
     m.loss_scale = scaler.scale;
     m.good_steps = scaler.good_steps;
     m.skipped = scaler.skipped;
-    write_checkpoint(dir.checkpoint_path(step), o.cfg, m, be->state(), true);
-    dir.prune_checkpoints(o.keep, step == o.optim.steps ? step : -1);
+    const TrainState state = be->state();
+    if (!dir) return;
+    write_checkpoint(dir->checkpoint_path(step), o.cfg, m, state, true);
+    dir->prune_checkpoints(o.keep, step == o.optim.steps ? step : -1);
+  };
+  auto ckpt_path = [&](Idx step) { return dir ? dir->checkpoint_path(step) : std::string(); };
+  auto append = [&](const RunDir::Row& row) {
+    if (dir) dir->append(row);
+  };
+  // The harness on a slice of a live batch, on the lead; every rank gathers the state.
+  auto verify = [&](const Batch& live) {
+    const std::vector<float> params = be->state().params;
+    return lead ? verify_on_slice(o.cfg, o.device, o.mode, o.storage, params, live, o.verify_fault)
+                : VerifyResult{};
   };
 
   const auto t_start = std::chrono::steady_clock::now();
@@ -265,9 +285,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     row.skipped = scaler.skipped;
     if (!std::isfinite(r.loss) || (!r.finite && !r.skipped)) {
       // Name the first non-finite stage: the harness on a slice of this batch.
-      const VerifyResult v = verify_on_slice(o.cfg, be->name(), o.mode, o.storage,
-                                             be->state().params, micro[0], o.verify_fault);
-      dir.append(row);
+      const VerifyResult v = verify(micro[0]);
+      append(row);
       prog.note("train: stopped at step " + std::to_string(s) + ": the " +
                 (std::isfinite(r.loss) ? std::string("gradient norm") : std::string("loss")) +
                 " is not finite (" + precision_name(o.storage) + "); " +
@@ -275,21 +294,20 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                      ? std::string("the slice the harness checks stays finite (the first "
                                    "non-finite value is elsewhere in the batch)")
                      : "first non-finite tensor: " + v.first_nonfinite) +
-                "; checkpoint " + dir.checkpoint_path(s));
+                "; checkpoint " + ckpt_path(s));
       save(s);
       status = 1;
       break;
     }
     if (o.verify_every > 0 && s % o.verify_every == 0) {
-      const VerifyResult v = verify_on_slice(o.cfg, be->name(), o.mode, o.storage,
-                                             be->state().params, micro[0], o.verify_fault);
+      const VerifyResult v = verify(micro[0]);
       row.verify_pct = v.worst_pct;
       worst_verify = std::max(worst_verify, v.worst_pct);
-      if (!v.pass) {
-        dir.append(row);
+      if (be->any_rank(!v.pass)) {
+        append(row);
         prog.note("train: verification failed at step " + std::to_string(s) +
                   ": first failing tensor " + v.first_fail + " (" + exact_double(v.worst_pct) +
-                  " % of budget at worst); checkpoint " + dir.checkpoint_path(s));
+                  " % of budget at worst); checkpoint " + ckpt_path(s));
         save(s);
         status = 1;
         break;
@@ -305,14 +323,14 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       row.accuracy = e.acc.token();
       last_val = e.loss;
     }
-    dir.append(row);
+    append(row);
     prog.update(s, r.loss, std::isfinite(last_val) ? std::optional<double>(last_val) : std::nullopt,
                 r.lr, row.tokens_per_s);
     if ((o.ckpt_every > 0 && s % o.ckpt_every == 0) || last) save(s);
-    if (StopFlag::requested() && !last) {
+    if (be->any_rank(StopFlag::requested()) && !last) {
       save(s);
       prog.note("train: interrupted at step " + std::to_string(s) + "; checkpoint " +
-                dir.checkpoint_path(s) + " (continue with --resume)");
+                ckpt_path(s) + " (continue with --resume)");
       status = 130;
       break;
     }
@@ -323,13 +341,18 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   if (std::isfinite(last_val)) sum << ", val loss " << fixed(last_val, 4);
   sum << ", " << fixed(total, 1) << " s";
   if (worst_verify >= 0) sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget";
+  if (!o.par.plain() && step > step0)
+    sum << ", exchange " << fixed(1e3 * be->exchange_seconds() / static_cast<double>(step - step0), 2)
+        << " ms/step";
   if (status == 0 && !val.empty()) {
     const EvalResult e = evaluate(*be, val);
     sum << ", val accuracy " << fixed(100 * e.acc.token(), 2) << " %";
     if (data->sequence_accuracy()) sum << " (sequences " << fixed(100 * e.acc.sequence(), 2) << " %)";
   }
-  if (status == 0 && long_be) {
-    long_be->set_state(be->state());
+  const bool long_eval = status == 0 && long_data;
+  const TrainState final_state = long_eval ? be->state() : TrainState{};  // every rank gathers
+  if (long_eval && long_be) {
+    long_be->set_state(final_state);
     std::vector<Batch> lv;
     for (Idx i = 0; i < std::max<Idx>(1, o.val_batches); ++i)
       lv.push_back(long_data->val_batch(i, o.B, o.eval_len));
@@ -337,7 +360,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     sum << "; at length " << o.eval_len << ": accuracy " << fixed(100 * e.acc.token(), 2) << " %";
     if (long_data->sequence_accuracy()) sum << " (sequences " << fixed(100 * e.acc.sequence(), 2) << " %)";
   }
-  const std::string note = dir.plot_loss();
+  const std::string note = dir ? dir->plot_loss() : std::string();
   if (!note.empty()) prog.note("train: " + note);
   prog.finish(sum.str());
   return status;

@@ -18,6 +18,8 @@
 // validation every --val-every steps over --val-batches fixed batches, a checkpoint every
 // --ckpt-every steps keeping the last --keep and the final one, Ctrl-C = checkpoint + exit 130,
 // a non-finite loss = checkpoint + exit 1.
+// Data-parallel (parallel.hpp): the same loop over a backend of G ranks; checkpoints hold the
+// gathered state (the format of one rank), so a run resumes with another rank count.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,7 @@
 #include "config.hpp"
 #include "data.hpp"
 #include "optimizer.hpp"
+#include "parallel.hpp"
 
 namespace m3::train {
 
@@ -95,6 +98,11 @@ struct TrainOptions {
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
   std::string config_text;    // the resolved options, written to config.txt
   bool tty = false;
+  // Data parallelism (parallel.hpp): --gpus G ranks of this process, or this process as one
+  // rank of a job (--rank, --world-size, --nccl-id-file). B is the global batch. In a job only
+  // rank 0 writes the run directory and the console; every rank takes the same decisions (the
+  // losses, norms and stop flags are gathered).
+  ParallelSpec par;
 };
 
 // The dataset of the options (text or task). Errors are m3::Error.

@@ -13,9 +13,17 @@ namespace {
 }  // namespace
 
 struct GpuOptimizer::Impl {};
-GpuOptimizer::GpuOptimizer(GpuContext&, const ParamLayout&) { no_cuda("GpuOptimizer"); }
+GpuOptimizer::GpuOptimizer(GpuContext& ctx, const ParamLayout& layout)
+    : GpuOptimizer(ctx, layout, 0, layout.total) {}
+GpuOptimizer::GpuOptimizer(GpuContext&, const ParamLayout&, Idx, Idx) {
+  no_cuda("GpuOptimizer");
+}
 GpuOptimizer::~GpuOptimizer() = default;
 double GpuOptimizer::grad_norm(const float*) { no_cuda("GpuOptimizer::grad_norm"); }
+void GpuOptimizer::norm_partials(const float*) { no_cuda("GpuOptimizer::norm_partials"); }
+double* GpuOptimizer::partials_device() { no_cuda("GpuOptimizer::partials_device"); }
+Idx GpuOptimizer::norm_blocks() const { no_cuda("GpuOptimizer::norm_blocks"); }
+double GpuOptimizer::norm_from_partials() { no_cuda("GpuOptimizer::norm_from_partials"); }
 void GpuOptimizer::step(const AdamWScalars&, float*, const float*) {
   no_cuda("GpuOptimizer::step");
 }
@@ -25,5 +33,7 @@ void GpuOptimizer::set_moments(const std::vector<float>&, const std::vector<floa
   no_cuda("GpuOptimizer::set_moments");
 }
 const ParamLayout& GpuOptimizer::layout() const { no_cuda("GpuOptimizer::layout"); }
+Idx GpuOptimizer::begin() const { no_cuda("GpuOptimizer::begin"); }
+Idx GpuOptimizer::end() const { no_cuda("GpuOptimizer::end"); }
 
 }  // namespace m3::gpu
