@@ -324,7 +324,7 @@ class GpuParallel final : public DataParallel {
     const std::string nccl = "NCCL " + gpu::nccl_version();
     if (job_)
       return "GPU rank " + std::to_string(rank()) + " of a job of " + std::to_string(world_) +
-             " processes (" + nccl + ")";
+             (world_ == 1 ? " process (" : " processes (") + nccl + ")";
     return std::to_string(world_) + (world_ == 1 ? " GPU" : " GPUs") + " (" + nccl + ")";
   }
   int rank() const override { return job_ ? ranks_[0].comm->rank() : 0; }
