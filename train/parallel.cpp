@@ -1,5 +1,16 @@
-// Data-parallel ranks as one Backend (parallel.hpp): the host ranks (cpu) and the GPU ranks
-// through gpu::RankComm (gpu), and the launcher environment.
+// Data-parallel ranks as one Backend (parallel.hpp): the host ranks (cpu), the GPU ranks through
+// gpu::RankComm (gpu), and the launcher environment.
+// The GPU step, rank r on its own thread and device, all on its context's stream:
+//   forward/backward  its GpuBackbone on rows [r·B/G, (r+1)·B/G) with the global N
+//   loss()            its share, all_gather_host, Σ in rank order (every rank the same value)
+//   grad_norm()       reduce_scatter_in_rank_order (shard r := ((g_0 + g_1) + …) + g_{G−1}),
+//                     norm_partials of shard r's blocks, all_gather_ranges of the partials,
+//                     norm_from_partials (the one-GPU total kernel on the same partials)
+//   adamw()           GpuOptimizer::step on shard r (its m, v), all_gather_ranges of the f32
+//                     masters, refresh_typed_copies
+//   state()           the masters from rank 0 (replicated), the m/v shards all_gather_host'ed
+// The host ranks do the same in host memory: fixed_order_sum, norm_partials, adamw_step_range
+// over one vector each of m and v whose shard r is [b_r, e_r).
 #include "parallel.hpp"
 
 #include <chrono>
