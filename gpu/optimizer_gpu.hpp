@@ -48,8 +48,8 @@ class GpuOptimizer {
   // slot table (every slot intersected with [begin, end), empty intersections dropped, with
   // its decay flag, decay_flags(layout)) uploaded once, and the norm's partial-sum scratch
   // (norm_blocks() doubles). Keeps a copy of layout. Throws m3::Error unless
-  // 0 <= begin <= end <= layout.total, begin % kNormBlock == 0 and
-  // (end % kNormBlock == 0 or end == layout.total).
+  // 0 <= begin <= end <= layout.total, (begin % kNormBlock == 0 or begin == layout.total: the
+  // empty shard of a rank past the last block) and (end % kNormBlock == 0 or end == layout.total).
   GpuOptimizer(GpuContext& ctx, const ParamLayout& layout, Idx begin, Idx end);
   ~GpuOptimizer();
   GpuOptimizer(const GpuOptimizer&) = delete;

@@ -176,6 +176,26 @@ TEST(DataParallel, RanksAgainstOneRankDifferByTheSummationOrderOnly) {
   }
 }
 
+// A model smaller than G norm blocks: the ranks past the last block own empty shards (at the
+// arena's end), and the step is still the one-rank step within the order bound, bit-identical
+// run to run.
+TEST(DataParallel, RanksPastTheLastNormBlockOwnEmptyShards) {
+  BackendSpec s = spec(3);
+  s.cfg = m3::test::small_cfg(8, 4, 4, 1, 0.5, false, 1, 8, false, 5);
+  s.cfg.vocab_size = 5;
+  s.cfg.input_dim = 5;
+  const Idx total = m3::param_layout(s.cfg).total;
+  ASSERT_LT(total, m3::kNormBlock) << "one block: ranks 1 and 2 own nothing";
+  auto run = [&](Backend& be) { return m3::test::train_trajectory(be, s.cfg, Precision::F32, 3, 12, 3); };
+  auto plain = make_cpu_backend(s);
+  const Trajectory one = run(*plain);
+  auto x = ranks(3, s), y = ranks(3, s);
+  const Trajectory a = run(*x), b = run(*y);
+  EXPECT_EQ(a.end.params, b.end.params);
+  EXPECT_LE(max_rel(a.end.params, one.end.params), 1e-5);
+  for (size_t k = 0; k < a.loss.size(); ++k) EXPECT_NEAR(a.loss[k], one.loss[k], 1e-6 * one.loss[k]);
+}
+
 class DataParallelRun : public ::testing::Test {
  protected:
   m3::test::TempDir tmp_{"m3_parallel_"};

@@ -196,7 +196,9 @@ GpuOptimizer::GpuOptimizer(GpuContext& ctx, const ParamLayout& layout, Idx begin
   M3_REQUIRE(0 <= begin && begin <= end && end <= layout.total, where,
              "the shard must satisfy 0 <= begin <= end <= layout.total",
              "begin=", begin, ", end=", end, ", total=", layout.total);
-  M3_REQUIRE(begin % kNormBlock == 0, where, "the shard's begin must be a multiple of kNormBlock",
+  // begin == total: the empty shard shard_plan gives a rank past the last block.
+  M3_REQUIRE(begin % kNormBlock == 0 || begin == layout.total, where,
+             "the shard's begin must be a multiple of kNormBlock (or layout.total: empty)",
              "begin=", begin, ", kNormBlock=", kNormBlock);
   M3_REQUIRE(end % kNormBlock == 0 || end == layout.total, where,
              "the shard's end must be a multiple of kNormBlock or layout.total",

@@ -361,6 +361,10 @@ TEST(GpuOptimizerShard, RejectsAShardNotOnBlockBoundaries) {
   EXPECT_THROW(GpuOptimizer(ctx(), layout, 0, layout.total + K), m3::Error);
   EXPECT_THROW(GpuOptimizer(ctx(), layout, 2 * K, K), m3::Error);
   EXPECT_THROW(GpuOptimizer(ctx(), layout, -K, K), m3::Error);
+  ASSERT_NE(layout.total % K, 0);
+  // The empty shard at the end (a rank past the last block): accepted, and a step changes nothing.
+  GpuOptimizer empty(ctx(), layout, layout.total, layout.total);
+  EXPECT_TRUE(empty.m().empty());
   GpuOptimizer opt(ctx(), layout, K, 3 * K);
   const std::vector<float> shard(static_cast<std::size_t>(2 * K), 0.25f);
   const std::vector<float> whole(static_cast<std::size_t>(layout.total), 0.25f);
