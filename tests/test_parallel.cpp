@@ -81,7 +81,8 @@ m3::OptimConfig optim() {
 std::vector<double> losses(const fs::path& csv) {
   std::vector<double> out;
   const std::vector<std::string> rows = m3::test::loss_column(csv);
-  for (size_t i = 1; i < rows.size(); ++i) out.push_back(std::stod(rows[i].substr(rows[i].find(',') + 1)));
+  for (size_t i = 1; i < rows.size(); ++i)
+    out.push_back(std::stod(rows[i].substr(rows[i].find(',') + 1)));
   return out;
 }
 
@@ -167,7 +168,8 @@ TEST(DataParallel, RanksAgainstOneRankDifferByTheSummationOrderOnly) {
     const Trajectory t = run_steps(*be, 4, 4);
     double worst_loss = 0;
     for (size_t s = 0; s < t.loss.size(); ++s)
-      worst_loss = std::max(worst_loss, std::fabs(t.loss[s] - one.loss[s]) / std::fabs(one.loss[s]));
+      worst_loss =
+          std::max(worst_loss, std::fabs(t.loss[s] - one.loss[s]) / std::fabs(one.loss[s]));
     const double w = max_rel(t.end.params, one.end.params);
     std::printf("  [G = %d against 1] loss rel %.2e, weights rel %.2e\n", G, worst_loss, w);
     EXPECT_LE(worst_loss, 1e-6);
@@ -186,14 +188,17 @@ TEST(DataParallel, RanksPastTheLastNormBlockOwnEmptyShards) {
   s.cfg.input_dim = 5;
   const Idx total = m3::param_layout(s.cfg).total;
   ASSERT_LT(total, m3::kNormBlock) << "one block: ranks 1 and 2 own nothing";
-  auto run = [&](Backend& be) { return m3::test::train_trajectory(be, s.cfg, Precision::F32, 3, 12, 3); };
+  auto run = [&](Backend& be) {
+    return m3::test::train_trajectory(be, s.cfg, Precision::F32, 3, 12, 3);
+  };
   auto plain = make_cpu_backend(s);
   const Trajectory one = run(*plain);
   auto x = ranks(3, s), y = ranks(3, s);
   const Trajectory a = run(*x), b = run(*y);
   EXPECT_EQ(a.end.params, b.end.params);
   EXPECT_LE(max_rel(a.end.params, one.end.params), 1e-5);
-  for (size_t k = 0; k < a.loss.size(); ++k) EXPECT_NEAR(a.loss[k], one.loss[k], 1e-6 * one.loss[k]);
+  for (size_t k = 0; k < a.loss.size(); ++k)
+    EXPECT_NEAR(a.loss[k], one.loss[k], 1e-6 * one.loss[k]);
 }
 
 class DataParallelRun : public ::testing::Test {
@@ -312,7 +317,8 @@ TEST(DataParallel, TheLaunchersEnvironmentFillsWhatTheOptionsLeaveOpen) {
   ::setenv("OMPI_COMM_WORLD_RANK", "three", 1);
   ParallelSpec r;
   EXPECT_THROW(fill_from_launcher_env(r, false), m3::Error);
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"})
+  for (const char* v :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"})
     ::unsetenv(v);
 }
 

@@ -217,11 +217,13 @@ int cmd_train(const std::vector<std::string>& args) {
   o.config_text = config_text(vm, fields);
   o.tty = isatty(1) != 0;
   o.par.gpus = vm["gpus"].as<int>();
-  if (o.par.gpus < 1) throw UsageError("train: --gpus must be >= 1 (got " + std::to_string(o.par.gpus) + ")");
+  if (o.par.gpus < 1)
+    throw UsageError("train: --gpus must be >= 1 (got " + std::to_string(o.par.gpus) + ")");
   const bool job = vm.count("nccl-id-file") != 0;
   for (const char* k : {"rank", "world-size", "local-device"})
     if (vm.count(k) && !job)
-      throw UsageError(std::string("train: --") + k + " is for a job of one process per GPU (give --nccl-id-file)");
+      throw UsageError(std::string("train: --") + k +
+                       " is for a job of one process per GPU (give --nccl-id-file)");
   if (job) {
     o.par.nccl_id_file = vm["nccl-id-file"].as<std::string>();
     o.par.rank = vm.count("rank") ? vm["rank"].as<int>() : -1;
@@ -230,9 +232,13 @@ int cmd_train(const std::vector<std::string>& args) {
     o.par.id_timeout_s = vm["id-timeout"].as<double>();
     train::fill_from_launcher_env(o.par, vm.count("rank") != 0);
     if (o.par.world < 1)
-      throw UsageError("train: --nccl-id-file needs the job's size: --world-size, or a launcher's WORLD_SIZE / OMPI_COMM_WORLD_SIZE / SLURM_NTASKS");
+      throw UsageError(
+          "train: --nccl-id-file needs the job's size: --world-size, or a launcher's "
+          "WORLD_SIZE / OMPI_COMM_WORLD_SIZE / SLURM_NTASKS");
     if (o.par.rank < 0 || o.par.rank >= o.par.world)
-      throw UsageError("train: --nccl-id-file needs this process's rank in 0.." + std::to_string(o.par.world - 1) + ": --rank, or a launcher's RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID");
+      throw UsageError("train: --nccl-id-file needs this process's rank in 0.." +
+                       std::to_string(o.par.world - 1) +
+                       ": --rank, or a launcher's RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID");
   }
   return train::run_training(o, std::cout);
 }

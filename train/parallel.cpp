@@ -471,7 +471,8 @@ class GpuParallel final : public DataParallel {
                     std::vector<std::vector<float>>& all) {
     Idx cap = 0;
     for (int r = 0; r < world_; ++r) cap = std::max(cap, shard(r).size());
-    std::vector<float> padded(static_cast<size_t>(cap), 0.0f), out(static_cast<size_t>(cap * world_));
+    std::vector<float> padded(static_cast<size_t>(cap), 0.0f);
+    std::vector<float> out(static_cast<size_t>(cap * world_));
     std::copy(mine.begin(), mine.end(), padded.begin());
     k.comm->all_gather_host(*k.ctx, padded.data(), static_cast<size_t>(cap) * sizeof(float),
                             out.data());

@@ -342,7 +342,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   sum << ", " << fixed(total, 1) << " s";
   if (worst_verify >= 0) sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget";
   if (!o.par.plain() && step > step0)
-    sum << ", exchange " << fixed(1e3 * be->exchange_seconds() / static_cast<double>(step - step0), 2)
+    sum << ", exchange "
+        << fixed(1e3 * be->exchange_seconds() / static_cast<double>(step - step0), 2)
         << " ms/step";
   if (status == 0 && !val.empty()) {
     const EvalResult e = evaluate(*be, val);

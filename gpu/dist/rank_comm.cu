@@ -140,7 +140,8 @@ std::unique_ptr<RankComm> RankComm::init_rank(int rank, int world, const std::st
     }
     std::error_code ec;
     fs::rename(tmp, id_file, ec);
-    M3_REQUIRE(!ec, where, "cannot move the NCCL id file into place", id_file + ": " + ec.message());
+    M3_REQUIRE(!ec, where, "cannot move the NCCL id file into place",
+               id_file + ": " + ec.message());
   } else {
     const auto t0 = std::chrono::steady_clock::now();
     while (!fs::exists(id_file)) {

@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
   }
 }
 
-// w·d − x̂·c1 with its one contraction written out: x̂·c1 rounded, w·d fused into the subtraction.
+// w·d − x̂·c1 with its one contraction written out: x̂·c1 rounded, w·d fused into the
+// subtraction.
 // Left to the compiler, ptxas fused one of the two products and chose which per instantiation
 // (f32 this one, f16 the other), so the vector and the element-wise loops (kRawVec) could differ
 // in the last bit; written out, every instantiation rounds the same way.
@@ -205,7 +206,8 @@ BcShape bc_shape(const Dims& d, Idx ldr, const char* where) {
                  d.hpg * d.ng == d.nh,
              where, "bad dims", "BT=", d.BT, " ds=", d.ds, " ng=", d.ng, " nh=", d.nh,
              " hpg=", d.hpg);
-  return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds, row_stride(ldr, d.ng * d.ds, where, "X_raw")};
+  const Idx raw_ld = row_stride(ldr, d.ng * d.ds, where, "X_raw");
+  return BcShape{d.BT * d.ng, d.ng, d.nh, d.hpg, d.ds, raw_ld};
 }
 
 Idx bcnorm_scratch_floats(const Dims& d) {
