@@ -554,6 +554,53 @@ TYPED_TEST(TypedStages, RmsNormMatchesReference) {
   }
 }
 
+// F3 on the world's proj: every output, and proj after it. views: z, x, b_raw, c_raw null (the
+// production layout's column views), so none of them is written or returned.
+template <class T>
+Named split_forward_run(const World<T>& w, cudaStream_t s, bool views) {
+  const Dims& d = w.d;
+  auto proj = up_t<T>(w.a.proj, s);
+  auto dt_bias = up(w.p.dt_bias, s);
+  DeviceArray<T> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
+      c_raw(d.BT * d.ng * d.ds);
+  DeviceArray<float> dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
+      ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
+  auto typed = [&](DeviceArray<T>& a) { return views ? nullptr : a.data(); };
+  m3::gpu::SplitFwd<T> p{proj.data(),     dt_bias.data(), typed(z),     typed(x),
+                         typed(b_raw),    typed(c_raw),   dd_dt.data(), dd_a.data(),
+                         trap_raw.data(), ang.data(),     dt.data(),    a_val.data(),
+                         trap.data()};
+  m3::gpu::split_forward<T>(s, d, p);
+  Named out{{"proj", down_t(proj, s)},     {"dd_dt_raw", down(dd_dt, s)},
+            {"dd_a_raw", down(dd_a, s)},   {"trap_raw", down(trap_raw, s)},
+            {"angles_raw", down(ang, s)},  {"dt", down(dt, s)},
+            {"a_val", down(a_val, s)},     {"trap", down(trap, s)}};
+  if (!views) {
+    out["z"] = down_t(z, s);
+    out["x"] = down_t(x, s);
+    out["b_raw"] = down_t(b_raw, s);
+    out["c_raw"] = down_t(c_raw, s);
+  }
+  return out;
+}
+
+// B3 from the world's gradients into a d_proj filled with `fill`. views: d_z, d_x, d_b_raw,
+// d_c_raw null (d_proj's columns in the production layout), so those columns keep `fill`.
+template <class T>
+Vec split_backward_run(const World<T>& w, cudaStream_t s, bool views, float fill) {
+  const Dims& d = w.d;
+  auto dz = up_t<T>(w.g.d_z, s), dx = up_t<T>(w.g.d_x, s), db = up_t<T>(w.g.d_b_raw, s),
+       dc = up_t<T>(w.g.d_c_raw, s);
+  auto ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
+       dan = up(w.g.d_angles_raw, s);
+  auto d_proj = up_t<T>(Vec(static_cast<size_t>(d.BT * d.ip), fill), s);
+  auto typed = [&](DeviceArray<T>& a) -> const T* { return views ? nullptr : a.data(); };
+  m3::gpu::SplitBwd<T> p{typed(dz),  typed(dx),  typed(db),  typed(dc),     ddt.data(),
+                         dda.data(), dtr.data(), dan.data(), d_proj.data()};
+  m3::gpu::split_backward<T>(s, d, p);
+  return down_t(d_proj, s);
+}
+
 // F3: the typed parts are copies (bit-equal), the raw logits exact f32 copies.
 TYPED_TEST(TypedStages, SplitForwardMatchesReference) {
   M3_SKIP_WITHOUT_GPU();
@@ -561,27 +608,8 @@ TYPED_TEST(TypedStages, SplitForwardMatchesReference) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
     World<T> w = make_world<T>(c, false);
-    const Dims& d = w.d;
     Stream s;
-    const Named got = twice("split_forward", [&] {
-      auto proj = up_t<T>(w.a.proj, s);
-      auto dt_bias = up(w.p.dt_bias, s);
-      DeviceArray<T> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
-          c_raw(d.BT * d.ng * d.ds);
-      DeviceArray<float> dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
-          ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
-      m3::gpu::SplitFwd<T> p{proj.data(),     dt_bias.data(), z.data(),     x.data(),
-                             b_raw.data(),    c_raw.data(),   dd_dt.data(), dd_a.data(),
-                             trap_raw.data(), ang.data(),     dt.data(),    a_val.data(),
-                             trap.data()};
-      m3::gpu::split_forward<T>(s, d, p);
-      return Named{{"z", down_t(z, s)},          {"x", down_t(x, s)},
-                   {"b_raw", down_t(b_raw, s)},  {"c_raw", down_t(c_raw, s)},
-                   {"dd_dt_raw", down(dd_dt, s)}, {"dd_a_raw", down(dd_a, s)},
-                   {"trap_raw", down(trap_raw, s)}, {"angles_raw", down(ang, s)},
-                   {"dt", down(dt, s)},          {"a_val", down(a_val, s)},
-                   {"trap", down(trap, s)}};
-    });
+    const Named got = twice("split_forward", [&] { return split_forward_run(w, s, false); });
     for (const auto& [name, ref] : std::vector<std::pair<const char*, const Vec*>>{
              {"z", &w.a.z}, {"x", &w.a.x}, {"b_raw", &w.a.b_raw}, {"c_raw", &w.a.c_raw}})
       expect_typed<T>(name, got.at(name), *ref, 0.0, 1.0);
@@ -610,15 +638,7 @@ TYPED_TEST(TypedStages, SplitBackwardMatchesReference) {
     m3::ref::store_typed(d, w.g.d_proj);
     Stream s;
     const Named got = twice("split_backward", [&] {
-      auto dz = up_t<T>(w.g.d_z, s), dx = up_t<T>(w.g.d_x, s), db = up_t<T>(w.g.d_b_raw, s),
-           dc = up_t<T>(w.g.d_c_raw, s);
-      auto ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
-           dan = up(w.g.d_angles_raw, s);
-      DeviceArray<T> d_proj(d.BT * d.ip);
-      m3::gpu::SplitBwd<T> p{dz.data(),  dx.data(),  db.data(),  dc.data(),    ddt.data(),
-                             dda.data(), dtr.data(), dan.data(), d_proj.data()};
-      m3::gpu::split_backward<T>(s, d, p);
-      return Named{{"d_proj", down_t(d_proj, s)}};
+      return Named{{"d_proj", split_backward_run(w, s, false, 3.0f)}};
     });
     expect_typed<T>("d_proj", got.at("d_proj"), w.g.d_proj, 0.0, 1.0);
   }
@@ -636,40 +656,11 @@ TYPED_TEST(TypedStages, SplitLeavesTheColumnViewsInPlace) {
     World<T> w = make_world<T>(c, false);
     const Dims& d = w.d;
     Stream s;
-    auto forward = [&](bool views) {
-      auto proj = up_t<T>(w.a.proj, s);
-      auto dt_bias = up(w.p.dt_bias, s);
-      DeviceArray<T> z(d.BT * d.di), x(d.BT * d.di), b_raw(d.BT * d.ng * d.ds),
-          c_raw(d.BT * d.ng * d.ds);
-      DeviceArray<float> dd_dt(d.BT * d.nh), dd_a(d.BT * d.nh), trap_raw(d.BT * d.nh),
-          ang(d.BT * d.na), dt(d.BT * d.nh), a_val(d.BT * d.nh), trap(d.BT * d.nh);
-      T* const typed[4] = {z.data(), x.data(), b_raw.data(), c_raw.data()};
-      m3::gpu::SplitFwd<T> p{proj.data(),     dt_bias.data(), views ? nullptr : typed[0],
-                             views ? nullptr : typed[1],      views ? nullptr : typed[2],
-                             views ? nullptr : typed[3],      dd_dt.data(),  dd_a.data(),
-                             trap_raw.data(), ang.data(),     dt.data(),     a_val.data(),
-                             trap.data()};
-      m3::gpu::split_forward<T>(s, d, p);
-      return Named{{"proj", down_t(proj, s)},     {"dd_dt_raw", down(dd_dt, s)},
-                   {"dd_a_raw", down(dd_a, s)},   {"trap_raw", down(trap_raw, s)},
-                   {"angles_raw", down(ang, s)},  {"dt", down(dt, s)},
-                   {"a_val", down(a_val, s)},     {"trap", down(trap, s)}};
-    };
-    const Named fw = forward(false), fv = forward(true);
-    for (const auto& [name, v] : fw) EXPECT_EQ(fv.at(name), v) << "F3 " << name;
-    auto backward = [&](bool views) {
-      auto dz = up_t<T>(w.g.d_z, s), dx = up_t<T>(w.g.d_x, s), db = up_t<T>(w.g.d_b_raw, s),
-           dc = up_t<T>(w.g.d_c_raw, s);
-      auto ddt = up(w.g.d_dd_dt, s), dda = up(w.g.d_dd_a, s), dtr = up(w.g.d_trap_raw, s),
-           dan = up(w.g.d_angles_raw, s);
-      auto d_proj = up_t<T>(Vec(static_cast<size_t>(d.BT * d.ip), 3.0f), s);
-      m3::gpu::SplitBwd<T> p{views ? nullptr : dz.data(), views ? nullptr : dx.data(),
-                             views ? nullptr : db.data(), views ? nullptr : dc.data(),
-                             ddt.data(), dda.data(), dtr.data(), dan.data(), d_proj.data()};
-      m3::gpu::split_backward<T>(s, d, p);
-      return down_t(d_proj, s);
-    };
-    const Vec bw = backward(false), bv = backward(true);
+    const Named fw = split_forward_run(w, s, false), fv = split_forward_run(w, s, true);
+    for (const auto& [name, v] : fv) EXPECT_EQ(v, fw.at(name)) << "F3 " << name;
+    EXPECT_EQ(fv.count("z") + fv.count("x") + fv.count("b_raw") + fv.count("c_raw"), 0u);
+    const Vec bw = split_backward_run(w, s, false, 3.0f);
+    const Vec bv = split_backward_run(w, s, true, 3.0f);
     for (Idx r = 0; r < d.BT; ++r)
       for (Idx j = 0; j < d.ip; ++j) {
         const size_t i = static_cast<size_t>(r * d.ip + j);
@@ -688,6 +679,69 @@ TYPED_TEST(TypedStages, SplitLeavesTheColumnViewsInPlace) {
   }
 }
 
+// F4 then B4b/B4c on the world's tensors, every output; d_b/c_raw come back in the contiguous
+// layout. ldr: the raw rows' stride (0: contiguous; the production layout's column views have
+// proj's); the pad columns of X_raw hold 7 and those of d_X_raw −5, and `second` says whether
+// the latter are untouched. reference_rms: B4c reads the reference's X_rms instead of F4's.
+template <class T>
+std::pair<Named, bool> bcnorm_run(const World<T>& w, cudaStream_t s, ScratchBuf& sc, Idx ld,
+                                  bool reference_rms) {
+  const Dims& d = w.d;
+  const Idx bc = d.ng * d.ds, ngds = d.BT * bc, nhds = d.BT * d.nh * d.ds;
+  const Idx L = ld ? ld : bc;
+  auto wide = [&](const Vec& v, float pad) {
+    Vec o(static_cast<size_t>(d.BT * L), pad);
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx q = 0; q < bc; ++q) o[r * L + q] = v[r * bc + q];
+    return o;
+  };
+  auto b_raw = up_t<T>(wide(w.a.b_raw, 7.0f), s), c_raw = up_t<T>(wide(w.a.c_raw, 7.0f), s);
+  auto dbr = up_t<T>(Vec(static_cast<size_t>(d.BT * L), -5.0f), s),
+       dcr = up_t<T>(Vec(static_cast<size_t>(d.BT * L), -5.0f), s);
+  auto bw = up(w.p.b_norm_weight, s), cw = up(w.p.c_norm_weight, s), bb = up(w.p.b_bias, s),
+       cb = up(w.p.c_bias, s);
+  DeviceArray<T> b_normed(ngds), c_normed(ngds), b_biased(nhds), c_biased(nhds);
+  DeviceArray<float> b_rms(d.BT * d.ng), c_rms(d.BT * d.ng);
+  m3::gpu::BcnormFwd<T> f{b_raw.data(),    c_raw.data(),    bw.data(),       cw.data(),
+                          bb.data(),       cb.data(),       b_normed.data(), c_normed.data(),
+                          b_biased.data(), c_biased.data(), b_rms.data(),    c_rms.data()};
+  f.ldr = ld;
+  m3::gpu::bcnorm_forward<T>(s, d, f);
+  auto r_brms = up(w.a.b_rms, s), r_crms = up(w.a.c_rms, s);
+  auto dbp = up(w.g.d_b_pre_rope, s), dcp = up(w.g.d_c_pre_rope, s),
+       dbw = up(w.pg0.b_norm_weight, s), dcw = up(w.pg0.c_norm_weight, s),
+       dbb = up(w.pg0.b_bias, s), dcb = up(w.pg0.c_bias, s);
+  DeviceArray<T> dbn(ngds), dcn(ngds);
+  const float* brms = reference_rms ? r_brms.data() : b_rms.data();
+  const float* crms = reference_rms ? r_crms.data() : c_rms.data();
+  m3::gpu::BcnormBwd<T> b{b_raw.data(), c_raw.data(), bw.data(),  cw.data(),
+                          brms,         crms,         dbp.data(), dcp.data(),
+                          dbn.data(),   dcn.data(),   dbr.data(), dcr.data(),
+                          dbw.data(),   dcw.data(),   dbb.data(), dcb.data()};
+  b.ldr = ld;
+  m3::gpu::bcnorm_backward<T>(s, d, b, sc.get());
+  const Vec db = down_t(dbr, s), dc = down_t(dcr, s);
+  Vec db_out(static_cast<size_t>(ngds)), dc_out(static_cast<size_t>(ngds));
+  bool pads = true;
+  for (Idx r = 0; r < d.BT; ++r)
+    for (Idx q = 0; q < L; ++q) {
+      if (q < bc) {
+        db_out[r * bc + q] = db[r * L + q];
+        dc_out[r * bc + q] = dc[r * L + q];
+      } else {
+        pads = pads && db[r * L + q] == -5.0f && dc[r * L + q] == -5.0f;
+      }
+    }
+  return {Named{{"b_normed", down_t(b_normed, s)}, {"c_normed", down_t(c_normed, s)},
+                {"b_biased", down_t(b_biased, s)}, {"c_biased", down_t(c_biased, s)},
+                {"b_rms", down(b_rms, s)},         {"c_rms", down(c_rms, s)},
+                {"d_b_normed", down_t(dbn, s)},    {"d_c_normed", down_t(dcn, s)},
+                {"d_b_raw", db_out},               {"d_c_raw", dc_out},
+                {"d_b_norm_weight", down(dbw, s)}, {"d_c_norm_weight", down(dcw, s)},
+                {"d_b_bias", down(dbb, s)},        {"d_c_bias", down(dcb, s)}},
+          pads};
+}
+
 // F4 (normed rounded, then the bias add reads the stored normed) and B4b/B4c (d_normed rounded,
 // then B4c reads the stored d_normed).
 TYPED_TEST(TypedStages, BcnormForwardAndBackwardMatchReference) {
@@ -701,35 +755,8 @@ TYPED_TEST(TypedStages, BcnormForwardAndBackwardMatchReference) {
     m3::ref::bcnorm_backward(d, w.p, w.a, w.g, pg);  // rounds d_normed, then d_raw
     Stream s;
     ScratchBuf sc(d);
-    const Idx ngds = d.BT * d.ng * d.ds, nhds = d.BT * d.nh * d.ds;
-    const Named got = twice("bcnorm", [&] {
-      auto b_raw = up_t<T>(w.a.b_raw, s), c_raw = up_t<T>(w.a.c_raw, s);
-      auto bw = up(w.p.b_norm_weight, s), cw = up(w.p.c_norm_weight, s), bb = up(w.p.b_bias, s),
-           cb = up(w.p.c_bias, s);
-      DeviceArray<T> b_normed(ngds), c_normed(ngds), b_biased(nhds), c_biased(nhds);
-      DeviceArray<float> b_rms(d.BT * d.ng), c_rms(d.BT * d.ng);
-      m3::gpu::BcnormFwd<T> f{b_raw.data(),    c_raw.data(),    bw.data(),       cw.data(),
-                              bb.data(),       cb.data(),       b_normed.data(), c_normed.data(),
-                              b_biased.data(), c_biased.data(), b_rms.data(),    c_rms.data()};
-      m3::gpu::bcnorm_forward<T>(s, d, f);
-      auto r_brms = up(w.a.b_rms, s), r_crms = up(w.a.c_rms, s), dbp = up(w.g.d_b_pre_rope, s),
-           dcp = up(w.g.d_c_pre_rope, s), dbw = up(w.pg0.b_norm_weight, s),
-           dcw = up(w.pg0.c_norm_weight, s), dbb = up(w.pg0.b_bias, s),
-           dcb = up(w.pg0.c_bias, s);
-      DeviceArray<T> dbn(ngds), dcn(ngds), dbr(ngds), dcr(ngds);
-      m3::gpu::BcnormBwd<T> b{b_raw.data(),  c_raw.data(),  bw.data(),  cw.data(),
-                              r_brms.data(), r_crms.data(), dbp.data(), dcp.data(),
-                              dbn.data(),    dcn.data(),    dbr.data(), dcr.data(),
-                              dbw.data(),    dcw.data(),    dbb.data(), dcb.data()};
-      m3::gpu::bcnorm_backward<T>(s, d, b, sc.get());
-      return Named{{"b_normed", down_t(b_normed, s)}, {"c_normed", down_t(c_normed, s)},
-                   {"b_biased", down_t(b_biased, s)}, {"c_biased", down_t(c_biased, s)},
-                   {"b_rms", down(b_rms, s)},         {"c_rms", down(c_rms, s)},
-                   {"d_b_normed", down_t(dbn, s)},    {"d_c_normed", down_t(dcn, s)},
-                   {"d_b_raw", down_t(dbr, s)},       {"d_c_raw", down_t(dcr, s)},
-                   {"d_b_norm_weight", down(dbw, s)}, {"d_c_norm_weight", down(dcw, s)},
-                   {"d_b_bias", down(dbb, s)},        {"d_c_bias", down(dcb, s)}};
-    });
+    const Named got =
+        twice("bcnorm", [&] { return bcnorm_run(w, s, sc, 0, true).first; });
     expect_typed<T>("b_normed", got.at("b_normed"), w.a.b_normed, 1e-6, 0.99);
     expect_typed<T>("c_normed", got.at("c_normed"), w.a.c_normed, 1e-6, 0.99);
     // biased = round(round(normed) + bias): a one-ulp difference in the stored normed (the
@@ -764,59 +791,8 @@ TYPED_TEST(TypedStages, BcnormWithStridedRawRowsGivesTheContiguousBits) {
     const Dims& d = w.d;
     Stream s;
     ScratchBuf sc(d);
-    const Idx bc = d.ng * d.ds, ngds = d.BT * bc, nhds = d.BT * d.nh * d.ds;
-    auto run = [&](Idx ld) {
-      const Idx L = ld ? ld : bc;
-      auto wide = [&](const Vec& v, float pad) {
-        Vec o(static_cast<size_t>(d.BT * L), pad);
-        for (Idx r = 0; r < d.BT; ++r)
-          for (Idx q = 0; q < bc; ++q) o[r * L + q] = v[r * bc + q];
-        return o;
-      };
-      auto b_raw = up_t<T>(wide(w.a.b_raw, 7.0f), s), c_raw = up_t<T>(wide(w.a.c_raw, 7.0f), s);
-      auto dbr = up_t<T>(Vec(static_cast<size_t>(d.BT * L), -5.0f), s),
-           dcr = up_t<T>(Vec(static_cast<size_t>(d.BT * L), -5.0f), s);
-      auto bw = up(w.p.b_norm_weight, s), cw = up(w.p.c_norm_weight, s), bb = up(w.p.b_bias, s),
-           cb = up(w.p.c_bias, s);
-      DeviceArray<T> b_normed(ngds), c_normed(ngds), b_biased(nhds), c_biased(nhds);
-      DeviceArray<float> b_rms(d.BT * d.ng), c_rms(d.BT * d.ng);
-      m3::gpu::BcnormFwd<T> f{b_raw.data(),    c_raw.data(),    bw.data(),       cw.data(),
-                              bb.data(),       cb.data(),       b_normed.data(), c_normed.data(),
-                              b_biased.data(), c_biased.data(), b_rms.data(),    c_rms.data()};
-      f.ldr = ld;
-      m3::gpu::bcnorm_forward<T>(s, d, f);
-      auto dbp = up(w.g.d_b_pre_rope, s), dcp = up(w.g.d_c_pre_rope, s),
-           dbw = up(w.pg0.b_norm_weight, s), dcw = up(w.pg0.c_norm_weight, s),
-           dbb = up(w.pg0.b_bias, s), dcb = up(w.pg0.c_bias, s);
-      DeviceArray<T> dbn(ngds), dcn(ngds);
-      m3::gpu::BcnormBwd<T> b{b_raw.data(),  c_raw.data(),  bw.data(),  cw.data(),
-                              b_rms.data(),  c_rms.data(),  dbp.data(), dcp.data(),
-                              dbn.data(),    dcn.data(),    dbr.data(), dcr.data(),
-                              dbw.data(),    dcw.data(),    dbb.data(), dcb.data()};
-      b.ldr = ld;
-      m3::gpu::bcnorm_backward<T>(s, d, b, sc.get());
-      const Vec db = down_t(dbr, s), dc = down_t(dcr, s);
-      Vec dbp_out(static_cast<size_t>(ngds)), dcp_out(static_cast<size_t>(ngds));
-      bool pads = true;
-      for (Idx r = 0; r < d.BT; ++r)
-        for (Idx q = 0; q < L; ++q) {
-          if (q < bc) {
-            dbp_out[r * bc + q] = db[r * L + q];
-            dcp_out[r * bc + q] = dc[r * L + q];
-          } else {
-            pads = pads && db[r * L + q] == -5.0f && dc[r * L + q] == -5.0f;
-          }
-        }
-      return std::make_pair(
-          Named{{"b_normed", down_t(b_normed, s)}, {"c_normed", down_t(c_normed, s)},
-                {"b_biased", down_t(b_biased, s)}, {"c_biased", down_t(c_biased, s)},
-                {"b_rms", down(b_rms, s)},         {"c_rms", down(c_rms, s)},
-                {"d_b_normed", down_t(dbn, s)},    {"d_c_normed", down_t(dcn, s)},
-                {"d_b_raw", dbp_out},              {"d_c_raw", dcp_out},
-                {"d_b_norm_weight", down(dbw, s)}, {"d_c_norm_weight", down(dcw, s)},
-                {"d_b_bias", down(dbb, s)},        {"d_c_bias", down(dcb, s)}},
-          pads);
-    };
+    const Idx bc = d.ng * d.ds;
+    auto run = [&](Idx ld) { return bcnorm_run(w, s, sc, ld, false); };
     const auto want = run(0);
     for (Idx pad : {Idx(8), Idx(3)}) {
       SCOPED_TRACE(std::string(c.name) + " ldr = ng·ds + " + std::to_string(pad));
