@@ -49,14 +49,14 @@ TrainState initial_state(const Config& cfg, std::uint64_t seed) {
   return st;
 }
 
-namespace {
-
 void check_state(const TrainState& st, Idx total, const char* where) {
   M3_REQUIRE(static_cast<Idx>(st.params.size()) == total &&
                  static_cast<Idx>(st.m.size()) == total && static_cast<Idx>(st.v.size()) == total,
              where, "the training state has the wrong size", "params/m/v ", st.params.size(), "/",
              st.m.size(), "/", st.v.size(), ", expected ", total, " each");
 }
+
+namespace {
 
 // ---- the CPU: LmModel<float> + the host AdamW ------------------------------------------------
 class CpuBackend final : public Backend {

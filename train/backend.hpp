@@ -82,6 +82,9 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendSpec& spec);
 std::unique_ptr<Backend> make_gpu_backend(const BackendSpec& spec);
 std::unique_ptr<Backend> make_backend(const std::string& device, const BackendSpec& spec);
 
+// Throws m3::Error (one line, naming `where`) unless params, m and v hold `total` floats each.
+void check_state(const TrainState& st, Idx total, const char* where);
+
 // Params<float> ↔ flat layout vectors (gaps zero).
 std::vector<float> to_flat(const Params<float>& p, const ParamLayout& layout);
 Params<float> from_flat(const std::vector<float>& flat, const Config& cfg,

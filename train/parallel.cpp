@@ -82,14 +82,6 @@ class DataParallel : public Backend {
   std::vector<float> cut(const std::vector<float>& whole, int r) const {
     return {whole.begin() + bounds_[r], whole.begin() + bounds_[r + 1]};
   }
-  void check_state(const TrainState& st) const {
-    const Idx n = layout_.total;
-    M3_REQUIRE(static_cast<Idx>(st.params.size()) == n && static_cast<Idx>(st.m.size()) == n &&
-                   static_cast<Idx>(st.v.size()) == n,
-               "train (data parallel)", "the training state has the wrong size",
-               "params/m/v ", st.params.size(), "/", st.m.size(), "/", st.v.size(),
-               ", expected ", n, " each");
-  }
 
   BackendSpec global_;
   ParamLayout layout_;
@@ -118,7 +110,7 @@ class HostParallel final : public DataParallel {
   // one host vector holds them all.
   TrainState state() override { return {params_, m_, v_}; }
   void set_state(const TrainState& st) override {
-    check_state(st);
+    check_state(st, layout_.total, "train (data parallel)");
     params_ = st.params;
     m_ = st.m;
     v_ = st.v;
@@ -353,7 +345,7 @@ class GpuParallel final : public DataParallel {
     return st;
   }
   void set_state(const TrainState& st) override {
-    check_state(st);
+    check_state(st, layout_.total, "train (data parallel)");
     run([&](int, GpuRank& k) {
       const int r = k.comm->rank();
       k.net->set_params_flat(st.params);
