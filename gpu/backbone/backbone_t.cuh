@@ -316,10 +316,9 @@ class BackboneT final : public GpuBackbone::Impl {
   // own buffer in every layer, as the stage-by-stage path and the harness need them.
   Life layer_life(const TensorSpec& spec) const {
     const std::string t = spec.tensor;
-    // The chunked tail's fused head sums make d_b/c_pre_rope verification-only where they fit
-    // (ssm_chunked_tail_fuses); elsewhere B4b reads them (workspace).
+    // The chunked tail's fused head sums make d_b/c_pre_rope verification-only.
     if (mode_ == ScanMode::Chunked && (t == "d_b_pre_rope" || t == "d_c_pre_rope"))
-      return ssm_chunked_tail_fuses(d_) ? Life::Verify : Life::Workspace;
+      return Life::Verify;
     return lifetime(spec, mode_, rc_);
   }
   bool lean() const { return !full_; }
@@ -918,8 +917,8 @@ class BackboneT final : public GpuBackbone::Impl {
   // Production fusions across registry stages (set_fusion; never in run_isolated, which feeds
   // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
   // b/c_biased being stored and read back; in the chunked mode F6's K0/K1 done inside F4ef
-  // (k then stored at t = T − 1 only) and (ssm_chunked_tail_fuses) B4b's head sums and bias
-  // gradients done in B6's tail; F8's residual add done by the next norm (pending_add_).
+  // (k then stored at t = T − 1 only) and B4b's head sums and bias gradients done in B6's
+  // tail; F8's residual add done by the next norm (pending_add_).
   bool fused() const { return fusion_ && !isolated_; }
 
   // The launchers' parameter structs are filled by name: each field is the registry tensor (or
@@ -1159,7 +1158,7 @@ class BackboneT final : public GpuBackbone::Impl {
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
     if (lean() && rc_ == Recompute::Scan) recompute_scan(l);
-    const bool tail = fused() && ssm_chunked_tail_fuses(d_);
+    const bool tail = fused();
     const bool store_pre = !tail || capturing;
     SsmChunkBwd<T> a{};
     a.fuse_states = fused();  // B1 + B2 as one chunk walk (their bits)

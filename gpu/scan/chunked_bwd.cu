@@ -340,64 +340,59 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 }
 
 // ---- step 2: dqktheta, the RoPE backward and (optionally) B4b's head sums, fused -----------------
-// A block takes kTailRows consecutive rows r, all heads; producer warp w < kTailWarps takes heads
-// h = w, w + kTailWarps, … of each row, lane l the 4 values n = 4l … 4l + 3 (the pairs
-// j = 2l, 2l + 1; ds ≤ 128) of that (r, h), in 16-byte (f32) / 8-byte (T) accesses when kVec
-// (ds % 4 == 0, na even, aligned rows), else element by element:
+// A block takes kTailRows = kTailWarps·kTailRowsPerWarp consecutive rows r and every head; warp w
+// the kTailRowsPerWarp consecutive rows from r0 + w·kTailRowsPerWarp, lane l the pairs p = l and
+// p = l + 32 (values n = 2p, 2p + 1; ds ≤ 128). With na = 32 (the official RoPE half) every
+// lane then rotates one pair and copies one (with 4 consecutive values per lane, half the
+// lanes of a warp carried the rotated work: sincosf and four rotations). The warp walks the
+// heads in ascending order and, for each head, its rows in ascending order; the loads of the
+// next (r, h) are issued before the arithmetic of this one (two sets of inputs in registers).
+// The head sums live in registers, so no consumer warp, row buffer or per-row barrier is left
+// and the shared memory no longer grows with nh. Measured (docs/PERF.md v20): 128 registers,
+// 16 warps per SM, 692 µs at the official shape, latency-bound (46 % issue); fewer registers
+// for more warps spill. Per (r, h), with the lane's values in 8-byte (f32) / 4-byte (T) accesses
+// when kVec (ds even, aligned rows), else element by element; kFull: ds = 128, every lane's
+// pairs inside the row (no bounds tests):
 //   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
-//   rotated pair (j < na, angle θ_j = theta[r, h, j], R its rotation):
+//   rotated pair (p < na, angle θ_p = theta[r, h, p], R its rotation):
 //     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
-//     d_angle_cumsum_j = (−dv1_{2j}·k_{2j+1} + dv1_{2j+1}·k_{2j}) + (−dv2_{2j}·q_{2j+1} + dv2_{2j+1}·q_{2j});
-//   other elements (j ≥ na, and the last one when ds is odd): the same without R;
-//   dScale = Σ_n dK_mid·k, dGamma = dQK·Σ_n c_biased·b_biased (lane sums, then warp_sum).
+//     d_angle_cumsum_p = (−dv1_{2p}·k_{2p+1} + dv1_{2p+1}·k_{2p})
+//                        + (−dv2_{2p}·q_{2p+1} + dv2_{2p+1}·q_{2p});
+//   other pairs (p ≥ na, and the lone last value when ds is odd): the same without R;
+//   dScale = Σ_n dK_mid·k, dGamma = dQK·Σ_n c_biased·b_biased (the lane's values in the order
+//   n = 2l, 2l + 1, 2l + 64, 2l + 65; then both sums over the warp in one butterfly: lanes < 16
+//   add the dScale partial of lane + 16 and lanes ≥ 16 the qk partial of lane − 16, then each
+//   half-warp xor-sums its value over 8, 4, 2, 1).
 // The formulas of rope_backward (rope.cu) with the qk extra; dv1 is never stored and dK_mid, k,
 // c, b are read once.
 // kRecompute: b_biased, c_biased, k, q are not read but recomputed, bit for bit the values F4 and
 // F4ef stored: X_biased = T(float(X_normed[r, g(h)]) + X_bias[h]) (bcnorm.cu), k and q their
 // T-rounded rotations by θ (rope_rotate, whose products and sums are pinned to the same
 // roundings in every kernel). Reads [BT, ng, ds] instead of four [BT, nh, ds] tensors.
-// kFuse (B4b's head sums, MODEL.md §6.2 B4b, done here while d_X_pre_rope is in registers):
-//   the producers put the row's d_X_pre_rope into a shared row buffer (two, alternating between
-//   rows) and add each of their own (h, n) elements, which are the same ones in every row, to
-//   acc_X[h, n] in shared memory (ascending r); kTailConsumers extra warps then form
-//     d_X_normed[r,g,n] = T( Σ_{h: g(h)=g} d_X_pre_rope[r,h,n] )   (ascending h from 0.0f: the
-//   value bcnorm_backward_kernel computes). Producers and consumers meet at a named barrier,
-//   bar.sync by every thread of the block, once per row: row r's buffer is read by the
-//   consumers after the barrier of row r, and rewritten (row r + 2) by the producers only
-//   after the barrier of row r + 1, which the consumers reach once done with row r. Producers
-//   run at most one row ahead, which costs nothing measurable (the consumers keep up). An
-//   earlier variant, where producers arrived (bar.arrive) on a "full" barrier per buffer and
-//   waited on an "empty" one that the consumers arrived at, is ordered by the PTX barrier
-//   model as well, but compute-sanitizer racecheck reported read/write hazards on the row
-//   buffers in 4 of 6 runs; with bar.sync on both sides it reports none.
-//   At the end acc_X is stored as the block's partial column sums part_X[block, h·ds + n];
-//   the launcher sums them over the blocks with colsum_rows (a fixed order) into d X_bias.
+// kFuse (B4b, MODEL.md §6.2, done while d_X_pre_rope is in registers):
+//   d_X_normed[r,g,n] = T( Σ_{h: g(h)=g} d_X_pre_rope[r,h,n] )   (ascending h from 0.0f: the
+//   value bcnorm_backward_kernel computes) — each lane adds its rows' values head by head in
+//   registers and stores the sums after the group's last head;
+//   part_X[block, h·ds + n] = Σ_w ( Σ_ρ d_X_pre_rope[r0 + w·kTailRowsPerWarp + ρ, h, n] )   (ρ
+//   ascending in the warp's registers, then w ascending through shared memory, where the warps'
+//   sums are double-buffered by the head's parity: one __syncthreads per head; the buffer of
+//   head h is rewritten at head h + 2, after the barrier of head h + 1, which every thread
+//   reaches only once it has summed head h). The launcher sums part_X over the blocks with
+//   colsum_rows (a fixed order) into d X_bias.
 // d_X_pre_rope are stored when the pointers are set (capture, isolated mode, unfused runs).
-constexpr int kTailWarps = 16;     // producer warps
-constexpr int kTailConsumers = 1;  // consumer warps (kFuse)
-constexpr int tail_threads(bool fuse) { return 32 * (kTailWarps + (fuse ? kTailConsumers : 0)); }
-constexpr Idx kTailRows = 64;    // rows per block: the bias partial sums' row chunk
-constexpr int kTailBuffers = 6;  // kFuse: shared floats per nh·ds: acc_b, acc_c, two rows × (b, c)
-constexpr int kBarRow = 1;  // the named barrier the producers and consumers meet at, per row
-
-// bar.sync kId, threads: wait until `threads` threads (all of the block here) have arrived, at
-// whatever point of the code each does (unlike __syncthreads, whose callers must share one
-// call site). Warp-aligned: the whole warp must reach it converged, or the warp may count as
-// arrived while some of its lanes still work (a lane that left a loop early, e.g. the
-// consumer's column loop when ds < 32): __syncwarp() reconverges it first.
-template <int kId>
-__device__ __forceinline__ void named_sync(int threads) {
-  __syncwarp();
-  asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
-}
+constexpr int kTailWarps = 8;
+constexpr int kTailThreads = 32 * kTailWarps;
+constexpr int kTailRowsPerWarp = 4;
+constexpr Idx kTailRows = Idx(kTailWarps) * kTailRowsPerWarp;  // the bias partial sums' rows
+static_assert(kTailRowsPerWarp % 2 == 0, "the two input sets alternate within a head");
+static_assert(kTailThreads >= 2 * 128, "one summing thread per (X, n) of a head, ds ≤ 128");
 
 // The tail's launch geometry over a slab of rows (ssm_chunked_backward launches the tail once per
 // slab, with TailArgs shifted to the slab's first row, so that every in-kernel offset fits 32
 // bits: rows·nh·max(ds, na) < 2^31).
 struct TailGeom {
   unsigned rows, nh, ds, na, ng, hpg, T;
-  Idx r_base;     // the slab's first row (global): t = (r_base + r) mod T
-  FastDiv group;  // h → g(h) = h / hpg
+  Idx r_base;  // the slab's first row (global): t = (r_base + r) mod T
 };
 
 // The step-2 tensors (SsmChunkBwd's names), every [BT, ...] one starting at the slab's first row.
@@ -411,165 +406,251 @@ struct TailArgs {
   T *d_b_normed, *d_c_normed;  // kFuse: [rows, ng, ds]
 };
 
-template <class T, bool kRecompute, bool kFuse, bool kVec>
-__global__ void __launch_bounds__(tail_threads(kFuse), 2)
-qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
-  // ds ≤ 128 (chunk_geom): lane l owns the 4 values n0 = 4l … 4l + 3 of a row (the pairs
-  // j = 2l, 2l + 1); all of a row's loads are issued before any store. Offsets are 32-bit
-  // (TailGeom); the time index t of row r is carried from row to row.
-  constexpr int kAll = tail_threads(kFuse);
-  extern __shared__ float tail_smem[];  // kFuse: acc_b, acc_c, rows[2] (b, c); nh·ds floats each
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned nh = tg.nh, ds = tg.ds, na = tg.na, nhds = nh * ds, n0 = 4 * lane;
-  const bool has = n0 < ds;
-  float *acc_b = tail_smem, *acc_c = acc_b + nhds;
-  if constexpr (kFuse) {
-    for (unsigned e = threadIdx.x; e < 2 * nhds; e += kAll) tail_smem[e] = 0.0f;
-    __syncthreads();
-  }
-  const bool consumer = kFuse && warp >= kTailWarps;
-  const unsigned r0 = blockIdx.x * unsigned(kTailRows);
-  const unsigned r1 = r0 + unsigned(kTailRows) < tg.rows ? r0 + unsigned(kTailRows) : tg.rows;
-  unsigned t = static_cast<unsigned>((tg.r_base + r0) % tg.T);
-  for (unsigned r = r0; r < r1; ++r, t = t + 1 == tg.T ? 0 : t + 1) {
-    const unsigned buf = (r - r0) & 1;
-    float* row_b = acc_c + (1 + 2 * buf) * nhds;  // this row's buffers
-    float* row_c = row_b + nhds;
-    if (consumer) {
-      named_sync<kBarRow>(kAll);  // every producer has stored row r
-      // d_X_normed[r, g, n] = Σ_{h ∈ g} row_X[h, n], ascending h; the shared loads go out kU
-      // at a time.
-      const unsigned gds = tg.ng * ds;
-      for (unsigned x = threadIdx.x - 32 * kTailWarps; x < 2 * gds; x += 32 * kTailConsumers) {
-        const bool is_c = x >= gds;
-        const unsigned gn = is_c ? x - gds : x;  // g·ds + n
-        const float* col = (is_c ? row_c : row_b) + (gn / ds) * tg.hpg * ds + gn % ds;
-        constexpr unsigned kU = 8;
-        float sum = 0.0f;
-        unsigned k = 0;
-        for (; k + kU <= tg.hpg; k += kU) {
-          float v[kU];
+// The lane's values of the row at x + row (len values): v[2k], v[2k + 1] = values 2p, 2p + 1 of
+// the pair p = lane + 32k (0 past len), and back (nothing written past len). kVec: len is even
+// and the rows aligned to two values, so a pair inside the row is one access; kFull (with kVec):
+// len = 128, every pair inside.
+template <bool kVec, bool kFull, class X>
+__device__ __forceinline__ void pair_load(const X* x, unsigned row, unsigned lane, unsigned len,
+                                          float (&v)[4]) {
 #pragma unroll
-          for (unsigned u = 0; u < kU; ++u) v[u] = col[(k + u) * ds];
+  for (int k = 0; k < 2; ++k) {
+    const unsigned n = 2 * (lane + 32 * k);
+    float w[2] = {0.0f, 0.0f};
+    if constexpr (kFull) {
+      load_n<2>(x + (row + n), w);
+    } else if constexpr (kVec) {
+      if (n < len) load_n<2>(x + (row + n), w);
+    } else {
 #pragma unroll
-          for (unsigned u = 0; u < kU; ++u) sum += v[u];
-        }
-        for (; k < tg.hpg; ++k) sum += col[k * ds];
-        (is_c ? a.d_c_normed : a.d_b_normed)[r * gds + gn] = from_float<T>(sum);
-      }
-      continue;
+      for (unsigned e = 0; e < 2; ++e)
+        if (n + e < len) w[e] = to_float(x[row + n + e]);
     }
-    const bool last = t == tg.T - 1;  // t = T − 1: d_k_out enters the k path
-    const float* dkout_row =
-        last ? a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(nhds) : nullptr;
-    for (unsigned h = warp; h < nh; h += kTailWarps) {
-      const unsigned i = r * nh + h, base = i * ds;
-      const float sc = a.scale_saved[i], dqk = a.dQK_dot[i], e = dqk * a.gamma_saved[i];
-      float dk[4], g2[4], kv[4], qv[4], cv[4], bv[4], th[2];
-      if constexpr (kVec) {  // na is even, so both pairs are rotated or neither
-        th[0] = th[1] = 0.0f;
-        if (2 * lane < na) load_n<2>(a.theta + (i * na + 2 * lane), th);
-      } else {
+    v[2 * k] = w[0];
+    v[2 * k + 1] = w[1];
+  }
+}
+template <bool kVec, bool kFull, class X>
+__device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, unsigned len,
+                                           const float (&v)[4]) {
 #pragma unroll
-        for (unsigned u = 0; u < 2; ++u)
-          th[u] = 2 * lane + u < na ? a.theta[i * na + 2 * lane + u] : 0.0f;
-      }
-      lane_load<kVec>(a.dK_mid, base, n0, ds, has, dk);
-      lane_load<kVec>(a.dQ_mid, base, n0, ds, has, g2);
+  for (int k = 0; k < 2; ++k) {
+    const unsigned n = 2 * (lane + 32 * k);
+    const float w[2] = {v[2 * k], v[2 * k + 1]};
+    if constexpr (kFull) {
+      store_n<2>(x + (row + n), w);
+    } else if constexpr (kVec) {
+      if (n < len) store_n<2>(x + (row + n), w);
+    } else {
+#pragma unroll
+      for (unsigned e = 0; e < 2; ++e)
+        if (n + e < len) x[row + n + e] = from_float<X>(w[e]);
+    }
+  }
+}
+
+// One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic).
+struct TailIn {
+  float sc, dqk, gam, th[2], dk[4], g2[4];
+  float x1[4], x2[4];  // kRecompute: b_normed, c_normed; else k, q
+  float bb[4], cb[4];  // b_biased, c_biased (read unless kRecompute)
+};
+
+template <class T, bool kRecompute, bool kVec, bool kFull>
+__device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
+                                          unsigned h, unsigned g, unsigned lane, TailIn& in) {
+  const unsigned i = r * tg.nh + h, base = i * tg.ds, ds = tg.ds;
+  in.sc = a.scale_saved[i];
+  in.dqk = a.dQK_dot[i];
+  in.gam = a.gamma_saved[i];
+#pragma unroll
+  for (unsigned k = 0; k < 2; ++k) {
+    const unsigned p = lane + 32 * k;
+    in.th[k] = p < tg.na ? a.theta[i * tg.na + p] : 0.0f;
+  }
+  pair_load<kVec, kFull>(a.dK_mid, base, lane, ds, in.dk);
+  pair_load<kVec, kFull>(a.dQ_mid, base, lane, ds, in.g2);
+  if constexpr (kRecompute) {
+    const unsigned gn = (r * tg.ng + g) * ds;
+    pair_load<kVec, kFull>(a.b_normed, gn, lane, ds, in.x1);
+    pair_load<kVec, kFull>(a.c_normed, gn, lane, ds, in.x2);
+  } else {
+    pair_load<kVec, kFull>(a.k, base, lane, ds, in.x1);
+    pair_load<kVec, kFull>(a.q, base, lane, ds, in.x2);
+    pair_load<kVec, kFull>(a.b_biased, base, lane, ds, in.bb);
+    pair_load<kVec, kFull>(a.c_biased, base, lane, ds, in.cb);
+  }
+}
+
+// (r, h)'s arithmetic: d_b/c_pre_rope into db, dc (the lane's values), d_angle_cumsum, dScale
+// and dGamma stored. ab, ac: kRecompute's biases of head h. last: t = T − 1.
+template <class T, bool kRecompute, bool kVec, bool kFull>
+__device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
+                                          unsigned h, unsigned lane, bool last,
+                                          const TailIn& in, const float (&ab)[4],
+                                          const float (&ac)[4], float (&db)[4], float (&dc)[4]) {
+  const unsigned i = r * tg.nh + h, ds = tg.ds;
+  const float e = in.dqk * in.gam;
+  float kv[4], qv[4], bv[4], cv[4], dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (last) {
+    const float* row = a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(tg.nh * ds);
+    pair_load<kVec, kFull>(row, h * ds, lane, ds, dkout);
+  }
+  float dsc = 0.0f, qk = 0.0f;
+#pragma unroll
+  for (unsigned k = 0; k < 2; ++k) {  // pair p = lane + 32k: values 2k, 2k + 1 of the lane's 4
+    const unsigned p = lane + 32 * k;
+    const int a0 = 2 * k, a1 = 2 * k + 1;
+    const bool rot = p < tg.na;
+    if constexpr (kRecompute) {  // b/c_biased, and k, q as F4ef stored them (copies if p ≥ na)
+      bv[a0] = in.x1[a0] + ab[a0], bv[a1] = in.x1[a1] + ab[a1];
+      cv[a0] = in.x2[a0] + ac[a0], cv[a1] = in.x2[a1] + ac[a1];
+      // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
+      round_trip2<T>(bv[a0], bv[a1]);
+      round_trip2<T>(cv[a0], cv[a1]);
+      kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
+    } else {
+      kv[a0] = in.x1[a0], kv[a1] = in.x1[a1], qv[a0] = in.x2[a0], qv[a1] = in.x2[a1];
+      bv[a0] = in.bb[a0], bv[a1] = in.bb[a1], cv[a0] = in.cb[a0], cv[a1] = in.cb[a1];
+    }
+    float sn = 0.0f, cs = 1.0f;
+    if (rot) {
+      sincosf(in.th[k], &sn, &cs);
       if constexpr (kRecompute) {
-        const unsigned gn = (r * tg.ng + tg.group.div(h)) * ds, hn = h * ds;
-        float nb[4], nc[4], ab[4], ac[4];
-        lane_load<kVec>(a.b_normed, gn, n0, ds, has, nb);
-        lane_load<kVec>(a.c_normed, gn, n0, ds, has, nc);
-        lane_load<kVec>(a.b_bias, hn, n0, ds, has, ab);
-        lane_load<kVec>(a.c_bias, hn, n0, ds, has, ac);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) bv[v] = nb[v] + ab[v], cv[v] = nc[v] + ac[v];
-        // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
-        round_trip2<T>(bv[0], bv[1]), round_trip2<T>(bv[2], bv[3]);
-        round_trip2<T>(cv[0], cv[1]), round_trip2<T>(cv[2], cv[3]);
-      } else {
-        lane_load<kVec>(a.k, base, n0, ds, has, kv);
-        lane_load<kVec>(a.q, base, n0, ds, has, qv);
-        lane_load<kVec>(a.b_biased, base, n0, ds, has, bv);
-        lane_load<kVec>(a.c_biased, base, n0, ds, has, cv);
-      }
-      float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (last) lane_load<kVec>(dkout_row, h * ds, n0, ds, has, dkout);
-      float db[4], dc[4], dang[2];
-      float dsc = 0.0f, qk = 0.0f;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {  // pair j = 2·lane + u: values 2u, 2u + 1 of the lane's 4
-        const unsigned j = 2 * lane + u;
-        const int a0 = 2 * u, a1 = 2 * u + 1;
-        float sn = 0.0f, cs = 1.0f;
-        if (j < na) sincosf(th[u], &sn, &cs);
-        if constexpr (kRecompute) {  // k, q as F4ef stored them (copies for j ≥ na)
-          kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
-          if (j < na) {
-            rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
-            rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
-            round_trip2<T>(kv[a0], kv[a1]);
-            round_trip2<T>(qv[a0], qv[a1]);
-          }
-        }
-        // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
-        const float g1[2] = {sc * dk[a0] + dkout[a0], sc * dk[a1] + dkout[a1]};
-        dsc += dk[a0] * kv[a0];
-        qk += cv[a0] * bv[a0];
-        dsc += dk[a1] * kv[a1];
-        qk += cv[a1] * bv[a1];
-        float o1[2] = {g1[0], g1[1]}, o2[2] = {g2[a0], g2[a1]};
-        dang[u] = 0.0f;
-        if (j < na) {
-          rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
-          rope_rotate_t(sn, cs, g2[a0], g2[a1], o2[0], o2[1]);
-          dang[u] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
-                    rope_angle_grad(g2[a0], g2[a1], qv[a0], qv[a1]);
-        }
-        db[a0] = o1[0] + e * cv[a0], db[a1] = o1[1] + e * cv[a1];
-        dc[a0] = o2[0] + e * bv[a0], dc[a1] = o2[1] + e * bv[a1];
-      }
-      if constexpr (kVec) {
-        if (2 * lane < na) store_n<2>(a.d_angle_cumsum + (i * na + 2 * lane), dang);
-      } else {
-#pragma unroll
-        for (unsigned u = 0; u < 2; ++u)
-          if (2 * lane + u < na) a.d_angle_cumsum[i * na + 2 * lane + u] = dang[u];
-      }
-      if (a.d_b_pre_rope) {
-        lane_store<kVec>(a.d_b_pre_rope, base, n0, ds, has, db);
-        lane_store<kVec>(a.d_c_pre_rope, base, n0, ds, has, dc);
-      }
-      if constexpr (kFuse) {
-        const unsigned hn = h * ds;
-        lane_store<kVec>(row_b, hn, n0, ds, has, db);
-        lane_store<kVec>(row_c, hn, n0, ds, has, dc);
-        float ab[4], ac[4];
-        lane_load<kVec>(acc_b, hn, n0, ds, has, ab);
-        lane_load<kVec>(acc_c, hn, n0, ds, has, ac);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) ab[v] += db[v], ac[v] += dc[v];
-        lane_store<kVec>(acc_b, hn, n0, ds, has, ab);
-        lane_store<kVec>(acc_c, hn, n0, ds, has, ac);
-      }
-      dsc = warp_sum(dsc);
-      qk = warp_sum(qk);
-      if (lane == 0) {
-        a.dScale[i] = dsc;
-        a.dGamma[i] = dqk * qk;
+        rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
+        rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
+        round_trip2<T>(kv[a0], kv[a1]);
+        round_trip2<T>(qv[a0], qv[a1]);
       }
     }
-    // Row r stored. Returns once the consumer is here too, i.e. done with row r − 1, whose
-    // buffer the producers fill next (row r + 1).
-    if constexpr (kFuse) named_sync<kBarRow>(kAll);
+    // Values past ds are 0 in every input, so they add 0 to the sums and are not stored. The
+    // fmas are written out so that every instantiation rounds the same way.
+    const float g1[2] = {__fmaf_rn(in.sc, in.dk[a0], dkout[a0]),
+                         __fmaf_rn(in.sc, in.dk[a1], dkout[a1])};
+    dsc = __fmaf_rn(in.dk[a0], kv[a0], dsc);
+    qk = __fmaf_rn(cv[a0], bv[a0], qk);
+    dsc = __fmaf_rn(in.dk[a1], kv[a1], dsc);
+    qk = __fmaf_rn(cv[a1], bv[a1], qk);
+    float o1[2] = {g1[0], g1[1]}, o2[2] = {in.g2[a0], in.g2[a1]};
+    if (rot) {
+      rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
+      rope_rotate_t(sn, cs, in.g2[a0], in.g2[a1], o2[0], o2[1]);
+      a.d_angle_cumsum[i * tg.na + p] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
+                                        rope_angle_grad(in.g2[a0], in.g2[a1], qv[a0], qv[a1]);
+    }
+    db[a0] = __fmaf_rn(e, cv[a0], o1[0]), db[a1] = __fmaf_rn(e, cv[a1], o1[1]);
+    dc[a0] = __fmaf_rn(e, bv[a0], o2[0]), dc[a1] = __fmaf_rn(e, bv[a1], o2[1]);
   }
-  if constexpr (kFuse) {
-    __syncthreads();  // every owner's last acc_X update is done
-    for (unsigned x = threadIdx.x; x < nhds; x += kAll) {
-      part_b[Idx(blockIdx.x) * nhds + x] = acc_b[x];
-      part_c[Idx(blockIdx.x) * nhds + x] = acc_c[x];
+  // Both sums in one butterfly (header): lanes < 16 end with Σ dsc, lanes ≥ 16 with Σ qk.
+  const bool lo = lane < 16;
+  float v = (lo ? dsc : qk) + __shfl_xor_sync(0xffffffffu, lo ? qk : dsc, 16);
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) a.dScale[i] = v;
+  if (lane == 16) a.dGamma[i] = in.dqk * v;
+  if (a.d_b_pre_rope) {
+    pair_store<kVec, kFull>(a.d_b_pre_rope, i * ds, lane, ds, db);
+    pair_store<kVec, kFull>(a.d_c_pre_rope, i * ds, lane, ds, dc);
+  }
+}
+
+template <class T, bool kRecompute, bool kFuse, bool kVec, bool kFull>
+__global__ void __launch_bounds__(kTailThreads, 2)
+qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
+  constexpr int R = kTailRowsPerWarp;
+  extern __shared__ float tail_smem[];  // kFuse: [2 parities][kTailWarps][b, c][ds]
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned nh = tg.nh, ds = tg.ds, nhds = nh * ds;
+  const unsigned rw = blockIdx.x * unsigned(kTailRows) + warp * unsigned(R);  // the warp's rows
+  const unsigned nr = rw < tg.rows ? (tg.rows - rw < unsigned(R) ? tg.rows - rw : R) : 0;
+  bool last[R];  // t = T − 1 at row rw + ρ
+  {
+    unsigned t = static_cast<unsigned>((tg.r_base + rw) % tg.T);
+#pragma unroll
+    for (int q = 0; q < R; ++q, t = t + 1 == tg.T ? 0 : t + 1) last[q] = t == tg.T - 1;
+  }
+  float sum_b[R][4], sum_c[R][4];  // kFuse: Σ over the current group's heads so far
+#pragma unroll
+  for (int q = 0; q < R; ++q)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) sum_b[q][v] = sum_c[q][v] = 0.0f;
+  // The biases of the head (kRecompute), and the inputs of (rw + ρ, h) in in[ρ % 2]: the set of
+  // the next (r, h) is loaded before this one's arithmetic.
+  float ab[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ac[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // A warp with an odd number of rows (only at the end of the rows) loads each (r, h) just
+  // before its arithmetic instead.
+  TailIn in[2];
+  const bool ring = nr % 2 == 0;
+  if (nr > 0) {
+    if constexpr (kRecompute) {
+      pair_load<kVec, kFull>(a.b_bias, 0, lane, ds, ab);
+      pair_load<kVec, kFull>(a.c_bias, 0, lane, ds, ac);
     }
+    if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, 0, lane, in[0]);
+  }
+  unsigned g = 0, in_group = 0;
+  for (unsigned h = 0; h < nh; ++h) {
+    float pb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const unsigned g_next = in_group + 1 == tg.hpg ? g + 1 : g;  // g(h + 1)
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      if (unsigned(q) >= nr) continue;
+      // Prefetch: (rw + q + 1, h), or (rw, h + 1) after the warp's last row (into in[0]: nr is
+      // even).
+      if (!ring) {
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, g, lane, in[q % 2]);
+      } else if (unsigned(q) + 1 < nr) {
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, g, lane, in[(q + 1) % 2]);
+      } else if (h + 1 < nh) {
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, g_next, lane, in[(q + 1) % 2]);
+      }
+      float db[4], dc[4];
+      tail_item<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, last[q], in[q % 2], ab, ac,
+                                            db, dc);
+      if constexpr (kFuse) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          sum_b[q][v] += db[v];
+          sum_c[q][v] += dc[v];
+          pb[v] += db[v];
+          pc[v] += dc[v];
+        }
+      }
+    }
+    if (kRecompute && nr > 0 && h + 1 < nh) {  // the next head's biases
+      pair_load<kVec, kFull>(a.b_bias, (h + 1) * ds, lane, ds, ab);
+      pair_load<kVec, kFull>(a.c_bias, (h + 1) * ds, lane, ds, ac);
+    }
+    if constexpr (kFuse) {
+      if (++in_group == tg.hpg) {  // the group's last head: its sums are complete
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          if (unsigned(q) < nr) {
+            const unsigned gn = ((rw + q) * tg.ng + g) * ds;
+            pair_store<kVec, kFull>(a.d_b_normed, gn, lane, ds, sum_b[q]);
+            pair_store<kVec, kFull>(a.d_c_normed, gn, lane, ds, sum_c[q]);
+          }
+#pragma unroll
+          for (int v = 0; v < 4; ++v) sum_b[q][v] = sum_c[q][v] = 0.0f;
+        }
+        in_group = 0;
+      }
+      float* slot = tail_smem + (h & 1) * (kTailWarps * 2 * ds);
+      pair_store<false, false>(slot + warp * 2 * ds, 0, lane, ds, pb);
+      pair_store<false, false>(slot + warp * 2 * ds, ds, lane, ds, pc);
+      __syncthreads();
+      if (threadIdx.x < 2 * ds) {  // (X, n) = (b or c, n): Σ over the warps, ascending
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kTailWarps; ++w) s += slot[w * 2 * ds + threadIdx.x];
+        const bool is_c = threadIdx.x >= ds;
+        const unsigned n = is_c ? threadIdx.x - ds : threadIdx.x;
+        (is_c ? part_c : part_b)[Idx(blockIdx.x) * nhds + h * ds + n] = s;
+      }
+    } else {
+      if (++in_group == tg.hpg) in_group = 0;
+    }
+    g = g_next;
   }
 }
 
@@ -602,8 +683,8 @@ Idx first_region(const Dims& d) {
   return std::max(round64(d.B * d.nc * d.nh * d.hd * d.ds),
                   2 * tail_partials(d) + tail_colsum_scratch(d));
 }
-std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * kTailBuffers * d.nh * d.ds; }
-constexpr std::size_t kTailSmemMax = 110 * 1024;  // two tail blocks per SM
+// kFuse: the warps' per-head sums of the bias partials, double-buffered (≤ 16 KB at ds ≤ 128).
+std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * 2 * kTailWarps * 2 * d.ds; }
 
 struct BwdScratch {
   float *dS, *dscale_prev;
@@ -641,7 +722,6 @@ TailArgs<T> tail_args(const SsmChunkBwd<T>& p, const Dims& d, Idx r0) {
 }  // namespace
 
 Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64(d.B * d.nh); }
-bool ssm_chunked_tail_fuses(const Dims& d) { return tail_smem_bytes(d) <= kTailSmemMax; }
 
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
@@ -656,10 +736,6 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
              "set d_b/c_pre_rope, or d_b/c_normed for the fused head sums");
   M3_REQUIRE(!fuse || (p.d_c_normed && p.d_b_bias && p.d_c_bias), kChunkWhere,
              "incomplete fused head sums", "d_b_normed needs d_c_normed, d_b_bias and d_c_bias");
-  M3_REQUIRE(!fuse || ssm_chunked_tail_fuses(d), kChunkWhere,
-             "the fused head sums do not fit this shape", "nheads·d_state = ", d.nh * d.ds,
-             " needs ", tail_smem_bytes(d), " bytes of shared memory, limit ", kTailSmemMax,
-             " (check ssm_chunked_tail_fuses)");
   M3_REQUIRE(recompute ? (p.c_normed && p.b_bias && p.c_bias)
                        : (p.k && p.q && p.b_biased && p.c_biased),
              kChunkWhere, "missing step-2 inputs",
@@ -716,18 +792,19 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                                                                   p.d_d_param);
   M3_LAUNCH_CHECK();
   const unsigned int tail_grid = static_cast<unsigned int>(tail_blocks(d));
-  // Vector accesses: 4-value groups of the [.., ds] rows and θ pairs of the [.., na] rows.
-  const bool vec = d.ds % 4 == 0 && d.na % 2 == 0 &&
-                   all_aligned(16, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
+  // Vector accesses: the lanes' pairs of the [.., ds] rows (θ and dθ are read value by value).
+  const bool vec = d.ds % 2 == 0 &&
+                   all_aligned(8, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
                                p.b_bias, p.c_bias) &&
-                   all_aligned(8, p.theta, p.d_angle_cumsum) &&
-                   all_aligned(4 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
-                               p.c_normed);
+                   all_aligned(2 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
+                               p.c_normed, p.d_b_normed, p.d_c_normed);
   // Slabs of whole tail blocks whose offsets fit 32 bits (one slab up to 2^31 / (nh·ds) rows).
   const Idx slab = slab_rows(d, kTailRows);
   with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
     constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
-    auto k2 = vec ? qk_rope_bwd_kernel<T, kR, kF, true> : qk_rope_bwd_kernel<T, kR, kF, false>;
+    auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
+              : d.ds == 128 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
+                            : qk_rope_bwd_kernel<T, kR, kF, true, false>;
     const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
     set_smem(k2, sm2);
     for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
@@ -735,10 +812,9 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
       const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),
                         static_cast<unsigned>(d.ds),      static_cast<unsigned>(d.na),
                         static_cast<unsigned>(d.ng),      static_cast<unsigned>(d.hpg),
-                        static_cast<unsigned>(d.T),       r0,
-                        FastDiv(d.hpg)};
+                        static_cast<unsigned>(d.T),       r0};
       const Idx part0 = r0 / kTailRows * d.nh * d.ds;
-      k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), tail_threads(kF), sm2,
+      k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), kTailThreads, sm2,
            s>>>(tg, tail_args(p, d, r0), w.part_b + part0, w.part_c + part0);
       M3_LAUNCH_CHECK();
     }

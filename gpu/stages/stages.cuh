@@ -338,7 +338,7 @@ struct SsmChunkBwd {
   // c_biased, k and q (bit for bit F4's and F4ef's stored values) instead of reading them.
   const T *b_normed, *c_normed;
   const float *b_bias, *c_bias;
-  // B4b fused into step 2 (needs ssm_chunked_tail_fuses(d)): d_X_normed [BT, ng, ds] =
+  // B4b fused into step 2 (any supported shape): d_X_normed [BT, ng, ds] =
   // Σ_{h∈g} d_X_pre_rope (ascending h, as bcnorm_backward), d X_bias [nh, ds] += Σ_r
   // d_X_pre_rope. bcnorm_backward then runs with null d_X_pre_rope (B4c only).
   T *d_b_normed, *d_c_normed;
@@ -355,9 +355,6 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
 // dScale_{−1} B·nh (each rounded up to 64). The largest user of the scratch (≈ 134 M floats at
 // the official shape).
 Idx ssm_chunked_scratch_floats(const Dims& d);
-// Whether step 2 can take B4b's head sums: its shared memory, 24·nh·ds bytes (accumulators
-// and two row buffers, f32, for b and c), is at most 110 KB (two blocks per SM).
-bool ssm_chunked_tail_fuses(const Dims& d);
 
 // Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:
 // f32 residual + typed out_flat); convert/copy between storage types.
