@@ -32,7 +32,8 @@
 #                             isolated (issue 16 §5: 0 failures of correct code over >= 200)
 #   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
-# is printed at the end, and the exit status is non-zero if any step failed.
+# is printed at the end (and written to summary.txt), and the exit status is non-zero if any
+# step failed. GPU_CHECK_PACK=1 then packs every other file there into logs.tar.gz.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
 # taken from .boost/ when scripts/make-boost-bundle.sh made it here and the call carried it.
 set -euo pipefail
@@ -140,5 +141,11 @@ fi
 echo "=== summary (logs in $LOGS/)"
 for i in "${!names[@]}"; do
   printf '%-4s %s\n' "${results[$i]}" "${names[$i]}"
-done
+done | tee "$LOGS/summary.txt"
+# GPU_CHECK_PACK=1: everything else under $LOGS into one logs.tar.gz beside summary.txt (the
+# device tool returns at most 8 files per call; a full check writes about 20).
+if [[ -n "${GPU_CHECK_PACK:-}" ]]; then
+  (cd "$LOGS" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name logs.tar.gz \
+    -printf '%P\n' | tar czf logs.tar.gz --remove-files -T -) || failed=1
+fi
 exit "$failed"
