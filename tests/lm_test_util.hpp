@@ -14,6 +14,8 @@
 //                                       from initial_state(cfg, 3): every loss and norm, the end
 //                                       state (the data-parallel tests compare backends with it)
 //   expect_one_line_error(f, needle)    f() throws an m3::Error of one line that contains needle
+//   token_model(c, V)                   c as a token model of V symbols (vocab_size = input_dim)
+//   chunked_spec(cfg, B, T, st)         a training backend's spec: B rows of T, chunked, storage st
 #pragma once
 
 #include <gtest/gtest.h>
@@ -39,6 +41,23 @@
 #include "registry.hpp"
 
 namespace m3::test {
+
+inline Config token_model(Config c, Idx V) {
+  c.vocab_size = V;
+  c.input_dim = V;
+  return c;
+}
+
+inline train::BackendSpec chunked_spec(const Config& cfg, Idx B, Idx T,
+                                       Precision st = Precision::F32) {
+  train::BackendSpec s;
+  s.cfg = cfg;
+  s.B = B;
+  s.T = T;
+  s.mode = ScanMode::Chunked;
+  s.storage = st;
+  return s;
+}
 
 struct TokenBatch {
   std::vector<std::int32_t> tok, tgt;

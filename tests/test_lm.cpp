@@ -25,10 +25,8 @@ using m3::Params;
 using m3::ScanMode;
 
 Config lm_cfg(Idx V, Idx layers = 2, double rope = 0.5) {
-  Config c = m3::test::small_cfg(4, 2, 4, 1, rope, false, layers, 3, false, V);
-  c.vocab_size = V;
-  c.input_dim = V;
-  return c;
+  return m3::test::token_model(m3::test::small_cfg(4, 2, 4, 1, rope, false, layers, 3, false, V),
+                               V);
 }
 
 using Batch = m3::test::TokenBatch;

@@ -39,20 +39,12 @@ using namespace m3::train;
 
 // A token model whose arena spans several norm blocks, so that shards cut slots.
 Config lm_cfg() {
-  Config c = m3::test::small_cfg(32, 8, 16, 1, 0.5, false, 3, 8, false, 40);
-  c.vocab_size = 40;
-  c.input_dim = 40;
-  return c;
+  return m3::test::token_model(m3::test::small_cfg(32, 8, 16, 1, 0.5, false, 3, 8, false, 40),
+                               40);
 }
 
 BackendSpec spec(Idx B, Precision st = Precision::F32) {
-  BackendSpec s;
-  s.cfg = lm_cfg();
-  s.B = B;
-  s.T = 12;
-  s.mode = ScanMode::Chunked;
-  s.storage = st;
-  return s;
+  return m3::test::chunked_spec(lm_cfg(), B, 12, st);
 }
 
 std::unique_ptr<Backend> ranks(int G, const BackendSpec& s, bool through = true) {

@@ -44,21 +44,10 @@ using m3::ScanMode;
 using namespace m3::train;
 
 Config tiny_lm(Idx V) {
-  Config c = m3::test::small_cfg(8, 4, 4, 1, 0.5, false, 2, 8, false, V);
-  c.vocab_size = V;
-  c.input_dim = V;
-  return c;
+  return m3::test::token_model(m3::test::small_cfg(8, 4, 4, 1, 0.5, false, 2, 8, false, V), V);
 }
 
-BackendSpec cpu_spec(const Config& cfg, Idx B, Idx T, Precision st = Precision::F32) {
-  BackendSpec s;
-  s.cfg = cfg;
-  s.B = B;
-  s.T = T;
-  s.mode = ScanMode::Chunked;
-  s.storage = st;
-  return s;
-}
+using m3::test::chunked_spec;
 
 m3::OptimConfig optim() {
   m3::OptimConfig o;
@@ -72,7 +61,7 @@ m3::OptimConfig optim() {
 TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
   const Idx B = 2, T = 9, V = 7;
   const Config cfg = tiny_lm(V);
-  auto be = make_cpu_backend(cpu_spec(cfg, B, T));
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T));
   const TrainState s0 = initial_state(cfg, 5);
   be->set_state(s0);
   const Batch b = m3::test::token_batch(B, T, V, 6);
@@ -110,8 +99,8 @@ TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
   both.tok.insert(both.tok.end(), b1.tok.begin(), b1.tok.end());
   both.tgt.insert(both.tgt.end(), b1.tgt.begin(), b1.tgt.end());
   both.w.insert(both.w.end(), b1.w.begin(), b1.w.end());
-  auto one = make_cpu_backend(cpu_spec(cfg, 2, T));
-  auto acc = make_cpu_backend(cpu_spec(cfg, 1, T));
+  auto one = make_cpu_backend(chunked_spec(cfg, 2, T));
+  auto acc = make_cpu_backend(chunked_spec(cfg, 1, T));
   one->set_state(initial_state(cfg, 3));
   acc->set_state(initial_state(cfg, 3));
   m3::LossScaler s1 = m3::LossScaler::for_precision(Precision::F32), s2 = s1;
@@ -128,7 +117,7 @@ TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
 
 TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
   const Config cfg = tiny_lm(4);
-  auto be = make_cpu_backend(cpu_spec(cfg, 1, 4));
+  auto be = make_cpu_backend(chunked_spec(cfg, 1, 4));
   Batch b = m3::test::token_batch(1, 4, 4, 1);
   std::fill(b.w.begin(), b.w.end(), 0.0f);
   m3::LossScaler sc;
@@ -138,7 +127,7 @@ TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
 TEST(TrainStep, ASkippedF16StepChangesNothingButTheLossScale) {
   const Idx B = 1, T = 8, V = 6;
   const Config cfg = tiny_lm(V);
-  auto be = make_cpu_backend(cpu_spec(cfg, B, T, Precision::F16));
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T, Precision::F16));
   const TrainState s0 = initial_state(cfg, 9);
   be->set_state(s0);
   m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F16);
@@ -169,7 +158,7 @@ TEST(TrainTrajectory, TheFloatPathDriftsFromTheDoubleOracleByFloatRoundOffOnly) 
   const Idx B = 2, T = 16, V = 9, K = 6;
   const Config cfg = tiny_lm(V);
   const m3::ParamLayout layout = m3::param_layout(cfg);
-  auto be = make_cpu_backend(cpu_spec(cfg, B, T));
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T));
   const TrainState s0 = initial_state(cfg, 21);
   be->set_state(s0);
   m3::LossScaler sc;

@@ -49,9 +49,7 @@ Config lm_cfg(Idx V, Idx ds = 16, double rope = 0.5) {
   c.n_layers = 2;
   c.rope_fraction = rope;
   c.chunk_size = 32;
-  c.vocab_size = V;
-  c.input_dim = V;
-  return c;
+  return m3::test::token_model(c, V);
 }
 
 using Tokens = m3::test::TokenBatch;

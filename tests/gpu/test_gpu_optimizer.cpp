@@ -106,6 +106,15 @@ std::vector<float> arena(const ParamLayout& layout, std::uint32_t seed, float lo
   return x;
 }
 
+// A gradient arena over several decades of magnitude (every 7th value ×1e3, every 11th from
+// the 3rd ×1e-4), the gaps zero, as the norm tests use it.
+std::vector<float> spread_gradient(const ParamLayout& layout, std::uint32_t seed) {
+  std::vector<float> g = arena(layout, seed, -1.0f, 1.0f, 0.0f);
+  for (std::size_t i = 0; i < g.size(); i += 7) g[i] *= 1e3f;
+  for (std::size_t i = 3; i < g.size(); i += 11) g[i] *= 1e-4f;
+  return g;
+}
+
 // The first index where a and b differ in bits, or -1.
 Idx first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return 0;
@@ -124,10 +133,7 @@ TEST(GpuGradNorm, MatchesTheHostWithin1e12AndRepeatsBitForBit) {
        }()}) {
     const ParamLayout layout = m3::param_layout(cfg);
     ASSERT_GT(layout.total, 4 * m3::kNormBlock);
-    // Gradients over several decades of magnitude, the gaps zero (as in the gradient arena).
-    std::vector<float> g = arena(layout, 5, -1.0f, 1.0f, 0.0f);
-    for (std::size_t i = 0; i < g.size(); i += 7) g[i] *= 1e3f;
-    for (std::size_t i = 3; i < g.size(); i += 11) g[i] *= 1e-4f;
+    const std::vector<float> g = spread_gradient(layout, 5);
     DeviceFloats dg(layout.total);
     dg.upload(g);
     GpuOptimizer opt(ctx(), layout);
@@ -314,9 +320,7 @@ TEST(GpuOptimizerShard, GatheredPartialsGiveGradNormBitForBit) {
   M3_SKIP_WITHOUT_GPU();
   const ParamLayout layout = m3::param_layout(token_config());
   ASSERT_GT(layout.total, 4 * m3::kNormBlock);
-  std::vector<float> g = arena(layout, 51, -1.0f, 1.0f, 0.0f);
-  for (std::size_t i = 0; i < g.size(); i += 7) g[i] *= 1e3f;
-  for (std::size_t i = 3; i < g.size(); i += 11) g[i] *= 1e-4f;
+  const std::vector<float> g = spread_gradient(layout, 51);
   DeviceFloats dg(layout.total);
   dg.upload(g);
   GpuOptimizer full(ctx(), layout);

@@ -43,20 +43,14 @@ using namespace m3::train;
   } while (0)
 
 BackendSpec spec(Idx B, Precision st) {
-  BackendSpec s;
-  s.cfg.d_model = 64;
-  s.cfg.d_state = 16;
-  s.cfg.headdim = 16;
-  s.cfg.expand = 2;
-  s.cfg.n_layers = 2;
-  s.cfg.chunk_size = 16;
-  s.cfg.vocab_size = 50;
-  s.cfg.input_dim = 50;
-  s.B = B;
-  s.T = 32;
-  s.mode = ScanMode::Chunked;
-  s.storage = st;
-  return s;
+  Config c;
+  c.d_model = 64;
+  c.d_state = 16;
+  c.headdim = 16;
+  c.expand = 2;
+  c.n_layers = 2;
+  c.chunk_size = 16;
+  return m3::test::chunked_spec(m3::test::token_model(c, 50), B, 32, st);
 }
 
 using m3::test::Trajectory;
