@@ -13,12 +13,13 @@
 //   dADT_τ = e^{Λ}⟨S, dS⟩ + Σ_t M_t + Σ_{t ≥ τ} (loc_t − M_t)
 //
 // Block: 256 threads (8 warps), grid (nc, nh, B); every product is a Frag<64, N, 8>.
-// Shared memory (bf16 planes, plane_ld padding): Q, Ks [64][DP], dO, X [64][HP] (one plane for
-// bf16 storage — exact —, hi/lo for f16), and one region R that holds in turn S [HP][DP] (hi/lo),
-// then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row floats. At the
-// official shape (bf16, HP = 64, DP = 128) that is ≈ 92 KB: two blocks per SM, so one block's
-// loads overlap the other's products.
-// Order: (0) loads: typed tiles (bf16 rows aligned: cp.async straight into the planes), S split
+// Shared memory (16-bit planes, plane_ld padding): Q, Ks [64][DP], dO, X [64][HP] (one plane of
+// the storage values each — tc_frag.cuh: bf16 exact; f16 split into bf16 hi/lo as fragments
+// load, except in A and P, f16 × f16 on f16 mma), and one region R that holds in turn S [HP][DP]
+// (hi/lo), then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row floats. At the
+// official shape (HP = 64, DP = 128, bf16 or f16) that is ≈ 92 KB: two blocks per SM, so one
+// block's loads overlap the other's products.
+// Order: (0) loads: typed tiles (rows aligned: cp.async straight into the planes), S split
 // into R, ⟨S, dS⟩ from the f32 values; (1) dq = dO·S, rx; (2) A, P → MA, MP into R, row and
 // column sums of W; dq += MP·Ks → dQ_mid; (3) dV = MAᵀ·dO, dK = MPᵀ·Q; dS split into R;
 // (4) dV += e_s·(Ks·dSᵀ) + (D + qk)·dO → d_x; dK += e_s·(X·dS), M_t → dK_mid; (5) dADT (warp 0).
@@ -48,10 +49,10 @@ using tcf::Opnd;
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
 
-template <int HP, int DP, int NPT>
+template <int HP, int DP>
 constexpr std::size_t smem_bytes() {
   constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
-  constexpr std::size_t typed = std::size_t(NPT) * kTR * (2 * LDD + 2 * LDH);
+  constexpr std::size_t typed = std::size_t(kTR) * (2 * LDD + 2 * LDH);
   constexpr std::size_t state = std::size_t(2) * HP * LDD, mamp = std::size_t(4) * kTR * kLD64;
   constexpr std::size_t planes = typed + (state > mamp ? state : mamp);
   return planes * sizeof(bf16) + sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1) + 32);
@@ -61,16 +62,14 @@ template <class T, int RH, int RD>
 __global__ void __launch_bounds__(kNT, 2)
 chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   constexpr int HP = 16 * RH, DP = 16 * RD, LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
-  constexpr bool kTS = tcf::kSplitStorage<T>;
-  constexpr int NPT = kTS ? 2 : 1;
-  constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // lo-plane offsets of the typed tiles
+  constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // sizes of the typed tiles' planes
   constexpr int kSo = HP * LDD, kMo = kTR * kLD64;  // … of S / dS, and of MA / MP
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Qp = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Kp = Qp + NPT * kQo;
-  bf16* Op = Kp + NPT * kQo;
-  bf16* Xp = Op + NPT * kHo;
-  bf16* R = Xp + NPT * kHo;
+  bf16* Kp = Qp + kQo;
+  bf16* Op = Kp + kQo;
+  bf16* Xp = Op + kHo;
+  bf16* R = Xp + kHo;
   bf16* MAp = R;
   bf16* MPp = R + 2 * kMo;
   constexpr int kR = 2 * HP * LDD > 4 * kMo ? 2 * HP * LDD : 4 * kMo;
@@ -124,15 +123,15 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
 #pragma unroll
     for (int k = 0; k < HP / 4; k += 2) {
       const int at = t * LDH + q4 * (HP / 4) + k;
-      const float2 o = tcf::get_pair<kTS>(Op, kHo, at), xv = tcf::get_pair<kTS>(Xp, kHo, at);
+      const float2 o = tcf::get_typed_pair<T>(Op, at), xv = tcf::get_typed_pair<T>(Xp, at);
       acc += o.x * xv.x + o.y * xv.y;
     }
     acc = tcf::quad_sum(acc);
     if (q4 == 0 && t < L) p.dQK_dot[(row0 + t) * nh + h] = acc;
   }
 
-  const Opnd<LDD, true, kTS> oQ{Qp, kQo}, oK{Kp, kQo};
-  const Opnd<LDH, true, kTS> oO{Op, kHo}, oX{Xp, kHo};
+  const tcf::TypedOpnd<T, LDD, true> oQ{Qp, 0}, oK{Kp, 0};
+  const tcf::TypedOpnd<T, LDH, true> oO{Op, 0}, oX{Xp, 0};
   const int g4 = lane >> 2, c4 = lane & 3;
 
   // ---- (1) dq = dO·S; rx_t = Σ_n (dO S)[t][n] Q[t][n]; dq ← e^{cum_t}·dq
@@ -143,7 +142,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     float rx[2] = {0.0f, 0.0f};
     const float e[2] = {expf(cum[dq.wm() * 16 + g4]), expf(cum[dq.wm() * 16 + g4 + 8])};
     dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
-      const float2 qv = tcf::get_pair<kTS>(Qp, kQo, m * LDD + n);
+      const float2 qv = tcf::get_typed_pair<T>(Qp, m * LDD + n);
       rx[hh] += v0 * qv.x + v1 * qv.y;
       v0 *= e[hh];
       v1 *= e[hh];
@@ -200,7 +199,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
         (wcol[tid] + wcol[kTR + tid]) + (wcol[2 * kTR + tid] + wcol[3 * kTR + tid]);
     loc[tid] = tid < L ? rowsums - colsum : 0.0f;
   }
-  dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Kp, kQo});
+  dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, tcf::TypedOpnd<T, LDD, false>{Kp, 0});
   // The f32 rows go out as pairs (one 8-byte store per lane) when ds is even: full sectors
   // per store instruction instead of every other word.
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
@@ -213,8 +212,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   Frag<kTR, DP, kNW> dK;
   dV.zero();
   dK.zero();
-  dV.template add<kTR>(Opnd<kLD64, false, true>{MAp, kMo}, Opnd<LDH, false, kTS>{Op, kHo});
-  dK.template add<kTR>(Opnd<kLD64, false, true>{MPp, kMo}, Opnd<LDD, false, kTS>{Qp, kQo});
+  dV.template add<kTR>(Opnd<kLD64, false, true>{MAp, kMo}, tcf::TypedOpnd<T, LDH, false>{Op, 0});
+  dK.template add<kTR>(Opnd<kLD64, false, true>{MPp, kMo}, tcf::TypedOpnd<T, LDD, false>{Qp, 0});
   __syncthreads();
   tcf::load_state<HP, DP>(R, dS, hd, ds, vs);
   __syncthreads();
@@ -227,7 +226,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     v2.zero();
     v2.template add<DP>(oK, Opnd<LDD, true, true>{R, kSo});
     dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
-      const float2 o = tcf::get_pair<kTS>(Op, kHo, s * LDH + q4);
+      const float2 o = tcf::get_typed_pair<T>(Op, s * LDH + q4);
       v0 += es[hh] * v2.d[i][j][2 * hh] + qkD[s] * o.x;
       v1 += es[hh] * v2.d[i][j][2 * hh + 1] + qkD[s] * o.y;
       if (s >= L || q4 >= hd) return;
@@ -244,7 +243,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     float m[2] = {0.0f, 0.0f};
     dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
       const float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
-      const float2 kv = tcf::get_pair<kTS>(Kp, kQo, s * LDD + n);
+      const float2 kv = tcf::get_typed_pair<T>(Kp, s * LDD + n);
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;
       v1 += es[hh] * u1;
@@ -290,8 +289,7 @@ void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, c
              "chunk_size=", g.cs, " T=", g.T);
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    constexpr std::size_t bytes =
-        smem_bytes<16 * RH, 16 * RD, tcf::kSplitStorage<T> ? 2 : 1>();
+    constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD>();
     auto k = chunk_bwd_tc_kernel<T, RH, RD>;
     set_smem(k, bytes);
     k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),

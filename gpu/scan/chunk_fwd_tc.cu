@@ -8,15 +8,15 @@
 // row stride g.ldx: proj's width when x is its column view);
 // S = chunk_states_saved [B, nc, nh, hd, ds], cum = da_cumsum_saved [B, nc, nh, cs], qk =
 // qk_dot_saved [BT, nh] (f32); y [BT, di] rounded to T once, as it is stored.
-//   1. Loads (all issued before their shared stores; bf16 rows by cp.async): planes Q, Ks
-//      [64][DP] (bf16: one exact plane; f16: hi/lo, exact), S [HP][DP] (f32 split hi/lo); rows
+//   1. Loads (all issued before their shared stores; typed rows by cp.async): planes Q, Ks
+//      [64][DP] (one plane of the storage values each), S [HP][DP] (f32 split hi/lo); rows
 //      ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
 //   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
 //   3. X [64][HP] (typed like Q) loads over Q, Ks (dead) while MA = [s < t < L]·e^{cum_t −
 //      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t}.
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
-// At the official shape (bf16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM (with
+// At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM (with
 // X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory latency, so
 // the third block's warps are worth more than X's load overlapping steps 1–2).
 // Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
@@ -41,17 +41,17 @@ using tcf::load_typed;
 
 constexpr int kThreads5 = tcf::kTileThreads, kWarps5 = kThreads5 / 32;
 
-// Shared memory (bf16 elements, then floats): Q, Ks [kTR][LDD]·NP aliased by X [kTR][LDH]·NP;
+// Shared memory (16-bit elements, then floats): Q, Ks [kTR][LDD] aliased by X [kTR][LDH];
 // S [HP][LDD]·2 aliased by MA [kTR][LDM]·2; then cum, e^{cum}, D + qk [kTR] (floats);
-// NP = the planes of a typed tile. Blocks per SM: three where their shared memory fits the
-// SM's 228 KB (1 KB of it reserved per block) and y has ≤ 16 accumulators per thread (HP ≤ 64:
-// 80 registers without spills, ptxas -v), else two (≤ 128 registers).
+// a typed tile is one plane of its storage values (tc_frag.cuh). Blocks per SM: three where
+// their shared memory fits the SM's 228 KB (1 KB of it reserved per block) and y has ≤ 16
+// accumulators per thread (HP ≤ 64: 80 registers without spills, ptxas -v), else two (≤ 128
+// registers).
 template <class T, int RH, int RD>
 struct Layout {
   static constexpr int HP = 16 * RH, DP = 16 * RD;
   static constexpr int LDH = plane_ld(HP), LDD = plane_ld(DP), LDM = plane_ld(kTR);
-  static constexpr int NP = tcf::kSplitStorage<T> ? 2 : 1;
-  static constexpr int kQ = kTR * LDD * NP, kX = kTR * LDH * NP;
+  static constexpr int kQ = kTR * LDD, kX = kTR * LDH;
   static constexpr int kQX = 2 * kQ > kX ? 2 * kQ : kX;
   static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
   static constexpr std::size_t kBytes = 2 * std::size_t(kQX + kSM) + 4 * 3 * kTR;
@@ -63,7 +63,6 @@ __global__ void __launch_bounds__(kThreads5, (Layout<T, RH, RD>::kMinBlocks))
 chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   using Ly = Layout<T, RH, RD>;
   constexpr int HP = Ly::HP, DP = Ly::DP, LDH = Ly::LDH, LDD = Ly::LDD, LDM = Ly::LDM;
-  constexpr bool kSp = tcf::kSplitStorage<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qp = reinterpret_cast<bf16*>(smem);
   bf16* Kp = Qp + Ly::kQ;
@@ -101,7 +100,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   __syncthreads();
 
   // 2. y = Q Sᵀ, A = Q Ksᵀ.
-  const tcf::Opnd<LDD, true, kSp> Q{Qp, kTR * LDD}, Ks{Kp, kTR * LDD};
+  const tcf::TypedOpnd<T, LDD, true> Q{Qp, 0}, Ks{Kp, 0};
   tcf::Frag<kTR, HP, kWarps5> y;
   y.zero();
   y.template add<DP>(Q, tcf::Opnd<LDD, true, true>{Sp, HP * LDD});
@@ -135,13 +134,13 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
 
   // 4. y += MA X;  y + (D + qk_t) x → global.
   y.template add<kTR>(tcf::Opnd<LDM, true, true>{MA, kTR * LDM},
-                      tcf::Opnd<LDH, false, kSp>{Xp, kTR * LDH});
+                      tcf::TypedOpnd<T, LDH, false>{Xp, 0});
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
   const bool pair_store = hd % 2 == 0 && is_aligned(p.y, 4);
   T* yb = p.y + row0 * g.di + h * hd;
   y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
     if (t >= L || q >= hd) return;
-    const float2 x = tcf::get_pair<kSp>(Xp, kTR * LDH, t * LDH + q);
+    const float2 x = tcf::get_typed_pair<T>(Xp, t * LDH + q);
     const float d = dq[t];
     const T y0 = from_float<T>(v0 + d * x.x), y1 = from_float<T>(v1 + d * x.y);
     T* out = yb + t * g.di + q;

@@ -16,9 +16,10 @@
 //                     w_s = e^{cum_s}; U = d_y (like x), V = q (like k); out = dcontrib (dS)
 // Steps:
 //   1. Warp 0 loads its row scalars (adt / cum of rows lane, lane + 32) into registers; then all
-//      threads issue the tile loads (tc_tiles.cuh: bf16 rows by cp.async straight into the
-//      planes, so their latency overlaps step 2): U → [64][HP] (bf16: one exact plane; f16:
-//      hi/lo, exact), V → [64][DQ] likewise; rows ≥ L and columns ≥ hd / ds zero.
+//      threads issue the tile loads (tc_tiles.cuh: aligned rows by cp.async straight into the
+//      planes, so their latency overlaps step 2): U → [64][HP], V → [64][DQ], one plane of the
+//      storage values each (f16 split into bf16 hi/lo as V's fragments load, tc_frag.cuh);
+//      rows ≥ L and columns ≥ hd / ds zero.
 //   2. Warp 0: forward, the cumsum — every lane runs the same serial f32 sum over the 64 values
 //      (shuffled from their lanes, ascending), keeping cum of its two rows: the same additions in
 //      the same order as the reference and chunk_state_kernel (rows ≥ L add +0, a no-op: the sum
@@ -39,8 +40,8 @@
 // number of n-tiles per warp; every (HP, DP) gives one but (32, 32) (2 × 4 warps, one n-tile
 // each): there V's plane is widened to DQ = 64 (zero columns ≥ ds; the extra products are
 // zeros that are never stored). Else DQ = DP.
-// Shared memory (bf16 elements, then floats): U/W [64][LDH] hi, lo; V [64][LDQ] (one plane for
-// bf16 storage, hi/lo for f16); w [64]. bf16, HP = 64, DP = 128: 36,096 bytes.
+// Shared memory (16-bit elements, then floats): U/W [64][LDH] hi, lo; V [64][LDQ] (one plane of
+// the storage values); w [64]. HP = 64, DP = 128 (bf16 or f16): 36,096 bytes.
 // Precision: tc_frag.cuh (W split to 16 significant bits, V exact; products ≈ 2⁻¹⁶ of Σ|terms|,
 // f32 accumulation, k ascending). Determinism: fixed order everywhere, no atomics, one writer
 // per output (out, da_cumsum_saved, da_cs_sum).
@@ -68,13 +69,13 @@ struct Layout {
   static constexpr int HP = 16 * RH, DP = 16 * RD;
   static constexpr int DQ = HP == 32 && DP == 32 ? 64 : DP;  // see the header
   static constexpr int LDH = tcf::plane_ld(HP), LDQ = tcf::plane_ld(DQ);
-  static constexpr int NPV = tcf::kSplitStorage<T> ? 2 : 1;
-  static constexpr int kUo = kTR * LDH, kVo = kTR * LDQ;  // lo-plane offsets
+  static constexpr int kUo = kTR * LDH, kVo = kTR * LDQ;  // U's lo-plane offset, V's plane
   static constexpr std::size_t kBytes =
-      sizeof(bf16) * (std::size_t(2) * kUo + std::size_t(NPV) * kVo) + sizeof(float) * kTR;
+      sizeof(bf16) * (std::size_t(2) * kUo + std::size_t(kVo)) + sizeof(float) * kTR;
   // Blocks per SM (registers ≤ 64K / (256·kMinBlocks)), by the accumulators per thread
   // (HP·DQ / 256) and the operands' planes: no spills (ptxas -v) for every instantiation.
-  static constexpr int kMinBlocks = HP * DQ / kNT > 32 ? 2 : NPV == 1 ? 4 : 3;
+  // f16: V's fragments carry a lo part too (split as they load): more live registers.
+  static constexpr int kMinBlocks = HP * DQ / kNT > 32 ? 2 : tcf::kF16Plane<T> ? 3 : 4;
 };
 
 // ---- the steps, shared by the per-chunk kernel and the walk ----------------------------------
@@ -82,11 +83,11 @@ struct Layout {
 // The planes of one chunk in shared memory (Layout::kBytes from `base`).
 template <class Ly>
 struct Planes {
-  bf16 *U, *V;  // U then W (hi, lo at kUo), V (lo at kVo for f16 storage)
+  bf16 *U, *V;  // U (its storage values) then W (hi, lo at kUo); V (its storage values)
   float* w;     // [kTR]
   __device__ explicit Planes(unsigned char* base)
       : U(reinterpret_cast<bf16*>(base)), V(U + 2 * Ly::kUo),
-        w(reinterpret_cast<float*>(V + Ly::NPV * Ly::kVo)) {}
+        w(reinterpret_cast<float*>(V + Ly::kVo)) {}
 };
 
 // 1a. Warp 0: the row scalars of chunk c — adt (forward) or cum (backward) of rows lane and
@@ -108,7 +109,7 @@ __device__ __forceinline__ void chunk_rows(const ChunkGeom& g, const ChunkStateA
   }
 }
 
-// 1b. All threads: chunk c's U and V tiles into the planes (bf16 by cp.async: the caller commits
+// 1b. All threads: chunk c's U and V tiles into the planes (by cp.async: the caller commits
 // and waits).
 // V's columns n0 … n0 + min(DQ, ds − n0) − 1 (n0 > 0: the walk's second half of d_state).
 template <class T, class Ly>
@@ -181,27 +182,19 @@ __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkSt
 template <class T, class Ly>
 __device__ __forceinline__ void weight_planes(const Planes<Ly>& pl) {
   constexpr int HP = Ly::HP, LDH = Ly::LDH, kUo = Ly::kUo, kW = HP / 8;
-  constexpr bool kSp = tcf::kSplitStorage<T>;
   static_assert(kTR * kW % kNT == 0, "the block must tile U");
   const int tid = threadIdx.x;
 #pragma unroll
   for (int k = 0; k < kTR * kW / kNT; ++k) {
     const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
     bf16* at = pl.U + r * LDH + col;
-    const uint4 hv = *reinterpret_cast<const uint4*>(at);
-    uint4 lv = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kSp) lv = *reinterpret_cast<const uint4*>(at + kUo);
-    const std::uint32_t hin[4] = {hv.x, hv.y, hv.z, hv.w}, lin[4] = {lv.x, lv.y, lv.z, lv.w};
+    const uint4 v = *reinterpret_cast<const uint4*>(at);
+    const std::uint32_t in[4] = {v.x, v.y, v.z, v.w};
     const float ws = pl.w[r];
     std::uint32_t ho[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hin[j]));
-      if constexpr (kSp) {  // f16: hi + lo is the value, exactly
-        const float2 l = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lin[j]));
-        u.x += l.x;
-        u.y += l.y;
-      }
+      const float2 u = tcf::typed_pair<T>(in[j]);  // the storage values, exactly
       tc::split2(__fmul_rn(ws, u.x), __fmul_rn(ws, u.y), ho[j], lo[j]);
     }
     *reinterpret_cast<uint4*>(at) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
@@ -217,7 +210,7 @@ template <class T, class Ly>
 __device__ __forceinline__ void chunk_product(ChunkFrag<Ly>& f, const Planes<Ly>& pl) {
   f.zero();
   f.template add<kTR>(tcf::Opnd<Ly::LDH, false, true>{pl.U, Ly::kUo},
-                      tcf::Opnd<Ly::LDQ, false, tcf::kSplitStorage<T>>{pl.V, Ly::kVo});
+                      tcf::TypedOpnd<T, Ly::LDQ, false>{pl.V, 0});
 }
 
 // A [hd][ld] f32 state at `out` ← the pair (p, n), (p, n + 1) of its columns n < cols (p < hd

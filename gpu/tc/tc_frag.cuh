@@ -6,16 +6,21 @@
 //
 // Planes. A tile of f32 values v is stored once, when it is written to shared memory, as two
 // bf16 planes hi = bf16(v), lo = bf16(v − hi) (tc::split2: hi + lo carries 16 significant bits,
-// |v − hi − lo| ≤ 2⁻¹⁶·|v|). A tile of bf16 storage values is exact in its hi plane and has no lo
-// plane; a tile of f16 storage values splits exactly (11 significant bits). A product forms
+// |v − hi − lo| ≤ 2⁻¹⁶·|v|). A tile of storage values is one plane of the values themselves:
+// bf16 values are exact in it and have no lo part; f16 values (11 significant bits) are split
+// exactly into bf16 hi/lo as their fragments are loaded (split_f16: the registers ldmatrix
+// gives, split with tc::split2 — the very bits a hi/lo plane pair of them would give, in half
+// the shared memory). A product forms
 //   a·b ≈ ah·bh + ah·bl + al·bh       (the dropped al·bl is below 2⁻¹⁶·|a·b|)
 // with the terms of an operand without a lo plane skipped, all into one f32 accumulator per
 // output element in a fixed order (k ascending in steps of 16; per step hh, then hl, then lh):
 // the relative error of a dot product is ≈ 2⁻¹⁶ of Σ|a·b| plus the f32 accumulation, as in
-// tc_mma.cuh, and results are bit-identical run to run.
+// tc_mma.cuh, and results are bit-identical run to run. A product of two f16 tiles is one f16
+// mma per step instead (f16·f16 is exact in f32: no term dropped, only the f32 accumulation).
 //
-// Storage of an operand (Opnd<LD, KIn, Split>): a row-major [rows][LD] bf16 plane (lo plane, if
-// any, lo_off elements after hi). KIn = the reduction index k is the column (contiguous) index:
+// Storage of an operand (Opnd<LD, KIn, Split, F16>): a row-major [rows][LD] plane of 16-bit
+// values — bf16 (lo plane, if Split, lo_off elements after hi), or with F16 the f16 values of a
+// typed tile (TypedOpnd<T, …>). KIn = the reduction index k is the column (contiguous) index:
 // A stored [m][k] or B stored [n][k]; otherwise A is stored [k][m] or B [k][n] and the fragments
 // are loaded transposed (ldmatrix .trans). LD = columns + 8 (plane_ld): rows 16 bytes apart
 // modulo 128, so the eight rows an ldmatrix phase reads hit distinct banks; addresses 16-byte
@@ -60,13 +65,31 @@ __device__ __forceinline__ void ldsm4t(std::uint32_t (&r)[4], const bf16* p) {
                : "r"(smem_addr(p)));
 }
 
-template <int LD, bool KIn, bool Split>
+template <int LD, bool KIn, bool Split, bool F16 = false>
 struct Opnd {
-  const bf16* p;  // hi plane
+  static_assert(!(Split && F16), "an f16 plane is split as it is loaded");
+  const bf16* p;  // hi plane (F16: the f16 values)
   int lo_off;     // elements from hi to lo (Split only)
   static constexpr int kLD = LD;
-  static constexpr bool kKIn = KIn, kSplit = Split;
+  static constexpr bool kKIn = KIn, kSplit = Split, kF16 = F16;
+  static constexpr bool kLo = Split || F16;  // the operand has a lo part
 };
+
+// A typed tile's plane holds the storage values themselves; f16 ones are split on load.
+template <class T>
+constexpr bool kF16Plane = std::is_same_v<T, __half>;
+template <class T, int LD, bool KIn>
+using TypedOpnd = Opnd<LD, KIn, false, kF16Plane<T>>;
+
+// Fragment registers of f16 pairs → their exact bf16 hi (in place) and lo parts.
+template <int N>
+__device__ __forceinline__ void split_f16(std::uint32_t (&r)[N], std::uint32_t (&lo)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&r[i]));
+    tc::split2(v.x, v.y, r[i], lo[i]);
+  }
+}
 
 // The A fragment (m16 × k16 at m0, k0) of m16n8k16: regs a0..a3 = (g, 2c), (g+8, 2c),
 // (g, 2c+8), (g+8, 2c+8) — matrices (m0–7, k0–7), (m8–15, k0–7), (m0–7, k8–15), (m8–15, k8–15).
@@ -97,6 +120,11 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
   const std::uint32_t b[2] = {b0, b1};
   tc::mma_bf16(d, a, b);
 }
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4],
+                                        std::uint32_t b0, std::uint32_t b1) {
+  const std::uint32_t b[2] = {b0, b1};
+  tc::mma_f16(d, a, b);
+}
 
 template <int M, int N, int NW>
 struct Frag {
@@ -121,6 +149,7 @@ struct Frag {
   template <int K, class OA, class OB>
   __device__ __forceinline__ void add(OA A, OB B) {
     static_assert(K % 16 == 0, "K is a multiple of 16");
+    constexpr bool kF16 = OA::kF16 && OB::kF16;  // both f16 tiles: f16 mma, nothing split
     const int m_w = wm(), n_w = wn();
 #pragma unroll 1
     for (int k0 = 0; k0 < K; k0 += 16) {
@@ -129,6 +158,7 @@ struct Frag {
       for (int i = 0; i < FM; ++i) {
         const int m0 = (m_w + WM * i) * 16;
         load_a<OA::kLD, OA::kKIn>(ah[i], A.p, m0, k0);
+        if constexpr (OA::kF16 && !kF16) split_f16(ah[i], al[i]);
         if constexpr (OA::kSplit) load_a<OA::kLD, OA::kKIn>(al[i], A.p + A.lo_off, m0, k0);
       }
 #pragma unroll
@@ -136,16 +166,22 @@ struct Frag {
         const int n0 = (n_w * FN + j) * 8;
         std::uint32_t bh[4], bl[4];
         load_b2<OB::kLD, OB::kKIn>(bh, B.p, n0, k0);
+        if constexpr (OB::kF16 && !kF16) split_f16(bh, bl);
         if constexpr (OB::kSplit) load_b2<OB::kLD, OB::kKIn>(bl, B.p + B.lo_off, n0, k0);
 #pragma unroll
         for (int i = 0; i < FM; ++i) {
+          if constexpr (kF16) {
+            mma_f16(d[i][j], ah[i], bh[0], bh[1]);
+            mma_f16(d[i][j + 1], ah[i], bh[2], bh[3]);
+            continue;
+          }
           mma(d[i][j], ah[i], bh[0], bh[1]);
           mma(d[i][j + 1], ah[i], bh[2], bh[3]);
-          if constexpr (OB::kSplit) {
+          if constexpr (OB::kLo) {
             mma(d[i][j], ah[i], bl[0], bl[1]);
             mma(d[i][j + 1], ah[i], bl[2], bl[3]);
           }
-          if constexpr (OA::kSplit) {
+          if constexpr (OA::kLo) {
             mma(d[i][j], al[i], bh[0], bh[1]);
             mma(d[i][j + 1], al[i], bh[2], bh[3]);
           }
@@ -193,7 +229,7 @@ __device__ __forceinline__ void put_split(bf16* hi, int lo_off, int at, float v0
   *reinterpret_cast<std::uint32_t*>(hi + at) = h;
   *reinterpret_cast<std::uint32_t*>(hi + lo_off + at) = l;
 }
-// hi + lo of the pair at `at`, as floats (lo plane only when Split).
+// hi + lo of the pair at `at` of a bf16 plane pair, as floats (lo plane only when Split).
 template <bool Split>
 __device__ __forceinline__ float2 get_pair(const bf16* hi, int lo_off, int at) {
   float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi + at));
@@ -204,9 +240,19 @@ __device__ __forceinline__ float2 get_pair(const bf16* hi, int lo_off, int at) {
   }
   return v;
 }
-
-// Planes of a storage type: bf16 values are their own hi plane; f16 (and f32) values split.
+// A word of two storage values (T) as floats: exact.
 template <class T>
-constexpr bool kSplitStorage = !std::is_same_v<T, __nv_bfloat16>;
+__device__ __forceinline__ float2 typed_pair(std::uint32_t w) {
+  if constexpr (kF16Plane<T>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  }
+}
+// The pair at `at` (even) of a typed tile's plane, as floats.
+template <class T>
+__device__ __forceinline__ float2 get_typed_pair(const bf16* plane, int at) {
+  return typed_pair<T>(*reinterpret_cast<const std::uint32_t*>(plane + at));
+}
 
 }  // namespace m3::gpu::tcf

@@ -76,6 +76,17 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// d += a·b with f16 operands (the same fragment layout as mma_bf16): f16·f16 products are
+// exact in f32, so a product of two f16 tiles needs no split.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4],
+                                        const std::uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // The pair (k, k+1) of row m of A, or of column n of B, from shared memory.
 template <int SM, int SK>
 __device__ __forceinline__ float2 load_pair(const float* P, int m, int k) {

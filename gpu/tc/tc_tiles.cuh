@@ -1,10 +1,11 @@
 // Internal to gpu/ (.cu files only): global → shared loads of the operand planes of
 // tc_frag.cuh for the per-chunk plane kernels (chunk_state_tc.cu, chunk_fwd_tc.cu,
 // chunk_bwd_tc.cu), by a block of kTileThreads threads. These kernels are latency-bound: every
-// loader issues a batch of loads per thread before any of the batch's shared stores, and bf16
+// loader issues a batch of loads per thread before any of the batch's shared stores, and typed
 // rows go by cp.async (the caller waits with cp_async_wait() and a barrier).
 //   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
-//     elsewhere) → their planes (bf16: the exact hi plane; f16: hi/lo, exact);
+//     elsewhere) → one plane each of the values themselves (bf16 or f16 bits; tc_frag.cuh's
+//     TypedOpnd splits f16 fragments as they are loaded);
 //   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] (zeros beyond hd, ds), optionally
 //     with this thread's part of ⟨state, other⟩ in f32 (a fixed order per thread).
 #pragma once
@@ -71,13 +72,14 @@ struct Pack {
 };
 
 // N typed tiles of one geometry: src[i][r·stride + c] (r < rows, c < cols) → the [kTR][C] planes
-// dst[i] (f16: lo plane kTR·plane_ld(C) further), zeros elsewhere. vec: 16-byte rows (cols % 8
-// == 0, sources 16-byte aligned).
+// dst[i] of their 16-bit values, zeros elsewhere. vec: 16-byte rows (cols % 8 == 0, sources
+// 16-byte aligned), copied by cp.async straight into the planes (zero-filled outside).
 template <class T, int C, int N>
 __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
                                            Idx stride, int rows, int cols, bool vec) {
-  constexpr int LD = plane_ld(C), kLo = kTR * LD;
-  if (vec && !kSplitStorage<T>) {  // bf16: straight into the plane (zero-filled outside)
+  static_assert(sizeof(T) == 2, "typed tiles hold 16-bit storage values");
+  constexpr int LD = plane_ld(C);
+  if (vec) {
     constexpr int kW = C / 8;
 #pragma unroll
     for (int k = 0; k < kTR * kW / kTileThreads; ++k) {
@@ -87,52 +89,24 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
       for (int i = 0; i < N; ++i)
         cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
     }
-  } else if (vec) {  // f16: 8 values → hi, lo 16-byte stores
-    batched<kTR, C, 8>(
-        [&](int r, int c) {
-          Pack<uint4, N> v;
-#pragma unroll
-          for (int i = 0; i < N; ++i)
-            v.v[i] = r < rows && c < cols
-                         ? *reinterpret_cast<const uint4*>(src[i] + r * stride + c)
-                         : make_uint4(0u, 0u, 0u, 0u);
-          return v;
-        },
-        [&](int r, int c, const Pack<uint4, N>& v) {
-#pragma unroll
-          for (int i = 0; i < N; ++i) {
-            const T* x = reinterpret_cast<const T*>(&v.v[i]);
-            std::uint32_t hi[4], lo[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              tc::split2(to_float(x[2 * j]), to_float(x[2 * j + 1]), hi[j], lo[j]);
-            *reinterpret_cast<uint4*>(dst[i] + r * LD + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            *reinterpret_cast<uint4*>(dst[i] + kLo + r * LD + c) =
-                make_uint4(lo[0], lo[1], lo[2], lo[3]);
-          }
-        });
-  } else {  // any width: pairs of scalars
+  } else {  // any width: pairs of values, their bits moved as they are
     batched<kTR, C, 2>(
         [&](int r, int c) {
-          Pack<float2, N> v;
+          Pack<std::uint32_t, N> v;
 #pragma unroll
           for (int i = 0; i < N; ++i) {
-            const T* a = src[i] + r * stride + c;
-            v.v[i].x = r < rows && c < cols ? to_float(a[0]) : 0.0f;
-            v.v[i].y = r < rows && c + 1 < cols ? to_float(a[1]) : 0.0f;
+            const unsigned short* a =
+                reinterpret_cast<const unsigned short*>(src[i] + r * stride + c);
+            const std::uint32_t x = r < rows && c < cols ? a[0] : 0u;
+            const std::uint32_t y = r < rows && c + 1 < cols ? a[1] : 0u;
+            v.v[i] = x | (y << 16);
           }
           return v;
         },
-        [&](int r, int c, const Pack<float2, N>& v) {
+        [&](int r, int c, const Pack<std::uint32_t, N>& v) {
 #pragma unroll
-          for (int i = 0; i < N; ++i) {
-            if constexpr (kSplitStorage<T>) {
-              put_split(dst[i], kLo, r * LD + c, v.v[i].x, v.v[i].y);
-            } else {  // bf16 values: exact in the hi plane
-              *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) =
-                  tc::pack2(v.v[i].x, v.v[i].y);
-            }
-          }
+          for (int i = 0; i < N; ++i)
+            *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) = v.v[i];
         });
   }
 }
