@@ -692,6 +692,7 @@ class BackboneT final : public GpuBackbone::Impl {
                "backward reads)");
     mark("start");
     const int L = static_cast<int>(cfg_.n_layers);
+    delta_typed_of_ = nullptr;
     run_stage(-1, "norm_f", Dir::Backward, cap);
     // δ, the gradient wrt the residual stream entering each layer's backward from above, is
     // a view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal).
@@ -755,13 +756,16 @@ class BackboneT final : public GpuBackbone::Impl {
     if constexpr (std::is_same_v<T, float>) return P(-1, "head_w");
     else return typed_.data() + w_head_off_;
   }
-  // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy).
+  // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy): made
+  // here, unless the B1 that wrote δ stored it already (delta_typed_of_: the f32 buffer that
+  // B1's copy was made from, the same bits).
   const T* delta_typed() {
     if constexpr (std::is_same_v<T, float>) {
       return bb_.f("delta");
     } else {
       T* t = bb_.get<T>("delta_typed");
-      convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), t);
+      if (delta_typed_of_ == nullptr || delta_typed_of_ != bb_.f("delta"))
+        convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), t);
       return t;
     }
   }
@@ -918,7 +922,8 @@ class BackboneT final : public GpuBackbone::Impl {
   // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
   // b/c_biased being stored and read back; in the chunked mode F6's K0/K1 done inside F4ef
   // (k then stored at t = T − 1 only) and B4b's head sums and bias gradients done in B6's
-  // tail; F8's residual add done by the next norm (pending_add_).
+  // tail; F8's residual add done by the next norm (pending_add_); δ's typed copy for B8 made
+  // by the B1 that wrote δ.
   bool fused() const { return fusion_ && !isolated_; }
 
   // The launchers' parameter structs are filled by name: each field is the registry tensor (or
@@ -1316,9 +1321,15 @@ class BackboneT final : public GpuBackbone::Impl {
     } else if (st == "B1") {
       // d_temporal = δ + d_pre_norm in the same kernel; d_pre_norm stored for a capture only
       // (both are B1's own outputs, so this holds in the isolated mode too).
+      // Fused runs: δ's typed copy for the next layer's B8 too (delta_typed then converts
+      // nothing; the isolated mode restores δ from the oracle between stages, so it converts).
+      T* typed = nullptr;
+      if constexpr (!std::is_same_v<T, float>)
+        if (fused()) typed = bb_.get<T>("delta_typed");
       rmsnorm_backward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), f("rms_vals"),
                           t("d_norm"), capturing ? f("d_pre_norm") : nullptr,
-                          G(l, "norm_weight"), scr(), bb_.f("delta"), f("d_temporal"));
+                          G(l, "norm_weight"), scr(), bb_.f("delta"), f("d_temporal"), typed);
+      delta_typed_of_ = typed ? f("d_temporal") : nullptr;
     }
     // "B4c" ran with B4b; "d_states": written by B6/B5a.
   }
@@ -1431,6 +1442,7 @@ class BackboneT final : public GpuBackbone::Impl {
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
   bool fusion_ = true;           // set_fusion
+  const float* delta_typed_of_ = nullptr;  // δ's typed copy is of this buffer (B1 made it)
   bool isolated_ = false;        // inside run_isolated
   int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
   int prep_fused_layer_ = -1;    // the layer whose F4ef did F6's K0/K1 (until that F6 runs)

@@ -7,7 +7,8 @@
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
-//           dx itself stored only when its pointer is set)
+//           dx itself stored only when its pointer is set); with add_typed also add_out's
+//           values rounded to T (δ's typed copy for the next B8: convert()'s bits)
 // Forward with the residual add in front (rmsnorm_forward_add, kSum): u[r,i] = a[r,i] + b[r,i]
 // (f32 + typed, bit for bit add()) is stored to u as the row is first read, then normalised:
 // the previous layer's F8 add and this F1 (or norm_f) in one pass over the residual stream.
@@ -138,7 +139,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ w, const float* __restrict__ rms,
                         const T* __restrict__ g, float* __restrict__ dx,
                         const float* __restrict__ add_in, float* __restrict__ add_out,
-                        float* __restrict__ dw_part) {
+                        T* __restrict__ add_typed, float* __restrict__ dw_part) {
   using S = Seg<L>;
   constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
@@ -201,6 +202,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
 #pragma unroll
           for (int j = 0; j < kV; ++j) a[j] = a[j] + o[j];
           store_group<kVec>(add_out + r * dim + i, dim - i, a);
+          if (add_typed) store_group<kVec>(add_typed + r * dim + i, dim - i, a);
         }
       }
     }
@@ -291,18 +293,20 @@ void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, cons
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
                       const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
-                      const float* add_in, float* add_out) {
+                      const float* add_in, float* add_out, T* add_typed) {
   const char* where = "gpu::rmsnorm_backward";
   check_dim(rows, dim, where);
   const bool add = add_out != nullptr;
   M3_REQUIRE(add == (add_in != nullptr), where, "bad arguments",
              "add_in and add_out are both set or both null");
   M3_REQUIRE(dx || add, where, "bad arguments", "nothing to write: dx and add_out are null");
+  M3_REQUIRE(!add_typed || add, where, "bad arguments", "add_typed needs add_out");
   require_scratch(scratch, rmsnorm_backward_scratch_floats(rows, dim), where);
   if (rows == 0) return;
   const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
                    is_aligned(dx, 16) && is_aligned(g, kV * sizeof(T)) &&
-                   is_aligned(add_in, 16) && is_aligned(add_out, 16);
+                   is_aligned(add_in, 16) && is_aligned(add_out, 16) &&
+                   is_aligned(add_typed, kV * sizeof(T));
   const int lanes = lanes_of(dim);
   const bool fused = dw_fused(lanes, dim);
   const Idx blocks = dw_blocks(lanes, rows);
@@ -313,11 +317,11 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
       if (fused) {
         rmsnorm_backward_kernel<T, L, V, A, true><<<static_cast<unsigned int>(blocks), kThreads,
                                                     0, s>>>(rows, dim, u, w, rms, g, dx, add_in,
-                                                            add_out, scratch.p);
+                                                            add_out, add_typed, scratch.p);
       } else if constexpr (L == 32) {  // only rows of more than 32·L = 1024 elements
         rmsnorm_backward_kernel<T, L, V, A, false>
-            <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(rows, dim, u, w, rms, g, dx,
-                                                                    add_in, add_out, nullptr);
+            <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
+                rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, nullptr);
       }
     });
   });
@@ -338,7 +342,7 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
                                        float*, const float*, T*, float*);                   \
   template void rmsnorm_backward<T>(cudaStream_t, Idx, Idx, const float*, const float*,     \
                                     const float*, const T*, float*, float*, Scratch,        \
-                                    const float*, float*);
+                                    const float*, float*, T*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

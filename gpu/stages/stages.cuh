@@ -86,11 +86,13 @@ void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, cons
 // dx = (w⊙g − x̂·c)/rms, c = mean(g⊙w⊙x̂), x̂ = u/rms  (overwrite);
 // dw += Σ_r g⊙x̂ (deterministic, accumulate). g is T (typed d_post_norm) or float (dOut).
 // With add_in/add_out (B1's residual pass-through): add_out = add_in + dx as well, from the dx
-// in registers (bit for bit add()); dx may then be null (not stored).
+// in registers (bit for bit add()); dx may then be null (not stored). add_typed (with add_out):
+// add_out's values rounded to T as well (convert<float, T>'s bits), for the GEMMs that read δ.
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
                       const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
-                      const float* add_in = nullptr, float* add_out = nullptr);
+                      const float* add_in = nullptr, float* add_out = nullptr,
+                      T* add_typed = nullptr);
 // Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
 Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
 

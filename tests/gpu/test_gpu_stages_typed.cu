@@ -554,6 +554,49 @@ TYPED_TEST(TypedStages, RmsNormMatchesReference) {
   }
 }
 
+// B1's residual pass-through with δ's typed copy (rmsnorm_backward's add_typed, the fused
+// runs' replacement of the convert before the next B8): add_out as without it, and add_typed
+// the bits of convert<float, T>(add_out), contiguous rows (vectors) and an odd width (the
+// element-by-element path of the same kernel).
+TYPED_TEST(TypedStages, RmsnormBackwardTypedCopyIsTheConvertOfItsAdd) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  Stream s;
+  for (const Idx dim : {Idx(256), Idx(1088), Idx(21)}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    const Idx rows = 37, n = rows * dim;
+    Rng rng(5 + dim);
+    Vec u(static_cast<size_t>(n)), g(u.size()), a(u.size()), w(static_cast<size_t>(dim));
+    for (auto& e : u) e = static_cast<float>(3.0 * rng.normalish());
+    fill(g, rng, -1.0, 1.0);
+    fill(a, rng, -2.0, 2.0);
+    fill(w, rng, 0.5, 1.5);
+    Vec rms(static_cast<size_t>(rows));
+    for (Idx r = 0; r < rows; ++r) {
+      double ss = 0.0;
+      for (Idx i = 0; i < dim; ++i) ss += double(u[r * dim + i]) * u[r * dim + i];
+      rms[r] = static_cast<float>(std::sqrt(ss / double(dim) + 1e-5));
+    }
+    auto du = up(u, s), dw = up(w, s), drms = up(rms, s), da = up(a, s);
+    auto dg = up_t<T>(rounded<T>(g), s);
+    DeviceArray<float> gw0(dim), gw1(dim), out0(n), out1(n);
+    DeviceArray<T> typed(n), want(n);
+    gw0.zero(s);
+    gw1.zero(s);
+    const Idx scr = m3::gpu::rmsnorm_backward_scratch_floats(rows, dim);
+    DeviceArray<float> sc(scr);
+    m3::gpu::rmsnorm_backward<T>(s, rows, dim, du.data(), dw.data(), drms.data(), dg.data(),
+                                 nullptr, gw0.data(), {sc.data(), scr}, da.data(), out0.data());
+    m3::gpu::rmsnorm_backward<T>(s, rows, dim, du.data(), dw.data(), drms.data(), dg.data(),
+                                 nullptr, gw1.data(), {sc.data(), scr}, da.data(), out1.data(),
+                                 typed.data());
+    m3::gpu::convert<float, T>(s, n, out1.data(), want.data());
+    EXPECT_EQ(down(out0, s), down(out1, s)) << "add_out changed with add_typed";
+    EXPECT_EQ(down(gw0, s), down(gw1, s)) << "dw changed with add_typed";
+    EXPECT_EQ(down_t(typed, s), down_t(want, s)) << "add_typed is not convert(add_out)";
+  }
+}
+
 // F3 on the world's proj: every output, and proj after it. views: z, x, b_raw, c_raw null (the
 // production layout's column views), so none of them is written or returned.
 template <class T>
