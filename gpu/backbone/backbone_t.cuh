@@ -764,7 +764,7 @@ class BackboneT final : public GpuBackbone::Impl {
       return bb_.f("delta");
     } else {
       T* t = bb_.get<T>("delta_typed");
-      if (delta_typed_of_ == nullptr || delta_typed_of_ != bb_.f("delta"))
+      if (delta_typed_of_ != bb_.f("delta"))
         convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), t);
       return t;
     }

@@ -16,9 +16,9 @@
 //      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t}.
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
-// At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM (with
-// X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory latency, so
-// the third block's warps are worth more than X's load overlapping steps 1–2).
+// At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM
+// (with X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory
+// latency, so the third block's warps are worth more than X's load overlapping steps 1–2).
 // Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
 // terms share one accumulator (chunked_fwd.cu's K5 keeps two), a reordering within f32 rounding.
 // Determinism: fixed order everywhere, no atomics, one writer per y element.

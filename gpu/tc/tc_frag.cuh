@@ -81,12 +81,22 @@ constexpr bool kF16Plane = std::is_same_v<T, __half>;
 template <class T, int LD, bool KIn>
 using TypedOpnd = Opnd<LD, KIn, false, kF16Plane<T>>;
 
+// A word of two storage values (T) as floats: exact.
+template <class T>
+__device__ __forceinline__ float2 typed_pair(std::uint32_t w) {
+  if constexpr (kF16Plane<T>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  }
+}
+
 // Fragment registers of f16 pairs → their exact bf16 hi (in place) and lo parts.
 template <int N>
 __device__ __forceinline__ void split_f16(std::uint32_t (&r)[N], std::uint32_t (&lo)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&r[i]));
+    const float2 v = typed_pair<__half>(r[i]);
     tc::split2(v.x, v.y, r[i], lo[i]);
   }
 }
@@ -239,15 +249,6 @@ __device__ __forceinline__ float2 get_pair(const bf16* hi, int lo_off, int at) {
     v.y += w.y;
   }
   return v;
-}
-// A word of two storage values (T) as floats: exact.
-template <class T>
-__device__ __forceinline__ float2 typed_pair(std::uint32_t w) {
-  if constexpr (kF16Plane<T>) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&w));
-  } else {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  }
 }
 // The pair at `at` (even) of a typed tile's plane, as floats.
 template <class T>
