@@ -1,5 +1,5 @@
 // B3 — step 1 of the chunked backward (MODEL.md §6.4) — for typed runs (bf16/f16) whose chunks
-// fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands as bf16 planes in
+// fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands as 16-bit planes in
 // shared memory and the products in registers (tc_frag.cuh). Same formulas as
 // chunk_bwd_kernel of scan/chunked_bwd.cu (chunked_detail.cuh's header is the authority); per (b, h, c), with
 // M[t,s] = e^{cum_t − cum_s} (s < t), A = Q Ksᵀ, P = dO Xᵀ, MA = M⊙A, MP = M⊙P, W = MP⊙A,
@@ -13,17 +13,20 @@
 //   dADT_τ = e^{Λ}⟨S, dS⟩ + Σ_t M_t + Σ_{t ≥ τ} (loc_t − M_t)
 //
 // Block: 256 threads (8 warps), grid (nc, nh, B); every product is a Frag<64, N, 8>.
-// Shared memory (16-bit planes, plane_ld padding): Q, Ks [64][DP], dO, X [64][HP] (one plane of
-// the storage values each — tc_frag.cuh: bf16 exact; f16 split into bf16 hi/lo as fragments
-// load, except in A and P, f16 × f16 on f16 mma), and one region R that holds in turn S [HP][DP]
-// (hi/lo), then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row floats. At the
+// Shared memory (16-bit planes of the run's type, plane_ld padding): Q, Ks [64][DP], dO, X
+// [64][HP] (one plane of the storage values each, exact), and one region R that holds in turn
+// S [HP][DP] (hi/lo), then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row
+// floats. f16 runs give each of the four f32 tiles its power-of-two scale (tc_frag.cuh: the
+// block's max of the tile, one barrier each — S's and dS's inside load_state, MA's and MP's at
+// the barrier that frees R) and bring every product back by it. At the
 // official shape (HP = 64, DP = 128, bf16 or f16) that is ≈ 92 KB: two blocks per SM, so one
 // block's loads overlap the other's products.
 // Order: (0) loads: typed tiles (rows aligned: cp.async straight into the planes), S split
 // into R, ⟨S, dS⟩ from the f32 values; (1) dq = dO·S, rx; (2) A, P → MA, MP into R, row and
 // column sums of W; dq += MP·Ks → dQ_mid; (3) dV = MAᵀ·dO, dK = MPᵀ·Q; dS split into R;
 // (4) dV += e_s·(Ks·dSᵀ) + (D + qk)·dO → d_x; dK += e_s·(X·dS), M_t → dK_mid; (5) dADT (warp 0).
-// Precision: products as tc_frag.cuh (≈ 2⁻¹⁶ of Σ|terms|); ⟨S, dS⟩, the epilogues and every
+// Precision: products as tc_frag.cuh (≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs; A
+// and P exact up to the f32 accumulation); ⟨S, dS⟩, the epilogues and every
 // sum in f32. Determinism: no atomics, one writer per output, fixed orders (the cross-warp
 // sums in ascending warp order, the dADT suffix sum as a fixed shuffle tree).
 #include <cuda_bf16.h>
@@ -55,7 +58,7 @@ constexpr std::size_t smem_bytes() {
   constexpr std::size_t typed = std::size_t(kTR) * (2 * LDD + 2 * LDH);
   constexpr std::size_t state = std::size_t(2) * HP * LDD, mamp = std::size_t(4) * kTR * kLD64;
   constexpr std::size_t planes = typed + (state > mamp ? state : mamp);
-  return planes * sizeof(bf16) + sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1) + 32);
+  return planes * sizeof(bf16) + sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1) + 32 + 2 * kNW);
 }
 
 template <class T, int RH, int RD>
@@ -64,6 +67,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   constexpr int HP = 16 * RH, DP = 16 * RD, LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
   constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // sizes of the typed tiles' planes
   constexpr int kSo = HP * LDD, kMo = kTR * kLD64;  // … of S / dS, and of MA / MP
+  constexpr bool kH = tcf::kF16Plane<T>;            // f16 run: f16 planes with tile scales
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* Qp = reinterpret_cast<bf16*>(smem_raw);
   bf16* Kp = Qp + kQo;
@@ -80,6 +84,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   float* wcol = wrow + 2 * kTR;  // [4][kTR] Σ_t W[t, s]
   float* loc = wcol + 4 * kTR;   // loc_t
   float* red = loc + kTR;        // [32] block_sum
+  float* redm = red + 32;        // [2][kNW] per-warp maxima (f16 runs' tile scales)
 
   const int tid = threadIdx.x, lane = tid & 31;
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -111,10 +116,10 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
   }
   const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
-  const float sds = tcf::load_state<HP, DP, true>(R, S, hd, ds, vs, dS);
+  const tcf::StateLoad ls = tcf::load_state<HP, DP, T, true>(R, S, hd, ds, vs, redm, dS);
   tcf::cp_async_wait();
   const float Lam = cumg[L - 1];
-  const float msc = expf(Lam) * block_sum(sds, red);  // barriers: the planes are visible after
+  const float msc = expf(Lam) * block_sum(ls.dot, red);  // barriers: the planes are visible after
 
   // dQK_t = dO_t·x_t: four lanes per row, a quarter of the row each.
   {
@@ -137,11 +142,15 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   // ---- (1) dq = dO·S; rx_t = Σ_n (dO S)[t][n] Q[t][n]; dq ← e^{cum_t}·dq
   Frag<kTR, DP, kNW> dq;
   dq.zero();
-  dq.template add<HP>(oO, Opnd<LDD, false, true>{R, kSo});
+  dq.template add<HP>(oO, tcf::SplitOpnd<T, LDD, false>{R, kSo});
   {
     float rx[2] = {0.0f, 0.0f};
     const float e[2] = {expf(cum[dq.wm() * 16 + g4]), expf(cum[dq.wm() * 16 + g4 + 8])};
     dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
+      if constexpr (kH) {  // back from S's scale (exact)
+        v0 *= ls.sc.down;
+        v1 *= ls.sc.down;
+      }
       const float2 qv = tcf::get_typed_pair<T>(Qp, m * LDD + n);
       rx[hh] += v0 * qv.x + v1 * qv.y;
       v0 *= e[hh];
@@ -155,6 +164,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   }
 
   // ---- (2) A = Q·Ksᵀ, P = dO·Xᵀ → MA, MP (into R, once every warp is done with S)
+  tcf::TileScale sMA, sMP;  // f16 runs: MA's and MP's planes (bf16: 1)
   {
     using F64 = Frag<kTR, kTR, kNW>;
     F64 A, P;
@@ -165,16 +175,28 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     float wr[2] = {0.0f, 0.0f}, wc[F64::FN][2];
 #pragma unroll
     for (int j = 0; j < F64::FN; ++j) wc[j][0] = wc[j][1] = 0.0f;
-    __syncthreads();
+    // f16 runs keep MA, MP in A, P until their tiles' maxima are known; bf16 runs write them.
+    float mxa = 0.0f, mxp = 0.0f;
+    if constexpr (!kH) __syncthreads();
     A.pairs([&](int i, int hh, int j, int t, int s, float& a0, float& a1) {
-      const float p0 = P.d[i][j][2 * hh], p1 = P.d[i][j][2 * hh + 1];
+      float& p0 = P.d[i][j][2 * hh];
+      float& p1 = P.d[i][j][2 * hh + 1];
       const bool on0 = t < L && s < t, on1 = t < L && s + 1 < t;  // s < t < L implies s < L
       const float d0 = on0 ? expf(cum[t] - cum[s]) : 0.0f;
       const float d1 = on1 ? expf(cum[t] - cum[s + 1]) : 0.0f;
       const float mp0 = d0 * p0, mp1 = d1 * p1;
-      tcf::put_split(MAp, kMo, t * kLD64 + s, d0 * a0, d1 * a1);
-      tcf::put_split(MPp, kMo, t * kLD64 + s, mp0, mp1);
       const float w0 = mp0 * a0, w1 = mp1 * a1;
+      if constexpr (kH) {
+        a0 *= d0;
+        a1 *= d1;
+        p0 = mp0;
+        p1 = mp1;
+        mxa = fmaxf(mxa, fmaxf(fabsf(a0), fabsf(a1)));
+        mxp = fmaxf(mxp, fmaxf(fabsf(mp0), fabsf(mp1)));
+      } else {
+        tcf::put_split<T>(MAp, kMo, t * kLD64 + s, d0 * a0, d1 * a1);
+        tcf::put_split<T>(MPp, kMo, t * kLD64 + s, mp0, mp1);
+      }
       wr[hh] += w0 + w1;
       wc[j][0] += w0;
       wc[j][1] += w1;
@@ -191,6 +213,17 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
         const float v = tcf::column_sum(wc[j][e]);
         if (g4 == 0) wcol[A.wm() * kTR + (A.wn() * F64::FN + j) * 8 + 2 * c4 + e] = v;
       }
+    if constexpr (kH) {
+      tcf::post_max<T>(mxa, redm);
+      tcf::post_max<T>(mxp, redm + kNW);
+      __syncthreads();
+      sMA = tcf::scale_of<T, kNW>(redm);
+      sMP = tcf::scale_of<T, kNW>(redm + kNW);
+      A.pairs([&](int i, int hh, int j, int t, int s, float& a0, float& a1) {
+        tcf::put_split<T>(MAp, kMo, t * kLD64 + s, a0, a1, sMA);
+        tcf::put_split<T>(MPp, kMo, t * kLD64 + s, P.d[i][j][2 * hh], P.d[i][j][2 * hh + 1], sMP);
+      });
+    }
   }
   __syncthreads();
   if (tid < kTR) {
@@ -199,11 +232,17 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
         (wcol[tid] + wcol[kTR + tid]) + (wcol[2 * kTR + tid] + wcol[3 * kTR + tid]);
     loc[tid] = tid < L ? rowsums - colsum : 0.0f;
   }
-  dq.template add<kTR>(Opnd<kLD64, true, true>{MPp, kMo}, tcf::TypedOpnd<T, LDD, false>{Kp, 0});
+  if constexpr (kH) dq.scale(sMP.up);  // into MP's scale for its product, back at the store
+  dq.template add<kTR>(tcf::SplitOpnd<T, kLD64, true>{MPp, kMo},
+                       tcf::TypedOpnd<T, LDD, false>{Kp, 0});
   // The f32 rows go out as pairs (one 8-byte store per lane) when ds is even: full sectors
   // per store instruction instead of every other word.
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
+    if constexpr (kH) {
+      v0 *= sMP.down;
+      v1 *= sMP.down;
+    }
     if (t < L) tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
@@ -212,23 +251,33 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   Frag<kTR, DP, kNW> dK;
   dV.zero();
   dK.zero();
-  dV.template add<kTR>(Opnd<kLD64, false, true>{MAp, kMo}, tcf::TypedOpnd<T, LDH, false>{Op, 0});
-  dK.template add<kTR>(Opnd<kLD64, false, true>{MPp, kMo}, tcf::TypedOpnd<T, LDD, false>{Qp, 0});
+  dV.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MAp, kMo},
+                       tcf::TypedOpnd<T, LDH, false>{Op, 0});
+  dK.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MPp, kMo},
+                       tcf::TypedOpnd<T, LDD, false>{Qp, 0});
   __syncthreads();
-  tcf::load_state<HP, DP>(R, dS, hd, ds, vs);
+  const tcf::TileScale sdS = tcf::load_state<HP, DP, T>(R, dS, hd, ds, vs, redm).sc;
   __syncthreads();
 
-  // ---- (4) the dS terms, the diagonal term, stores
+  // ---- (4) the dS terms, the diagonal term, stores (f16 runs: each product back from its
+  // planes' scale first)
   const float es[2] = {expf(Lam - cum[dV.wm() * 16 + g4]), expf(Lam - cum[dV.wm() * 16 + g4 + 8])};
   {
     const bool pairs_x = hd % 2 == 0 && g.ldx % 2 == 0 && is_aligned(p.d_x, 4);
     Frag<kTR, HP, kNW> v2;
     v2.zero();
-    v2.template add<DP>(oK, Opnd<LDD, true, true>{R, kSo});
+    v2.template add<DP>(oK, tcf::SplitOpnd<T, LDD, true>{R, kSo});
     dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
       const float2 o = tcf::get_typed_pair<T>(Op, s * LDH + q4);
-      v0 += es[hh] * v2.d[i][j][2 * hh] + qkD[s] * o.x;
-      v1 += es[hh] * v2.d[i][j][2 * hh + 1] + qkD[s] * o.y;
+      float u0 = v2.d[i][j][2 * hh], u1 = v2.d[i][j][2 * hh + 1];
+      if constexpr (kH) {
+        v0 *= sMA.down;
+        v1 *= sMA.down;
+        u0 *= sdS.down;
+        u1 *= sdS.down;
+      }
+      v0 += es[hh] * u0 + qkD[s] * o.x;
+      v1 += es[hh] * u1 + qkD[s] * o.y;
       if (s >= L || q4 >= hd) return;
       const bool last = g.t0(c) + s == g.T - 1;
       const float w0 = last ? v0 + p.d_v_out[sb * hd + q4] : v0;
@@ -239,10 +288,16 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   {
     Frag<kTR, DP, kNW> k2;
     k2.zero();
-    k2.template add<HP>(oX, Opnd<LDD, false, true>{R, kSo});
+    k2.template add<HP>(oX, tcf::SplitOpnd<T, LDD, false>{R, kSo});
     float m[2] = {0.0f, 0.0f};
     dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
-      const float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
+      float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
+      if constexpr (kH) {
+        v0 *= sMP.down;
+        v1 *= sMP.down;
+        u0 *= sdS.down;
+        u1 *= sdS.down;
+      }
       const float2 kv = tcf::get_typed_pair<T>(Kp, s * LDD + n);
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;

@@ -1,6 +1,6 @@
 // K5 of the chunked scan (MODEL.md §5.2; chunk_scan_kernel of gpu/scan/chunked_fwd.cu; chunked_detail.cuh's header
 // states the algorithm) for typed runs (bf16 / f16) whose chunks fit one row tile (L ≤ kTR = 64),
-// on the tensor cores with the operands in bf16 planes and the accumulators in registers
+// on the tensor cores with the operands in 16-bit planes and the accumulators in registers
 // (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256 threads], t, s < L:
 //   y[t][p] = e^{cum_t} Σ_n Q[t][n] S[p][n]
 //             + Σ_{s<t} e^{cum_t − cum_s} (Σ_n Q[t][n] Ks[s][n]) X[s][p] + (D + qk_t) X[t][p]
@@ -9,17 +9,20 @@
 // S = chunk_states_saved [B, nc, nh, hd, ds], cum = da_cumsum_saved [B, nc, nh, cs], qk =
 // qk_dot_saved [BT, nh] (f32); y [BT, di] rounded to T once, as it is stored.
 //   1. Loads (all issued before their shared stores; typed rows by cp.async): planes Q, Ks
-//      [64][DP] (one plane of the storage values each), S [HP][DP] (f32 split hi/lo); rows
+//      [64][DP] (one plane of the storage values each), S [HP][DP] (f32 split hi/lo of the
+//      run's type; f16 runs: scaled by the tile's power of two, tc_frag.cuh); rows
 //      ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
 //   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
 //   3. X [64][HP] (typed like Q) loads over Q, Ks (dead) while MA = [s < t < L]·e^{cum_t −
-//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t}.
+//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t} (f16 runs: MA's max is
+//      taken before the barrier that frees S, for its scale; y goes from S's scale to MA's).
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
 // At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM
 // (with X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory
 // latency, so the third block's warps are worth more than X's load overlapping steps 1–2).
-// Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms|, f32 accumulation); the inter and intra
+// Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs, f32
+// accumulation); the inter and intra
 // terms share one accumulator (chunked_fwd.cu's K5 keeps two), a reordering within f32 rounding.
 // Determinism: fixed order everywhere, no atomics, one writer per y element.
 #include <cstdint>
@@ -54,7 +57,7 @@ struct Layout {
   static constexpr int kQ = kTR * LDD, kX = kTR * LDH;
   static constexpr int kQX = 2 * kQ > kX ? 2 * kQ : kX;
   static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
-  static constexpr std::size_t kBytes = 2 * std::size_t(kQX + kSM) + 4 * 3 * kTR;
+  static constexpr std::size_t kBytes = 2 * std::size_t(kQX + kSM) + 4 * (3 * kTR + kWarps5);
   static constexpr int kMinBlocks = HP <= 64 && 3 * (kBytes + 1024) <= 228 * 1024 ? 3 : 2;
 };
 
@@ -71,6 +74,8 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   float* cum = reinterpret_cast<float*>(Sp + Ly::kSM);
   float* ecum = cum + kTR;
   float* dq = ecum + kTR;
+  float* red = dq + kTR;  // [kWarps5] per-warp maxima (f16 runs' tile scales)
+  constexpr bool kH = tcf::kF16Plane<T>;
   const int tid = threadIdx.x, st = tid % kTR;
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int L = g.len(c), hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
@@ -78,6 +83,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
 
   // 1. Row scalars (stored after the tiles' loads are issued), Q and Ks, S.
   float sv = 0.0f;
+  tcf::TileScale sS, sMA;  // f16 runs: S's and MA's planes (bf16: 1)
   if (tid < kTR && st < L) sv = p.da_cumsum_saved[g.cum_base(b, c, h) + st];
   if (tid >= kTR && tid < 2 * kTR && st < L)
     sv = p.d_param[h] + p.qk_dot_saved[(row0 + st) * g.nh + h];
@@ -87,8 +93,9 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     bf16* const qk_dst[2] = {Qp, Kp};
     load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
                          ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
-    load_state<HP, DP>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
-                       ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16));
+    sS = load_state<HP, DP, T>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
+                               ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16), red)
+             .sc;
   }
   if (tid < kTR) {
     cum[st] = sv;
@@ -103,14 +110,29 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   const tcf::TypedOpnd<T, LDD, true> Q{Qp, 0}, Ks{Kp, 0};
   tcf::Frag<kTR, HP, kWarps5> y;
   y.zero();
-  y.template add<DP>(Q, tcf::Opnd<LDD, true, true>{Sp, HP * LDD});
+  y.template add<DP>(Q, tcf::SplitOpnd<T, LDD, true>{Sp, HP * LDD});
   tcf::Frag<kTR, kTR, kWarps5> A;
   A.zero();
   A.template add<DP>(Q, Ks);
+  // MA = mask · e^{cum_t − cum_s} · A over A's registers: f16 runs before the barrier, for the
+  // max of its planes' scale; bf16 runs as they write the planes (X's loads in flight).
+  auto to_ma = [&](int t, int s, float& v0, float& v1) {
+    const float ct = cum[t];
+    v0 = t < L && s < t ? expf(ct - cum[s]) * v0 : 0.0f;
+    v1 = t < L && s + 1 < t ? expf(ct - cum[s + 1]) * v1 : 0.0f;
+  };
+  if constexpr (kH) {
+    float mx = 0.0f;
+    A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
+      to_ma(t, s, v0, v1);
+      mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
+    });
+    tcf::post_max<T>(mx, red);
+  }
   __syncthreads();  // every warp is done with Q, Ks and S: X and MA take their places
+  sMA = tcf::scale_of<T, kWarps5>(red);
 
-  // 3. X loads (in flight during the rest of step 3); MA = mask · e^{cum_t − cum_s} · A;
-  //    y ·= e^{cum_t}.
+  // 3. X loads (in flight during the rest of step 3); MA into planes over S; y ·= e^{cum_t}.
   {
     const T* const x_src[1] = {p.x + row0 * g.ldx + h * hd};
     bf16* const x_dst[1] = {Xp};
@@ -119,22 +141,26 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
-    const float ct = cum[t];
-    const float m0 = t < L && s < t ? expf(ct - cum[s]) * v0 : 0.0f;
-    const float m1 = t < L && s + 1 < t ? expf(ct - cum[s + 1]) * v1 : 0.0f;
-    tcf::put_split(MA, kTR * LDM, t * LDM + s, m0, m1);
+    if constexpr (!kH) to_ma(t, s, v0, v1);
+    tcf::put_split<T>(MA, kTR * LDM, t * LDM + s, v0, v1, sMA);
   });
   y.pairs([&](int, int, int, int t, int, float& v0, float& v1) {
     const float e = ecum[t];
-    v0 *= e;
-    v1 *= e;
+    if constexpr (kH) {  // from S's scale to MA's, for the product to come (exact)
+      v0 = v0 * sS.down * e * sMA.up;
+      v1 = v1 * sS.down * e * sMA.up;
+    } else {
+      v0 *= e;
+      v1 *= e;
+    }
   });
   tcf::cp_async_wait();
   __syncthreads();
 
   // 4. y += MA X;  y + (D + qk_t) x → global.
-  y.template add<kTR>(tcf::Opnd<LDM, true, true>{MA, kTR * LDM},
+  y.template add<kTR>(tcf::SplitOpnd<T, LDM, true>{MA, kTR * LDM},
                       tcf::TypedOpnd<T, LDH, false>{Xp, 0});
+  if constexpr (kH) y.scale(sMA.down);
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
   const bool pair_store = hd % 2 == 0 && is_aligned(p.y, 4);
   T* yb = p.y + row0 * g.di + h * hd;

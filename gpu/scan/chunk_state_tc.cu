@@ -3,7 +3,7 @@
 // forward over c ascending from S_0, backward over c descending from ∂L/∂S_leaving; see the
 // walk's comment below). The per-chunk product, as in (MODEL.md §5.2, §6.4; chunk_state_kernel
 // of gpu/scan/chunked_detail.cuh, whose header states the algorithm) for typed runs (bf16 / f16) whose
-// chunks fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands in bf16 planes
+// chunks fit one row tile (L ≤ kTR = 64), on the tensor cores with the operands in 16-bit planes
 // and the accumulators in registers (gpu/tc_frag.cuh). Per (b, h, c) [grid (nc, nh, B), 256
 // threads], rows s < L, row0 = b·T + t0(c):
 //   out[p][n] = Σ_s w_s U[s][p] V[s][n]          (p < hd, n < ds; [hd][ds] f32 at state_base)
@@ -18,7 +18,7 @@
 //   1. Warp 0 loads its row scalars (adt / cum of rows lane, lane + 32) into registers; then all
 //      threads issue the tile loads (tc_tiles.cuh: aligned rows by cp.async straight into the
 //      planes, so their latency overlaps step 2): U → [64][HP], V → [64][DQ], one plane of the
-//      storage values each (f16 split into bf16 hi/lo as V's fragments load, tc_frag.cuh);
+//      storage values each (tc_frag.cuh);
 //      rows ≥ L and columns ≥ hd / ds zero.
 //   2. Warp 0: forward, the cumsum — every lane runs the same serial f32 sum over the 64 values
 //      (shuffled from their lanes, ascending), keeping cum of its two rows: the same additions in
@@ -27,7 +27,9 @@
 //      da_cumsum_saved, and w_s (0 for s ≥ L) in shared memory; the other threads zero the
 //      slots [64, cs). Backward: w_s = e^{cum_s}; lane 0 stores da_cs_sum.
 //   3. W = w ⊙ U in place over U's planes: W[s][p] = w_s·U[s][p] in f32 (__fmul_rn: not
-//      contracted with the split), split into hi/lo (tc::split2).
+//      contracted with the split), split into hi/lo of the run's type (tc_frag.cuh: bf16 runs
+//      tc::split2; f16 runs tc::split2_f16 scaled by W's power of two, from the block's max of
+//      |W| — one more barrier — and the product brought back by it).
 //   4. out = Wᵀ·V on Frag<HP, DQ, 8> (m = p, n = n, k = s < 64: A = W stored [k][m], B = V
 //      stored [k][n], both loaded transposed), stored as float2 pairs when ds is even.
 // Why scale U (not V): chunk_state_kernel forms w_s·U[s][p] in f32 and splits it, V staying the
@@ -35,14 +37,16 @@
 // then differ from it only in the f32 accumulation order: tc_frag.cuh keeps one accumulator,
 // tc_mma.cuh's Acc two), and U is the narrower tile (HP ≤ DP at the usual shapes), so step 3
 // touches fewer values. Cost is the same either way: the scaled operand is split, the other is
-// exact for bf16 storage (2 mma per k-step and tile; f16: 3).
+// exact (2 mma per k-step and tile, bf16 mma for bf16 runs, f16 mma for f16 runs).
 // Shapes: HP = 16·RH ≥ hd, DP = 16·RD ≥ ds (RH, RD ∈ {2, 4, 8}). Frag<HP, N, 8> needs an even
 // number of n-tiles per warp; every (HP, DP) gives one but (32, 32) (2 × 4 warps, one n-tile
 // each): there V's plane is widened to DQ = 64 (zero columns ≥ ds; the extra products are
 // zeros that are never stored). Else DQ = DP.
 // Shared memory (16-bit elements, then floats): U/W [64][LDH] hi, lo; V [64][LDQ] (one plane of
-// the storage values); w [64]. HP = 64, DP = 128 (bf16 or f16): 36,096 bytes.
-// Precision: tc_frag.cuh (W split to 16 significant bits, V exact; products ≈ 2⁻¹⁶ of Σ|terms|,
+// the storage values); w [64]; the warps' maxima [8]. HP = 64, DP = 128 (bf16 or f16): 36,128
+// bytes.
+// Precision: tc_frag.cuh (W split to 16 (bf16 runs) or 22 (f16 runs, relative to W's max)
+// significant bits, V exact; products ≈ 2⁻¹⁶ / 2⁻²² of Σ|terms|,
 // f32 accumulation, k ascending). Determinism: fixed order everywhere, no atomics, one writer
 // per output (out, da_cumsum_saved, da_cs_sum).
 #include <cuda_bf16.h>
@@ -71,10 +75,10 @@ struct Layout {
   static constexpr int LDH = tcf::plane_ld(HP), LDQ = tcf::plane_ld(DQ);
   static constexpr int kUo = kTR * LDH, kVo = kTR * LDQ;  // U's lo-plane offset, V's plane
   static constexpr std::size_t kBytes =
-      sizeof(bf16) * (std::size_t(2) * kUo + std::size_t(kVo)) + sizeof(float) * kTR;
+      sizeof(bf16) * (std::size_t(2) * kUo + std::size_t(kVo)) + sizeof(float) * (kTR + kNW);
   // Blocks per SM (registers ≤ 64K / (256·kMinBlocks)), by the accumulators per thread
   // (HP·DQ / 256) and the operands' planes: no spills (ptxas -v) for every instantiation.
-  // f16: V's fragments carry a lo part too (split as they load): more live registers.
+  // f16: W's values wait in registers for their scale (weight_planes): more live registers.
   static constexpr int kMinBlocks = HP * DQ / kNT > 32 ? 2 : tcf::kF16Plane<T> ? 3 : 4;
 };
 
@@ -85,9 +89,10 @@ template <class Ly>
 struct Planes {
   bf16 *U, *V;  // U (its storage values) then W (hi, lo at kUo); V (its storage values)
   float* w;     // [kTR]
+  float* red;   // [kNW] per-warp maxima (f16 runs' W scale)
   __device__ explicit Planes(unsigned char* base)
       : U(reinterpret_cast<bf16*>(base)), V(U + 2 * Ly::kUo),
-        w(reinterpret_cast<float*>(V + Ly::kVo)) {}
+        w(reinterpret_cast<float*>(V + Ly::kVo)), red(w + kTR) {}
 };
 
 // 1a. Warp 0: the row scalars of chunk c — adt (forward) or cum (backward) of rows lane and
@@ -179,27 +184,45 @@ __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkSt
 }
 
 // 3. All threads: W = w ⊙ U (hi/lo) in place, 8 values per slot, every row (rows ≥ L: zeros).
+// f16 runs: W's values wait in registers for the tile's max (post_max, a barrier, scale_of) and
+// go into the planes scaled; the returned scale brings the product back. bf16 runs: scale 1.
 template <class T, class Ly>
-__device__ __forceinline__ void weight_planes(const Planes<Ly>& pl) {
-  constexpr int HP = Ly::HP, LDH = Ly::LDH, kUo = Ly::kUo, kW = HP / 8;
+__device__ __forceinline__ tcf::TileScale weight_planes(const Planes<Ly>& pl) {
+  constexpr int HP = Ly::HP, LDH = Ly::LDH, kUo = Ly::kUo, kW = HP / 8, kIt = kTR * kW / kNT;
   static_assert(kTR * kW % kNT == 0, "the block must tile U");
   const int tid = threadIdx.x;
+  float v[kIt][8], mx = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kTR * kW / kNT; ++k) {
+  for (int k = 0; k < kIt; ++k) {
     const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
-    bf16* at = pl.U + r * LDH + col;
-    const uint4 v = *reinterpret_cast<const uint4*>(at);
-    const std::uint32_t in[4] = {v.x, v.y, v.z, v.w};
+    const uint4 u4 = *reinterpret_cast<const uint4*>(pl.U + r * LDH + col);
+    const std::uint32_t in[4] = {u4.x, u4.y, u4.z, u4.w};
     const float ws = pl.w[r];
-    std::uint32_t ho[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 u = tcf::typed_pair<T>(in[j]);  // the storage values, exactly
-      tc::split2(__fmul_rn(ws, u.x), __fmul_rn(ws, u.y), ho[j], lo[j]);
+      v[k][2 * j] = __fmul_rn(ws, u.x);
+      v[k][2 * j + 1] = __fmul_rn(ws, u.y);
+      mx = fmaxf(mx, fmaxf(fabsf(v[k][2 * j]), fabsf(v[k][2 * j + 1])));
     }
+  }
+  tcf::TileScale sc;
+  if constexpr (tcf::kF16Plane<T>) {
+    tcf::post_max<T>(mx, pl.red);
+    __syncthreads();
+    sc = tcf::scale_of<T, kNW>(pl.red);
+  }
+#pragma unroll
+  for (int k = 0; k < kIt; ++k) {
+    const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
+    bf16* at = pl.U + r * LDH + col;
+    std::uint32_t ho[4], lo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) tcf::split_pair<T>(v[k][2 * j], v[k][2 * j + 1], sc, ho[j], lo[j]);
     *reinterpret_cast<uint4*>(at) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
     *reinterpret_cast<uint4*>(at + kUo) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
+  return sc;
 }
 
 template <class Ly>
@@ -209,7 +232,7 @@ using ChunkFrag = tcf::Frag<Ly::HP, Ly::DQ, kNW>;
 template <class T, class Ly>
 __device__ __forceinline__ void chunk_product(ChunkFrag<Ly>& f, const Planes<Ly>& pl) {
   f.zero();
-  f.template add<kTR>(tcf::Opnd<Ly::LDH, false, true>{pl.U, Ly::kUo},
+  f.template add<kTR>(tcf::SplitOpnd<T, Ly::LDH, false>{pl.U, Ly::kUo},
                       tcf::TypedOpnd<T, Ly::LDQ, false>{pl.V, 0});
 }
 
@@ -242,10 +265,11 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
   chunk_weights<kFwd>(g, a, b, c, h, r0, r1, pl.w);
   tcf::cp_async_wait();
   __syncthreads();
-  weight_planes<T, Ly>(pl);
+  const tcf::TileScale sc = weight_planes<T, Ly>(pl);
   __syncthreads();
   ChunkFrag<Ly> f;
   chunk_product<T, Ly>(f, pl);
+  if constexpr (tcf::kF16Plane<T>) f.scale(sc.down);
   float* out = a.out + g.state_base(b, c, h);
   const int hd = static_cast<int>(g.hd), ds = static_cast<int>(g.ds);
   const bool pair_store = ds % 2 == 0 && is_aligned(a.out, 8);
@@ -360,10 +384,11 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
     if (tid == 0) lam_s[st] = lam;
     tcf::cp_async_wait_group<kS - 1>();  // chunk c's group (the kS − 1 newer may be pending)
     __syncthreads();
-    weight_planes<T, Ly>(pl);
+    const tcf::TileScale sc = weight_planes<T, Ly>(pl);
     __syncthreads();
     ChunkFrag<Ly> f;
     chunk_product<T, Ly>(f, pl);
+    if constexpr (tcf::kF16Plane<T>) f.scale(sc.down);
     const float lc = lam_s[st];
     float* so = w.states + g.state_base(b, c, h) + n0;
     float* co = w.s.out ? w.s.out + g.state_base(b, c, h) + n0 : nullptr;

@@ -1,30 +1,33 @@
-// Internal to gpu/ (.cu files only): tensor-core products over bf16 operand planes held in
+// Internal to gpu/ (.cu files only): tensor-core products over 16-bit operand planes held in
 // shared memory, with the accumulators kept in registers in the mma fragment layout. Used by
 // the typed (bf16/f16) chunked-scan kernels that are built for speed (gpu/scan/chunk_bwd_tc.cu).
 //
 //   C[m][n] += Σ_{k < K} A(m, k) · B(k, n)        (K a multiple of 16, compile-time)
 //
-// Planes. A tile of f32 values v is stored once, when it is written to shared memory, as two
-// bf16 planes hi = bf16(v), lo = bf16(v − hi) (tc::split2: hi + lo carries 16 significant bits,
-// |v − hi − lo| ≤ 2⁻¹⁶·|v|). A tile of storage values is one plane of the values themselves:
-// bf16 values are exact in it and have no lo part; f16 values (11 significant bits) are split
-// exactly into bf16 hi/lo as their fragments are loaded (split_f16: the registers ldmatrix
-// gives, split with tc::split2 — the very bits a hi/lo plane pair of them would give, in half
-// the shared memory). A product forms
-//   a·b ≈ ah·bh + ah·bl + al·bh       (the dropped al·bl is below 2⁻¹⁶·|a·b|)
-// with the terms of an operand without a lo plane skipped, all into one f32 accumulator per
-// output element in a fixed order (k ascending in steps of 16; per step hh, then hl, then lh):
-// the relative error of a dot product is ≈ 2⁻¹⁶ of Σ|a·b| plus the f32 accumulation, as in
-// tc_mma.cuh, and results are bit-identical run to run. A product of two f16 tiles is one f16
-// mma per step instead (f16·f16 is exact in f32: no term dropped, only the f32 accumulation).
+// Planes. A tile of storage values (T) is one plane of the values themselves: exact in their
+// own type. A tile of f32 values v is stored once, when it is written to shared memory, as two
+// planes of the run's 16-bit type:
+//   bf16 runs: hi = bf16(v), lo = bf16(v − hi) (tc::split2): 16 significant bits,
+//              |v − hi − lo| ≤ 2⁻¹⁶·|v|;
+//   f16 runs:  hi = f16(v·2^e), lo = f16(v·2^e − hi) (tc::split2_f16) with one power of two per
+//              tile (tc::tile_exponent: max|v|·2^e ∈ [2¹⁴, 2¹⁵)): 22 significant bits,
+//              |v − (hi + lo)·2^−e| ≤ max(2⁻²²·|v|, 2⁻³⁹·max|tile|); the product is brought
+//              back by 2^−e on the accumulator (exact: a power of two), TileScale.
+// Both operands of a product are then of the run's type, so one mma kind serves every term:
+//   a·b ≈ ah·bh + ah·bl + al·bh       (terms of an operand without a lo plane skipped)
+// A typed operand has no lo plane, so a typed × f32 product is two mma per step (bf16 mma for
+// bf16 runs, f16 mma for f16 runs) and a typed × typed product one, exact up to the f32
+// accumulation. The terms go into one f32 accumulator per output element in a fixed order (k
+// ascending in steps of 16; per step hh, then hl, then lh): the relative error of a dot product
+// is ≈ 2⁻¹⁶ (bf16 runs) or 2⁻²² (f16 runs) of Σ|a·b| plus the f32 accumulation, as in
+// tc_mma.cuh, and results are bit-identical run to run.
 //
 // Storage of an operand (Opnd<LD, KIn, Split, F16>): a row-major [rows][LD] plane of 16-bit
-// values — bf16 (lo plane, if Split, lo_off elements after hi), or with F16 the f16 values of a
-// typed tile (TypedOpnd<T, …>). KIn = the reduction index k is the column (contiguous) index:
-// A stored [m][k] or B stored [n][k]; otherwise A is stored [k][m] or B [k][n] and the fragments
-// are loaded transposed (ldmatrix .trans). LD = columns + 8 (plane_ld): rows 16 bytes apart
-// modulo 128, so the eight rows an ldmatrix phase reads hit distinct banks; addresses 16-byte
-// aligned.
+// values — bf16, or f16 with F16 — with, if Split, a lo plane lo_off elements after hi. KIn = the
+// reduction index k is the column (contiguous) index: A stored [m][k] or B stored [n][k];
+// otherwise A is stored [k][m] or B [k][n] and the fragments are loaded transposed (ldmatrix
+// .trans). LD = columns + 8 (plane_ld): rows 16 bytes apart modulo 128, so the eight rows an
+// ldmatrix phase reads hit distinct banks; addresses 16-byte aligned.
 //
 // Work split (Frag<M, N, NW>): the M/16 × N/8 m16n8 output tiles go to the NW warps as a
 // WM × WN grid (WM = min(M/16, 4)); each warp owns FM × FN tiles (FN even: B fragments are loaded
@@ -67,19 +70,21 @@ __device__ __forceinline__ void ldsm4t(std::uint32_t (&r)[4], const bf16* p) {
 
 template <int LD, bool KIn, bool Split, bool F16 = false>
 struct Opnd {
-  static_assert(!(Split && F16), "an f16 plane is split as it is loaded");
-  const bf16* p;  // hi plane (F16: the f16 values)
+  const bf16* p;  // hi plane (F16: of f16 values)
   int lo_off;     // elements from hi to lo (Split only)
   static constexpr int kLD = LD;
   static constexpr bool kKIn = KIn, kSplit = Split, kF16 = F16;
-  static constexpr bool kLo = Split || F16;  // the operand has a lo part
 };
 
-// A typed tile's plane holds the storage values themselves; f16 ones are split on load.
+// An f16 run's planes are f16, a bf16 run's bf16 (the header).
 template <class T>
 constexpr bool kF16Plane = std::is_same_v<T, __half>;
+// A typed tile: one plane of its storage values.
 template <class T, int LD, bool KIn>
 using TypedOpnd = Opnd<LD, KIn, false, kF16Plane<T>>;
+// An f32 tile as hi/lo planes of the run's type.
+template <class T, int LD, bool KIn>
+using SplitOpnd = Opnd<LD, KIn, true, kF16Plane<T>>;
 
 // A word of two storage values (T) as floats: exact.
 template <class T>
@@ -91,14 +96,41 @@ __device__ __forceinline__ float2 typed_pair(std::uint32_t w) {
   }
 }
 
-// Fragment registers of f16 pairs → their exact bf16 hi (in place) and lo parts.
-template <int N>
-__device__ __forceinline__ void split_f16(std::uint32_t (&r)[N], std::uint32_t (&lo)[N]) {
+// The power of two an f32 tile's planes carry (f16 runs; bf16 runs: 1, 1): up = 2^e multiplies
+// the values before the split, down = 2^−e brings a product with them back.
+struct TileScale {
+  float up = 1.0f, down = 1.0f;
+};
+
+// Maximum over the 32 lanes (fmaxf: a NaN lane does not hide the others' values).
+__device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float2 v = typed_pair<__half>(r[i]);
-    tc::split2(v.x, v.y, r[i], lo[i]);
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A tile's scale from the block's per-warp maxima of |v|, in two halves around a barrier the
+// caller places: post_max (every thread, its own max|v|) writes red[warp]; after the barrier,
+// scale_of(red) (every thread) gives every thread the same TileScale. A max is independent of
+// the order it is taken in, so the scale is deterministic.
+template <class T>
+__device__ __forceinline__ void post_max(float m, float* red) {
+  if constexpr (kF16Plane<T>) {
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
   }
+}
+template <class T, int NW>
+__device__ __forceinline__ TileScale scale_of(const float* red) {
+  TileScale s;
+  if constexpr (kF16Plane<T>) {
+    float m = red[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) m = fmaxf(m, red[w]);
+    const int e = tc::tile_exponent(m);
+    s.up = tc::pow2f(e);
+    s.down = tc::pow2f(-e);
+  }
+  return s;
 }
 
 // The A fragment (m16 × k16 at m0, k0) of m16n8k16: regs a0..a3 = (g, 2c), (g+8, 2c),
@@ -125,15 +157,16 @@ __device__ __forceinline__ void load_b2(std::uint32_t (&b)[4], const bf16* p, in
   }
 }
 
+// One m16n8k16 step of the run's mma kind (F16: f16 operands, else bf16).
+template <bool F16>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                     std::uint32_t b1) {
   const std::uint32_t b[2] = {b0, b1};
-  tc::mma_bf16(d, a, b);
-}
-__device__ __forceinline__ void mma_f16(float (&d)[4], const std::uint32_t (&a)[4],
-                                        std::uint32_t b0, std::uint32_t b1) {
-  const std::uint32_t b[2] = {b0, b1};
-  tc::mma_f16(d, a, b);
+  if constexpr (F16) {
+    tc::mma_f16(d, a, b);
+  } else {
+    tc::mma_bf16(d, a, b);
+  }
 }
 
 template <int M, int N, int NW>
@@ -159,7 +192,8 @@ struct Frag {
   template <int K, class OA, class OB>
   __device__ __forceinline__ void add(OA A, OB B) {
     static_assert(K % 16 == 0, "K is a multiple of 16");
-    constexpr bool kF16 = OA::kF16 && OB::kF16;  // both f16 tiles: f16 mma, nothing split
+    static_assert(OA::kF16 == OB::kF16, "both operands are planes of the run's type");
+    constexpr bool kF16 = OA::kF16;
     const int m_w = wm(), n_w = wn();
 #pragma unroll 1
     for (int k0 = 0; k0 < K; k0 += 16) {
@@ -168,7 +202,6 @@ struct Frag {
       for (int i = 0; i < FM; ++i) {
         const int m0 = (m_w + WM * i) * 16;
         load_a<OA::kLD, OA::kKIn>(ah[i], A.p, m0, k0);
-        if constexpr (OA::kF16 && !kF16) split_f16(ah[i], al[i]);
         if constexpr (OA::kSplit) load_a<OA::kLD, OA::kKIn>(al[i], A.p + A.lo_off, m0, k0);
       }
 #pragma unroll
@@ -176,28 +209,32 @@ struct Frag {
         const int n0 = (n_w * FN + j) * 8;
         std::uint32_t bh[4], bl[4];
         load_b2<OB::kLD, OB::kKIn>(bh, B.p, n0, k0);
-        if constexpr (OB::kF16 && !kF16) split_f16(bh, bl);
         if constexpr (OB::kSplit) load_b2<OB::kLD, OB::kKIn>(bl, B.p + B.lo_off, n0, k0);
 #pragma unroll
         for (int i = 0; i < FM; ++i) {
-          if constexpr (kF16) {
-            mma_f16(d[i][j], ah[i], bh[0], bh[1]);
-            mma_f16(d[i][j + 1], ah[i], bh[2], bh[3]);
-            continue;
+          mma<kF16>(d[i][j], ah[i], bh[0], bh[1]);
+          mma<kF16>(d[i][j + 1], ah[i], bh[2], bh[3]);
+          if constexpr (OB::kSplit) {
+            mma<kF16>(d[i][j], ah[i], bl[0], bl[1]);
+            mma<kF16>(d[i][j + 1], ah[i], bl[2], bl[3]);
           }
-          mma(d[i][j], ah[i], bh[0], bh[1]);
-          mma(d[i][j + 1], ah[i], bh[2], bh[3]);
-          if constexpr (OB::kLo) {
-            mma(d[i][j], ah[i], bl[0], bl[1]);
-            mma(d[i][j + 1], ah[i], bl[2], bl[3]);
-          }
-          if constexpr (OA::kLo) {
-            mma(d[i][j], al[i], bh[0], bh[1]);
-            mma(d[i][j + 1], al[i], bh[2], bh[3]);
+          if constexpr (OA::kSplit) {
+            mma<kF16>(d[i][j], al[i], bh[0], bh[1]);
+            mma<kF16>(d[i][j + 1], al[i], bh[2], bh[3]);
           }
         }
       }
     }
+  }
+
+  // C ·= s (every element; a power of two is exact).
+  __device__ __forceinline__ void scale(float s) {
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+      for (int j = 0; j < FN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[i][j][e] *= s;
   }
 
   // f(i, h, j, m, n, v0, v1): the pair of elements (m, n), (m, n + 1) this thread holds in
@@ -231,24 +268,25 @@ __device__ __forceinline__ float column_sum(float v) {
   return v;
 }
 
-// Writing planes. f32 pair → hi/lo planes (split); a storage pair → its planes (bf16: hi only,
-// exact; f16: split exactly). `at` is the element index of the pair's first element (even).
-__device__ __forceinline__ void put_split(bf16* hi, int lo_off, int at, float v0, float v1) {
+// Writing planes: an f32 pair → the hi/lo planes of the run's type (`at`: the element index of
+// the pair's first element, even). T = bf16: tc::split2 (sc unused); f16: tc::split2_f16 of the
+// values times sc.up.
+template <class T>
+__device__ __forceinline__ void split_pair(float v0, float v1, TileScale sc, std::uint32_t& h,
+                                           std::uint32_t& l) {
+  if constexpr (kF16Plane<T>) {
+    tc::split2_f16(v0 * sc.up, v1 * sc.up, h, l);
+  } else {
+    tc::split2(v0, v1, h, l);
+  }
+}
+template <class T>
+__device__ __forceinline__ void put_split(bf16* hi, int lo_off, int at, float v0, float v1,
+                                          TileScale sc = {}) {
   std::uint32_t h, l;
-  tc::split2(v0, v1, h, l);
+  split_pair<T>(v0, v1, sc, h, l);
   *reinterpret_cast<std::uint32_t*>(hi + at) = h;
   *reinterpret_cast<std::uint32_t*>(hi + lo_off + at) = l;
-}
-// hi + lo of the pair at `at` of a bf16 plane pair, as floats (lo plane only when Split).
-template <bool Split>
-__device__ __forceinline__ float2 get_pair(const bf16* hi, int lo_off, int at) {
-  float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi + at));
-  if constexpr (Split) {
-    const float2 w = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(hi + lo_off + at));
-    v.x += w.x;
-    v.y += w.y;
-  }
-  return v;
 }
 // The pair at `at` (even) of a typed tile's plane, as floats.
 template <class T>

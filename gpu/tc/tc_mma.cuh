@@ -35,8 +35,10 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace m3::gpu::tc {
 
@@ -53,6 +55,42 @@ __host__ __device__ __forceinline__ void split2(float x0, float x1, std::uint32_
 __host__ __device__ __forceinline__ std::uint32_t pack2(float x0, float x1) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
   return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+// f16 runs' planes of f32 tiles (tc_frag.cuh): (x0, x1), already scaled by the tile's power of
+// two, → packed f16 pairs hi = f16(x), lo = f16(x − hi). For |x| < 2¹⁵:
+//   |x − hi − lo| ≤ max(2⁻²²·|x|, 2⁻²⁵)
+// (hi and lo each round to 11 significant bits while they are normal, |·| ≥ 2⁻¹⁴; below, f16's
+// subnormal spacing 2⁻²⁴). tests/gpu/test_tc_split.cu checks it on the host.
+__host__ __device__ __forceinline__ void split2_f16(float x0, float x1, std::uint32_t& hi,
+                                                    std::uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+  std::memcpy(&hi, &h, sizeof hi);
+  std::memcpy(&lo, &l, sizeof lo);
+}
+
+// The exponent e of an f32 tile's f16 planes: max|tile|·2^e ∈ [2¹⁴, 2¹⁵) (the largest value's hi
+// keeps clear of f16's 65504, the values down to 2⁻¹⁷·max keep a normal lo), clamped to
+// [−64, 64] so that an accumulator brought into the tile's scale stays far inside f32's range.
+// 0 for a zero or non-finite max (non-finite values stay non-finite through the split). With
+// the clamp, a tile whose max reaches 2⁸⁰ would overflow f16: f16 runs' f32 intermediates are
+// far below that (their inputs end at 65504).
+__host__ __device__ __forceinline__ int tile_exponent(float max_abs) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &max_abs, sizeof bits);
+  const int biased = static_cast<int>((bits >> 23) & 0xFFu);
+  if (biased == 0xFF || max_abs == 0.0f) return 0;
+  const int e = 141 - biased;  // 14 − (biased − 127); subnormal maxima (biased 0) clamp to 64
+  return e < -64 ? -64 : e > 64 ? 64 : e;
+}
+// 2^e as a float, |e| ≤ 126.
+__host__ __device__ __forceinline__ float pow2f(int e) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(127 + e) << 23;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
 }
 
 // A pair of operand values as packed bf16 (hi, lo): exact values (X) have lo = 0.

@@ -6,8 +6,9 @@
 //   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
 //     elsewhere) → one plane each of the values themselves (bf16 or f16 bits; tc_frag.cuh's
 //     TypedOpnd splits f16 fragments as they are loaded);
-//   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] (zeros beyond hd, ds), optionally
-//     with this thread's part of ⟨state, other⟩ in f32 (a fixed order per thread).
+//   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] of the run's type (zeros beyond
+//     hd, ds; f16 runs: scaled by the tile's power of two, tc_frag.cuh), optionally with this
+//     thread's part of ⟨state, other⟩ in f32 (a fixed order per thread).
 #pragma once
 
 #include <cstdint>
@@ -111,16 +112,78 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
   }
 }
 
-// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
-// vec: float4 rows (ds % 4 == 0, S 16-byte aligned).
-// With kDot, returns this thread's Σ S·O over the elements it loads (O: another [hd][ds] f32
-// state, read alongside), else 0.
-template <int R, int C, bool kDot = false>
-__device__ __forceinline__ float load_state(bf16* dst, const float* S, int hd, int ds, bool vec,
-                                            const float* O = nullptr) {
-  constexpr int LD = plane_ld(C), kLo = R * LD;
+// load_state's results: this thread's part of ⟨S, O⟩ (kDot, else 0) and the planes' scale.
+struct StateLoad {
   float dot = 0.0f;
-  if (vec) {
+  TileScale sc;
+};
+
+// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
+// vec: float4 rows (ds % 4 == 0, S 16-byte aligned). With kDot, also this thread's Σ S·O over
+// the elements it loads (O: another [hd][ds] f32 state, read alongside).
+// bf16 runs: the values split as their batch lands. f16 runs: every value of the thread is held
+// in registers until the tile's max|S| is known (post_max into red[kTileThreads / 32], a
+// barrier, scale_of), then split scaled; red may be reused once every thread has returned.
+template <int R, int C, class T, bool kDot = false>
+__device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int hd, int ds,
+                                                bool vec, float* red, const float* O = nullptr) {
+  constexpr int LD = plane_ld(C), kLo = R * LD;
+  StateLoad out;
+  if constexpr (kF16Plane<T>) {
+    float mx = 0.0f;
+    if (vec) {  // float4 rows: the thread's values wait in registers for the scale
+      constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
+      static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
+      float4 v[kIt];
+#pragma unroll
+      for (int k = 0; k < kIt; ++k) {
+        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+        const bool in = r < hd && c < ds;
+        v[k] = in ? *reinterpret_cast<const float4*>(S + r * ds + c)
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if constexpr (kDot) {
+          if (in) {
+            const float4 o = *reinterpret_cast<const float4*>(O + r * ds + c);
+            out.dot += v[k].x * o.x + v[k].y * o.y + v[k].z * o.z + v[k].w * o.w;
+          }
+        }
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+      }
+      post_max<T>(mx, red);
+      __syncthreads();
+      out.sc = scale_of<T, kTileThreads / 32>(red);
+#pragma unroll
+      for (int k = 0; k < kIt; ++k) {
+        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+        uint2 hi, lo;
+        split_pair<T>(v[k].x, v[k].y, out.sc, hi.x, lo.x);
+        split_pair<T>(v[k].z, v[k].w, out.sc, hi.y, lo.y);
+        *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
+        *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+      }
+    } else {  // element by element (rare shapes): the values read twice, to keep registers free
+      constexpr int kW = C / 2, kIt = R * kW / kTileThreads;
+      static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
+      auto get = [&](const float* M, int r, int c) {
+        return r < hd && c < ds ? M[r * ds + c] : 0.0f;
+      };
+#pragma unroll 1
+      for (int k = 0; k < kIt; ++k) {
+        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 2;
+        const float v0 = get(S, r, c), v1 = get(S, r, c + 1);
+        if constexpr (kDot) out.dot += v0 * get(O, r, c) + v1 * get(O, r, c + 1);
+        mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
+      }
+      post_max<T>(mx, red);
+      __syncthreads();
+      out.sc = scale_of<T, kTileThreads / 32>(red);
+#pragma unroll 1
+      for (int k = 0; k < kIt; ++k) {
+        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 2;
+        put_split<T>(dst, kLo, r * LD + c, get(S, r, c), get(S, r, c + 1), out.sc);
+      }
+    }
+  } else if (vec) {
     auto get = [&](const float* M, int r, int c) {
       return r < hd && c < ds ? *reinterpret_cast<const float4*>(M + r * ds + c)
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -138,7 +201,7 @@ __device__ __forceinline__ float load_state(bf16* dst, const float* S, int hd, i
           *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
           if constexpr (kDot) {
             const float4 o = v.v[1];
-            dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
+            out.dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
           }
         });
   } else {
@@ -152,11 +215,11 @@ __device__ __forceinline__ float load_state(bf16* dst, const float* S, int hd, i
           return Pack<float2, 2>{{get(S, r, c), kDot ? get(O, r, c) : float2{}}};
         },
         [&](int r, int c, const Pack<float2, 2>& v) {
-          put_split(dst, kLo, r * LD + c, v.v[0].x, v.v[0].y);
-          if constexpr (kDot) dot += v.v[0].x * v.v[1].x + v.v[0].y * v.v[1].y;
+          put_split<T>(dst, kLo, r * LD + c, v.v[0].x, v.v[0].y);
+          if constexpr (kDot) out.dot += v.v[0].x * v.v[1].x + v.v[0].y * v.v[1].y;
         });
   }
-  return dot;
+  return out;
 }
 
 __device__ __forceinline__ void cp_async_wait() {

@@ -5,6 +5,10 @@
 //     hi + lo = v exactly                     for every finite f16 value
 //     lo = 0                                   for every bf16 value (the skipped pass)
 //   |a·b − (ah·bh + ah·bl + al·bh)| ≤ 3.1·2⁻¹⁶·|a·b|   (the three passes; al·bl dropped)
+//   f16 runs' planes of an f32 tile (tc_frag.cuh), e = tile_exponent(max|tile|):
+//     max·2^e ∈ [2¹⁴, 2¹⁵) (e in [−64, 64]; 0 for a zero or non-finite max)
+//     hi = f16(v·2^e), lo = f16(v·2^e − hi):  |v − (hi + lo)·2^−e| ≤ max(2⁻²²·|v|, 2⁻³⁹·max)
+//     a typed f16 a times such a b in two passes (a·hi + a·lo): within |a| times that bound
 // Each check also asserts that the bound is not slack by orders of magnitude (the worst case
 // seen comes within 4x of it), so a split that silently degraded to one bf16 part would fail.
 // Also the host form of gpu/core/fast_div.cuh's division by a launch-time constant: ⌊n/d⌋ and the
@@ -12,6 +16,7 @@
 // neighbours, random ones) and dividends at the ends of the 32-bit fast range and past it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -101,6 +106,95 @@ TEST(TcSplit, ThreePassProductWithinBound) {
     worst = std::max(worst, err);
   }
   EXPECT_GT(worst, 3.1 * kTwoM16 / 4) << "bound far from the worst case: the test lost its teeth";
+}
+
+// (hi, lo) of v·2^e as floats through the f16 split, scaled back by 2^−e.
+void split_f16_scaled(float v, int e, double& hi, double& lo) {
+  std::uint32_t h = 0, l = 0;
+  m3::gpu::tc::split2_f16(v * m3::gpu::tc::pow2f(e), 1.0f, h, l);
+  const double down = std::ldexp(1.0, -e);
+  hi = __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu))) * down;
+  lo = __half2float(__ushort_as_half(static_cast<unsigned short>(l & 0xFFFFu))) * down;
+}
+
+TEST(TcSplitF16, TileExponentPutsTheMaxUnderTwoToTheFifteen) {
+  using m3::gpu::tc::tile_exponent;
+  std::mt19937_64 rng(17);
+  for (int i = 0; i < 100000; ++i) {
+    const float mx = std::abs(random_float(rng, -50, 64));
+    const int e = tile_exponent(mx);
+    const double scaled = std::ldexp(static_cast<double>(mx), e);
+    ASSERT_GE(scaled, 16384.0) << "max=" << mx << " e=" << e;
+    ASSERT_LT(scaled, 32768.0) << "max=" << mx << " e=" << e;
+    ASSERT_EQ(static_cast<double>(m3::gpu::tc::pow2f(e)), std::ldexp(1.0, e));
+  }
+  EXPECT_EQ(tile_exponent(0.0f), 0);
+  EXPECT_EQ(tile_exponent(1.0f), 14);
+  EXPECT_EQ(tile_exponent(16384.0f), 0);
+  EXPECT_EQ(tile_exponent(std::ldexp(1.0f, 100)), -64);  // clamped
+  EXPECT_EQ(tile_exponent(std::ldexp(1.0f, -100)), 64);  // clamped
+  EXPECT_EQ(tile_exponent(std::ldexp(1.0f, -140)), 64);  // subnormal
+  EXPECT_EQ(tile_exponent(INFINITY), 0);
+  EXPECT_EQ(tile_exponent(NAN), 0);
+}
+
+TEST(TcSplitF16, ScaledHiPlusLoCarriesTwentyTwoBitsOfTheTile) {
+  std::mt19937_64 rng(19);
+  std::uniform_int_distribution<int> top(-40, 40);
+  double worst_rel = 0, worst_abs = 0;
+  for (int tile = 0; tile < 2000; ++tile) {
+    const int emax = top(rng);
+    std::vector<float> v(256);
+    float mx = 0.0f;
+    for (float& x : v) {
+      x = random_float(rng, emax - 40, emax);
+      mx = std::max(mx, std::abs(x));
+    }
+    const int e = m3::gpu::tc::tile_exponent(mx);
+    const double floor_abs = std::ldexp(static_cast<double>(mx), -39);
+    for (float x : v) {
+      double hi, lo;
+      split_f16_scaled(x, e, hi, lo);
+      const double err = std::abs(static_cast<double>(x) - hi - lo);
+      const double bound = std::max(std::ldexp(std::abs(static_cast<double>(x)), -22), floor_abs);
+      ASSERT_LE(err, bound) << "v=" << x << " max=" << mx << " e=" << e;
+      if (std::abs(x) >= std::ldexp(mx, -17))  // lo normal: the relative bound is the one
+        worst_rel = std::max(worst_rel, err / std::ldexp(std::abs(static_cast<double>(x)), -22));
+      else
+        worst_abs = std::max(worst_abs, err / floor_abs);
+    }
+  }
+  EXPECT_GT(worst_rel, 0.25) << "relative bound far from the worst case: the test lost its teeth";
+  EXPECT_GT(worst_abs, 0.25) << "absolute floor far from the worst case: the test lost its teeth";
+}
+
+TEST(TcSplitF16, TwoPassProductWithATypedValueWithinBound) {
+  std::mt19937_64 rng(23);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // a: an f16 storage value (exact in the planes); b: an f32 tile value, the tile's max mx.
+    const float a = __half2float(__float2half(random_float(rng, -14, 14)));
+    const float mx = std::abs(random_float(rng, -30, 30));
+    const float b = std::min(std::abs(random_float(rng, -30, 30)), mx);
+    const int e = m3::gpu::tc::tile_exponent(mx);
+    double hi, lo;
+    split_f16_scaled(b, e, hi, lo);
+    const double exact = static_cast<double>(a) * b;
+    const double two = static_cast<double>(a) * hi + static_cast<double>(a) * lo;
+    const double bound = std::abs(static_cast<double>(a)) *
+                         std::max(std::ldexp(static_cast<double>(b), -22), std::ldexp(static_cast<double>(mx), -39));
+    ASSERT_LE(std::abs(two - exact), bound) << "a=" << a << " b=" << b << " max=" << mx;
+    worst = std::max(worst, std::abs(two - exact) / bound);
+  }
+  EXPECT_GT(worst, 0.25) << "bound far from the worst case: the test lost its teeth";
+}
+
+TEST(TcSplitF16, NonFiniteValuesStayNonFinite) {
+  double hi, lo;
+  split_f16_scaled(INFINITY, 0, hi, lo);
+  EXPECT_FALSE(std::isfinite(hi + lo));
+  split_f16_scaled(NAN, 14, hi, lo);
+  EXPECT_TRUE(std::isnan(hi + lo));
 }
 
 // ⌊n/d⌋ and n mod d of FastDiv against the plain division.
