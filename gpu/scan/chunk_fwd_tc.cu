@@ -14,15 +14,17 @@
 //      ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
 //   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
 //   3. X [64][HP] (typed like Q) loads over Q, Ks (dead) while MA = [s < t < L]·e^{cum_t −
-//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t} (f16 runs: MA's max is
-//      taken before the barrier that frees S, for its scale; y goes from S's scale to MA's).
+//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t} (f16 runs: MA's scale
+//      from max|A| over the mask, taken before the barrier that frees S; y goes from S's
+//      scale to MA's).
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
 // At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM
 // (with X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory
 // latency, so the third block's warps are worth more than X's load overlapping steps 1–2).
-// Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs, f32
-// accumulation); the inter and intra
+// Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs — MA's
+// absolute floor 2⁻³⁹ of max|A| over the mask rather than of max|MA| — f32 accumulation); the
+// inter and intra
 // terms share one accumulator (chunked_fwd.cu's K5 keeps two), a reordering within f32 rounding.
 // Determinism: fixed order everywhere, no atomics, one writer per y element.
 #include <cstdint>
@@ -114,8 +116,10 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   tcf::Frag<kTR, kTR, kWarps5> A;
   A.zero();
   A.template add<DP>(Q, Ks);
-  // MA = mask · e^{cum_t − cum_s} · A over A's registers: f16 runs before the barrier, for the
-  // max of its planes' scale; bf16 runs as they write the planes (X's loads in flight).
+  // MA = mask · e^{cum_t − cum_s} · A, formed over A's registers after the barrier, with X's
+  // loads in flight. f16 runs take MA's scale before it from max|A| over the mask: e^{cum_t −
+  // cum_s} ≤ 1 there (adt = a_val·dt ≤ 0, MODEL.md §4 F3: cum does not increase along the chunk),
+  // so |MA| ≤ max|A| (and the tile scale leaves a factor 2 below f16's 65504 besides).
   auto to_ma = [&](int t, int s, float& v0, float& v1) {
     const float ct = cum[t];
     v0 = t < L && s < t ? expf(ct - cum[s]) * v0 : 0.0f;
@@ -124,8 +128,8 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   if constexpr (kH) {
     float mx = 0.0f;
     A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
-      to_ma(t, s, v0, v1);
-      mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
+      if (t < L && s < t) mx = fmaxf(mx, fabsf(v0));
+      if (t < L && s + 1 < t) mx = fmaxf(mx, fabsf(v1));
     });
     tcf::post_max<T>(mx, red);
   }
@@ -141,7 +145,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
-    if constexpr (!kH) to_ma(t, s, v0, v1);
+    to_ma(t, s, v0, v1);
     tcf::put_split<T>(MA, kTR * LDM, t * LDM + s, v0, v1, sMA);
   });
   y.pairs([&](int, int, int, int t, int, float& v0, float& v1) {

@@ -147,7 +147,8 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
             out.dot += v[k].x * o.x + v[k].y * o.y + v[k].z * o.z + v[k].w * o.w;
           }
         }
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)),
+                             fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
       }
       post_max<T>(mx, red);
       __syncthreads();

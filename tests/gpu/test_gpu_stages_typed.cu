@@ -285,6 +285,17 @@ __global__ void load_all_kernel(float* out) {
   out[i] = m3::gpu::to_float(from_raw<T>(static_cast<std::uint16_t>(i)));
 }
 
+// load_n<N> (the vector loads every typed kernel reads through): thread i loads in[N·i …].
+template <class T, int N>
+__global__ void load_n_kernel(unsigned int count, const T* in, float* out) {
+  const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float v[N];
+  m3::gpu::load_n<N>(in + N * i, v);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[N * i + k] = v[k];
+}
+
 // Floats that exercise every rounding rule of T: named edge cases, every 16-bit pattern of T
 // as a float and its neighbours half an ulp of T away (ties), ± one f32 ulp around those, and
 // random bit patterns over the whole float range.
@@ -382,6 +393,47 @@ TYPED_TEST(TypedConversion, DeviceStoreAndLoadMatchReferenceBits) {
                     << " (reference 0x" << float_bits(want) << ")";
   }
   EXPECT_EQ(bad_load, 0u) << "loads of the 65536 patterns";
+}
+
+// The vector loads (load_n of 2, 4 and 8 values) give to_float's bits for every 16-bit pattern:
+// in order, and shuffled so that NaNs share vectors with finite values (f16's load converts the
+// pairs in hardware and takes the exact path only for a vector holding a NaN).
+TYPED_TEST(TypedConversion, DeviceVectorLoadsMatchReferenceBits) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  Stream s;
+  std::vector<std::uint16_t> order(65536);
+  for (std::uint32_t h = 0; h < 65536u; ++h) order[h] = static_cast<std::uint16_t>(h);
+  std::vector<std::uint16_t> shuffled = order;
+  Rng rng(99);
+  for (size_t i = shuffled.size() - 1; i > 0; --i)
+    std::swap(shuffled[i], shuffled[static_cast<size_t>(rng.next() % (i + 1))]);
+  for (const auto* pattern : {&order, &shuffled}) {
+    std::vector<T> h(pattern->size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = from_raw<T>((*pattern)[i]);
+    DeviceArray<T> din(65536);
+    din.upload(h.data(), s);
+    for (int n : {2, 4, 8}) {
+      SCOPED_TRACE(std::string(pattern == &order ? "in order" : "shuffled") + ", vectors of " +
+                   std::to_string(n));
+      DeviceArray<float> dout(65536);
+      const unsigned int count = 65536u / static_cast<unsigned int>(n);
+      const unsigned int blocks = (count + 255) / 256;
+      if (n == 2) load_n_kernel<T, 2><<<blocks, 256, 0, s>>>(count, din.data(), dout.data());
+      if (n == 4) load_n_kernel<T, 4><<<blocks, 256, 0, s>>>(count, din.data(), dout.data());
+      if (n == 8) load_n_kernel<T, 8><<<blocks, 256, 0, s>>>(count, din.data(), dout.data());
+      M3_CUDA_CHECK(cudaGetLastError());
+      const Vec got = down(dout, s);
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float want = Storage<T>::value((*pattern)[i]);
+        if (float_bits(got[i]) != float_bits(want) && ++bad <= 5)
+          ADD_FAILURE() << std::hex << "load of 0x" << (*pattern)[i] << ": 0x"
+                        << float_bits(got[i]) << " (reference 0x" << float_bits(want) << ")";
+      }
+      EXPECT_EQ(bad, 0u) << "vector loads of the 65536 patterns";
+    }
+  }
 }
 
 // convert<float, T>, round_to<T>, convert<T, float> and add<T> (reduce.cu) against the host.

@@ -181,8 +181,9 @@ TEST(TcSplitF16, TwoPassProductWithATypedValueWithinBound) {
     split_f16_scaled(b, e, hi, lo);
     const double exact = static_cast<double>(a) * b;
     const double two = static_cast<double>(a) * hi + static_cast<double>(a) * lo;
-    const double bound = std::abs(static_cast<double>(a)) *
-                         std::max(std::ldexp(static_cast<double>(b), -22), std::ldexp(static_cast<double>(mx), -39));
+    const double bound =
+        std::abs(static_cast<double>(a)) * std::max(std::ldexp(static_cast<double>(b), -22),
+                                                    std::ldexp(static_cast<double>(mx), -39));
     ASSERT_LE(std::abs(two - exact), bound) << "a=" << a << " b=" << b << " max=" << mx;
     worst = std::max(worst, std::abs(two - exact) / bound);
   }
