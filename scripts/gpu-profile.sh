@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For the GPU machine: where the time goes, in one call (docs/PERF.md keeps the results):
 #   build        as scripts/gpu-check.sh (configure + build into build-gpu/, nothing else)
-#   marginal     m3h bench, official and official2 (1 and 2 layers), bf16 chunked: the
+#   marginal     m3h bench, official and official2 (1 and 2 layers), bf16 and f16 chunked: the
 #                per-layer figures and the "marginal layer" line (2 layers − 1 layer: a layer
 #                without the backbone-level input_proj and norm_f)
 #   profile      m3h bench --profile on the official shape (stage times; they include the
@@ -9,7 +9,8 @@
 #   ncu          Nsight Compute on one official bf16 chunked forward+backward: every kernel's
 #                time and DRAM bytes (ncu-all.csv), then speed-of-light, occupancy, warp-state
 #                and instruction statistics of the chunked scan's kernels and the angle scans
-#                (ncu-scan.txt)
+#                (ncu-scan.txt); the same forward+backward in f16 (ncu-all-f16.csv) and the
+#                per-kernel f16 − bf16 table of scripts/ncu-compare.sh (ncu-f16-vs-bf16.txt)
 # Logs under ${OUT:-gpu-logs}/. Needs ncu on the PATH for the last step (skipped otherwise).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,7 +22,7 @@ GPU_CHECK_ONLY="nvidia-smi" OUT="$LOGS" bash scripts/gpu-check.sh >"$LOGS/build-
 }
 m3h=build-gpu/tools/m3h
 run_bench=("$m3h" bench --no-reference --shapes official --dtype bf16 --scan chunked)
-"$m3h" bench --no-reference --shapes official,official2 --dtype bf16 --scan chunked \
+"$m3h" bench --no-reference --shapes official,official2 --dtype bf16,f16 --scan chunked \
   >"$LOGS/marginal.txt" 2>&1
 grep -E "^official|^marginal" "$LOGS/marginal.txt"
 "${run_bench[@]}" --profile >"$LOGS/profile.txt" 2>&1
@@ -36,6 +37,13 @@ if command -v ncu >/dev/null; then
     "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-scan.txt" 2>&1 || true
   grep -E "^  [a-z_ ]+.*\(|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy" \
     "$LOGS/ncu-scan.txt" | cut -c1-110 || true
+  ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+    "$m3h" bench --no-reference --shapes official --dtype f16 --scan chunked --warmup 0 \
+    --repeats 1 >"$LOGS/ncu-all-f16.csv" 2>&1 || true
+  bash scripts/ncu-compare.sh "$LOGS/ncu-all.csv" "$LOGS/ncu-all-f16.csv" bf16 f16 \
+    >"$LOGS/ncu-f16-vs-bf16.txt" 2>&1 || true
+  head -n 12 "$LOGS/ncu-f16-vs-bf16.txt"
+  tail -n 1 "$LOGS/ncu-f16-vs-bf16.txt"
 else
   echo "ncu not found: kernel-level step skipped"
 fi
