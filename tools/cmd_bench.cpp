@@ -27,11 +27,14 @@
 // layers that fit in the device's memory at that shape ((total − the one-layer run's bytes
 // that are not the layer's) / bytes per layer). --recompute picks the production recompute
 // policies to run (registry.hpp Recompute). The official PyTorch+Triton block's figures that
-// the issues quote are printed beside the marginal lines.
+// the issues quote are printed beside the marginal lines, and issue 18's targets against the
+// bf16 and f16 chunked marginal layers of the production policy rc=none (harness/targets.hpp:
+// each target, the figure, met or by how much not).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "bench.hpp"
@@ -45,6 +48,7 @@
 #include "presets.hpp"
 #include "report.hpp"
 #include "roofline.hpp"
+#include "targets.hpp"
 
 namespace m3::tools {
 
@@ -160,12 +164,6 @@ void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, Sca
   line(harness::roofline_total(rows));
 }
 
-// The official Mamba-3 block (RMSNorm + Mamba3 mixer + residual, PyTorch+Triton, bf16) at the
-// official shape on the H200, as measured for issues 14 and 18: marginal layer forward and
-// forward+backward ms, and device bytes per further layer (peak of a forward+backward of 1 and
-// 2 blocks).
-constexpr double kOfficialFwdMs = 2.99, kOfficialFwdBwdMs = 7.43, kOfficialGiBPerLayer = 1.34;
-
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // Where a row's bytes are (GpuBackbone::memory(), production layout): per layer (the last
@@ -276,9 +274,20 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
     std::snprintf(buf, sizeof buf,
                   "official PyTorch+Triton block (bf16, as measured for issues 14/18): fwd %.2f ms, "
                   "fwd+bwd %.2f ms, %.2f GiB per further layer",
-                  kOfficialFwdMs, kOfficialFwdBwdMs, kOfficialGiBPerLayer);
+                  harness::kOfficialBlockFwdMs, harness::kOfficialBlockFwdBwdMs,
+                  harness::kOfficialBlockGiBPerLayer);
     std::cout << buf << "\n";
   }
+  // Issue 18's targets, against the production policy's marginal layers (chunked, rc=none).
+  auto marginal = [&](const char* key) -> std::optional<harness::MarginalTimes> {
+    const auto one = official[0].find(key), two = official[1].find(key);
+    if (one == official[0].end() || two == official[1].end()) return std::nullopt;
+    return harness::MarginalTimes{two->second.forward_ms - one->second.forward_ms,
+                                  two->second.forward_backward_ms - one->second.forward_backward_ms};
+  };
+  for (const std::string& l :
+       harness::target_lines(marginal("bf16 chunked rc=none"), marginal("f16 chunked rc=none")))
+    std::cout << l << "\n";
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
                "layer); ref_fb_ms/lyr: float reference, one forward+backward pass, per layer\n";
   if (profile)
