@@ -147,10 +147,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     float rx[2] = {0.0f, 0.0f};
     const float e[2] = {expf(cum[dq.wm() * 16 + g4]), expf(cum[dq.wm() * 16 + g4 + 8])};
     dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
-      if constexpr (kH) {  // back from S's scale (exact)
-        v0 *= ls.sc.down;
-        v1 *= ls.sc.down;
-      }
+      tcf::unscale<T>(ls.sc, v0, v1);  // back from S's scale
       const float2 qv = tcf::get_typed_pair<T>(Qp, m * LDD + n);
       rx[hh] += v0 * qv.x + v1 * qv.y;
       v0 *= e[hh];
@@ -239,10 +236,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   // per store instruction instead of every other word.
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
-    if constexpr (kH) {
-      v0 *= sMP.down;
-      v1 *= sMP.down;
-    }
+    tcf::unscale<T>(sMP, v0, v1);
     if (t < L) tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
@@ -270,12 +264,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
       const float2 o = tcf::get_typed_pair<T>(Op, s * LDH + q4);
       float u0 = v2.d[i][j][2 * hh], u1 = v2.d[i][j][2 * hh + 1];
-      if constexpr (kH) {
-        v0 *= sMA.down;
-        v1 *= sMA.down;
-        u0 *= sdS.down;
-        u1 *= sdS.down;
-      }
+      tcf::unscale<T>(sMA, v0, v1);
+      tcf::unscale<T>(sdS, u0, u1);
       v0 += es[hh] * u0 + qkD[s] * o.x;
       v1 += es[hh] * u1 + qkD[s] * o.y;
       if (s >= L || q4 >= hd) return;
@@ -292,12 +282,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     float m[2] = {0.0f, 0.0f};
     dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
       float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
-      if constexpr (kH) {
-        v0 *= sMP.down;
-        v1 *= sMP.down;
-        u0 *= sdS.down;
-        u1 *= sdS.down;
-      }
+      tcf::unscale<T>(sMP, v0, v1);
+      tcf::unscale<T>(sdS, u0, u1);
       const float2 kv = tcf::get_typed_pair<T>(Kp, s * LDD + n);
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;

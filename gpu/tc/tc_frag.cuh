@@ -102,6 +102,16 @@ struct TileScale {
   float up = 1.0f, down = 1.0f;
 };
 
+// A pair of a product's elements back from its planes' scale: ·down (exact) in f16 runs;
+// nothing in bf16 runs, whose scale is 1.
+template <class T>
+__device__ __forceinline__ void unscale(TileScale sc, float& v0, float& v1) {
+  if constexpr (kF16Plane<T>) {
+    v0 *= sc.down;
+    v1 *= sc.down;
+  }
+}
+
 // Maximum over the 32 lanes (fmaxf: a NaN lane does not hide the others' values).
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

@@ -4,8 +4,8 @@
 // loader issues a batch of loads per thread before any of the batch's shared stores, and typed
 // rows go by cp.async (the caller waits with cp_async_wait() and a barrier).
 //   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
-//     elsewhere) → one plane each of the values themselves (bf16 or f16 bits; tc_frag.cuh's
-//     TypedOpnd splits f16 fragments as they are loaded);
+//     elsewhere) → one plane each of the values themselves (bf16 or f16 bits, entering the
+//     run's mma as they are: tc_frag.cuh's TypedOpnd);
 //   load_state: an f32 [hd][ds] state → hi/lo planes [R][C] of the run's type (zeros beyond
 //     hd, ds; f16 runs: scaled by the tile's power of two, tc_frag.cuh), optionally with this
 //     thread's part of ⟨state, other⟩ in f32 (a fixed order per thread).
