@@ -338,19 +338,19 @@ constexpr int kPrepLanes = 16;  // lanes per (r, h) row in prep_kernel
 // The lane's 4 values n0 … n0 + 3 of the row at x + row of a row of len values (zeros past its
 // end), and back: kVec, one access when the group lies in the row (has = n0 < len; len % 4 == 0
 // and the row aligned), at the 32-bit offset row + n0; else element by element
-// (load_row_group).
-template <bool kVec, class X>
+// (load_row_group). U: what the values are for (convert.cuh).
+template <bool kVec, Use U = Use::kStored, class X>
 __device__ __forceinline__ void lane_load(const X* x, unsigned row, unsigned n0, unsigned len,
                                           bool has, float (&v)[4]) {
   if constexpr (kVec) {
     if (has) {
-      load_vec<4>(x + (row + n0), v);
+      load_vec<4, U>(x + (row + n0), v);
     } else {
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] = 0.0f;
     }
   } else {
-    load_row_group<false>(x + row, n0, len, v);
+    load_row_group<false, U>(x + row, n0, len, v);
   }
 }
 template <bool kVec, class X>

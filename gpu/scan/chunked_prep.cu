@@ -56,8 +56,8 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
       if constexpr (kRope) {
         const unsigned gn = (r * pg.ng + pg.group.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4], th[2];
-        lane_load<kVec>(a.b_normed, gn, n, len, has, nb);
-        lane_load<kVec>(a.c_normed, gn, n, len, has, nc);
+        lane_load<kVec, Use::kArith>(a.b_normed, gn, n, len, has, nb);
+        lane_load<kVec, Use::kArith>(a.c_normed, gn, n, len, has, nc);
         lane_load<kVec>(a.b_bias, hn, n, len, has, ab);
         lane_load<kVec>(a.c_bias, hn, n, len, has, ac);
         const unsigned j0 = n / 2;  // the lane's pairs j0, j0 + 1
@@ -95,8 +95,8 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         lane_store<kVec>(a.q, base, n, len, has, qv[c]);
         if (pg.k_all || !next) lane_store<kVec>(a.k, base, n, len, has, kv[c]);
       } else {
-        lane_load<kVec>(a.k_in, base, n, len, has, kv[c]);
-        lane_load<kVec>(a.q_in, base, n, len, has, qv[c]);
+        lane_load<kVec, Use::kArith>(a.k_in, base, n, len, has, kv[c]);
+        lane_load<kVec, Use::kArith>(a.q_in, base, n, len, has, qv[c]);
       }
     }
     const float gam = dt * trap, sg = dt1 * (1.0f - trap1);

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
     if (on)
       for (Idx n = n0; n < ds; n += kStep) {
         float x[V];
-        load_group<kRawVec>(raw + n, ds - n, x);
+        load_group<kRawVec, Use::kArith>(raw + n, ds - n, x);
 #pragma unroll
         for (int j = 0; j < V; ++j)
           if (kVec || j < ds - n) ss += x[j] * x[j];
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
     T* biased = (is_c ? p.c_biased : p.b_biased) + (r * sh.nh + h0) * ds;
     for (Idx n = n0; n < ds; n += kStep) {
       float x[V], wv[V], nv[V];
-      load_group<kRawVec>(raw + n, ds - n, x);
+      load_group<kRawVec, Use::kArith>(raw + n, ds - n, x);
       load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) nv[j] = x[j] / rr * wv[j];
@@ -161,10 +161,10 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
 #pragma unroll
           for (int j = 0; j < V; ++j) dn[j] = round_trip<T>(acc[j]);
         } else {
-          load_group<kVec>(dnormed + n, ds - n, dn);
+          load_group<kVec, Use::kArith>(dnormed + n, ds - n, dn);
         }
         float x[V], wv[V];
-        load_group<kRawVec>(raw + n, ds - n, x);
+        load_group<kRawVec, Use::kArith>(raw + n, ds - n, x);
         load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
         for (int j = 0; j < V; ++j)
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
     T* draw = (is_c ? p.d_c_raw : p.d_b_raw) + sh.raw(row);
     for (Idx n = n0; n < ds; n += kStep) {
       float x[V], d[V], wv[V], o[V];
-      load_group<kRawVec>(raw + n, ds - n, x);
-      load_group<kVec>(dnormed + n, ds - n, d);  // as stored
+      load_group<kRawVec, Use::kArith>(raw + n, ds - n, x);
+      load_group<kVec, Use::kArith>(dnormed + n, ds - n, d);  // as stored
       load_group<kVec>(w + n, ds - n, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {

@@ -58,8 +58,8 @@ gate_silu_forward_kernel(Idx n, Idx nv, const T* y, const T* z, ZAt za, T* gated
   const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
   for (Idx i = first * V; i < nv * V; i += stride * V) {
     float yv[V], zv[V];
-    load_n<V>(y + i, yv);
-    load_n<V>(z + za(i), zv);
+    load_n<V, Use::kArith>(y + i, yv);
+    load_n<V, Use::kArith>(z + za(i), zv);
 #pragma unroll
     for (int e = 0; e < V; ++e) yv[e] = yv[e] * silu(zv[e]);
     store_n<V>(gated + i, yv);
@@ -81,7 +81,7 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt 
     if (on)
       for (Idx p = S::lane() * V; p < hd; p += L * V) {
         float yv[V];
-        load_vec(y + row + p, yv);
+        load_vec<V, Use::kArith>(y + row + p, yv);
 #pragma unroll
         for (int e = 0; e < V; ++e) ss += yv[e] * yv[e];
       }
@@ -92,8 +92,8 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt 
     const float* wh = w + (unit % nh) * hd;
     for (Idx p = S::lane() * V; p < hd; p += L * V) {
       float yv[V], zv[V], wv[V];
-      load_vec(y + row + p, yv);
-      load_group<kZV>(z + za(row + p), V, zv);
+      load_vec<V, Use::kArith>(y + row + p, yv);
+      load_group<kZV, Use::kArith>(z + za(row + p), V, zv);
       load_vec(wh + p, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
@@ -109,9 +109,9 @@ gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p, ZAt za) {
   const Idx first = blockIdx.x * Idx(kThreads) + threadIdx.x, stride = Idx(gridDim.x) * kThreads;
   for (Idx i = first * V; i < nv * V; i += stride * V) {
     float dg[V], zv[V], yv[V];
-    load_n<V>(p.d_gated + i, dg);
-    load_n<V>(p.z + za(i), zv);
-    load_n<V>(p.y + i, yv);
+    load_n<V, Use::kArith>(p.d_gated + i, dg);
+    load_n<V, Use::kArith>(p.z + za(i), zv);
+    load_n<V, Use::kArith>(p.y + i, yv);
     float dy[V], dz[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) {
@@ -141,9 +141,9 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
     const float* wh = p.norm_gate_weight + (unit % nh) * hd;
     // The lane's group at q of d_gated, z, y and the weight (both passes read the same four).
     auto load4 = [&](Idx q, float (&dg)[V], float (&zv)[V], float (&yv)[V], float (&wv)[V]) {
-      load_vec(p.d_gated + row + q, dg);
-      load_group<kZV>(p.z + za(row + q), V, zv);
-      load_vec(p.y + row + q, yv);
+      load_vec<V, Use::kArith>(p.d_gated + row + q, dg);
+      load_group<kZV, Use::kArith>(p.z + za(row + q), V, zv);
+      load_vec<V, Use::kArith>(p.y + row + q, yv);
       load_vec(wh + q, wv);
     };
     float c1 = 0.0f;

@@ -47,13 +47,14 @@ constexpr int kMinBlocks = 2;
 constexpr int groups_of(int L) { return L < 32 ? 1 : kGroups; }
 
 // The lane's chunk of a row from element c0: groups c0 + k·L·kV, k < G, all loads issued
-// before any is used; groups past the row are left unset.
-template <int L, bool kVec, int G, class X>
+// before any is used (U = Use::kArith for a typed row: f16's kStored loads would wait for
+// each other, convert.cuh); groups past the row are left unset.
+template <int L, bool kVec, Use U = Use::kStored, int G, class X>
 __device__ __forceinline__ void load_chunk(const X* row, Idx c0, Idx dim, float (&v)[G][kV]) {
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const Idx i = c0 + Idx(k) * L * kV;
-    if (i < dim) load_group<kVec>(row + i, dim - i, v[k]);
+    if (i < dim) load_group<kVec, U>(row + i, dim - i, v[k]);
   }
 }
 
@@ -82,7 +83,7 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, float* __restrict__ u, const float* __
         if constexpr (kSum) {
           float bv[G][kV];
           load_chunk<L, kVec>(a + r * dim, c0, dim, x);
-          load_chunk<L, kVec>(b + r * dim, c0, dim, bv);
+          load_chunk<L, kVec, Use::kArith>(b + r * dim, c0, dim, bv);
 #pragma unroll
           for (int k = 0; k < G; ++k) {
             const Idx i = c0 + k * kStep;
@@ -163,7 +164,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     if (on)
       for (Idx c0 = i0; c0 < dim; c0 += kChunk) {
         load_chunk<L, kVec>(ur, c0, dim, x);
-        load_chunk<L, kVec>(gr, c0, dim, gx);
+        load_chunk<L, kVec, Use::kArith>(gr, c0, dim, gx);
 #pragma unroll
         for (int k = 0; k < G; ++k) {
           const Idx i = c0 + k * kStep;
@@ -185,7 +186,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
       if (c0 != last) {
         load_chunk<L, kVec>(ur, c0, dim, x);
-        load_chunk<L, kVec>(gr, c0, dim, gx);
+        load_chunk<L, kVec, Use::kArith>(gr, c0, dim, gx);
       }
 #pragma unroll
       for (int k = 0; k < G; ++k) {
