@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# A/B of two versions in one device call (docs/PERF.md's method: one build's runs spread by 1–2 %
+# and machines by as much, so a change is measured against its base on the same machine, in the
+# same call, the two run alternately).
+#
+#   here:        scripts/gpu-ab.sh pack REV [--force]
+#                  REV's sources (git archive of the build's inputs) into build-ab/base.tar and
+#                  its commit into build-ab/base.rev; an existing pack is kept unless --force.
+#                  Carry build-ab with the device call (the device's copy of the tree has no .git).
+#   GPU machine: scripts/gpu-ab.sh run [--rounds N] [--ncu] [-- BENCH_ARGS...]
+#                  builds the working tree (scripts/gpu-check.sh's build into build-gpu/) and the
+#                  pack (m3h only, build-ab/base/) at once, then runs `m3h bench BENCH_ARGS` N
+#                  times on each side, base first, alternately (N = 2; the default arguments are
+#                  the marginal layer's: default, official and official2 shapes, bf16 and f16,
+#                  chunked, Recompute none, graph replays); --ncu adds one official forward +
+#                  backward per dtype under Nsight Compute on each side and the per-kernel table
+#                  of scripts/ncu-compare.sh (base → tree). Prints the summary last.
+#   anywhere:    scripts/gpu-ab.sh summary DIR
+#                  the table of a run's logs: per marginal-layer line of the bench (dtype, scan,
+#                  recompute), the fwd and fwd+bwd ms of every round on each side, their medians
+#                  and tree − base.
+# Logs under ${OUT:-gpu-logs}/ab/: bench-{base,tree}-K.txt, builds, ncu-*.csv, ncu-*-vs.txt.
+# Bad use (an unknown command or option, a bad revision, no pack, a failed build, a bench that
+# gives no marginal line): a one-line error and exit 2.
+set -euo pipefail
+
+die() {
+  echo "gpu-ab.sh: $*" >&2
+  exit 2
+}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ab="${AB_DIR:-$root/build-ab}"
+# The build's inputs (as in the A/B calls of PERF.md): everything CMake reads for m3h.
+sources=(CMakeLists.txt gpu reference harness tools tests train scripts golden)
+
+pack() {
+  local rev="" force=0
+  for a in "$@"; do
+    case "$a" in
+      --force) force=1 ;;
+      -*) die "pack: unknown option $a" ;;
+      *) [[ -z "$rev" ]] || die "pack: one revision only (got $rev and $a)"; rev="$a" ;;
+    esac
+  done
+  [[ -n "$rev" ]] || die "usage: gpu-ab.sh pack REV [--force]"
+  local commit
+  commit="$(git -C "$root" rev-parse --verify --quiet "$rev^{commit}")" ||
+    die "pack: not a revision of this repository: $rev"
+  if [[ -e "$ab/base.tar" && $force == 0 ]]; then
+    die "pack: $ab/base.tar exists (base $(cat "$ab/base.rev" 2>/dev/null || echo '?'));" \
+      "--force replaces it"
+  fi
+  mkdir -p "$ab"
+  local present=()
+  for p in "${sources[@]}"; do
+    if git -C "$root" cat-file -e "$commit:$p" 2>/dev/null; then present+=("$p"); fi
+  done
+  ((${#present[@]} > 0)) || die "pack: $rev holds none of ${sources[*]}"
+  git -C "$root" archive --format=tar -o "$ab/base.tar.tmp" "$commit" "${present[@]}" ||
+    die "pack: git archive of $rev failed"
+  mv "$ab/base.tar.tmp" "$ab/base.tar"
+  echo "$commit" >"$ab/base.rev"
+  echo "packed $rev ($commit) into $ab/base.tar: carry build-ab with the device call"
+}
+
+# summary DIR: the table of bench-{base,tree}-K.txt under DIR.
+summary() {
+  [[ $# -eq 1 ]] || die "usage: gpu-ab.sh summary DIR"
+  local dir="$1"
+  [[ -d "$dir" ]] || die "summary: no directory $dir"
+  local files=("$dir"/bench-base-*.txt "$dir"/bench-tree-*.txt)
+  [[ -e "${files[0]}" && -e "${files[-1]}" ]] ||
+    die "summary: no bench-base-K.txt and bench-tree-K.txt in $dir"
+  # "marginal layer (official2 - official), bf16 chunked rc=none : fwd 2.162 ms, fwd+bwd ..."
+  # → "side|bf16 chunked rc=none|2.162|6.454"
+  local re='^marginal layer ([^)]*), \([^:]*[^ :]\) *: fwd \([0-9.]*\) ms, '
+  re+='fwd+bwd \([0-9.]*\) ms.*'
+  local rows f side
+  rows="$(for f in "${files[@]}"; do
+    side="$(basename "$f" .txt)"
+    side="${side#bench-}"
+    sed -n "s/$re/\\1|\\2|\\3/p" "$f" | sed "s/^/${side%%-*}|/"
+  done)"
+  [[ -n "$rows" ]] || die "summary: no marginal-layer line in $dir's bench logs"
+  awk -F'|' '
+    function median(list,    n, a, i, j, t) {
+      n = split(list, a, " ")
+      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) {
+        t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+      }
+      return n % 2 ? a[(n + 1) / 2] + 0 : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    {
+      key = $2
+      if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
+      fw[$1, key] = fw[$1, key] " " $3
+      fb[$1, key] = fb[$1, key] " " $4
+    }
+    END {
+      printf "%-26s %-5s %-30s %-30s %8s %8s\n", "marginal layer", "side", "fwd ms (runs)",
+             "fwd+bwd ms (runs)", "fwd", "fwd+bwd"
+      for (k = 1; k <= nk; k++) {
+        key = order[k]
+        for (s = 1; s <= 2; s++) {
+          side = s == 1 ? "base" : "tree"
+          if (!((side, key) in fw)) { printf "%-26s %-5s (no runs)\n", key, side; continue }
+          m1[side] = median(fw[side, key]); m2[side] = median(fb[side, key])
+          printf "%-26s %-5s %-30s %-30s %8.3f %8.3f\n", key, side, substr(fw[side, key], 2),
+                 substr(fb[side, key], 2), m1[side], m2[side]
+        }
+        if (((("base", key) in fw)) && ((("tree", key) in fw)))
+          printf "%-26s %-5s %-30s %-30s %+8.3f %+8.3f\n", key, "diff", "tree - base (medians)",
+                 "", m1["tree"] - m1["base"], m2["tree"] - m2["base"]
+      }
+    }' <<<"$rows"
+}
+
+run() {
+  local rounds=2 ncu=0 bench_args=()
+  while (($#)); do
+    case "$1" in
+      --rounds)
+        [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "run: --rounds takes a positive count"
+        rounds="$2"
+        shift 2
+        ;;
+      --ncu) ncu=1; shift ;;
+      --) shift; bench_args=("$@"); break ;;
+      *) die "run: unknown argument $1 (bench arguments go after --)" ;;
+    esac
+  done
+  ((${#bench_args[@]} > 0)) || bench_args=(--no-reference --shapes "default,official,official2"
+    --dtype "bf16,f16" --scan chunked --recompute none --graph)
+  [[ -f "$ab/base.tar" ]] || die "run: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
+  local logs="${OUT:-$root/gpu-logs}/ab"
+  mkdir -p "$logs"
+  local base_src="$ab/base"
+  rm -rf "$base_src"
+  mkdir -p "$base_src"
+  tar -xf "$ab/base.tar" -C "$base_src" || die "run: cannot unpack $ab/base.tar"
+  local boost=()
+  [[ -d "$root/.boost" ]] && boost=(-DM3_BOOST_BUNDLE="$root/.boost")
+  local jobs
+  jobs="$(nproc 2>/dev/null || echo 8)"
+  (cmake -S "$base_src" -B "$base_src/build" -G Ninja -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+     "${boost[@]}" >"$logs/base-configure.log" 2>&1 &&
+   cmake --build "$base_src/build" -j "$((jobs / 2 > 0 ? jobs / 2 : 1))" --target m3h \
+     >"$logs/base-build.log" 2>&1) &
+  local base_pid=$!
+  local tree_ok=1
+  GPU_CHECK_ONLY=none OUT="$logs/tree-build" bash "$root/scripts/gpu-check.sh" \
+    >"$logs/tree-build.log" 2>&1 || tree_ok=0
+  wait "$base_pid" ||
+    die "run: the base ($(cat "$ab/base.rev")) did not build: $logs/base-build.log"
+  ((tree_ok)) || die "run: the working tree did not build: $logs/tree-build/"
+  local m3h_base="$base_src/build/tools/m3h" m3h_tree="$root/build-gpu/tools/m3h"
+  echo "base $(cat "$ab/base.rev"), tree: the working tree"
+  for ((k = 1; k <= rounds; k++)); do
+    for side in base tree; do
+      local bin="$m3h_base"
+      [[ $side == tree ]] && bin="$m3h_tree"
+      "$bin" bench "${bench_args[@]}" >"$logs/bench-$side-$k.txt" 2>&1 ||
+        die "run: the $side bench failed (round $k): $logs/bench-$side-$k.txt"
+      echo "round $k $side: $(grep -c '^marginal' "$logs/bench-$side-$k.txt") marginal lines"
+    done
+  done
+  if ((ncu)); then
+    command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
+    for d in bf16 f16; do
+      for side in base tree; do
+        local bin="$m3h_base"
+        [[ $side == tree ]] && bin="$m3h_tree"
+        ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+          "$bin" bench --no-reference --shapes official --dtype "$d" --scan chunked \
+          --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
+      done
+      bash "$root/scripts/ncu-compare.sh" "$logs/ncu-base-$d.csv" "$logs/ncu-tree-$d.csv" \
+        "base" "tree" >"$logs/ncu-$d-vs.txt" 2>&1 || true
+      echo "ncu $d, base -> tree (largest differences):"
+      head -n 8 "$logs/ncu-$d-vs.txt"
+      tail -n 1 "$logs/ncu-$d-vs.txt"
+    done
+  fi
+  summary "$logs"
+}
+
+[[ $# -ge 1 ]] ||
+  die "usage: gpu-ab.sh pack REV [--force] | run [--rounds N] [--ncu] [-- ARGS] | summary DIR"
+cmd="$1"
+shift
+case "$cmd" in
+  pack) pack "$@" ;;
+  run) run "$@" ;;
+  summary) summary "$@" ;;
+  *) die "unknown command $cmd (pack, run or summary)" ;;
+esac
