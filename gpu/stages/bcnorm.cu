@@ -47,8 +47,10 @@ struct BcShape {
   Idx rows;  // BT·ng
   Idx ng, nh, hpg, ds;
   Idx ldr;   // X_raw's and d_X_raw's row stride (ng·ds when contiguous)
-  // Where row (r, g) = r·ng + g of X_raw / d_X_raw starts.
+  // Where row (r, g) = r·ng + g of X_raw / d_X_raw starts. ng = 1 (the official shape) without
+  // the 64-bit division: NormWeightTerm calls this per element of d w_X's column sums.
   __device__ __forceinline__ Idx raw(Idx row) const {
+    if (ng == 1) return row * ldr;
     const Idx r = row / ng;
     return r * ldr + (row - r * ng) * ds;
   }
