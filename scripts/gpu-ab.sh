@@ -15,6 +15,9 @@
 #                  chunked, Recompute none, graph replays); --ncu adds one official forward +
 #                  backward per dtype under Nsight Compute on each side and the per-kernel table
 #                  of scripts/ncu-compare.sh (base → tree). Prints the summary last.
+#                  --no-build: the builds of an earlier run on this machine, as they are (the
+#                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
+#                  and build-gpu/tools/m3h).
 #   anywhere:    scripts/gpu-ab.sh summary DIR
 #                  the table of a run's logs: per marginal-layer line of the bench (dtype, scan,
 #                  recompute), the fwd and fwd+bwd ms of every round on each side, their medians
@@ -115,25 +118,11 @@ summary() {
     }' <<<"$rows"
 }
 
-run() {
-  local rounds=2 ncu=0 bench_args=()
-  while (($#)); do
-    case "$1" in
-      --rounds)
-        [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "run: --rounds takes a positive count"
-        rounds="$2"
-        shift 2
-        ;;
-      --ncu) ncu=1; shift ;;
-      --) shift; bench_args=("$@"); break ;;
-      *) die "run: unknown argument $1 (bench arguments go after --)" ;;
-    esac
-  done
-  ((${#bench_args[@]} > 0)) || bench_args=(--no-reference --shapes "default,official,official2"
-    --dtype "bf16,f16" --scan chunked --recompute none --graph)
+# build_both LOGS: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
+# at once.
+build_both() {
+  local logs="$1"
   [[ -f "$ab/base.tar" ]] || die "run: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
-  local logs="${OUT:-$root/gpu-logs}/ab"
-  mkdir -p "$logs"
   local base_src="$ab/base"
   rm -rf "$base_src"
   mkdir -p "$base_src"
@@ -153,8 +142,38 @@ run() {
   wait "$base_pid" ||
     die "run: the base ($(cat "$ab/base.rev")) did not build: $logs/base-build.log"
   ((tree_ok)) || die "run: the working tree did not build: $logs/tree-build/"
-  local m3h_base="$base_src/build/tools/m3h" m3h_tree="$root/build-gpu/tools/m3h"
-  echo "base $(cat "$ab/base.rev"), tree: the working tree"
+}
+
+run() {
+  local rounds=2 ncu=0 build=1 bench_args=()
+  while (($#)); do
+    case "$1" in
+      --rounds)
+        [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "run: --rounds takes a positive count"
+        rounds="$2"
+        shift 2
+        ;;
+      --ncu) ncu=1; shift ;;
+      --no-build) build=0; shift ;;
+      --) shift; bench_args=("$@"); break ;;
+      *) die "run: unknown argument $1 (bench arguments go after --)" ;;
+    esac
+  done
+  ((${#bench_args[@]} > 0)) || bench_args=(--no-reference --shapes "default,official,official2"
+    --dtype "bf16,f16" --scan chunked --recompute none --graph)
+  local logs="${OUT:-$root/gpu-logs}/ab"
+  local m3h_base="${AB_M3H_BASE:-$ab/base/build/tools/m3h}"
+  local m3h_tree="${AB_M3H_TREE:-$root/build-gpu/tools/m3h}"
+  mkdir -p "$logs"
+  rm -f "$logs"/bench-base-*.txt "$logs"/bench-tree-*.txt  # an earlier run's rounds
+  if ((build)); then
+    build_both "$logs"
+  else
+    for b in "$m3h_base" "$m3h_tree"; do
+      [[ -x "$b" ]] || die "run: --no-build, but there is no $b"
+    done
+  fi
+  echo "base $(cat "$ab/base.rev" 2>/dev/null || echo '(no pack)'), tree: the working tree"
   for ((k = 1; k <= rounds; k++)); do
     for side in base tree; do
       local bin="$m3h_base"

@@ -3,7 +3,9 @@
 # build's inputs of the revision asked for, not the working tree's; an existing pack is kept
 # without --force; a bad revision is refused), `summary` on bench logs written here (medians per
 # side and tree − base for each marginal-layer line), and the refusals of every command, each one
-# line and exit 2 (`run` without a pack stops before it builds anything).
+# line and exit 2 (`run` without a pack stops before it builds anything); `run --no-build` over
+# stand-ins for the two binaries (the sides alternate base first, the bench arguments pass
+# through, the summary is that run's).
 # Usage: gpu_ab_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -13,10 +15,11 @@ fail() {
   echo "FAIL: $*"
   exit 1
 }
-expect_refusal() {  # expect_refusal WHAT CMD...
-  local what="$1" msg
+expect_refusal() {  # expect_refusal WHAT CMD...: exit 2 and one gpu-ab.sh line on stderr
+  local what="$1" msg rc=0
   shift
-  if msg="$("$@" 2>&1)"; then fail "$what was accepted: $msg"; fi
+  msg="$("$@" 2>&1 >/dev/null)" || rc=$?
+  [[ $rc == 2 ]] || fail "$what: exit $rc, not 2: $msg"
   [[ "$(grep -c . <<<"$msg")" == 1 && "$msg" == gpu-ab.sh:* ]] ||
     fail "$what: not one gpu-ab.sh line: $msg"
 }
@@ -92,6 +95,43 @@ echo "no marginal line" >"$work/nolines/bench-base-1.txt"
 cp "$work/nolines/bench-base-1.txt" "$work/nolines/bench-tree-1.txt"
 expect_refusal "logs without marginal lines" ab summary "$work/nolines"
 expect_refusal "a missing directory" ab summary "$work/missing"
+
+# --- run --no-build, over stand-ins for the two m3h binaries ------------------------------------
+# Each stand-in appends "SIDE ARGS" to calls.txt and prints the marginal lines of a bench whose
+# fwd+bwd is 6.5 + round/100 ms on the base side and 0.1 ms less on the tree side.
+mkdir -p "$work/bin"
+for side in base tree; do
+  cat >"$work/bin/m3h-$side" <<STUB
+#!/usr/bin/env bash
+echo "$side \$*" >>"$work/calls.txt"
+k=\$(grep -c "^$side " "$work/calls.txt")
+[[ -e "$work/fail-$side" ]] && exit 3
+fb=\$(awk -v k="\$k" -v s="$side" 'BEGIN { printf "%.3f", 6.5 + k / 100 - (s == "tree") * 0.1 }')
+echo "marginal layer (official2 - official), bf16 chunked rc=none: fwd 2.100 ms, fwd+bwd \$fb ms, x"
+STUB
+  chmod +x "$work/bin/m3h-$side"
+done
+export AB_M3H_BASE="$work/bin/m3h-base" AB_M3H_TREE="$work/bin/m3h-tree"
+runlogs="$work/out"
+mkdir -p "$runlogs/ab"
+touch "$runlogs/ab/bench-base-9.txt"  # an earlier run's round: not part of this one's summary
+out="$(OUT="$runlogs" ab run --no-build --rounds 3 -- --shapes official --dtype bf16)"
+[[ "$(cut -d' ' -f1 "$work/calls.txt" | tr '\n' ' ')" == "base tree base tree base tree " ]] ||
+  fail "sides not alternated base first: $(cat "$work/calls.txt")"
+[[ "$(sed -n 1p "$work/calls.txt")" == "base bench --shapes official --dtype bf16" ]] ||
+  fail "bench arguments not passed through: $(sed -n 1p "$work/calls.txt")"
+[[ ! -e "$runlogs/ab/bench-base-9.txt" ]] || fail "an earlier run's round was kept"
+[[ "$(row 'bf16 chunked rc=none' base)" == "2.100 6.520" ]] || fail "run's base medians: $out"
+[[ "$(row 'bf16 chunked rc=none' diff)" == "+0.000 -0.100" ]] || fail "run's diff: $out"
+rm "$work/calls.txt"
+OUT="$runlogs" ab run --no-build --rounds 1 >/dev/null
+grep -q "^tree bench --no-reference --shapes default,official,official2 --dtype bf16,f16 " \
+  "$work/calls.txt" || fail "the default bench arguments: $(cat "$work/calls.txt")"
+touch "$work/fail-tree"
+OUT="$runlogs" expect_refusal "a failing bench" ab run --no-build --rounds 1
+rm "$work/fail-tree"
+AB_M3H_TREE="$work/bin/missing" OUT="$runlogs" expect_refusal "--no-build without a build" \
+  ab run --no-build
 
 # --- run and the command line --------------------------------------------------------------------
 AB_DIR="$work/empty" expect_refusal "run without a pack" ab run
