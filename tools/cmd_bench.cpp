@@ -166,6 +166,11 @@ void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, Sca
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The marginal layer of two runs of one shape with 1 and 2 layers: their differences.
+harness::MarginalTimes marginal_times(const gpu::GpuTiming& one, const gpu::GpuTiming& two) {
+  return {two.forward_ms - one.forward_ms, two.forward_backward_ms - one.forward_backward_ms};
+}
+
 // Where a row's bytes are (GpuBackbone::memory(), production layout): per layer (the last
 // layer's; layer 0 also holds H⁰ in f32), the shared workspace, the parameter arenas, the
 // states, the scratch and a token model's buffers.
@@ -250,12 +255,12 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
   for (const auto& [key, one] : official[0]) {
     const auto two = official[1].find(key);
     if (two == official[1].end()) continue;
-    const double fwd = two->second.forward_ms - one.forward_ms;
-    const double fb = two->second.forward_backward_ms - one.forward_backward_ms;
+    const harness::MarginalTimes mt = marginal_times(one, two->second);
     std::snprintf(buf, sizeof buf,
                   "marginal layer (official2 - official), %-20s: fwd %.3f ms, fwd+bwd %.3f ms, "
                   "%.3f Mtok/s",
-                  key.c_str(), fwd, fb, static_cast<double>(off.B * off.T) / fb * 1e-3);
+                  key.c_str(), mt.fwd_ms, mt.fwdbwd_ms,
+                  static_cast<double>(off.B * off.T) / mt.fwdbwd_ms * 1e-3);
     std::cout << buf << "\n";
     const double per_layer = static_cast<double>(two->second.peak_bytes) -
                              static_cast<double>(one.peak_bytes);
@@ -282,8 +287,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
   auto marginal = [&](const char* key) -> std::optional<harness::MarginalTimes> {
     const auto one = official[0].find(key), two = official[1].find(key);
     if (one == official[0].end() || two == official[1].end()) return std::nullopt;
-    return harness::MarginalTimes{two->second.forward_ms - one->second.forward_ms,
-                                  two->second.forward_backward_ms - one->second.forward_backward_ms};
+    return marginal_times(one->second, two->second);
   };
   for (const std::string& l :
        harness::target_lines(marginal("bf16 chunked rc=none"), marginal("f16 chunked rc=none")))
