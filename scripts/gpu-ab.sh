@@ -173,12 +173,11 @@ run() {
       [[ -x "$b" ]] || die "run: --no-build, but there is no $b"
     done
   fi
+  local -A bin=([base]="$m3h_base" [tree]="$m3h_tree")
   echo "base $(cat "$ab/base.rev" 2>/dev/null || echo '(no pack)'), tree: the working tree"
   for ((k = 1; k <= rounds; k++)); do
     for side in base tree; do
-      local bin="$m3h_base"
-      [[ $side == tree ]] && bin="$m3h_tree"
-      "$bin" bench "${bench_args[@]}" >"$logs/bench-$side-$k.txt" 2>&1 ||
+      "${bin[$side]}" bench "${bench_args[@]}" >"$logs/bench-$side-$k.txt" 2>&1 ||
         die "run: the $side bench failed (round $k): $logs/bench-$side-$k.txt"
       echo "round $k $side: $(grep -c '^marginal' "$logs/bench-$side-$k.txt") marginal lines"
     done
@@ -187,10 +186,8 @@ run() {
     command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
     for d in bf16 f16; do
       for side in base tree; do
-        local bin="$m3h_base"
-        [[ $side == tree ]] && bin="$m3h_tree"
         ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
-          "$bin" bench --no-reference --shapes official --dtype "$d" --scan chunked \
+          "${bin[$side]}" bench --no-reference --shapes official --dtype "$d" --scan chunked \
           --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
       done
       bash "$root/scripts/ncu-compare.sh" "$logs/ncu-base-$d.csv" "$logs/ncu-tree-$d.csv" \
