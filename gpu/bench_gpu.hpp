@@ -36,11 +36,12 @@ struct GpuTiming {
 // With graph, the timed forward and forward+backward are replays of CUDA graphs recorded once
 // after the warm-up (gpu/graph.hpp: the same kernels, no host work per launch); else each pass
 // launches its kernels on the stream. The profile always launches on the stream (it needs
-// events between the stages).
+// events between the stages). cluster_tail: GpuBackbone::set_cluster_tail (B6's tail inside
+// B3; off, the library's default: the standalone tail).
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode,
                     int warmup, int repeats, bool profile = false,
                     Precision storage = Precision::F32, bool graph = false,
-                    Recompute rc = kDefaultRecompute);
+                    Recompute rc = kDefaultRecompute, bool cluster_tail = false);
 
 // What measure_ceilings times: a copy of copy_bytes between two device buffers
 // (cudaMemcpyAsync device to device), and n×n×n GEMMs through the context's cuBLAS handle in

@@ -189,12 +189,12 @@ void print_memory(const gpu::GpuTiming& t) {
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
                       const std::vector<Precision>& precisions,
                       const std::vector<Recompute>& recomputes, int warmup, int repeats,
-                      bool with_reference, bool profile, bool graph) {
+                      bool with_reference, bool profile, bool graph, bool cluster_tail) {
   gpu::GpuContext ctx(0);
   std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
             << " after " << warmup << " warm-up, "
             << (graph ? "CUDA graph replays (recorded after the warm-up)" : "stream launches")
-            << "\n"
+            << (cluster_tail ? ", B6's tail inside B3 (--cluster-tail)" : "") << "\n"
             << "gpu: " << gpu::describe(gpu::query_device()) << "\n\n";
   gpu::Ceilings ceilings;
   if (profile) {  // once per process, before any backbone holds device memory
@@ -215,7 +215,8 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
       // The recompute policy only changes the chunked mode: one sequential row.
       if (m == ScanMode::Sequential && rc != recomputes.front()) continue;
       const gpu::GpuTiming t =
-          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p, graph, rc);
+          gpu::bench_gpu(ctx, sh.cfg, sh.B, sh.T, m, warmup, repeats, profile, p, graph, rc,
+                         cluster_tail);
       const double L = static_cast<double>(sh.cfg.n_layers);
       const double tok = static_cast<double>(sh.B * sh.T);
       std::string ref = "-";
@@ -319,6 +320,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
     ("graph", po::bool_switch(), "time replays of CUDA graphs of the forward and the forward+backward (recorded once after the warm-up) instead of stream launches")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
+    ("cluster-tail", po::bool_switch(), "the chunked GPU rows with B6's tail inside B3 in clusters of heads (GpuBackbone::set_cluster_tail; default: the standalone tail kernel)")
     ("recompute", po::value<std::string>()->default_value("none,scan"), "production recompute policies of the chunked GPU rows (comma list of none, scan; the library's default is none)")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
@@ -372,7 +374,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (absent.empty()) {
       bench_gpu_shapes(shapes, modes, precisions, recomputes, warmup, repeats,
                        !vm["no-reference"].as<bool>(),
-                       vm["profile"].as<bool>(), vm["graph"].as<bool>());
+                       vm["profile"].as<bool>(), vm["graph"].as<bool>(),
+                       vm["cluster-tail"].as<bool>());
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";

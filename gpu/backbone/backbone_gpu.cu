@@ -117,6 +117,8 @@ States<float> GpuBackbone::d_entering() const { return impl_->d_entering(); }
 void GpuBackbone::synchronize() const { impl_->synchronize(); }
 void GpuBackbone::set_profiling(bool on) { impl_->set_profiling(on); }
 void GpuBackbone::set_fusion(bool on) { impl_->set_fusion(on); }
+void GpuBackbone::set_cluster_tail(bool on) { impl_->set_cluster_tail(on); }
+bool GpuBackbone::cluster_tail() const { return impl_->cluster_tail(); }
 std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   return impl_->stage_times();
 }

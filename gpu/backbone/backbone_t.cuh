@@ -180,6 +180,8 @@ struct GpuBackbone::Impl {
   virtual void synchronize() = 0;
   virtual void set_profiling(bool on) = 0;
   virtual void set_fusion(bool on) = 0;
+  virtual void set_cluster_tail(bool on) = 0;
+  virtual bool cluster_tail() const = 0;
   virtual std::vector<std::pair<std::string, double>> stage_times() const = 0;
   virtual void reset_stage_times() = 0;
   virtual void refresh_typed_copies() = 0;
@@ -283,7 +285,7 @@ class BackboneT final : public GpuBackbone::Impl {
       a->v.resize(LB * z.v);
       a->angle.resize(LB * z.angle);
     }
-    scratch_.resize(scratch_floats(d_));
+    scratch_.resize(scratch_need());
     if (cf.vocab_size > 0) {  // the token model's inputs and the embedding backward's order
       const Idx BT = d_.BT, V = cf.vocab_size;
       tok_.resize(BT);
@@ -319,6 +321,8 @@ class BackboneT final : public GpuBackbone::Impl {
     // The chunked tail's fused head sums make d_b/c_pre_rope verification-only.
     if (mode_ == ScanMode::Chunked && (t == "d_b_pre_rope" || t == "d_c_pre_rope"))
       return Life::Verify;
+    // B6's tail fused into B3 (cluster tail) keeps dQ_mid and dK_mid on chip.
+    if (cluster_tail() && (t == "dQ_mid" || t == "dK_mid")) return Life::Verify;
     return lifetime(spec, mode_, rc_);
   }
   bool lean() const { return !full_; }
@@ -356,7 +360,7 @@ class BackboneT final : public GpuBackbone::Impl {
     auto need = [&](Recompute rc) {
       const LayerBytes plan = layer_bytes(cfg_, d_.B, d_.T, mode_, precision_of<T>(), rc);
       std::size_t n = static_cast<std::size_t>(cfg_.n_layers) * plan.saved + plan.view +
-                      plan.workspace + 4 * static_cast<std::size_t>(scratch_floats(d_)) +
+                      plan.workspace + 4 * static_cast<std::size_t>(scratch_need()) +
                       12 * static_cast<std::size_t>(layout_.total);
       for (const auto& [name, b] : bb_.all()) n += b.nbytes();
       return n;
@@ -425,6 +429,28 @@ class BackboneT final : public GpuBackbone::Impl {
   void set_recompute(Recompute rc) override {
     if (rc == rc_) return;
     rc_ = rc;
+    for (auto& L : layers_)
+      for (const auto& spec : stage_registry())
+        if (spec.scope == Scope::Layer) L.at(spec.tensor).life = layer_life(spec);
+    ws_.clear();
+    lay_out();
+  }
+  // The chunked B6 with its tail in B3 (SsmChunkBwd::cluster_tail) where the shape allows it.
+  bool cluster_tail() const override {
+    return mode_ == ScanMode::Chunked && cluster_tail_ && ssm_chunked_cluster_tail<T>(d_);
+  }
+  // The scratch of every stage (reduce.cu scratch_floats), and the cluster tail's partials
+  // after the chunked backward's own when it runs.
+  Idx scratch_need() const {
+    Idx n = scratch_floats(d_);
+    if (cluster_tail())
+      n = std::max(n, ssm_chunked_scratch_floats(d_) + ssm_chunked_cluster_scratch_floats(d_));
+    return n;
+  }
+  void set_cluster_tail(bool on) override {
+    if (on == cluster_tail_) return;
+    cluster_tail_ = on;
+    scratch_.resize(scratch_need());
     for (auto& L : layers_)
       for (const auto& spec : stage_registry())
         if (spec.scope == Scope::Layer) L.at(spec.tensor).life = layer_life(spec);
@@ -1189,8 +1215,12 @@ class BackboneT final : public GpuBackbone::Impl {
     a.d_k_out = f("d_k_out");
     a.d_v_out = f("d_v_out");
     a.da_cs_sum = f("da_cs_sum");
-    a.dQ_mid = f("dQ_mid");
-    a.dK_mid = f("dK_mid");
+    // The cluster tail writes dQ_mid and dK_mid only for a capture (they are verification-only
+    // in the production layout then).
+    a.cluster_tail = fused() && cluster_tail();
+    const bool mid = capturing || !a.cluster_tail;
+    a.dQ_mid = mid ? f("dQ_mid") : nullptr;
+    a.dK_mid = mid ? f("dK_mid") : nullptr;
     a.dADT = f("dADT");
     a.dQK_dot = f("dQK_dot");
     a.dD_partials = f("dD_partials");
@@ -1442,6 +1472,7 @@ class BackboneT final : public GpuBackbone::Impl {
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
   bool fusion_ = true;           // set_fusion
+  bool cluster_tail_ = false;    // set_cluster_tail
   const float* delta_typed_of_ = nullptr;  // δ's typed copy is of this buffer (B1 made it)
   bool isolated_ = false;        // inside run_isolated
   int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)

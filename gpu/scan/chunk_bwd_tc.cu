@@ -29,12 +29,14 @@
 // and P exact up to the f32 accumulation); ⟨S, dS⟩, the epilogues and every
 // sum in f32. Determinism: no atomics, one writer per output, fixed orders (the cross-warp
 // sums in ascending warp order, the dADT suffix sum as a fixed shuffle tree).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "chunk_tail.cuh"
 #include "convert.cuh"
 #include "reduce.cuh"
 #include "ssm_chunk_geom.cuh"
@@ -52,18 +54,172 @@ using tcf::Opnd;
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
 
-template <int HP, int DP>
-constexpr std::size_t smem_bytes() {
+// The fused tail's f32 rows (kTail): dK_mid then d_b_pre_rope, dQ_mid then d_c_pre_rope, each
+// [kTR][DP + 8] over the planes once they are dead (+8: a fragment's float2 stores of a half-warp
+// hit 32 distinct banks).
+constexpr int tail_ld(int dp) { return dp + 8; }
+
+// kTail's region over the planes: the two row tiles, then θ [kTR][na ≤ DP/2], scale and γ [kTR]
+// of the block's rows (fetched by cp.async as the planes die, so that the row work waits for
+// one memory latency per block instead of one per row).
+constexpr std::size_t tail_floats(int dp) {
+  return std::size_t(2) * kTR * tail_ld(dp) + std::size_t(kTR) * (dp / 2) + 2 * kTR;
+}
+// The planes' bytes (kTail: at least the tail's region).
+template <int HP, int DP, bool kTail>
+constexpr std::size_t plane_bytes() {
   constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
   constexpr std::size_t typed = std::size_t(kTR) * (2 * LDD + 2 * LDH);
   constexpr std::size_t state = std::size_t(2) * HP * LDD, mamp = std::size_t(4) * kTR * kLD64;
-  constexpr std::size_t planes = typed + (state > mamp ? state : mamp);
-  return planes * sizeof(bf16) + sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1) + 32 + 2 * kNW);
+  constexpr std::size_t planes = (typed + (state > mamp ? state : mamp)) * sizeof(bf16);
+  constexpr std::size_t tail = kTail ? tail_floats(DP) * sizeof(float) : 0;
+  return planes > tail ? planes : tail;
+}
+template <int HP, int DP, bool kTail>
+constexpr std::size_t smem_bytes() {
+  return plane_bytes<HP, DP, kTail>() +
+         sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1 + (kTail ? 1 : 0)) + 32 + 2 * kNW);
 }
 
-template <class T, int RH, int RD>
+// A 4-byte cp.async (global → shared), for the tail's per-row scalars.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(tcf::smem_addr(dst)),
+               "l"(src));
+}
+
+// Step 2 and B4b's head sums for the block's rows of head h (chunk_tail.cuh ClusterTail), every
+// plane dead: Fk, Fq hold dK_mid, dQ_mid [kTR][tail_ld(DP)] (visible to the block), dqk the
+// rows' dQK. Warp w takes rows w·(kTR/kNW) + ρ, each with tail_item's lanes (the next row's
+// inputs loaded before this one's arithmetic), and leaves d_b_pre_rope in Fk and d_c_pre_rope in
+// Fq; then one thread per (X, n) sums its column over the rows (the bias partial), and block
+// rank q of the cluster sums rows [q·kTR/cz, (q+1)·kTR/cz) over the cz blocks' rows.
+template <class T, int DP>
+__device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail<T>& ct,
+                                           float* Fk, float* Fq, const float* dqk,
+                                           const float* Th, Idx row0, Idx b, Idx c, Idx h,
+                                           int L) {
+  namespace cg = cooperative_groups;
+  constexpr int LDF = tail_ld(DP), kRows = kTR / kNW;
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned nh = static_cast<unsigned>(g.nh), ds = static_cast<unsigned>(g.ds);
+  const TailArgs<T> a = tail_args_at(ct.a, row0, g.nh, g.ds, ct.na, ct.ng);
+  const TailGeom tg{static_cast<unsigned>(L), nh, ds, ct.na, ct.ng, ct.hpg,
+                    static_cast<unsigned>(g.T), row0};
+  const unsigned hu = static_cast<unsigned>(h), gn0 = hu / ct.hpg * ds;
+  float ab[4], ac[4];
+  pair_load<true, false>(a.b_bias, hu * ds, lane, ds, ab);
+  pair_load<true, false>(a.c_bias, hu * ds, lane, ds, ac);
+  // The lane's pairs of row t of F (0 past ds), and back.
+  auto get = [&](const float* F, unsigned t, float (&v)[4]) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const unsigned n = 2 * (lane + 32 * k);
+      const float2 w = n < ds ? *reinterpret_cast<const float2*>(F + t * LDF + n)
+                              : make_float2(0.0f, 0.0f);
+      v[2 * k] = w.x;
+      v[2 * k + 1] = w.y;
+    }
+  };
+  auto put = [&](float* F, unsigned t, const float (&v)[4]) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const unsigned n = 2 * (lane + 32 * k);
+      if (n < ds) *reinterpret_cast<float2*>(F + t * LDF + n) = make_float2(v[2 * k], v[2 * k + 1]);
+    }
+  };
+  const float* Sc = Th + kTR * (DP / 2);
+  const float* Gm = Sc + kTR;
+  auto load = [&](unsigned t, TailIn& in) {
+    in.sc = Sc[t];
+    in.dqk = dqk[t];
+    in.gam = Gm[t];
+#pragma unroll
+    for (unsigned k = 0; k < 2; ++k) {
+      const unsigned pp = lane + 32 * k;
+      in.th[k] = pp < ct.na ? Th[t * ct.na + pp] : 0.0f;
+    }
+    get(Fk, t, in.dk);
+    get(Fq, t, in.g2);
+    pair_load<true, false>(a.b_normed, t * ct.ng * ds + gn0, lane, ds, in.x1);
+    pair_load<true, false>(a.c_normed, t * ct.ng * ds + gn0, lane, ds, in.x2);
+  };
+  const unsigned t0 = warp * kRows;
+  TailIn in[2];
+  if (static_cast<int>(t0) < L) load(t0, in[0]);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const unsigned t = t0 + r;
+    if (static_cast<int>(t) >= L) break;
+    if (r + 1 < kRows && static_cast<int>(t) + 1 < L) load(t + 1, in[(r + 1) % 2]);
+    float db[4], dc[4];
+    const bool last = g.t0(c) + t == g.T - 1;
+    tail_item<T, true, true, false>(tg, a, t, hu, lane, last, in[r % 2], ab, ac, db, dc);
+    put(Fk, t, db);
+    put(Fq, t, dc);
+  }
+  __syncthreads();
+  // The bias partials: (X, n) = (b, n) for threads < ds, (c, n) for ds ≤ thread < 2·ds.
+  if (threadIdx.x < 2 * ds) {
+    const bool is_c = threadIdx.x >= ds;
+    const unsigned n = is_c ? threadIdx.x - ds : threadIdx.x;
+    const float* F = is_c ? Fq : Fk;
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int t = 0; t < L; ++t) sum += F[t * LDF + n];
+    (is_c ? ct.part_c : ct.part_b)[((b * g.nc + c) * g.nh + h) * g.ds + n] = sum;
+  }
+  // The head sums over the cluster (its blocks' rows visible after the cluster barrier; none
+  // leaves before every block has read them).
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  const unsigned cz = ct.cz, q = cl.block_rank(), rows = kTR / cz, items = rows * 2 * ds;
+  const Idx kc = h / cz, plane = kc * g.B * g.T + row0;
+  if (ds % 4 == 0) {  // four values n … n + 3 per item: one 16-byte load per block
+    const unsigned items4 = items / 4, ds4 = ds / 4;
+    for (unsigned it = threadIdx.x; it < items4; it += kNT) {
+      const unsigned tl = it / (2 * ds4), x = it - tl * 2 * ds4, t = q * rows + tl;
+      if (static_cast<int>(t) >= L) continue;
+      const bool is_c = x >= ds4;
+      const unsigned n = 4 * (is_c ? x - ds4 : x);
+      float* mine = (is_c ? Fq : Fk) + t * LDF + n;
+      float4 v[8];
+#pragma unroll
+      for (unsigned j = 0; j < 8; ++j)
+        v[j] = j < cz ? *reinterpret_cast<const float4*>(cl.map_shared_rank(mine, j))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (unsigned j = 0; j < 8; ++j)
+        if (j < cz) {
+          sum.x += v[j].x;
+          sum.y += v[j].y;
+          sum.z += v[j].z;
+          sum.w += v[j].w;
+        }
+      *reinterpret_cast<float4*>((is_c ? ct.hsum_c : ct.hsum_b) + (plane + t) * g.ds + n) = sum;
+    }
+  } else
+  for (unsigned it = threadIdx.x; it < items; it += kNT) {
+    const unsigned tl = it / (2 * ds), x = it - tl * 2 * ds, t = q * rows + tl;
+    if (static_cast<int>(t) >= L) continue;
+    const bool is_c = x >= ds;
+    const unsigned n = is_c ? x - ds : x;
+    float* mine = (is_c ? Fq : Fk) + t * LDF + n;
+    float v[8];
+#pragma unroll
+    for (unsigned j = 0; j < 8; ++j) v[j] = j < cz ? *cl.map_shared_rank(mine, j) : 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (unsigned j = 0; j < 8; ++j)
+      if (j < cz) sum += v[j];
+    (is_c ? ct.hsum_c : ct.hsum_b)[(plane + t) * g.ds + n] = sum;
+  }
+  cl.sync();
+}
+
+template <class T, int RH, int RD, bool kTail>
 __global__ void __launch_bounds__(kNT, 2)
-chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
+chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterTail<T> ct) {
   constexpr int HP = 16 * RH, DP = 16 * RD, LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
   constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // sizes of the typed tiles' planes
   constexpr int kSo = HP * LDD, kMo = kTR * kLD64;  // … of S / dS, and of MA / MP
@@ -76,8 +232,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   bf16* R = Xp + kHo;
   bf16* MAp = R;
   bf16* MPp = R + 2 * kMo;
-  constexpr int kR = 2 * HP * LDD > 4 * kMo ? 2 * HP * LDD : 4 * kMo;
-  float* cum = reinterpret_cast<float*>(R + kR);
+  float* cum = reinterpret_cast<float*>(smem_raw + plane_bytes<HP, DP, kTail>());
   float* qkD = cum + kTR;       // D + qk_s (0 beyond L)
   float* rrow = qkD + kTR;      // [2][kTR] cross-warp row sums (rx, then M)
   float* wrow = rrow + 2 * kTR;  // [2][kTR] Σ_s W[t, s]
@@ -85,6 +240,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
   float* loc = wcol + 4 * kTR;   // loc_t
   float* red = loc + kTR;        // [32] block_sum
   float* redm = red + 32;        // [2][kNW] per-warp maxima (f16 runs' tile scales)
+  float* dqk = redm + 2 * kNW;   // kTail: dQK_t of the rows
 
   const int tid = threadIdx.x, lane = tid & 31;
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -133,6 +289,9 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     }
     acc = tcf::quad_sum(acc);
     if (q4 == 0 && t < L) p.dQK_dot[(row0 + t) * nh + h] = acc;
+    if constexpr (kTail) {
+      if (q4 == 0) dqk[t] = acc;
+    }
   }
 
   const tcf::TypedOpnd<T, LDD, true> oQ{Qp, 0}, oK{Kp, 0};
@@ -234,10 +393,13 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
                        tcf::TypedOpnd<T, LDD, false>{Kp, 0});
   // The f32 rows go out as pairs (one 8-byte store per lane) when ds is even: full sectors
   // per store instruction instead of every other word.
+  // kTail: dq stays in registers for the tail, and is stored only for a capture (p.dQ_mid set).
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
+  const bool store_mid = !kTail || p.dQ_mid != nullptr, store_k = !kTail || p.dK_mid != nullptr;
   dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
     tcf::unscale<T>(sMP, v0, v1);
-    if (t < L) tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
+    if (store_mid && t < L)
+      tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
   // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R
@@ -288,7 +450,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;
       v1 += es[hh] * u1;
-      if (s < L) tcf::store_row_pair(p.dK_mid + ((row0 + s) * nh + h) * ds, n, ds, pairs_f, v0, v1);
+      if (store_k && s < L)
+        tcf::store_row_pair(p.dK_mid + ((row0 + s) * nh + h) * ds, n, ds, pairs_f, v0, v1);
     });
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -320,29 +483,82 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all) {
     if (2 * lane < L) o[(2 * lane) * nh] = base + suf;
     if (2 * lane + 1 < L) o[(2 * lane + 1) * nh] = base + (next + v[1]);
   }
+
+  // ---- (6) kTail: step 2 and B4b's head sums, from dq and dK in registers
+  if constexpr (kTail) {
+    float* Fk = reinterpret_cast<float*>(smem_raw);
+    float* Fq = Fk + kTR * tail_ld(DP);
+    float* Th = Fq + kTR * tail_ld(DP);  // θ [kTR][na], then scale, γ [kTR]
+    {
+      const unsigned na = ct.na, n_th = static_cast<unsigned>(L) * na;
+      const float* th = ct.a.theta + (row0 * nh + h) * na;
+      for (unsigned i = tid; i < n_th; i += kNT) {
+        const unsigned t = i / na, pp = i - t * na;
+        cp_async4(Th + i, th + Idx(t) * nh * na + pp);
+      }
+      if (tid < L) {
+        cp_async4(Th + kTR * (DP / 2) + tid, ct.a.scale_saved + (row0 + tid) * nh + h);
+        cp_async4(Th + kTR * (DP / 2) + kTR + tid, ct.a.gamma_saved + (row0 + tid) * nh + h);
+      }
+    }
+    dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
+      *reinterpret_cast<float2*>(Fq + t * tail_ld(DP) + n) = make_float2(v0, v1);
+    });
+    dK.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
+      *reinterpret_cast<float2*>(Fk + t * tail_ld(DP) + n) = make_float2(v0, v1);
+    });
+    tcf::cp_async_wait();
+    __syncthreads();
+    fused_tail<T, DP>(g, ct, Fk, Fq, dqk, Th, row0, b, c, h, L);
+  }
 }
 
 }  // namespace
 
 template <class T>
-void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS) {
+void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS,
+                  const ClusterTail<T>* ct) {
   M3_REQUIRE(g.nt == 1, kChunkWhere, "chunk_bwd_tc needs chunks of at most 64 rows",
              "chunk_size=", g.cs, " T=", g.T);
+  M3_REQUIRE(!ct || (ct->cz >= 1 && ct->cz <= 8 && kTR % ct->cz == 0 && g.nh % ct->cz == 0 &&
+                     g.ds % 2 == 0 && g.ds <= 128),
+             kChunkWhere, "bad fused-tail cluster", "cz=", ct ? ct->cz : 0u, " nh=", g.nh,
+             " ds=", g.ds);
+  const dim3 grid(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
+                  static_cast<unsigned>(g.B));
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD>();
-    auto k = chunk_bwd_tc_kernel<T, RH, RD>;
+    if (!ct) {
+      constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, false>();
+      auto k = chunk_bwd_tc_kernel<T, RH, RD, false>;
+      set_smem(k, bytes);
+      k<<<grid, kNT, bytes, s>>>(g, p, dS, ClusterTail<T>{});
+      M3_LAUNCH_CHECK();
+      return;
+    }
+    constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, true>();
+    auto k = chunk_bwd_tc_kernel<T, RH, RD, true>;
     set_smem(k, bytes);
-    k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
-             static_cast<unsigned>(g.B)),
-        kNT, bytes, s>>>(g, p, dS);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kNT);
+    cfg.dynamicSmemBytes = bytes;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = ct->cz;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, g, p, dS, *ct));
     M3_LAUNCH_CHECK();
   });
 }
 
 #define M3_INSTANTIATE(T)                                                           \
   template void chunk_bwd_tc<T>(cudaStream_t, const ChunkGeom&, const SsmChunkBwd<T>&, \
-                                const float*);
+                                const float*, const ClusterTail<T>*);
 M3_FOR_EACH_TYPED_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

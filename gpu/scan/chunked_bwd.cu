@@ -2,6 +2,7 @@
 // backward mode), B2 (state passing of dS), B2b (entering-state gradients), B3 (per chunk: dV,
 // dK_mid, dQ_mid, dADT, dQK), dD, step 2's tail (the RoPE backward with the qk terms, and
 // B4b's head sums fused in) and step 3 (dDT, d_trap_sig).
+#include "chunk_tail.cuh"
 #include "chunked_detail.cuh"
 
 namespace m3::gpu {
@@ -387,172 +388,6 @@ constexpr Idx kTailRows = Idx(kTailWarps) * kTailRowsPerWarp;  // the bias parti
 static_assert(kTailRowsPerWarp % 2 == 0, "the two input sets alternate within a head");
 static_assert(kTailThreads >= 2 * 128, "one summing thread per (X, n) of a head, ds ≤ 128");
 
-// The tail's launch geometry over a slab of rows (ssm_chunked_backward launches the tail once per
-// slab, with TailArgs shifted to the slab's first row, so that every in-kernel offset fits 32
-// bits: rows·nh·max(ds, na) < 2^31).
-struct TailGeom {
-  unsigned rows, nh, ds, na, ng, hpg, T;
-  Idx r_base;  // the slab's first row (global): t = (r_base + r) mod T
-};
-
-// The step-2 tensors (SsmChunkBwd's names), every [BT, ...] one starting at the slab's first row.
-template <class T>
-struct TailArgs {
-  const float *scale_saved, *dQK_dot, *gamma_saved, *theta, *dK_mid, *dQ_mid;
-  const T *k, *q, *b_biased, *c_biased;  // read unless kRecompute
-  const T *b_normed, *c_normed;          // kRecompute: [rows, ng, ds]
-  const float *b_bias, *c_bias, *d_k_out;  // [nh, ds], [B, nh, ds]: not shifted
-  float *d_angle_cumsum, *d_b_pre_rope, *d_c_pre_rope, *dScale, *dGamma;
-  T *d_b_normed, *d_c_normed;  // kFuse: [rows, ng, ds]
-};
-
-// The lane's values of the row at x + row (len values): v[2k], v[2k + 1] = values 2p, 2p + 1 of
-// the pair p = lane + 32k (0 past len), and back (nothing written past len). kVec: len is even
-// and the rows aligned to two values, so a pair inside the row is one access; kFull (with kVec):
-// len = 128, every pair inside.
-template <bool kVec, bool kFull, class X>
-__device__ __forceinline__ void pair_load(const X* x, unsigned row, unsigned lane, unsigned len,
-                                          float (&v)[4]) {
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const unsigned n = 2 * (lane + 32 * k);
-    float w[2] = {0.0f, 0.0f};
-    if constexpr (kFull) {
-      load_n<2>(x + (row + n), w);
-    } else if constexpr (kVec) {
-      if (n < len) load_n<2>(x + (row + n), w);
-    } else {
-#pragma unroll
-      for (unsigned e = 0; e < 2; ++e)
-        if (n + e < len) w[e] = to_float(x[row + n + e]);
-    }
-    v[2 * k] = w[0];
-    v[2 * k + 1] = w[1];
-  }
-}
-template <bool kVec, bool kFull, class X>
-__device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, unsigned len,
-                                           const float (&v)[4]) {
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const unsigned n = 2 * (lane + 32 * k);
-    const float w[2] = {v[2 * k], v[2 * k + 1]};
-    if constexpr (kFull) {
-      store_n<2>(x + (row + n), w);
-    } else if constexpr (kVec) {
-      if (n < len) store_n<2>(x + (row + n), w);
-    } else {
-#pragma unroll
-      for (unsigned e = 0; e < 2; ++e)
-        if (n + e < len) x[row + n + e] = from_float<X>(w[e]);
-    }
-  }
-}
-
-// One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic).
-struct TailIn {
-  float sc, dqk, gam, th[2], dk[4], g2[4];
-  float x1[4], x2[4];  // kRecompute: b_normed, c_normed; else k, q
-  float bb[4], cb[4];  // b_biased, c_biased (read unless kRecompute)
-};
-
-template <class T, bool kRecompute, bool kVec, bool kFull>
-__device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
-                                          unsigned h, unsigned g, unsigned lane, TailIn& in) {
-  const unsigned i = r * tg.nh + h, base = i * tg.ds, ds = tg.ds;
-  in.sc = a.scale_saved[i];
-  in.dqk = a.dQK_dot[i];
-  in.gam = a.gamma_saved[i];
-#pragma unroll
-  for (unsigned k = 0; k < 2; ++k) {
-    const unsigned p = lane + 32 * k;
-    in.th[k] = p < tg.na ? a.theta[i * tg.na + p] : 0.0f;
-  }
-  pair_load<kVec, kFull>(a.dK_mid, base, lane, ds, in.dk);
-  pair_load<kVec, kFull>(a.dQ_mid, base, lane, ds, in.g2);
-  if constexpr (kRecompute) {
-    const unsigned gn = (r * tg.ng + g) * ds;
-    pair_load<kVec, kFull>(a.b_normed, gn, lane, ds, in.x1);
-    pair_load<kVec, kFull>(a.c_normed, gn, lane, ds, in.x2);
-  } else {
-    pair_load<kVec, kFull>(a.k, base, lane, ds, in.x1);
-    pair_load<kVec, kFull>(a.q, base, lane, ds, in.x2);
-    pair_load<kVec, kFull>(a.b_biased, base, lane, ds, in.bb);
-    pair_load<kVec, kFull>(a.c_biased, base, lane, ds, in.cb);
-  }
-}
-
-// (r, h)'s arithmetic: d_b/c_pre_rope into db, dc (the lane's values), d_angle_cumsum, dScale
-// and dGamma stored. ab, ac: kRecompute's biases of head h. last: t = T − 1.
-template <class T, bool kRecompute, bool kVec, bool kFull>
-__device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
-                                          unsigned h, unsigned lane, bool last,
-                                          const TailIn& in, const float (&ab)[4],
-                                          const float (&ac)[4], float (&db)[4], float (&dc)[4]) {
-  const unsigned i = r * tg.nh + h, ds = tg.ds;
-  const float e = in.dqk * in.gam;
-  float kv[4], qv[4], bv[4], cv[4], dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (last) {
-    const float* row = a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(tg.nh * ds);
-    pair_load<kVec, kFull>(row, h * ds, lane, ds, dkout);
-  }
-  float dsc = 0.0f, qk = 0.0f;
-#pragma unroll
-  for (unsigned k = 0; k < 2; ++k) {  // pair p = lane + 32k: values 2k, 2k + 1 of the lane's 4
-    const unsigned p = lane + 32 * k;
-    const int a0 = 2 * k, a1 = 2 * k + 1;
-    const bool rot = p < tg.na;
-    if constexpr (kRecompute) {  // b/c_biased, and k, q as F4ef stored them (copies if p ≥ na)
-      bv[a0] = in.x1[a0] + ab[a0], bv[a1] = in.x1[a1] + ab[a1];
-      cv[a0] = in.x2[a0] + ac[a0], cv[a1] = in.x2[a1] + ac[a1];
-      // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
-      round_trip2<T>(bv[a0], bv[a1]);
-      round_trip2<T>(cv[a0], cv[a1]);
-      kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
-    } else {
-      kv[a0] = in.x1[a0], kv[a1] = in.x1[a1], qv[a0] = in.x2[a0], qv[a1] = in.x2[a1];
-      bv[a0] = in.bb[a0], bv[a1] = in.bb[a1], cv[a0] = in.cb[a0], cv[a1] = in.cb[a1];
-    }
-    float sn = 0.0f, cs = 1.0f;
-    if (rot) {
-      sincosf(in.th[k], &sn, &cs);
-      if constexpr (kRecompute) {
-        rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
-        rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
-        round_trip2<T>(kv[a0], kv[a1]);
-        round_trip2<T>(qv[a0], qv[a1]);
-      }
-    }
-    // Values past ds are 0 in every input, so they add 0 to the sums and are not stored. The
-    // fmas are written out so that every instantiation rounds the same way.
-    const float g1[2] = {__fmaf_rn(in.sc, in.dk[a0], dkout[a0]),
-                         __fmaf_rn(in.sc, in.dk[a1], dkout[a1])};
-    dsc = __fmaf_rn(in.dk[a0], kv[a0], dsc);
-    qk = __fmaf_rn(cv[a0], bv[a0], qk);
-    dsc = __fmaf_rn(in.dk[a1], kv[a1], dsc);
-    qk = __fmaf_rn(cv[a1], bv[a1], qk);
-    float o1[2] = {g1[0], g1[1]}, o2[2] = {in.g2[a0], in.g2[a1]};
-    if (rot) {
-      rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
-      rope_rotate_t(sn, cs, in.g2[a0], in.g2[a1], o2[0], o2[1]);
-      a.d_angle_cumsum[i * tg.na + p] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
-                                        rope_angle_grad(in.g2[a0], in.g2[a1], qv[a0], qv[a1]);
-    }
-    db[a0] = __fmaf_rn(e, cv[a0], o1[0]), db[a1] = __fmaf_rn(e, cv[a1], o1[1]);
-    dc[a0] = __fmaf_rn(e, bv[a0], o2[0]), dc[a1] = __fmaf_rn(e, bv[a1], o2[1]);
-  }
-  // Both sums in one butterfly (header): lanes < 16 end with Σ dsc, lanes ≥ 16 with Σ qk.
-  const bool lo = lane < 16;
-  float v = (lo ? dsc : qk) + __shfl_xor_sync(0xffffffffu, lo ? qk : dsc, 16);
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (lane == 0) a.dScale[i] = v;
-  if (lane == 16) a.dGamma[i] = in.dqk * v;
-  if (a.d_b_pre_rope) {
-    pair_store<kVec, kFull>(a.d_b_pre_rope, i * ds, lane, ds, db);
-    pair_store<kVec, kFull>(a.d_c_pre_rope, i * ds, lane, ds, dc);
-  }
-}
 
 template <class T, bool kRecompute, bool kFuse, bool kVec, bool kFull>
 __global__ void __launch_bounds__(kTailThreads, 2)
@@ -686,42 +521,85 @@ Idx first_region(const Dims& d) {
 // kFuse: the warps' per-head sums of the bias partials, double-buffered (≤ 16 KB at ds ≤ 128).
 std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * 2 * kTailWarps * 2 * d.ds; }
 
+// The tail fused into B3 (chunk_tail.cuh ClusterTail): clusters of cz heads of one group, the
+// most (≤ 8, Hopper's portable cluster size) that divide the heads per group; 1 (no cluster
+// tail) when hpg is odd.
+unsigned tail_cluster(const Dims& d) {
+  for (unsigned cz : {8u, 4u, 2u})
+    if (d.hpg % cz == 0) return cz;
+  return 1;
+}
+// Its scratch, written while B3 still reads dS, so beside it: hsum_b, hsum_c [nh/cz, BT, ds],
+// part_b, part_c [B·nc, nh·ds] and their column sums' scratch (0 floats without a cluster).
+Idx cluster_hsum(const Dims& d) { return round64(d.nh / tail_cluster(d) * d.BT * d.ds); }
+Idx cluster_parts(const Dims& d) { return round64(d.B * d.nc * d.nh * d.ds); }
+Idx cluster_colsum_scratch(const Dims& d) {
+  return round64(colsum_scratch_floats(d.B * d.nc, d.nh * d.ds));
+}
+Idx cluster_region(const Dims& d) {
+  return tail_cluster(d) < 2 ? 0
+                             : 2 * cluster_hsum(d) + 2 * cluster_parts(d) +
+                                   cluster_colsum_scratch(d);
+}
+
+// B4b's head sums after the fused tail: d_X_normed[r, g, n] = T(Σ_k hsum_X[k, r, n]) over the
+// kpg = hpg / cz cluster partials k of group g, ascending (from 0.0f); X = b, c (blockIdx.y).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+cluster_head_sum_kernel(Idx rows, Idx ng, Idx ds, Idx kpg, const float* hb, const float* hc,
+                        T* db, T* dc) {
+  const bool is_c = blockIdx.y == 1;
+  const float* hs = is_c ? hc : hb;
+  T* out = is_c ? dc : db;
+  const Idx n_all = rows * ng * ds, plane = rows * ds, stride = Idx(gridDim.x) * kThreads;
+  for (Idx i = Idx(blockIdx.x) * kThreads + threadIdx.x; i < n_all; i += stride) {
+    const Idx r = i / (ng * ds), gg = (i / ds) % ng, n = i % ds;
+    const float* src = hs + gg * kpg * plane + r * ds + n;
+    float sum = 0.0f;
+    for (Idx k = 0; k < kpg; ++k) sum += src[k * plane];
+    out[i] = from_float<T>(sum);
+  }
+}
+
 struct BwdScratch {
   float *dS, *dscale_prev;
   float *part_b, *part_c, *part_sums;  // step 2's bias partial sums (and their colsum), over dS
+  float *hsum_b, *hsum_c, *cpart_b, *cpart_c, *cpart_sums;  // the cluster tail's (beside dS)
 };
 
-BwdScratch carve(const Dims& d, Scratch scratch) {
-  require_scratch(scratch, ssm_chunked_scratch_floats(d), "gpu::ssm_chunked_backward");
+BwdScratch carve(const Dims& d, Scratch scratch, bool cluster) {
+  require_scratch(scratch, ssm_chunked_scratch_floats(d) + (cluster ? cluster_region(d) : 0),
+                  "gpu::ssm_chunked_backward");
   BwdScratch s{};
   s.dS = scratch.p;
   s.part_b = scratch.p;
   s.part_c = s.part_b + tail_partials(d);
   s.part_sums = s.part_c + tail_partials(d);
   s.dscale_prev = s.dS + first_region(d);
+  s.hsum_b = scratch.p + ssm_chunked_scratch_floats(d);  // the cluster tail's region (cluster)
+  s.hsum_c = s.hsum_b + cluster_hsum(d);
+  s.cpart_b = s.hsum_c + cluster_hsum(d);
+  s.cpart_c = s.cpart_b + cluster_parts(d);
+  s.cpart_sums = s.cpart_c + cluster_parts(d);
   return s;
 }
 
 // p's step-2 tensors, each [BT, ...] one from row r0 on (null stays null).
 template <class T>
 TailArgs<T> tail_args(const SsmChunkBwd<T>& p, const Dims& d, Idx r0) {
-  const Idx rd = r0 * d.nh * d.ds, rs = r0 * d.nh, ra = r0 * d.nh * d.na, rg = r0 * d.ng * d.ds;
-  return TailArgs<T>{shifted(p.scale_saved, rs), shifted(p.dQK_dot, rs),
-                     shifted(p.gamma_saved, rs), shifted(p.theta, ra),
-                     shifted(p.dK_mid, rd),      shifted(p.dQ_mid, rd),
-                     shifted(p.k, rd),           shifted(p.q, rd),
-                     shifted(p.b_biased, rd),    shifted(p.c_biased, rd),
-                     shifted(p.b_normed, rg),    shifted(p.c_normed, rg),
-                     p.b_bias,                   p.c_bias,
-                     p.d_k_out,                  shifted(p.d_angle_cumsum, ra),
-                     shifted(p.d_b_pre_rope, rd), shifted(p.d_c_pre_rope, rd),
-                     shifted(p.dScale, rs),      shifted(p.dGamma, rs),
-                     shifted(p.d_b_normed, rg),  shifted(p.d_c_normed, rg)};
+  return tail_args_at(tail_args_of(p), r0, d.nh, d.ds, d.na, d.ng);
 }
 
 }  // namespace
 
 Idx ssm_chunked_scratch_floats(const Dims& d) { return first_region(d) + round64(d.B * d.nh); }
+Idx ssm_chunked_cluster_scratch_floats(const Dims& d) { return cluster_region(d); }
+
+template <class T>
+bool ssm_chunked_cluster_tail(const Dims& d) {
+  return kTensorProducts<T> && std::min(d.cs, d.T) <= kTR && tail_cluster(d) >= 2 &&
+         d.ds % 2 == 0 && d.ds <= 128;
+}
 
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
@@ -743,8 +621,19 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                        : "k, q, b_biased and c_biased are required without b_normed");
   M3_REQUIRE(d.ng >= 1 && d.hpg * d.ng == d.nh, kChunkWhere, "bad dims", "ng=", d.ng,
              " hpg=", d.hpg, " nh=", d.nh);
-  const BwdScratch w = carve(d, scratch);
   const Idx rows = d.BT * d.nh;
+  // Vector accesses: the lanes' pairs of the [.., ds] rows (θ and dθ are read value by value).
+  const bool vec = d.ds % 2 == 0 &&
+                   all_aligned(8, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
+                               p.b_bias, p.c_bias) &&
+                   all_aligned(2 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
+                               p.c_normed, p.d_b_normed, p.d_c_normed);
+  // Step 2 and B4b fused into B3 (chunk_tail.cuh ClusterTail) where asked for and the shape
+  // allows it; otherwise the standalone tail, which reads dQ_mid and dK_mid.
+  const bool cluster = p.cluster_tail && ssm_chunked_cluster_tail<T>(d) && fuse && recompute && vec;
+  M3_REQUIRE(cluster || (p.dQ_mid && p.dK_mid), kChunkWhere, "missing dQ_mid / dK_mid",
+             "the standalone tail reads them (only the cluster tail runs without them)");
+  const BwdScratch w = carve(d, scratch, cluster);
   with_pads(d.hd, d.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     const ChunkStateArgs a{p.d_y,  p.q,  nullptr, nullptr, p.da_cumsum_saved, p.da_cs_sum,
@@ -776,7 +665,22 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
     if (planes) {
-      if constexpr (kTyped) chunk_bwd_tc<T>(s, g, p, w.dS);
+      if constexpr (kTyped) {
+        if (cluster) {
+          const ClusterTail<T> ct{tail_args_of(p),
+                                  w.cpart_b,
+                                  w.cpart_c,
+                                  w.hsum_b,
+                                  w.hsum_c,
+                                  static_cast<unsigned>(d.na),
+                                  static_cast<unsigned>(d.ng),
+                                  static_cast<unsigned>(d.hpg),
+                                  tail_cluster(d)};
+          chunk_bwd_tc<T>(s, g, p, w.dS, &ct);
+        } else {
+          chunk_bwd_tc<T>(s, g, p, w.dS);
+        }
+      }
     } else {
       auto k3 = chunk_bwd_kernel<T, RH, RD>;
       const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
@@ -791,48 +695,53 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
   dd_reduce_kernel<<<blocks_for(d.nh, kThreads), kThreads, 0, s>>>(d.B, d.nh, p.dD_partials,
                                                                   p.d_d_param);
   M3_LAUNCH_CHECK();
-  const unsigned int tail_grid = static_cast<unsigned int>(tail_blocks(d));
-  // Vector accesses: the lanes' pairs of the [.., ds] rows (θ and dθ are read value by value).
-  const bool vec = d.ds % 2 == 0 &&
-                   all_aligned(8, p.dK_mid, p.dQ_mid, p.d_b_pre_rope, p.d_c_pre_rope, p.d_k_out,
-                               p.b_bias, p.c_bias) &&
-                   all_aligned(2 * sizeof(T), p.k, p.q, p.b_biased, p.c_biased, p.b_normed,
-                               p.c_normed, p.d_b_normed, p.d_c_normed);
-  // Slabs of whole tail blocks whose offsets fit 32 bits (one slab up to 2^31 / (nh·ds) rows).
-  const Idx slab = slab_rows(d, kTailRows);
-  with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
-    constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
-    auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
-              : d.ds == 128 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
-                            : qk_rope_bwd_kernel<T, kR, kF, true, false>;
-    const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
-    set_smem(k2, sm2);
-    for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
-      const Idx rows_here = std::min(slab, d.BT - r0);
-      const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),
-                        static_cast<unsigned>(d.ds),      static_cast<unsigned>(d.na),
-                        static_cast<unsigned>(d.ng),      static_cast<unsigned>(d.hpg),
-                        static_cast<unsigned>(d.T),       r0};
-      const Idx part0 = r0 / kTailRows * d.nh * d.ds;
-      k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), kTailThreads, sm2,
-           s>>>(tg, tail_args(p, d, r0), w.part_b + part0, w.part_c + part0);
-      M3_LAUNCH_CHECK();
-    }
-  });
-  if (fuse) {
-    const Idx nhds = d.nh * d.ds;
-    const Scratch sums{w.part_sums, tail_colsum_scratch(d)};
-    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_b, nhds}, p.d_b_bias, true, sums,
-                kChunkWhere);
-    colsum_rows(s, tail_grid, nhds, LoadMatrix{w.part_c, nhds}, p.d_c_bias, true, sums,
-                kChunkWhere);
+  const Idx nhds = d.nh * d.ds;
+  if (cluster) {  // the tail ran in B3: the groups' sums of the cluster partials
+    const unsigned hs_grid =
+        static_cast<unsigned>(std::min<Idx>(blocks_for(d.BT * d.ng * d.ds, kThreads), 65535));
+    cluster_head_sum_kernel<T><<<dim3(hs_grid, 2), kThreads, 0, s>>>(
+        d.BT, d.ng, d.ds, d.hpg / tail_cluster(d), w.hsum_b, w.hsum_c, p.d_b_normed,
+        p.d_c_normed);
+    M3_LAUNCH_CHECK();
+  } else {
+    // Slabs of whole tail blocks whose offsets fit 32 bits (one slab up to 2^31 / (nh·ds) rows).
+    const Idx slab = slab_rows(d, kTailRows);
+    with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
+      constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
+      auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
+                : d.ds == 128 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
+                              : qk_rope_bwd_kernel<T, kR, kF, true, false>;
+      const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
+      set_smem(k2, sm2);
+      for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
+        const Idx rows_here = std::min(slab, d.BT - r0);
+        const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),
+                          static_cast<unsigned>(d.ds),      static_cast<unsigned>(d.na),
+                          static_cast<unsigned>(d.ng),      static_cast<unsigned>(d.hpg),
+                          static_cast<unsigned>(d.T),       r0};
+        const Idx part0 = r0 / kTailRows * d.nh * d.ds;
+        k2<<<static_cast<unsigned>((rows_here + kTailRows - 1) / kTailRows), kTailThreads, sm2,
+             s>>>(tg, tail_args(p, d, r0), w.part_b + part0, w.part_c + part0);
+        M3_LAUNCH_CHECK();
+      }
+    });
+  }
+  if (fuse) {  // d X_bias: the bias partials over the tail's row blocks (or B3's chunks)
+    const Idx parts = cluster ? d.B * d.nc : tail_blocks(d);
+    const Scratch sums = cluster ? Scratch{w.cpart_sums, cluster_colsum_scratch(d)}
+                                 : Scratch{w.part_sums, tail_colsum_scratch(d)};
+    colsum_rows(s, parts, nhds, LoadMatrix{cluster ? w.cpart_b : w.part_b, nhds}, p.d_b_bias,
+                true, sums, kChunkWhere);
+    colsum_rows(s, parts, nhds, LoadMatrix{cluster ? w.cpart_c : w.part_c, nhds}, p.d_c_bias,
+                true, sums, kChunkWhere);
   }
   ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
   M3_LAUNCH_CHECK();
 }
 #define M3_INSTANTIATE(T)                                                                   \
   template void ssm_chunked_backward<T>(cudaStream_t, const Dims&, const SsmChunkBwd<T>&,   \
-                                        Scratch);
+                                        Scratch);                                           \
+  template bool ssm_chunked_cluster_tail<T>(const Dims&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

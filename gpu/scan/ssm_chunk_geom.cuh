@@ -100,10 +100,16 @@ struct ChunkWalkArgs {
   float *k_out, *v_out;                  // fwd: K6
 };
 
+template <class T>
+struct ClusterTail;  // chunk_tail.cuh
+
 // B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile
 // (g.nt == 1), on the tensor cores over bf16 planes (gpu/scan/chunk_bwd_tc.cu); dS: the per-chunk
-// state gradients of state_pass_bwd. Writes dQ_mid, dK_mid, d_x, dADT, dQK_dot.
+// state gradients of state_pass_bwd. Writes dQ_mid, dK_mid, d_x, dADT, dQK_dot. With ct, step 2
+// and B4b's head sums as well (chunk_tail.cuh ClusterTail), launched in clusters of ct->cz heads;
+// dQ_mid and dK_mid are then written only where p's pointers are set (a capture).
 template <class T>
-void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS);
+void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS,
+                  const ClusterTail<T>* ct = nullptr);
 
 }  // namespace m3::gpu

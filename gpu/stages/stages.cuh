@@ -349,14 +349,27 @@ struct SsmChunkBwd {
   // two kernels): dcontrib stays in registers. false: the two kernels.
   bool fuse_states;
   Idx ldx = 0;  // row stride of x and d_x (0: di; ip when they are proj's / d_proj's columns)
+  // Step 2 and B4b fused into B3 where ssm_chunked_cluster_tail<T>(d) holds and the run fuses
+  // the head sums with the recompute (d_b_normed and b_normed set): one kernel in clusters of
+  // heads (gpu/scan/chunk_tail.cuh), so dQ_mid and dK_mid never go through global memory — they
+  // may then be null, and are written only where set (a capture). The head sums of d_X_normed
+  // add the heads in clusters (ascending within and across them) and the bias gradients per
+  // chunk of rows: another fixed order than the standalone tail's. false: the standalone tail.
+  bool cluster_tail = false;
 };
+// Whether SsmChunkBwd::cluster_tail can take the fused path at d for T-typed storage: typed runs
+// whose chunks fit one row tile, an even number of heads per group, d_state even.
+template <class T>
+bool ssm_chunked_cluster_tail(const Dims& d);
 template <class T>
 void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p,
                           Scratch scratch);
 // Floats of scratch ssm_chunked_backward needs: dS per chunk boundary B·nc·nh·hd·ds and
 // dScale_{−1} B·nh (each rounded up to 64). The largest user of the scratch (≈ 134 M floats at
-// the official shape).
+// the official shape). With SsmChunkBwd::cluster_tail taken, ssm_chunked_cluster_scratch_floats
+// more after them (the cluster tail's partials, chunked_detail.cuh; ≈ 38 M floats there).
 Idx ssm_chunked_scratch_floats(const Dims& d);
+Idx ssm_chunked_cluster_scratch_floats(const Dims& d);
 
 // Elementwise helpers used by the backbone (reduce.cu): out[i] = a[i] + b[i] (residual adds:
 // f32 residual + typed out_flat); convert/copy between storage types.

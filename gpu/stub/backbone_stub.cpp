@@ -64,6 +64,9 @@ std::vector<float> GpuBackbone::d_x() const { no_cuda("GpuBackbone"); }
 States<float> GpuBackbone::d_entering() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::synchronize() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_profiling(bool) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_fusion(bool) { no_cuda("GpuBackbone"); }
+void GpuBackbone::set_cluster_tail(bool) { no_cuda("GpuBackbone"); }
+bool GpuBackbone::cluster_tail() const { no_cuda("GpuBackbone"); }
 std::vector<std::pair<std::string, double>> GpuBackbone::stage_times() const {
   no_cuda("GpuBackbone");
 }
@@ -83,7 +86,7 @@ Capture run_gpu_isolated(GpuContext&, const Problem&, ScanMode, const Capture&, 
   no_cuda("run_gpu_isolated");
 }
 GpuTiming bench_gpu(GpuContext&, const Config&, Idx, Idx, ScanMode, int, int, bool, Precision,
-                    bool, Recompute) {
+                    bool, Recompute, bool) {
   no_cuda("bench_gpu");
 }
 Ceilings measure_ceilings(GpuContext&, const CeilingSpec&) { no_cuda("measure_ceilings"); }

@@ -200,11 +200,13 @@ GemmCeiling time_gemm(GpuContext& ctx, const CeilingSpec& spec, Precision type) 
 }  // namespace
 
 GpuTiming bench_gpu(GpuContext& ctx, const Config& cfg, Idx B, Idx T, ScanMode mode, int warmup,
-                    int repeats, bool profile, Precision storage, bool graph, Recompute rc) {
+                    int repeats, bool profile, Precision storage, bool graph, Recompute rc,
+                    bool cluster_tail) {
   const Problem pb = make_problem(cfg, B, T, 1234, true);
   reset_device_bytes_peak();
   const std::size_t before = device_bytes_live();
   GpuBackbone net(ctx, cfg, B, T, mode, storage, rc);
+  net.set_cluster_tail(cluster_tail);
   load_problem(net, pb);
   const States<float> st = cast_states<float>(pb.states);
   cudaStream_t s = stream_of(ctx);

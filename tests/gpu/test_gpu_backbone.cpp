@@ -25,6 +25,7 @@
 #include "graph.hpp"
 #include "params.hpp"
 #include "problem.hpp"
+#include "registry.hpp"
 
 namespace {
 
@@ -275,11 +276,13 @@ void collect(m3::gpu::GpuBackbone& net, const Problem& pb, BackboneRun& run) {
   run.dx = net.d_x();
   run.leaving = net.states();
 }
+// cluster_tail: GpuBackbone::set_cluster_tail (B6's tail inside B3 where the shape allows it).
 BackboneRun run_backbone(const Problem& pb, ScanMode mode, m3::Precision storage, bool fused,
-                         bool captured, int replays = 0) {
+                         bool captured, int replays = 0, bool cluster_tail = false) {
   BackboneRun run{Capture(pb.cfg, pb.B, pb.T), {}, {}};
   m3::gpu::GpuBackbone net(ctx(), pb.cfg, pb.B, pb.T, mode, storage);
   net.set_fusion(fused);
+  net.set_cluster_tail(cluster_tail);
   m3::gpu::load_problem(net, pb);
   Capture* cap = captured ? &run.cap : nullptr;
   if (replays > 0) {
@@ -321,13 +324,27 @@ void expect_same_bits(const BackboneRun& a, const BackboneRun& b, const std::str
   }
 }
 
+// a and b are the same column sums (over B·T rows) taken in two fixed orders: a few f32
+// roundings apart, max|a − b| ≤ 1e-5·max|a|, and not all zeros.
+void expect_same_sums(const std::vector<double>& a, const std::vector<double>& b,
+                      const std::string& what) {
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::abs(a[i]));
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+  }
+  EXPECT_GT(scale, 0.0) << what << " is all zeros";
+  EXPECT_LE(diff, 1e-5 * scale) << what;
+}
+
 // The fused stages (F4's bias add recomputed in F4ef and B6; in the chunked mode F6's K0/K1
 // in F4ef and B6's tail doing B4b; without a Capture, F8's residual add done by the next norm:
 // the production path) against every stage on its own (set_fusion(false), the
 // isolated mode's path), on the same inputs, both scan modes: every captured tensor and
 // gradient bit for bit equal, except the bias gradients, which the fused tail sums in another
 // fixed order (close to f32 rounding). With and without a Capture (without one the fused path
-// stores neither b/c_biased nor d_b/c_pre_rope).
+// stores neither b/c_biased nor d_b/c_pre_rope). The fused side runs the standalone tail
+// (set_cluster_tail(false)); ClusterTailAgreesWithTheSeparateTail holds the tail inside B3 to it.
 TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
   M3_SKIP_WITHOUT_GPU();
   auto is_bias_grad = [](const std::string& key) {
@@ -355,7 +372,8 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
         BackboneRun run[2][2];
         for (int fused = 0; fused < 2; ++fused)
           for (int captured = 0; captured < 2; ++captured)
-            run[fused][captured] = run_backbone(pb, mode, storage, fused == 1, captured == 1);
+            run[fused][captured] =
+                run_backbone(pb, mode, storage, fused == 1, captured == 1, 0, false);
         const std::string what =
             gc.name + " " + m3::precision_name(storage) + " " + m3::scan_mode_name(mode);
         // A Capture changes nothing (tensors that only a capture stores, like d_pre_norm and
@@ -378,18 +396,133 @@ TEST(GpuBackbone, FusedBackwardTailEqualsStageByStage) {
                 << what << ": " << key << " differs between the fused and unfused stages";
             continue;
           }
-          double scale = 0, diff = 0;
-          for (size_t i = 0; i < a.size(); ++i) {
-            scale = std::max(scale, std::abs(a[i]));
-            diff = std::max(diff, std::abs(a[i] - b[i]));
-          }
-          EXPECT_GT(scale, 0.0) << what << ": " << key << " is all zeros";
-          // Σ over B·T rows in two fixed orders: a few f32 roundings of the column sums.
-          EXPECT_LE(diff, 1e-5 * scale) << what << ": " << key;
+          expect_same_sums(a, b, what + ": " + key);
         }
       }
     }
   }
+}
+
+// B6's tail inside B3 (set_cluster_tail, off by default: step 2 and B4b's head sums in
+// B3's blocks, clusters of heads summing through distributed shared memory) against the
+// standalone fused tail, on the same inputs, with a Capture:
+//   * bit for bit: every forward tensor, and the last layer's backward from B8 through B5b — the
+//     per-(r, h) step 2 (dScale, dGamma, d_angle_cumsum, d_b/c_pre_rope, dQ_mid, dK_mid) is the
+//     same instructions on the same values;
+//   * d_b/c_normed (B4b's head sums, which add the heads in clusters): each element within one
+//     rounding of the storage type of the other (|a − b| ≤ 2^−p·max(|a|, |b|), p = 7 for bf16,
+//     10 for f16) and rel_l2 ≤ 2^−p / 4 over the tensor;
+//   * the bias gradients (summed per chunk instead of per 32 rows): within 1e-5 of their scale;
+//   * every other tensor and gradient (downstream of the head sums): rel_l2 ≤ 2^−p.
+// The path must actually run (GpuBackbone::cluster_tail), and the production pass (no Capture,
+// no dQ_mid/dK_mid buffers) must give the captured pass's gradients, d_x and states bit for bit.
+// f32 and the sequential mode have no cluster tail: there the switch changes no bit at all.
+TEST(GpuBackbone, ClusterTailAgreesWithTheSeparateTail) {
+  M3_SKIP_WITHOUT_GPU();
+  std::vector<GridCase> cases = grid_cases(
+      {"hd16_ds16_silu_rope0.5_ng1", "hd64_ds128_outnorm_rope1_ng2",
+       "hd32_ds128_outnorm_rope0.5_ng2", "na0_ds2", "chunk_gt_T", "T1", "d_inner4096_outnorm"});
+  ASSERT_EQ(cases.size(), 7u) << "a named grid case is missing";
+  Config wide = grid_config(16, 128, 0.5, false, 2);  // 40 heads, 20 per group: clusters of 4
+  wide.d_model = 320;
+  wide.input_dim = 320;
+  wide.n_layers = 1;
+  cases.push_back({"nh40_ds128_ng2", wide, 1, 130});
+  auto rel_l2 = [](const auto& a, const auto& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += (a[i] - b[i]) * (a[i] - b[i]);
+      den += b[i] * b[i];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  };
+  int ran = 0;
+  for (const GridCase& gc : cases) {
+    const Problem pb = m3::make_problem(gc.cfg, gc.B, gc.T, 19, true);
+    const int last = static_cast<int>(gc.cfg.n_layers) - 1;
+    for (m3::Precision storage :
+         {m3::Precision::F32, m3::Precision::BF16, m3::Precision::F16}) {
+      for (ScanMode mode : {ScanMode::Chunked, ScanMode::Sequential}) {
+        const std::string what =
+            gc.name + " " + m3::precision_name(storage) + " " + m3::scan_mode_name(mode);
+        bool active = false;
+        {
+          m3::gpu::GpuBackbone net(ctx(), gc.cfg, gc.B, gc.T, mode, storage);
+          EXPECT_FALSE(net.cluster_tail()) << what << ": off by default";
+          net.set_cluster_tail(true);
+          active = net.cluster_tail();
+          net.set_cluster_tail(false);
+          EXPECT_FALSE(net.cluster_tail()) << what;
+        }
+        const bool typed_chunked =
+            storage != m3::Precision::F32 && mode == ScanMode::Chunked;
+        EXPECT_EQ(active, typed_chunked) << what << ": where the cluster tail runs";
+        const BackboneRun sep = run_backbone(pb, mode, storage, true, true, 0, false);
+        const BackboneRun clu = run_backbone(pb, mode, storage, true, true, 0, true);
+        const BackboneRun prod = run_backbone(pb, mode, storage, true, false, 0, true);
+        expect_same_bits(prod, clu, what + ": production pass vs captured, cluster tail");
+        if (!active) {
+          expect_same_bits(sep, clu, what + ": no cluster tail, so no change");
+          continue;
+        }
+        ++ran;
+        const int p = storage == m3::Precision::BF16 ? 7 : 10;
+        const double tol = std::ldexp(1.0, -p);
+        ASSERT_EQ(sep.cap.keys(), clu.cap.keys()) << what;
+        for (const auto& key : sep.cap.keys()) {
+          const auto& a = sep.cap.at(key).data;
+          const auto& b = clu.cap.at(key).data;
+          ASSERT_EQ(a.size(), b.size()) << what << " " << key;
+          // "L<l>/<stage>/<tensor>", "<stage>/<tensor>" or "grad/…".
+          std::string rest = key;
+          int layer = -1;
+          if (rest.rfind("L", 0) == 0 && rest.find('/') != std::string::npos) {
+            layer = std::stoi(rest.substr(1, rest.find('/') - 1));
+            rest = rest.substr(rest.find('/') + 1);
+          }
+          const std::string stage = rest.substr(0, rest.find('/'));
+          const std::string tensor = rest.substr(rest.find('/') + 1);
+          const bool grad = key.rfind("grad/", 0) == 0;
+          bool same = false;
+          if (!grad) {
+            const m3::TensorSpec& spec = m3::find_spec(stage, tensor);
+            same = spec.dir == m3::Dir::Forward ||
+                   (layer == last && (stage == "B8" || stage == "B7" || stage == "B6" ||
+                                      stage == "B5a" || stage == "B5b"));
+          }
+          if (same) {
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+                << what << ": " << key << " differs, but the two tails compute it alike";
+            continue;
+          }
+          if (grad && (key.find("/b_bias") != std::string::npos ||
+                       key.find("/c_bias") != std::string::npos) &&
+              key.find("L" + std::to_string(last) + "/") != std::string::npos) {
+            expect_same_sums(a, b, what + ": " + key);
+            continue;
+          }
+          if (layer == last && (tensor == "d_b_normed" || tensor == "d_c_normed")) {
+            // One rounding of each element, plus f32 reordering of a sum that cancels.
+            double mx = 0;
+            for (double v : a) mx = std::max(mx, std::abs(v));
+            size_t bad = a.size();
+            for (size_t i = 0; i < a.size() && bad == a.size(); ++i)
+              if (std::abs(a[i] - b[i]) >
+                  tol * std::max(std::abs(a[i]), std::abs(b[i])) + 1e-6 * mx)
+                bad = i;
+            EXPECT_EQ(bad, a.size()) << what << ": " << key << " more than one rounding apart at "
+                                     << bad << ": " << (bad < a.size() ? a[bad] : 0.0) << " vs "
+                                     << (bad < a.size() ? b[bad] : 0.0);
+            EXPECT_LE(rel_l2(b, a), tol / 4) << what << ": " << key;
+            continue;
+          }
+          EXPECT_LE(rel_l2(b, a), tol) << what << ": " << key;
+        }
+        EXPECT_LE(rel_l2(clu.dx, sep.dx), tol) << what << ": d_x";
+      }
+    }
+  }
+  EXPECT_EQ(ran, 2 * static_cast<int>(cases.size())) << "bf16 and f16 chunked, every case";
 }
 
 // The chunked scan's per-row kernels (F4ef's prep, B6's tail) split their rows into slabs with
@@ -413,10 +546,13 @@ TEST(GpuBackbone, RowSlabsGiveTheBitsOfOneLaunch) {
       // With a Capture, every stage tensor; without one (k stored at t = T − 1 only, no
       // d_b/c_pre_rope), the gradients.
       for (bool captured : {false, true}) {
+        // The standalone tail (the cluster tail works per chunk, with no slabs).
         m3::gpu::set_row_slab_limit_for_testing(0);
-        const BackboneRun one = run_backbone(pb, ScanMode::Chunked, storage, true, captured);
+        const BackboneRun one =
+            run_backbone(pb, ScanMode::Chunked, storage, true, captured, 0, false);
         m3::gpu::set_row_slab_limit_for_testing(70);
-        const BackboneRun sl = run_backbone(pb, ScanMode::Chunked, storage, true, captured);
+        const BackboneRun sl =
+            run_backbone(pb, ScanMode::Chunked, storage, true, captured, 0, false);
         const std::string what = gc.name + " " + m3::precision_name(storage) +
                                  (captured ? " (captured)" : " (no capture)") +
                                  ", one launch vs slabs";
