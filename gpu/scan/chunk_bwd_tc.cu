@@ -87,6 +87,44 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
                "l"(src));
 }
 
+// Block rank q's share of the cluster's head sum: rows [q·kTR/cz, (q+1)·kTR/cz) (< L) of Fk
+// (X = b) and Fq (X = c), V consecutive values n per item, summed over the cz blocks' rows in
+// ascending rank from 0.0f into hsum_X at row plane + t.
+template <int V, class T>
+__device__ __forceinline__ void cluster_rows_sum(cooperative_groups::cluster_group& cl,
+                                                 const ClusterTail<T>& ct, float* Fk, float* Fq,
+                                                 int LDF, unsigned q, Idx plane, unsigned ds,
+                                                 int L) {
+  const unsigned cz = ct.cz, rows = kTR / cz, dsv = ds / V, items = rows * 2 * dsv;
+  for (unsigned it = threadIdx.x; it < items; it += kNT) {
+    const unsigned tl = it / (2 * dsv), x = it - tl * 2 * dsv, t = q * rows + tl;
+    if (static_cast<int>(t) >= L) continue;
+    const bool is_c = x >= dsv;
+    const unsigned n = V * (is_c ? x - dsv : x);
+    float* mine = (is_c ? Fq : Fk) + t * LDF + n;
+    float v[8][V];
+#pragma unroll
+    for (unsigned j = 0; j < 8; ++j) {
+      if (j < cz) {
+        load_n<V>(cl.map_shared_rank(mine, j), v[j]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[j][e] = 0.0f;
+      }
+    }
+    float sum[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) sum[e] = 0.0f;
+#pragma unroll
+    for (unsigned j = 0; j < 8; ++j)
+      if (j < cz) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum[e] += v[j][e];
+      }
+    store_n<V>((is_c ? ct.hsum_c : ct.hsum_b) + (plane + t) * ds + n, sum);
+  }
+}
+
 // Step 2 and B4b's head sums for the block's rows of head h (chunk_tail.cuh ClusterTail), every
 // plane dead: Fk, Fq hold dK_mid, dQ_mid [kTR][tail_ld(DP)] (visible to the block), dqk the
 // rows' dQK. Warp w takes rows w·(kTR/kNW) + ρ, each with tail_item's lanes (the next row's
@@ -109,24 +147,6 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
   float ab[4], ac[4];
   pair_load<true, false>(a.b_bias, hu * ds, lane, ds, ab);
   pair_load<true, false>(a.c_bias, hu * ds, lane, ds, ac);
-  // The lane's pairs of row t of F (0 past ds), and back.
-  auto get = [&](const float* F, unsigned t, float (&v)[4]) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const unsigned n = 2 * (lane + 32 * k);
-      const float2 w = n < ds ? *reinterpret_cast<const float2*>(F + t * LDF + n)
-                              : make_float2(0.0f, 0.0f);
-      v[2 * k] = w.x;
-      v[2 * k + 1] = w.y;
-    }
-  };
-  auto put = [&](float* F, unsigned t, const float (&v)[4]) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const unsigned n = 2 * (lane + 32 * k);
-      if (n < ds) *reinterpret_cast<float2*>(F + t * LDF + n) = make_float2(v[2 * k], v[2 * k + 1]);
-    }
-  };
   const float* Sc = Th + kTR * (DP / 2);
   const float* Gm = Sc + kTR;
   auto load = [&](unsigned t, TailIn& in) {
@@ -138,8 +158,8 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
       const unsigned pp = lane + 32 * k;
       in.th[k] = pp < ct.na ? Th[t * ct.na + pp] : 0.0f;
     }
-    get(Fk, t, in.dk);
-    get(Fq, t, in.g2);
+    pair_load<true, false>(Fk, t * LDF, lane, ds, in.dk);  // the lane's pairs of row t
+    pair_load<true, false>(Fq, t * LDF, lane, ds, in.g2);
     pair_load<true, false>(a.b_normed, t * ct.ng * ds + gn0, lane, ds, in.x1);
     pair_load<true, false>(a.c_normed, t * ct.ng * ds + gn0, lane, ds, in.x2);
   };
@@ -154,8 +174,8 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
     float db[4], dc[4];
     const bool last = g.t0(c) + t == g.T - 1;
     tail_item<T, true, true, false>(tg, a, t, hu, lane, last, in[r % 2], ab, ac, db, dc);
-    put(Fk, t, db);
-    put(Fq, t, dc);
+    pair_store<true, false>(Fk, t * LDF, lane, ds, db);
+    pair_store<true, false>(Fq, t * LDF, lane, ds, dc);
   }
   __syncthreads();
   // The bias partials: (X, n) = (b, n) for threads < ds, (c, n) for ds ≤ thread < 2·ds.
@@ -172,47 +192,12 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
   // leaves before every block has read them).
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();
-  const unsigned cz = ct.cz, q = cl.block_rank(), rows = kTR / cz, items = rows * 2 * ds;
-  const Idx kc = h / cz, plane = kc * g.B * g.T + row0;
+  const unsigned q = cl.block_rank();
+  const Idx plane = h / ct.cz * g.B * g.T + row0;
   if (ds % 4 == 0) {  // four values n … n + 3 per item: one 16-byte load per block
-    const unsigned items4 = items / 4, ds4 = ds / 4;
-    for (unsigned it = threadIdx.x; it < items4; it += kNT) {
-      const unsigned tl = it / (2 * ds4), x = it - tl * 2 * ds4, t = q * rows + tl;
-      if (static_cast<int>(t) >= L) continue;
-      const bool is_c = x >= ds4;
-      const unsigned n = 4 * (is_c ? x - ds4 : x);
-      float* mine = (is_c ? Fq : Fk) + t * LDF + n;
-      float4 v[8];
-#pragma unroll
-      for (unsigned j = 0; j < 8; ++j)
-        v[j] = j < cz ? *reinterpret_cast<const float4*>(cl.map_shared_rank(mine, j))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (unsigned j = 0; j < 8; ++j)
-        if (j < cz) {
-          sum.x += v[j].x;
-          sum.y += v[j].y;
-          sum.z += v[j].z;
-          sum.w += v[j].w;
-        }
-      *reinterpret_cast<float4*>((is_c ? ct.hsum_c : ct.hsum_b) + (plane + t) * g.ds + n) = sum;
-    }
-  } else
-  for (unsigned it = threadIdx.x; it < items; it += kNT) {
-    const unsigned tl = it / (2 * ds), x = it - tl * 2 * ds, t = q * rows + tl;
-    if (static_cast<int>(t) >= L) continue;
-    const bool is_c = x >= ds;
-    const unsigned n = is_c ? x - ds : x;
-    float* mine = (is_c ? Fq : Fk) + t * LDF + n;
-    float v[8];
-#pragma unroll
-    for (unsigned j = 0; j < 8; ++j) v[j] = j < cz ? *cl.map_shared_rank(mine, j) : 0.0f;
-    float sum = 0.0f;
-#pragma unroll
-    for (unsigned j = 0; j < 8; ++j)
-      if (j < cz) sum += v[j];
-    (is_c ? ct.hsum_c : ct.hsum_b)[(plane + t) * g.ds + n] = sum;
+    cluster_rows_sum<4>(cl, ct, Fk, Fq, LDF, q, plane, ds, L);
+  } else {
+    cluster_rows_sum<1>(cl, ct, Fk, Fq, LDF, q, plane, ds, L);
   }
   cl.sync();
 }

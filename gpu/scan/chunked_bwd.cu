@@ -530,16 +530,14 @@ unsigned tail_cluster(const Dims& d) {
   return 1;
 }
 // Its scratch, written while B3 still reads dS, so beside it: hsum_b, hsum_c [nh/cz, BT, ds],
-// part_b, part_c [B·nc, nh·ds] and their column sums' scratch (0 floats without a cluster).
+// part_b, part_c [B·nc, nh·ds] and their column sums' scratch (asked for only when it runs).
 Idx cluster_hsum(const Dims& d) { return round64(d.nh / tail_cluster(d) * d.BT * d.ds); }
 Idx cluster_parts(const Dims& d) { return round64(d.B * d.nc * d.nh * d.ds); }
 Idx cluster_colsum_scratch(const Dims& d) {
   return round64(colsum_scratch_floats(d.B * d.nc, d.nh * d.ds));
 }
 Idx cluster_region(const Dims& d) {
-  return tail_cluster(d) < 2 ? 0
-                             : 2 * cluster_hsum(d) + 2 * cluster_parts(d) +
-                                   cluster_colsum_scratch(d);
+  return 2 * cluster_hsum(d) + 2 * cluster_parts(d) + cluster_colsum_scratch(d);
 }
 
 // B4b's head sums after the fused tail: d_X_normed[r, g, n] = T(Σ_k hsum_X[k, r, n]) over the
