@@ -1,8 +1,10 @@
 // Internal to gpu/scan/ (.cu files only): the per-(r, h) work of step 2 of the chunked backward
 // (MODEL.md §6.4; chunked_detail.cuh has the family's math), shared by the standalone tail
 // (qk_rope_bwd_kernel, chunked_bwd.cu) and the tail fused into B3 (chunk_bwd_tc.cu, kTail), so
-// that both compute each (r, h)'s outputs with the same instructions and give the same bits.
-// Per (r, h), with the lane's pairs p = lane and lane + 32 (values n = 2p, 2p + 1; ds ≤ 128):
+// that both compute each pair's outputs (d_b/c_pre_rope, d_angle_cumsum) with the same
+// instructions (tail_pair) and give the same bits; the row sums dScale and dGamma each tail
+// adds in its own fixed order. Per (r, h) (the standalone tail's lanes: pairs p = lane and
+// lane + 32, values n = 2p, 2p + 1; ds ≤ 128):
 //   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
 //   rotated pair (p < na, θ_p = theta[r, h, p], R its rotation):
 //     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
@@ -115,6 +117,57 @@ __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>&
   }
 }
 
+// One pair's arithmetic of (r, h)'s step 2 (the header's formulas): values n, n + 1 of pair p,
+// rotated when rot (th = θ_p). dk, g2: dK_mid, dQ_mid; kRecompute: x1, x2 = b/c_normed and
+// ab, ac the head's biases; else x1, x2 = k, q and bb, cb = b/c_biased. dkout: d_k_out at
+// t = T − 1, else 0; e = dQK·γ. Adds dK_mid·k to dsc and c_biased·b_biased to qk (value n, then
+// n + 1: the caller's order over the pairs fixes the sums' bits), leaves d_b/c_pre_rope in db,
+// dc and returns d_angle_cumsum_p (0 unless rot). Both tails call it, so every per-element
+// output is the same instructions in each. The fmas are written out so that every
+// instantiation rounds the same way.
+template <class T, bool kRecompute>
+__device__ __forceinline__ float tail_pair(float sc, float e, bool rot, float th, float2 dk,
+                                           float2 g2, float2 x1, float2 x2, float2 bb, float2 cb,
+                                           float2 ab, float2 ac, float2 dkout, float& dsc,
+                                           float& qk, float2& db, float2& dc) {
+  float kv[2], qv[2], bv[2], cv[2];
+  if constexpr (kRecompute) {  // b/c_biased, and k, q as F4ef stored them (copies unless rot)
+    bv[0] = x1.x + ab.x, bv[1] = x1.y + ab.y;
+    cv[0] = x2.x + ac.x, cv[1] = x2.y + ac.y;
+    // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
+    round_trip2<T>(bv[0], bv[1]);
+    round_trip2<T>(cv[0], cv[1]);
+    kv[0] = bv[0], kv[1] = bv[1], qv[0] = cv[0], qv[1] = cv[1];
+  } else {
+    kv[0] = x1.x, kv[1] = x1.y, qv[0] = x2.x, qv[1] = x2.y;
+    bv[0] = bb.x, bv[1] = bb.y, cv[0] = cb.x, cv[1] = cb.y;
+  }
+  float sn = 0.0f, cs = 1.0f;
+  if (rot) {
+    sincosf(th, &sn, &cs);
+    if constexpr (kRecompute) {
+      rope_rotate(sn, cs, bv[0], bv[1], kv[0], kv[1]);
+      rope_rotate(sn, cs, cv[0], cv[1], qv[0], qv[1]);
+      round_trip2<T>(kv[0], kv[1]);
+      round_trip2<T>(qv[0], qv[1]);
+    }
+  }
+  const float g1[2] = {__fmaf_rn(sc, dk.x, dkout.x), __fmaf_rn(sc, dk.y, dkout.y)};
+  dsc = __fmaf_rn(dk.x, kv[0], dsc);
+  qk = __fmaf_rn(cv[0], bv[0], qk);
+  dsc = __fmaf_rn(dk.y, kv[1], dsc);
+  qk = __fmaf_rn(cv[1], bv[1], qk);
+  float o1[2] = {g1[0], g1[1]}, o2[2] = {g2.x, g2.y}, dang = 0.0f;
+  if (rot) {
+    rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
+    rope_rotate_t(sn, cs, g2.x, g2.y, o2[0], o2[1]);
+    dang = rope_angle_grad(g1[0], g1[1], kv[0], kv[1]) + rope_angle_grad(g2.x, g2.y, qv[0], qv[1]);
+  }
+  db = make_float2(__fmaf_rn(e, cv[0], o1[0]), __fmaf_rn(e, cv[1], o1[1]));
+  dc = make_float2(__fmaf_rn(e, bv[0], o2[0]), __fmaf_rn(e, bv[1], o2[1]));
+  return dang;
+}
+
 // (r, h)'s arithmetic: d_b/c_pre_rope into db, dc (the lane's values), d_angle_cumsum, dScale
 // and dGamma stored. ab, ac: kRecompute's biases of head h. last: t = T − 1.
 template <class T, bool kRecompute, bool kVec, bool kFull>
@@ -124,7 +177,7 @@ __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>&
                                           const float (&ac)[4], float (&db)[4], float (&dc)[4]) {
   const unsigned i = r * tg.nh + h, ds = tg.ds;
   const float e = in.dqk * in.gam;
-  float kv[4], qv[4], bv[4], cv[4], dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (last) {
     const float* row = a.d_k_out + ((tg.r_base + r) / tg.T) * Idx(tg.nh * ds);
     pair_load<kVec, kFull>(row, h * ds, lane, ds, dkout);
@@ -132,47 +185,19 @@ __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>&
   float dsc = 0.0f, qk = 0.0f;
 #pragma unroll
   for (unsigned k = 0; k < 2; ++k) {  // pair p = lane + 32k: values 2k, 2k + 1 of the lane's 4
+    // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
     const unsigned p = lane + 32 * k;
     const int a0 = 2 * k, a1 = 2 * k + 1;
     const bool rot = p < tg.na;
-    if constexpr (kRecompute) {  // b/c_biased, and k, q as F4ef stored them (copies if p ≥ na)
-      bv[a0] = in.x1[a0] + ab[a0], bv[a1] = in.x1[a1] + ab[a1];
-      cv[a0] = in.x2[a0] + ac[a0], cv[a1] = in.x2[a1] + ac[a1];
-      // Values that only feed arithmetic: round_trip2 (NaN stays NaN).
-      round_trip2<T>(bv[a0], bv[a1]);
-      round_trip2<T>(cv[a0], cv[a1]);
-      kv[a0] = bv[a0], kv[a1] = bv[a1], qv[a0] = cv[a0], qv[a1] = cv[a1];
-    } else {
-      kv[a0] = in.x1[a0], kv[a1] = in.x1[a1], qv[a0] = in.x2[a0], qv[a1] = in.x2[a1];
-      bv[a0] = in.bb[a0], bv[a1] = in.bb[a1], cv[a0] = in.cb[a0], cv[a1] = in.cb[a1];
-    }
-    float sn = 0.0f, cs = 1.0f;
-    if (rot) {
-      sincosf(in.th[k], &sn, &cs);
-      if constexpr (kRecompute) {
-        rope_rotate(sn, cs, bv[a0], bv[a1], kv[a0], kv[a1]);
-        rope_rotate(sn, cs, cv[a0], cv[a1], qv[a0], qv[a1]);
-        round_trip2<T>(kv[a0], kv[a1]);
-        round_trip2<T>(qv[a0], qv[a1]);
-      }
-    }
-    // Values past ds are 0 in every input, so they add 0 to the sums and are not stored. The
-    // fmas are written out so that every instantiation rounds the same way.
-    const float g1[2] = {__fmaf_rn(in.sc, in.dk[a0], dkout[a0]),
-                         __fmaf_rn(in.sc, in.dk[a1], dkout[a1])};
-    dsc = __fmaf_rn(in.dk[a0], kv[a0], dsc);
-    qk = __fmaf_rn(cv[a0], bv[a0], qk);
-    dsc = __fmaf_rn(in.dk[a1], kv[a1], dsc);
-    qk = __fmaf_rn(cv[a1], bv[a1], qk);
-    float o1[2] = {g1[0], g1[1]}, o2[2] = {in.g2[a0], in.g2[a1]};
-    if (rot) {
-      rope_rotate_t(sn, cs, g1[0], g1[1], o1[0], o1[1]);
-      rope_rotate_t(sn, cs, in.g2[a0], in.g2[a1], o2[0], o2[1]);
-      a.d_angle_cumsum[i * tg.na + p] = rope_angle_grad(g1[0], g1[1], kv[a0], kv[a1]) +
-                                        rope_angle_grad(in.g2[a0], in.g2[a1], qv[a0], qv[a1]);
-    }
-    db[a0] = __fmaf_rn(e, cv[a0], o1[0]), db[a1] = __fmaf_rn(e, cv[a1], o1[1]);
-    dc[a0] = __fmaf_rn(e, bv[a0], o2[0]), dc[a1] = __fmaf_rn(e, bv[a1], o2[1]);
+    auto two = [&](const float(&v)[4]) { return make_float2(v[a0], v[a1]); };
+    float2 b2, c2;
+    const float dang = tail_pair<T, kRecompute>(in.sc, e, rot, in.th[k], two(in.dk), two(in.g2),
+                                                two(in.x1), two(in.x2),
+                                                two(kRecompute ? in.x1 : in.bb),  // (unread
+                                                two(kRecompute ? in.x2 : in.cb),  //  if kRecompute)
+                                                two(ab), two(ac), two(dkout), dsc, qk, b2, c2);
+    if (rot) a.d_angle_cumsum[i * tg.na + p] = dang;
+    db[a0] = b2.x, db[a1] = b2.y, dc[a0] = c2.x, dc[a1] = c2.y;
   }
   // Both sums in one butterfly (header): lanes < 16 end with Σ dsc, lanes ≥ 16 with Σ qk.
   const bool lo = lane < 16;
