@@ -180,10 +180,11 @@ class GpuBackbone {
   // The chunked B6's tail inside B3 (off by default; typed runs whose shape allows it,
   // gpu::ssm_chunked_cluster_tail): step 2 and B4b's head sums run in B3's blocks, in clusters
   // of heads, so dQ_mid and dK_mid stay on chip (and need no buffer; the scratch grows by the
-  // cluster partials). The head sums and the bias gradients then add in another fixed order
-  // (clusters of heads; chunks of rows): the results are the standalone tail's within rounding
-  // (test ClusterTailAgreesWithTheSeparateTail). Off by default because it is slower today
-  // (docs/PERF.md v24: 8.2 against 6.5 ms per marginal layer); off: the standalone tail kernel.
+  // cluster partials). The head sums, the bias gradients and dScale/dGamma then add in another
+  // fixed order (clusters of heads; chunks of rows; the fragment layout's row sums): the results
+  // are the standalone tail's within rounding (test ClusterTailAgreesWithTheSeparateTail). Off
+  // by default because it is slower today (docs/PERF.md v25: 6.83 against 6.45 ms per marginal
+  // layer, bf16); off: the standalone tail kernel.
   // Changing it re-lays out the buffers and the scratch.
   void set_cluster_tail(bool on);
   // Whether the chunked B6 runs its tail inside B3 in this run (set_cluster_tail on, and the

@@ -54,16 +54,17 @@ using tcf::Opnd;
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int kLD64 = tcf::plane_ld(kTR);
 
-// The fused tail's f32 rows (kTail): dK_mid then d_b_pre_rope, dQ_mid then d_c_pre_rope, each
-// [kTR][DP + 8] over the planes once they are dead (+8: a fragment's float2 stores of a half-warp
-// hit 32 distinct banks).
+// The fused tail's f32 rows (kTail): d_b_pre_rope and d_c_pre_rope, each [kTR][DP + 8] over the
+// planes once they are dead (+8: a fragment's float2 stores of a half-warp hit 32 distinct banks).
 constexpr int tail_ld(int dp) { return dp + 8; }
+// θ's rows there: na ≤ DP/2 angles, then d_angle_cumsum in their place; +4, so that a
+// fragment's 8 rows × 4 pairs hit 32 distinct banks.
+constexpr int theta_ld(int dp) { return dp / 2 + 4; }
 
-// kTail's region over the planes: the two row tiles, then θ [kTR][na ≤ DP/2], scale and γ [kTR]
-// of the block's rows (fetched by cp.async as the planes die, so that the row work waits for
-// one memory latency per block instead of one per row).
+// kTail's region over the planes: the two row tiles, then θ [kTR][theta_ld], scale and γ [kTR]
+// of the block's rows (fetched by cp.async as the planes die).
 constexpr std::size_t tail_floats(int dp) {
-  return std::size_t(2) * kTR * tail_ld(dp) + std::size_t(kTR) * (dp / 2) + 2 * kTR;
+  return std::size_t(2) * kTR * tail_ld(dp) + std::size_t(kTR) * theta_ld(dp) + 2 * kTR;
 }
 // The planes' bytes (kTail: at least the tail's region).
 template <int HP, int DP, bool kTail>
@@ -87,12 +88,12 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
                "l"(src));
 }
 
-// Block rank q's share of the cluster's head sum: rows [q·kTR/cz, (q+1)·kTR/cz) (< L) of Fk
-// (X = b) and Fq (X = c), V consecutive values n per item, summed over the cz blocks' rows in
+// Block rank q's share of the cluster's head sum: rows [q·kTR/cz, (q+1)·kTR/cz) (< L) of Fb
+// (X = b) and Fc (X = c), V consecutive values n per item, summed over the cz blocks' rows in
 // ascending rank from 0.0f into hsum_X at row plane + t.
 template <int V, class T>
 __device__ __forceinline__ void cluster_rows_sum(cooperative_groups::cluster_group& cl,
-                                                 const ClusterTail<T>& ct, float* Fk, float* Fq,
+                                                 const ClusterTail<T>& ct, float* Fb, float* Fc,
                                                  int LDF, unsigned q, Idx plane, unsigned ds,
                                                  int L) {
   const unsigned cz = ct.cz, rows = kTR / cz, dsv = ds / V, items = rows * 2 * dsv;
@@ -101,7 +102,7 @@ __device__ __forceinline__ void cluster_rows_sum(cooperative_groups::cluster_gro
     if (static_cast<int>(t) >= L) continue;
     const bool is_c = x >= dsv;
     const unsigned n = V * (is_c ? x - dsv : x);
-    float* mine = (is_c ? Fq : Fk) + t * LDF + n;
+    float* mine = (is_c ? Fc : Fb) + t * LDF + n;
     float v[8][V];
 #pragma unroll
     for (unsigned j = 0; j < 8; ++j) {
@@ -126,66 +127,114 @@ __device__ __forceinline__ void cluster_rows_sum(cooperative_groups::cluster_gro
 }
 
 // Step 2 and B4b's head sums for the block's rows of head h (chunk_tail.cuh ClusterTail), every
-// plane dead: Fk, Fq hold dK_mid, dQ_mid [kTR][tail_ld(DP)] (visible to the block), dqk the
-// rows' dQK. Warp w takes rows w·(kTR/kNW) + ρ, each with tail_item's lanes (the next row's
-// inputs loaded before this one's arithmetic), and leaves d_b_pre_rope in Fk and d_c_pre_rope in
-// Fq; then one thread per (X, n) sums its column over the rows (the bias partial), and block
-// rank q of the cluster sums rows [q·kTR/cz, (q+1)·kTR/cz) over the cz blocks' rows.
-template <class T, int DP>
+// plane dead: Fb, Fc hold dK_mid, dQ_mid [kTR][tail_ld(DP)] in rows, Th θ [kTR][theta_ld], then
+// scale and γ [kTR]. Each thread takes the pairs (t, n), (t, n + 1) it held in B3's fragments
+// (F's layout; n even, so each is RoPE pair n/2) and runs tail_pair on them, b/c_normed and the
+// biases from global memory; it leaves d_b_pre_rope in Fb, d_c_pre_rope in Fc and
+// d_angle_cumsum in θ's place. The row sums go
+//   dScale_t = Σ_{wn} Σ_{quad} Σ_{j ascending} dK_mid·k,   dGamma_t = dQK_t·(the same over c·b)
+// (the thread's pairs in ascending n, then the quad's lanes, then the warps' column halves in
+// ascending order; rs, rq: [kNW / WM][kTR] each). Then one thread per (X, n) sums its column
+// over the rows (the bias partial), and block rank q of the cluster sums rows
+// [q·kTR/cz, (q+1)·kTR/cz) over the cz blocks' rows.
+template <class T, int DP, class F>
 __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail<T>& ct,
-                                           float* Fk, float* Fq, const float* dqk,
-                                           const float* Th, Idx row0, Idx b, Idx c, Idx h,
-                                           int L) {
+                                           float* Fb, float* Fc, const float* dqk,
+                                           float* Th, float* rs, float* rq, Idx row0, Idx b,
+                                           Idx c, Idx h, int L) {
   namespace cg = cooperative_groups;
-  constexpr int LDF = tail_ld(DP), kRows = kTR / kNW;
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int LDF = tail_ld(DP), TL = theta_ld(DP), kWN = kNW / F::WM;
+  static_assert(F::FM == 1, "one 16-row tile per warp");
+  const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c4 = lane & 3;
   const unsigned nh = static_cast<unsigned>(g.nh), ds = static_cast<unsigned>(g.ds);
-  const TailArgs<T> a = tail_args_at(ct.a, row0, g.nh, g.ds, ct.na, ct.ng);
-  const TailGeom tg{static_cast<unsigned>(L), nh, ds, ct.na, ct.ng, ct.hpg,
-                    static_cast<unsigned>(g.T), row0};
-  const unsigned hu = static_cast<unsigned>(h), gn0 = hu / ct.hpg * ds;
-  float ab[4], ac[4];
-  pair_load<true, false>(a.b_bias, hu * ds, lane, ds, ab);
-  pair_load<true, false>(a.c_bias, hu * ds, lane, ds, ac);
-  const float* Sc = Th + kTR * (DP / 2);
+  const unsigned na = ct.na, hu = static_cast<unsigned>(h);
+  const TailArgs<T> a = tail_args_at(ct.a, row0, g.nh, g.ds, na, ct.ng);
+  const T* const bn = a.b_normed + hu / ct.hpg * ds;  // the group's b/c_normed, row 0
+  const T* const cn = a.c_normed + hu / ct.hpg * ds;
+  const float* const ab_h = a.b_bias + hu * ds;
+  const float* const ac_h = a.c_bias + hu * ds;
+  const unsigned ngds = ct.ng * ds;
+  const float* Sc = Th + kTR * TL;
   const float* Gm = Sc + kTR;
-  auto load = [&](unsigned t, TailIn& in) {
-    in.sc = Sc[t];
-    in.dqk = dqk[t];
-    in.gam = Gm[t];
+  // The thread's rows tb, tb + 8: scale, e = dQK·γ, and d_k_out's row where t = T − 1.
+  const int tb = F::wm() * 16 + static_cast<int>(lane >> 2);
+  float sc[2], e[2], dsc[2] = {0.0f, 0.0f}, qk[2] = {0.0f, 0.0f};
+  bool last[2];
 #pragma unroll
-    for (unsigned k = 0; k < 2; ++k) {
-      const unsigned pp = lane + 32 * k;
-      in.th[k] = pp < ct.na ? Th[t * ct.na + pp] : 0.0f;
+  for (int hh = 0; hh < 2; ++hh) {
+    const int t = tb + 8 * hh;
+    sc[hh] = Sc[t];
+    e[hh] = dqk[t] * Gm[t];
+    last[hh] = t < L && g.t0(c) + t == g.T - 1;
+  }
+  const float* const dko = ct.a.d_k_out + (b * g.nh + h) * g.ds;
+  // The thread's pairs (t, n) of the fragment layout, dK_mid and dQ_mid read from Fb and Fc and
+  // d_b/c_pre_rope written over them. A rolled loop over the column tiles j (two rows per
+  // step) keeps the kernel's code small: fully unrolled, its no-instruction stalls were 14× the
+  // plain kernel's.
+#pragma unroll 1
+  for (int j = 0; j < F::FN; ++j) {
+    const unsigned nu = static_cast<unsigned>((F::wn() * F::FN + j) * 8) + 2 * c4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int t = tb + 8 * hh;
+      const unsigned tu = static_cast<unsigned>(t);
+      if (t >= L || nu >= ds) continue;  // ds is even: n + 1 < ds too
+      const unsigned pp = nu / 2;
+      const bool rot = pp < na;
+      float x1[2], x2[2], ab[2], ac[2], dkout[2] = {0.0f, 0.0f};
+      load_n<2>(bn + (tu * ngds + nu), x1);
+      load_n<2>(cn + (tu * ngds + nu), x2);
+      load_n<2>(ab_h + nu, ab);
+      load_n<2>(ac_h + nu, ac);
+      if (last[hh]) load_n<2>(dko + nu, dkout);
+      float* const th = Th + tu * TL + pp;
+      float2* const fb = reinterpret_cast<float2*>(Fb + tu * LDF + nu);
+      float2* const fc = reinterpret_cast<float2*>(Fc + tu * LDF + nu);
+      float2 db, dc;
+      const float dang = tail_pair<T, true>(
+          sc[hh], e[hh], rot, rot ? *th : 0.0f, *fb, *fc, make_float2(x1[0], x1[1]),
+          make_float2(x2[0], x2[1]), make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f),
+          make_float2(ab[0], ab[1]), make_float2(ac[0], ac[1]), make_float2(dkout[0], dkout[1]),
+          dsc[hh], qk[hh], db, dc);
+      if (rot) *th = dang;
+      *fb = db;
+      *fc = dc;
+      if (a.d_b_pre_rope) {  // a capture's copy
+        const unsigned o = (tu * nh + hu) * ds + nu;
+        *reinterpret_cast<float2*>(a.d_b_pre_rope + o) = db;
+        *reinterpret_cast<float2*>(a.d_c_pre_rope + o) = dc;
+      }
     }
-    pair_load<true, false>(Fk, t * LDF, lane, ds, in.dk);  // the lane's pairs of row t
-    pair_load<true, false>(Fq, t * LDF, lane, ds, in.g2);
-    pair_load<true, false>(a.b_normed, t * ct.ng * ds + gn0, lane, ds, in.x1);
-    pair_load<true, false>(a.c_normed, t * ct.ng * ds + gn0, lane, ds, in.x2);
-  };
-  const unsigned t0 = warp * kRows;
-  TailIn in[2];
-  if (static_cast<int>(t0) < L) load(t0, in[0]);
+  }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const unsigned t = t0 + r;
-    if (static_cast<int>(t) >= L) break;
-    if (r + 1 < kRows && static_cast<int>(t) + 1 < L) load(t + 1, in[(r + 1) % 2]);
-    float db[4], dc[4];
-    const bool last = g.t0(c) + t == g.T - 1;
-    tail_item<T, true, true, false>(tg, a, t, hu, lane, last, in[r % 2], ab, ac, db, dc);
-    pair_store<true, false>(Fk, t * LDF, lane, ds, db);
-    pair_store<true, false>(Fq, t * LDF, lane, ds, dc);
+  for (int hh = 0; hh < 2; ++hh) {
+    const float v = tcf::quad_sum(dsc[hh]), w = tcf::quad_sum(qk[hh]);
+    if (c4 == 0) {
+      rs[F::wn() * kTR + tb + 8 * hh] = v;
+      rq[F::wn() * kTR + tb + 8 * hh] = w;
+    }
   }
   __syncthreads();
+  if (static_cast<int>(tid) < L) {
+    float v = 0.0f, w = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWN; ++k) v += rs[k * kTR + tid], w += rq[k * kTR + tid];
+    a.dScale[tid * nh + hu] = v;
+    a.dGamma[tid * nh + hu] = dqk[tid] * w;
+  }
+  // d_angle_cumsum: a warp per row, each row's na values contiguous in global memory.
+  for (int t = static_cast<int>(warp); t < L; t += kNW)
+    for (unsigned pp = lane; pp < na; pp += 32)
+      a.d_angle_cumsum[(static_cast<unsigned>(t) * nh + hu) * na + pp] = Th[t * TL + pp];
   // The bias partials: (X, n) = (b, n) for threads < ds, (c, n) for ds ≤ thread < 2·ds.
-  if (threadIdx.x < 2 * ds) {
-    const bool is_c = threadIdx.x >= ds;
-    const unsigned n = is_c ? threadIdx.x - ds : threadIdx.x;
-    const float* F = is_c ? Fq : Fk;
+  if (tid < 2 * ds) {
+    const bool is_c = tid >= ds;
+    const unsigned n = is_c ? tid - ds : tid;
+    const float* Fx = is_c ? Fc : Fb;
     float sum = 0.0f;
 #pragma unroll 8
-    for (int t = 0; t < L; ++t) sum += F[t * LDF + n];
+    for (int t = 0; t < L; ++t) sum += Fx[t * LDF + n];
     (is_c ? ct.part_c : ct.part_b)[((b * g.nc + c) * g.nh + h) * g.ds + n] = sum;
   }
   // The head sums over the cluster (its blocks' rows visible after the cluster barrier; none
@@ -195,9 +244,9 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
   const unsigned q = cl.block_rank();
   const Idx plane = h / ct.cz * g.B * g.T + row0;
   if (ds % 4 == 0) {  // four values n … n + 3 per item: one 16-byte load per block
-    cluster_rows_sum<4>(cl, ct, Fk, Fq, LDF, q, plane, ds, L);
+    cluster_rows_sum<4>(cl, ct, Fb, Fc, LDF, q, plane, ds, L);
   } else {
-    cluster_rows_sum<1>(cl, ct, Fk, Fq, LDF, q, plane, ds, L);
+    cluster_rows_sum<1>(cl, ct, Fb, Fc, LDF, q, plane, ds, L);
   }
   cl.sync();
 }
@@ -471,30 +520,30 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
 
   // ---- (6) kTail: step 2 and B4b's head sums, from dq and dK in registers
   if constexpr (kTail) {
-    float* Fk = reinterpret_cast<float*>(smem_raw);
-    float* Fq = Fk + kTR * tail_ld(DP);
-    float* Th = Fq + kTR * tail_ld(DP);  // θ [kTR][na], then scale, γ [kTR]
+    constexpr int TL = theta_ld(DP);
+    float* Fb = reinterpret_cast<float*>(smem_raw);
+    float* Fc = Fb + kTR * tail_ld(DP);
+    float* Th = Fc + kTR * tail_ld(DP);  // θ [kTR][TL], then scale, γ [kTR]
     {
-      const unsigned na = ct.na, n_th = static_cast<unsigned>(L) * na;
+      const unsigned na = ct.na;
       const float* th = ct.a.theta + (row0 * nh + h) * na;
-      for (unsigned i = tid; i < n_th; i += kNT) {
-        const unsigned t = i / na, pp = i - t * na;
-        cp_async4(Th + i, th + Idx(t) * nh * na + pp);
-      }
+      for (int t = tid >> 5; t < L; t += kNW)
+        for (unsigned pp = lane; pp < na; pp += 32)
+          cp_async4(Th + t * TL + pp, th + Idx(t) * nh * na + pp);
       if (tid < L) {
-        cp_async4(Th + kTR * (DP / 2) + tid, ct.a.scale_saved + (row0 + tid) * nh + h);
-        cp_async4(Th + kTR * (DP / 2) + kTR + tid, ct.a.gamma_saved + (row0 + tid) * nh + h);
+        cp_async4(Th + kTR * TL + tid, ct.a.scale_saved + (row0 + tid) * nh + h);
+        cp_async4(Th + kTR * TL + kTR + tid, ct.a.gamma_saved + (row0 + tid) * nh + h);
       }
     }
-    dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
-      *reinterpret_cast<float2*>(Fq + t * tail_ld(DP) + n) = make_float2(v0, v1);
-    });
     dK.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
-      *reinterpret_cast<float2*>(Fk + t * tail_ld(DP) + n) = make_float2(v0, v1);
+      *reinterpret_cast<float2*>(Fb + t * tail_ld(DP) + n) = make_float2(v0, v1);
+    });
+    dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
+      *reinterpret_cast<float2*>(Fc + t * tail_ld(DP) + n) = make_float2(v0, v1);
     });
     tcf::cp_async_wait();
     __syncthreads();
-    fused_tail<T, DP>(g, ct, Fk, Fq, dqk, Th, row0, b, c, h, L);
+    fused_tail<T, DP, decltype(dK)>(g, ct, Fb, Fc, dqk, Th, rrow, wrow, row0, b, c, h, L);
   }
 }
 
