@@ -7,7 +7,10 @@
 #   profile      m3h bench --profile on the official shape (stage times; they include the
 #                events' gaps, see PERF.md)
 #   ncu          Nsight Compute on one official bf16 chunked forward+backward: every kernel's
-#                time and DRAM bytes (ncu-all.csv), then speed-of-light, occupancy, warp-state
+#                time, DRAM bytes, warp instructions and SM clock (ncu-all.csv) and their
+#                per-kernel roofline against the copy ceiling the profile measured and one issue
+#                per cycle and scheduler (scripts/ncu-roofline.sh: ncu-roofline.txt), then
+#                speed-of-light, occupancy, warp-state
 #                and instruction statistics of the chunked scan's kernels and the angle scans
 #                (ncu-scan.txt); the same forward+backward in f16 (ncu-all-f16.csv) and the
 #                per-kernel f16 − bf16 table of scripts/ncu-compare.sh (ncu-f16-vs-bf16.txt)
@@ -28,8 +31,16 @@ grep -E "^official|^marginal" "$LOGS/marginal.txt"
 "${run_bench[@]}" --profile >"$LOGS/profile.txt" 2>&1
 grep -E "^official|total" "$LOGS/profile.txt"
 if command -v ncu >/dev/null; then
-  ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+  metrics=gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum
+  metrics+=,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count
+  ncu --clock-control none --print-units base --metrics "$metrics" --csv \
     "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-all.csv" 2>&1 || true
+  copy="$({ grep -o 'copy [0-9]* GB/s' "$LOGS/profile.txt" || true; } | head -n 1 |
+    awk '{print $2}')"
+  bash scripts/ncu-roofline.sh "$LOGS/ncu-all.csv" ${copy:+--copy "$copy"} \
+    >"$LOGS/ncu-roofline.txt" 2>&1 || true
+  head -n 16 "$LOGS/ncu-roofline.txt"
+  tail -n 3 "$LOGS/ncu-roofline.txt"
   ncu --clock-control none \
     -k regex:'chunk_bwd_tc|chunk_scan_tc|chunk_state_tc|state_pass|qk_rope_bwd|prep_kernel|angle_' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats \

@@ -8,7 +8,7 @@
 # are compared without their parameter lists, with the 16-bit storage types (__nv_bfloat16,
 # __half) written T, so that a kernel's bf16 and f16 instantiations share a row; cuBLAS's
 # kernels (nvjet, cutlass, gemm, cublasLt) are one row, "GEMMs (cuBLAS)", since the library
-# picks other kernels per type. POSIX awk (mawk) only.
+# picks other kernels per type (scripts/ncu-csv.awk reads the CSV). POSIX awk (mawk) only.
 # A missing or unreadable file, one without gpu__time_duration.sum rows, or a time unit other
 # than ns, us or ms: a one-line error, exit 2.
 set -euo pipefail
@@ -21,57 +21,21 @@ die() {
 for f in "$1" "$2"; do
   [[ -f "$f" && -r "$f" ]] || die "cannot read $f"
 done
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 label_a="${3:-A}"
 label_b="${4:-B}"
 
 # kernels FILE: "name<TAB>µs" per launch, from the rows whose metric is gpu__time_duration.sum.
 kernels() {
-  awk '
-    # Splits a CSV line into f[1..n] (quoted fields may hold commas; "" is a quote).
-    function split_csv(line, f,    n, i, c, q, cur) {
-      n = 0; cur = ""; q = 0
-      for (i = 1; i <= length(line); i++) {
-        c = substr(line, i, 1)
-        if (q) {
-          if (c == "\"") {
-            if (substr(line, i + 1, 1) == "\"") { cur = cur "\""; i++ } else q = 0
-          } else cur = cur c
-        } else if (c == "\"") q = 1
-        else if (c == ",") { f[++n] = cur; cur = "" }
-        else cur = cur c
-      }
-      f[++n] = cur
-      return n
-    }
-    function norm(k) {
-      sub(/\(.*$/, "", k)                     # the parameter list
-      sub(/^void /, "", k)
-      gsub(/<unnamed>::|\(anonymous namespace\)::/, "", k)
-      sub(/^m3::(gpu::)?/, "", k)
-      gsub(/__nv_bfloat16|__half/, "T", k)
-      if (k ~ /^(nvjet|cutlass|sm[0-9]+_xmma|.*gemm|.*cublasLt)/) k = "GEMMs (cuBLAS)"
-      return k
-    }
+  awk "$(cat "$here/ncu-csv.awk")"'
     /^"/ {
       n = split_csv($0, f)
-      if (!hdr) {
-        for (i = 1; i <= n; i++) {
-          if (f[i] == "Kernel Name") kc = i
-          if (f[i] == "Metric Name") mc = i
-          if (f[i] == "Metric Unit") uc = i
-          if (f[i] == "Metric Value") vc = i
-        }
-        hdr = 1
-        next
-      }
+      if (!hdr) { csv_header(f, n); hdr = 1; next }
       if (!kc || !mc || !vc || f[mc] != "gpu__time_duration.sum") next
-      v = f[vc]; gsub(/,/, "", v)
       u = uc ? f[uc] : ""
-      if (u == "ns" || u == "nsecond") s = 0.001
-      else if (u == "us" || u == "usecond") s = 1
-      else if (u == "ms" || u == "msecond") s = 1000
-      else { bad = u == "" ? "(none)" : u; exit }
-      printf "%s\t%.3f\n", norm(f[kc]), v * s
+      s = unit_scale(u, "time")
+      if (s < 0) { bad = u == "" ? "(none)" : u; exit }
+      printf "%s\t%.3f\n", kernel_key(f[kc]), csv_value(f[vc]) * s
       rows++
     }
     END {

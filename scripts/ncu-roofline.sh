@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables, issue 18's closing
+# notes): ncu-roofline.sh CSV [--copy GBPS]
+#   CSV      `ncu --print-units base --csv --metrics gpu__time_duration.sum,dram__bytes.sum,
+#            smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,
+#            device__attribute_multiprocessor_count ...` output (scripts/gpu-profile.sh takes it;
+#            ncu's own lines and the program's output before the CSV are skipped)
+#   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
+#            --ceilings`; default 4262, the H200's measured figure in PERF.md)
+# One row per kernel (its launches summed; named as scripts/ncu-compare.sh names them): launches,
+# µs, DRAM GB, warp instructions, and two floors, each per launch and summed:
+#   bytes   DRAM bytes / copy ceiling
+#   issue   warp instructions / (SMs × 4 schedulers × one instruction per cycle × the launch's
+#           SM clock)
+# floor = the larger, bound = which one, at = floor / µs. cuBLAS's GEMMs (one row) run on the
+# tensor cores, where an instruction is many FLOPs, so their issue floor means nothing: their
+# row gives time and bytes, and m3h bench --profile's TFLOP/s says how near their FLOP ceiling
+# they run. Rows by time, largest first; then the totals of every other kernel (time, floors) and
+# the GEMMs' time. POSIX awk (mawk) only; scripts/ncu-csv.awk reads the CSV.
+# A missing or unreadable file, no gpu__time_duration.sum rows, a launch without one of the five
+# metrics, an unknown unit or a bad --copy: a one-line error, exit 2.
+set -euo pipefail
+
+die() {
+  echo "ncu-roofline.sh: $*" >&2
+  exit 2
+}
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+csv=""
+copy=4262
+while (($#)); do
+  case "$1" in
+    --copy)
+      (($# >= 2)) || die "--copy needs a value in GB/s"
+      copy="$2"
+      shift 2
+      ;;
+    -*) die "unknown option $1 (usage: ncu-roofline.sh CSV [--copy GBPS])" ;;
+    *)
+      [[ -z "$csv" ]] || die "one CSV file only (got $csv and $1)"
+      csv="$1"
+      shift
+      ;;
+  esac
+done
+[[ -n "$csv" ]] || die "usage: ncu-roofline.sh CSV [--copy GBPS]"
+[[ "$copy" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$copy" 'BEGIN { exit !(c > 0) }' ||
+  die "--copy must be a positive number of GB/s, not '$copy'"
+[[ -f "$csv" && -r "$csv" ]] || die "cannot read $csv"
+
+awk -v copy="$copy" "$(cat "$here/ncu-csv.awk")"'
+  function fail(msg) { err = msg; exit 2 }
+  /^"/ {
+    n = split_csv($0, f)
+    if (!hdr) { csv_header(f, n); hdr = 1; next }
+    if (!kc || !mc || !vc || !ic) fail("no ID, Kernel Name, Metric Name or Metric Value column")
+    m = f[mc]; u = uc ? f[uc] : ""; id = f[ic]
+    if (m == "gpu__time_duration.sum") { kind = "time"; slot = "t" }
+    else if (m == "dram__bytes.sum") { kind = "count"; slot = "b" }
+    else if (m == "smsp__inst_executed.sum") { kind = "count"; slot = "i" }
+    else if (m == "sm__cycles_elapsed.avg.per_second") { kind = "rate"; slot = "c" }
+    else if (m == "device__attribute_multiprocessor_count") { kind = "count"; slot = "s" }
+    else next
+    s = unit_scale(u, kind)
+    if (s < 0) fail("unknown unit \"" u "\" of " m)
+    if (!(id in key)) { key[id] = kernel_key(f[kc]); ids[++nid] = id }
+    val[id, slot] = csv_value(f[vc]) * s
+    has[id, slot] = 1
+    if (slot == "t") rows++
+  }
+  END {
+    if (!rows && err == "") err = "no gpu__time_duration.sum rows (ncu --csv output expected)"
+    if (err != "") { print "ncu-roofline.sh: " err > "/dev/stderr"; exit 2 }
+    split("t b i c s", slots, " ")
+    split("gpu__time_duration.sum dram__bytes.sum smsp__inst_executed.sum " \
+          "sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count", names, " ")
+    for (j = 1; j <= nid; j++) {
+      id = ids[j]; k = key[id]
+      for (q = 1; q <= 5; q++)
+        if (!has[id, slots[q]]) {
+          print "ncu-roofline.sh: launch " id " (" k ") has no " names[q] \
+                " (profile with the metrics of the header)" > "/dev/stderr"
+          exit 2
+        }
+      if (val[id, "c"] <= 0 || val[id, "s"] <= 0) {
+        print "ncu-roofline.sh: launch " id " (" k ") has no SM clock or SM count" > "/dev/stderr"
+        exit 2
+      }
+      if (!(k in cnt)) order[++nk] = k
+      cnt[k]++
+      T[k] += val[id, "t"]; B[k] += val[id, "b"]; I[k] += val[id, "i"]
+      FB[k] += val[id, "b"] / (copy * 1e9) * 1e6
+      FI[k] += val[id, "i"] / (val[id, "s"] * 4 * val[id, "c"]) * 1e6
+    }
+    for (a = 2; a <= nk; a++) {               # insertion sort by time, largest first
+      kn = order[a]; b = a
+      while (b > 1 && T[order[b - 1]] < T[kn]) { order[b] = order[b - 1]; b-- }
+      order[b] = kn
+    }
+    printf "%5s %10s %8s %8s %9s %9s %9s %-6s %6s  %s\n", "n", "us", "GB", "Ginst",
+           "bytes_us", "issue_us", "floor_us", "bound", "at", "kernel"
+    for (a = 1; a <= nk; a++) {
+      k = order[a]
+      if (k == "GEMMs (cuBLAS)") {
+        printf "%5d %10.1f %8.3f %8s %9.1f %9s %9s %-6s %6s  %s\n", cnt[k], T[k], B[k] / 1e9,
+               "-", FB[k], "-", "-", "tensor", "-", k
+        gt += T[k]; gn += cnt[k]
+        continue
+      }
+      fl = FB[k] > FI[k] ? FB[k] : FI[k]
+      printf "%5d %10.1f %8.3f %8.3f %9.1f %9.1f %9.1f %-6s %5.0f%%  %s\n", cnt[k], T[k],
+             B[k] / 1e9, I[k] / 1e9, FB[k], FI[k], fl, (FB[k] >= FI[k] ? "bytes" : "issue"),
+             (T[k] > 0 ? 100 * fl / T[k] : 0), k
+      ot += T[k]; on += cnt[k]; ob += FB[k]; oi += FI[k]; of += fl; oB += B[k]; oI += I[k]
+    }
+    printf "kernels but the GEMMs: %d launch%s, %.1f us, %.3f GB, %.3f Ginst; floor %.1f us " \
+           "(bytes %.1f, issue %.1f, the larger per kernel), at %.0f%%\n", on,
+           (on == 1 ? "" : "es"), ot, oB / 1e9, oI / 1e9, of, ob, oi, (ot > 0 ? 100 * of / ot : 0)
+    printf "GEMMs (cuBLAS): %d launch%s, %.1f us (their FLOP rate: m3h bench --profile)\n", gn,
+           (gn == 1 ? "" : "es"), gt
+    printf "all kernels: %.1f us; copy ceiling %s GB/s\n", ot + gt, copy
+  }
+' "$csv" || exit 2

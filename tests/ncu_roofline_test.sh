@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# scripts/ncu-roofline.sh on small ncu --csv files written here: the floors by bytes and by
+# issue (two launches of one kernel at different clocks, the bf16 and f16 instantiations in one
+# row), prefixed units, the GEMMs' row and the totals, the order by time; and the refusals
+# (missing file, no metric rows, a launch without a metric, an unknown unit, a bad --copy).
+# Usage: ncu_roofline_test.sh SCRIPT
+set -euo pipefail
+script="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+hdr='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+hdr+='"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+hdr+='"Metric Value"'
+row() {  # row ID KERNEL METRIC UNIT VALUE
+  printf '"%s","1","m3h","h","%s","1","13","(256, 1, 1)","(8, 1, 1)","0","9.0",' "$1" "$2"
+  printf '"Command line profiler metrics","%s","%s","%s"\n' "$3" "$4" "$5"
+}
+launch() {  # launch ID KERNEL NS BYTES INST HZ
+  row "$1" "$2" gpu__time_duration.sum nsecond "$3"
+  row "$1" "$2" dram__bytes.sum byte "$4"
+  row "$1" "$2" smsp__inst_executed.sum inst "$5"
+  row "$1" "$2" sm__cycles_elapsed.avg.per_second cycle/second "$6"
+  row "$1" "$2" device__attribute_multiprocessor_count "" 100
+}
+ns='void m3::gpu::<unnamed>::'
+{
+  echo "==PROF== Connected to process 1 (m3h)"
+  echo "$hdr"
+  # 100 SMs × 4 schedulers: 400 instructions per cycle. A memory-bound kernel: 2,000,000 bytes
+  # at 1000 GB/s = 2 µs; 400,000 instructions at 1 GHz = 1 µs.
+  launch 0 "${ns}copy_kernel<__nv_bfloat16>(long)" '4,000' '2,000,000' '400,000' '1,000,000,000'
+  # An issue-bound kernel, two launches: 800,000 instructions at 1 GHz = 2 µs, then at 2 GHz
+  # = 1 µs; 1,000,000 bytes = 1 µs each.
+  launch 1 "${ns}walk_kernel<__half, 4>(int)" '5,000' '1,000,000' '800,000' '1,000,000,000'
+  launch 2 "${ns}walk_kernel<__nv_bfloat16, 4>(int)" '3,000' '1,000,000' '800,000' '2,000,000,000'
+  launch 3 'nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT' '9,000' '3,000,000' '5' '1,000,000,000'
+} >"$work/run.csv"
+out="$(bash "$script" "$work/run.csv" --copy 1000)"
+fail() {
+  echo "FAIL: $1"
+  echo "$out"
+  exit 1
+}
+line() { grep -F -- "  $1" <<<"$out" || fail "no row for $1"; }  # a row ends in its name
+[[ "$(line 'walk_kernel<T, 4>' | awk '{print $1, $2, $3, $4, $5, $6, $7, $8, $9}')" == \
+   "2 8.0 0.002 0.002 2.0 3.0 3.0 issue 38%" ]] || fail "issue-bound row"
+[[ "$(line 'copy_kernel<T>' | awk '{print $1, $2, $5, $6, $7, $8, $9}')" == \
+   "1 4.0 2.0 1.0 2.0 bytes 50%" ]] || fail "byte-bound row"
+[[ "$(line 'GEMMs (cuBLAS)' | awk '{print $1, $2, $3, $4, $5, $8}')" == \
+   "1 9.0 0.003 - 3.0 tensor" ]] || fail "GEMM row"
+[[ "$(sed -n 2p <<<"$out")" == *"GEMMs (cuBLAS)" &&
+   "$(sed -n 3p <<<"$out")" == *walk_kernel* ]] || fail "rows by time, largest first"
+others="$(grep '^kernels but' <<<"$out")"
+[[ "$others" == "kernels but the GEMMs: 3 launches, 12.0 us, 0.004 GB, 0.002 Ginst;"* ]] ||
+  fail "totals of the other kernels"
+[[ "$others" == *"floor 5.0 us (bytes 4.0, issue 4.0, the larger per kernel), at 42%" ]] ||
+  fail "floor totals"
+[[ "$(grep '^GEMMs' <<<"$out")" == "GEMMs (cuBLAS): 1 launch, 9.0 us"* ]] || fail "GEMM total"
+[[ "$(tail -n 1 <<<"$out")" == "all kernels: 21.0 us; copy ceiling 1000 GB/s" ]] ||
+  fail "all kernels"
+# Prefixed units give the same figures.
+sed -e 's/"dram__bytes.sum","byte","2,000,000"/"dram__bytes.sum","Mbyte","2"/' \
+  -e 's/"gpu__time_duration.sum","nsecond","4,000"/"gpu__time_duration.sum","usecond","4"/' \
+  -e 's/"cycle\/second","1,000,000,000"/"cycle\/nsecond","1"/' "$work/run.csv" >"$work/units.csv"
+[[ "$(bash "$script" "$work/units.csv" --copy 1000)" == "$out" ]] || fail "prefixed units"
+expect_refusal() {  # expect_refusal WHAT ARGS...
+  local what="$1" msg
+  shift
+  if msg="$(bash "$script" "$@" 2>&1)"; then
+    echo "FAIL: $what was accepted"
+    exit 1
+  fi
+  [[ "$(grep -c . <<<"$msg")" == 1 && "$msg" == ncu-roofline.sh:* ]] ||
+    { echo "FAIL: $what: not one ncu-roofline.sh line: $msg"; exit 1; }
+}
+expect_refusal "a missing file" "$work/missing.csv"
+echo "no csv here" >"$work/plain.txt"
+expect_refusal "a file without metric rows" "$work/plain.txt"
+grep -v '"2",.*smsp__inst_executed' "$work/run.csv" >"$work/lacking.csv"
+expect_refusal "a launch without its instructions" "$work/lacking.csv"
+sed 's/"byte"/"fortnight"/' "$work/run.csv" >"$work/unit.csv"
+expect_refusal "an unknown unit" "$work/unit.csv"
+expect_refusal "a bad --copy" "$work/run.csv" --copy fast
+expect_refusal "--copy 0" "$work/run.csv" --copy 0
+expect_refusal "two files" "$work/run.csv" "$work/run.csv"
+echo "ncu-roofline: floors, rows, units, totals and refusals checked"
