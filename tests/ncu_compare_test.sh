@@ -6,15 +6,10 @@
 # Usage: ncu_compare_test.sh SCRIPT
 set -euo pipefail
 script="$1"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-hdr='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
-hdr+='"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
-hdr+='"Metric Value"'
-row() {  # row KERNEL NS
-  printf '"0","1","m3h","h","%s","1","13","(256, 1, 1)","(8, 1, 1)","0","9.0",' "$1"
-  printf '"Command line profiler metrics","gpu__time_duration.sum","ns","%s"\n' "$2"
-}
+# shellcheck source=ncu_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ncu_test_lib.sh"
+hdr="$(ncu_header)"
+row() { ncu_row 0 "$1" gpu__time_duration.sum ns "$2"; }  # row KERNEL NS
 ns='void m3::gpu::<unnamed>::'
 prep_args='(m3::gpu::PrepGeom, m3::gpu::PrepArgs<T1>)'
 {
@@ -52,20 +47,10 @@ line() { grep -F -- "$1" <<<"$out" || fail "no row for $1"; }
 [[ "$(tail -n 1 <<<"$out")" == "total: bf16 5.8 us, f16 6.6 us, f16 - bf16 +0.9 us (+15.1 %)" ]] ||
   fail "totals"
 [[ "$(grep -c . <<<"$out")" == 6 ]] || fail "four kernel rows, a header and the totals"
-expect_refusal() {  # expect_refusal WHAT ARGS...
-  local what="$1" msg
-  shift
-  if msg="$(bash "$script" "$@" 2>&1)"; then
-    echo "FAIL: $what was accepted"
-    exit 1
-  fi
-  [[ "$(grep -c . <<<"$msg")" == 1 && "$msg" == ncu-compare.sh:* ]] ||
-    { echo "FAIL: $what: not one ncu-compare.sh line: $msg"; exit 1; }
-}
-expect_refusal "a missing file" "$work/a.csv" "$work/missing.csv"
+expect_refusal "$script" "a missing file" "$work/a.csv" "$work/missing.csv"
 echo "no csv here" >"$work/plain.txt"
-expect_refusal "a file without metric rows" "$work/plain.txt" "$work/b.csv"
+expect_refusal "$script" "a file without metric rows" "$work/plain.txt" "$work/b.csv"
 sed 's/"ns"/"fortnight"/' "$work/b.csv" >"$work/unit.csv"
-expect_refusal "an unknown time unit" "$work/a.csv" "$work/unit.csv"
-expect_refusal "three arguments" "$work/a.csv" "$work/b.csv" bf16
+expect_refusal "$script" "an unknown time unit" "$work/a.csv" "$work/unit.csv"
+expect_refusal "$script" "three arguments" "$work/a.csv" "$work/b.csv" bf16
 echo "ncu-compare: rows, merging, order, totals and refusals checked"

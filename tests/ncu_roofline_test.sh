@@ -6,21 +6,15 @@
 # Usage: ncu_roofline_test.sh SCRIPT
 set -euo pipefail
 script="$1"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-hdr='"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
-hdr+='"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
-hdr+='"Metric Value"'
-row() {  # row ID KERNEL METRIC UNIT VALUE
-  printf '"%s","1","m3h","h","%s","1","13","(256, 1, 1)","(8, 1, 1)","0","9.0",' "$1" "$2"
-  printf '"Command line profiler metrics","%s","%s","%s"\n' "$3" "$4" "$5"
-}
+# shellcheck source=ncu_test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ncu_test_lib.sh"
+hdr="$(ncu_header)"
 launch() {  # launch ID KERNEL NS BYTES INST HZ
-  row "$1" "$2" gpu__time_duration.sum nsecond "$3"
-  row "$1" "$2" dram__bytes.sum byte "$4"
-  row "$1" "$2" smsp__inst_executed.sum inst "$5"
-  row "$1" "$2" sm__cycles_elapsed.avg.per_second cycle/second "$6"
-  row "$1" "$2" device__attribute_multiprocessor_count "" 100
+  ncu_row "$1" "$2" gpu__time_duration.sum nsecond "$3"
+  ncu_row "$1" "$2" dram__bytes.sum byte "$4"
+  ncu_row "$1" "$2" smsp__inst_executed.sum inst "$5"
+  ncu_row "$1" "$2" sm__cycles_elapsed.avg.per_second cycle/second "$6"
+  ncu_row "$1" "$2" device__attribute_multiprocessor_count "" 100
 }
 ns='void m3::gpu::<unnamed>::'
 {
@@ -63,24 +57,14 @@ sed -e 's/"dram__bytes.sum","byte","2,000,000"/"dram__bytes.sum","Mbyte","2"/' \
   -e 's/"gpu__time_duration.sum","nsecond","4,000"/"gpu__time_duration.sum","usecond","4"/' \
   -e 's/"cycle\/second","1,000,000,000"/"cycle\/nsecond","1"/' "$work/run.csv" >"$work/units.csv"
 [[ "$(bash "$script" "$work/units.csv" --copy 1000)" == "$out" ]] || fail "prefixed units"
-expect_refusal() {  # expect_refusal WHAT ARGS...
-  local what="$1" msg
-  shift
-  if msg="$(bash "$script" "$@" 2>&1)"; then
-    echo "FAIL: $what was accepted"
-    exit 1
-  fi
-  [[ "$(grep -c . <<<"$msg")" == 1 && "$msg" == ncu-roofline.sh:* ]] ||
-    { echo "FAIL: $what: not one ncu-roofline.sh line: $msg"; exit 1; }
-}
-expect_refusal "a missing file" "$work/missing.csv"
+expect_refusal "$script" "a missing file" "$work/missing.csv"
 echo "no csv here" >"$work/plain.txt"
-expect_refusal "a file without metric rows" "$work/plain.txt"
+expect_refusal "$script" "a file without metric rows" "$work/plain.txt"
 grep -v '"2",.*smsp__inst_executed' "$work/run.csv" >"$work/lacking.csv"
-expect_refusal "a launch without its instructions" "$work/lacking.csv"
+expect_refusal "$script" "a launch without its instructions" "$work/lacking.csv"
 sed 's/"byte"/"fortnight"/' "$work/run.csv" >"$work/unit.csv"
-expect_refusal "an unknown unit" "$work/unit.csv"
-expect_refusal "a bad --copy" "$work/run.csv" --copy fast
-expect_refusal "--copy 0" "$work/run.csv" --copy 0
-expect_refusal "two files" "$work/run.csv" "$work/run.csv"
+expect_refusal "$script" "an unknown unit" "$work/unit.csv"
+expect_refusal "$script" "a bad --copy" "$work/run.csv" --copy fast
+expect_refusal "$script" "--copy 0" "$work/run.csv" --copy 0
+expect_refusal "$script" "two files" "$work/run.csv" "$work/run.csv"
 echo "ncu-roofline: floors, rows, units, totals and refusals checked"
