@@ -33,6 +33,13 @@ inline unsigned int blocks_for(Idx n, int threads) {
   return static_cast<unsigned int>((n + threads - 1) / threads);
 }
 
+// ptr + off, null staying null (an optional tensor): a [BT, ...] tensor from a given row on, so
+// that the row kernels work in 32-bit offsets (their launchers' slabs; the fused tail's chunks).
+template <class P>
+__host__ __device__ __forceinline__ P* shifted(P* ptr, Idx off) {
+  return ptr ? ptr + off : ptr;
+}
+
 // Every DeviceArray's bytes, live and the peak since the last reset (device.hpp
 // device_bytes_live / device_bytes_peak): what bench and the memory tests report.
 void count_device_bytes(std::ptrdiff_t delta);

@@ -214,33 +214,29 @@ __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>&
 
 // a's [BT, ...] tensors from row r0 on (null stays null), for 32-bit offsets inside a kernel:
 // the standalone tail's slabs (host) and the fused tail's chunk rows (device).
-template <class P>
-__host__ __device__ __forceinline__ P* rows_from(P* ptr, Idx off) {
-  return ptr ? ptr + off : ptr;
-}
 template <class T>
 __host__ __device__ __forceinline__ TailArgs<T> tail_args_at(TailArgs<T> a, Idx r0, Idx nh,
                                                              Idx ds, Idx na, Idx ng) {
   const Idx rd = r0 * nh * ds, rs = r0 * nh, ra = r0 * nh * na, rg = r0 * ng * ds;
-  a.scale_saved = rows_from(a.scale_saved, rs);
-  a.dQK_dot = rows_from(a.dQK_dot, rs);
-  a.gamma_saved = rows_from(a.gamma_saved, rs);
-  a.theta = rows_from(a.theta, ra);
-  a.dK_mid = rows_from(a.dK_mid, rd);
-  a.dQ_mid = rows_from(a.dQ_mid, rd);
-  a.k = rows_from(a.k, rd);
-  a.q = rows_from(a.q, rd);
-  a.b_biased = rows_from(a.b_biased, rd);
-  a.c_biased = rows_from(a.c_biased, rd);
-  a.b_normed = rows_from(a.b_normed, rg);
-  a.c_normed = rows_from(a.c_normed, rg);
-  a.d_angle_cumsum = rows_from(a.d_angle_cumsum, ra);
-  a.d_b_pre_rope = rows_from(a.d_b_pre_rope, rd);
-  a.d_c_pre_rope = rows_from(a.d_c_pre_rope, rd);
-  a.dScale = rows_from(a.dScale, rs);
-  a.dGamma = rows_from(a.dGamma, rs);
-  a.d_b_normed = rows_from(a.d_b_normed, rg);
-  a.d_c_normed = rows_from(a.d_c_normed, rg);
+  a.scale_saved = shifted(a.scale_saved, rs);
+  a.dQK_dot = shifted(a.dQK_dot, rs);
+  a.gamma_saved = shifted(a.gamma_saved, rs);
+  a.theta = shifted(a.theta, ra);
+  a.dK_mid = shifted(a.dK_mid, rd);
+  a.dQ_mid = shifted(a.dQ_mid, rd);
+  a.k = shifted(a.k, rd);
+  a.q = shifted(a.q, rd);
+  a.b_biased = shifted(a.b_biased, rd);
+  a.c_biased = shifted(a.c_biased, rd);
+  a.b_normed = shifted(a.b_normed, rg);
+  a.c_normed = shifted(a.c_normed, rg);
+  a.d_angle_cumsum = shifted(a.d_angle_cumsum, ra);
+  a.d_b_pre_rope = shifted(a.d_b_pre_rope, rd);
+  a.d_c_pre_rope = shifted(a.d_c_pre_rope, rd);
+  a.dScale = shifted(a.dScale, rs);
+  a.dGamma = shifted(a.dGamma, rs);
+  a.d_b_normed = shifted(a.d_b_normed, rg);
+  a.d_c_normed = shifted(a.d_c_normed, rg);
   return a;
 }
 // p's step-2 tensors as TailArgs, from row 0.

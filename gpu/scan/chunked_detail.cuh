@@ -374,12 +374,6 @@ __device__ __forceinline__ void lane_store(X* x, unsigned row, unsigned n0, unsi
 // so that their in-kernel offsets and indices fit 32 bits: rows·nh·ds ≤ 2^31 − 2^16 (na ≤ ds,
 // ng ≤ nh; the margin covers a warp's rows past the end and FastDiv's 32-bit form, n < 2^31); a
 // multiple of `align` (at least one).
-// ptr + off for a slab's shifted pointer (null stays null: an optional tensor).
-template <class P>
-P* shifted(P* ptr, Idx off) {
-  return ptr ? ptr + off : ptr;
-}
-
 inline Idx slab_rows(const Dims& d, Idx align) {
   Idx rows = 0x7fff0000 / (d.nh * d.ds);
   const Idx limit = chunked_detail::slab_limit();
