@@ -429,6 +429,11 @@ class BackboneT final : public GpuBackbone::Impl {
   void set_recompute(Recompute rc) override {
     if (rc == rc_) return;
     rc_ = rc;
+    relayout();
+  }
+  // After a switch that changes layer_life: every layer tensor's lifetime again, and the layout
+  // for them (the workspace's values are gone).
+  void relayout() {
     for (auto& L : layers_)
       for (const auto& spec : stage_registry())
         if (spec.scope == Scope::Layer) L.at(spec.tensor).life = layer_life(spec);
@@ -451,11 +456,7 @@ class BackboneT final : public GpuBackbone::Impl {
     if (on == cluster_tail_) return;
     cluster_tail_ = on;
     scratch_.resize(scratch_need());
-    for (auto& L : layers_)
-      for (const auto& spec : stage_registry())
-        if (spec.scope == Scope::Layer) L.at(spec.tensor).life = layer_life(spec);
-    ws_.clear();
-    lay_out();
+    relayout();
   }
   bool verification_layout() const override { return full_; }
   BackboneMemory memory() const override {
