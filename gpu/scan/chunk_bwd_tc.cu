@@ -175,18 +175,20 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
 #pragma unroll 1
   for (int j = 0; j < F::FN; ++j) {
     const unsigned nu = static_cast<unsigned>((F::wn() * F::FN + j) * 8) + 2 * c4;
+    if (nu >= ds) continue;  // ds is even: n + 1 < ds too
+    const unsigned pp = nu / 2;
+    const bool rot = pp < na;
+    float ab[2], ac[2];  // the head's biases at n, n + 1: one load for both rows
+    load_n<2>(ab_h + nu, ab);
+    load_n<2>(ac_h + nu, ac);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int t = tb + 8 * hh;
       const unsigned tu = static_cast<unsigned>(t);
-      if (t >= L || nu >= ds) continue;  // ds is even: n + 1 < ds too
-      const unsigned pp = nu / 2;
-      const bool rot = pp < na;
-      float x1[2], x2[2], ab[2], ac[2], dkout[2] = {0.0f, 0.0f};
+      if (t >= L) continue;
+      float x1[2], x2[2], dkout[2] = {0.0f, 0.0f};
       load_n<2>(bn + (tu * ngds + nu), x1);
       load_n<2>(cn + (tu * ngds + nu), x2);
-      load_n<2>(ab_h + nu, ab);
-      load_n<2>(ac_h + nu, ac);
       if (last[hh]) load_n<2>(dko + nu, dkout);
       float* const th = Th + tu * TL + pp;
       float2* const fb = reinterpret_cast<float2*>(Fb + tu * LDF + nu);
