@@ -24,24 +24,26 @@ namespace m3::gpu {
 
 namespace {
 
+// Stage 2 of colsum_rows (reduce.cuh): block x owns columns 32x … 32x + 31.
 __global__ void __launch_bounds__(kThreads)
 colsum_finish_kernel(Idx chunks, Idx cols, const float* partial, float* out, bool accumulate) {
-  for (Idx c = blockIdx.x * Idx(kThreads) + threadIdx.x; c < cols;
-       c += Idx(gridDim.x) * kThreads) {
-    // Ascending k, as one serial sum; the loads go out kU at a time (a column is one thread's,
-    // so each load would otherwise wait for the previous one).
-    constexpr int kU = 16;
-    float s = partial[c];
-    for (Idx k0 = 1; k0 < chunks; k0 += kU) {
-      float v[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) v[u] = k0 + u < chunks ? partial[(k0 + u) * cols + c] : 0.0f;
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (k0 + u < chunks) s += v[u];
+  __shared__ float slab[kColsumSlab][33];
+  const Idx c = Idx(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.0f;
+  for (Idx k0 = 0; k0 < chunks; k0 += kColsumSlab) {
+    const int n = static_cast<int>(min(Idx(kColsumSlab), chunks - k0));
+    if (c < cols)
+      for (int k = threadIdx.y; k < n; k += kColsumLanes)
+        slab[k][threadIdx.x] = partial[(k0 + k) * cols + c];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      int k = 0;
+      if (k0 == 0) s = slab[k++][threadIdx.x];  // s = p₀ itself (not 0 + p₀: −0 stays −0)
+      for (; k < n; ++k) s += slab[k][threadIdx.x];
     }
-    out[c] = accumulate ? out[c] + s : s;
+    __syncthreads();  // the slab is free for the next rows
   }
+  if (threadIdx.y == 0 && c < cols) out[c] = accumulate ? out[c] + s : s;
 }
 
 // Values per vector of an elementwise kernel whose narrowest type is A or B.
@@ -111,8 +113,10 @@ Idx scratch_floats(const Dims& d) {
 
 void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, float* out,
                    bool accumulate) {
-  colsum_finish_kernel<<<grid_for(cols, kThreads), kThreads, 0, s>>>(chunks, cols, partial, out,
-                                                                     accumulate);
+  // colsum_rows checked that chunks · tiles fits an int.
+  const auto tiles = static_cast<unsigned int>((cols + 31) / 32);
+  colsum_finish_kernel<<<tiles, dim3(32, kColsumLanes), 0, s>>>(chunks, cols, partial, out,
+                                                                accumulate);
   M3_LAUNCH_CHECK();
 }
 

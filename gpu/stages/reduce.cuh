@@ -8,7 +8,10 @@
 //            has 32 × kColsumLanes threads; lane row ty sums rows chunk·kColsumChunk + ty,
 //            + kColsumLanes, … in ascending order, then thread ty = 0 adds the kColsumLanes
 //            lane sums in ascending ty → partial[chunk, c] (Scratch, [chunks, cols]);
-//   stage 2: one thread per column adds partial[0..chunks) in ascending order, then += / =.
+//   stage 2: one thread per column adds partial[0..chunks) in ascending order (s = p₀, then
+//            s += p₁, …), then out = s or out += s. Block (column tile) of 32 × kColsumLanes
+//            threads: all of them copy a slab of kColsumSlab partial rows to shared memory
+//            (independent, coalesced loads), then lane row 0 adds the slab's rows in order.
 //   With a single chunk (rows ≤ kColsumChunk) stage 1 writes out directly; no scratch.
 //
 // Row kernels ("segments"): a warp is split into 32/L segments of L lanes (L a power of two);
@@ -34,6 +37,7 @@ constexpr int kWarps = kThreads / 32;       // warps per block
 constexpr Idx kMaxBlocks = Idx(1) << 20;    // grid cap; kernels loop grid-stride beyond it
 constexpr int kColsumLanes = kThreads / 32;  // row lanes of a colsum block (32 columns wide)
 constexpr Idx kColsumChunk = 256;           // rows per colsum chunk (stage 1)
+constexpr int kColsumSlab = 128;            // partial rows stage 2 stages in shared memory
 
 // x unchanged, but opaque to the optimiser: an address p + k·x formed from it inside a loop is
 // then formed where it is used instead of being hoisted and held in registers across the loop

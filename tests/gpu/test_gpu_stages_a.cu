@@ -747,6 +747,52 @@ TEST(GpuReduce, ColsumMatchesDoubleSumAcrossChunkBoundaries) {
   }
 }
 
+// colsum's order, as reduce.cuh states it, emulated in float here: stage 1's lane sums (lane
+// row y takes the chunk's rows y, y + 8, …) added in ascending y, stage 2's chunk partials in
+// ascending chunk from p₀ itself. Bit for bit, at one chunk (no stage 2), several, and more
+// than one shared-memory slab of partials (rows > 128 · 256); with −0 inputs, whose sign the
+// order keeps. The determinism digests rest on this order.
+TEST(GpuReduce, ColsumFollowsItsStatedOrderBitForBit) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(11);
+  constexpr Idx kChunk = 256, kLanes = 8;
+  for (Idx rows : {Idx(1), Idx(255), Idx(2049), Idx(33000)}) {
+    for (Idx cols : {Idx(1), Idx(33), Idx(130)}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     (accumulate ? " accumulate" : " overwrite"));
+        Vec in(static_cast<size_t>(rows * cols)), start(static_cast<size_t>(cols));
+        fill(in, rng, -1.0, 1.0);
+        fill(start, rng, -1.0, 1.0);
+        for (size_t i = 0; i < in.size(); i += 7) in[i] = -0.0f;  // every 7th value
+        const Idx chunks = (rows + kChunk - 1) / kChunk;
+        Vec want(start.size());
+        for (Idx c = 0; c < cols; ++c) {
+          float total = 0.0f;
+          for (Idx k = 0; k < chunks; ++k) {
+            float lane[kLanes];
+            for (Idx y = 0; y < kLanes; ++y) {
+              lane[y] = 0.0f;
+              for (Idx r = k * kChunk + y; r < std::min(rows, (k + 1) * kChunk); r += kLanes)
+                lane[y] += in[r * cols + c];
+            }
+            float part = lane[0];
+            for (Idx y = 1; y < kLanes; ++y) part += lane[y];
+            total = k == 0 ? part : total + part;
+          }
+          want[c] = accumulate ? start[c] + total : total;
+        }
+        DeviceArray<float> scratch(chunks * cols);
+        auto din = up(in, s), dout = up(start, s);
+        m3::gpu::colsum(s, rows, cols, din.data(), dout.data(), accumulate,
+                        Scratch{scratch.data(), scratch.size()});
+        expect_bitwise("colsum", down(dout, s), want);
+      }
+    }
+  }
+}
+
 TEST(GpuReduce, AddAndConvertAreExact) {
   M3_SKIP_WITHOUT_GPU();
   Stream s;
