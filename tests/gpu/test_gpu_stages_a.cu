@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -719,53 +720,62 @@ std::string angle_case_name(const ::testing::TestParamInfo<AngleCase>& info) {
 INSTANTIATE_TEST_SUITE_P(Lengths, GpuAngles, ::testing::ValuesIn(kAngleCases), angle_case_name);
 
 // ---- reduce.cu on its own ----------------------------------------------------------------
-TEST(GpuReduce, ColsumMatchesDoubleSumAcrossChunkBoundaries) {
-  M3_SKIP_WITHOUT_GPU();
+// m3::gpu::colsum of random [rows, cols] inputs in [−1, 1) (edit(in) may change them first)
+// into a random start, for every rows × cols, overwriting and accumulating;
+// check(rows, cols, accumulate, in, start, got) judges each result.
+template <class Edit, class Check>
+void run_colsums(std::initializer_list<Idx> rows_set, std::initializer_list<Idx> cols_set,
+                 int seed, Edit edit, Check check) {
   Stream s;
-  Rng rng(3);
-  for (Idx rows : {1, 255, 256, 257, 1000}) {
-    for (Idx cols : {1, 33, 300}) {
+  Rng rng(seed);
+  for (Idx rows : rows_set) {
+    for (Idx cols : cols_set) {
       for (bool accumulate : {false, true}) {
         SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                      (accumulate ? " accumulate" : " overwrite"));
         Vec in(static_cast<size_t>(rows * cols)), start(static_cast<size_t>(cols));
         fill(in, rng, -1.0, 1.0);
         fill(start, rng, -1.0, 1.0);
+        edit(in);
+        DeviceArray<float> scratch(((rows + 255) / 256) * cols);
+        auto din = up(in, s), dout = up(start, s);
+        m3::gpu::colsum(s, rows, cols, din.data(), dout.data(), accumulate,
+                        Scratch{scratch.data(), scratch.size()});
+        check(rows, cols, accumulate, in, start, down(dout, s));
+      }
+    }
+  }
+}
+
+TEST(GpuReduce, ColsumMatchesDoubleSumAcrossChunkBoundaries) {
+  M3_SKIP_WITHOUT_GPU();
+  run_colsums(
+      {1, 255, 256, 257, 1000}, {1, 33, 300}, 3, [](Vec&) {},
+      [](Idx rows, Idx cols, bool accumulate, const Vec& in, const Vec& start, const Vec& got) {
         Vec want(start.size());
         for (Idx c = 0; c < cols; ++c) {
           double sum = 0;
           for (Idx r = 0; r < rows; ++r) sum += in[r * cols + c];
           want[c] = static_cast<float>((accumulate ? start[c] : 0.0) + sum);
         }
-        DeviceArray<float> scratch(((rows + 255) / 256) * cols);
-        auto din = up(in, s), dout = up(start, s);
-        m3::gpu::colsum(s, rows, cols, din.data(), dout.data(), accumulate,
-                        Scratch{scratch.data(), scratch.size()});
-        expect_close("colsum", down(dout, s), want);
-      }
-    }
-  }
+        expect_close("colsum", got, want);
+      });
 }
 
 // colsum's order, as reduce.cuh states it, emulated in float here: stage 1's lane sums (lane
 // row y takes the chunk's rows y, y + 8, …) added in ascending y, stage 2's chunk partials in
 // ascending chunk from p₀ itself. Bit for bit, at one chunk (no stage 2), several, and more
-// than one shared-memory slab of partials (rows > 128 · 256); with −0 inputs, whose sign the
-// order keeps. The determinism digests rest on this order.
+// than one shared-memory slab of partials (rows > 128 · 256); with −0 inputs (every 7th
+// value), whose sign the order keeps. The determinism digests rest on this order.
 TEST(GpuReduce, ColsumFollowsItsStatedOrderBitForBit) {
   M3_SKIP_WITHOUT_GPU();
-  Stream s;
-  Rng rng(11);
   constexpr Idx kChunk = 256, kLanes = 8;
-  for (Idx rows : {Idx(1), Idx(255), Idx(2049), Idx(33000)}) {
-    for (Idx cols : {Idx(1), Idx(33), Idx(130)}) {
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
-                     (accumulate ? " accumulate" : " overwrite"));
-        Vec in(static_cast<size_t>(rows * cols)), start(static_cast<size_t>(cols));
-        fill(in, rng, -1.0, 1.0);
-        fill(start, rng, -1.0, 1.0);
-        for (size_t i = 0; i < in.size(); i += 7) in[i] = -0.0f;  // every 7th value
+  run_colsums(
+      {1, 255, 2049, 33000}, {1, 33, 130}, 11,
+      [](Vec& in) {
+        for (size_t i = 0; i < in.size(); i += 7) in[i] = -0.0f;
+      },
+      [](Idx rows, Idx cols, bool accumulate, const Vec& in, const Vec& start, const Vec& got) {
         const Idx chunks = (rows + kChunk - 1) / kChunk;
         Vec want(start.size());
         for (Idx c = 0; c < cols; ++c) {
@@ -783,14 +793,8 @@ TEST(GpuReduce, ColsumFollowsItsStatedOrderBitForBit) {
           }
           want[c] = accumulate ? start[c] + total : total;
         }
-        DeviceArray<float> scratch(chunks * cols);
-        auto din = up(in, s), dout = up(start, s);
-        m3::gpu::colsum(s, rows, cols, din.data(), dout.data(), accumulate,
-                        Scratch{scratch.data(), scratch.size()});
-        expect_bitwise("colsum", down(dout, s), want);
-      }
-    }
-  }
+        expect_bitwise("colsum", got, want);
+      });
 }
 
 TEST(GpuReduce, AddAndConvertAreExact) {
