@@ -198,8 +198,9 @@ struct NormWeightTerm {
   const T* raw;
   const float* rms;
   BcShape sh;
-  __device__ float operator()(Idx row, Idx n) const {
-    return to_float(dnormed[row * sh.ds + n]) * (to_float(raw[sh.raw(row) + n]) / rms[row]);
+  __device__ float add_to(float acc, Idx row, Idx n) const {
+    const float xhat = to_float(raw[sh.raw(row) + n]) / rms[row];
+    return __fmaf_rn(to_float(dnormed[row * sh.ds + n]), xhat, acc);
   }
 };
 

@@ -181,10 +181,10 @@ struct GateWeightTerm {
   const T *d_gated, *z, *y;
   const float* rstd;
   Idx di, hd, nh, ldz;
-  __device__ float operator()(Idx r, Idx d) const {
+  __device__ float add_to(float acc, Idx r, Idx d) const {
     const Idx i = r * di + d;
-    return to_float(d_gated[i]) * silu(to_float(z[r * ldz + d])) * to_float(y[i]) *
-           rstd[r * nh + d / hd];
+    return __fmaf_rn(to_float(d_gated[i]) * silu(to_float(z[r * ldz + d])) * to_float(y[i]),
+                     rstd[r * nh + d / hd], acc);
   }
 };
 

@@ -235,8 +235,8 @@ struct RmsDwTerm {
   const T* g;
   const float* rms;
   Idx dim;
-  __device__ float operator()(Idx r, Idx i) const {
-    return to_float(g[r * dim + i]) * (u[r * dim + i] / rms[r]);
+  __device__ float add_to(float acc, Idx r, Idx i) const {
+    return __fmaf_rn(to_float(g[r * dim + i]), u[r * dim + i] / rms[r], acc);
   }
 };
 

@@ -4,6 +4,10 @@
 //
 // colsum_rows: out[c] (+)= Σ_{r < rows} f(r, c) for a functor f giving element (r, c) of a
 // virtual [rows, cols] matrix (so a weight gradient's per-row terms are never materialised).
+//   f.add_to(acc, r, c) is acc + f(r, c) with its rounding written out: a term that is a
+//   product a·b adds as one fma(a, b, acc) (__fmaf_rn), never as a rounded product and an add,
+//   so the bits do not depend on whether nvcc contracts the loop's code (it had contracted
+//   every such term; a reshaped loop contracted only some of f16's: PERF.md v26).
 //   stage 1: rows are cut into fixed chunks of kColsumChunk rows; block (chunk, column tile)
 //            has 32 × kColsumLanes threads; lane row ty sums rows chunk·kColsumChunk + ty,
 //            + kColsumLanes, … in ascending order, then thread ty = 0 adds the kColsumLanes
@@ -137,7 +141,7 @@ void with_flags(bool a, bool b, F&& f) {
 struct LoadMatrix {
   const float* m;
   Idx cols;
-  __device__ float operator()(Idx r, Idx c) const { return m[r * cols + c]; }
+  __device__ float add_to(float acc, Idx r, Idx c) const { return acc + m[r * cols + c]; }
 };
 
 template <class F>
@@ -149,7 +153,8 @@ colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* dst, bool a
   const Idx r1 = min(rows, (chunk + 1) * kColsumChunk);
   float acc = 0.0f;
   if (c < cols)
-    for (Idx r = chunk * kColsumChunk + threadIdx.y; r < r1; r += kColsumLanes) acc += f(r, c);
+    for (Idx r = chunk * kColsumChunk + threadIdx.y; r < r1; r += kColsumLanes)
+      acc = f.add_to(acc, r, c);
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
