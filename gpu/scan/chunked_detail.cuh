@@ -69,9 +69,9 @@
 // Shapes supported: headdim ≤ 128, d_state ≤ 128; others throw m3::Error.
 // Scratch (backward only, floats): max(B·nc·nh·hd·ds (dS per chunk), step 2's bias partial
 // sums 2·⌈BT/64⌉·nh·ds + their column-sum scratch) + B·nh (dScale_{−1}) + the cluster tail's
-// region beside them (written while B3 reads dS; only when the cluster tail runs): its head-sum partials
-// 2·(nh/cz)·BT·ds, its bias partials 2·B·nc·nh·ds and their column-sum scratch; each rounded
-// up to 64.
+// region beside them (written while B3 reads dS; only when the cluster tail runs): its
+// head-sum partials 2·(nh/cz)·BT·ds, its bias partials 2·B·nc·nh·ds and their column-sum
+// scratch; each rounded up to 64.
 // The tail fused into B3 (chunk_bwd_tc.cu kTail, chunk_tail.cuh): typed runs with chunks ≤ 64 and
 // an even number of heads per group run step 2 and B4b's head sums in B3's blocks, in clusters
 // of cz heads (cz = 8, 4 or 2, dividing hpg) that add their d_X_pre_rope rows through
