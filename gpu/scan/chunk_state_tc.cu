@@ -25,7 +25,9 @@
 //      the same order as the reference and chunk_state_kernel (rows ≥ L add +0, a no-op: the sum
 //      starts at +0 and is never −0), so da_cumsum_saved matches them bit for bit; it stores
 //      da_cumsum_saved, and w_s (0 for s ≥ L) in shared memory; the other threads zero the
-//      slots [64, cs). Backward: w_s = e^{cum_s}; lane 0 stores da_cs_sum.
+//      slots [64, cs). Backward: w_s = e^{cum_s}; lane 0 stores da_cs_sum. The walk's forward
+//      reads cum like the backward (chunk_cumsum_kernel, launched before it, forms the same
+//      sums), w_s = e^{Λ − cum_s} (Weights::kCumFwd).
 //   3. W = w ⊙ U in place over U's planes: W[s][p] = w_s·U[s][p] in f32 (__fmul_rn: not
 //      contracted with the split), split into hi/lo of the run's type (tc_frag.cuh: bf16 runs
 //      tc::split2; f16 runs tc::split2_f16 scaled by W's power of two, from the block's max of
@@ -95,20 +97,28 @@ struct Planes {
         w(reinterpret_cast<float*>(V + Ly::kVo)), red(w + kTR) {}
 };
 
-// 1a. Warp 0: the row scalars of chunk c — adt (forward) or cum (backward) of rows lane and
-// lane + 32 — in registers; 0 for rows ≥ L.
-template <bool kFwd>
+// How step 2 forms a chunk's weights (and which row scalars step 1a loads):
+//   kSumAdt  forward, the per-chunk kernel: warp 0 sums adt serially (cum, da_cumsum_saved
+//            written), w_s = e^{Λ − cum_s}
+//   kCumFwd  forward, the walk: cum already in da_cumsum_saved (chunk_cumsum_kernel, the same
+//            sums), read like the backward's, w_s = e^{Λ − cum_s}
+//   kCumBwd  backward: cum read from da_cumsum_saved, da_cs_sum written, w_s = e^{cum_s}
+enum class Weights { kSumAdt, kCumFwd, kCumBwd };
+
+// 1a. Warp 0: the row scalars of chunk c — adt (kSumAdt) or cum (from da_cumsum_saved) of rows
+// lane and lane + 32 — in registers; 0 for rows ≥ L.
+template <Weights kW>
 __device__ __forceinline__ void chunk_rows(const ChunkGeom& g, const ChunkStateArgs& a, Idx b,
                                            Idx c, Idx h, float& r0, float& r1) {
   const int lane = threadIdx.x & 31, L = g.len(c);
   r0 = 0.0f;
   r1 = 0.0f;
-  if constexpr (kFwd) {
+  if constexpr (kW == Weights::kSumAdt) {
     const float* adt = a.adt + (b * g.T + g.t0(c)) * g.nh + h;
     if (lane < L) r0 = adt[lane * g.nh];
     if (lane + 32 < L) r1 = adt[(lane + 32) * g.nh];
   } else {
-    const float* cum = a.cum_in + g.cum_base(b, c, h);
+    const float* cum = (kW == Weights::kCumFwd ? a.cum_out : a.cum_in) + g.cum_base(b, c, h);
     if (lane < L) r0 = cum[lane];
     if (lane + 32 < L) r1 = cum[lane + 32];
   }
@@ -135,11 +145,11 @@ __device__ __forceinline__ void issue_tiles(const ChunkGeom& g, const ChunkState
                                 ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
 }
 
-// 2. Warp 0: the cumsum (forward; da_cumsum_saved written) or da_cs_sum (backward), and the
-// weights w_s into pl.w; returns Λ = cum_{L−1} (in warp 0). The other threads zero the forward's
-// slots [kTR, cs).
+// 2. Warp 0: the weights w_s into pl.w (kW above; kSumAdt also writes da_cumsum_saved, kCumBwd
+// da_cs_sum); returns Λ = cum_{L−1} (in warp 0). kSumAdt: the other threads zero the slots
+// [kTR, cs) of da_cumsum_saved.
 // write: this block writes da_cumsum_saved / da_cs_sum (the walk's first half only: one writer).
-template <bool kFwd>
+template <Weights kW>
 __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkStateArgs& a, Idx b,
                                                Idx c, Idx h, float r0, float r1, float* wsm,
                                                bool write = true) {
@@ -148,7 +158,7 @@ __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkSt
   float lam = 0.0f;
   if (tid < 32) {
     float w0, w1;
-    if constexpr (kFwd) {
+    if constexpr (kW == Weights::kSumAdt) {
       float run = 0.0f, c0 = 0.0f, c1 = 0.0f;
 #pragma unroll
       for (int k = 0; k < 32; ++k) {
@@ -169,13 +179,18 @@ __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkSt
       lam = run;
     } else {
       lam = __shfl_sync(0xffffffffu, L - 1 < 32 ? r0 : r1, (L - 1) & 31);
-      if (write && lane == 0) a.da_cs_sum[(b * g.nc + c) * g.nh + h] = lam;
-      w0 = lane < L ? expf(r0) : 0.0f;
-      w1 = lane + 32 < L ? expf(r1) : 0.0f;
+      if constexpr (kW == Weights::kCumFwd) {  // the values kSumAdt forms from the same cum
+        w0 = lane < L ? expf(lam - r0) : 0.0f;
+        w1 = lane + 32 < L ? expf(lam - r1) : 0.0f;
+      } else {
+        if (write && lane == 0) a.da_cs_sum[(b * g.nc + c) * g.nh + h] = lam;
+        w0 = lane < L ? expf(r0) : 0.0f;
+        w1 = lane + 32 < L ? expf(r1) : 0.0f;
+      }
     }
     wsm[lane] = w0;
     wsm[lane + 32] = w1;
-  } else if constexpr (kFwd) {
+  } else if constexpr (kW == Weights::kSumAdt) {
     float* cw = a.cum_out + cb;
     if (write)
       for (Idx k = kTR + (tid - 32); k < g.cs; k += kNT - 32) cw[k] = 0.0f;
@@ -260,9 +275,10 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
   const Planes<Ly> pl(smem);
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   float r0 = 0.0f, r1 = 0.0f;
-  if (threadIdx.x < 32) chunk_rows<kFwd>(g, a, b, c, h, r0, r1);
+  constexpr Weights kW = kFwd ? Weights::kSumAdt : Weights::kCumBwd;
+  if (threadIdx.x < 32) chunk_rows<kW>(g, a, b, c, h, r0, r1);
   issue_tiles<T, Ly>(g, a, b, c, h, pl);  // in flight during the cumsum
-  chunk_weights<kFwd>(g, a, b, c, h, r0, r1, pl.w);
+  chunk_weights<kW>(g, a, b, c, h, r0, r1, pl.w);
   tcf::cp_async_wait();
   __syncthreads();
   const tcf::TileScale sc = weight_planes<T, Ly>(pl);
@@ -278,6 +294,46 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
   });
 }
 
+// ---- the walk's cumsums (K2's da_cumsum_saved, before the forward walk) ----------------------
+// da_cumsum_saved[b, c, h, τ] = Σ_{s ≤ τ} adt[b·T + t0(c) + s][h] for τ < L, 0 for τ ∈ [L, cs):
+// f32, serial from +0 in ascending s — the additions and order of kSumAdt (step 2), of
+// chunk_state_kernel and of the reference, so the bits are theirs. A thread per (b, c, h), the
+// lanes of a warp 32 consecutive heads of one chunk: each of a thread's kTR loads is one
+// 128-byte row across the warp, all in flight before the serial adds; the warp's sums go through
+// shared memory and out as one contiguous run (heads h0 … h0 + 31 of chunk c are consecutive in
+// [B, nc, nh, cs]). kCumWarps chunks per block; grid (⌈nc / kCumWarps⌉, ⌈nh / 32⌉, B).
+// Why a kernel of its own: inside the walk, warp 0's 64-step chain held every chunk's barrier
+// (the forward walk took ≈ 0.7 µs per chunk more than the backward walk, which reads cum).
+constexpr int kCumWarps = 4;
+__global__ void __launch_bounds__(32 * kCumWarps)
+chunk_cumsum_kernel(ChunkGeom g, const float* adt, float* cum) {
+  __shared__ float sums[kCumWarps][32][kTR + 1];  // +1: lane l's row starts in bank l
+  const int lane = threadIdx.x & 31, wq = threadIdx.x >> 5;
+  const Idx c = Idx(blockIdx.x) * kCumWarps + wq, b = blockIdx.z, h0 = Idx(blockIdx.y) * 32;
+  if (c >= g.nc) return;  // the whole warp
+  const int L = g.len(c), cs = static_cast<int>(g.cs);
+  const int heads = static_cast<int>(min(Idx(32), g.nh - h0));
+  float(*my)[kTR + 1] = sums[wq];
+  if (lane < heads) {
+    const float* a = adt + (b * g.T + g.t0(c)) * g.nh + h0 + lane;
+    float v[kTR];
+#pragma unroll
+    for (int s = 0; s < kTR; ++s) v[s] = s < L ? a[s * g.nh] : 0.0f;
+    float run = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kTR; ++s) {
+      run += v[s];  // rows ≥ L add +0: run is never −0, so that is a no-op
+      my[lane][s] = run;
+    }
+  }
+  __syncwarp();
+  float* out = cum + g.cum_base(b, c, h0);
+  for (int e = lane; e < heads * cs; e += 32) {
+    const int hl = e / cs, s = e - hl * cs;
+    out[e] = s < L ? my[hl][s] : 0.0f;
+  }
+}
+
 // ---- the walk: one block per (b, h, half of d_state) over its chunks --------------------------
 // grid (nh, B, NS), 256 threads; chunks ascending (forward) or descending (backward). Block z
 // holds the state columns n ∈ [z·DQ, (z + 1)·DQ) (NS = 2 halves when d_state > 64, so that the
@@ -287,8 +343,9 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
 // Per chunk c (its plane stage landed, the next chunks' in flight):
 //   store S as states[c] (and f as the contribution when a.s.out); S = state_step(Λ_c, S, f)
 // — the order, the values and the expressions of state_pass_fwd/bwd_kernel over the
-// contributions chunk_state_tc_kernel stores, so the bits are theirs. Block z = 0 alone writes
-// the per-chunk scalars (da_cumsum_saved / da_cs_sum) and K6. Shared: kS plane stages
+// contributions chunk_state_tc_kernel stores, so the bits are theirs. The forward's cum comes
+// from chunk_cumsum_kernel (launched just before); block z = 0 alone writes the backward's
+// da_cs_sum and K6. Shared: kS plane stages
 // (walk_stages: 3 where they fit, the next two chunks' tiles in flight by cp.async while one
 // computes; else 2) of Layout::kBytes (16-byte aligned) + Λ [kS].
 template <class Ly>
@@ -360,7 +417,8 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
   const bool pair_store = ds % 2 == 0 && is_aligned(w.states, 8) &&
                           (w.s.out == nullptr || is_aligned(w.s.out, 8));
   float r0 = 0.0f, r1 = 0.0f;
-  if (tid < 32) chunk_rows<kFwd>(g, w.s, b, chunk_of(0), h, r0, r1);
+  constexpr Weights kW = kFwd ? Weights::kCumFwd : Weights::kCumBwd;
+  if (tid < 32) chunk_rows<kW>(g, w.s, b, chunk_of(0), h, r0, r1);
   // Chunks 0 … kS − 2 in flight (one cp.async group each, empty ones past the end).
 #pragma unroll
   for (int j = 0; j < kS - 1; ++j) {
@@ -379,8 +437,8 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
                          n0);
     tcf::cp_async_commit();
     float nx0 = 0.0f, nx1 = 0.0f;
-    if (tid < 32 && k + 1 < nc) chunk_rows<kFwd>(g, w.s, b, chunk_of(k + 1), h, nx0, nx1);
-    const float lam = chunk_weights<kFwd>(g, w.s, b, c, h, r0, r1, pl.w, first);
+    if (tid < 32 && k + 1 < nc) chunk_rows<kW>(g, w.s, b, chunk_of(k + 1), h, nx0, nx1);
+    const float lam = chunk_weights<kW>(g, w.s, b, c, h, r0, r1, pl.w, first);
     if (tid == 0) lam_s[st] = lam;
     tcf::cp_async_wait_group<kS - 1>();  // chunk c's group (the kS − 1 newer may be pending)
     __syncthreads();
@@ -450,6 +508,13 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
     auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd>;
     constexpr std::size_t bytes = walk_smem<Ly>();
     set_smem(k, bytes);
+    if constexpr (kFwd) {
+      chunk_cumsum_kernel<<<dim3(static_cast<unsigned>((g.nc + kCumWarps - 1) / kCumWarps),
+                                 static_cast<unsigned>((g.nh + 31) / 32),
+                                 static_cast<unsigned>(g.B)),
+                            32 * kCumWarps, 0, s>>>(g, a.s.adt, a.s.cum_out);
+      M3_LAUNCH_CHECK();
+    }
     k<<<dim3(static_cast<unsigned>(g.nh), static_cast<unsigned>(g.B), NS), kNT, bytes, s>>>(g,
                                                                                           a);
     M3_LAUNCH_CHECK();

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -1621,11 +1622,17 @@ TYPED_TEST(TypedSsm, ChunkedMatchesReference) {
 }
 
 // The chunk walk (K2/K3 + K4/K6 and B1 + B2 in one kernel per (b, h), fuse_states) writes the
-// bits of the two-kernel path: every output, the contributions it also stores included.
+// bits of the two-kernel path: every output, the contributions it also stores included. Beyond
+// kSsmCases, the shapes where the walk's cumsum kernel (chunk_cumsum_kernel: a warp per chunk and
+// 32 heads) has a partial head tile (40 heads) and slots past a row tile (cs 96 > 64 with T 45:
+// da_cumsum_saved zero on [45, 96)).
 TYPED_TEST(TypedSsm, ChunkWalkGivesTheBitsOfTheTwoKernels) {
   M3_SKIP_WITHOUT_GPU();
   using T = TypeParam;
-  for (const SsmCase& c : kSsmCases) {
+  std::vector<SsmCase> cases(std::begin(kSsmCases), std::end(kSsmCases));
+  cases.push_back({64, 64, 40, 1, 100, 64});
+  cases.push_back({16, 32, 3, 2, 45, 96});
+  for (const SsmCase& c : cases) {
     SCOPED_TRACE(c.name());
     const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
     const SsmInputs in = ssm_inputs<T>(d, 29);
