@@ -40,6 +40,17 @@ __host__ __device__ __forceinline__ P* shifted(P* ptr, Idx off) {
   return ptr ? ptr + off : ptr;
 }
 
+// Asks L2 to fetch [p, p + bytes) ahead of its loads: one bulk request (sm_90's
+// cp.async.bulk.prefetch.L2; p 16-byte aligned, bytes a multiple of 16), issued by one thread.
+// A hint: no value changes, nothing to wait for, and nothing on older architectures.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(__cvta_generic_to_global(p)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+
 // Every DeviceArray's bytes, live and the peak since the last reset (device.hpp
 // device_bytes_live / device_bytes_peak): what bench and the memory tests report.
 void count_device_bytes(std::ptrdiff_t delta);

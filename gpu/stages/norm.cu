@@ -8,7 +8,8 @@
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
 //           dx itself stored only when its pointer is set); with add_typed also add_out's
-//           values rounded to T (δ's typed copy for the next B8: convert()'s bits)
+//           values rounded to T (δ's typed copy for the next B8: convert()'s bits); add_in's row
+//           is prefetched into L2 as the row starts (prefetch_l2), for the second pass's loads
 // Forward with the residual add in front (rmsnorm_forward_add, kSum): u[r,i] = a[r,i] + b[r,i]
 // (f32 + typed, bit for bit add()) is stored to u as the row is first read, then normalised:
 // the previous layer's F8 add and this F1 (or norm_f) in one pass over the residual stream.
@@ -159,6 +160,10 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     const float* ur = u + r * dim;
     const T* gr = g + r * dim;
     const float rr = on ? rms[r] : 1.0f;
+    // kAdd: δ's row (add_in) is read only in the second pass, a group at a time (holding it in
+    // registers spills); its prefetch into L2 now makes those loads L2 hits.
+    if (kAdd && kVec && on && S::lane() == 0)
+      prefetch_l2(add_in + r * dim, static_cast<unsigned>(dim * sizeof(float)));
     float x[G][kV], gx[G][kV];  // the lane's current chunk of u and of g
     float c = 0.0f;
     if (on)
