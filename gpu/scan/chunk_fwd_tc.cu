@@ -13,10 +13,10 @@
 //      run's type; f16 runs: scaled by the tile's power of two, tc_frag.cuh); rows
 //      ≥ L, columns ≥ ds / hd zero. DP = 16·RD ≥ ds, HP = 16·RH ≥ hd.
 //   2. y = Q·Sᵀ (Frag<64, HP>), A = Q·Ksᵀ (Frag<64, 64>).
-//   3. X [64][HP] (typed like Q; its rows prefetched into L2 in step 1) loads over Q, Ks
-//      (dead) while MA = [s < t < L]·e^{cum_t − cum_s}·A goes as hi/lo planes over S (dead)
-//      and y ·= e^{cum_t} (f16 runs: MA's scale from max|A| over the mask, taken before the
-//      barrier that frees S; y goes from S's scale to MA's).
+//   3. X [64][HP] (typed like Q) loads over Q, Ks (dead) while MA = [s < t < L]·e^{cum_t −
+//      cum_s}·A goes as hi/lo planes over S (dead) and y ·= e^{cum_t} (f16 runs: MA's scale
+//      from max|A| over the mask, taken before the barrier that frees S; y goes from S's
+//      scale to MA's).
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
 // At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM
@@ -86,12 +86,6 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   // 1. Row scalars (stored after the tiles' loads are issued), Q and Ks, S.
   float sv = 0.0f;
   tcf::TileScale sS, sMA;  // f16 runs: S's and MA's planes (bf16: 1)
-  // X's rows are read only in step 3: their prefetch into L2 now (a bulk request per row, where
-  // the rows are 16-byte vectors) makes that load an L2 hit.
-  const bool x_vec = hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16);
-  if (x_vec && tid >= 2 * kTR && tid - 2 * kTR < L)
-    prefetch_l2(p.x + (row0 + (tid - 2 * kTR)) * g.ldx + h * hd,
-                static_cast<unsigned>(hd * sizeof(T)));
   if (tid < kTR && st < L) sv = p.da_cumsum_saved[g.cum_base(b, c, h) + st];
   if (tid >= kTR && tid < 2 * kTR && st < L)
     sv = p.d_param[h] + p.qk_dot_saved[(row0 + st) * g.nh + h];
@@ -146,7 +140,8 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   {
     const T* const x_src[1] = {p.x + row0 * g.ldx + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd, x_vec);
+    load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd,
+                         hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {

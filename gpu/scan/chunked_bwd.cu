@@ -30,23 +30,14 @@ state_pass_bwd_kernel(ChunkGeom g, const float* da_cumsum, const float* d_ssm_ou
 // ---- B2b ------------------------------------------------------------------------------------
 // Per (b, h) [grid (nh, B)]: u[p] = Σ_n dS[p,n] k_in[n] (ascending n); d_v_in = sg_{−1}·u;
 // d_k_in[n] = sg_{−1}·Σ_p dS[p,n] v_in[p] (ascending p); dScale_{−1} = Σ_p v_in[p]·u[p].
-// dS = d_ssm_in[b, h] is first copied to shared memory by all threads (consecutive elements,
-// every load in flight at once): the sums over n walk a row each, and read from global memory
-// every thread's row was its own string of misses.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
 entering_grad_kernel(ChunkGeom g, SsmChunkBwd<T> p, float* dscale_prev) {
-  extern __shared__ float eg_smem[];  // dS [hd][ds], then u [hd]
+  __shared__ float u[128];
   const Idx h = blockIdx.x, b = blockIdx.y, sb = b * g.nh + h;
   const Idx i0 = (b * g.T) * g.nh + h;
   const float sgm1 = p.dt[i0] * (1.0f - p.trap[i0]);
-  const Idx hds = g.hd * g.ds;
-  float* const dS = eg_smem;
-  float* const u = eg_smem + hds;
-  const float* const dS_g = p.d_ssm_in + sb * hds;
-#pragma unroll 8
-  for (Idx e = threadIdx.x; e < hds; e += kThreads) dS[e] = dS_g[e];
-  __syncthreads();
+  const float* dS = p.d_ssm_in + sb * g.hd * g.ds;
   const float* kin = p.k_in + sb * g.ds;
   const float* vin = p.v_in + sb * g.hd;
   for (Idx q = threadIdx.x; q < g.hd; q += kThreads) {
@@ -669,10 +660,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                               s>>>(g, p.da_cumsum_saved, p.d_ssm_out, w.dS, p.d_ssm_in);
       M3_LAUNCH_CHECK();
     }
-    const std::size_t eg_bytes = sizeof(float) * static_cast<std::size_t>(d.hd * d.ds + d.hd);
-    set_smem(entering_grad_kernel<T>, eg_bytes);
-    entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, eg_bytes, s>>>(g, p,
-                                                                          w.dscale_prev);
+    entering_grad_kernel<T><<<grid3(d.nh, d.B, 1), kThreads, 0, s>>>(g, p, w.dscale_prev);
     M3_LAUNCH_CHECK();
     if (planes) {
       if constexpr (kTyped) {
