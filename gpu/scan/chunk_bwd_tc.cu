@@ -438,7 +438,16 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
       tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
-  // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R
+  // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R. bf16 runs with float4 rows load dS's
+  // values (L2-hot: step 0 read them for ⟨S, dS⟩) into registers before the products, so that
+  // their latency overlaps them; the split into R waits for the barrier that frees R. Not with
+  // kTail, whose dq held through step (4) leaves no registers for them (ptxas: 64 B of spill).
+  using DsRegs = tcf::StateInFlight<HP, DP>;
+  constexpr bool kPre = !kH && !kTail && DsRegs::kIt <= tcf::kBatch;
+  DsRegs dsr;
+  if constexpr (kPre) {
+    if (vs) dsr.issue(dS, hd, ds);
+  }
   Frag<kTR, HP, kNW> dV;
   Frag<kTR, DP, kNW> dK;
   dV.zero();
@@ -448,7 +457,12 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   dK.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MPp, kMo},
                        tcf::TypedOpnd<T, LDD, false>{Qp, 0});
   __syncthreads();
-  const tcf::TileScale sdS = tcf::load_state<HP, DP, T>(R, dS, hd, ds, vs, redm).sc;
+  tcf::TileScale sdS;  // bf16 runs: 1
+  if (kPre && vs) {
+    dsr.store(R);
+  } else {
+    sdS = tcf::load_state<HP, DP, T>(R, dS, hd, ds, vs, redm).sc;
+  }
   __syncthreads();
 
   // ---- (4) the dS terms, the diagonal term, stores (f16 runs: each product back from its

@@ -112,6 +112,45 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
   }
 }
 
+// Values c … c + 3 of row r of an f32 state (float4 rows) → hi/lo bf16 planes (lo kLo further),
+// the bf16 runs' split (tc::split2). load_state and StateInFlight store through it.
+__device__ __forceinline__ void put_split4(bf16* dst, int LD, int kLo, int r, int c,
+                                           const float4& m) {
+  uint2 hi, lo;
+  tc::split2(m.x, m.y, hi.x, lo.x);
+  tc::split2(m.z, m.w, hi.y, lo.y);
+  *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
+  *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+}
+
+// load_state's bf16 float4 path (ds % 4 == 0, S 16-byte aligned) in two halves, so that the
+// loads can be in flight during other work: issue() loads this thread's slots of an f32 [hd][ds]
+// state into registers (zeros outside), store() splits them into hi/lo planes [R][C] — the
+// slots, values and split of load_state<R, C, bf16> with vec, so the planes are its bits. All
+// of a thread's kIt slots at once: meant for kIt ≤ kBatch (one batch of load_state's); f16 runs
+// need the tile's max before any split, and larger tiles hold too many registers: load_state.
+template <int R, int C>
+struct StateInFlight {
+  static constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
+  static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
+  float4 v[kIt];
+  __device__ __forceinline__ void issue(const float* S, int hd, int ds) {
+#pragma unroll
+    for (int k = 0; k < kIt; ++k) {
+      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+      v[k] = r < hd && c < ds ? *reinterpret_cast<const float4*>(S + r * ds + c)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  __device__ __forceinline__ void store(bf16* dst) const {
+#pragma unroll
+    for (int k = 0; k < kIt; ++k) {
+      const int e = threadIdx.x + k * kTileThreads;
+      put_split4(dst, plane_ld(C), R * plane_ld(C), e / kW, e % kW * 4, v[k]);
+    }
+  }
+};
+
 // load_state's results: this thread's part of ⟨S, O⟩ (kDot, else 0) and the planes' scale.
 struct StateLoad {
   float dot = 0.0f;
@@ -195,11 +234,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
         },
         [&](int r, int c, const Pack<float4, 2>& v) {
           const float4 m = v.v[0];
-          uint2 hi, lo;
-          tc::split2(m.x, m.y, hi.x, lo.x);
-          tc::split2(m.z, m.w, hi.y, lo.y);
-          *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
-          *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+          put_split4(dst, LD, kLo, r, c, m);
           if constexpr (kDot) {
             const float4 o = v.v[1];
             out.dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
