@@ -14,7 +14,8 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
 // The same with the state passing (forward: K4/K6 of state_pass_fwd_kernel; backward: B2 of
 // state_pass_bwd_kernel) in one walk per (b, h) over the chunks: bit for bit what the two
 // kernels write (states, da_cumsum_saved / da_cs_sum, the leaving states; the contributions
-// when a.s.out is set), without the contributions' round trip through global memory.
+// when a.s.out is set), without the contributions' round trip through global memory. The
+// forward launches chunk_cumsum_kernel first (da_cumsum_saved), then the walk, which reads it.
 template <class T, bool kFwd>
 void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a);
 
