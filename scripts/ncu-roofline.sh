@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables, issue 18's closing
-# notes): ncu-roofline.sh CSV [--copy GBPS]
+# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST]
 #   CSV      `ncu --print-units base --csv --metrics gpu__time_duration.sum,dram__bytes.sum,
 #            smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,
 #            device__attribute_multiprocessor_count ...` output (scripts/gpu-profile.sh takes it;
 #            ncu's own lines and the program's output before the CSV are skipped)
 #   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
+#   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
+#            inclusive ranges, comma-separated, e.g. 21-32,36-66 (PERF.md "After v27": the
+#            layer's launches of a one-layer run); default every launch
 # One row per kernel (its launches summed; named as scripts/ncu-compare.sh names them): launches,
 # µs, DRAM GB, warp instructions, and two floors, each per launch and summed:
 #   bytes   DRAM bytes / copy ceiling
@@ -18,7 +21,8 @@
 # they run. Rows by time, largest first; then the totals of every other kernel (time, floors) and
 # the GEMMs' time. POSIX awk (mawk) only; scripts/ncu-csv.awk reads the CSV.
 # A missing or unreadable file, no gpu__time_duration.sum rows, a launch without one of the five
-# metrics, an unknown unit or a bad --copy: a one-line error, exit 2.
+# metrics, an unknown unit, a bad --copy, a malformed --launches list or one that selects no
+# launch of the file: a one-line error, exit 2.
 set -euo pipefail
 
 die() {
@@ -28,6 +32,8 @@ die() {
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 csv=""
 copy=4262
+launches=""
+usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST]"
 while (($#)); do
   case "$1" in
     --copy)
@@ -35,7 +41,12 @@ while (($#)); do
       copy="$2"
       shift 2
       ;;
-    -*) die "unknown option $1 (usage: ncu-roofline.sh CSV [--copy GBPS])" ;;
+    --launches)
+      (($# >= 2)) || die "--launches needs a list of launch IDs and ranges (e.g. 21-32,36-66)"
+      launches="$2"
+      shift 2
+      ;;
+    -*) die "unknown option $1 ($usage)" ;;
     *)
       [[ -z "$csv" ]] || die "one CSV file only (got $csv and $1)"
       csv="$1"
@@ -43,13 +54,31 @@ while (($#)); do
       ;;
   esac
 done
-[[ -n "$csv" ]] || die "usage: ncu-roofline.sh CSV [--copy GBPS]"
+[[ -n "$csv" ]] || die "$usage"
 [[ "$copy" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$copy" 'BEGIN { exit !(c > 0) }' ||
   die "--copy must be a positive number of GB/s, not '$copy'"
+if [[ -n "$launches" ]]; then
+  [[ "$launches" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+    die "--launches takes launch IDs and ranges like 21-32,36-66, not '$launches'"
+  IFS=, read -ra parts <<<"$launches"
+  for part in "${parts[@]}"; do
+    [[ "$part" != *-* ]] || ((10#${part%-*} <= 10#${part#*-})) ||
+      die "--launches: the range $part runs backwards"
+  done
+fi
 [[ -f "$csv" && -r "$csv" ]] || die "cannot read $csv"
 
-awk -v copy="$copy" "$(cat "$here/ncu-csv.awk")"'
+awk -v copy="$copy" -v launches="$launches" "$(cat "$here/ncu-csv.awk")"'
   function fail(msg) { err = msg; exit 2 }
+  function wanted(id,    j, r) {  # id in --launches (every launch without it)
+    if (launches == "") return 1
+    for (j = 1; j <= nsel; j++) {
+      if (split(sel[j], r, "-") == 1) r[2] = r[1]
+      if (id + 0 >= r[1] + 0 && id + 0 <= r[2] + 0) return 1
+    }
+    return 0
+  }
+  BEGIN { nsel = split(launches, sel, ",") }
   /^"/ {
     n = split_csv($0, f)
     if (!hdr) { csv_header(f, n); hdr = 1; next }
@@ -63,12 +92,15 @@ awk -v copy="$copy" "$(cat "$here/ncu-csv.awk")"'
     else next
     s = unit_scale(u, kind)
     if (s < 0) fail("unknown unit \"" u "\" of " m)
+    if (!wanted(id)) { seen++; next }
     if (!(id in key)) { key[id] = kernel_key(f[kc]); ids[++nid] = id }
     val[id, slot] = csv_value(f[vc]) * s
     has[id, slot] = 1
     if (slot == "t") rows++
   }
   END {
+    if (!rows && err == "" && seen)
+      err = "--launches " launches " selects no launch of the file"
     if (!rows && err == "") err = "no gpu__time_duration.sum rows (ncu --csv output expected)"
     if (err != "") { print "ncu-roofline.sh: " err > "/dev/stderr"; exit 2 }
     split("t b i c s", slots, " ")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/ncu-roofline.sh on small ncu --csv files written here: the floors by bytes and by
 # issue (two launches of one kernel at different clocks, the bf16 and f16 instantiations in one
-# row), prefixed units, the GEMMs' row and the totals, the order by time; and the refusals
-# (missing file, no metric rows, a launch without a metric, an unknown unit, a bad --copy).
+# row), prefixed units, the GEMMs' row and the totals, the order by time, --launches (a range
+# and single IDs); and the refusals (missing file, no metric rows, a launch without a metric, an
+# unknown unit, a bad --copy, a malformed or backwards --launches list, one that selects nothing).
 # Usage: ncu_roofline_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -57,6 +58,20 @@ sed -e 's/"dram__bytes.sum","byte","2,000,000"/"dram__bytes.sum","Mbyte","2"/' \
   -e 's/"gpu__time_duration.sum","nsecond","4,000"/"gpu__time_duration.sum","usecond","4"/' \
   -e 's/"cycle\/second","1,000,000,000"/"cycle\/nsecond","1"/' "$work/run.csv" >"$work/units.csv"
 [[ "$(bash "$script" "$work/units.csv" --copy 1000)" == "$out" ]] || fail "prefixed units"
+# --launches: the walk's two launches alone, then the copy and the GEMM by single IDs.
+sub="$(bash "$script" "$work/run.csv" --copy 1000 --launches 1-2)"
+[[ "$(grep -c 'walk_kernel<T, 4>' <<<"$sub")" == 1 && "$sub" != *copy_kernel* ]] ||
+  fail "--launches 1-2 rows: $sub"
+[[ "$(grep '^kernels but' <<<"$sub")" == "kernels but the GEMMs: 2 launches, 8.0 us"* &&
+   "$(grep '^GEMMs' <<<"$sub")" == "GEMMs (cuBLAS): 0 launches, 0.0 us"* ]] ||
+  fail "--launches 1-2 totals: $sub"
+sub="$(bash "$script" "$work/run.csv" --copy 1000 --launches 0,3)"
+[[ "$(tail -n 1 <<<"$sub")" == "all kernels: 13.0 us; copy ceiling 1000 GB/s" &&
+   "$sub" != *walk_kernel* ]] || fail "--launches 0,3: $sub"
+expect_refusal "$script" "a malformed --launches" "$work/run.csv" --launches 1-
+expect_refusal "$script" "a backwards --launches range" "$work/run.csv" --launches 3-1
+expect_refusal "$script" "--launches that selects nothing" "$work/run.csv" --launches 7-9
+expect_refusal "$script" "--launches without a list" "$work/run.csv" --launches
 expect_refusal "$script" "a missing file" "$work/missing.csv"
 echo "no csv here" >"$work/plain.txt"
 expect_refusal "$script" "a file without metric rows" "$work/plain.txt"
@@ -67,4 +82,4 @@ expect_refusal "$script" "an unknown unit" "$work/unit.csv"
 expect_refusal "$script" "a bad --copy" "$work/run.csv" --copy fast
 expect_refusal "$script" "--copy 0" "$work/run.csv" --copy 0
 expect_refusal "$script" "two files" "$work/run.csv" "$work/run.csv"
-echo "ncu-roofline: floors, rows, units, totals and refusals checked"
+echo "ncu-roofline: floors, rows, units, totals, --launches and refusals checked"
