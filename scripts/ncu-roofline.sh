@@ -70,15 +70,19 @@ fi
 
 awk -v copy="$copy" -v launches="$launches" "$(cat "$here/ncu-csv.awk")"'
   function fail(msg) { err = msg; exit 2 }
-  function wanted(id,    j, r) {  # id in --launches (every launch without it)
+  function wanted(id,    j) {  # id in --launches (every launch without it)
     if (launches == "") return 1
-    for (j = 1; j <= nsel; j++) {
-      if (split(sel[j], r, "-") == 1) r[2] = r[1]
-      if (id + 0 >= r[1] + 0 && id + 0 <= r[2] + 0) return 1
-    }
+    for (j = 1; j <= nsel; j++)
+      if (id + 0 >= lo[j] && id + 0 <= hi[j]) return 1
     return 0
   }
-  BEGIN { nsel = split(launches, sel, ",") }
+  BEGIN {  # --launches as ranges [lo[j], hi[j]], parsed once
+    nsel = split(launches, sel, ",")
+    for (j = 1; j <= nsel; j++) {
+      if (split(sel[j], rg, "-") == 1) rg[2] = rg[1]
+      lo[j] = rg[1] + 0; hi[j] = rg[2] + 0
+    }
+  }
   /^"/ {
     n = split_csv($0, f)
     if (!hdr) { csv_header(f, n); hdr = 1; next }
