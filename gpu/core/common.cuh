@@ -51,6 +51,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
+// A 4-byte asynchronous copy global → shared (cp.async.ca, sm_80+): in flight without a
+// register; the caller waits (cp.async.wait_all) and makes the copies visible (a barrier).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(__cvta_generic_to_global(src))
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // Every DeviceArray's bytes, live and the peak since the last reset (device.hpp
 // device_bytes_live / device_bytes_peak): what bench and the memory tests report.
 void count_device_bytes(std::ptrdiff_t delta);

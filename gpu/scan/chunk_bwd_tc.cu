@@ -82,12 +82,6 @@ constexpr std::size_t smem_bytes() {
          sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1 + (kTail ? 1 : 0)) + 32 + 2 * kNW);
 }
 
-// A 4-byte cp.async (global → shared), for the tail's per-row scalars.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(tcf::smem_addr(dst)),
-               "l"(src));
-}
-
 // Block rank q's share of the cluster's head sum: rows [q·kTR/cz, (q+1)·kTR/cz) (< L) of Fb
 // (X = b) and Fc (X = c), V consecutive values n per item, summed over the cz blocks' rows in
 // ascending rank from 0.0f into hsum_X at row plane + t.

@@ -84,7 +84,9 @@ __device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, un
   }
 }
 
-// One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic).
+// One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic). kRecompute:
+// tail_load leaves sc, dqk, gam, x1 and x2 to the caller (qk_rope_bwd_kernel takes them from
+// the warp's registers and shared memory, the same values: see there).
 struct TailIn {
   float sc, dqk, gam, th[2], dk[4], g2[4];
   float x1[4], x2[4];  // kRecompute: b_normed, c_normed; else k, q
@@ -93,11 +95,13 @@ struct TailIn {
 
 template <class T, bool kRecompute, bool kVec, bool kFull>
 __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
-                                          unsigned h, unsigned g, unsigned lane, TailIn& in) {
+                                          unsigned h, unsigned lane, TailIn& in) {
   const unsigned i = r * tg.nh + h, base = i * tg.ds, ds = tg.ds;
-  in.sc = a.scale_saved[i];
-  in.dqk = a.dQK_dot[i];
-  in.gam = a.gamma_saved[i];
+  if constexpr (!kRecompute) {
+    in.sc = a.scale_saved[i];
+    in.dqk = a.dQK_dot[i];
+    in.gam = a.gamma_saved[i];
+  }
 #pragma unroll
   for (unsigned k = 0; k < 2; ++k) {
     const unsigned p = lane + 32 * k;
@@ -105,11 +109,7 @@ __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>&
   }
   pair_load<kVec, kFull>(a.dK_mid, base, lane, ds, in.dk);
   pair_load<kVec, kFull>(a.dQ_mid, base, lane, ds, in.g2);
-  if constexpr (kRecompute) {
-    const unsigned gn = (r * tg.ng + g) * ds;
-    pair_load<kVec, kFull>(a.b_normed, gn, lane, ds, in.x1);
-    pair_load<kVec, kFull>(a.c_normed, gn, lane, ds, in.x2);
-  } else {
+  if constexpr (!kRecompute) {
     pair_load<kVec, kFull>(a.k, base, lane, ds, in.x1);
     pair_load<kVec, kFull>(a.q, base, lane, ds, in.x2);
     pair_load<kVec, kFull>(a.b_biased, base, lane, ds, in.bb);

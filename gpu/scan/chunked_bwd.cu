@@ -348,6 +348,10 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 // lanes of a warp carried the rotated work: sincosf and four rotations). The warp walks the
 // heads in ascending order and, for each head, its rows in ascending order; the loads of the
 // next (r, h) are issued before the arithmetic of this one (two sets of inputs in registers).
+// kRecompute: what every (r, h) of a warp shares comes once, by cp.async into the warp's shared
+// memory: its rows' b/c_normed once per group (every head of a group reads the same rows) and
+// their scale, dQK, γ once per 32 heads (v28: −4 % at the official shape, where the item's
+// first arithmetic had waited on three scalar loads).
 // The head sums live in registers, so no consumer warp, row buffer or per-row barrier is left
 // and the shared memory no longer grows with nh. Measured (docs/PERF.md v20): 128 registers,
 // 16 warps per SM, 692 µs at the official shape, latency-bound (46 % issue); fewer registers
@@ -393,9 +397,16 @@ template <class T, bool kRecompute, bool kFuse, bool kVec, bool kFull>
 __global__ void __launch_bounds__(kTailThreads, 2)
 qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   constexpr int R = kTailRowsPerWarp;
-  extern __shared__ float tail_smem[];  // kFuse: [2 parities][kTailWarps][b, c][ds]
+  // kFuse: [2 parities][kTailWarps][b, c][ds] floats; then kRecompute: [kTailWarps][R][3][32]
+  // floats (the warp's per-(r, h) scalars, below) and [kTailWarps][R][b, c][ds] values of T (the
+  // warp's rows of b/c_normed, group g).
+  extern __shared__ float tail_smem[];
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const unsigned nh = tg.nh, ds = tg.ds, nhds = nh * ds;
+  float* const ss = tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0) + warp * (R * 3 * 32);
+  T* const xs = reinterpret_cast<T*>(tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0) +
+                                     kTailWarps * R * 3 * 32) +
+                warp * (R * 2 * ds);
   const unsigned rw = blockIdx.x * unsigned(kTailRows) + warp * unsigned(R);  // the warp's rows
   const unsigned nr = rw < tg.rows ? (tg.rows - rw < unsigned(R) ? tg.rows - rw : R) : 0;
   bool last[R];  // t = T − 1 at row rw + ρ
@@ -421,23 +432,74 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
       pair_load<kVec, kFull>(a.b_bias, 0, lane, ds, ab);
       pair_load<kVec, kFull>(a.c_bias, 0, lane, ds, ac);
     }
-    if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, 0, lane, in[0]);
+    if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, lane, in[0]);
   }
+  // kRecompute: the per-(r, h) scalars of the warp's rows for heads h32 … h32 + 31 in ss
+  // (ss[ρ][k][l] = scale, dQK, γ (k = 0, 1, 2) of (rw + ρ, h32 + l)) and the rows' b/c_normed of
+  // the current group in xs, copied by cp.async once per 32 heads / per group instead of loaded
+  // once per (r, h): every head of a group reads the same b/c_normed rows, and the item's
+  // first arithmetic waited on its 3 scalar loads (ncu, v28). The same values: the same bits.
   unsigned g = 0, in_group = 0;
   for (unsigned h = 0; h < nh; ++h) {
     float pb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const unsigned g_next = in_group + 1 == tg.hpg ? g + 1 : g;  // g(h + 1)
+    if constexpr (kRecompute) {
+      const bool scalars = h % 32 == 0, rows = in_group == 0;
+      if (nr > 0 && (scalars || rows)) __syncwarp();  // every lane is done with the old values
+      if (nr > 0 && scalars) {
+        const unsigned hl = h + lane;
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          if (unsigned(q) < nr && hl < nh) {
+            const unsigned i = (rw + q) * nh + hl;
+            cp_async4(ss + (q * 3 + 0) * 32 + lane, a.scale_saved + i);
+            cp_async4(ss + (q * 3 + 1) * 32 + lane, a.dQK_dot + i);
+            cp_async4(ss + (q * 3 + 2) * 32 + lane, a.gamma_saved + i);
+          }
+        }
+      }
+      if (nr > 0 && rows) {  // group g's first head: its rows into xs, xs[ρ][X][n]
+        // 4-byte words by cp.async, all in flight at once: f32 values, or pairs of 16-bit
+        // values (kVec: ds even, rows aligned to pairs); else 16-bit values one by one.
+        constexpr bool kWords = kVec || sizeof(T) == 4;
+        constexpr unsigned kPer = kWords ? 4 / sizeof(T) : 1;  // values per copy
+        const unsigned wr = ds / kPer, w2 = 2 * wr;              // copies per row, per ρ
+        for (unsigned e = lane; e < nr * w2; e += 32) {
+          const unsigned q = e / w2, x = e - q * w2, is_c = x >= wr;
+          const unsigned n = (is_c ? x - wr : x) * kPer;
+          const T* src = (is_c ? a.c_normed : a.b_normed) + ((rw + q) * tg.ng + g) * ds + n;
+          T* dst = xs + q * 2 * ds + (is_c ? ds : 0) + n;
+          if constexpr (kWords) {
+            cp_async4(dst, src);
+          } else {
+            *dst = *src;
+          }
+        }
+      }
+      if (nr > 0 && (scalars || rows)) {
+        cp_async_wait_all();
+        __syncwarp();
+      }
+    }
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       if (unsigned(q) >= nr) continue;
       // Prefetch: (rw + q + 1, h), or (rw, h + 1) after the warp's last row (into in[0]: nr is
       // even).
       if (!ring) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, g, lane, in[q % 2]);
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, in[q % 2]);
       } else if (unsigned(q) + 1 < nr) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, g, lane, in[(q + 1) % 2]);
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, lane, in[(q + 1) % 2]);
       } else if (h + 1 < nh) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, g_next, lane, in[(q + 1) % 2]);
+        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, lane, in[(q + 1) % 2]);
+      }
+      if constexpr (kRecompute) {
+        TailIn& cur = in[q % 2];
+        cur.sc = ss[(q * 3 + 0) * 32 + h % 32];
+        cur.dqk = ss[(q * 3 + 1) * 32 + h % 32];
+        cur.gam = ss[(q * 3 + 2) * 32 + h % 32];
+        pair_load<kVec, kFull>(xs, q * 2 * ds, lane, ds, cur.x1);
+        pair_load<kVec, kFull>(xs, q * 2 * ds + ds, lane, ds, cur.x2);
       }
       float db[4], dc[4];
       tail_item<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, last[q], in[q % 2], ab, ac,
@@ -519,7 +581,12 @@ Idx first_region(const Dims& d) {
                   2 * tail_partials(d) + tail_colsum_scratch(d));
 }
 // kFuse: the warps' per-head sums of the bias partials, double-buffered (≤ 16 KB at ds ≤ 128).
-std::size_t tail_smem_bytes(const Dims& d) { return sizeof(float) * 2 * kTailWarps * 2 * d.ds; }
+std::size_t tail_smem_bytes(const Dims& d, bool fuse, bool recompute, std::size_t t_bytes) {
+  return (fuse ? sizeof(float) * 2 * kTailWarps * 2 * d.ds : 0) +
+         (recompute ? sizeof(float) * kTailWarps * kTailRowsPerWarp * 3 * 32 +
+                          t_bytes * kTailWarps * kTailRowsPerWarp * 2 * d.ds
+                    : 0);
+}
 
 // The tail fused into B3 (chunk_tail.cuh ClusterTail): clusters of cz heads of one group, the
 // most (≤ 8, Hopper's portable cluster size) that divide the heads per group; 1 (no cluster
@@ -709,7 +776,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
       auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
                 : d.ds == 128 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
                               : qk_rope_bwd_kernel<T, kR, kF, true, false>;
-      const std::size_t sm2 = kF ? tail_smem_bytes(d) : 0;
+      const std::size_t sm2 = tail_smem_bytes(d, kF, kR, sizeof(T));
       set_smem(k2, sm2);
       for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
         const Idx rows_here = std::min(slab, d.BT - r0);
