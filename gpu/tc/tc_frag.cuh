@@ -198,14 +198,19 @@ struct Frag {
   static __device__ __forceinline__ int wm() { return (threadIdx.x >> 5) % WM; }
   static __device__ __forceinline__ int wn() { return (threadIdx.x >> 5) / WM; }
 
-  // C += A·B over k < K.
-  template <int K, class OA, class OB>
+  // C += A·B over k < K. kUnroll: k-steps per loop body; 0 (auto) is two where the
+  // accumulators are few (≤ 16 per thread), so that ptxas can issue one step's fragment loads
+  // under the other's mma, else one (larger products, unrolled, spill at hd 128). ncu, v28:
+  // the bf16 forward walk 358 → 338 µs (its 12 B of spill gone), K5 −1 % (bf16) / −4 % (f16),
+  // chunk_bwd_tc unchanged; the f16 walks +2–5 %, so they ask for one (chunk_state_tc.cu).
+  template <int K, class OA, class OB, int kUnroll = 0>
   __device__ __forceinline__ void add(OA A, OB B) {
     static_assert(K % 16 == 0, "K is a multiple of 16");
     static_assert(OA::kF16 == OB::kF16, "both operands are planes of the run's type");
     constexpr bool kF16 = OA::kF16;
     const int m_w = wm(), n_w = wn();
-#pragma unroll 1
+    constexpr int kSteps = kUnroll > 0 ? kUnroll : FM * FN * 4 <= 16 ? 2 : 1;
+#pragma unroll kSteps
     for (int k0 = 0; k0 < K; k0 += 16) {
       std::uint32_t ah[FM][4], al[FM][4];
 #pragma unroll
