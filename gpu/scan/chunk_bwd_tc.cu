@@ -432,12 +432,13 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
       tcf::store_row_pair(p.dQ_mid + ((row0 + t) * nh + h) * ds, n, ds, pairs_f, v0, v1);
   });
 
-  // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R. bf16 runs with float4 rows load dS's
-  // values (L2-hot: step 0 read them for ⟨S, dS⟩) into registers before the products, so that
-  // their latency overlaps them; the split into R waits for the barrier that frees R. Not with
+  // ---- (3) dV = MAᵀ·dO, dK = MPᵀ·Q; then dS into R. Runs with float4 rows load dS's values
+  // (L2-hot: step 0 read them for ⟨S, dS⟩) into registers before the products, so that their
+  // latency overlaps them; the split into R waits for the barrier that frees R (f16 runs post
+  // the values' max before it and take the scale after it, load_state's order). Not with
   // kTail, whose dq held through step (4) leaves no registers for them (ptxas: 64 B of spill).
   using DsRegs = tcf::StateInFlight<HP, DP>;
-  constexpr bool kPre = !kH && !kTail && DsRegs::kIt <= tcf::kBatch;
+  constexpr bool kPre = !kTail && DsRegs::kIt <= tcf::kBatch;
   DsRegs dsr;
   if constexpr (kPre) {
     if (vs) dsr.issue(dS, hd, ds);
@@ -450,10 +451,14 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
                        tcf::TypedOpnd<T, LDH, false>{Op, 0});
   dK.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MPp, kMo},
                        tcf::TypedOpnd<T, LDD, false>{Qp, 0});
+  if constexpr (kPre && kH) {
+    if (vs) tcf::post_max<T>(dsr.max_abs(), redm);
+  }
   __syncthreads();
   tcf::TileScale sdS;  // bf16 runs: 1
   if (kPre && vs) {
-    dsr.store(R);
+    if constexpr (kH) sdS = tcf::scale_of<T, kNW>(redm);
+    dsr.template store<T>(R, sdS);
   } else {
     sdS = tcf::load_state<HP, DP, T>(R, dS, hd, ds, vs, redm).sc;
   }

@@ -123,12 +123,14 @@ __device__ __forceinline__ void put_split4(bf16* dst, int LD, int kLo, int r, in
   *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
 }
 
-// load_state's bf16 float4 path (ds % 4 == 0, S 16-byte aligned) in two halves, so that the
-// loads can be in flight during other work: issue() loads this thread's slots of an f32 [hd][ds]
-// state into registers (zeros outside), store() splits them into hi/lo planes [R][C] — the
-// slots, values and split of load_state<R, C, bf16> with vec, so the planes are its bits. All
-// of a thread's kIt slots at once: meant for kIt ≤ kBatch (one batch of load_state's); f16 runs
-// need the tile's max before any split, and larger tiles hold too many registers: load_state.
+// load_state's float4 path (ds % 4 == 0, S 16-byte aligned) in two halves, so that the loads
+// can be in flight during other work: issue() loads this thread's slots of an f32 [hd][ds]
+// state into registers (zeros outside), store<T>() splits them into hi/lo planes [R][C] — the
+// slots, values and split of load_state<R, C, T> with vec, so the planes are its bits. f16
+// runs: max_abs() is this thread's max|value| for the tile's scale (post_max, a barrier,
+// scale_of, as load_state), which store<T> is then given. All of a thread's kIt slots at
+// once: meant for kIt ≤ kBatch (one batch of load_state's); larger tiles hold too many
+// registers: load_state.
 template <int R, int C>
 struct StateInFlight {
   static constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
@@ -142,11 +144,28 @@ struct StateInFlight {
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  __device__ __forceinline__ void store(bf16* dst) const {
+  __device__ __forceinline__ float max_abs() const {
+    float mx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kIt; ++k)
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+    return mx;
+  }
+  template <class T>
+  __device__ __forceinline__ void store(bf16* dst, TileScale sc = {}) const {
+    constexpr int LD = plane_ld(C), kLo = R * LD;
 #pragma unroll
     for (int k = 0; k < kIt; ++k) {
-      const int e = threadIdx.x + k * kTileThreads;
-      put_split4(dst, plane_ld(C), R * plane_ld(C), e / kW, e % kW * 4, v[k]);
+      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+      if constexpr (kF16Plane<T>) {
+        uint2 hi, lo;
+        split_pair<T>(v[k].x, v[k].y, sc, hi.x, lo.x);
+        split_pair<T>(v[k].z, v[k].w, sc, hi.y, lo.y);
+        *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
+        *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+      } else {
+        put_split4(dst, LD, kLo, r, c, v[k]);
+      }
     }
   }
 };
