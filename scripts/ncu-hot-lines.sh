@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The hot instructions of an Nsight Compute source page: ncu-hot-lines.sh SOURCE.csv [N]
+#   SOURCE.csv  `ncu -i REPORT --page source --csv --print-source sass` output: per profiled
+#               kernel a "Kernel Name" row, a header row naming the columns, then one row per
+#               instruction (or source line) with its warp-state samples, among them "Warp Stall
+#               Sampling (All Samples)" and one stall_<reason> column per reason (ncu prints some
+#               kernels' blocks twice: a block equal to the one before it is skipped)
+#   N           instructions per kernel (default 20)
+# Per kernel: its samples (and warp instructions executed, where the page has them), the share
+# of each of its six largest stall reasons, and its N instructions with the most samples — row
+# (the instruction's place in the kernel), samples, their share, the two largest reasons on it,
+# and the instruction's text (90 characters), in the kernel's order. Kernel names are written as
+# scripts/ncu-csv.awk's kernel_key. POSIX awk (mawk) only.
+# A missing file, a bad N, or a page without a samples column: a one-line error, exit 2.
+set -euo pipefail
+
+die() {
+  echo "ncu-hot-lines.sh: $*" >&2
+  exit 2
+}
+[[ $# -ge 1 && $# -le 2 ]] || die "usage: ncu-hot-lines.sh SOURCE.csv [N]"
+[[ -f "$1" && -r "$1" ]] || die "cannot read $1"
+n="${2:-20}"
+[[ "$n" =~ ^[1-9][0-9]*$ ]] || die "N must be a positive count, got $n"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
+  function num(v) { gsub(/,/, "", v); return v ~ /^[0-9.]+$/ ? v + 0 : 0 }
+  # The k largest of val[1..m] not yet in taken[], as " name share" pairs (names from nm[]).
+  function largest(val, nm, m, k, whole, pct,    out, r, i, j, best, taken) {
+    out = ""
+    for (r = 1; r <= k; r++) {
+      best = 0; j = 0
+      for (i = 1; i <= m; i++) if (!(i in taken) && val[i] > best) { best = val[i]; j = i }
+      if (j == 0) break
+      taken[j] = 1
+      if (pct) out = out sprintf("%s %s %.1f %%", out == "" ? "" : ",", nm[j], 100 * best / whole)
+      else out = out sprintf(" %s %d", nm[j], best)
+    }
+    return out
+  }
+  function flush(    key, i, k, best, bi, used, r) {
+    if (!rows) return
+    key = title SUBSEP total SUBSEP rows
+    if (key != last_key) {
+      last_key = key
+      printf "== %s: %d samples", title == "" ? "(kernel)" : title, total
+      if (ic) printf ", %.1f M warp instructions", inst / 1e6
+      printf "\n   stall reasons: %s\n", (total > 0 ? largest(ksum, rname, nr, 6, total, 1) : "-")
+      for (k = 1; k <= top && k <= rows; k++) {
+        best = 0; bi = 0
+        for (i = 1; i <= rows; i++) if (!(i in used) && smp[i] > best) { best = smp[i]; bi = i }
+        if (bi == 0) break
+        used[bi] = 1
+      }
+      for (i = 1; i <= rows; i++) {
+        if (!(i in used)) continue
+        for (r = 1; r <= nr; r++) one[r] = rs[i, r]
+        printf "%7d %8d %5.1f %%%-34s  %s\n", i, smp[i], 100 * smp[i] / total,
+               largest(one, rname, nr, 2, total, 0), substr(txt[i], 1, 90)
+      }
+    }
+    rows = 0; total = 0; inst = 0
+    for (i in ksum) delete ksum[i]
+  }
+  {
+    sub(/\r$/, "")
+    nf = split_csv($0, f)
+    if (f[1] == "Kernel Name") {  # template arguments lose their casts: (int)4 → 4
+      flush()
+      k = f[2]
+      gsub(/\((bool|int|unsigned int|long|unsigned long)\)/, "", k)
+      pend = kernel_key(k)
+      next
+    }
+    hdr = 0
+    for (i = 1; i <= nf; i++) if (f[i] == "Warp Stall Sampling (All Samples)") hdr = i
+    if (hdr) {
+      flush()
+      title = pend
+      sc = hdr; tc = 0; ic = 0; nr = 0
+      for (i = 1; i <= nf; i++) {
+        if (f[i] == "Source") tc = i
+        if (f[i] == "Instructions Executed") ic = i
+        if (f[i] ~ /^stall_/ && f[i] !~ /Not Issued/) {
+          rc[++nr] = i
+          rname[nr] = substr(f[i], 7)
+        }
+      }
+      seen = 1
+      next
+    }
+    if (!seen || nf < sc) next
+    rows++
+    smp[rows] = num(f[sc])
+    total += smp[rows]
+    if (ic) inst += num(f[ic])
+    t = tc ? f[tc] : ""
+    gsub(/^[ \t]+|[ \t]+$/, "", t)
+    txt[rows] = t
+    for (i = 1; i <= nr; i++) { rs[rows, i] = num(f[rc[i]]); ksum[i] += rs[rows, i] }
+  }
+  END {
+    flush()
+    if (!seen) {
+      print "ncu-hot-lines.sh: no \"Warp Stall Sampling (All Samples)\" column in " FILENAME > "/dev/stderr"
+      exit 2
+    }
+  }
+' "$1"
