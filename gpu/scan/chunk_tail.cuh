@@ -85,8 +85,8 @@ __device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, un
 }
 
 // One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic). kRecompute:
-// tail_load leaves sc, dqk, gam, x1 and x2 to the caller (qk_rope_bwd_kernel takes them from
-// the warp's registers and shared memory, the same values: see there).
+// tail_load leaves sc, dqk, gam, x1 and x2 to the caller (qk_rope_bwd_kernel reads them from
+// the warp's shared memory, where it staged the same values: see there).
 struct TailIn {
   float sc, dqk, gam, th[2], dk[4], g2[4];
   float x1[4], x2[4];  // kRecompute: b_normed, c_normed; else k, q
