@@ -896,7 +896,9 @@ void print_failure(std::ostream& out, const SweepFailure& f, const SweepOptions&
 }  // namespace
 
 SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& opt,
-                      std::ostream& out) {
+                      std::ostream& out, std::uint64_t first) {
+  M3_REQUIRE(first < n, "harness::run_sweep", "the first problem is past the sweep's end",
+             "first=", first, " n=", n);
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] {
@@ -907,7 +909,12 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
   SweepResult res;
   res.seed = seed;
   res.n = n;
-  out << "sweep: seed " << seed << ", " << n << " problems on the " << opt.device << ", dtype "
+  res.first = first;
+  const std::string range = std::to_string(first) + " … " + std::to_string(n - 1) + " of " +
+                            std::to_string(n);
+  out << "sweep: seed " << seed << ", "
+      << (first == 0 ? std::to_string(n) + " problems" : "problems " + range) << " on the "
+      << opt.device << ", dtype "
       << precision_list(opt.precisions) << ", scan " << mode_list(opt.modes) << ", mode "
       << compare_mode_list(opt.compare_modes) << (opt.fault.empty() ? "" : ", fault " + opt.fault)
       << (opt.jobs > 1 ? ", " + std::to_string(opt.jobs) + " jobs" : std::string()) << "\n"
@@ -918,18 +925,19 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
     bool done = false, pass = true;
     SweepFailure f;
   };
-  std::vector<Slot> slots(static_cast<size_t>(n));
+  std::vector<Slot> slots(static_cast<size_t>(n - first));  // slot k: problem first + k
   std::mutex mu;
   std::condition_variable cv;
-  std::atomic<std::uint64_t> next{0};
+  std::atomic<std::uint64_t> next{first};
   auto worker = [&] {
     for (std::uint64_t i; (i = next++) < n;) {
       bool pass = true;
       SweepFailure f = evaluate(seed, i, opt, &pass);
       std::lock_guard<std::mutex> lock(mu);
-      slots[static_cast<size_t>(i)].f = std::move(f);
-      slots[static_cast<size_t>(i)].pass = pass;
-      slots[static_cast<size_t>(i)].done = true;
+      Slot& s = slots[static_cast<size_t>(i - first)];
+      s.f = std::move(f);
+      s.pass = pass;
+      s.done = true;
       cv.notify_all();
     }
   };
@@ -937,12 +945,12 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
   const int jobs = std::max(1, opt.jobs);
   if (jobs > 1)
     for (int j = 0; j < jobs; ++j) threads.emplace_back(worker);
-  for (std::uint64_t i = 0; i < n; ++i) {
+  for (std::uint64_t i = first; i < n; ++i) {
     Slot slot;
     if (jobs > 1) {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return slots[static_cast<size_t>(i)].done; });
-      slot = std::move(slots[static_cast<size_t>(i)]);
+      cv.wait(lock, [&] { return slots[static_cast<size_t>(i - first)].done; });
+      slot = std::move(slots[static_cast<size_t>(i - first)]);
     } else {
       slot.f = evaluate(seed, i, opt, &slot.pass);
     }
@@ -958,8 +966,9 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
   }
   for (auto& t : threads) t.join();
   res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  out << "sweep: " << n << " problems, " << res.failures.size() << " failed (seed " << seed
-      << ", " << elapsed() << ")\n";
+  out << "sweep: " << (n - first) << " problems"
+      << (first == 0 ? std::string() : " (" + range + ")") << ", " << res.failures.size()
+      << " failed (seed " << seed << ", " << elapsed() << ")\n";
   return res;
 }
 

@@ -227,16 +227,20 @@ struct SweepFailure {
 struct SweepResult {
   std::uint64_t seed = 0;
   std::uint64_t n = 0;
+  std::uint64_t first = 0;  // problems first … n−1 ran
   std::vector<SweepFailure> failures;
   double seconds = 0;
   bool pass() const { return failures.empty(); }
 };
 
-// Draws and runs problems 0 … n−1 of sweep `seed`, printing to `out`: a header line, one line
-// per failing problem with its reproducer (and, when shrinking, a second line with the shrunk
-// reproducer), a progress line every opt.progress_every problems, and the summary
-// "sweep: N problems, F failed (…)".
+// Draws and runs problems first … n−1 of sweep `seed` (first = 0: all n), printing to `out`: a
+// header line, one line per failing problem with its reproducer (and, when shrinking, a second
+// line with the shrunk reproducer), a progress line every opt.progress_every problems, and the
+// summary "sweep: N problems, F failed (…)" — with first > 0 "sweep: M problems (first … n−1
+// of N), F failed (…)". Problem i is the same whatever n and first (draw_problem), so a sweep
+// split into runs over consecutive ranges judges the problems of the whole sweep (a device
+// whose calls are shorter than the sweep).
 SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& opt,
-                      std::ostream& out);
+                      std::ostream& out, std::uint64_t first = 0);
 
 }  // namespace m3::harness

@@ -285,6 +285,17 @@ TEST(SweepCli, SweepOptionsAreCheckedAndASmallSweepPrintsItsSummary) {
   EXPECT_EQ(r.status, 2) << r.err;
   r = m3h("compare --device cpu --sweep 1 --jobs 0");
   EXPECT_EQ(r.status, 2) << r.err;
+  // --sweep-from K: problems K … N-1 of the same sweep; K ≥ N, or without --sweep, refused.
+  r = m3h("compare --device cpu --sweep 3 --seed 4 --sweep-from 2 --dtype f32 --scan seq --mode e2e");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("sweep: seed 4, problems 2 … 2 of 3 on the cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sweep: 1 problems (2 … 2 of 3), 0 failed"), std::string::npos) << r.out;
+  r = m3h("compare --device cpu --sweep 3 --sweep-from 3");
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--sweep-from 3"), std::string::npos) << r.err;
+  r = m3h("compare --device cpu --sweep-from 1");
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--sweep-from: only with --sweep"), std::string::npos) << r.err;
 }
 #endif
 
@@ -385,6 +396,37 @@ TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
               std::string::npos)
         << text;
   }
+}
+
+// A range of a sweep (run_sweep's `first`, m3h compare --sweep-from) runs exactly problems
+// first … n−1, each the problem the whole sweep draws at that index, and says so.
+TEST(SweepRange, ARangeRunsExactlyItsProblemsTheWholeSweepsProblems) {
+  SweepOptions opt;
+  opt.precisions = {Precision::F32};
+  opt.modes = {ScanMode::Sequential};
+  opt.compare_modes = {CompareMode::EndToEnd};
+  opt.lineups = [](const std::vector<Precision>&) {  // every problem fails: each is reported
+    Lineup l{Precision::F32, faulty_y_subject(), perturbed_oracle(Precision::F32, 0)};
+    l.baseline_kind = BaselineKind::Perturbed;
+    return std::vector<Lineup>{l};
+  };
+  opt.limits.max_T = 16;
+  opt.limits.max_d_model = 16;
+  opt.limits.max_d_state = 8;
+  opt.shrink = false;
+  std::ostringstream out;
+  const SweepResult r = run_sweep(21, 5, opt, out, 3);
+  const std::string text = out.str();
+  EXPECT_EQ(r.first, 3u);
+  ASSERT_EQ(r.failures.size(), 2u) << text;
+  for (std::uint64_t k = 0; k < 2; ++k) {
+    const SweepFailure& f = r.failures[k];
+    EXPECT_EQ(f.index, 3 + k);
+    EXPECT_EQ(reproducer_args(f.problem), reproducer_args(draw_problem(21, 3 + k, opt.limits)));
+  }
+  EXPECT_NE(text.find("sweep: seed 21, problems 3 … 4 of 5 on the cpu"), std::string::npos) << text;
+  EXPECT_NE(text.find("sweep: 2 problems (3 … 4 of 5), 2 failed"), std::string::npos) << text;
+  EXPECT_THROW(run_sweep(21, 5, opt, out, 5), m3::Error);
 }
 
 TEST(SweepShrink, AnErrorOfTheRunIsAFailureNotACrash) {

@@ -63,7 +63,8 @@ std::string summary_text() {
       "--sweep N --seed S: N random valid problems over the supported space (harness/sweep.hpp),\n"
       "each compared as above (--mode defaults to both); one line per failing problem with a\n"
       "reproducer, then the smallest problem that still fails and its reproducer; a summary\n"
-      "'N problems, F failed'; --jobs J runs J problems at a time (CPU).\n"
+      "'N problems, F failed'; --jobs J runs J problems at a time (CPU); --sweep-from K runs\n"
+      "problems K … N-1 only (the rest of a sweep cut short, or one split over several runs).\n"
       "Exit status: 0 all within budget, 1 some budget exceeded, 2 bad usage or bad input.\n\n"
       "Presets:\n";
   for (const auto& p : harness::presets()) s += "  " + p.name + ": " + p.about + "\n";
@@ -110,7 +111,11 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
   if (opt.jobs > 1 && device == "gpu")
     throw UsageError("--jobs: the GPU runs one problem at a time (one device context)");
   const std::uint64_t seed = vm.count("seed") ? parse_seed(vm["seed"].as<std::string>()) : 1;
-  const harness::SweepResult r = harness::run_sweep(seed, n, opt, std::cout);
+  const std::uint64_t first = vm.count("sweep-from") ? vm["sweep-from"].as<std::uint64_t>() : 0;
+  if (first >= n)
+    throw UsageError("--sweep-from " + std::to_string(first) + ": the sweep's problems are 0 … " +
+                     std::to_string(n - 1));
+  const harness::SweepResult r = harness::run_sweep(seed, n, opt, std::cout, first);
   return r.pass() ? 0 : 1;
 }
 
@@ -135,6 +140,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget")
     ("sweep", po::value<std::uint64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
     ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
+    ("sweep-from", po::value<std::uint64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
     ("jobs", po::value<int>()->default_value(1), "with --sweep on the CPU: problems run on N threads (the output is the same)");
   // clang-format on
   po::options_description all;
@@ -162,6 +168,7 @@ int cmd_compare(const std::vector<std::string>& args) {
                      ": faults are injected in the GPU subject only (--device gpu)");
   if (vm.count("sweep")) return run_sweep(vm, precisions, device, fault);
   if (vm["no-shrink"].as<bool>()) throw UsageError("--no-shrink: only with --sweep");
+  if (vm.count("sweep-from")) throw UsageError("--sweep-from: only with --sweep");
   if (option_given(vm, "jobs")) throw UsageError("--jobs: only with --sweep");
   if (vm.count("json"))  // fail before the run, not after it
     check_output_path(vm, "json", vm["force"].as<bool>());
