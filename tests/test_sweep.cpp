@@ -272,30 +272,26 @@ TEST(SweepReproducer, RebuildsTheSameProblemThroughTheCommandLine) {
 }
 
 TEST(SweepCli, SweepOptionsAreCheckedAndASmallSweepPrintsItsSummary) {
-  Ran r = m3h("compare --device cpu --sweep 2 --seed 4 --dtype f32 --scan seq --mode e2e");
-  EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("sweep: seed 4, 2 problems on the cpu"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("sweep: 2 problems, 0 failed"), std::string::npos) << r.out;
-  r = m3h("compare --device cpu --sweep 2 --d-model 16");
-  EXPECT_EQ(r.status, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("--d-model"), std::string::npos) << r.err;
-  r = m3h("compare --device cpu --sweep 0");
-  EXPECT_EQ(r.status, 2) << r.err;
-  r = m3h("compare --device cpu --no-shrink");
-  EXPECT_EQ(r.status, 2) << r.err;
-  r = m3h("compare --device cpu --sweep 1 --jobs 0");
-  EXPECT_EQ(r.status, 2) << r.err;
+  // m3h ARGS must exit with `status` and print each of `texts` (stdout on success, else stderr).
+  auto expect_run = [](const std::string& args, int status, const std::vector<std::string>& texts) {
+    const Ran r = m3h(args);
+    EXPECT_EQ(r.status, status) << args << "\n" << r.out << r.err;
+    const std::string& where = status == 0 ? r.out : r.err;
+    for (const std::string& t : texts)
+      EXPECT_NE(where.find(t), std::string::npos) << args << ": no '" << t << "' in\n" << where;
+  };
+  expect_run("compare --device cpu --sweep 2 --seed 4 --dtype f32 --scan seq --mode e2e", 0,
+             {"sweep: seed 4, 2 problems on the cpu", "sweep: 2 problems, 0 failed"});
+  expect_run("compare --device cpu --sweep 2 --d-model 16", 2, {"--d-model"});
+  expect_run("compare --device cpu --sweep 0", 2, {"--sweep 0"});
+  expect_run("compare --device cpu --no-shrink", 2, {"--no-shrink"});
+  expect_run("compare --device cpu --sweep 1 --jobs 0", 2, {"--jobs 0"});
   // --sweep-from K: problems K … N-1 of the same sweep; K ≥ N, or without --sweep, refused.
-  r = m3h("compare --device cpu --sweep 3 --seed 4 --sweep-from 2 --dtype f32 --scan seq --mode e2e");
-  EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("sweep: seed 4, problems 2 … 2 of 3 on the cpu"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("sweep: 1 problems (2 … 2 of 3), 0 failed"), std::string::npos) << r.out;
-  r = m3h("compare --device cpu --sweep 3 --sweep-from 3");
-  EXPECT_EQ(r.status, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("--sweep-from 3"), std::string::npos) << r.err;
-  r = m3h("compare --device cpu --sweep-from 1");
-  EXPECT_EQ(r.status, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("--sweep-from: only with --sweep"), std::string::npos) << r.err;
+  expect_run("compare --device cpu --sweep 3 --seed 4 --sweep-from 2 --dtype f32 --scan seq --mode e2e",
+             0, {"sweep: seed 4, problems 2 … 2 of 3 on the cpu",
+                 "sweep: 1 problems (2 … 2 of 3), 0 failed"});
+  expect_run("compare --device cpu --sweep 3 --sweep-from 3", 2, {"--sweep-from 3"});
+  expect_run("compare --device cpu --sweep-from 1", 2, {"--sweep-from: only with --sweep"});
 }
 #endif
 
