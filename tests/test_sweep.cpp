@@ -351,7 +351,9 @@ Implementation faulty_y_subject() {
           }};
 }
 
-TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
+// A sweep whose every problem fails in L0/F6/y: f32, sequential, end to end, the faulty subject
+// against the unperturbed oracle, problems of at most T, d_model and d_state.
+SweepOptions faulty_sweep(Idx max_T, Idx max_d_model, Idx max_d_state) {
   SweepOptions opt;
   opt.precisions = {Precision::F32};
   opt.modes = {ScanMode::Sequential};
@@ -361,9 +363,14 @@ TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
     l.baseline_kind = BaselineKind::Perturbed;
     return std::vector<Lineup>{l};
   };
-  opt.limits.max_T = 24;
-  opt.limits.max_d_model = 16;
-  opt.limits.max_d_state = 16;
+  opt.limits.max_T = max_T;
+  opt.limits.max_d_model = max_d_model;
+  opt.limits.max_d_state = max_d_state;
+  return opt;
+}
+
+TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
+  const SweepOptions opt = faulty_sweep(24, 16, 16);
   std::ostringstream out;
   const SweepResult r = run_sweep(21, 3, opt, out);
   const std::string text = out.str();
@@ -397,18 +404,7 @@ TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
 // A range of a sweep (run_sweep's `first`, m3h compare --sweep-from) runs exactly problems
 // first … n−1, each the problem the whole sweep draws at that index, and says so.
 TEST(SweepRange, ARangeRunsExactlyItsProblemsTheWholeSweepsProblems) {
-  SweepOptions opt;
-  opt.precisions = {Precision::F32};
-  opt.modes = {ScanMode::Sequential};
-  opt.compare_modes = {CompareMode::EndToEnd};
-  opt.lineups = [](const std::vector<Precision>&) {  // every problem fails: each is reported
-    Lineup l{Precision::F32, faulty_y_subject(), perturbed_oracle(Precision::F32, 0)};
-    l.baseline_kind = BaselineKind::Perturbed;
-    return std::vector<Lineup>{l};
-  };
-  opt.limits.max_T = 16;
-  opt.limits.max_d_model = 16;
-  opt.limits.max_d_state = 8;
+  SweepOptions opt = faulty_sweep(16, 16, 8);  // every problem fails: each is reported
   opt.shrink = false;
   std::ostringstream out;
   const SweepResult r = run_sweep(21, 5, opt, out, 3);
