@@ -303,7 +303,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   }
   const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
   const tcf::StateLoad ls = tcf::load_state<HP, DP, T, true>(R, S, hd, ds, vs, redm, dS);
-  tcf::cp_async_wait();
+  cp_async_wait_all();
   const float Lam = cumg[L - 1];
   const float msc = expf(Lam) * block_sum(ls.dot, red);  // barriers: the planes are visible after
 
@@ -556,7 +556,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     dq.pairs([&](int, int, int, int t, int n, float& v0, float& v1) {
       *reinterpret_cast<float2*>(Fc + t * tail_ld(DP) + n) = make_float2(v0, v1);
     });
-    tcf::cp_async_wait();
+    cp_async_wait_all();
     __syncthreads();
     fused_tail<T, DP, decltype(dK)>(g, ct, Fb, Fc, dqk, Th, rrow, wrow, row0, b, c, h, L);
   }

@@ -105,7 +105,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   } else if (tid < 2 * kTR) {
     dq[st] = sv;
   }
-  tcf::cp_async_wait();
+  cp_async_wait_all();
   __syncthreads();
 
   // 2. y = Q Sᵀ, A = Q Ksᵀ.
@@ -158,7 +158,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
       v1 *= e;
     }
   });
-  tcf::cp_async_wait();
+  cp_async_wait_all();
   __syncthreads();
 
   // 4. y += MA X;  y + (D + qk_t) x → global.

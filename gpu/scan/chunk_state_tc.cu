@@ -248,9 +248,8 @@ template <class T, class Ly>
 __device__ __forceinline__ void chunk_product(ChunkFrag<Ly>& f, const Planes<Ly>& pl) {
   f.zero();
   // f16 runs: one k-step per loop body (Frag::add; two were 2–5 % slower in the f16 walks).
-  f.template add<kTR, tcf::SplitOpnd<T, Ly::LDH, false>, tcf::TypedOpnd<T, Ly::LDQ, false>,
-                 tcf::kF16Plane<T> ? 1 : 0>(tcf::SplitOpnd<T, Ly::LDH, false>{pl.U, Ly::kUo},
-                                            tcf::TypedOpnd<T, Ly::LDQ, false>{pl.V, 0});
+  f.template add<kTR, tcf::kF16Plane<T> ? 1 : 0>(tcf::SplitOpnd<T, Ly::LDH, false>{pl.U, Ly::kUo},
+                                                  tcf::TypedOpnd<T, Ly::LDQ, false>{pl.V, 0});
 }
 
 // A [hd][ld] f32 state at `out` ← the pair (p, n), (p, n + 1) of its columns n < cols (p < hd
@@ -281,7 +280,7 @@ chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
   if (threadIdx.x < 32) chunk_rows<kW>(g, a, b, c, h, r0, r1);
   issue_tiles<T, Ly>(g, a, b, c, h, pl);  // in flight during the cumsum
   chunk_weights<kW>(g, a, b, c, h, r0, r1, pl.w);
-  tcf::cp_async_wait();
+  cp_async_wait_all();
   __syncthreads();
   const tcf::TileScale sc = weight_planes<T, Ly>(pl);
   __syncthreads();

@@ -403,10 +403,9 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   extern __shared__ float tail_smem[];
   const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const unsigned nh = tg.nh, ds = tg.ds, nhds = nh * ds;
-  float* const ss = tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0) + warp * (R * 3 * 32);
-  T* const xs = reinterpret_cast<T*>(tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0) +
-                                     kTailWarps * R * 3 * 32) +
-                warp * (R * 2 * ds);
+  float* const staged = tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0);  // kRecompute's
+  float* const ss = staged + warp * (R * 3 * 32);
+  T* const xs = reinterpret_cast<T*>(staged + kTailWarps * R * 3 * 32) + warp * (R * 2 * ds);
   const unsigned rw = blockIdx.x * unsigned(kTailRows) + warp * unsigned(R);  // the warp's rows
   const unsigned nr = rw < tg.rows ? (tg.rows - rw < unsigned(R) ? tg.rows - rw : R) : 0;
   bool last[R];  // t = T − 1 at row rw + ρ

@@ -203,7 +203,7 @@ struct Frag {
   // under the other's mma, else one (larger products, unrolled, spill at hd 128). ncu, v28:
   // the bf16 forward walk 358 → 338 µs (its 12 B of spill gone), K5 −1 % (bf16) / −4 % (f16),
   // chunk_bwd_tc unchanged; the f16 walks +2–5 %, so they ask for one (chunk_state_tc.cu).
-  template <int K, class OA, class OB, int kUnroll = 0>
+  template <int K, int kUnroll = 0, class OA, class OB>
   __device__ __forceinline__ void add(OA A, OB B) {
     static_assert(K % 16 == 0, "K is a multiple of 16");
     static_assert(OA::kF16 == OB::kF16, "both operands are planes of the run's type");

@@ -2,7 +2,7 @@
 // tc_frag.cuh for the per-chunk plane kernels (chunk_state_tc.cu, chunk_fwd_tc.cu,
 // chunk_bwd_tc.cu), by a block of kTileThreads threads. These kernels are latency-bound: every
 // loader issues a batch of loads per thread before any of the batch's shared stores, and typed
-// rows go by cp.async (the caller waits with cp_async_wait() and a barrier).
+// rows go by cp.async (the caller waits with cp_async_wait_all() and a barrier).
 //   load_typed: N [kTR][C] tiles of storage values (rows < rows, columns < cols live, zeros
 //     elsewhere) → one plane each of the values themselves (bf16 or f16 bits, entering the
 //     run's mma as they are: tc_frag.cuh's TypedOpnd);
@@ -112,15 +112,21 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
   }
 }
 
-// Values c … c + 3 of row r of an f32 state (float4 rows) → hi/lo bf16 planes (lo kLo further),
-// the bf16 runs' split (tc::split2). load_state and StateInFlight store through it.
+// Values c … c + 3 of row r of an f32 state (float4 rows) → hi/lo planes of the run's type (lo
+// kLo further): split_pair<T> (bf16 runs tc::split2, sc unused; f16 runs scaled by sc). The
+// float4 paths of load_state and StateInFlight store through it.
+template <class T>
 __device__ __forceinline__ void put_split4(bf16* dst, int LD, int kLo, int r, int c,
-                                           const float4& m) {
+                                           const float4& m, TileScale sc = {}) {
   uint2 hi, lo;
-  tc::split2(m.x, m.y, hi.x, lo.x);
-  tc::split2(m.z, m.w, hi.y, lo.y);
+  split_pair<T>(m.x, m.y, sc, hi.x, lo.x);
+  split_pair<T>(m.z, m.w, sc, hi.y, lo.y);
   *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
   *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+}
+// max|·| of the four values (f16 runs' tile scales; fmaxf: a NaN does not hide the others).
+__device__ __forceinline__ float max_abs4(const float4& m) {
+  return fmaxf(fmaxf(fabsf(m.x), fabsf(m.y)), fmaxf(fabsf(m.z), fabsf(m.w)));
 }
 
 // load_state's float4 path (ds % 4 == 0, S 16-byte aligned) in two halves, so that the loads
@@ -147,25 +153,15 @@ struct StateInFlight {
   __device__ __forceinline__ float max_abs() const {
     float mx = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kIt; ++k)
-      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+    for (int k = 0; k < kIt; ++k) mx = fmaxf(mx, max_abs4(v[k]));
     return mx;
   }
   template <class T>
   __device__ __forceinline__ void store(bf16* dst, TileScale sc = {}) const {
-    constexpr int LD = plane_ld(C), kLo = R * LD;
 #pragma unroll
     for (int k = 0; k < kIt; ++k) {
-      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
-      if constexpr (kF16Plane<T>) {
-        uint2 hi, lo;
-        split_pair<T>(v[k].x, v[k].y, sc, hi.x, lo.x);
-        split_pair<T>(v[k].z, v[k].w, sc, hi.y, lo.y);
-        *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
-        *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
-      } else {
-        put_split4(dst, LD, kLo, r, c, v[k]);
-      }
+      const int e = threadIdx.x + k * kTileThreads;
+      put_split4<T>(dst, plane_ld(C), R * plane_ld(C), e / kW, e % kW * 4, v[k], sc);
     }
   }
 };
@@ -205,20 +201,15 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
             out.dot += v[k].x * o.x + v[k].y * o.y + v[k].z * o.z + v[k].w * o.w;
           }
         }
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)),
-                             fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        mx = fmaxf(mx, max_abs4(v[k]));
       }
       post_max<T>(mx, red);
       __syncthreads();
       out.sc = scale_of<T, kTileThreads / 32>(red);
 #pragma unroll
       for (int k = 0; k < kIt; ++k) {
-        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
-        uint2 hi, lo;
-        split_pair<T>(v[k].x, v[k].y, out.sc, hi.x, lo.x);
-        split_pair<T>(v[k].z, v[k].w, out.sc, hi.y, lo.y);
-        *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
-        *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+        const int e = threadIdx.x + k * kTileThreads;
+        put_split4<T>(dst, LD, kLo, e / kW, e % kW * 4, v[k], out.sc);
       }
     } else {  // element by element (rare shapes): the values read twice, to keep registers free
       constexpr int kW = C / 2, kIt = R * kW / kTileThreads;
@@ -253,7 +244,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
         },
         [&](int r, int c, const Pack<float4, 2>& v) {
           const float4 m = v.v[0];
-          put_split4(dst, LD, kLo, r, c, m);
+          put_split4<T>(dst, LD, kLo, r, c, m);
           if constexpr (kDot) {
             const float4 o = v.v[1];
             out.dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
@@ -277,9 +268,6 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
   return out;
 }
 
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
 // Groups: commit closes this thread's cp.async issued since the last commit into a group;
 // wait_group<N> waits until at most N of its groups are pending (the older ones have landed).
 // Then a barrier makes every thread's landed copies visible to the block.
