@@ -25,7 +25,6 @@ n="${2:-20}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
-  function num(v) { gsub(/,/, "", v); return v ~ /^[0-9.]+$/ ? v + 0 : 0 }
   # The k largest of val[1..m] not yet in taken[], as " name share" pairs (names from nm[]).
   function largest(val, nm, m, k, whole, pct,    out, r, i, j, best, taken) {
     out = ""
@@ -92,13 +91,13 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
     }
     if (!seen || nf < sc) next
     rows++
-    smp[rows] = num(f[sc])
+    smp[rows] = csv_value(f[sc])
     total += smp[rows]
-    if (ic) inst += num(f[ic])
+    if (ic) inst += csv_value(f[ic])
     t = tc ? f[tc] : ""
     gsub(/^[ \t]+|[ \t]+$/, "", t)
     txt[rows] = t
-    for (i = 1; i <= nr; i++) { rs[rows, i] = num(f[rc[i]]); ksum[i] += rs[rows, i] }
+    for (i = 1; i <= nr; i++) { rs[rows, i] = csv_value(f[rc[i]]); ksum[i] += rs[rows, i] }
   }
   END {
     flush()
