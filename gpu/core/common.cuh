@@ -62,6 +62,26 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
+// kBytes (4 or 8) global → shared by cp.async.ca, or kBytes zeros when !valid (src-size 0: src
+// is not read, but must be a global address).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(__cvta_generic_to_global(src)), "n"(kBytes), "r"(valid ? kBytes : 0)
+               : "memory");
+}
+// Groups: commit closes this thread's cp.async issued since the last commit into a group;
+// wait_group<N> waits until at most N of its groups are pending (the older ones have landed).
+// Then a barrier (or __syncwarp among a warp's lanes) makes the landed copies visible.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Every DeviceArray's bytes, live and the peak since the last reset (device.hpp
 // device_bytes_live / device_bytes_peak): what bench and the memory tests report.

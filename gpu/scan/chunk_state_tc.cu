@@ -424,7 +424,7 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
 #pragma unroll
   for (int j = 0; j < kS - 1; ++j) {
     if (j < nc) issue_tiles<T, Ly>(g, w.s, b, chunk_of(j), h, Planes<Ly>(smem + j * kStage), n0);
-    tcf::cp_async_commit();
+    cp_async_commit();
   }
   for (int k = 0; k < nc; ++k) {
     const int st = k % kS;
@@ -436,12 +436,12 @@ chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
     if (ahead < nc)
       issue_tiles<T, Ly>(g, w.s, b, chunk_of(ahead), h, Planes<Ly>(smem + (ahead % kS) * kStage),
                          n0);
-    tcf::cp_async_commit();
+    cp_async_commit();
     float nx0 = 0.0f, nx1 = 0.0f;
     if (tid < 32 && k + 1 < nc) chunk_rows<kW>(g, w.s, b, chunk_of(k + 1), h, nx0, nx1);
     const float lam = chunk_weights<kW>(g, w.s, b, c, h, r0, r1, pl.w, first);
     if (tid == 0) lam_s[st] = lam;
-    tcf::cp_async_wait_group<kS - 1>();  // chunk c's group (the kS − 1 newer may be pending)
+    cp_async_wait_group<kS - 1>();  // chunk c's group (the kS − 1 newer may be pending)
     __syncthreads();
     const tcf::TileScale sc = weight_planes<T, Ly>(pl);
     __syncthreads();

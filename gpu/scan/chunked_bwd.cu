@@ -390,6 +390,10 @@ constexpr int kTailThreads = 32 * kTailWarps;
 constexpr int kTailRowsPerWarp = 4;
 constexpr Idx kTailRows = Idx(kTailWarps) * kTailRowsPerWarp;  // the bias partial sums' rows
 static_assert(kTailRowsPerWarp % 2 == 0, "the two input sets alternate within a head");
+// kRecompute: stages of the warp's item ring (kTailRing − 1 items in flight), kTailStage floats
+// each: θ [2][32], dK_mid and dQ_mid [2][32][2].
+constexpr int kTailRing = 4;
+constexpr int kTailStage = 2 * 32 + 2 * 2 * 32 * 2;
 static_assert(kTailThreads >= 2 * 128, "one summing thread per (X, n) of a head, ds ≤ 128");
 
 
@@ -406,6 +410,13 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   float* const staged = tail_smem + (kFuse ? 2 * kTailWarps * 2 * ds : 0);  // kRecompute's
   float* const ss = staged + warp * (R * 3 * 32);
   T* const xs = reinterpret_cast<T*>(staged + kTailWarps * R * 3 * 32) + warp * (R * 2 * ds);
+  // kRecompute: the warp's ring of kTailRing item stages after the xs of every warp (8-byte
+  // aligned: the regions before it are multiples of 8 bytes), each θ [2][32], dK_mid, dQ_mid
+  // [2][32][2] floats (lane l's pairs p = l, l + 32).
+  float* const stages =
+      reinterpret_cast<float*>(reinterpret_cast<T*>(staged + kTailWarps * R * 3 * 32) +
+                               kTailWarps * R * 2 * ds) +
+      warp * (kTailRing * kTailStage);
   const unsigned rw = blockIdx.x * unsigned(kTailRows) + warp * unsigned(R);  // the warp's rows
   const unsigned nr = rw < tg.rows ? (tg.rows - rw < unsigned(R) ? tg.rows - rw : R) : 0;
   bool last[R];  // t = T − 1 at row rw + ρ
@@ -430,8 +441,48 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
     if constexpr (kRecompute) {
       pair_load<kVec, kFull>(a.b_bias, 0, lane, ds, ab);
       pair_load<kVec, kFull>(a.c_bias, 0, lane, ds, ac);
+    } else {
+      if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, lane, in[0]);
     }
-    if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, lane, in[0]);
+  }
+  // kRecompute: item j = h·nr + ρ's θ, dK_mid, dQ_mid go into ring stage j mod kTailRing by
+  // cp.async, kTailRing − 1 items ahead of their arithmetic, one cp.async group per item
+  // (empty past the last). A register prefetch one item ahead did not hide their latency (v28:
+  // 36 % long-scoreboard samples, on the first use of a value whose scoreboard the compiler had
+  // shared with the next item's loads); the copies are tracked by their groups, not by
+  // registers. Each lane reads back only its own slots: no barrier between lanes.
+  const unsigned items = nr * nh;
+  auto issue = [&](unsigned j) {
+    if (j < items) {
+      const unsigned hj = j / nr, q = j - hj * nr;
+      const unsigned i = (rw + q) * nh + hj, base = i * ds;
+      float* const st = stages + (j % kTailRing) * kTailStage;
+#pragma unroll
+      for (unsigned k = 0; k < 2; ++k) {
+        const unsigned p = lane + 32 * k, n = 2 * p;
+        const bool rot = p < tg.na;
+        cp_async_zfill<4>(st + k * 32 + lane, rot ? a.theta + i * tg.na + p : a.dK_mid, rot);
+        float* const dk = st + 64 + k * 64 + 2 * lane;
+        float* const dq = dk + 128;
+        if constexpr (kVec) {  // ds even, rows 8-byte aligned: a pair is one copy
+          const bool in_row = kFull || n < ds;
+          cp_async_zfill<8>(dk, in_row ? a.dK_mid + base + n : a.dK_mid, in_row);
+          cp_async_zfill<8>(dq, in_row ? a.dQ_mid + base + n : a.dK_mid, in_row);
+        } else {
+#pragma unroll
+          for (unsigned e = 0; e < 2; ++e) {
+            const bool in_row = n + e < ds;
+            cp_async_zfill<4>(dk + e, in_row ? a.dK_mid + base + n + e : a.dK_mid, in_row);
+            cp_async_zfill<4>(dq + e, in_row ? a.dQ_mid + base + n + e : a.dK_mid, in_row);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  if constexpr (kRecompute) {
+#pragma unroll
+    for (unsigned j = 0; j + 1 < unsigned(kTailRing); ++j) issue(j);
   }
   // kRecompute: the per-(r, h) scalars of the warp's rows for heads h32 … h32 + 31 in ss
   // (ss[ρ][k][l] = scale, dQK, γ (k = 0, 1, 2) of (rw + ρ, h32 + l)) and the rows' b/c_normed of
@@ -485,15 +536,29 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
       if (unsigned(q) >= nr) continue;
       // Prefetch: (rw + q + 1, h), or (rw, h + 1) after the warp's last row (into in[0]: nr is
       // even).
-      if (!ring) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, in[q % 2]);
-      } else if (unsigned(q) + 1 < nr) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, lane, in[(q + 1) % 2]);
-      } else if (h + 1 < nh) {
-        tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, lane, in[(q + 1) % 2]);
+      if constexpr (!kRecompute) {
+        if (!ring) {
+          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, in[q % 2]);
+        } else if (unsigned(q) + 1 < nr) {
+          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, lane, in[(q + 1) % 2]);
+        } else if (h + 1 < nh) {
+          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, lane, in[(q + 1) % 2]);
+        }
       }
       if constexpr (kRecompute) {
         TailIn& cur = in[q % 2];
+        const unsigned j = h * nr + q;
+        issue(j + kTailRing - 1);
+        cp_async_wait_group<kTailRing - 1>();  // item j's group has landed
+        const float* const st = stages + (j % kTailRing) * kTailStage;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          cur.th[k] = st[k * 32 + lane];
+          const float2 dk = *reinterpret_cast<const float2*>(st + 64 + k * 64 + 2 * lane);
+          const float2 dq = *reinterpret_cast<const float2*>(st + 192 + k * 64 + 2 * lane);
+          cur.dk[2 * k] = dk.x, cur.dk[2 * k + 1] = dk.y;
+          cur.g2[2 * k] = dq.x, cur.g2[2 * k + 1] = dq.y;
+        }
         cur.sc = ss[(q * 3 + 0) * 32 + h % 32];
         cur.dqk = ss[(q * 3 + 1) * 32 + h % 32];
         cur.gam = ss[(q * 3 + 2) * 32 + h % 32];
@@ -583,7 +648,8 @@ Idx first_region(const Dims& d) {
 std::size_t tail_smem_bytes(const Dims& d, bool fuse, bool recompute, std::size_t t_bytes) {
   return (fuse ? sizeof(float) * 2 * kTailWarps * 2 * d.ds : 0) +
          (recompute ? sizeof(float) * kTailWarps * kTailRowsPerWarp * 3 * 32 +
-                          t_bytes * kTailWarps * kTailRowsPerWarp * 2 * d.ds
+                          t_bytes * kTailWarps * kTailRowsPerWarp * 2 * d.ds +
+                          sizeof(float) * kTailWarps * kTailRing * kTailStage
                     : 0);
 }
 

@@ -268,15 +268,4 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
   return out;
 }
 
-// Groups: commit closes this thread's cp.async issued since the last commit into a group;
-// wait_group<N> waits until at most N of its groups are pending (the older ones have landed).
-// Then a barrier makes every thread's landed copies visible to the block.
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 }  // namespace m3::gpu::tcf
