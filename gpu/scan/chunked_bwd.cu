@@ -431,11 +431,11 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   for (int q = 0; q < R; ++q)
 #pragma unroll
     for (int v = 0; v < 4; ++v) sum_b[q][v] = sum_c[q][v] = 0.0f;
-  // The biases of the head (kRecompute), and the inputs of (rw + ρ, h) in in[ρ % 2]: the set of
-  // the next (r, h) is loaded before this one's arithmetic.
+  // The biases of the head (kRecompute), and the inputs of (rw + ρ, h) in in[ρ % 2]. Without
+  // kRecompute the set of the next (r, h) is loaded before this one's arithmetic (a warp with
+  // an odd number of rows, only at the end of the rows, loads each (r, h) just before its
+  // arithmetic instead); with it, they come from the warp's item ring (below).
   float ab[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ac[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  // A warp with an odd number of rows (only at the end of the rows) loads each (r, h) just
-  // before its arithmetic instead.
   TailIn in[2];
   const bool ring = nr % 2 == 0;
   if (nr > 0) {
