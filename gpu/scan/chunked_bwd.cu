@@ -346,12 +346,14 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 // p = l + 32 (values n = 2p, 2p + 1; ds ≤ 128). With na = 32 (the official RoPE half) every
 // lane then rotates one pair and copies one (with 4 consecutive values per lane, half the
 // lanes of a warp carried the rotated work: sincosf and four rotations). The warp walks the
-// heads in ascending order and, for each head, its rows in ascending order; the loads of the
-// next (r, h) are issued before the arithmetic of this one (two sets of inputs in registers).
-// kRecompute: what every (r, h) of a warp shares comes once, by cp.async into the warp's shared
-// memory: its rows' b/c_normed once per group (every head of a group reads the same rows) and
-// their scale, dQK, γ once per 32 heads (v28: −4 % at the official shape, where the item's
-// first arithmetic had waited on three scalar loads).
+// heads in ascending order and, for each head, its rows in ascending order. Without
+// kRecompute the loads of the next (r, h) are issued before the arithmetic of this one (two
+// sets of inputs in registers). kRecompute: what every (r, h) of a warp shares comes once, by
+// cp.async into the warp's shared memory: its rows' b/c_normed once per group (every head of a
+// group reads the same rows) and their scale, dQK, γ once per 32 heads (v28: −4 % at the
+// official shape, where the item's first arithmetic had waited on three scalar loads); each
+// item's own θ, dK_mid and dQ_mid come through a per-warp ring of cp.async stages, kTailRing − 1
+// items ahead (v29: 668 → 539 µs bf16).
 // The head sums live in registers, so no consumer warp, row buffer or per-row barrier is left
 // and the shared memory no longer grows with nh. Measured (docs/PERF.md v20): 128 registers,
 // 16 warps per SM, 692 µs at the official shape, latency-bound (46 % issue); fewer registers
