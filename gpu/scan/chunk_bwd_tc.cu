@@ -286,16 +286,17 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     const Idx qb = (row0 * nh + h) * ds, ob = row0 * di + h * hd, xb = row0 * g.ldx + h * hd;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
-    tcf::load_typed<T, DP, 2>(qk_src, qk_dst, kst, L, ds,
-                              ds % 8 == 0 && is_aligned(p.q, 16) &&
-                                  is_aligned(p.k_scaled_saved, 16));
+    tcf::load_typed<T, DP, 2, true>(qk_src, qk_dst, kst, L, ds,
+                                    ds % 8 == 0 && is_aligned(p.q, 16) &&
+                                        is_aligned(p.k_scaled_saved, 16));
     const T* const o_src[1] = {p.d_y + ob};
     const T* const x_src[1] = {p.x + xb};
     bf16* const o_dst[1] = {Op};
     bf16* const x_dst[1] = {Xp};
-    tcf::load_typed<T, HP, 1>(o_src, o_dst, di, L, hd, hd % 8 == 0 && is_aligned(p.d_y, 16));
-    tcf::load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd,
-                              hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
+    tcf::load_typed<T, HP, 1, true>(o_src, o_dst, di, L, hd,
+                                    hd % 8 == 0 && is_aligned(p.d_y, 16));
+    tcf::load_typed<T, HP, 1, true>(x_src, x_dst, g.ldx, L, hd,
+                                    hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   if (tid < kTR) {
     cum[tid] = tid < L ? cumg[tid] : 0.0f;

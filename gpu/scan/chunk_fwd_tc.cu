@@ -93,8 +93,9 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     const Idx qb = (row0 * g.nh + h) * ds;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
-    load_typed<T, DP, 2>(qk_src, qk_dst, g.nh * ds, L, ds,
-                         ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
+    load_typed<T, DP, 2, false>(
+        qk_src, qk_dst, g.nh * ds, L, ds,
+        ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
     sS = load_state<HP, DP, T>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
                                ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16), red)
              .sc;
@@ -140,8 +141,8 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   {
     const T* const x_src[1] = {p.x + row0 * g.ldx + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1>(x_src, x_dst, g.ldx, L, hd,
-                         hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
+    load_typed<T, HP, 1, false>(x_src, x_dst, g.ldx, L, hd,
+                                hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {

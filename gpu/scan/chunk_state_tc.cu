@@ -137,12 +137,12 @@ __device__ __forceinline__ void issue_tiles(const ChunkGeom& g, const ChunkState
   const T* V = static_cast<const T*>(a.v);
   const T* const u_src[1] = {U + row0 * a.ldu + h * hd};
   bf16* const u_dst[1] = {pl.U};
-  tcf::load_typed<T, Ly::HP, 1>(u_src, u_dst, a.ldu, L, hd,
-                                hd % 8 == 0 && a.ldu % 8 == 0 && is_aligned(U, 16));
+  tcf::load_typed<T, Ly::HP, 1, false>(u_src, u_dst, a.ldu, L, hd,
+                                       hd % 8 == 0 && a.ldu % 8 == 0 && is_aligned(U, 16));
   const T* const v_src[1] = {V + (row0 * g.nh + h) * ds + n0};
   bf16* const v_dst[1] = {pl.V};
-  tcf::load_typed<T, Ly::DQ, 1>(v_src, v_dst, g.nh * ds, L, nv,
-                                ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
+  tcf::load_typed<T, Ly::DQ, 1, false>(v_src, v_dst, g.nh * ds, L, nv,
+                                       ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
 }
 
 // 2. Warp 0: the weights w_s into pl.w (kW above; kSumAdt also writes da_cumsum_saved, kCumBwd

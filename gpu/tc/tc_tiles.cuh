@@ -45,24 +45,53 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
                : "memory");
 }
 
+// This thread's slots of a tile of rows of kW slots each: slot e = tid + k·kTileThreads is at
+// row e / kW = r0 + k·kRowStep and column e % kW = col, the same column for every k (kW divides
+// kTileThreads: the widths here are powers of two ≤ 64). Taken once per loader, each slot's row
+// is then r0 plus a constant; from the signed e of every slot, nvcc derived row, column, bounds
+// and a sign-extended 64-bit address anew per slot (ncu, v29: a quarter of chunk_bwd_tc's
+// instructions were such straight-line address blocks).
+template <int kW>
+struct Slots {
+  static_assert(kW > 0 && kTileThreads % kW == 0, "a row's slots divide the block");
+  static constexpr int kRowStep = kTileThreads / kW;
+  int r0 = static_cast<int>(threadIdx.x / kW), col = static_cast<int>(threadIdx.x % kW);
+  __device__ __forceinline__ int row(int k) const { return r0 + k * kRowStep; }
+};
+// Row r and slot column j of this thread's slot k: from sl (kSlots), else from its e.
+template <int kW, bool kSlots>
+__device__ __forceinline__ void slot_at(const Slots<kW>& sl, int k, int& r, int& j) {
+  if constexpr (kSlots) {
+    r = sl.row(k);
+    j = sl.col;
+  } else {
+    const int e = threadIdx.x + k * kTileThreads;
+    r = e / kW;
+    j = e % kW;
+  }
+}
+
 // For the R × (C/W) slots (r, c = W·j) of a tile, thread tid takes slots tid + k·kTileThreads:
-// v = ld(r, c) for a batch of up to kBatch slots, then st(r, c, v) for each.
-template <int R, int C, int W, class Ld, class St>
+// v = ld(r, c) for a batch of up to kBatch slots, then st(r, c, v) for each; kSlots: slot_at's.
+template <int R, int C, int W, bool kSlots, class Ld, class St>
 __device__ __forceinline__ void batched(Ld&& ld, St&& st) {
   constexpr int kW = C / W, kIt = R * kW / kTileThreads, kB = kIt < kBatch ? kIt : kBatch;
   static_assert(R * kW % kTileThreads == 0 && kIt % kB == 0, "the block must tile the slots");
+  const Slots<kW> sl;
 #pragma unroll 1
   for (int k0 = 0; k0 < kIt; k0 += kB) {
     decltype(ld(0, 0)) v[kB];
 #pragma unroll
     for (int k = 0; k < kB; ++k) {
-      const int e = threadIdx.x + (k0 + k) * kTileThreads;
-      v[k] = ld(e / kW, e % kW * W);
+      int r, j;
+      slot_at<kW, kSlots>(sl, k0 + k, r, j);
+      v[k] = ld(r, j * W);
     }
 #pragma unroll
     for (int k = 0; k < kB; ++k) {
-      const int e = threadIdx.x + (k0 + k) * kTileThreads;
-      st(e / kW, e % kW * W, v[k]);
+      int r, j;
+      slot_at<kW, kSlots>(sl, k0 + k, r, j);
+      st(r, j * W, v[k]);
     }
   }
 }
@@ -75,23 +104,29 @@ struct Pack {
 // N typed tiles of one geometry: src[i][r·stride + c] (r < rows, c < cols) → the [kTR][C] planes
 // dst[i] of their 16-bit values, zeros elsewhere. vec: 16-byte rows (cols % 8 == 0, sources
 // 16-byte aligned), copied by cp.async straight into the planes (zero-filled outside).
-template <class T, int C, int N>
+// kSlots: the slots' rows and columns from Slots (slot_at). chunk_bwd_tc asks for it; the walks
+// and K5 do not: with it, ptxas allocated their registers otherwise (K5 f16: 8 bytes of spill),
+// and their f16 instantiations ran 1–2 % slower (v30's A/B).
+template <class T, int C, int N, bool kSlots>
 __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
                                            Idx stride, int rows, int cols, bool vec) {
   static_assert(sizeof(T) == 2, "typed tiles hold 16-bit storage values");
   constexpr int LD = plane_ld(C);
   if (vec) {
     constexpr int kW = C / 8;
+    const Slots<kW> sl;
 #pragma unroll
     for (int k = 0; k < kTR * kW / kTileThreads; ++k) {
-      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 8;
+      int r, j;
+      slot_at<kW, kSlots>(sl, k, r, j);
+      const int c = j * 8;
       const bool in = r < rows && c < cols;
 #pragma unroll
       for (int i = 0; i < N; ++i)
         cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
     }
   } else {  // any width: pairs of values, their bits moved as they are
-    batched<kTR, C, 2>(
+    batched<kTR, C, 2, kSlots>(
         [&](int r, int c) {
           Pack<std::uint32_t, N> v;
 #pragma unroll
@@ -143,9 +178,10 @@ struct StateInFlight {
   static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
   float4 v[kIt];
   __device__ __forceinline__ void issue(const float* S, int hd, int ds) {
+    const Slots<kW> sl;
 #pragma unroll
     for (int k = 0; k < kIt; ++k) {
-      const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+      const int r = sl.row(k), c = sl.col * 4;
       v[k] = r < hd && c < ds ? *reinterpret_cast<const float4*>(S + r * ds + c)
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -158,11 +194,10 @@ struct StateInFlight {
   }
   template <class T>
   __device__ __forceinline__ void store(bf16* dst, TileScale sc = {}) const {
+    const Slots<kW> sl;
 #pragma unroll
-    for (int k = 0; k < kIt; ++k) {
-      const int e = threadIdx.x + k * kTileThreads;
-      put_split4<T>(dst, plane_ld(C), R * plane_ld(C), e / kW, e % kW * 4, v[k], sc);
-    }
+    for (int k = 0; k < kIt; ++k)
+      put_split4<T>(dst, plane_ld(C), R * plane_ld(C), sl.row(k), sl.col * 4, v[k], sc);
   }
 };
 
@@ -188,10 +223,11 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
     if (vec) {  // float4 rows: the thread's values wait in registers for the scale
       constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
       static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
+      const Slots<kW> sl;
       float4 v[kIt];
 #pragma unroll
       for (int k = 0; k < kIt; ++k) {
-        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 4;
+        const int r = sl.row(k), c = sl.col * 4;
         const bool in = r < hd && c < ds;
         v[k] = in ? *reinterpret_cast<const float4*>(S + r * ds + c)
                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -207,19 +243,18 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       __syncthreads();
       out.sc = scale_of<T, kTileThreads / 32>(red);
 #pragma unroll
-      for (int k = 0; k < kIt; ++k) {
-        const int e = threadIdx.x + k * kTileThreads;
-        put_split4<T>(dst, LD, kLo, e / kW, e % kW * 4, v[k], out.sc);
-      }
+      for (int k = 0; k < kIt; ++k)
+        put_split4<T>(dst, LD, kLo, sl.row(k), sl.col * 4, v[k], out.sc);
     } else {  // element by element (rare shapes): the values read twice, to keep registers free
       constexpr int kW = C / 2, kIt = R * kW / kTileThreads;
       static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
+      const Slots<kW> sl;
       auto get = [&](const float* M, int r, int c) {
         return r < hd && c < ds ? M[r * ds + c] : 0.0f;
       };
 #pragma unroll 1
       for (int k = 0; k < kIt; ++k) {
-        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 2;
+        const int r = sl.row(k), c = sl.col * 2;
         const float v0 = get(S, r, c), v1 = get(S, r, c + 1);
         if constexpr (kDot) out.dot += v0 * get(O, r, c) + v1 * get(O, r, c + 1);
         mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
@@ -229,7 +264,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       out.sc = scale_of<T, kTileThreads / 32>(red);
 #pragma unroll 1
       for (int k = 0; k < kIt; ++k) {
-        const int e = threadIdx.x + k * kTileThreads, r = e / kW, c = e % kW * 2;
+        const int r = sl.row(k), c = sl.col * 2;
         put_split<T>(dst, kLo, r * LD + c, get(S, r, c), get(S, r, c + 1), out.sc);
       }
     }
@@ -238,7 +273,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       return r < hd && c < ds ? *reinterpret_cast<const float4*>(M + r * ds + c)
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
-    batched<R, C, 4>(
+    batched<R, C, 4, true>(
         [&](int r, int c) {
           return Pack<float4, 2>{{get(S, r, c), kDot ? get(O, r, c) : float4{}}};
         },
@@ -256,7 +291,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       return make_float2(in && c < ds ? M[r * ds + c] : 0.0f,
                          in && c + 1 < ds ? M[r * ds + c + 1] : 0.0f);
     };
-    batched<R, C, 2>(
+    batched<R, C, 2, true>(
         [&](int r, int c) {
           return Pack<float2, 2>{{get(S, r, c), kDot ? get(O, r, c) : float2{}}};
         },
