@@ -9,8 +9,13 @@
 # Per kernel: its samples (and warp instructions executed, where the page has them), the share
 # of each of its six largest stall reasons, and its N instructions with the most samples — row
 # (the instruction's place in the kernel), samples, their share, the two largest reasons on it,
-# and the instruction's text (90 characters), in the kernel's order. Kernel names are written as
-# scripts/ncu-csv.awk's kernel_key. POSIX awk (mawk) only.
+# and the instruction's text (90 characters), in the kernel's order. Where the page counts
+# executions ("Instructions Executed"), also its five straight runs (consecutive instructions
+# executed equally often: in practice a block of straight-line code) with the most warp
+# instructions — rows, length × executions, their share of the kernel's warp instructions and of
+# its samples, and their five most frequent opcodes (docs/PERF.md "After v30" found
+# chunk_bwd_tc's per-slot address blocks so). Kernel names are written as scripts/ncu-csv.awk's
+# kernel_key. POSIX awk (mawk) only.
 # A missing file, a bad N, or a page without a samples column: a one-line error, exit 2.
 set -euo pipefail
 
@@ -38,6 +43,41 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
     }
     return out
   }
+  # The opcode of an instruction text: no predicate, no modifiers (IMAD.WIDE.U32 → IMAD).
+  function opcode(t,    w) {
+    sub(/^@!?U?P[T0-9]+[ \t]+/, "", t)
+    split(t, w, /[ \t]+/)
+    sub(/\..*$/, "", w[1])
+    return w[1]
+  }
+  # The straight runs of rows 1..rows (equal executions, > 0), the five with the most warp
+  # instructions, in that order.
+  function runs(    i, a, m, rs0, re0, rw, k, best, bj, j, used, ops, on, o, r, n, top5) {
+    m = 0; a = 1
+    for (i = 2; i <= rows + 1; i++) {
+      if (i <= rows && exe[i] == exe[a]) continue
+      if (exe[a] > 0) { m++; rs0[m] = a; re0[m] = i - 1; rw[m] = (i - a) * exe[a] }
+      a = i
+    }
+    if (m == 0 || inst <= 0) return
+    print "   straight runs with the most warp instructions:"
+    for (k = 1; k <= 5 && k <= m; k++) {
+      best = 0; bj = 0
+      for (j = 1; j <= m; j++) if (!(j in used) && rw[j] > best) { best = rw[j]; bj = j }
+      if (bj == 0) break
+      used[bj] = 1
+      n = 0; s0 = 0
+      for (o in ops) delete ops[o]
+      for (i = rs0[bj]; i <= re0[bj]; i++) { ops[opcode(txt[i])]++; s0 += smp[i] }
+      for (o in on) delete on[o]
+      r = 0
+      for (o in ops) { r++; on[r] = o; cnt[r] = ops[o] }
+      printf "%7d-%-7d %5d x %-9d %5.1f %% of instructions, %5.1f %% of samples;%s\n",
+             rs0[bj], re0[bj], re0[bj] - rs0[bj] + 1, exe[rs0[bj]], 100 * rw[bj] / inst,
+             (total > 0 ? 100 * s0 / total : 0), largest(cnt, on, r, 5, 0, 0)
+      for (i = 1; i <= r; i++) delete cnt[i]
+    }
+  }
   function flush(    key, i, k, best, bi, used, r) {
     if (!rows) return
     key = title SUBSEP total SUBSEP rows
@@ -58,6 +98,7 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
         printf "%7d %8d %5.1f %%%-34s  %s\n", i, smp[i], 100 * smp[i] / total,
                largest(one, rname, nr, 2, total, 0), substr(txt[i], 1, 90)
       }
+      if (ic) runs()
     }
     rows = 0; total = 0; inst = 0
     for (i in ksum) delete ksum[i]
@@ -93,7 +134,8 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
     rows++
     smp[rows] = csv_value(f[sc])
     total += smp[rows]
-    if (ic) inst += csv_value(f[ic])
+    exe[rows] = ic ? csv_value(f[ic]) : 0
+    inst += exe[rows]
     t = tc ? f[tc] : ""
     gsub(/^[ \t]+|[ \t]+$/, "", t)
     txt[rows] = t

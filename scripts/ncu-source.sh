@@ -6,11 +6,13 @@
 #   scripts/ncu-source.sh M3H OUTDIR [REGEX]
 #     M3H     the m3h to profile
 #     OUTDIR  gets profile.log (ncu's own output), source-sass.csv (ncu's source page: per
-#             kernel, one row per instruction with its samples by stall reason),
-#             source-cuda.csv (the same page per CUDA source line: the build has -lineinfo) and
+#             kernel, one row per instruction with its samples by stall reason) and
 #             hot-lines.txt (scripts/ncu-hot-lines.sh: per kernel its stall reasons and its
 #             instructions with the most samples); the report itself, source.ncu-rep, is
-#             removed unless M3_KEEP_REPORT=1 (it is large: the device tool brings back little)
+#             removed unless M3_KEEP_REPORT=1 (it is large: the device tool brings back little).
+#             The build has -lineinfo, so ncu's GUI shows a kept report's samples against the
+#             CUDA lines; the CLI's CSV of that page (--print-source cuda) holds only the
+#             source text, no metrics (ncu on the H200 machine, v30), so it is not exported.
 #     REGEX   the kernels (ncu -k regex:...), default the scan's plane kernels, the tail and
 #             the prep
 # docs/PERF.md v28 read its first table from it. A missing m3h, an existing
@@ -39,15 +41,6 @@ ncu --clock-control none --set full -k "regex:$regex" --launch-count 12 -o "$out
 ncu -i "$out/source.ncu-rep" --page source --csv --print-source sass \
   >"$out/source-sass.csv.tmp" 2>>"$out/profile.log"
 mv "$out/source-sass.csv.tmp" "$out/source-sass.csv"
-# The same samples per CUDA source line (the build's -lineinfo, gpu/CMakeLists.txt); a build
-# without line info gives no rows, which is said, not fatal.
-if ncu -i "$out/source.ncu-rep" --page source --csv --print-source cuda \
-  >"$out/source-cuda.csv.tmp" 2>>"$out/profile.log"; then
-  mv "$out/source-cuda.csv.tmp" "$out/source-cuda.csv"
-else
-  rm -f "$out/source-cuda.csv.tmp"
-  echo "ncu-source.sh: no per-line page (ncu's message in $out/profile.log)" >&2
-fi
 [[ "${M3_KEEP_REPORT:-}" == 1 ]] || rm -f "$out/source.ncu-rep"
 bash "$here/ncu-hot-lines.sh" "$out/source-sass.csv" >"$out/hot-lines.txt"
 echo "ncu-source.sh: $(grep -c '^== ' "$out/hot-lines.txt") kernels in $out/hot-lines.txt"

@@ -2,8 +2,9 @@
 # scripts/ncu-hot-lines.sh on a small source page written here (what `ncu --page source --csv
 # --print-source sass` prints): two kernels, the first printed twice (ncu does that; the copy is
 # skipped), a sample count with a thousands separator, the per-kernel stall shares, the N
-# hottest instructions in the kernel's order with their two largest reasons, the kernel names
-# without casts and parameters; and the refusals (missing file, bad N, no samples column).
+# hottest instructions in the kernel's order with their two largest reasons, the straight runs
+# (equal executions) with the most warp instructions, the kernel names without casts and
+# parameters; and the refusals (missing file, bad N, no samples column).
 # Usage: ncu_hot_lines_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -45,6 +46,19 @@ grep -q 'long_sb 1100 barrier 100 *FADD R3, R2, R2$' <<<"$out" || fail "row 2's 
 ! grep -q 'LDG.E' <<<"$out" || fail "a third row for N = 2"
 grep -qxF '== qk_rope_bwd_kernel<T, 1, 0>: 4 samples, 0.0 M warp instructions' <<<"$out" ||
   fail "the second kernel's title"
+# The walk's straight runs (rows of equal executions): row 2 (2000 of the 4000 warp instructions,
+# 1200 of the 1800 samples) first, then row 1 and rows 3–4 (1000 each; the earlier first).
+runs_of() { sed -n "/^== $1/,/^== /p" <<<"$out" | sed -n '/straight runs/,/^== /p' | grep -v '^=='; }
+walk_runs="$(runs_of chunk_walk)"
+[[ "$(grep -c 'of instructions' <<<"$walk_runs")" == 3 ]] || fail "not three runs of the walk"
+[[ "$(sed -n 2p <<<"$walk_runs" | tr -s ' ')" == " 2-2 1 x 2000 50.0 % of instructions, 66.7 % of samples; FADD 1" ]] ||
+  fail "the walk's largest run"
+[[ "$(sed -n 3p <<<"$walk_runs" | awk '{print $1, $2, $4}')" == "1-1 1 1000" ]] || fail "row 1's run second"
+grep -q '^ *3-4 *2 x 500 *25.0 % of instructions, *32.8 % of samples; ' <<<"$walk_runs" ||
+  fail "rows 3-4 as one run"
+grep -q 'BAR 1' <<<"$walk_runs" && grep -q 'EXIT 1' <<<"$walk_runs" || fail "the run's opcodes"
+grep -q '^ *1-1 *1 x 100 *100.0 % of instructions, *100.0 % of samples; HMMA 1$' <<<"$(runs_of qk_rope)" ||
+  fail "the tail's one run"
 
 expect_refusal "$script" "a missing file" "$work/none.csv"
 expect_refusal "$script" "N = 0" "$work/page.csv" 0
