@@ -13,8 +13,10 @@
 #                  times on each side, base first, alternately (N = 2; the default arguments are
 #                  the marginal layer's: default, official and official2 shapes, bf16 and f16,
 #                  chunked, Recompute none, graph replays); --ncu adds one official forward +
-#                  backward per dtype under Nsight Compute on each side and the per-kernel table
-#                  of scripts/ncu-compare.sh (base → tree). Prints the summary last.
+#                  backward per dtype under Nsight Compute on each side, the per-kernel table
+#                  of scripts/ncu-compare.sh (base → tree) and each side's layer roofline
+#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–66: the layer's launches of
+#                  that one-layer run, docs/PERF.md "After v27"). Prints the summary last.
 #                  --no-build: the builds of an earlier run on this machine, as they are (the
 #                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
 #                  and build-gpu/tools/m3h).
@@ -22,7 +24,8 @@
 #                  the table of a run's logs: per marginal-layer line of the bench (dtype, scan,
 #                  recompute), the fwd and fwd+bwd ms of every round on each side, their medians
 #                  and tree − base.
-# Logs under ${OUT:-gpu-logs}/ab/: bench-{base,tree}-K.txt, builds, ncu-*.csv, ncu-*-vs.txt.
+# Logs under ${OUT:-gpu-logs}/ab/: bench-{base,tree}-K.txt, builds, ncu-*.csv, ncu-*-vs.txt,
+# ncu-*-roofline.txt.
 # Bad use (an unknown command or option, a bad revision, no pack, a failed build, a bench that
 # gives no marginal line): a one-line error and exit 2.
 set -euo pipefail
@@ -184,17 +187,26 @@ run() {
   done
   if ((ncu)); then
     command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
+    # scripts/ncu-roofline.sh's metrics (scripts/gpu-profile.sh takes the same), so that each
+    # side's layer has its floors too; ncu-compare.sh reads the durations among them.
+    local ncu_metrics=gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum
+    ncu_metrics+=,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count
     for d in bf16 f16; do
       for side in base tree; do
-        ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+        ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \
           "${bin[$side]}" bench --no-reference --shapes official --dtype "$d" --scan chunked \
           --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
+        bash "$root/scripts/ncu-roofline.sh" "$logs/ncu-$side-$d.csv" --launches 21-32,36-66 \
+          >"$logs/ncu-$side-$d-roofline.txt" 2>&1 || true
       done
       bash "$root/scripts/ncu-compare.sh" "$logs/ncu-base-$d.csv" "$logs/ncu-tree-$d.csv" \
         "base" "tree" >"$logs/ncu-$d-vs.txt" 2>&1 || true
       echo "ncu $d, base -> tree (largest differences):"
       head -n 8 "$logs/ncu-$d-vs.txt"
       tail -n 1 "$logs/ncu-$d-vs.txt"
+      echo "ncu $d, the layer's roofline (launches 21-32, 36-66), base then tree:"
+      tail -n 3 "$logs/ncu-base-$d-roofline.txt"
+      tail -n 3 "$logs/ncu-tree-$d-roofline.txt"
     done
   fi
   summary "$logs"
