@@ -51,19 +51,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// A 4-byte asynchronous copy global → shared (cp.async.ca, sm_80+): in flight without a
-// register; the caller waits (cp.async.wait_all) and makes the copies visible (a barrier).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
-                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(__cvta_generic_to_global(src))
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-// kBytes (4 or 8) global → shared by cp.async.ca, or kBytes zeros when !valid (src-size 0: src
-// is not read, but must be a global address).
+// kBytes (4 or 8) global → shared by cp.async.ca (sm_80+), or kBytes zeros when !valid
+// (src-size 0: src is not read, but must be a global address): in flight without a register;
+// the caller waits (cp.async.wait_all, or groups below) and makes the copies visible (a barrier).
 template <int kBytes>
 __device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool valid) {
   static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
@@ -71,6 +61,13 @@ __device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool 
                    static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                "l"(__cvta_generic_to_global(src)), "n"(kBytes), "r"(valid ? kBytes : 0)
                : "memory");
+}
+// A 4-byte copy that always reads (cp_async_zfill<4> with valid).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  cp_async_zfill<4>(dst, src, true);
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 // Groups: commit closes this thread's cp.async issued since the last commit into a group;
 // wait_group<N> waits until at most N of its groups are pending (the older ones have landed).
