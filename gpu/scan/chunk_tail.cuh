@@ -84,24 +84,22 @@ __device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, un
   }
 }
 
-// One (r, h)'s inputs for the lane (loaded one (r, h) ahead of its arithmetic). kRecompute:
-// tail_load leaves sc, dqk, gam, x1 and x2 to the caller (qk_rope_bwd_kernel reads them from
-// the warp's shared memory, where it staged the same values: see there).
+// One (r, h)'s inputs for the lane: without kRecompute loaded by tail_load one (r, h) ahead of
+// its arithmetic; with it filled by qk_rope_bwd_kernel from the warp's item ring and staged rows.
 struct TailIn {
   float sc, dqk, gam, th[2], dk[4], g2[4];
   float x1[4], x2[4];  // kRecompute: b_normed, c_normed; else k, q
   float bb[4], cb[4];  // b_biased, c_biased (read unless kRecompute)
 };
 
-template <class T, bool kRecompute, bool kVec, bool kFull>
+// The inputs of (r, h) without kRecompute (the stored k, q and b/c_biased).
+template <class T, bool kVec, bool kFull>
 __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
                                           unsigned h, unsigned lane, TailIn& in) {
   const unsigned i = r * tg.nh + h, base = i * tg.ds, ds = tg.ds;
-  if constexpr (!kRecompute) {
-    in.sc = a.scale_saved[i];
-    in.dqk = a.dQK_dot[i];
-    in.gam = a.gamma_saved[i];
-  }
+  in.sc = a.scale_saved[i];
+  in.dqk = a.dQK_dot[i];
+  in.gam = a.gamma_saved[i];
 #pragma unroll
   for (unsigned k = 0; k < 2; ++k) {
     const unsigned p = lane + 32 * k;
@@ -109,12 +107,10 @@ __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>&
   }
   pair_load<kVec, kFull>(a.dK_mid, base, lane, ds, in.dk);
   pair_load<kVec, kFull>(a.dQ_mid, base, lane, ds, in.g2);
-  if constexpr (!kRecompute) {
-    pair_load<kVec, kFull>(a.k, base, lane, ds, in.x1);
-    pair_load<kVec, kFull>(a.q, base, lane, ds, in.x2);
-    pair_load<kVec, kFull>(a.b_biased, base, lane, ds, in.bb);
-    pair_load<kVec, kFull>(a.c_biased, base, lane, ds, in.cb);
-  }
+  pair_load<kVec, kFull>(a.k, base, lane, ds, in.x1);
+  pair_load<kVec, kFull>(a.q, base, lane, ds, in.x2);
+  pair_load<kVec, kFull>(a.b_biased, base, lane, ds, in.bb);
+  pair_load<kVec, kFull>(a.c_biased, base, lane, ds, in.cb);
 }
 
 // One pair's arithmetic of (r, h)'s step 2 (the header's formulas): values n, n + 1 of pair p,

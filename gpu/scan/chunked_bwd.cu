@@ -445,7 +445,7 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
       pair_load<kVec, kFull>(a.b_bias, 0, lane, ds, ab);
       pair_load<kVec, kFull>(a.c_bias, 0, lane, ds, ac);
     } else {
-      if (ring) tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, 0, lane, in[0]);
+      if (ring) tail_load<T, kVec, kFull>(tg, a, rw, 0, lane, in[0]);
     }
   }
   // kRecompute: item j = h·nr + ρ's θ, dK_mid, dQ_mid go into ring stage j mod kTailRing by
@@ -542,11 +542,11 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
       // even).
       if constexpr (!kRecompute) {
         if (!ring) {
-          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, in[q % 2]);
+          tail_load<T, kVec, kFull>(tg, a, rw + q, h, lane, in[q % 2]);
         } else if (unsigned(q) + 1 < nr) {
-          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw + q + 1, h, lane, in[(q + 1) % 2]);
+          tail_load<T, kVec, kFull>(tg, a, rw + q + 1, h, lane, in[(q + 1) % 2]);
         } else if (h + 1 < nh) {
-          tail_load<T, kRecompute, kVec, kFull>(tg, a, rw, h + 1, lane, in[(q + 1) % 2]);
+          tail_load<T, kVec, kFull>(tg, a, rw, h + 1, lane, in[(q + 1) % 2]);
         }
       }
       if constexpr (kRecompute) {
