@@ -30,16 +30,21 @@ n="${2:-20}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
-  # The k largest of val[1..m] not yet in taken[], as " name share" pairs (names from nm[]).
-  function largest(val, nm, m, k, whole, pct,    out, r, i, j, best, taken) {
+  # The index of the largest positive val[1..m] not in taken[] (the first of equals), marked
+  # taken; 0 if none is left.
+  function take_largest(val, m, taken,    i, j, best) {
+    best = 0; j = 0
+    for (i = 1; i <= m; i++) if (!(i in taken) && val[i] > best) { best = val[i]; j = i }
+    if (j) taken[j] = 1
+    return j
+  }
+  # The k largest of val[1..m], as " name share" pairs (names from nm[]).
+  function largest(val, nm, m, k, whole, pct,    out, r, j, taken) {
     out = ""
     for (r = 1; r <= k; r++) {
-      best = 0; j = 0
-      for (i = 1; i <= m; i++) if (!(i in taken) && val[i] > best) { best = val[i]; j = i }
-      if (j == 0) break
-      taken[j] = 1
-      if (pct) out = out sprintf("%s %s %.1f %%", out == "" ? "" : ",", nm[j], 100 * best / whole)
-      else out = out sprintf(" %s %d", nm[j], best)
+      if (!(j = take_largest(val, m, taken))) break
+      if (pct) out = out sprintf("%s %s %.1f %%", out == "" ? "" : ",", nm[j], 100 * val[j] / whole)
+      else out = out sprintf(" %s %d", nm[j], val[j])
     }
     return out
   }
@@ -52,7 +57,7 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
   }
   # The straight runs of rows 1..rows (equal executions, > 0), the five with the most warp
   # instructions, in that order.
-  function runs(    i, a, m, rs0, re0, rw, k, best, bj, j, used, ops, on, o, r, n, top5) {
+  function runs(    i, a, m, rs0, re0, rw, k, bj, used, ops, on, cnt, o, r, s0) {
     m = 0; a = 1
     for (i = 2; i <= rows + 1; i++) {
       if (i <= rows && exe[i] == exe[a]) continue
@@ -61,12 +66,9 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
     }
     if (m == 0 || inst <= 0) return
     print "   straight runs with the most warp instructions:"
-    for (k = 1; k <= 5 && k <= m; k++) {
-      best = 0; bj = 0
-      for (j = 1; j <= m; j++) if (!(j in used) && rw[j] > best) { best = rw[j]; bj = j }
-      if (bj == 0) break
-      used[bj] = 1
-      n = 0; s0 = 0
+    for (k = 1; k <= 5; k++) {
+      if (!(bj = take_largest(rw, m, used))) break
+      s0 = 0
       for (o in ops) delete ops[o]
       for (i = rs0[bj]; i <= re0[bj]; i++) { ops[opcode(txt[i])]++; s0 += smp[i] }
       for (o in on) delete on[o]
@@ -78,7 +80,7 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
       for (i = 1; i <= r; i++) delete cnt[i]
     }
   }
-  function flush(    key, i, k, best, bi, used, r) {
+  function flush(    key, i, k, used, r) {
     if (!rows) return
     key = title SUBSEP total SUBSEP rows
     if (key != last_key) {
@@ -86,12 +88,7 @@ awk -v top="$n" "$(cat "$here/ncu-csv.awk")"'
       printf "== %s: %d samples", title == "" ? "(kernel)" : title, total
       if (ic) printf ", %.1f M warp instructions", inst / 1e6
       printf "\n   stall reasons: %s\n", (total > 0 ? largest(ksum, rname, nr, 6, total, 1) : "-")
-      for (k = 1; k <= top && k <= rows; k++) {
-        best = 0; bi = 0
-        for (i = 1; i <= rows; i++) if (!(i in used) && smp[i] > best) { best = smp[i]; bi = i }
-        if (bi == 0) break
-        used[bi] = 1
-      }
+      for (k = 1; k <= top; k++) if (!take_largest(smp, rows, used)) break
       for (i = 1; i <= rows; i++) {
         if (!(i in used)) continue
         for (r = 1; r <= nr; r++) one[r] = rs[i, r]
