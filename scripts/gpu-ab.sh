@@ -187,10 +187,10 @@ run() {
   done
   if ((ncu)); then
     command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
-    # scripts/ncu-roofline.sh's metrics (scripts/gpu-profile.sh takes the same), so that each
-    # side's layer has its floors too; ncu-compare.sh reads the durations among them.
-    local ncu_metrics=gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum
-    ncu_metrics+=,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count
+    # ncu-roofline.sh's metrics, so that each side's layer has its floors too; ncu-compare.sh
+    # reads the durations among them.
+    local ncu_metrics
+    ncu_metrics="$(bash "$root/scripts/ncu-roofline.sh" --metrics)"
     for d in bf16 f16; do
       for side in base tree; do
         ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \

@@ -31,8 +31,7 @@ grep -E "^official|^marginal" "$LOGS/marginal.txt"
 "${run_bench[@]}" --profile >"$LOGS/profile.txt" 2>&1
 grep -E "^official|total" "$LOGS/profile.txt"
 if command -v ncu >/dev/null; then
-  metrics=gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum
-  metrics+=,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count
+  metrics="$(bash scripts/ncu-roofline.sh --metrics)"
   ncu --clock-control none --print-units base --metrics "$metrics" --csv \
     "${run_bench[@]}" --warmup 0 --repeats 1 >"$LOGS/ncu-all.csv" 2>&1 || true
   copy="$({ grep -o 'copy [0-9]* GB/s' "$LOGS/profile.txt" || true; } | head -n 1 |

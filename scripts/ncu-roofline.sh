@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables, issue 18's closing
-# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST]
-#   CSV      `ncu --print-units base --csv --metrics gpu__time_duration.sum,dram__bytes.sum,
-#            smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,
-#            device__attribute_multiprocessor_count ...` output (scripts/gpu-profile.sh takes it;
-#            ncu's own lines and the program's output before the CSV are skipped)
+# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST] | ncu-roofline.sh --metrics
+#   CSV      `ncu --print-units base --csv --metrics "$(ncu-roofline.sh --metrics)" ...` output
+#            (scripts/gpu-profile.sh and gpu-ab.sh --ncu take it; ncu's own lines and the
+#            program's output before the CSV are skipped)
+#   --metrics  prints the metrics it needs, comma-separated, and exits: gpu__time_duration.sum,
+#            dram__bytes.sum, smsp__inst_executed.sum, sm__cycles_elapsed.avg.per_second,
+#            device__attribute_multiprocessor_count
 #   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
 #   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
@@ -33,7 +35,13 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 csv=""
 copy=4262
 launches=""
-usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST]"
+usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST] | ncu-roofline.sh --metrics"
+metrics=(gpu__time_duration.sum dram__bytes.sum smsp__inst_executed.sum
+  sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count)
+if [[ $# -eq 1 && "$1" == --metrics ]]; then
+  (IFS=,; echo "${metrics[*]}")
+  exit 0
+fi
 while (($#)); do
   case "$1" in
     --copy)
@@ -68,7 +76,8 @@ if [[ -n "$launches" ]]; then
 fi
 [[ -f "$csv" && -r "$csv" ]] || die "cannot read $csv"
 
-awk -v copy="$copy" -v launches="$launches" "$(cat "$here/ncu-csv.awk")"'
+awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
+  "$(cat "$here/ncu-csv.awk")"'
   function fail(msg) { err = msg; exit 2 }
   function wanted(id,    j) {  # id in --launches (every launch without it)
     if (launches == "") return 1
@@ -108,8 +117,7 @@ awk -v copy="$copy" -v launches="$launches" "$(cat "$here/ncu-csv.awk")"'
     if (!rows && err == "") err = "no gpu__time_duration.sum rows (ncu --csv output expected)"
     if (err != "") { print "ncu-roofline.sh: " err > "/dev/stderr"; exit 2 }
     split("t b i c s", slots, " ")
-    split("gpu__time_duration.sum dram__bytes.sum smsp__inst_executed.sum " \
-          "sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count", names, " ")
+    split(metric_names, names, " ")  # the metric of each slot, in the order of slots[]
     for (j = 1; j <= nid; j++) {
       id = ids[j]; k = key[id]
       for (q = 1; q <= 5; q++)

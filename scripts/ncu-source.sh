@@ -7,9 +7,10 @@
 #     M3H     the m3h to profile
 #     OUTDIR  gets profile.log (ncu's own output), source-sass.csv (ncu's source page: per
 #             kernel, one row per instruction with its samples by stall reason) and
-#             hot-lines.txt (scripts/ncu-hot-lines.sh: per kernel its stall reasons and its
-#             instructions with the most samples); the report itself, source.ncu-rep, is
-#             removed unless M3_KEEP_REPORT=1 (it is large: the device tool brings back little).
+#             hot-lines.txt (scripts/ncu-hot-lines.sh: per kernel its stall reasons, its
+#             instructions with the most samples and its largest straight runs); the report
+#             itself, source.ncu-rep, is removed unless M3_KEEP_REPORT=1 (it is large: the
+#             device tool brings back little).
 #             The build has -lineinfo, so ncu's GUI shows a kept report's samples against the
 #             CUDA lines; the CLI's CSV of that page (--print-source cuda) holds only the
 #             source text, no metrics (ncu on the H200 machine, v30), so it is not exported.

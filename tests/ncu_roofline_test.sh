@@ -82,4 +82,8 @@ expect_refusal "$script" "an unknown unit" "$work/unit.csv"
 expect_refusal "$script" "a bad --copy" "$work/run.csv" --copy fast
 expect_refusal "$script" "--copy 0" "$work/run.csv" --copy 0
 expect_refusal "$script" "two files" "$work/run.csv" "$work/run.csv"
+# --metrics: the five metrics the CSV must hold (what gpu-profile.sh and gpu-ab.sh profile with).
+[[ "$(bash "$script" --metrics)" == "gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count" ]] ||
+  { echo "FAIL: --metrics"; exit 1; }
+expect_refusal "$script" "--metrics with a CSV" --metrics "$work/run.csv"
 echo "ncu-roofline: floors, rows, units, totals, --launches and refusals checked"
