@@ -44,7 +44,7 @@ struct TailArgs {
 // The lane's values of the row at x + row (len values): v[2k], v[2k + 1] = values 2p, 2p + 1 of
 // the pair p = lane + 32k (0 past len), and back (nothing written past len). kVec: len is even
 // and the rows aligned to two values, so a pair inside the row is one access; kFull (with kVec):
-// len = 128, every pair inside.
+// len = 128, every pair inside (and na = 32, pair_rotated).
 template <bool kVec, bool kFull, class X>
 __device__ __forceinline__ void pair_load(const X* x, unsigned row, unsigned lane, unsigned len,
                                           float (&v)[4]) {
@@ -84,6 +84,14 @@ __device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, un
   }
 }
 
+// Whether the lane's pair p = lane + 32k is rotated (p < na). kFull (the official ds = 128,
+// na = 32): pair lane always, pair lane + 32 never — known when compiling, so the unrotated
+// half carries no branch around the rotation or sincosf (the same arithmetic per pair).
+template <bool kFull>
+__device__ __forceinline__ bool pair_rotated(unsigned k, unsigned lane, unsigned na) {
+  return kFull ? k == 0 : lane + 32 * k < na;
+}
+
 // One (r, h)'s inputs for the lane: without kRecompute loaded by tail_load one (r, h) ahead of
 // its arithmetic; with it filled by qk_rope_bwd_kernel from the warp's item ring and staged rows.
 struct TailIn {
@@ -103,7 +111,7 @@ __device__ __forceinline__ void tail_load(const TailGeom& tg, const TailArgs<T>&
 #pragma unroll
   for (unsigned k = 0; k < 2; ++k) {
     const unsigned p = lane + 32 * k;
-    in.th[k] = p < tg.na ? a.theta[i * tg.na + p] : 0.0f;
+    in.th[k] = pair_rotated<kFull>(k, lane, tg.na) ? a.theta[i * tg.na + p] : 0.0f;
   }
   pair_load<kVec, kFull>(a.dK_mid, base, lane, ds, in.dk);
   pair_load<kVec, kFull>(a.dQ_mid, base, lane, ds, in.g2);
@@ -184,7 +192,7 @@ __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>&
     // Values past ds are 0 in every input, so they add 0 to the sums and are not stored.
     const unsigned p = lane + 32 * k;
     const int a0 = 2 * k, a1 = 2 * k + 1;
-    const bool rot = p < tg.na;
+    const bool rot = pair_rotated<kFull>(k, lane, tg.na);
     auto two = [&](const float(&v)[4]) { return make_float2(v[a0], v[a1]); };
     float2 b2, c2;
     const float dang = tail_pair<T, kRecompute>(in.sc, e, rot, in.th[k], two(in.dk), two(in.g2),

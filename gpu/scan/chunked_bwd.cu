@@ -359,7 +359,8 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 // 16 warps per SM, 692 µs at the official shape, latency-bound (46 % issue); fewer registers
 // for more warps spill. Per (r, h), with the lane's values in 8-byte (f32) / 4-byte (T) accesses
 // when kVec (ds even, aligned rows), else element by element; kFull: ds = 128, every lane's
-// pairs inside the row (no bounds tests):
+// pairs inside the row (no bounds tests), and na = 32 (pair lane rotated, lane + 32 not, known
+// when compiling: chunk_tail.cuh pair_rotated):
 //   dv1 = scale·dK_mid (+ d_k_out at t = T−1), dv2 = dQ_mid, e = dQK·γ;
 //   rotated pair (p < na, angle θ_p = theta[r, h, p], R its rotation):
 //     d_b_pre_rope = Rᵀdv1 + e·c_biased, d_c_pre_rope = Rᵀdv2 + e·b_biased,
@@ -464,7 +465,7 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
 #pragma unroll
       for (unsigned k = 0; k < 2; ++k) {
         const unsigned p = lane + 32 * k, n = 2 * p;
-        const bool rot = p < tg.na;
+        const bool rot = pair_rotated<kFull>(k, lane, tg.na);
         cp_async_zfill<4>(st + k * 32 + lane, rot ? a.theta + i * tg.na + p : a.dK_mid, rot);
         float* const dk = st + 64 + k * 64 + 2 * lane;
         float* const dq = dk + 128;
@@ -843,7 +844,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
       constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
       auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
-                : d.ds == 128 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
+                : d.ds == 128 && d.na == 32 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
                               : qk_rope_bwd_kernel<T, kR, kF, true, false>;
       const std::size_t sm2 = tail_smem_bytes(d, kF, kR, sizeof(T));
       set_smem(k2, sm2);

@@ -30,12 +30,15 @@ struct PrepGeom {
 // rope_forward_normed computes them, bit for bit: X_biased = T(float(X_normed[r, g(h)]) +
 // X_bias[h]), the pair (2j, 2j + 1) rotated by θ[r, h, j] for j < na (rope_rotate), rounded to
 // T; q is stored, k at t = T − 1 (k_out's source) or everywhere when k_all.
-template <class T, bool kRope, bool kVec>
+template <class T, bool kRope, bool kVec, bool kFull>
 __global__ void __launch_bounds__(kThreads)
 prep_kernel(PrepGeom pg, PrepArgs<T> a) {
   // Half a warp per (r, h) row (Seg<16>: two rows per warp in flight): lane l < 16 owns the
   // values n = 4l + 64k, k ∈ {0, 1} (ds ≤ 128, chunk_geom), read and written 4 at a time when
   // kVec (ds % 4 == 0, rows aligned), else element by element. Offsets are 32-bit (PrepGeom).
+  // kFull (kRope, kVec, the official ds = 128 and na = 32): every value inside the row, the pairs
+  // of k = 0 rotated and those of k = 1 not, known when compiling (no bounds or rotation tests;
+  // the same arithmetic per value).
   using S = Seg<kPrepLanes>;
   const unsigned items = pg.rows * pg.nh, ds = pg.ds, na = pg.na, lane = S::lane();
   for (unsigned w0 = static_cast<unsigned>(S::first()); w0 < items;
@@ -52,7 +55,9 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const unsigned n = 4 * lane + 64 * c;
-      const bool has = n < len;
+      const bool has = kFull ? on : n < len;
+      // Pair j of the row rotated: j < na.
+      auto rotated = [&](unsigned j) { return kFull ? c == 0 : j < na; };
       if constexpr (kRope) {
         const unsigned gn = (r * pg.ng + pg.group.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4], th[2];
@@ -63,7 +68,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         const unsigned j0 = n / 2;  // the lane's pairs j0, j0 + 1
         if constexpr (kVec) {       // na is even, so both pairs are rotated or neither
           th[0] = th[1] = 0.0f;
-          if (has && j0 < na) load_n<2>(a.theta + (i * na + j0), th);
+          if (has && rotated(j0)) load_n<2>(a.theta + (i * na + j0), th);
         } else {
 #pragma unroll
           for (int u = 0; u < 2; ++u) th[u] = on && j0 + u < na ? a.theta[i * na + j0 + u] : 0.0f;
@@ -82,7 +87,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          if (j0 + u >= na) continue;
+          if (!rotated(j0 + u)) continue;
           float sn, cs;
           sincosf(th[u], &sn, &cs);
           const float b0 = kv[c][2 * u], b1 = kv[c][2 * u + 1];
@@ -114,7 +119,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         qk += qv[c][e] * kv[c][e];
         o[e] = kv[c][e] * scale;
       }
-      lane_store<kVec>(a.k_scaled_saved, base, n, len, n < len, o);
+      lane_store<kVec>(a.k_scaled_saved, base, n, len, kFull ? on : n < len, o);
     }
     qk = segment_sum<kPrepLanes>(qk);
     if (on && lane == 0) {
@@ -136,7 +141,13 @@ void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const R
                                 all_aligned(16, rp->b_bias, rp->c_bias) &&
                                 all_aligned(8, rp->theta)
                           : all_aligned(kVecBytes, p.k, p.q));
-  auto kernel = vec ? prep_kernel<T, kRope, true> : prep_kernel<T, kRope, false>;
+  // kFull where it was measured to pay (docs/PERF.md v31, ncu at the official shape): bf16
+  // 348.6 → 312.1 µs; f16 350.0 → 367.9 µs, so f16 (and f32, not measured) keep the kVec path.
+  constexpr bool kFullT = kRope && std::is_same_v<T, __nv_bfloat16>;
+  const bool full = kFullT && vec && d.ds == 128 && d.na == 32;
+  auto kernel = full  ? prep_kernel<T, kRope, true, kFullT>
+                : vec ? prep_kernel<T, kRope, true, false>
+                      : prep_kernel<T, kRope, false, false>;
   const Idx slab = slab_rows(d, 1);
   for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
     const Idx rows = std::min(slab, d.BT - r0), s1 = r0 * d.nh, sd = s1 * d.ds,
