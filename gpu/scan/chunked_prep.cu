@@ -30,15 +30,18 @@ struct PrepGeom {
 // rope_forward_normed computes them, bit for bit: X_biased = T(float(X_normed[r, g(h)]) +
 // X_bias[h]), the pair (2j, 2j + 1) rotated by θ[r, h, j] for j < na (rope_rotate), rounded to
 // T; q is stored, k at t = T − 1 (k_out's source) or everywhere when k_all.
+// (A minimum of 0 blocks per SM is none: the other instantiations' code is as without one.)
 template <class T, bool kRope, bool kVec, bool kFull>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kFull ? 6 : 0)
 prep_kernel(PrepGeom pg, PrepArgs<T> a) {
   // Half a warp per (r, h) row (Seg<16>: two rows per warp in flight): lane l < 16 owns the
   // values n = 4l + 64k, k ∈ {0, 1} (ds ≤ 128, chunk_geom), read and written 4 at a time when
   // kVec (ds % 4 == 0, rows aligned), else element by element. Offsets are 32-bit (PrepGeom).
   // kFull (kRope, kVec, the official ds = 128 and na = 32): every value inside the row, the pairs
   // of k = 0 rotated and those of k = 1 not, known when compiling (no bounds or rotation tests;
-  // the same arithmetic per value).
+  // the same arithmetic per value), at ≤ 40 registers: six blocks per SM instead of five (48).
+  // Measured (docs/PERF.md v31, ncu, official): bf16 348.7 → 311.9 µs (39 registers as it came);
+  // f16 350.0 → 367.9 at 43 registers (five blocks), → 334.2 held to six blocks.
   using S = Seg<kPrepLanes>;
   const unsigned items = pg.rows * pg.nh, ds = pg.ds, na = pg.na, lane = S::lane();
   for (unsigned w0 = static_cast<unsigned>(S::first()); w0 < items;
@@ -141,9 +144,8 @@ void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const R
                                 all_aligned(16, rp->b_bias, rp->c_bias) &&
                                 all_aligned(8, rp->theta)
                           : all_aligned(kVecBytes, p.k, p.q));
-  // kFull where it was measured to pay (docs/PERF.md v31, ncu at the official shape): bf16
-  // 348.6 → 312.1 µs; f16 350.0 → 367.9 µs, so f16 (and f32, not measured) keep the kVec path.
-  constexpr bool kFullT = kRope && std::is_same_v<T, __nv_bfloat16>;
+  // kFull for the 16-bit types (the kernel's comment); f32, not measured, keeps the kVec path.
+  constexpr bool kFullT = kRope && !std::is_same_v<T, float>;
   const bool full = kFullT && vec && d.ds == 128 && d.na == 32;
   auto kernel = full  ? prep_kernel<T, kRope, true, kFullT>
                 : vec ? prep_kernel<T, kRope, true, false>
