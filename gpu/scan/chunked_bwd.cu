@@ -844,7 +844,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     with_flags(recompute, fuse, [&](auto recompute_c, auto fuse_c) {
       constexpr bool kR = decltype(recompute_c)::value, kF = decltype(fuse_c)::value;
       auto k2 = !vec          ? qk_rope_bwd_kernel<T, kR, kF, false, false>
-                : d.ds == 128 && d.na == 32 ? qk_rope_bwd_kernel<T, kR, kF, true, true>
+                : rope_layout_full(d) ? qk_rope_bwd_kernel<T, kR, kF, true, true>
                               : qk_rope_bwd_kernel<T, kR, kF, true, false>;
       const std::size_t sm2 = tail_smem_bytes(d, kF, kR, sizeof(T));
       set_smem(k2, sm2);

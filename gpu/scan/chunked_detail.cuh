@@ -535,6 +535,10 @@ inline dim3 grid3(Idx x, Idx y, Idx z) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z));
 }
 
+// The official RoPE layout, ds = 128 and na = 32, which the prep's and the tail's kFull compile
+// in: a lane's rotated and unrotated pairs are known from its index (docs/PERF.md v31).
+inline bool rope_layout_full(const Dims& d) { return d.ds == 128 && d.na == 32; }
+
 }  // namespace
 
 }  // namespace m3::gpu

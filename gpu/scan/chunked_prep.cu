@@ -146,7 +146,7 @@ void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const R
                           : all_aligned(kVecBytes, p.k, p.q));
   // kFull for the 16-bit types (the kernel's comment); f32, not measured, keeps the kVec path.
   constexpr bool kFullT = kRope && !std::is_same_v<T, float>;
-  const bool full = kFullT && vec && d.ds == 128 && d.na == 32;
+  const bool full = kFullT && vec && rope_layout_full(d);
   auto kernel = full  ? prep_kernel<T, kRope, true, kFullT>
                 : vec ? prep_kernel<T, kRope, true, false>
                       : prep_kernel<T, kRope, false, false>;
