@@ -25,7 +25,8 @@
 #                  recompute), the fwd and fwd+bwd ms of every round on each side, their medians
 #                  and tree − base.
 # Logs under ${OUT:-gpu-logs}/ab/: bench-{base,tree}-K.txt, builds, ncu-*.csv, ncu-*-vs.txt,
-# ncu-*-roofline.txt.
+# ncu-*-roofline.txt; with AB_PACK=1 all of them in ab/logs.tar.gz instead (for the device tool,
+# which returns at most 8 files per call).
 # Bad use (an unknown command or option, a bad revision, no pack, a failed build, a bench that
 # gives no marginal line): a one-line error and exit 2.
 set -euo pipefail
@@ -210,6 +211,11 @@ run() {
     done
   fi
   summary "$logs"
+  # AB_PACK=1: the logs under $logs into one logs.tar.gz there (scripts/pack-logs.sh; an --ncu
+  # run writes about 20 files, the device tool returns 8).
+  if [[ -n "${AB_PACK:-}" ]]; then
+    bash "$root/scripts/pack-logs.sh" "$logs" || die "run: AB_PACK: the logs were not packed"
+  fi
 }
 
 [[ $# -ge 1 ]] ||

@@ -148,7 +148,6 @@ done | tee "$LOGS/summary.txt"
 # GPU_CHECK_PACK=1: everything else under $LOGS into one logs.tar.gz beside summary.txt (the
 # device tool returns at most 8 files per call; a full check writes about 20).
 if [[ -n "${GPU_CHECK_PACK:-}" ]]; then
-  (cd "$LOGS" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name logs.tar.gz \
-    -printf '%P\n' | tar czf logs.tar.gz --remove-files -T -) || failed=1
+  bash scripts/pack-logs.sh "$LOGS" --keep summary.txt || failed=1
 fi
 exit "$failed"

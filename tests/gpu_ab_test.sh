@@ -5,7 +5,7 @@
 # side and tree − base for each marginal-layer line), and the refusals of every command, each one
 # line and exit 2 (`run` without a pack stops before it builds anything); `run --no-build` over
 # stand-ins for the two binaries (the sides alternate base first, the bench arguments pass
-# through, the summary is that run's).
+# through, the summary is that run's; AB_PACK=1 packs the run's logs into ab/logs.tar.gz).
 # Usage: gpu_ab_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -28,6 +28,7 @@ expect_refusal() {  # expect_refusal WHAT CMD...: exit 2 and one gpu-ab.sh line 
 repo="$work/repo"
 mkdir -p "$repo/scripts" "$repo/gpu"
 cp "$script" "$repo/scripts/gpu-ab.sh"
+cp "$(dirname "$script")/pack-logs.sh" "$repo/scripts/pack-logs.sh"
 echo "project(x)" >"$repo/CMakeLists.txt"
 echo "first" >"$repo/gpu/k.cu"
 echo "not a build input" >"$repo/NOTES.md"
@@ -127,6 +128,17 @@ rm "$work/calls.txt"
 OUT="$runlogs" ab run --no-build --rounds 1 >/dev/null
 grep -q "^tree bench --no-reference --shapes default,official,official2 --dtype bf16,f16 " \
   "$work/calls.txt" || fail "the default bench arguments: $(cat "$work/calls.txt")"
+# AB_PACK=1: the run's logs in ab/logs.tar.gz and nothing else beside it (scripts/pack-logs.sh).
+out="$(AB_PACK=1 OUT="$runlogs" ab run --no-build --rounds 2)"
+[[ "$(row 'bf16 chunked rc=none' diff)" == "+0.000 -0.100" ]] || fail "AB_PACK's summary: $out"
+[[ "$(ls "$runlogs/ab")" == logs.tar.gz ]] || fail "AB_PACK left: $(ls "$runlogs/ab")"
+[[ "$(tar -tzf "$runlogs/ab/logs.tar.gz" | sort | tr '\n' ' ')" == \
+  "bench-base-1.txt bench-base-2.txt bench-tree-1.txt bench-tree-2.txt " ]] ||
+  fail "AB_PACK's archive: $(tar -tzf "$runlogs/ab/logs.tar.gz")"
+[[ "$(tar -xzOf "$runlogs/ab/logs.tar.gz" bench-tree-2.txt)" == marginal* ]] ||
+  fail "AB_PACK's archive does not hold the bench output"
+msg="$(bash "$repo/scripts/pack-logs.sh" "$work/missing" 2>&1)" && fail "pack-logs.sh of a missing dir"
+[[ "$msg" == "pack-logs.sh: no directory $work/missing" ]] || fail "pack-logs.sh's refusal: $msg"
 touch "$work/fail-tree"
 OUT="$runlogs" expect_refusal "a failing bench" ab run --no-build --rounds 1
 rm "$work/fail-tree"
