@@ -198,9 +198,16 @@ struct NormWeightTerm {
   const T* raw;
   const float* rms;
   BcShape sh;
-  __device__ float add_to(float acc, Idx row, Idx n) const {
-    const float xhat = to_float(raw[sh.raw(row) + n]) / rms[row];
-    return __fmaf_rn(to_float(dnormed[row * sh.ds + n]), xhat, acc);
+  struct Term {
+    T raw, dnormed;
+    float rms;
+  };
+  __device__ Term load(Idx row, Idx n) const {
+    return {raw[sh.raw(row) + n], dnormed[row * sh.ds + n], rms[row]};
+  }
+  __device__ float add_to(float acc, const Term& t) const {
+    const float xhat = to_float(t.raw) / t.rms;
+    return __fmaf_rn(to_float(t.dnormed), xhat, acc);
   }
 };
 

@@ -181,10 +181,16 @@ struct GateWeightTerm {
   const T *d_gated, *z, *y;
   const float* rstd;
   Idx di, hd, nh, ldz;
-  __device__ float add_to(float acc, Idx r, Idx d) const {
+  struct Term {
+    T d_gated, z, y;
+    float rstd;
+  };
+  __device__ Term load(Idx r, Idx d) const {
     const Idx i = r * di + d;
-    return __fmaf_rn(to_float(d_gated[i]) * silu(to_float(z[r * ldz + d])) * to_float(y[i]),
-                     rstd[r * nh + d / hd], acc);
+    return {d_gated[i], z[r * ldz + d], y[i], rstd[r * nh + d / hd]};
+  }
+  __device__ float add_to(float acc, const Term& t) const {
+    return __fmaf_rn(to_float(t.d_gated) * silu(to_float(t.z)) * to_float(t.y), t.rstd, acc);
   }
 };
 

@@ -240,8 +240,13 @@ struct RmsDwTerm {
   const T* g;
   const float* rms;
   Idx dim;
-  __device__ float add_to(float acc, Idx r, Idx i) const {
-    return __fmaf_rn(to_float(g[r * dim + i]), u[r * dim + i] / rms[r], acc);
+  struct Term {
+    T g;
+    float u, rms;
+  };
+  __device__ Term load(Idx r, Idx i) const { return {g[r * dim + i], u[r * dim + i], rms[r]}; }
+  __device__ float add_to(float acc, const Term& t) const {
+    return __fmaf_rn(to_float(t.g), t.u / t.rms, acc);
   }
 };
 

@@ -4,14 +4,18 @@
 //
 // colsum_rows: out[c] (+)= Σ_{r < rows} f(r, c) for a functor f giving element (r, c) of a
 // virtual [rows, cols] matrix (so a weight gradient's per-row terms are never materialised).
-//   f.add_to(acc, r, c) is acc + f(r, c) with its rounding written out: a term that is a
-//   product a·b adds as one fma(a, b, acc) (__fmaf_rn), never as a rounded product and an add,
-//   so the bits do not depend on whether nvcc contracts the loop's code (it had contracted
+//   f.load(r, c) → F::Term: the values element (r, c) is made of, loaded (no arithmetic);
+//   f.add_to(acc, t) is acc + f(r, c) from them, with its rounding written out: a term that is
+//   a product a·b adds as one fma(a, b, acc) (__fmaf_rn), never as a rounded product and an
+//   add, so the bits do not depend on whether nvcc contracts the loop's code (it had contracted
 //   every such term; a reshaped loop contracted only some of f16's: PERF.md v26).
 //   stage 1: rows are cut into fixed chunks of kColsumChunk rows; block (chunk, column tile)
 //            has 32 × kColsumLanes threads; lane row ty sums rows chunk·kColsumChunk + ty,
 //            + kColsumLanes, … in ascending order, then thread ty = 0 adds the kColsumLanes
-//            lane sums in ascending ty → partial[chunk, c] (Scratch, [chunks, cols]);
+//            lane sums in ascending ty → partial[chunk, c] (Scratch, [chunks, cols]).
+//            A lane loads kColsumBatch terms before it adds them (in that order), so that
+//            their loads are in flight together: the loop was a chain of one load and one
+//            add (and, for the norm weights, one division) per row;
 //   stage 2: one thread per column adds partial[0..chunks) in ascending order (s = p₀, then
 //            s += p₁, …), then out = s or out += s. Block (column tile) of 32 × kColsumLanes
 //            threads: all of them copy a slab of kColsumSlab partial rows to shared memory
@@ -42,6 +46,7 @@ constexpr Idx kMaxBlocks = Idx(1) << 20;    // grid cap; kernels loop grid-strid
 constexpr int kColsumLanes = kThreads / 32;  // row lanes of a colsum block (32 columns wide)
 constexpr Idx kColsumChunk = 256;           // rows per colsum chunk (stage 1)
 constexpr int kColsumSlab = 128;            // partial rows stage 2 stages in shared memory
+constexpr int kColsumBatch = 8;             // terms a stage-1 lane loads before adding them
 
 // x unchanged, but opaque to the optimiser: an address p + k·x formed from it inside a loop is
 // then formed where it is used instead of being hoisted and held in registers across the loop
@@ -141,7 +146,9 @@ void with_flags(bool a, bool b, F&& f) {
 struct LoadMatrix {
   const float* m;
   Idx cols;
-  __device__ float add_to(float acc, Idx r, Idx c) const { return acc + m[r * cols + c]; }
+  using Term = float;
+  __device__ float load(Idx r, Idx c) const { return m[r * cols + c]; }
+  __device__ float add_to(float acc, float t) const { return acc + t; }
 };
 
 template <class F>
@@ -152,9 +159,18 @@ colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* dst, bool a
   const Idx c = (blockIdx.x % col_tiles) * 32 + threadIdx.x;
   const Idx r1 = min(rows, (chunk + 1) * kColsumChunk);
   float acc = 0.0f;
-  if (c < cols)
-    for (Idx r = chunk * kColsumChunk + threadIdx.y; r < r1; r += kColsumLanes)
-      acc = f.add_to(acc, r, c);
+  if (c < cols) {
+    constexpr Idx kSpan = Idx(kColsumBatch - 1) * kColsumLanes;  // a batch's first to last row
+    Idx r = chunk * kColsumChunk + threadIdx.y;
+    for (; r + kSpan < r1; r += kSpan + kColsumLanes) {
+      typename F::Term t[kColsumBatch];
+#pragma unroll
+      for (int k = 0; k < kColsumBatch; ++k) t[k] = f.load(r + Idx(k) * kColsumLanes, c);
+#pragma unroll
+      for (int k = 0; k < kColsumBatch; ++k) acc = f.add_to(acc, t[k]);
+    }
+    for (; r < r1; r += kColsumLanes) acc = f.add_to(acc, f.load(r, c));
+  }
   lane_sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
