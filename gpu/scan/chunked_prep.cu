@@ -49,6 +49,8 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
     const unsigned i = w0 + S::seg();
     const bool on = i < items;
     const unsigned len = on ? ds : 0;  // values of this lane's row (none when off)
+    // Whether the lane's 4 values from n on are inside the row (kFull: all of them, when on).
+    auto in_row = [&](unsigned n) { return kFull ? on : n < len; };
     const unsigned r = pg.heads.div(i), h = i - r * pg.nh, base = i * ds;
     Idx b;
     const bool next = on && pg.time.divmod(pg.t_base + r, b) + 1 < pg.T;  // sg = 0 at t = T − 1
@@ -58,7 +60,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const unsigned n = 4 * lane + 64 * c;
-      const bool has = kFull ? on : n < len;
+      const bool has = in_row(n);
       // Pair j of the row rotated: j < na.
       auto rotated = [&](unsigned j) { return kFull ? c == 0 : j < na; };
       if constexpr (kRope) {
@@ -122,7 +124,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         qk += qv[c][e] * kv[c][e];
         o[e] = kv[c][e] * scale;
       }
-      lane_store<kVec>(a.k_scaled_saved, base, n, len, kFull ? on : n < len, o);
+      lane_store<kVec>(a.k_scaled_saved, base, n, len, in_row(n), o);
     }
     qk = segment_sum<kPrepLanes>(qk);
     if (on && lane == 0) {
