@@ -84,12 +84,10 @@ __device__ __forceinline__ void pair_store(X* x, unsigned row, unsigned lane, un
   }
 }
 
-// Whether the lane's pair p = lane + 32k is rotated (p < na). kFull (the official ds = 128,
-// na = 32): pair lane always, pair lane + 32 never — known when compiling, so the unrotated
-// half carries no branch around the rotation or sincosf (the same arithmetic per pair).
+// Whether the lane's pair p = lane + 32k (in half k of the row) is rotated: rope_pair_rotated.
 template <bool kFull>
 __device__ __forceinline__ bool pair_rotated(unsigned k, unsigned lane, unsigned na) {
-  return kFull ? k == 0 : lane + 32 * k < na;
+  return rope_pair_rotated<kFull>(k, lane + 32 * k, na);
 }
 
 // One (r, h)'s inputs for the lane: without kRecompute loaded by tail_load one (r, h) ahead of

@@ -61,8 +61,6 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
     for (int c = 0; c < 2; ++c) {
       const unsigned n = 4 * lane + 64 * c;
       const bool has = in_row(n);
-      // Pair j of the row rotated: j < na.
-      auto rotated = [&](unsigned j) { return kFull ? c == 0 : j < na; };
       if constexpr (kRope) {
         const unsigned gn = (r * pg.ng + pg.group.div(h)) * ds, hn = h * ds;
         float nb[4], nc[4], ab[4], ac[4], th[2];
@@ -73,7 +71,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         const unsigned j0 = n / 2;  // the lane's pairs j0, j0 + 1
         if constexpr (kVec) {       // na is even, so both pairs are rotated or neither
           th[0] = th[1] = 0.0f;
-          if (has && rotated(j0)) load_n<2>(a.theta + (i * na + j0), th);
+          if (has && rope_pair_rotated<kFull>(c, j0, na)) load_n<2>(a.theta + (i * na + j0), th);
         } else {
 #pragma unroll
           for (int u = 0; u < 2; ++u) th[u] = on && j0 + u < na ? a.theta[i * na + j0 + u] : 0.0f;
@@ -92,7 +90,7 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          if (!rotated(j0 + u)) continue;
+          if (!rope_pair_rotated<kFull>(c, j0 + u, na)) continue;
           float sn, cs;
           sincosf(th[u], &sn, &cs);
           const float b0 = kv[c][2 * u], b1 = kv[c][2 * u + 1];

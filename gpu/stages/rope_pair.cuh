@@ -27,4 +27,13 @@ __device__ __forceinline__ float rope_angle_grad(float g0, float g1, float r0, f
   return -g0 * r1 + g1 * r0;
 }
 
+// Whether pair j of a row is rotated (j < na), for a pair in half `half` of the row (0: pairs
+// 0 … 31, 1: 32 … 63). kFull: the official layout, ds = 128 and na = 32 (rope_layout_full,
+// chunked_detail.cuh): the first half's pairs always, the second's never — known when
+// compiling, so the code for the unrotated half has no rotation, sincosf or test.
+template <bool kFull>
+__device__ __forceinline__ bool rope_pair_rotated(unsigned half, unsigned j, unsigned na) {
+  return kFull ? half == 0 : j < na;
+}
+
 }  // namespace m3::gpu
