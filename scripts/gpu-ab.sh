@@ -15,8 +15,10 @@
 #                  chunked, Recompute none, graph replays); --ncu adds one official forward +
 #                  backward per dtype under Nsight Compute on each side, the per-kernel table
 #                  of scripts/ncu-compare.sh (base → tree) and each side's layer roofline
-#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–66: the layer's launches of
-#                  that one-layer run, docs/PERF.md "After v27"). Prints the summary last.
+#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–62: the layer's launches of
+#                  that one-layer run, docs/PERF.md "After v27" and v33; AB_LAUNCHES_BASE and
+#                  AB_LAUNCHES_TREE give a side's own, for a change that adds or removes
+#                  launches). Prints the summary last.
 #                  --no-build: the builds of an earlier run on this machine, as they are (the
 #                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
 #                  and build-gpu/tools/m3h).
@@ -122,6 +124,10 @@ summary() {
     }' <<<"$rows"
 }
 
+# The layer's launches in ncu's run of one official forward + backward (PERF.md "After v27"; v33
+# paired two pairs of column sums: four launches fewer in the backward).
+kLayerLaunches=21-32,36-62
+
 # build_both LOGS: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
 # at once.
 build_both() {
@@ -192,12 +198,14 @@ run() {
     # reads the durations among them.
     local ncu_metrics
     ncu_metrics="$(bash "$root/scripts/ncu-roofline.sh" --metrics)"
+    local -A launches=([base]="${AB_LAUNCHES_BASE:-$kLayerLaunches}"
+                       [tree]="${AB_LAUNCHES_TREE:-$kLayerLaunches}")
     for d in bf16 f16; do
       for side in base tree; do
         ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \
           "${bin[$side]}" bench --no-reference --shapes official --dtype "$d" --scan chunked \
           --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
-        bash "$root/scripts/ncu-roofline.sh" "$logs/ncu-$side-$d.csv" --launches 21-32,36-66 \
+        bash "$root/scripts/ncu-roofline.sh" "$logs/ncu-$side-$d.csv" --launches "${launches[$side]}" \
           >"$logs/ncu-$side-$d-roofline.txt" 2>&1 || true
       done
       bash "$root/scripts/ncu-compare.sh" "$logs/ncu-base-$d.csv" "$logs/ncu-tree-$d.csv" \
@@ -205,7 +213,7 @@ run() {
       echo "ncu $d, base -> tree (largest differences):"
       head -n 8 "$logs/ncu-$d-vs.txt"
       tail -n 1 "$logs/ncu-$d-vs.txt"
-      echo "ncu $d, the layer's roofline (launches 21-32, 36-66), base then tree:"
+      echo "ncu $d, the layer's roofline (launches ${launches[base]} and ${launches[tree]}), base then tree:"
       tail -n 3 "$logs/ncu-base-$d-roofline.txt"
       tail -n 3 "$logs/ncu-tree-$d-roofline.txt"
     done

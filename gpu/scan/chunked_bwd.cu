@@ -656,7 +656,7 @@ Idx tail_blocks(const Dims& d) { return (d.BT + kTailRows - 1) / kTailRows; }
 // part_b, part_c [tail_blocks, nh·ds], then colsum_rows' own scratch for their column sums.
 Idx tail_partials(const Dims& d) { return round64(tail_blocks(d) * d.nh * d.ds); }
 Idx tail_colsum_scratch(const Dims& d) {
-  return round64(colsum_scratch_floats(tail_blocks(d), d.nh * d.ds));
+  return round64(colsum_pair_scratch_floats(tail_blocks(d), d.nh * d.ds));
 }
 Idx first_region(const Dims& d) {
   return std::max(round64(d.B * d.nc * d.nh * d.hd * d.ds),
@@ -684,7 +684,7 @@ unsigned tail_cluster(const Dims& d) {
 Idx cluster_hsum(const Dims& d) { return round64(d.nh / tail_cluster(d) * d.BT * d.ds); }
 Idx cluster_parts(const Dims& d) { return round64(d.B * d.nc * d.nh * d.ds); }
 Idx cluster_colsum_scratch(const Dims& d) {
-  return round64(colsum_scratch_floats(d.B * d.nc, d.nh * d.ds));
+  return round64(colsum_pair_scratch_floats(d.B * d.nc, d.nh * d.ds));
 }
 Idx cluster_region(const Dims& d) {
   return 2 * cluster_hsum(d) + 2 * cluster_parts(d) + cluster_colsum_scratch(d);
@@ -878,10 +878,9 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     const Idx parts = cluster ? d.B * d.nc : tail_blocks(d);
     const Scratch sums = cluster ? Scratch{w.cpart_sums, cluster_colsum_scratch(d)}
                                  : Scratch{w.part_sums, tail_colsum_scratch(d)};
-    colsum_rows(s, parts, nhds, LoadMatrix{cluster ? w.cpart_b : w.part_b, nhds}, p.d_b_bias,
-                true, sums, kChunkWhere);
-    colsum_rows(s, parts, nhds, LoadMatrix{cluster ? w.cpart_c : w.part_c, nhds}, p.d_c_bias,
-                true, sums, kChunkWhere);
+    colsum_rows_pair(s, parts, nhds, LoadMatrix{cluster ? w.cpart_b : w.part_b, nhds},
+                     p.d_b_bias, LoadMatrix{cluster ? w.cpart_c : w.part_c, nhds}, p.d_c_bias,
+                     true, sums, kChunkWhere);
   }
   ddt_dtrap_kernel<T><<<grid_for(rows, kThreads), kThreads, 0, s>>>(g, p, w.dscale_prev);
   M3_LAUNCH_CHECK();

@@ -205,7 +205,7 @@ struct NormWeightTerm {
   __device__ Term load(Idx row, Idx n) const {
     return {raw[sh.raw(row) + n], dnormed[row * sh.ds + n], rms[row]};
   }
-  __device__ float add_to(float acc, const Term& t) const {
+  __device__ static float add_to(float acc, const Term& t) {
     const float xhat = to_float(t.raw) / t.rms;
     return __fmaf_rn(to_float(t.dnormed), xhat, acc);
   }
@@ -221,7 +221,8 @@ BcShape bc_shape(const Dims& d, Idx ldr, const char* where) {
 }
 
 Idx bcnorm_scratch_floats(const Dims& d) {
-  return std::max(colsum_scratch_floats(d.BT, d.nh * d.ds), colsum_scratch_floats(d.BT * d.ng, d.ds));
+  return std::max(colsum_pair_scratch_floats(d.BT, d.nh * d.ds),
+                  colsum_pair_scratch_floats(d.BT * d.ng, d.ds));
 }
 
 }  // namespace
@@ -278,18 +279,15 @@ void bcnorm_backward(cudaStream_t s, const Dims& d, const BcnormBwd<T>& p, Scrat
     });
   });
   M3_LAUNCH_CHECK();
-  // The reductions run one after another on the stream and share the scratch.
+  // The reductions run one after another on the stream and share the scratch; b's and c's sums
+  // of each pair in one launch (colsum_rows_pair).
   const Idx nhds = d.nh * d.ds;
-  if (head_sum) {
-    colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_b_pre_rope, nhds}, p.d_b_bias, true, scratch,
-                where);
-    colsum_rows(s, d.BT, nhds, LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch,
-                where);
-  }
-  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, sh},
-              p.d_b_norm_weight, true, scratch, where);
-  colsum_rows(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, sh},
-              p.d_c_norm_weight, true, scratch, where);
+  if (head_sum)
+    colsum_rows_pair(s, d.BT, nhds, LoadMatrix{p.d_b_pre_rope, nhds}, p.d_b_bias,
+                     LoadMatrix{p.d_c_pre_rope, nhds}, p.d_c_bias, true, scratch, where);
+  colsum_rows_pair(s, sh.rows, d.ds, NormWeightTerm<T>{p.d_b_normed, p.b_raw, p.b_rms, sh},
+                   p.d_b_norm_weight, NormWeightTerm<T>{p.d_c_normed, p.c_raw, p.c_rms, sh},
+                   p.d_c_norm_weight, true, scratch, where);
 }
 
 #define M3_INSTANTIATE(T)                                                               \

@@ -26,7 +26,7 @@ namespace {
 
 // Stage 2 of colsum_rows (reduce.cuh): block x owns columns 32x … 32x + 31.
 __global__ void __launch_bounds__(kThreads)
-colsum_finish_kernel(Idx chunks, Idx cols, const float* partial, float* out, bool accumulate) {
+colsum_finish_kernel(Idx chunks, Idx cols, const float* partial, ColsumOut out, bool accumulate) {
   __shared__ float slab[kColsumSlab][33];
   const Idx c = Idx(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
@@ -43,7 +43,10 @@ colsum_finish_kernel(Idx chunks, Idx cols, const float* partial, float* out, boo
     }
     __syncthreads();  // the slab is free for the next rows
   }
-  if (threadIdx.y == 0 && c < cols) out[c] = accumulate ? out[c] + s : s;
+  if (threadIdx.y == 0 && c < cols) {
+    float* o = out.at(c);
+    *o = accumulate ? *o + s : s;
+  }
 }
 
 // Values per vector of an elementwise kernel whose narrowest type is A or B.
@@ -102,8 +105,8 @@ Idx scratch_floats(const Dims& d) {
   if (d.storage == Precision::BF16 || d.storage == Precision::F16)
     need = std::max(need, bt * d.dm);                              // typed gemm_forward + bias
   need = std::max(need, colsum_scratch_floats(bt, d.nh));          // activations_backward
-  need = std::max(need, colsum_scratch_floats(bt, d.nh * d.ds));   // bcnorm_backward: biases
-  need = std::max(need, colsum_scratch_floats(bt * d.ng, d.ds));   // bcnorm_backward: norm w
+  need = std::max(need, colsum_pair_scratch_floats(bt, d.nh * d.ds));  // bcnorm_backward: biases
+  need = std::max(need, colsum_pair_scratch_floats(bt * d.ng, d.ds));  // bcnorm_backward: norm w
   if (d.outproj_norm) need = std::max(need, colsum_scratch_floats(bt, d.di));  // gating_backward
   need = std::max(need, angle_forward_scratch_floats(d));          // angle_forward: τ
   need = std::max(need, angle_backward_scratch_floats(d));         // angle_backward: Θ̄, τ
@@ -111,7 +114,7 @@ Idx scratch_floats(const Dims& d) {
   return need;
 }
 
-void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, float* out,
+void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, ColsumOut out,
                    bool accumulate) {
   // colsum_rows checked that chunks · tiles fits an int.
   const auto tiles = static_cast<unsigned int>((cols + 31) / 32);

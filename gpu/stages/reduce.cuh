@@ -21,6 +21,11 @@
 //            threads: all of them copy a slab of kColsumSlab partial rows to shared memory
 //            (independent, coalesced loads), then lane row 0 adds the slab's rows in order.
 //   With a single chunk (rows ≤ kColsumChunk) stage 1 writes out directly; no scratch.
+// colsum_rows_pair: two such sums of the same [rows, cols] shape in one launch of each stage, as
+//   one sum of a [rows, 2·cols] matrix, fa's columns then fb's (SideBySide), whose column c < cols
+//   goes to out_a[c] and cols + c to out_b[c] (ColsumOut). Every column's sum is the same chain
+//   as colsum_rows' of that functor alone, so the bits are too; what it saves is a launch of
+//   each stage (the two sums of a pair are too small to fill the machine: PERF.md v33).
 //
 // Row kernels ("segments"): a warp is split into 32/L segments of L lanes (L a power of two);
 // a segment owns one row of `dim` elements, lane l handles l, l + L, …; Σ over the row is the
@@ -148,12 +153,34 @@ struct LoadMatrix {
   Idx cols;
   using Term = float;
   __device__ float load(Idx r, Idx c) const { return m[r * cols + c]; }
-  __device__ float add_to(float acc, float t) const { return acc + t; }
+  __device__ static float add_to(float acc, float t) { return acc + t; }
 };
 
+// The [rows, 2·cols] matrix of a's columns then b's. F::add_to must be static (a function of the
+// term alone), so that a's and b's columns add alike; only load differs.
+template <class F>
+struct SideBySide {
+  F a, b;
+  Idx cols;  // of each
+  using Term = typename F::Term;
+  __device__ Term load(Idx r, Idx c) const { return c < cols ? a.load(r, c) : b.load(r, c - cols); }
+  __device__ static float add_to(float acc, const Term& t) { return F::add_to(acc, t); }
+};
+
+// Where column c's sum goes: out0[c] for c < split, else out1[c − split] (one output: out0
+// with split = cols).
+struct ColsumOut {
+  float* out0;
+  float* out1;
+  Idx split;
+  __device__ float* at(Idx c) const { return c < split ? out0 + c : out1 + (c - split); }
+};
+
+// partial == nullptr: one chunk, the sums go to out; else to partial[chunk, c].
 template <class F>
 __global__ void __launch_bounds__(kThreads)
-colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* dst, bool accumulate) {
+colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* partial, ColsumOut out,
+                      bool accumulate) {
   __shared__ float lane_sums[kColsumLanes][33];
   const Idx chunk = blockIdx.x / col_tiles;
   const Idx c = (blockIdx.x % col_tiles) * 32 + threadIdx.x;
@@ -177,33 +204,58 @@ colsum_partial_kernel(Idx rows, Idx cols, Idx col_tiles, F f, float* dst, bool a
     float s = lane_sums[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kColsumLanes; ++k) s += lane_sums[k][threadIdx.x];
-    float* o = dst + chunk * cols + c;  // partial[chunk, c], or out[c] with one chunk
+    float* o = partial ? partial + chunk * cols + c : out.at(c);
     *o = accumulate ? *o + s : s;
   }
 }
 
-// Stage 2 (reduce.cu): out[c] (+)= Σ_{k < chunks} partial[k, c], ascending k.
-void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, float* out,
+// Stage 2 (reduce.cu): *out.at(c) (+)= Σ_{k < chunks} partial[k, c], ascending k.
+void colsum_finish(cudaStream_t s, Idx chunks, Idx cols, const float* partial, ColsumOut out,
                    bool accumulate);
 
+// The two stages over f's [rows, cols], into out (cols = 2·split for a pair).
 template <class F>
-void colsum_rows(cudaStream_t s, Idx rows, Idx cols, const F& f, float* out, bool accumulate,
-                 Scratch scratch, const char* where) {
+void colsum_launch(cudaStream_t s, Idx rows, Idx cols, const F& f, ColsumOut out, bool accumulate,
+                   Scratch scratch, const char* where) {
   if (cols <= 0) return;
   if (rows <= 0) {
-    if (!accumulate)
-      M3_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<std::size_t>(cols) * sizeof(float), s));
+    if (!accumulate) {
+      const Idx n0 = std::min(cols, out.split);
+      M3_CUDA_CHECK(cudaMemsetAsync(out.out0, 0, static_cast<std::size_t>(n0) * sizeof(float), s));
+      if (cols > n0)
+        M3_CUDA_CHECK(cudaMemsetAsync(out.out1, 0,
+                                      static_cast<std::size_t>(cols - n0) * sizeof(float), s));
+    }
     return;
   }
   const Idx chunks = colsum_chunks(rows), tiles = (cols + 31) / 32;
   M3_REQUIRE(chunks * tiles <= INT_MAX, where, "column sum too large for one grid",
              "rows=", rows, ", cols=", cols);
   require_scratch(scratch, colsum_scratch_floats(rows, cols), where);
-  float* dst = chunks > 1 ? scratch.p : out;
   colsum_partial_kernel<<<static_cast<unsigned int>(chunks * tiles), dim3(32, kColsumLanes), 0,
-                          s>>>(rows, cols, tiles, f, dst, chunks > 1 ? false : accumulate);
+                          s>>>(rows, cols, tiles, f, chunks > 1 ? scratch.p : nullptr, out,
+                               chunks > 1 ? false : accumulate);
   M3_LAUNCH_CHECK();
   if (chunks > 1) colsum_finish(s, chunks, cols, scratch.p, out, accumulate);
+}
+
+template <class F>
+void colsum_rows(cudaStream_t s, Idx rows, Idx cols, const F& f, float* out, bool accumulate,
+                 Scratch scratch, const char* where) {
+  colsum_launch(s, rows, cols, f, ColsumOut{out, nullptr, cols}, accumulate, scratch, where);
+}
+
+// Scratch floats colsum_rows_pair needs for two [rows, cols] sums.
+inline Idx colsum_pair_scratch_floats(Idx rows, Idx cols) {
+  return colsum_scratch_floats(rows, 2 * cols);
+}
+
+template <class F>
+void colsum_rows_pair(cudaStream_t s, Idx rows, Idx cols, const F& fa, float* out_a, const F& fb,
+                      float* out_b, bool accumulate, Scratch scratch, const char* where) {
+  if (cols <= 0) return;
+  colsum_launch(s, rows, 2 * cols, SideBySide<F>{fa, fb, cols}, ColsumOut{out_a, out_b, cols},
+                accumulate, scratch, where);
 }
 
 }  // namespace m3::gpu

@@ -31,6 +31,7 @@
 #include "error.hpp"
 #include "gpu_test_util.hpp"
 #include "params.hpp"
+#include "reduce.cuh"
 #include "stages.cuh"
 #include "stages.hpp"
 
@@ -795,6 +796,51 @@ TEST(GpuReduce, ColsumFollowsItsStatedOrderBitForBit) {
         }
         expect_bitwise("colsum", got, want);
       });
+}
+
+// colsum_rows_pair (reduce.cuh): two sums of one shape in one launch of each stage give each
+// sum's bits of its own colsum_rows — at one chunk, several, and more than one slab; at widths
+// where a column tile holds columns of both matrices (33, 130) and where it does not (1 per
+// matrix: tile 0 holds both); overwriting and accumulating into distinct starts; exactly the
+// scratch colsum_pair_scratch_floats asks for. With no rows, an overwrite zeroes both outputs
+// and an accumulation leaves them.
+TEST(GpuReduce, ColsumPairGivesEachSumsBitsOfItsOwn) {
+  M3_SKIP_WITHOUT_GPU();
+  Stream s;
+  Rng rng(12);
+  for (Idx rows : {Idx(0), Idx(1), Idx(255), Idx(2049), Idx(33000)}) {
+    for (Idx cols : {Idx(1), Idx(33), Idx(130)}) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     (accumulate ? " accumulate" : " overwrite"));
+        Vec a(static_cast<size_t>(rows * cols)), b(a.size()), sa(static_cast<size_t>(cols)),
+            sb(sa.size());
+        fill(a, rng, -1.0, 1.0);
+        fill(b, rng, -1.0, 1.0);
+        fill(sa, rng, -1.0, 1.0);
+        fill(sb, rng, -1.0, 1.0);
+        const Idx need = m3::gpu::colsum_pair_scratch_floats(rows, cols);
+        DeviceArray<float> scratch(std::max<Idx>(need, 1));
+        const Scratch scr{scratch.data(), need};
+        auto da = up(a, s), db = up(b, s), pa = up(sa, s), pb = up(sb, s), oa = up(sa, s),
+             ob = up(sb, s);
+        m3::gpu::colsum_rows_pair(s, rows, cols, m3::gpu::LoadMatrix{da.data(), cols}, pa.data(),
+                                  m3::gpu::LoadMatrix{db.data(), cols}, pb.data(), accumulate,
+                                  scr, "test");
+        m3::gpu::colsum_rows(s, rows, cols, m3::gpu::LoadMatrix{da.data(), cols}, oa.data(),
+                             accumulate, scr, "test");
+        m3::gpu::colsum_rows(s, rows, cols, m3::gpu::LoadMatrix{db.data(), cols}, ob.data(),
+                             accumulate, scr, "test");
+        const Vec got_a = down(pa, s), got_b = down(pb, s);
+        expect_bitwise("pair, a's sums", got_a, down(oa, s));
+        expect_bitwise("pair, b's sums", got_b, down(ob, s));
+        if (rows == 0) {
+          expect_bitwise("no rows, a", got_a, accumulate ? sa : Vec(sa.size(), 0.0f));
+          expect_bitwise("no rows, b", got_b, accumulate ? sb : Vec(sb.size(), 0.0f));
+        }
+      }
+    }
+  }
 }
 
 TEST(GpuReduce, AddAndConvertAreExact) {
