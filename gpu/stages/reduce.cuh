@@ -253,7 +253,6 @@ inline Idx colsum_pair_scratch_floats(Idx rows, Idx cols) {
 template <class F>
 void colsum_rows_pair(cudaStream_t s, Idx rows, Idx cols, const F& fa, float* out_a, const F& fb,
                       float* out_b, bool accumulate, Scratch scratch, const char* where) {
-  if (cols <= 0) return;
   colsum_launch(s, rows, 2 * cols, SideBySide<F>{fa, fb, cols}, ColsumOut{out_a, out_b, cols},
                 accumulate, scratch, where);
 }
