@@ -8,8 +8,11 @@
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
 //           dx itself stored only when its pointer is set); with add_typed also add_out's
-//           values rounded to T (δ's typed copy for the next B8: convert()'s bits); add_in's row
-//           is prefetched into L2 as the row starts (prefetch_l2), for the second pass's loads
+//           values rounded to T (δ's typed copy for the next B8: convert()'s bits). add_in's
+//           row is read as the row starts, for the second pass: with 32 lanes per row, vectors
+//           and dw fused (every dim in (124, 1024] with aligned rows: kStage) by cp.async into
+//           the warp's row of the shared dw buffer, its latency under the first pass's loads;
+//           otherwise prefetched into L2 (prefetch_l2)
 // Forward with the residual add in front (rmsnorm_forward_add, kSum): u[r,i] = a[r,i] + b[r,i]
 // (f32 + typed, bit for bit add()) is stored to u as the row is first read, then normalised:
 // the previous layer's F8 add and this F1 (or norm_f) in one pass over the residual stream.
@@ -29,6 +32,8 @@
 // dw[i] += colsum_rows over P's rows (reduce.cuh's order). Wider rows (dim > 1024): dw from
 // colsum_rows over the terms themselves after the kernel (g and u read a second time). Both are
 // fixed orders that depend on (rows, dim) only.
+#include <utility>
+
 #include "convert.cuh"
 #include "reduce.cuh"
 
@@ -126,6 +131,39 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, float* __restrict__ u, const float* __
   }
 }
 
+// The groups k < G at src + k·kStride (16 bytes each, k·kStride < m) to the same offsets from
+// dst, by cp.async (.cg: δ is read once) with the offsets as immediates, so that the copies of
+// a row hold two address registers, not one per group (per-group addresses spilled at the
+// backward's 128-register budget). The caller waits; the copies are visible to this thread.
+template <long long kOff>
+__device__ __forceinline__ void copy_group_at(unsigned d, unsigned long long s, bool valid) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n"
+      " @p cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n}\n" ::"r"(d),
+      "l"(s), "r"(static_cast<unsigned>(valid)), "n"(kOff)
+      : "memory");
+}
+template <Idx kStride, int... k>
+__device__ __forceinline__ void copy_groups(float* dst, const float* src, Idx m,
+                                            std::integer_sequence<int, k...>) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const unsigned long long s = __cvta_generic_to_global(src);
+  (copy_group_at<k * kStride * static_cast<long long>(sizeof(float))>(d, s, k * kStride < m),
+   ...);
+}
+template <int G, Idx kStride>
+__device__ __forceinline__ void copy_groups(float* dst, const float* src, Idx m) {
+  copy_groups<kStride>(dst, src, m, std::make_integer_sequence<int, G>{});
+}
+
+// Whether the kDw kernel at L lanes reads δ through shared memory (kStage): 32 lanes, vectors,
+// δ added; every such launch does, unless a test turned it off to compare the two paths.
+constexpr bool stages_delta(int L, bool vec, bool add) { return L == 32 && vec && add; }
+bool& staging_enabled() {
+  static bool on = true;
+  return on;
+}
+
 // Rows per block of the kDw kernel at L lanes per row: 128, or the rows one pass of the block
 // takes (Seg<L>::kPerBlock) where that is more; a multiple of it either way.
 constexpr Idx dw_rows(int L) {
@@ -135,7 +173,7 @@ constexpr Idx dw_rows(int L) {
 inline bool dw_fused(int L, Idx dim) { return dim <= Idx(groups_of(L)) * L * kV; }
 inline Idx dw_blocks(int L, Idx rows) { return (rows + dw_rows(L) - 1) / dw_rows(L); }
 
-template <class T, int L, bool kVec, bool kAdd, bool kDw>
+template <class T, int L, bool kVec, bool kAdd, bool kDw, bool kStage>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ w, const float* __restrict__ rms,
@@ -145,6 +183,9 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   using S = Seg<L>;
   constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
+  // kStage: δ's row through shared memory (below); with 32 lanes a row is a warp's, and kDw
+  // rows are one chunk (dw_fused), so the warp's row of part holds all of it.
+  static_assert(!kStage || (kAdd && kVec && kDw && L == 32), "kStage: see stages_delta");
   const Idx i0 = Idx(S::lane()) * kV;
   // kDw: this block's rows [r_begin, r_end), a pass of kPerBlock rows at a time; else all rows,
   // grid-stride.
@@ -154,6 +195,9 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   const Idx w_first = kDw ? r_begin + Idx(threadIdx.x / 32) * S::kPerWarp : S::first();
   const Idx w_step = kDw ? Idx(S::kPerBlock) : S::stride();
   float dwa[kDw ? G : 1][kV] = {};  // kDw: the lane's column sums of g·x̂
+  // kDw: P's rows (below); kStage: while the rows are walked, warp w's δ row (part[w]).
+  __shared__ __align__(16) float part[kDw ? S::kPerBlock : 1][kDw ? kChunk : 1];
+  float* const stage = part[kStage ? threadIdx.x / 32 : 0];  // kStage: one row per warp
   for (Idx w0 = w_first; w0 < r_end; w0 += w_step) {
     const Idx r = w0 + S::seg();
     const bool on = r < r_end;
@@ -161,9 +205,14 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     const T* gr = g + r * dim;
     const float rr = on ? rms[r] : 1.0f;
     // kAdd: δ's row (add_in) is read only in the second pass, a group at a time (holding it in
-    // registers spills); its prefetch into L2 now makes those loads L2 hits.
-    if (kAdd && kVec && on && S::lane() == 0)
+    // registers spills). kStage: each lane copies its own groups of it into the warp's row of
+    // part by cp.async as the row starts, so its latency passes under the first pass's; else
+    // it is prefetched into L2, which makes the second pass's loads L2 hits.
+    if constexpr (kStage) {
+      if (on) copy_groups<G, kStep>(stage + i0, add_in + r * dim + i0, dim - i0);
+    } else if (kAdd && kVec && on && S::lane() == 0) {
       prefetch_l2(add_in + r * dim, static_cast<unsigned>(dim * sizeof(float)));
+    }
     float x[G][kV], gx[G][kV];  // the lane's current chunk of u and of g
     float c = 0.0f;
     if (on)
@@ -186,6 +235,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
       }
     c = segment_sum<L>(c) / static_cast<float>(dim);
     if (!on) continue;
+    if constexpr (kStage) cp_async_wait_all();  // the lane's own copies: no barrier needed
     float* dxr = dx ? dx + r * dim : nullptr;
     const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x, gx
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
@@ -204,7 +254,12 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         if (dxr) store_group<kVec>(dxr + i, dim - i, o);
         if constexpr (kAdd) {
           float a[kV];
-          load_group<kVec>(add_in + r * dim + i, dim - i, a);
+          if constexpr (kStage) {
+            const float4 a4 = *reinterpret_cast<const float4*>(&stage[i]);
+            a[0] = a4.x, a[1] = a4.y, a[2] = a4.z, a[3] = a4.w;
+          } else {
+            load_group<kVec>(add_in + r * dim + i, dim - i, a);
+          }
 #pragma unroll
           for (int j = 0; j < kV; ++j) a[j] = a[j] + o[j];
           store_group<kVec>(add_out + r * dim + i, dim - i, a);
@@ -214,7 +269,8 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     }
   }
   if constexpr (kDw) {  // P[b, i] = Σ_q (segment q's sums), ascending q
-    __shared__ float part[S::kPerBlock][kChunk];
+    // kStage: row q of part is warp q's δ row, whose copies this lane waited for; it now
+    // overwrites its own groups there, which no other lane reads before the barrier.
     const int q = static_cast<int>(threadIdx.x / 32) * S::kPerWarp + S::seg();
 #pragma unroll
     for (int k = 0; k < G; ++k)
@@ -326,11 +382,22 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
     with_flags(vec, add, [&](auto vec_c, auto add_c) {
       constexpr bool V = decltype(vec_c)::value, A = decltype(add_c)::value;
       if (fused) {
-        rmsnorm_backward_kernel<T, L, V, A, true><<<static_cast<unsigned int>(blocks), kThreads,
-                                                    0, s>>>(rows, dim, u, w, rms, g, dx, add_in,
-                                                            add_out, add_typed, scratch.p);
+        auto launch = [&](auto stage) {
+          rmsnorm_backward_kernel<T, L, V, A, true, decltype(stage)::value>
+              <<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(
+                  rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
+        };
+        if constexpr (stages_delta(L, V, A)) {
+          if (staging_enabled()) {
+            launch(std::true_type{});
+          } else {
+            launch(std::false_type{});
+          }
+        } else {
+          launch(std::false_type{});
+        }
       } else if constexpr (L == 32) {  // only rows of more than 32·L = 1024 elements
-        rmsnorm_backward_kernel<T, L, V, A, false>
+        rmsnorm_backward_kernel<T, L, V, A, false, false>
             <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
                 rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, nullptr);
       }
@@ -345,6 +412,8 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
     colsum_rows(s, rows, dim, RmsDwTerm<T>{u, g, rms, dim}, dw, true, scratch, where);
   }
 }
+
+void set_rmsnorm_delta_staging_for_testing(bool on) { staging_enabled() = on; }
 
 #define M3_INSTANTIATE(T)                                                                   \
   template void rmsnorm_forward<T>(cudaStream_t, Idx, Idx, const float*, const float*, T*,  \

@@ -95,6 +95,9 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
                       T* add_typed = nullptr);
 // Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
 Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
+// Tests: whether rmsnorm_backward reads δ (add_in) through shared memory where it can (on by
+// default; norm.cu's kStage), so that both paths can be held to the same bits.
+void set_rmsnorm_delta_staging_for_testing(bool on);
 
 // ---- split.cu ------------------------------------------------------------------------------
 // F3 (§4): proj [BT, ip] → z, x [BT, di]; b_raw, c_raw [BT, ng·ds]; dd_dt_raw, dd_a_raw,

@@ -671,6 +671,55 @@ TYPED_TEST(TypedStages, RmsnormBackwardTypedCopyIsTheConvertOfItsAdd) {
   }
 }
 
+// B1 with δ at 32 lanes per row, vectors and dw in the kernel: norm.cu's kStage reads δ's row
+// through shared memory (cp.async); with it turned off, the same kernel reads it from global
+// memory as before. Every output has the same bits either way. Widths: the whole row in every
+// lane's groups (1024), groups past the row's end in some lanes (1000, 260); rows: part of one
+// block (37) and a partial third block (300). (The element-by-element path is no reference
+// here: nvcc contracts its dx arithmetic differently.)
+TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  Stream s;
+  struct Restore {
+    ~Restore() { m3::gpu::set_rmsnorm_delta_staging_for_testing(true); }
+  } restore;
+  for (const Idx dim : {Idx(1024), Idx(1000), Idx(260)})
+    for (const Idx rows : {Idx(37), Idx(300)}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows));
+      const Idx n = rows * dim;
+      Rng rng(11 + dim + rows);
+      Vec u(static_cast<size_t>(n)), g(u.size()), a(u.size()), w(static_cast<size_t>(dim));
+      for (auto& e : u) e = static_cast<float>(3.0 * rng.normalish());
+      fill(g, rng, -1.0, 1.0);
+      fill(a, rng, -2.0, 2.0);
+      fill(w, rng, 0.5, 1.5);
+      Vec rms(static_cast<size_t>(rows));
+      for (Idx r = 0; r < rows; ++r) {
+        double ss = 0.0;
+        for (Idx i = 0; i < dim; ++i) ss += double(u[r * dim + i]) * u[r * dim + i];
+        rms[r] = static_cast<float>(std::sqrt(ss / double(dim) + 1e-5));
+      }
+      auto du = up(u, s), dw = up(w, s), da = up(a, s), drms = up(rms, s);
+      auto dg = up_t<T>(rounded<T>(g), s);
+      const Idx scr = m3::gpu::rmsnorm_backward_scratch_floats(rows, dim);
+      auto run = [&](bool staged) {
+        m3::gpu::set_rmsnorm_delta_staging_for_testing(staged);
+        DeviceArray<float> gw(dim), dx(n), out(n), sc(std::max<Idx>(scr, 1));
+        DeviceArray<T> typed(n);
+        gw.zero(s);
+        m3::gpu::rmsnorm_backward<T>(s, rows, dim, du.data(), dw.data(), drms.data(), dg.data(),
+                                     dx.data(), gw.data(), {sc.data(), scr}, da.data(),
+                                     out.data(), typed.data());
+        return Named{{"dx", down(dx, s)},
+                     {"add_out", down(out, s)},
+                     {"add_typed", down_t(typed, s)},
+                     {"dw", down(gw, s)}};
+      };
+      expect_bitwise("δ staged against δ from global memory", run(true), run(false));
+    }
+}
+
 // F3 on the world's proj: every output, and proj after it. views: z, x, b_raw, c_raw null (the
 // production layout's column views), so none of them is written or returned.
 template <class T>
