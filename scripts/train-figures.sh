@@ -16,6 +16,9 @@
 #                the repository's own sources (no download needed)
 # Usage: bash scripts/train-figures.sh M3H [STEP...]
 #   (steps: throughput jargon parity parity16 copy parallel; default all)
+# Exit status 1 when a run fails (m3h train's status: a verification failure stops a run with
+# 1) or a bit-for-bit check fails, naming them on the last line; a step whose data is missing
+# is skipped with a line that says so.
 set -uo pipefail
 m3h="$1"
 shift
@@ -31,7 +34,9 @@ run() {  # NAME ARGS...: m3h train --out $logs/NAME ARGS, console to $logs/NAME.
   local rc=$?
   tail -n 3 "$logs/$name.log"
   echo "rc=$rc"
+  ((rc == 0)) || failed+=("$name (rc=$rc)")
 }
+failed=()  # the runs and checks that failed: the script exits 1 when there is any
 for s in "${steps[@]}"; do
   case "$s" in
     throughput)
@@ -100,6 +105,7 @@ for s in "${steps[@]}"; do
         echo "parallel: the one-process job equals the plain path bit for bit (final checkpoint)"
       else
         echo "parallel: FAIL: the one-process job differs from the plain path"
+        failed+=("par_job1 differs from par_plain")
       fi
       n=$(nvidia-smi -L 2>/dev/null | wc -l)
       for G in 2 4 8; do
@@ -119,10 +125,18 @@ for s in "${steps[@]}"; do
           echo "parallel: a job of 2 processes equals --gpus 2 bit for bit (final checkpoint)"
         else
           echo "parallel: FAIL: a job of 2 processes differs from --gpus 2"
+          failed+=("par_job2 differs from par_g2")
         fi
       fi
       ;;
-    *) echo "unknown step $s" ;;
+    *)
+      echo "unknown step $s"
+      failed+=("unknown step $s")
+      ;;
   esac
 done
 tar --exclude='*.h5' -C "$logs/.." -czf "${OUT:-gpu-logs}/train.tar.gz" train
+if ((${#failed[@]})); then
+  echo "train-figures: FAIL: ${failed[*]}"
+  exit 1
+fi
