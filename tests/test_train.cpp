@@ -27,9 +27,14 @@
 #include "data.hpp"
 #include "error.hpp"
 #include "fd.hpp"
+#include "gpu_lineup.hpp"
 #include "lm_test_util.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
+#include "params.hpp"
+#include "problem.hpp"
+#include "registry.hpp"
+#include "run.hpp"
 #include "test_util.hpp"
 #include "trainer.hpp"
 
@@ -88,6 +93,47 @@ TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
   EXPECT_EQ(s1.m, mf);
   EXPECT_EQ(s1.v, vf);
   EXPECT_NE(s1.params, s0.params);
+}
+
+// Verification while training judges the live slice as m3h compare judges a problem (the
+// judged lineups: subject, its emulation, the perturbed oracle's conditioning term): on the CPU
+// (the float reference as the subject), the verdict, its worst % and its tensor count are
+// run_comparison's over the same Problem, and a correct model passes.
+TEST(TrainVerify, TheSliceGetsTheVerdictOfTheJudgedLineups) {
+  const Idx T = 12, V = 7;
+  const Config cfg = tiny_lm(V);
+  const TrainState s = initial_state(cfg, 8);
+  const Batch live = m3::test::token_batch(2, T, V, 4);
+  const VerifyResult v =
+      verify_on_slice(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live);
+  m3::Problem pb;
+  pb.cfg = cfg;
+  pb.B = 1;
+  pb.T = T;
+  pb.params = m3::cast_params<double>(from_flat(s.params, cfg, m3::param_layout(cfg)));
+  pb.tok.assign(live.tok.begin(), live.tok.begin() + T);
+  pb.tgt.assign(live.tgt.begin(), live.tgt.begin() + T);
+  pb.w.assign(live.w.begin(), live.w.begin() + T);
+  pb.states = m3::zero_states<double>(cfg, 1);
+  m3::harness::RunSpec spec;
+  spec.cfg = cfg;
+  spec.B = 1;
+  spec.T = T;
+  spec.modes = {ScanMode::Chunked};
+  const m3::harness::Comparison c =
+      m3::harness::run_comparison(spec, pb, m3::harness::reference_oracle(),
+                                  m3::harness::judged_lineups("cpu", {Precision::F32}));
+  ASSERT_EQ(c.cells.size(), 1u);
+  const m3::harness::CompareResult& r = c.cells.front();
+  double worst = 0;
+  for (const auto& row : r.rows) worst = std::max(worst, row.verdict.pct());
+  EXPECT_TRUE(v.pass);
+  EXPECT_EQ(v.pass, r.pass());
+  EXPECT_EQ(v.tensors, static_cast<Idx>(r.rows.size()));
+  EXPECT_GT(v.tensors, 0);
+  EXPECT_EQ(v.worst_pct, worst);
+  EXPECT_LT(v.worst_pct, 100.0);
+  EXPECT_EQ(v.first_fail, "");
 }
 
 TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
