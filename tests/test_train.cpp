@@ -31,9 +31,7 @@
 #include "lm_test_util.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
-#include "params.hpp"
 #include "problem.hpp"
-#include "registry.hpp"
 #include "run.hpp"
 #include "test_util.hpp"
 #include "trainer.hpp"
@@ -106,15 +104,9 @@ TEST(TrainVerify, TheSliceGetsTheVerdictOfTheJudgedLineups) {
   const Batch live = m3::test::token_batch(2, T, V, 4);
   const VerifyResult v =
       verify_on_slice(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live);
-  m3::Problem pb;
-  pb.cfg = cfg;
-  pb.B = 1;
-  pb.T = T;
-  pb.params = m3::cast_params<double>(from_flat(s.params, cfg, m3::param_layout(cfg)));
-  pb.tok.assign(live.tok.begin(), live.tok.begin() + T);
-  pb.tgt.assign(live.tgt.begin(), live.tgt.begin() + T);
-  pb.w.assign(live.w.begin(), live.w.begin() + T);
-  pb.states = m3::zero_states<double>(cfg, 1);
+  const m3::Problem pb = verification_problem(cfg, s.params, live);
+  ASSERT_EQ(pb.B, 1);
+  ASSERT_EQ(pb.T, T);
   m3::harness::RunSpec spec;
   spec.cfg = cfg;
   spec.B = 1;

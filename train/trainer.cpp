@@ -73,9 +73,8 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
 // error) before, which has no margin where a tensor's conditioning amplifies another summation
 // order's error (docs/TRAINING.md, parity_f32); one problem now gets one verdict whichever
 // command judges it.
-VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
-                             Precision storage, const std::vector<float>& params,
-                             const Batch& live, gpu::Fault fault) {
+Problem verification_problem(const Config& cfg, const std::vector<float>& params,
+                             const Batch& live) {
   Problem pb;
   pb.cfg = cfg;
   pb.B = 1;
@@ -86,6 +85,13 @@ VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanM
   pb.w.assign(live.w.begin(), live.w.begin() + pb.T);
   if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
   pb.states = zero_states<double>(cfg, 1);
+  return pb;
+}
+
+VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
+                             Precision storage, const std::vector<float>& params,
+                             const Batch& live, gpu::Fault fault) {
+  const Problem pb = verification_problem(cfg, params, live);
   harness::RunSpec spec;
   spec.source = "the live slice of a training batch";
   spec.cfg = cfg;

@@ -36,6 +36,7 @@
 #include "data.hpp"
 #include "optimizer.hpp"
 #include "parallel.hpp"
+#include "problem.hpp"
 
 namespace m3::train {
 
@@ -72,6 +73,10 @@ struct VerifyResult {
   std::string first_nonfinite;  // the first tensor the subject has non-finite ("" if none)
   Idx tensors = 0;
 };
+// The problem verify_on_slice judges: row 0 of the live batch, its first min(T, 256) steps,
+// the current weights (in double), zero entering states; every position scored when none is.
+Problem verification_problem(const Config& cfg, const std::vector<float>& params,
+                             const Batch& live);
 VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
                              Precision storage, const std::vector<float>& params,
                              const Batch& live, gpu::Fault fault = gpu::Fault::None);

@@ -51,25 +51,16 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// kBytes (4, 8 or 16) global → shared by cp.async (sm_80+; 4 and 8 bytes .ca, 16 bytes .cg:
-// through L2 only, for data read once), or kBytes zeros when !valid (src-size 0: src is not
-// read, but must be a global address): in flight without a register; the caller waits
-// (cp.async.wait_all, or groups below) and makes the copies visible (a barrier), or reads
-// only what it copied itself (visible to the issuing thread once waited for).
+// kBytes (4 or 8) global → shared by cp.async.ca (sm_80+), or kBytes zeros when !valid
+// (src-size 0: src is not read, but must be a global address): in flight without a register;
+// the caller waits (cp.async.wait_all, or groups below) and makes the copies visible (a barrier).
 template <int kBytes>
 __device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool valid) {
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-                 "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
-                     static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-                 "l"(__cvta_generic_to_global(src)), "n"(kBytes), "r"(valid ? kBytes : 0)
-                 : "memory");
-  }
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(__cvta_generic_to_global(src)), "n"(kBytes), "r"(valid ? kBytes : 0)
+               : "memory");
 }
 // A 4-byte copy that always reads (cp_async_zfill<4> with valid).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {

@@ -185,7 +185,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
   // kStage: δ's row through shared memory (below); with 32 lanes a row is a warp's, and kDw
   // rows are one chunk (dw_fused), so the warp's row of part holds all of it.
-  static_assert(!kStage || (kAdd && kVec && kDw && L == 32), "kStage: see stages_delta");
+  static_assert(!kStage || (kDw && stages_delta(L, kVec, kAdd)), "kStage: see stages_delta");
   const Idx i0 = Idx(S::lane()) * kV;
   // kDw: this block's rows [r_begin, r_end), a pass of kPerBlock rows at a time; else all rows,
   // grid-stride.
@@ -388,14 +388,9 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
                   rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
         };
         if constexpr (stages_delta(L, V, A)) {
-          if (staging_enabled()) {
-            launch(std::true_type{});
-          } else {
-            launch(std::false_type{});
-          }
-        } else {
-          launch(std::false_type{});
+          if (staging_enabled()) return launch(std::true_type{});
         }
+        launch(std::false_type{});
       } else if constexpr (L == 32) {  // only rows of more than 32·L = 1024 elements
         rmsnorm_backward_kernel<T, L, V, A, false, false>
             <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(

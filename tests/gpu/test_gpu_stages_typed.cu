@@ -628,6 +628,29 @@ TYPED_TEST(TypedStages, RmsNormMatchesReference) {
   }
 }
 
+// The inputs of the RMSNorm backward's own tests, [rows, dim] from `seed`: u (≈ 3·N(0, 1)), g
+// in [−1, 1], δ (a) in [−2, 2], w in [0.5, 1.5], and u's RMS per row (ε = 1e-5, in double).
+struct RmsRows {
+  Vec u, g, a, w, rms;
+};
+RmsRows rms_rows(Idx rows, Idx dim, std::uint64_t seed) {
+  const Idx n = rows * dim;
+  Rng rng(seed);
+  RmsRows o{Vec(static_cast<size_t>(n)), Vec(static_cast<size_t>(n)),
+            Vec(static_cast<size_t>(n)), Vec(static_cast<size_t>(dim)),
+            Vec(static_cast<size_t>(rows))};
+  for (auto& e : o.u) e = static_cast<float>(3.0 * rng.normalish());
+  fill(o.g, rng, -1.0, 1.0);
+  fill(o.a, rng, -2.0, 2.0);
+  fill(o.w, rng, 0.5, 1.5);
+  for (Idx r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (Idx i = 0; i < dim; ++i) ss += double(o.u[r * dim + i]) * o.u[r * dim + i];
+    o.rms[r] = static_cast<float>(std::sqrt(ss / double(dim) + 1e-5));
+  }
+  return o;
+}
+
 // B1's residual pass-through with δ's typed copy (rmsnorm_backward's add_typed, the fused
 // runs' replacement of the convert before the next B8): add_out as without it, and add_typed
 // the bits of convert<float, T>(add_out), contiguous rows (vectors) and an odd width (the
@@ -639,20 +662,9 @@ TYPED_TEST(TypedStages, RmsnormBackwardTypedCopyIsTheConvertOfItsAdd) {
   for (const Idx dim : {Idx(256), Idx(1088), Idx(21)}) {
     SCOPED_TRACE("dim " + std::to_string(dim));
     const Idx rows = 37, n = rows * dim;
-    Rng rng(5 + dim);
-    Vec u(static_cast<size_t>(n)), g(u.size()), a(u.size()), w(static_cast<size_t>(dim));
-    for (auto& e : u) e = static_cast<float>(3.0 * rng.normalish());
-    fill(g, rng, -1.0, 1.0);
-    fill(a, rng, -2.0, 2.0);
-    fill(w, rng, 0.5, 1.5);
-    Vec rms(static_cast<size_t>(rows));
-    for (Idx r = 0; r < rows; ++r) {
-      double ss = 0.0;
-      for (Idx i = 0; i < dim; ++i) ss += double(u[r * dim + i]) * u[r * dim + i];
-      rms[r] = static_cast<float>(std::sqrt(ss / double(dim) + 1e-5));
-    }
-    auto du = up(u, s), dw = up(w, s), drms = up(rms, s), da = up(a, s);
-    auto dg = up_t<T>(rounded<T>(g), s);
+    const RmsRows in = rms_rows(rows, dim, 5 + dim);
+    auto du = up(in.u, s), dw = up(in.w, s), drms = up(in.rms, s), da = up(in.a, s);
+    auto dg = up_t<T>(rounded<T>(in.g), s);
     DeviceArray<float> gw0(dim), gw1(dim), out0(n), out1(n);
     DeviceArray<T> typed(n), want(n);
     gw0.zero(s);
@@ -688,20 +700,9 @@ TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) 
     for (const Idx rows : {Idx(37), Idx(300)}) {
       SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows));
       const Idx n = rows * dim;
-      Rng rng(11 + dim + rows);
-      Vec u(static_cast<size_t>(n)), g(u.size()), a(u.size()), w(static_cast<size_t>(dim));
-      for (auto& e : u) e = static_cast<float>(3.0 * rng.normalish());
-      fill(g, rng, -1.0, 1.0);
-      fill(a, rng, -2.0, 2.0);
-      fill(w, rng, 0.5, 1.5);
-      Vec rms(static_cast<size_t>(rows));
-      for (Idx r = 0; r < rows; ++r) {
-        double ss = 0.0;
-        for (Idx i = 0; i < dim; ++i) ss += double(u[r * dim + i]) * u[r * dim + i];
-        rms[r] = static_cast<float>(std::sqrt(ss / double(dim) + 1e-5));
-      }
-      auto du = up(u, s), dw = up(w, s), da = up(a, s), drms = up(rms, s);
-      auto dg = up_t<T>(rounded<T>(g), s);
+      const RmsRows in = rms_rows(rows, dim, 11 + dim + rows);
+      auto du = up(in.u, s), dw = up(in.w, s), da = up(in.a, s), drms = up(in.rms, s);
+      auto dg = up_t<T>(rounded<T>(in.g), s);
       const Idx scr = m3::gpu::rmsnorm_backward_scratch_floats(rows, dim);
       auto run = [&](bool staged) {
         m3::gpu::set_rmsnorm_delta_staging_for_testing(staged);
