@@ -1,7 +1,11 @@
 // Comparison runs (see run.hpp).
 #include "run.hpp"
 
+#include <functional>
+#include <future>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "error.hpp"
 #include "isolated.hpp"
@@ -13,6 +17,37 @@ Problem build_problem(const RunSpec& spec) {
   return preset_problem(find_preset(spec.preset), spec.cfg, spec.B, spec.T, spec.seed,
                         spec.random_states);
 }
+
+namespace {
+
+// The runs of one cell besides the subject's, each on a thread of its own while the subject
+// runs on the caller's: the baseline, its further draws, the perturbed oracle's draws and the
+// unperturbed runs they deviate from. They are whole, independent runs of the CPU reference (or
+// stored captures), which keeps no shared mutable state (sweep.cpp runs whole problems on
+// threads; ReferenceRuns locks its cache), and each is deterministic, so the cell's verdict is
+// the one a single thread gives. Four draws and their reference are most of a judged cell's
+// time: verification while training (TRAINING.md §6) ran them one after another.
+enum class Slot { Baseline, MoreBaselines, BaselineReference, Conditioning, ConditioningReference };
+class Runs {
+ public:
+  void start(Slot slot, std::function<Capture()> run) {
+    runs_.push_back({slot, std::async(std::launch::async, std::move(run))});
+  }
+  // The captures started in `slot`, in the order they were started (an exception of a run is
+  // rethrown here; the destructor of a std::async future waits for its run, so no run outlives
+  // the references it took).
+  std::vector<Capture> take(Slot slot) {
+    std::vector<Capture> out;
+    for (auto& r : runs_)
+      if (r.first == slot) out.push_back(r.second.get());
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<Slot, std::future<Capture>>> runs_;
+};
+
+}  // namespace
 
 Implementation reference_oracle() {
   return {"reference<double>",
@@ -114,41 +149,48 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
         opt.baseline_kind = l.baseline_kind;
         CompareResult r;
         if (opt.compare_mode == CompareMode::Isolated) {
+          Runs runs;
+          for (const IsolatedRun& ib : l.isolated_baselines)
+            runs.start(Slot::Baseline, [&ib, &pb, mode, &o] { return ib(pb, mode, o); });
+          if (!l.isolated_baselines.empty() && l.isolated_baseline_reference)
+            runs.start(Slot::BaselineReference,
+                       [&l, &pb, mode, &o] { return l.isolated_baseline_reference(pb, mode, o); });
           const Capture s = l.subject.isolated(pb, mode, o);
-          std::vector<Capture> iso;
-          for (const IsolatedRun& ib : l.isolated_baselines) iso.push_back(ib(pb, mode, o));
+          const std::vector<Capture> iso = runs.take(Slot::Baseline);
           for (const Capture& c2 : iso) opt.isolated_baselines.push_back(&c2);
-          Capture ref;
-          if (!iso.empty() && l.isolated_baseline_reference) {
-            ref = l.isolated_baseline_reference(pb, mode, o);
-            opt.baseline_reference = &ref;
-          }
+          const std::vector<Capture> ref = runs.take(Slot::BaselineReference);
+          if (!ref.empty()) opt.baseline_reference = &ref.front();
           r = compare_captures(o, s, nullptr, spec.cfg, spec.B, spec.T, mode, opt);
           if (observe) observe(r, o, s, iso.empty() ? nullptr : &iso.front());
         } else {
+          Runs runs;
+          if (l.baseline) {
+            const Implementation& b = *l.baseline;
+            runs.start(Slot::Baseline, [&b, &pb, mode] { return b.run(pb, mode); });
+            for (const Implementation& mb : l.more_baselines)
+              runs.start(Slot::MoreBaselines, [&mb, &pb, mode] { return mb.run(pb, mode); });
+            if (l.baseline_reference)
+              runs.start(Slot::BaselineReference,
+                         [&l, &pb, mode] { return l.baseline_reference(pb, mode); });
+          }
+          for (const Implementation& ci : l.conditioning)
+            runs.start(Slot::Conditioning, [&ci, &pb, mode] { return ci.run(pb, mode); });
+          if (!l.conditioning.empty() && l.conditioning_reference)
+            runs.start(Slot::ConditioningReference,
+                       [&l, &pb, mode] { return l.conditioning_reference(pb, mode); });
           const Capture s = l.subject.run(pb, mode);
-          Capture b;
-          if (l.baseline) b = l.baseline->run(pb, mode);
-          std::vector<Capture> more;
-          if (l.baseline)
-            for (const Implementation& mb : l.more_baselines) more.push_back(mb.run(pb, mode));
+          const std::vector<Capture> b = runs.take(Slot::Baseline);
+          const std::vector<Capture> more = runs.take(Slot::MoreBaselines);
           for (const Capture& m2 : more) opt.more_baselines.push_back(&m2);
-          Capture ref;
-          if (l.baseline && l.baseline_reference) {
-            ref = l.baseline_reference(pb, mode);
-            opt.baseline_reference = &ref;
-          }
-          std::vector<Capture> cond;
-          for (const Implementation& ci : l.conditioning) cond.push_back(ci.run(pb, mode));
+          const std::vector<Capture> ref = runs.take(Slot::BaselineReference);
+          if (!ref.empty()) opt.baseline_reference = &ref.front();
+          const std::vector<Capture> cond = runs.take(Slot::Conditioning);
           for (const Capture& c2 : cond) opt.conditioning.push_back(&c2);
-          Capture cref;
-          if (!cond.empty() && l.conditioning_reference) {
-            cref = l.conditioning_reference(pb, mode);
-            opt.conditioning_reference = &cref;
-          }
-          r = compare_captures(o, s, l.baseline ? &b : nullptr, spec.cfg, spec.B, spec.T, mode,
-                               opt);
-          if (observe) observe(r, o, s, l.baseline ? &b : nullptr);
+          const std::vector<Capture> cref = runs.take(Slot::ConditioningReference);
+          if (!cref.empty()) opt.conditioning_reference = &cref.front();
+          const Capture* base = b.empty() ? nullptr : &b.front();
+          r = compare_captures(o, s, base, spec.cfg, spec.B, spec.T, mode, opt);
+          if (observe) observe(r, o, s, base);
         }
         cells[(p * nm + m) * nc + k] = std::move(r);
       }

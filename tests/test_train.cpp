@@ -118,12 +118,19 @@ TEST(TrainVerify, TheSliceGetsTheVerdictOfTheJudgedLineups) {
   ASSERT_EQ(c.cells.size(), 1u);
   const m3::harness::CompareResult& r = c.cells.front();
   double worst = 0;
-  for (const auto& row : r.rows) worst = std::max(worst, row.verdict.pct());
+  std::string worst_key;
+  for (const auto& row : r.rows)
+    if (row.verdict.pct() > worst || worst_key.empty()) {
+      worst = row.verdict.pct();
+      worst_key = row.key;
+    }
   EXPECT_TRUE(v.pass);
   EXPECT_EQ(v.pass, r.pass());
   EXPECT_EQ(v.tensors, static_cast<Idx>(r.rows.size()));
   EXPECT_GT(v.tensors, 0);
   EXPECT_EQ(v.worst_pct, worst);
+  EXPECT_EQ(v.worst, worst_key);
+  EXPECT_FALSE(v.worst.empty());
   EXPECT_LT(v.worst_pct, 100.0);
   EXPECT_EQ(v.first_fail, "");
 }

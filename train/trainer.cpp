@@ -106,7 +106,11 @@ VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanM
   VerifyResult v;
   v.pass = r.pass();
   v.tensors = static_cast<Idx>(r.rows.size());
-  for (const auto& row : r.rows) v.worst_pct = std::max(v.worst_pct, row.verdict.pct());
+  for (const auto& row : r.rows)
+    if (row.verdict.pct() > v.worst_pct || v.worst.empty()) {
+      v.worst_pct = row.verdict.pct();
+      v.worst = row.key;
+    }
   if (r.first_fail >= 0) v.first_fail = r.rows[r.first_fail].key;
   if (r.first_nonfinite >= 0) v.first_nonfinite = r.rows[r.first_nonfinite].key;
   return v;
@@ -276,6 +280,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   const auto t_start = std::chrono::steady_clock::now();
   Idx step = step0;
   double last_loss = std::nan(""), last_val = std::nan(""), worst_verify = -1;
+  std::string worst_verify_at;  // "step S, TENSOR" of worst_verify
   int status = 0;
   while (step < o.optim.steps) {
     const Idx s = step + 1;
@@ -314,7 +319,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     if (o.verify_every > 0 && s % o.verify_every == 0) {
       const VerifyResult v = verify(micro[0]);
       row.verify_pct = v.worst_pct;
-      worst_verify = std::max(worst_verify, v.worst_pct);
+      if (v.worst_pct > worst_verify) {
+        worst_verify = v.worst_pct;
+        worst_verify_at = "step " + std::to_string(s) + ", " + v.worst;
+      }
       if (be->any_rank(!v.pass)) {
         append(row);
         prog.note("train: verification failed at step " + std::to_string(s) +
@@ -352,7 +360,9 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   sum << "train: step " << step << "/" << o.optim.steps << ", loss " << fixed(last_loss, 4);
   if (std::isfinite(last_val)) sum << ", val loss " << fixed(last_val, 4);
   sum << ", " << fixed(total, 1) << " s";
-  if (worst_verify >= 0) sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget";
+  if (worst_verify >= 0)
+    sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget (" << worst_verify_at
+        << ")";
   if (!o.par.plain() && step > step0)
     sum << ", exchange "
         << fixed(1e3 * be->exchange_seconds() / static_cast<double>(step - step0), 2)

@@ -69,6 +69,7 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches);
 struct VerifyResult {
   bool pass = true;
   double worst_pct = 0;
+  std::string worst;            // the tensor at worst_pct (the first in execution order if tied)
   std::string first_fail;       // the first failing tensor in execution order ("" if none)
   std::string first_nonfinite;  // the first tensor the subject has non-finite ("" if none)
   Idx tensors = 0;
