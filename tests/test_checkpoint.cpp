@@ -687,6 +687,24 @@ TEST(Progress, TtyModeRedrawsOneLine) {
                           "\r" + l3 + "\x1b[K" + "\nsummary\n");
 }
 
+TEST(Progress, BusyShowsWhatThePauseIsDoingUntilTheNextUpdate) {
+  std::ostringstream os;
+  double t = 0;
+  Progress p(3, 100, true, os, [&] { return t; });
+  const std::string l1 = "step 1/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
+  const std::string l2 = "step 2/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
+  t = 1;
+  p.update(1, 1.0, std::nullopt, 1e-3, 10);
+  p.busy("checking");
+  t = 1.01;  // within 0.1 s of the last draw, but the suffix must go: drawn
+  p.update(2, 1.0, std::nullopt, 1e-3, 10);
+  EXPECT_EQ(os.str(), "\r" + l1 + "\x1b[K" + "\r" + l1 + "  [checking]\x1b[K" + "\r" + l2 + "\x1b[K");
+  std::ostringstream plain;  // a log gets no transient text
+  Progress q(3, 1, false, plain, [&] { return t; });
+  q.busy("checking");
+  EXPECT_EQ(plain.str(), "");
+}
+
 TEST(Progress, Hms) {
   EXPECT_EQ(Progress::hms(0), "0:00:00");
   EXPECT_EQ(Progress::hms(3725.4), "1:02:05");

@@ -86,6 +86,14 @@ void Progress::note(const std::string& line) {
   out_ << line << "\n" << std::flush;
 }
 
+void Progress::busy(const std::string& what) {
+  if (!tty_) return;
+  out_ << "\r" << last_ << "  [" << what << "]" << kClearToEol << std::flush;
+  line_active_ = true;
+  pending_ = true;        // the status without the suffix is not on screen
+  last_draw_ = -1e300;    // so the next update draws, however soon it comes
+}
+
 void Progress::finish(const std::string& summary) {
   if (tty_) {
     if (pending_) draw();

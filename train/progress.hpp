@@ -6,8 +6,9 @@
 // since the first update, so a resumed run estimates from its own steps.)
 //   tty      one updating line: "\r" + text + "\x1b[K" (clear to the end of the line), redrawn at
 //            most every 0.1 s and always at the last step; note() clears it, prints the note on
-//            a line of its own and redraws it below; finish() leaves the last state on screen,
-//            ends the line and prints the summary.
+//            a line of its own and redraws it below; busy(what) shows "  [what]" after the
+//            status until the next update; finish() leaves the last state on screen, ends the
+//            line and prints the summary.
 //   not tty  the text as a plain line at every step that is a multiple of log_every and at the
 //            last step (total_steps); note() and finish() print their line.
 // The clock is injectable (seconds, monotonic) so the output is testable.
@@ -39,6 +40,10 @@ class Progress {
   void update(Idx step, double loss, std::optional<double> val_loss, double lr,
               double tokens_per_s);
   void note(const std::string& line);
+  // tty: the latest status text with "  [what]" after it, drawn now, until the next update
+  // (which then always redraws): what a long pause between steps is doing (a verification
+  // check takes seconds). Not tty: nothing (the log's lines stay one per logged step).
+  void busy(const std::string& what);
   void finish(const std::string& summary);
 
   static std::string hms(double seconds);  // "h:mm:ss" (hours unbounded), "-:--:--" if unknown

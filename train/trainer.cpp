@@ -317,6 +317,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       break;
     }
     if (o.verify_every > 0 && s % o.verify_every == 0) {
+      prog.busy("step " + std::to_string(s) + ": verifying a slice against the double oracle");
       const VerifyResult v = verify(micro[0]);
       row.verify_pct = v.worst_pct;
       if (v.worst_pct > worst_verify) {
