@@ -66,6 +66,7 @@ Metrics compute_metrics(const Tensor& oracle, const Tensor& subject, bool circul
   double d2 = 0, o2 = 0, s2 = 0, so = 0, ulp_sum = 0;
   Idx finite_pairs = 0;
   std::vector<double> rel;
+  rel.reserve(static_cast<size_t>(m.numel));
   for (Idx i = 0; i < m.numel; ++i) {
     const double o = oracle.data[i];
     const double s = subject.data[i];

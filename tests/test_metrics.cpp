@@ -119,6 +119,31 @@ TEST(Metrics, UlpsAreCountedInTheSubjectStoragePrecision) {
   EXPECT_NEAR(compute_metrics(o, s, false, Precision::BF16).max_ulps, 3.0 / 65536.0, 1e-12);
 }
 
+// ulp_of builds 2^(exponent − mantissa bits) from the bits of max(|x|, min_normal(p)); it must
+// equal the libm form ldexp(1, ilogb(·) − mantissa bits) for every precision and every kind of
+// value: zero, below and at each format's smallest normal, ordinary, huge, ±inf, NaN (fmax
+// takes min_normal), and f64's bottom, where 2^(e − 52) is subnormal.
+TEST(Metrics, UlpOfEqualsTheLibmForm) {
+  std::vector<double> xs = {0.0,     -0.0,    1.0,     -1.0,    0.75,   3.0e-39, 0x1p-126,
+                            0x1p-14, 6.0e-5,  1e-300,  0x1p-1022, 0x1p-1000, 1e300, 65504.0,
+                            -3.3e38, std::numeric_limits<double>::denorm_min(),
+                            std::numeric_limits<double>::max(),
+                            std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
+  m3::Rng rng(99);
+  for (int i = 0; i < 2000; ++i)
+    xs.push_back(std::ldexp(rng.uniform(-1.0, 1.0), static_cast<int>(rng.uniform(-1100.0, 1100.0))));
+  for (const Precision p : {Precision::F64, Precision::F32, Precision::BF16, Precision::F16})
+    for (const double x : xs) {
+      const double a = std::fmax(std::fabs(x), m3::harness::min_normal(p));
+      const double want = std::isfinite(a)
+                              ? std::ldexp(1.0, std::ilogb(a) - m3::harness::mantissa_bits(p))
+                              : std::numeric_limits<double>::infinity();
+      EXPECT_EQ(m3::harness::ulp_of(x, p), want) << "x = " << x << ", " << precision_name(p);
+    }
+}
+
 TEST(Metrics, ShapeMismatchThrowsNamingBothShapes) {
   try {
     compute_metrics(tensor({2, 2}, {1, 2, 3, 4}), tensor({4}, {1, 2, 3, 4}), false);
