@@ -67,12 +67,6 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
   return e;
 }
 
-// The slice's verdict is m3h compare's on the same problem (gpu_lineup.hpp judged_lineups: the
-// subject beside the emulation of its storage, with the perturbed oracle's conditioning term),
-// end to end in the run's scan mode. It took the emulation alone as the baseline (k · its
-// error) before, which has no margin where a tensor's conditioning amplifies another summation
-// order's error (docs/TRAINING.md, parity_f32); one problem now gets one verdict whichever
-// command judges it.
 Problem verification_problem(const Config& cfg, const std::vector<float>& params,
                              const Batch& live) {
   Problem pb;
@@ -88,6 +82,12 @@ Problem verification_problem(const Config& cfg, const std::vector<float>& params
   return pb;
 }
 
+// The slice's verdict is m3h compare's on the same problem (gpu_lineup.hpp judged_lineups: the
+// subject beside the emulation of its storage, with the perturbed oracle's conditioning term),
+// end to end in the run's scan mode. It took the emulation alone as the baseline (k · its
+// error) before, which has no margin where a tensor's conditioning amplifies another summation
+// order's error (docs/TRAINING.md, parity_f32); one problem now gets one verdict whichever
+// command judges it.
 VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
                              Precision storage, const std::vector<float>& params,
                              const Batch& live, gpu::Fault fault) {
