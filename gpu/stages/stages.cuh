@@ -95,8 +95,8 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
                       T* add_typed = nullptr);
 // Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
 Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
-// Tests: whether rmsnorm_backward reads δ (add_in) through shared memory where it can (on by
-// default; norm.cu's kStage), so that both paths can be held to the same bits.
+// Tests: whether rmsnorm_backward reads δ (add_in), u and g through shared memory where it can
+// (on by default; norm.cu's kStage), so that both paths can be held to the same bits.
 void set_rmsnorm_delta_staging_for_testing(bool on);
 
 // ---- split.cu ------------------------------------------------------------------------------
