@@ -11,8 +11,11 @@
 //           values rounded to T (δ's typed copy for the next B8: convert()'s bits). add_in's
 //           row is read as the row starts, for the second pass: with 32 lanes per row, vectors
 //           and dw fused (every dim in (124, 1024] with aligned rows: kStage) by cp.async into
-//           the warp's row of the shared dw buffer, its latency under the first pass's loads;
-//           otherwise prefetched into L2 (prefetch_l2)
+//           the warp's row of the shared dw buffer, its latency under the first pass's loads,
+//           and u's and g's rows come through a ring row per warp in shared memory, the warp's
+//           next row copied there by cp.async as soon as the first pass has used this one's
+//           (its latency under this row's second pass and the next row's start); otherwise
+//           add_in's row is prefetched into L2 (prefetch_l2)
 // Forward with the residual add in front (rmsnorm_forward_add, kSum): u[r,i] = a[r,i] + b[r,i]
 // (f32 + typed, bit for bit add()) is stored to u as the row is first read, then normalised:
 // the previous layer's F8 add and this F1 (or norm_f) in one pass over the residual stream.
@@ -32,6 +35,7 @@
 // dw[i] += colsum_rows over P's rows (reduce.cuh's order). Wider rows (dim > 1024): dw from
 // colsum_rows over the terms themselves after the kernel (g and u read a second time). Both are
 // fixed orders that depend on (rows, dim) only.
+#include <cstddef>
 #include <utility>
 
 #include "convert.cuh"
@@ -131,37 +135,57 @@ rmsnorm_forward_kernel(Idx rows, Idx dim, float* __restrict__ u, const float* __
   }
 }
 
-// The groups k < G at src + k·kStride (16 bytes each, k·kStride < m) to the same offsets from
-// dst, by cp.async (.cg: δ is read once) with the offsets as immediates, so that the copies of
-// a row hold two address registers, not one per group (per-group addresses spilled at the
-// backward's 128-register budget). The caller waits; the copies are visible to this thread.
-template <long long kOff>
+// The groups k < G at src + k·kStride (kV values each, k·kStride < m) to the same offsets from
+// dst, by cp.async with the offsets as immediates, so that the copies of a row hold two address
+// registers, not one per group (per-group addresses spilled at the backward's 128-register
+// budget). The caller waits; the copies are visible to this thread.
+// Groups of 4 values of X: 16 bytes of f32 by .cg (read once, past L1), 8 bytes of a 16-bit
+// type by .ca (the only form of that size).
+template <long long kOff, int kBytes>
 __device__ __forceinline__ void copy_group_at(unsigned d, unsigned long long s, bool valid) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n"
-      " @p cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n}\n" ::"r"(d),
-      "l"(s), "r"(static_cast<unsigned>(valid)), "n"(kOff)
-      : "memory");
+  if constexpr (kBytes == 16) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n"
+        " @p cp.async.cg.shared.global [%0+%3], [%1+%3], 16;\n}\n" ::"r"(d),
+        "l"(s), "r"(static_cast<unsigned>(valid)), "n"(kOff)
+        : "memory");
+  } else {
+    static_assert(kBytes == 8, "a group is 16 bytes of f32 or 8 of a 16-bit type");
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n"
+        " @p cp.async.ca.shared.global [%0+%3], [%1+%3], 8;\n}\n" ::"r"(d),
+        "l"(s), "r"(static_cast<unsigned>(valid)), "n"(kOff)
+        : "memory");
+  }
 }
-template <Idx kStride, int... k>
-__device__ __forceinline__ void copy_groups(float* dst, const float* src, Idx m,
+template <Idx kStride, class X, int... k>
+__device__ __forceinline__ void copy_groups(X* dst, const X* src, Idx m,
                                             std::integer_sequence<int, k...>) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const unsigned long long s = __cvta_generic_to_global(src);
-  (copy_group_at<k * kStride * static_cast<long long>(sizeof(float))>(d, s, k * kStride < m),
+  constexpr int kBytes = kV * static_cast<int>(sizeof(X));
+  (copy_group_at<k * kStride * static_cast<long long>(sizeof(X)), kBytes>(d, s, k * kStride < m),
    ...);
 }
-template <int G, Idx kStride>
-__device__ __forceinline__ void copy_groups(float* dst, const float* src, Idx m) {
+template <int G, Idx kStride, class X>
+__device__ __forceinline__ void copy_groups(X* dst, const X* src, Idx m) {
   copy_groups<kStride>(dst, src, m, std::make_integer_sequence<int, G>{});
 }
 
-// Whether the kDw kernel at L lanes reads δ through shared memory (kStage): 32 lanes, vectors,
-// δ added; every such launch does, unless a test turned it off to compare the two paths.
+// Whether the kDw kernel at L lanes reads δ, u and g through shared memory (kStage): 32 lanes,
+// vectors, δ added; every such launch does, unless a test turned it off to compare the paths.
 constexpr bool stages_delta(int L, bool vec, bool add) { return L == 32 && vec && add; }
 bool& staging_enabled() {
   static bool on = true;
   return on;
+}
+
+// The kStage kernel's ring rows (dynamic shared memory): a row of u (f32) and one of g (T) per
+// warp, a row being one chunk of 32 lanes (kStage serves only rows of ≤ 1024 elements):
+// 48 KB for the 16-bit types, 64 KB for f32, beside part's 32 KB: two blocks per SM as before.
+template <class T>
+constexpr std::size_t ring_bytes() {
+  return std::size_t(kWarps) * groups_of(32) * 32 * kV * (sizeof(float) + sizeof(T));
 }
 
 // Rows per block of the kDw kernel at L lanes per row: 128, or the rows one pass of the block
@@ -198,18 +222,36 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
   // kDw: P's rows (below); kStage: while the rows are walked, warp w's δ row (part[w]).
   __shared__ __align__(16) float part[kDw ? S::kPerBlock : 1][kDw ? kChunk : 1];
   float* const stage = part[kStage ? threadIdx.x / 32 : 0];  // kStage: one row per warp
+  // kStage: the warp's ring row of u and of g (dynamic shared memory, ring_bytes<T>): the next
+  // row's values land there while this row is worked on (a row per warp: S::kPerWarp == 1).
+  extern __shared__ __align__(16) unsigned char ring[];
+  float* const ur_s = reinterpret_cast<float*>(ring) + (threadIdx.x / 32) * kChunk;
+  T* const gr_s = reinterpret_cast<T*>(ring + kWarps * kChunk * sizeof(float)) +
+                  (threadIdx.x / 32) * kChunk;
+  if constexpr (kStage) {  // the warp's first row's u and g (group B of that row)
+    if (w_first < r_end) {
+      copy_groups<G, kStep>(ur_s + i0, u + w_first * dim + i0, dim - i0);
+      copy_groups<G, kStep>(gr_s + i0, g + w_first * dim + i0, dim - i0);
+    }
+    cp_async_commit();
+  }
   for (Idx w0 = w_first; w0 < r_end; w0 += w_step) {
     const Idx r = w0 + S::seg();
     const bool on = r < r_end;
-    const float* ur = u + r * dim;
-    const T* gr = g + r * dim;
+    const float* ur = kStage ? ur_s : u + r * dim;
+    const T* gr = kStage ? gr_s : g + r * dim;
     const float rr = on ? rms[r] : 1.0f;
     // kAdd: δ's row (add_in) is read only in the second pass, a group at a time (holding it in
     // registers spills). kStage: each lane copies its own groups of it into the warp's row of
-    // part by cp.async as the row starts, so its latency passes under the first pass's; else
-    // it is prefetched into L2, which makes the second pass's loads L2 hits.
+    // part by cp.async as the row starts (group A), so its latency passes under the first
+    // pass's; else it is prefetched into L2, which makes the second pass's loads L2 hits.
+    // kStage's groups, two per row, in this order: A_r (δ of r), then B_{r+1} (u, g of the
+    // warp's next row, issued once the first pass has used this row's); every lane of the warp
+    // has the same rows, and each reads back only its own copies (no barrier).
     if constexpr (kStage) {
       if (on) copy_groups<G, kStep>(stage + i0, add_in + r * dim + i0, dim - i0);
+      cp_async_commit();           // A_r
+      cp_async_wait_group<1>();    // B_r has landed (A_r may not have)
     } else if (kAdd && kVec && on && S::lane() == 0) {
       prefetch_l2(add_in + r * dim, static_cast<unsigned>(dim * sizeof(float)));
     }
@@ -234,8 +276,18 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         }
       }
     c = segment_sum<L>(c) / static_cast<float>(dim);
+    if constexpr (kStage) {
+      // The ring row is read (x and gx hold all of it, and c has used every value): the
+      // warp's next row's u and g go there now (B_{r+1}; empty past the block's rows).
+      const Idx rn = r + w_step;
+      if (rn < r_end) {
+        copy_groups<G, kStep>(ur_s + i0, u + rn * dim + i0, dim - i0);
+        copy_groups<G, kStep>(gr_s + i0, g + rn * dim + i0, dim - i0);
+      }
+      cp_async_commit();         // B_{r+1}
+      cp_async_wait_group<1>();  // A_r (δ) has landed
+    }
     if (!on) continue;
-    if constexpr (kStage) cp_async_wait_all();  // the lane's own copies: no barrier needed
     float* dxr = dx ? dx + r * dim : nullptr;
     const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x, gx
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
@@ -269,8 +321,9 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     }
   }
   if constexpr (kDw) {  // P[b, i] = Σ_q (segment q's sums), ascending q
-    // kStage: row q of part is warp q's δ row, whose copies this lane waited for; it now
-    // overwrites its own groups there, which no other lane reads before the barrier.
+    // kStage: row q of part is warp q's δ row, whose copies this lane waited for (the last
+    // group, B past the block's rows, is empty); it now overwrites its own groups there, which
+    // no other lane reads before the barrier.
     const int q = static_cast<int>(threadIdx.x / 32) * S::kPerWarp + S::seg();
 #pragma unroll
     for (int k = 0; k < G; ++k)
@@ -383,9 +436,14 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
       constexpr bool V = decltype(vec_c)::value, A = decltype(add_c)::value;
       if (fused) {
         auto launch = [&](auto stage) {
-          rmsnorm_backward_kernel<T, L, V, A, true, decltype(stage)::value>
-              <<<static_cast<unsigned int>(blocks), kThreads, 0, s>>>(
-                  rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
+          constexpr bool kSt = decltype(stage)::value;
+          auto kernel = rmsnorm_backward_kernel<T, L, V, A, true, kSt>;
+          const std::size_t ring = kSt ? ring_bytes<T>() : 0;
+          if (ring > 0)  // with part's 32 KB the block's shared memory passes the default 48 KB
+            M3_CUDA_CHECK(cudaFuncSetAttribute(
+                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
+          kernel<<<static_cast<unsigned int>(blocks), kThreads, ring, s>>>(
+              rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
         };
         if constexpr (stages_delta(L, V, A)) {
           if (staging_enabled()) return launch(std::true_type{});

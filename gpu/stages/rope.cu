@@ -548,10 +548,18 @@ tanh_kernel(Idx n, const float* __restrict__ x, float* __restrict__ tau) {
 // One thread per output of row r: j < na → d_angles_raw[r, j]; else d_dt_angle[r, j − na]. With
 // vec4 (na % 4 == 0, bar and τ 16-byte aligned) a d_dt_angle thread reads its rows of
 // Θ̄ and τ 4 values per access (a quarter of the L1 wavefronts of its strided reads);
-// the same terms in the same order either way.
+// the same terms in the same order either way. kNa, kNh > 0: na and nh known when compiling
+// (the official 32 and 32, angle_grads_full): the row and column of i by shift and mask, and
+// every loop unrolled, so that a d_angles_raw thread has its 32 terms' loads in flight at once
+// where the rolled loop had 4 (ptxas unrolled it 4×) — the same terms, summed in the same order
+// by the same expressions, so the same bits (GpuStagesA.AngleGradsFullGivesTheBitsOfTheGeneric…).
+template <int kNa, int kNh>
 __global__ void __launch_bounds__(kThreads)
-angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tau, const float* dt,
+angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, const float* dt,
                    const float* bar, float* d_angles_raw, float* d_dt_angle) {
+  static_assert((kNa > 0) == (kNh > 0), "both widths known, or neither");
+  constexpr bool kFull = kNa > 0;
+  const Idx na = kFull ? Idx(kNa) : na_in, nh = kFull ? Idx(kNh) : nh_in;
   const Idx per_row = na + nh;
   for (Idx i = blockIdx.x * Idx(kThreads) + threadIdx.x; i < BT * per_row;
        i += Idx(gridDim.x) * kThreads) {
@@ -560,19 +568,42 @@ angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tau, const fl
     float sum = 0.0f;
     if (j < na) {
       const float th = tau[r * na + j];
-      for (Idx h = 0; h < nh; ++h)
-        sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
+      if constexpr (kFull) {  // every term's loads first, then the sum in ascending h
+        float bv[kNh], dv[kNh];
+#pragma unroll
+        for (int h = 0; h < kNh; ++h) {
+          bv[h] = bar_r[h * na + j];
+          dv[h] = dt[r * nh + h];
+        }
+#pragma unroll
+        for (int h = 0; h < kNh; ++h) sum += bv[h] * kPiF * dv[h] * (1.0f - th * th);
+      } else {
+        for (Idx h = 0; h < nh; ++h)
+          sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
+      }
       d_angles_raw[r * na + j] = sum;
     } else {
       const Idx h = j - na;
       const float *bar_h = bar_r + h * na, *tau_r = tau + r * na;
       if (vec4) {
-        for (Idx a = 0; a < na; a += 4) {
-          float bv[4], tv[4];
-          load_n<4>(bar_h + a, bv);
-          load_n<4>(tau_r + a, tv);
+        if constexpr (kFull) {  // the row's loads first, then the sum in ascending a
+          static_assert(kNa % 4 == 0, "vec4 needs na % 4 == 0");
+          float bv[kNa], tv[kNa];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tv[e];
+          for (int a = 0; a < kNa; a += 4) {
+            load_n<4>(bar_h + a, *reinterpret_cast<float(*)[4]>(bv + a));
+            load_n<4>(tau_r + a, *reinterpret_cast<float(*)[4]>(tv + a));
+          }
+#pragma unroll
+          for (int a = 0; a < kNa; ++a) sum += bv[a] * kPiF * tv[a];
+        } else {
+          for (Idx a = 0; a < na; a += 4) {
+            float bv[4], tv[4];
+            load_n<4>(bar_h + a, bv);
+            load_n<4>(tau_r + a, tv);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tv[e];
+          }
         }
       } else {
         for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * tau_r[a];
@@ -580,6 +611,13 @@ angle_grads_kernel(Idx BT, Idx nh, Idx na, bool vec4, const float* tau, const fl
       d_dt_angle[r * nh + h] = sum;
     }
   }
+}
+
+// Whether angle_backward runs angle_grads_kernel<32, 32> (the official widths) where it can: on
+// by default; tests turn it off to hold it to the generic instantiation's bits.
+bool& angle_grads_full() {
+  static bool on = true;
+  return on;
 }
 
 void check_rope_dims(const Dims& d, const char* where) {
@@ -718,10 +756,14 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
     tanh_rows(s, d, p.angles_raw, tau);
   }
   const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(tau, 16);
-  angle_grads_kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
+  const bool full = angle_grads_full() && d.na == 32 && d.nh == 32;
+  auto kernel = full ? angle_grads_kernel<32, 32> : angle_grads_kernel<0, 0>;
+  kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
       d.BT, d.nh, d.na, vec4, tau, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
   M3_LAUNCH_CHECK();
 }
+
+void set_angle_grads_full_for_testing(bool on) { angle_grads_full() = on; }
 
 #define M3_INSTANTIATE(T)                                                                \
   template void rope_forward<T>(cudaStream_t, const Dims&, const float*, const T*, const T*, \

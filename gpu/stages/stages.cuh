@@ -95,8 +95,8 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
                       T* add_typed = nullptr);
 // Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
 Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
-// Tests: whether rmsnorm_backward reads δ (add_in) through shared memory where it can (on by
-// default; norm.cu's kStage), so that both paths can be held to the same bits.
+// Tests: whether rmsnorm_backward reads δ (add_in), u and g through shared memory where it can
+// (on by default; norm.cu's kStage), so that both paths can be held to the same bits.
 void set_rmsnorm_delta_staging_for_testing(bool on);
 
 // ---- split.cu ------------------------------------------------------------------------------
@@ -224,6 +224,9 @@ struct AngleBwd {
 // Scratch: Θ̄ [BT, nh, na], then tanh(angles_raw) [BT, na] (angle_backward_scratch_floats).
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch);
 Idx angle_backward_scratch_floats(const Dims& d);
+// Tests: whether angle_backward takes the grads' instantiation for na = nh = 32 (on by default;
+// rope.cu's angle_grads_kernel<32, 32>), so that it can be held to the generic one's bits.
+void set_angle_grads_full_for_testing(bool on);
 
 // ---- gating.cu (§4 F7, §6.2 B7; reference gating.cpp) ------------------------------------
 // gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr). ldz: z's row

@@ -603,6 +603,7 @@ const AngleCase kAngleCases[] = {
     {"B2_T300_nh4_na16_dt40", 2, 300, 4, 16, 40.0},
     {"B3_T513_nh5_na3", 3, 513, 5, 3, 2.5},
     {"B1_T4097_nh2_na32", 1, 4097, 2, 32, 2.5},
+    {"B2_T300_nh32_na32", 2, 300, 32, 32, 2.5},  // the official widths: angle_grads_kernel<32, 32>
 };
 
 Dims angle_dims(const AngleCase& c) {
@@ -711,6 +712,43 @@ TEST_P(GpuAngles, BackwardMatchesDoubleReference) {
       expect_close(names[i], first[i], Vec(want[i]->begin(), want[i]->end()));
       expect_bitwise(names[i], first[i], second[i]);
     }
+  }
+}
+
+// B5a's grads at the official widths (na = nh = 32) take angle_grads_kernel<32, 32> (every loop
+// unrolled, the terms' loads first); it gives the generic instantiation's bits, every output,
+// with Θ̄ and τ read 4 values per access (vec4) and one at a time (the scratch 4 bytes off its
+// 16-byte alignment).
+TEST(GpuAnglesFull, GradsGiveTheBitsOfTheGenericInstantiation) {
+  M3_SKIP_WITHOUT_GPU();
+  const Dims d = angle_dims({"full", 2, 300, 32, 32, 2.5});
+  Rng rng(4242);
+  Vec raw(static_cast<size_t>(d.BT * d.na)), dt(static_cast<size_t>(d.BT * d.nh)),
+      dth(static_cast<size_t>(d.BT * d.nh * d.na)), dout(static_cast<size_t>(d.B * d.nh * d.na));
+  fill(raw, rng, -3.0, 3.0);
+  fill(dt, rng, 0.0, 2.5);
+  fill(dth, rng, -1.0, 1.0);
+  fill(dout, rng, -1.0, 1.0);
+  Stream s;
+  struct Restore {
+    ~Restore() { m3::gpu::set_angle_grads_full_for_testing(true); }
+  } restore;
+  const Idx need = m3::gpu::angle_backward_scratch_floats(d);
+  DeviceArray<float> scratch(need + 1);
+  auto draw = up(raw, s), ddt = up(dt, s), ddth = up(dth, s), ddout = up(dout, s);
+  for (const Idx off : {Idx(0), Idx(1)}) {
+    SCOPED_TRACE(off ? "Θ̄ and τ one value at a time" : "Θ̄ and τ 4 values per access");
+    auto run = [&](bool full) {
+      m3::gpu::set_angle_grads_full_for_testing(full);
+      DeviceArray<float> d_raw(d.BT * d.na), d_dt(d.BT * d.nh), d_in(d.B * d.nh * d.na);
+      m3::gpu::AngleBwd p{draw.data(),  ddt.data(),  ddth.data(), ddout.data(),
+                          d_raw.data(), d_dt.data(), d_in.data()};
+      m3::gpu::angle_backward(s, d, p, Scratch{scratch.data() + off, need});
+      return std::vector<Vec>{down(d_raw, s), down(d_dt, s), down(d_in, s)};
+    };
+    const std::vector<Vec> full = run(true), generic = run(false);
+    const char* names[] = {"d_angles_raw", "d_dt_angle", "d_angle_in"};
+    for (int i = 0; i < 3; ++i) expect_bitwise(names[i], full[i], generic[i]);
   }
 }
 

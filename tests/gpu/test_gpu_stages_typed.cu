@@ -684,11 +684,13 @@ TYPED_TEST(TypedStages, RmsnormBackwardTypedCopyIsTheConvertOfItsAdd) {
 }
 
 // B1 with δ at 32 lanes per row, vectors and dw in the kernel: norm.cu's kStage reads δ's row
-// through shared memory (cp.async); with it turned off, the same kernel reads it from global
-// memory as before. Every output has the same bits either way. Widths: the whole row in every
-// lane's groups (1024), groups past the row's end in some lanes (1000, 260); rows: part of one
-// block (37) and a partial third block (300). (The element-by-element path is no reference
-// here: nvcc contracts its dx arithmetic differently.)
+// through shared memory and u's and g's through a ring row per warp (cp.async, the next row's
+// copies in flight while this one is worked on); with it turned off, the same kernel reads all
+// three from global memory. Every output has the same bits either way. Widths: the whole row
+// in every lane's groups (1024), groups past the row's end in some lanes (1000, 260); rows:
+// fewer than a block's warps (5: three warps without a row), part of one block (37) and a
+// partial third block (300). (The element-by-element path is no reference here: nvcc
+// contracts its dx arithmetic differently.)
 TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) {
   M3_SKIP_WITHOUT_GPU();
   using T = TypeParam;
@@ -697,7 +699,7 @@ TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) 
     ~Restore() { m3::gpu::set_rmsnorm_delta_staging_for_testing(true); }
   } restore;
   for (const Idx dim : {Idx(1024), Idx(1000), Idx(260)})
-    for (const Idx rows : {Idx(37), Idx(300)}) {
+    for (const Idx rows : {Idx(5), Idx(37), Idx(300)}) {
       SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows));
       const Idx n = rows * dim;
       const RmsRows in = rms_rows(rows, dim, 11 + dim + rows);
@@ -717,7 +719,7 @@ TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) 
                      {"add_typed", down_t(typed, s)},
                      {"dw", down(gw, s)}};
       };
-      expect_bitwise("δ staged against δ from global memory", run(true), run(false));
+      expect_bitwise("δ, u and g staged against global loads", run(true), run(false));
     }
 }
 
