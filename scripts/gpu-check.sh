@@ -118,7 +118,7 @@ if ((failed == 0)); then
   if [[ -x "$gpu_tests" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
       step "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        "$gpu_tests" --gtest_filter='GpuSanitizer.*:*TypedSsm*Chunked*:*TypedSsm*ChunkWalk*:*RmsnormBackward*'
+        "$gpu_tests" --gtest_filter='GpuSanitizer.*:*TypedSsm*Chunked*:*TypedSsm*ChunkWalk*:*RmsnormBackward*:*GpuAnglesFull*'
     done
   fi
   m3h="$BUILD_DIR/tools/m3h"
