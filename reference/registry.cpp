@@ -202,7 +202,8 @@ std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
 //   F7  gated_rms_vals B7;  gated  B8's weight gradient
 //   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
 //   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
-//                     writes only the f32 parts)
+//                     writes only the f32 parts, and in fused runs B5b and B5a write those too,
+//                     so that no B3 kernel runs: gpu/stages/proj_cols.cuh)
 //   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
 // Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
 struct LifeRow {

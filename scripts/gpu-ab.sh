@@ -15,7 +15,7 @@
 #                  chunked, Recompute none, graph replays); --ncu adds one official forward +
 #                  backward per dtype under Nsight Compute on each side, the per-kernel table
 #                  of scripts/ncu-compare.sh (base → tree) and each side's layer roofline
-#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–62: the layer's launches of
+#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–61: the layer's launches of
 #                  that one-layer run, docs/PERF.md "After v27" and v33; AB_LAUNCHES_BASE and
 #                  AB_LAUNCHES_TREE give a side's own, for a change that adds or removes
 #                  launches). Prints the summary last.
@@ -125,8 +125,8 @@ summary() {
 }
 
 # The layer's launches in ncu's run of one official forward + backward (PERF.md "After v27"; v33
-# paired two pairs of column sums: four launches fewer in the backward).
-kLayerLaunches=21-32,36-62
+# paired two pairs of column sums: four launches fewer in the backward; v36 launches no B3).
+kLayerLaunches=21-32,36-61
 
 # build_both LOGS: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
 # at once.

@@ -336,6 +336,10 @@ class BackboneT final : public GpuBackbone::Impl {
   // in this layout (ld), else 0 (contiguous rows).
   Idx ld_of(int l, const char* name) { return layers_[l].at(name).ld; }
   bool column_views(int l) { return ld_of(l, "x") != 0; }
+  // Fused runs in the production layout: B5b and B5a write d_proj's f32 columns themselves
+  // (split_f32_cols), so that B3 has nothing left to move and is not launched. Isolated runs
+  // keep B3, which then moves the f32 parts the oracle restored.
+  bool proj_grads_direct(int l) { return fused() && column_views(l); }
   // The one row stride a kernel takes for a tensor and its gradient (x and d_x, z and d_z:
   // proj and d_proj have the same rows).
   Idx shared_ld(int l, const char* name, const char* grad) {
@@ -1290,6 +1294,7 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_angles_raw = f("d_angles_raw");
       a.d_dt_angle = f("d_dt_angle");
       a.d_angle_in = f("d_angle_state");
+      if (proj_grads_direct(l)) a.d_angles_raw_cols = split_f32_cols(d_, t("d_proj")).d_angles_raw;
       angle_backward(s_, d_, a, scr());
     } else if (st == "B5b") {
       ActBwd a{};
@@ -1308,6 +1313,12 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_trap_raw = f("d_trap_raw");
       a.d_dt_bias = G(l, "dt_bias");
       a.a_floor = cfg_.a_floor;
+      if (proj_grads_direct(l)) {
+        const SplitF32Cols c = split_f32_cols(d_, t("d_proj"));
+        a.d_dd_dt_cols = c.d_dd_dt;
+        a.d_dd_a_cols = c.d_dd_a;
+        a.d_trap_raw_cols = c.d_trap_raw;
+      }
       activations_backward(s_, d_, a, scr());
     } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
       const bool done = tail_fused_layer_ == l;  // B4b ran in B6's tail: B4c alone
@@ -1332,6 +1343,7 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_c_bias = G(l, "c_bias");
       bcnorm_backward<T>(s_, d_, a, scr());
     } else if (st == "B3") {
+      if (proj_grads_direct(l)) return;  // B7, B6, B4c, B5b and B5a wrote all of d_proj
       SplitBwd<T> a{};
       // Column views (production): B7, B6 and B4c wrote the typed parts into d_proj already.
       const bool views = column_views(l);

@@ -57,7 +57,9 @@
 //   d_angles_raw[r,a] = Σ_h Θ̄[r,h,a]·π·dt[r,h]·(1 − τ[r,a]²)   (ascending h)
 //   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·τ[r,a]                  (ascending a)
 // τ once per (r, a) instead of once per (r, h, a) in each reader: the same float values in the
-// same operations (tanhf is a function of its argument), nh times fewer tanhf.
+// same operations (tanhf is a function of its argument), nh times fewer tanhf. Fused runs also
+// store d_angles_raw rounded to T into d_proj's angle columns (AngleBwd::d_angles_raw_cols,
+// proj_cols.cuh), B3's copy of it.
 // Every order above depends only on the shapes (deterministic, no atomics). Coalescing: a warp
 // is 4 segments × 8 consecutive j, so each access to θ, dθ, Θ̄ is 4 whole 32-byte sectors;
 // τ[r,a] (read by the nh threads of (r, a)) and dt[r,h] (by the na of (r, h)) are
@@ -556,7 +558,8 @@ tanh_kernel(Idx n, const float* __restrict__ x, float* __restrict__ tau) {
 template <int kNa, int kNh>
 __global__ void __launch_bounds__(kThreads)
 angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, const float* dt,
-                   const float* bar, float* d_angles_raw, float* d_dt_angle) {
+                   const float* bar, float* d_angles_raw, float* d_dt_angle,
+                   ProjCols d_angles_raw_cols) {
   static_assert((kNa > 0) == (kNh > 0), "both widths known, or neither");
   constexpr bool kFull = kNa > 0;
   const Idx na = kFull ? Idx(kNa) : na_in, nh = kFull ? Idx(kNh) : nh_in;
@@ -582,6 +585,7 @@ angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, co
           sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
       }
       d_angles_raw[r * na + j] = sum;
+      store_col(d_angles_raw_cols, r, j, sum);  // production: d_proj's column too
     } else {
       const Idx h = j - na;
       const float *bar_h = bar_r + h * na, *tau_r = tau + r * na;
@@ -756,10 +760,14 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
     tanh_rows(s, d, p.angles_raw, tau);
   }
   const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(tau, 16);
+  M3_REQUIRE(!p.d_angles_raw_cols.p || p.d_angles_raw_cols.ld >= d.na, where,
+             "d_proj's row stride is shorter than na", "stride=", p.d_angles_raw_cols.ld,
+             " na=", d.na);
   const bool full = angle_grads_full() && d.na == 32 && d.nh == 32;
   auto kernel = full ? angle_grads_kernel<32, 32> : angle_grads_kernel<0, 0>;
   kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
-      d.BT, d.nh, d.na, vec4, tau, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle);
+      d.BT, d.nh, d.na, vec4, tau, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle,
+      p.d_angles_raw_cols);
   M3_LAUNCH_CHECK();
 }
 

@@ -23,12 +23,15 @@
 //     d_angles_raw] in the column order above (f32 parts stored as T).
 // Production layout (registry.hpp Life::Columns): z, x, b_raw, c_raw are read in place as
 // column views of proj (row stride ip) and their gradients written in place into d_proj by
-// B7, B6, B4c, so F3 and B3 move only the f32 parts (the typed pointers null).
+// B7, B6, B4c, so F3 and B3 move only the f32 parts (the typed pointers null). Fused runs go
+// one step further: B5b and B5a write the f32 parts into d_proj themselves (ProjCols,
+// split_f32_cols; the rounding B3 applies), and B3 is not launched at all.
 // Per-head tensors are [BT, nh]. Nothing is saved beyond the outputs listed.
 // Memory access: F3/B3 copy the typed parts (as bits) in 16-byte vectors and the f32 parts one
 // value at a time; F5b, abg glue and B5b use float4. Each falls back to one value per access
 // where the widths or the pointers do not allow vectors.
 #include <algorithm>
+#include <initializer_list>
 
 #include "activations.cuh"
 #include "convert.cuh"
@@ -247,6 +250,15 @@ activations_backward_kernel(Idx n, Idx nh, float a_floor, ActBwd p) {
     store_n<V>(p.d_dd_dt + i, o_dt);
     store_n<V>(p.d_trap_raw + i, o_trap);
     store_n<V>(p.d_dd_a + i, o_a);
+    if (p.d_dd_dt_cols.p) {  // production: d_proj's columns too (all three or none)
+      const Idx r = i / nh;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        store_col(p.d_dd_dt_cols, r, h + k, o_dt[k]);
+        store_col(p.d_dd_a_cols, r, h + k, o_a[k]);
+        store_col(p.d_trap_raw_cols, r, h + k, o_trap[k]);
+      }
+    }
   }
 }
 
@@ -348,6 +360,12 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
   const bool vec = d.nh % 4 == 0 && aligned16(p.dd_dt_raw, p.dd_a_raw, p.dt, p.a_val, p.trap,
                                               p.d_adt_total, p.d_dt_direct, p.d_dt_angle,
                                               p.d_trap_sig, p.d_dd_dt, p.d_dd_a, p.d_trap_raw);
+  const bool cols = p.d_dd_dt_cols.p;
+  M3_REQUIRE(cols == !!p.d_dd_a_cols.p && cols == !!p.d_trap_raw_cols.p, where,
+             "d_proj's columns are written for all three outputs or for none", "some are null");
+  for (const ProjCols* c : {&p.d_dd_dt_cols, &p.d_dd_a_cols, &p.d_trap_raw_cols})
+    M3_REQUIRE(!c->p || c->ld >= d.nh, where, "d_proj's row stride is shorter than nh",
+               "stride=", c->ld, " nh=", d.nh);
   const auto kernel = vec ? activations_backward_kernel<4> : activations_backward_kernel<1>;
   kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(
       n, d.nh, static_cast<float>(p.a_floor), p);
@@ -373,9 +391,18 @@ void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p) {
   M3_LAUNCH_CHECK();
 }
 
+template <class T>
+SplitF32Cols split_f32_cols(const Dims& d, T* d_proj) {
+  check_split_dims(d, "gpu::split_f32_cols");
+  const SplitCols c = split_cols(d);
+  return {proj_cols(d_proj + c.ddt, c.ip), proj_cols(d_proj + c.dda, c.ip),
+          proj_cols(d_proj + c.trap, c.ip), proj_cols(d_proj + c.ang, c.ip)};
+}
+
 #define M3_INSTANTIATE(T)                                                          \
   template void split_forward<T>(cudaStream_t, const Dims&, const SplitFwd<T>&);   \
-  template void split_backward<T>(cudaStream_t, const Dims&, const SplitBwd<T>&);
+  template void split_backward<T>(cudaStream_t, const Dims&, const SplitBwd<T>&);  \
+  template SplitF32Cols split_f32_cols<T>(const Dims&, T*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "common.cuh"
+#include "proj_cols.cuh"
 #include "stages.hpp"  // reference: m3::ref::Dims
 
 namespace m3::gpu {
@@ -133,6 +134,8 @@ struct ActBwd {
   float *d_dd_dt, *d_dd_a, *d_trap_raw;
   float* d_dt_bias;  // [nh], accumulate
   double a_floor;
+  // Production: the three outputs also rounded into d_proj's columns (split_f32_cols).
+  ProjCols d_dd_dt_cols, d_dd_a_cols, d_trap_raw_cols;
 };
 void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratch scratch);
 // B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
@@ -147,6 +150,13 @@ struct SplitBwd {
 };
 template <class T>
 void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p);
+// d_proj's f32 parts as ProjCols (their first columns, row stride ip): given to B5b
+// (ActBwd::d_*_cols) and B5a (AngleBwd::d_angles_raw_cols), they leave B3 nothing to move.
+struct SplitF32Cols {
+  ProjCols d_dd_dt, d_dd_a, d_trap_raw, d_angles_raw;
+};
+template <class T>
+SplitF32Cols split_f32_cols(const Dims& d, T* d_proj);
 
 // ---- bcnorm.cu (§4 F4, §6.2 B4b/B4c; reference bcnorm.cpp) -------------------------------
 // With typed storage, X_normed is stored (rounded) and the bias add reads the stored value.
@@ -220,6 +230,7 @@ void rope_backward(cudaStream_t s, const Dims& d, const RopeBwd<T>& p);
 struct AngleBwd {
   const float *angles_raw, *dt, *d_angle_cumsum, *d_angle_out;
   float *d_angles_raw, *d_dt_angle, *d_angle_in;
+  ProjCols d_angles_raw_cols;  // production: d_angles_raw also into d_proj (split_f32_cols)
 };
 // Scratch: Θ̄ [BT, nh, na], then tanh(angles_raw) [BT, na] (angle_backward_scratch_floats).
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch);

@@ -848,6 +848,104 @@ TYPED_TEST(TypedStages, SplitLeavesTheColumnViewsInPlace) {
   }
 }
 
+// Production (fused runs, column views): B5b and B5a write d_proj's f32 columns themselves
+// (ProjCols from split_f32_cols) and B3 is not launched. The d_proj they leave must be, bit for
+// bit, the one B3 (split_backward with the typed parts null) stores from the same f32 outputs,
+// the typed columns untouched by both; the f32 outputs are the same with and without the
+// columns. Every stage case, and the official widths (nh = na = 32: angle_grads_kernel<32, 32>).
+// Columns for some but not all of B5b's outputs, or a row stride shorter than the part, are
+// refused.
+TYPED_TEST(TypedStages, ProducersWriteTheF32PartsOfDprojAsB3Does) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  std::vector<Case> cases = kCases;
+  cases.push_back({"official_widths_dm1024_hd64_ds128_B1_T33", 1024, 64, 128, 1, 0.5, 1, 33});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    World<T> w = make_world<T>(c, false);
+    const Dims& d = w.d;
+    const Idx n = d.BT * d.nh;
+    Rng rng(23);
+    Vec d_adt(static_cast<size_t>(n)), d_direct(d_adt.size()), d_sig(d_adt.size());
+    for (Vec* v : {&d_adt, &d_direct, &d_sig}) fill(*v, rng, -1.0, 1.0);
+    Stream s;
+    ScratchBuf sc(d);
+    auto raw = up(w.a.angles_raw, s), dt = up(w.a.dt, s), d_cum = up(w.g.d_angle_cumsum, s),
+         dd_dt = up(w.a.dd_dt_raw, s), dd_a = up(w.a.dd_a_raw, s), dt_bias = up(w.p.dt_bias, s),
+         a_val = up(w.a.a_val, s), trap = up(w.a.trap, s), dadt = up(d_adt, s),
+         ddir = up(d_direct, s), dsig = up(d_sig, s);
+    const Vec filled(static_cast<size_t>(d.BT * d.ip), 3.0f);
+    // B5a then B5b, with d_proj's columns (direct) or without (B3 after them); the f32 outputs
+    // and d_proj.
+    auto run = [&](bool direct) {
+      auto d_proj = up_t<T>(filled, s);
+      DeviceArray<float> d_angles_raw(std::max<Idx>(d.BT * d.na, 1)), d_dt_angle(n), o_dt(n),
+          o_a(n), o_trap(n), d_bias(d.nh);
+      d_bias.zero(s);
+      const m3::gpu::SplitF32Cols cols = m3::gpu::split_f32_cols(d, d_proj.data());
+      m3::gpu::AngleBwd ab{raw.data(),          dt.data(),         d_cum.data(), nullptr,
+                           d_angles_raw.data(), d_dt_angle.data(), nullptr};
+      if (direct) ab.d_angles_raw_cols = cols.d_angles_raw;
+      m3::gpu::angle_backward(s, d, ab, sc.get());
+      m3::gpu::ActBwd p{dd_dt.data(), dd_a.data(),       dt_bias.data(), dt.data(),
+                        a_val.data(), trap.data(),       dadt.data(),    ddir.data(),
+                        d_dt_angle.data(), dsig.data(),  o_dt.data(),    o_a.data(),
+                        o_trap.data(), d_bias.data(),    d.a_floor};
+      if (direct) {
+        p.d_dd_dt_cols = cols.d_dd_dt;
+        p.d_dd_a_cols = cols.d_dd_a;
+        p.d_trap_raw_cols = cols.d_trap_raw;
+      }
+      m3::gpu::activations_backward(s, d, p, sc.get());
+      if (!direct) {
+        m3::gpu::SplitBwd<T> q{nullptr,     nullptr,      nullptr,
+                               nullptr,     o_dt.data(),  o_a.data(),
+                               o_trap.data(), d_angles_raw.data(), d_proj.data()};
+        m3::gpu::split_backward<T>(s, d, q);
+      }
+      Named out{{"d_proj", down_t(d_proj, s)}, {"d_dd_dt", down(o_dt, s)},
+                {"d_dd_a", down(o_a, s)},     {"d_trap_raw", down(o_trap, s)},
+                {"d_dt_angle", down(d_dt_angle, s)}, {"d dt_bias", down(d_bias, s)}};
+      if (d.na > 0) out["d_angles_raw"] = down(d_angles_raw, s);
+      return out;
+    };
+    const Named direct = run(true), b3 = run(false);
+    expect_bitwise("B5b and B5a into d_proj against B3", direct, b3);
+    const Vec& dp = direct.at("d_proj");
+    size_t f32_cols = 0;
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx j = 0; j < d.ip; ++j) {
+        const float v = dp[static_cast<size_t>(r * d.ip + j)];
+        if (j < 2 * d.di + 2 * d.ng * d.ds) {
+          ASSERT_EQ(v, 3.0f) << "d_proj[" << r << ", " << j << "], a typed part, was written";
+        } else if (v != 3.0f) {
+          ++f32_cols;
+        }
+      }
+    EXPECT_GT(f32_cols, static_cast<size_t>(d.BT)) << "the f32 parts were not written";
+
+    auto d_proj = up_t<T>(filled, s);
+    DeviceArray<float> o(n), bias(d.nh), ang_out(std::max<Idx>(d.BT * d.na, 1));
+    const m3::gpu::SplitF32Cols cols = m3::gpu::split_f32_cols(d, d_proj.data());
+    m3::gpu::ActBwd some{dd_dt.data(), dd_a.data(), dt_bias.data(), dt.data(), a_val.data(),
+                         trap.data(),  dadt.data(), ddir.data(),    nullptr,   dsig.data(),
+                         o.data(),     o.data(),    o.data(),       bias.data(), d.a_floor};
+    some.d_dd_dt_cols = cols.d_dd_dt;
+    EXPECT_THROW(m3::gpu::activations_backward(s, d, some, sc.get()), m3::Error);
+    some.d_dd_a_cols = cols.d_dd_a;
+    some.d_trap_raw_cols = cols.d_trap_raw;
+    some.d_trap_raw_cols.ld = d.nh - 1;
+    EXPECT_THROW(m3::gpu::activations_backward(s, d, some, sc.get()), m3::Error);
+    if (d.na > 1) {
+      m3::gpu::AngleBwd ab{raw.data(), dt.data(), d_cum.data(), nullptr, ang_out.data(), o.data(),
+                           nullptr};
+      ab.d_angles_raw_cols = cols.d_angles_raw;
+      ab.d_angles_raw_cols.ld = d.na - 1;
+      EXPECT_THROW(m3::gpu::angle_backward(s, d, ab, sc.get()), m3::Error);
+    }
+  }
+}
+
 // F4 then B4b/B4c on the world's tensors, every output; d_b/c_raw come back in the contiguous
 // layout. ldr: the raw rows' stride (0: contiguous; the production layout's column views have
 // proj's); the pad columns of X_raw hold 7 and those of d_X_raw −5, and `second` says whether

@@ -1,0 +1,47 @@
+// A block of columns of a typed matrix that a producer of an f32 tensor also writes, rounded to
+// the storage type: value (r, j) of the f32 output to p[r·ld + j] as from_float<T>(value).
+// Production uses it for d_proj's f32 parts (MODEL.md §2.1, B3): B5b writes d_dd_dt, d_dd_a,
+// d_trap_raw and B5a d_angles_raw straight into d_proj's columns, so that B3 (split_backward)
+// has nothing left to move. The rounding is the one split_backward applies (from_float<T>), so
+// d_proj holds the bits B3 would have stored; the f32 tensors are still written.
+// Null p: not written (every launcher's default).
+#pragma once
+
+#include "common.cuh"
+#include "convert.cuh"
+
+namespace m3::gpu {
+
+struct ProjCols {
+  enum class Type { kF32, kBf16, kF16 };
+  void* p = nullptr;  // column 0 of row 0 of the block
+  Idx ld = 0;         // the matrix's row stride (elements)
+  Type type = Type::kF32;
+};
+
+template <class T>
+ProjCols proj_cols(T* first, Idx ld) {
+  ProjCols c;
+  c.p = first;
+  c.ld = ld;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) c.type = ProjCols::Type::kBf16;
+  else if constexpr (std::is_same_v<T, __half>) c.type = ProjCols::Type::kF16;
+  else static_assert(std::is_same_v<T, float>, "a storage type");
+  return c;
+}
+
+// Value (r, j) to c (nothing when c.p is null). The type is one for the whole launch, so the
+// switch does not diverge.
+__device__ __forceinline__ void store_col(const ProjCols& c, Idx r, Idx j, float v) {
+  if (!c.p) return;
+  const Idx o = r * c.ld + j;
+  switch (c.type) {
+    case ProjCols::Type::kF32: static_cast<float*>(c.p)[o] = v; break;
+    case ProjCols::Type::kBf16:
+      static_cast<__nv_bfloat16*>(c.p)[o] = from_float<__nv_bfloat16>(v);
+      break;
+    case ProjCols::Type::kF16: static_cast<__half*>(c.p)[o] = from_float<__half>(v); break;
+  }
+}
+
+}  // namespace m3::gpu
