@@ -125,7 +125,7 @@ summary() {
 }
 
 # The layer's launches in ncu's run of one official forward + backward (PERF.md "After v27"; v33
-# paired two pairs of column sums: four launches fewer in the backward; v36 launches no B3).
+# paired two pairs of column sums: four launches fewer in the backward; v37 launches no B3).
 kLayerLaunches=21-32,36-61
 
 # build_both LOGS: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
