@@ -69,6 +69,13 @@ int CompareResult::n_fail() const {
   return n;
 }
 
+const TensorResult* CompareResult::tightest_passing() const {
+  const TensorResult* tight = nullptr;
+  for (const auto& r : rows)
+    if (r.pass() && (!tight || r.verdict.pct() > tight->verdict.pct())) tight = &r;
+  return tight;
+}
+
 bool key_matches(const std::string& key, const std::string& pattern) {
   if (pattern.empty()) return true;
   std::stringstream ss(pattern);

@@ -108,6 +108,9 @@ struct CompareResult {
 
   bool pass() const { return first_fail < 0; }
   int n_fail() const;
+  // The passing row with the largest share of its budget used (the first of equals), or null
+  // when no row passes: the summaries' "tightest passing".
+  const TensorResult* tightest_passing() const;
 };
 
 // `pattern` is one or more comma-separated alternatives; an alternative with * ? or [...] is

@@ -360,9 +360,7 @@ void summary_line(std::ostream& os, const Comparison& c, const std::vector<size_
 void print_compare_summary(std::ostream& os, const Comparison& c) {
   // Per cell: counts and the tightest headroom.
   for (const auto& m : c.cells) {
-    const TensorResult* worst = nullptr;
-    for (const auto& r : m.rows)
-      if (r.pass() && (!worst || r.verdict.pct() > worst->verdict.pct())) worst = &r;
+    const TensorResult* worst = m.tightest_passing();
     os << "cell " << pad_right(cell_name(m), 16) << ": " << m.rows.size() << " tensors, "
        << m.n_fail() << " failing";
     if (worst) os << ", tightest passing " << fmt_pct(worst->verdict.pct()) << " at " << worst->key;

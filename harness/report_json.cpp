@@ -245,9 +245,7 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
 
   j.key("groups").begin_array();
   for (const CompareResult& cell : c.cells) {
-    const TensorResult* tight = nullptr;
-    for (const auto& r : cell.rows)
-      if (r.pass() && (!tight || r.verdict.pct() > tight->verdict.pct())) tight = &r;
+    const TensorResult* tight = cell.tightest_passing();
     j.begin_object();
     j.key("precision").str(precision_name(cell.precision));
     j.key("mode").str(scan_mode_name(cell.mode));

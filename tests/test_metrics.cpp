@@ -415,6 +415,31 @@ void perturb(Capture& cap, const std::string& key, Idx index, double delta) {
   cap.put(key, t.shape, t.data.data());
 }
 
+// The summaries' "tightest passing" (report.cpp and report_json.cpp): the passing row with the
+// largest share of its budget used, by the larger of its two shares, the first of equals;
+// failing rows never count, and a cell with no passing row has none.
+TEST(CompareResultRows, TightestPassingIsTheLargestShareAmongPassingRows) {
+  auto row = [](const char* key, Status status, double pct_l2, double pct_max) {
+    TensorResult t;
+    t.key = key;
+    t.status = status;
+    t.verdict.pct_rel_l2 = pct_l2;
+    t.verdict.pct_max_abs = pct_max;
+    return t;
+  };
+  CompareResult r;
+  EXPECT_EQ(r.tightest_passing(), nullptr) << "no rows";
+  r.rows = {row("a", Status::Pass, 10, 5), row("b", Status::OverBudget, 300, 0),
+            row("c", Status::Pass, 2, 40), row("d", Status::Pass, 40, 1)};
+  ASSERT_NE(r.tightest_passing(), nullptr);
+  EXPECT_EQ(r.tightest_passing()->key, "c") << "40 % by max_abs, before d's equal 40 % by rel_l2";
+  r.rows[2].status = Status::OverBudget;
+  ASSERT_NE(r.tightest_passing(), nullptr);
+  EXPECT_EQ(r.tightest_passing()->key, "d");
+  r.rows[0].status = r.rows[3].status = Status::NonFinite;
+  EXPECT_EQ(r.tightest_passing(), nullptr) << "every row fails";
+}
+
 class SyntheticCompare : public ::testing::TestWithParam<ScanMode> {
  protected:
   const Config cfg = tiny_cfg();
