@@ -69,11 +69,23 @@ int CompareResult::n_fail() const {
   return n;
 }
 
-const TensorResult* CompareResult::tightest_passing() const {
-  const TensorResult* tight = nullptr;
+namespace {
+// The row of `rows` that `take` admits with the largest verdict.pct(), the first of equals.
+template <class Take>
+const TensorResult* largest_share_of(const std::vector<TensorResult>& rows, Take take) {
+  const TensorResult* top = nullptr;
   for (const auto& r : rows)
-    if (r.pass() && (!tight || r.verdict.pct() > tight->verdict.pct())) tight = &r;
-  return tight;
+    if (take(r) && (!top || r.verdict.pct() > top->verdict.pct())) top = &r;
+  return top;
+}
+}  // namespace
+
+const TensorResult* CompareResult::largest_share() const {
+  return largest_share_of(rows, [](const TensorResult&) { return true; });
+}
+
+const TensorResult* CompareResult::tightest_passing() const {
+  return largest_share_of(rows, [](const TensorResult& r) { return r.pass(); });
 }
 
 bool key_matches(const std::string& key, const std::string& pattern) {

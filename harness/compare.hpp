@@ -108,8 +108,10 @@ struct CompareResult {
 
   bool pass() const { return first_fail < 0; }
   int n_fail() const;
-  // The passing row with the largest share of its budget used (the first of equals), or null
-  // when no row passes: the summaries' "tightest passing".
+  // The row with the largest share of its budget used (verdict.pct(), the first of equals), or
+  // null when there are no rows: verification's "worst" while training.
+  const TensorResult* largest_share() const;
+  // The same among the passing rows, or null when none passes: the summaries' "tightest passing".
   const TensorResult* tightest_passing() const;
 };
 

@@ -667,38 +667,43 @@ TEST(Progress, ResumedRunEstimatesFromItsOwnSteps) {
             "step 8/12  loss 1.0000  val 0.7500  lr 5.00e-04  20 tok/s  elapsed 0:00:06  eta 0:00:12\n");
 }
 
+namespace {
+// The tty tests' status lines: 3 steps at 10 tok/s, lr 1e-3, loss 1, the steps at t = 1 and 1.01.
+const std::string kTtyStep1 =
+    "step 1/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
+const std::string kTtyStep2 =
+    "step 2/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
+}  // namespace
+
 TEST(Progress, TtyModeRedrawsOneLine) {
   std::ostringstream os;
   double t = 0;
   Progress p(3, 100, true, os, [&] { return t; });
-  const std::string l1 = "step 1/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
-  const std::string l2 = "step 2/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
   const std::string l3 = "step 3/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:02  eta 0:00:00";
   t = 1;
   p.update(1, 1.0, std::nullopt, 1e-3, 10);
   t = 1.01;  // within 0.1 s of the last draw: not drawn
   p.update(2, 1.0, std::nullopt, 1e-3, 10);
-  EXPECT_EQ(os.str(), "\r" + l1 + "\x1b[K");
+  EXPECT_EQ(os.str(), "\r" + kTtyStep1 + "\x1b[K");
   p.note("a note");  // the line cleared, the note, the latest state drawn again
   t = 2;
   p.update(3, 1.0, std::nullopt, 1e-3, 10);
   p.finish("summary");
-  EXPECT_EQ(os.str(), "\r" + l1 + "\x1b[K" + "\r\x1b[K" + "a note\n" + "\r" + l2 + "\x1b[K" +
-                          "\r" + l3 + "\x1b[K" + "\nsummary\n");
+  EXPECT_EQ(os.str(), "\r" + kTtyStep1 + "\x1b[K" + "\r\x1b[K" + "a note\n" + "\r" + kTtyStep2 +
+                          "\x1b[K" + "\r" + l3 + "\x1b[K" + "\nsummary\n");
 }
 
 TEST(Progress, BusyShowsWhatThePauseIsDoingUntilTheNextUpdate) {
   std::ostringstream os;
   double t = 0;
   Progress p(3, 100, true, os, [&] { return t; });
-  const std::string l1 = "step 1/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
-  const std::string l2 = "step 2/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
   t = 1;
   p.update(1, 1.0, std::nullopt, 1e-3, 10);
   p.busy("checking");
   t = 1.01;  // within 0.1 s of the last draw, but the suffix must go: drawn
   p.update(2, 1.0, std::nullopt, 1e-3, 10);
-  EXPECT_EQ(os.str(), "\r" + l1 + "\x1b[K" + "\r" + l1 + "  [checking]\x1b[K" + "\r" + l2 + "\x1b[K");
+  EXPECT_EQ(os.str(), "\r" + kTtyStep1 + "\x1b[K" + "\r" + kTtyStep1 + "  [checking]\x1b[K" + "\r" +
+                          kTtyStep2 + "\x1b[K");
   std::ostringstream plain;  // a log gets no transient text
   Progress q(3, 1, false, plain, [&] { return t; });
   q.busy("checking");

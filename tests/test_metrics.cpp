@@ -417,7 +417,8 @@ void perturb(Capture& cap, const std::string& key, Idx index, double delta) {
 
 // The summaries' "tightest passing" (report.cpp and report_json.cpp): the passing row with the
 // largest share of its budget used, by the larger of its two shares, the first of equals;
-// failing rows never count, and a cell with no passing row has none.
+// failing rows never count, and a cell with no passing row has none. largest_share (training's
+// verification "worst") is the same over every row.
 TEST(CompareResultRows, TightestPassingIsTheLargestShareAmongPassingRows) {
   auto row = [](const char* key, Status status, double pct_l2, double pct_max) {
     TensorResult t;
@@ -429,15 +430,21 @@ TEST(CompareResultRows, TightestPassingIsTheLargestShareAmongPassingRows) {
   };
   CompareResult r;
   EXPECT_EQ(r.tightest_passing(), nullptr) << "no rows";
+  EXPECT_EQ(r.largest_share(), nullptr) << "no rows";
   r.rows = {row("a", Status::Pass, 10, 5), row("b", Status::OverBudget, 300, 0),
             row("c", Status::Pass, 2, 40), row("d", Status::Pass, 40, 1)};
   ASSERT_NE(r.tightest_passing(), nullptr);
   EXPECT_EQ(r.tightest_passing()->key, "c") << "40 % by max_abs, before d's equal 40 % by rel_l2";
+  ASSERT_NE(r.largest_share(), nullptr);
+  EXPECT_EQ(r.largest_share()->key, "b") << "a failing row counts there";
   r.rows[2].status = Status::OverBudget;
   ASSERT_NE(r.tightest_passing(), nullptr);
   EXPECT_EQ(r.tightest_passing()->key, "d");
   r.rows[0].status = r.rows[3].status = Status::NonFinite;
   EXPECT_EQ(r.tightest_passing(), nullptr) << "every row fails";
+  r.rows[1].verdict.pct_rel_l2 = 40;
+  ASSERT_NE(r.largest_share(), nullptr);
+  EXPECT_EQ(r.largest_share()->key, "b") << "the first of b, c, d at 40 %";
 }
 
 class SyntheticCompare : public ::testing::TestWithParam<ScanMode> {

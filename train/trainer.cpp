@@ -106,11 +106,10 @@ VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanM
   VerifyResult v;
   v.pass = r.pass();
   v.tensors = static_cast<Idx>(r.rows.size());
-  for (const auto& row : r.rows)
-    if (row.verdict.pct() > v.worst_pct || v.worst.empty()) {
-      v.worst_pct = row.verdict.pct();
-      v.worst = row.key;
-    }
+  if (const auto* worst = r.largest_share()) {
+    v.worst_pct = worst->verdict.pct();
+    v.worst = worst->key;
+  }
   if (r.first_fail >= 0) v.first_fail = r.rows[r.first_fail].key;
   if (r.first_nonfinite >= 0) v.first_nonfinite = r.rows[r.first_nonfinite].key;
   return v;

@@ -7,6 +7,8 @@
 // Null p: not written (every launcher's default).
 #pragma once
 
+#include <string>
+
 #include "common.cuh"
 #include "convert.cuh"
 
@@ -28,6 +30,12 @@ ProjCols proj_cols(T* first, Idx ld) {
   else if constexpr (std::is_same_v<T, __half>) c.type = ProjCols::Type::kF16;
   else static_assert(std::is_same_v<T, float>, "a storage type");
   return c;
+}
+
+// Launchers: c, when set, must have rows of at least the part's `width` values (named `what`).
+inline void require_cols(const ProjCols& c, Idx width, const char* what, const char* where) {
+  M3_REQUIRE(!c.p || c.ld >= width, where, std::string("d_proj's row stride is shorter than ") + what,
+             "stride=", c.ld, " ", what, "=", width);
 }
 
 // Value (r, j) to c (nothing when c.p is null). The type is one for the whole launch, so the

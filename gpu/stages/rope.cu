@@ -760,9 +760,7 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
     tanh_rows(s, d, p.angles_raw, tau);
   }
   const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(tau, 16);
-  M3_REQUIRE(!p.d_angles_raw_cols.p || p.d_angles_raw_cols.ld >= d.na, where,
-             "d_proj's row stride is shorter than na", "stride=", p.d_angles_raw_cols.ld,
-             " na=", d.na);
+  require_cols(p.d_angles_raw_cols, d.na, "na", where);
   const bool full = angle_grads_full() && d.na == 32 && d.nh == 32;
   auto kernel = full ? angle_grads_kernel<32, 32> : angle_grads_kernel<0, 0>;
   kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(

@@ -364,8 +364,7 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
   M3_REQUIRE(cols == !!p.d_dd_a_cols.p && cols == !!p.d_trap_raw_cols.p, where,
              "d_proj's columns are written for all three outputs or for none", "some are null");
   for (const ProjCols* c : {&p.d_dd_dt_cols, &p.d_dd_a_cols, &p.d_trap_raw_cols})
-    M3_REQUIRE(!c->p || c->ld >= d.nh, where, "d_proj's row stride is shorter than nh",
-               "stride=", c->ld, " nh=", d.nh);
+    require_cols(*c, d.nh, "nh", where);
   const auto kernel = vec ? activations_backward_kernel<4> : activations_backward_kernel<1>;
   kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(
       n, d.nh, static_cast<float>(p.a_floor), p);
