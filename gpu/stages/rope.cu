@@ -151,13 +151,25 @@ __device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
 // header (F5 1–3). One barrier per tile: Σ_s and c are double-buffered by tile parity p (a
 // buffer is written only after the barrier that follows its last read). Row strides na, nh,
 // nh·na fit in int (checked by the launcher).
+// kNa, kNh > 0: na and nh known when compiling (the official 32 and 32, angle_forward_full), so
+// that the row strides are immediates: a tile's 16 loads and 8 stores take their offsets from
+// one base address each, where the generic instantiation forms 64-bit addresses from strides
+// held opaque (so that they are not hoisted into registers per step). Until v37 the kernel
+// spilled 24 B at its 64 registers, one spill store waiting for a load of the next tile (ncu,
+// PERF.md "After v37"); with the increments held as floats below, ptxas reports no spill for
+// the generic instantiation and 8 B for <32, 32> (74 registers unbounded, against 80).
+// The same expressions in the same order: the same bits (GpuAnglesFull.ForwardGivesTheBits…).
+template <int kNa, int kNh>
 __global__ void __launch_bounds__(kAngleThreads, 2)
-angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tau,
+angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict__ tau,
                      const float* __restrict__ dt, const float* __restrict__ angle_in,
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
+  static_assert((kNa > 0) == (kNh > 0), "both widths known, or neither");
+  constexpr bool kFull = kNa > 0;
   __shared__ double seg_sum[2][kAngleSegs][kAngleJ];  // Σ_s
   __shared__ double carry[2][kAngleJ];                // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const Idx nh = kFull ? Idx(kNh) : nh_in, na = kFull ? Idx(kNa) : na_in;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
     const Idx b = u / groups, j = (u % groups) * kAngleJ + jl;
@@ -176,21 +188,32 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tau
     for (Idx t0 = 0; t0 < T; t0 += kAngleTile, p ^= 1) {
       const Idx ts = t0 + Idx(s) * kAngleSteps;  // this segment's first step
       const int steps = on ? segment_steps(T, ts) : 0;
-      const int sa = opaque(static_cast<int>(na)), sh = opaque(static_cast<int>(nh)),
-                sj = opaque(static_cast<int>(nj));
-      double x[kAngleSteps];  // double((π·tanh)·dt), 0 past T
+      const int sa = kFull ? kNa : opaque(static_cast<int>(na)),
+                sh = kFull ? kNh : opaque(static_cast<int>(nh)),
+                sj = kFull ? kNa * kNh : opaque(static_cast<int>(nj));
+      // The increments (π·tanh)·dt, 0 past T, held as floats: x_k = double(inc[k]) is formed
+      // again where the walk adds it (exact either way), so that the eight doubles are not live
+      // beside the next tile's loads (at 64 registers they spilled).
+      float inc[kAngleSteps];
+      double x[kAngleSteps];
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
-        const float inc = kPiF * tv[k] * dv[k];
-        x[k] = static_cast<double>(k < steps ? inc : 0.0f);
+        const float v = kPiF * tv[k] * dv[k];
+        inc[k] = k < steps ? v : 0.0f;
+        x[k] = static_cast<double>(inc[k]);
       }
       const double sum = segment_sum(x);  // 1. Σ_s
       if (s < kAngleSegs - 1) seg_sum[p][s][jl] = sum;
       __syncthreads();
       // The next tile's τ and dt, in flight during this tile's walk.
       const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
-      load_steps(opaque(tp + kAngleTile * Idx(sa)), sa, next, tv);
-      load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
+      if constexpr (kFull) {
+        load_steps(tp + kAngleTile * kNa, kNa, next, tv);
+        load_steps(dtp + kAngleTile * kNh, kNh, next, dv);
+      } else {
+        load_steps(opaque(tp + kAngleTile * Idx(sa)), sa, next, tv);
+        load_steps(opaque(dtp + kAngleTile * Idx(sh)), sh, next, dv);
+      }
       double theta = carry[p][jl];  // E_0 = c
       if (s > 0) {                  // 2. E_s = wrap(c + P_s)
         double ps = seg_sum[p][0][jl];
@@ -202,14 +225,14 @@ angle_forward_kernel(Idx B, Idx T, Idx nh, Idx na, const float* __restrict__ tau
       if (steps == kAngleSteps) {  // 3. walk
 #pragma unroll
         for (int k = 0; k < kAngleSteps; ++k) {
-          theta = wrap_two_pi(theta + x[k]);
+          theta = wrap_two_pi(theta + static_cast<double>(inc[k]));
           out[k * sj] = static_cast<float>(theta);
         }
       } else {
 #pragma unroll
         for (int k = 0; k < kAngleSteps - 1; ++k) {
           if (k < steps) {
-            theta = wrap_two_pi(theta + x[k]);
+            theta = wrap_two_pi(theta + static_cast<double>(inc[k]));
             out[k * sj] = static_cast<float>(theta);
           }
         }
@@ -623,6 +646,11 @@ bool& angle_grads_full() {
   static bool on = true;
   return on;
 }
+// The same for angle_forward and angle_forward_kernel<32, 32>.
+bool& angle_forward_full() {
+  static bool on = true;
+  return on;
+}
 
 void check_rope_dims(const Dims& d, const char* where) {
   M3_REQUIRE(d.B >= 1 && d.T >= 1 && d.BT == d.B * d.T && d.nh >= 1 && d.ds >= 1 && d.na >= 0 &&
@@ -698,8 +726,10 @@ void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const
   if (d.na == 0) return;
   check_angle_rows(d, where);
   tanh_rows(s, d, angles_raw, scratch.p);
-  angle_forward_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
-      d.B, d.T, d.nh, d.na, scratch.p, dt, angle_in, angle_cumsum, angle_out);
+  const bool full = angle_forward_full() && d.na == 32 && d.nh == 32;
+  auto kernel = full ? angle_forward_kernel<32, 32> : angle_forward_kernel<0, 0>;
+  kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(d.B, d.T, d.nh, d.na, scratch.p, dt, angle_in,
+                                                    angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
 }
 
@@ -770,6 +800,7 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
 }
 
 void set_angle_grads_full_for_testing(bool on) { angle_grads_full() = on; }
+void set_angle_forward_full_for_testing(bool on) { angle_forward_full() = on; }
 
 #define M3_INSTANTIATE(T)                                                                \
   template void rope_forward<T>(cudaStream_t, const Dims&, const float*, const T*, const T*, \

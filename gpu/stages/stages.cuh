@@ -238,6 +238,8 @@ Idx angle_backward_scratch_floats(const Dims& d);
 // Tests: whether angle_backward takes the grads' instantiation for na = nh = 32 (on by default;
 // rope.cu's angle_grads_kernel<32, 32>), so that it can be held to the generic one's bits.
 void set_angle_grads_full_for_testing(bool on);
+// Tests: likewise for angle_forward and angle_forward_kernel<32, 32>.
+void set_angle_forward_full_for_testing(bool on);
 
 // ---- gating.cu (§4 F7, §6.2 B7; reference gating.cpp) ------------------------------------
 // gated_rms_vals (rstd, [BT, nh]) only with is_outproj_norm (else nullptr). ldz: z's row

@@ -752,6 +752,42 @@ TEST(GpuAnglesFull, GradsGiveTheBitsOfTheGenericInstantiation) {
   }
 }
 
+// F5 at the official widths (na = nh = 32) takes angle_forward_kernel<32, 32> (the row strides
+// known when compiling); it gives the generic instantiation's bits: angle_cumsum and angle_out,
+// with angle_in set (values far outside [0, 2π) too) and null, over a length that ends in a
+// partial tile and one of whole tiles. Increments up to 2.5π take every branch of the wrap.
+TEST(GpuAnglesFull, ForwardGivesTheBitsOfTheGenericInstantiation) {
+  M3_SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { m3::gpu::set_angle_forward_full_for_testing(true); }
+  } restore;
+  for (const Idx T : {Idx(300), Idx(256)}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    const Dims d = angle_dims({"full", 2, T, 32, 32, 2.5});
+    Rng rng(static_cast<std::uint64_t>(977 + T));
+    Vec raw(static_cast<size_t>(d.BT * d.na)), dt(static_cast<size_t>(d.BT * d.nh));
+    fill(raw, rng, -3.0, 3.0);
+    fill(dt, rng, 0.0, 2.5);
+    const Vec ain = angle_in_values(d.B * d.nh * d.na, rng);
+    Stream s;
+    auto draw = up(raw, s), ddt = up(dt, s), dain = up(ain, s);
+    DeviceArray<float> tau(m3::gpu::angle_forward_scratch_floats(d));
+    for (bool with_in : {true, false}) {
+      SCOPED_TRACE(with_in ? "angle_in set" : "angle_in null (zeros)");
+      auto run = [&](bool full) {
+        m3::gpu::set_angle_forward_full_for_testing(full);
+        DeviceArray<float> cum(d.BT * d.nh * d.na), aout(d.B * d.nh * d.na);
+        m3::gpu::angle_forward(s, d, draw.data(), ddt.data(), with_in ? dain.data() : nullptr,
+                               cum.data(), aout.data(), Scratch{tau.data(), tau.size()});
+        return std::vector<Vec>{down(cum, s), down(aout, s)};
+      };
+      const std::vector<Vec> full = run(true), generic = run(false);
+      expect_bitwise("angle_cumsum", full[0], generic[0]);
+      expect_bitwise("angle_out", full[1], generic[1]);
+    }
+  }
+}
+
 std::string angle_case_name(const ::testing::TestParamInfo<AngleCase>& info) {
   return info.param.name;
 }
