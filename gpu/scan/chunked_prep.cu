@@ -21,7 +21,7 @@ struct PrepArgs {
 };
 struct PrepGeom {
   unsigned rows, nh, ds, na, ng, T;
-  Idx t_base;                  // t of the launch's first row
+  unsigned t_base;             // t of the launch's first row (t_base + rows < 2^31: launch_prep)
   FastDiv heads, time, group;  // i → (r, h); t_base + r → t; h → g(h)
   bool k_all;
 };
@@ -42,8 +42,12 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
   // the same arithmetic per value), at ≤ 40 registers: six blocks per SM instead of five (48).
   // Measured (docs/PERF.md v31, ncu, official): bf16 348.7 → 311.9 µs (39 registers as it came);
   // f16 350.0 → 367.9 at 43 registers (five blocks), → 334.2 held to six blocks.
+  // kFull: ds and na as the constants they are (rope_layout_full), so that the row offsets are
+  // shifts, not products with values reloaded from the parameter bank (at ≤ 40 registers ptxas
+  // reloaded pg.ds for every use: ncu's source page, docs/PERF.md "After v37").
   using S = Seg<kPrepLanes>;
-  const unsigned items = pg.rows * pg.nh, ds = pg.ds, na = pg.na, lane = S::lane();
+  const unsigned items = pg.rows * pg.nh, ds = kFull ? 128u : pg.ds, na = kFull ? 32u : pg.na,
+                 lane = S::lane();
   for (unsigned w0 = static_cast<unsigned>(S::first()); w0 < items;
        w0 += static_cast<unsigned>(S::stride())) {
     const unsigned i = w0 + S::seg();
@@ -52,8 +56,10 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
     // Whether the lane's 4 values from n on are inside the row (kFull: all of them, when on).
     auto in_row = [&](unsigned n) { return kFull ? on : n < len; };
     const unsigned r = pg.heads.div(i), h = i - r * pg.nh, base = i * ds;
-    Idx b;
-    const bool next = on && pg.time.divmod(pg.t_base + r, b) + 1 < pg.T;  // sg = 0 at t = T − 1
+    // sg = 0 at t = T − 1; t = (t_base + r) mod T in 32 bits (its 64-bit form was ≈ 30
+    // instructions per row, the largest block of the kernel's index arithmetic).
+    const unsigned tr = pg.t_base + r;
+    const bool next = on && tr - pg.time.div(tr) * pg.T + 1 < pg.T;
     const float dt = on ? a.dt[i] : 0.0f, trap = on ? a.trap[i] : 0.0f;
     const float dt1 = next ? a.dt[i + pg.nh] : 0.0f, trap1 = next ? a.trap[i + pg.nh] : 1.0f;
     float kv[2][4], qv[2][4];
@@ -163,10 +169,13 @@ void launch_prep(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p, const R
       a.b_bias = rp->b_bias, a.c_bias = rp->c_bias, a.theta = shifted(rp->theta, sa);
       a.k = rp->k + sd, a.q = rp->q + sd;
     }
+    // t_base + r < 2^31 for the kernel's 32-bit time index (FastDiv::div(unsigned)).
+    M3_REQUIRE(r0 % d.T + rows < (Idx(1) << 31), kChunkWhere,
+               "a prep slab's time index passes 2^31", "T=", d.T, " rows=", rows);
     const PrepGeom pg{static_cast<unsigned>(rows), static_cast<unsigned>(d.nh),
                       static_cast<unsigned>(d.ds), static_cast<unsigned>(d.na),
                       static_cast<unsigned>(d.ng), static_cast<unsigned>(d.T),
-                      r0 % d.T,                    FastDiv(d.nh),
+                      static_cast<unsigned>(r0 % d.T), FastDiv(d.nh),
                       FastDiv(d.T),                FastDiv(d.hpg),
                       kRope && rp->k_all};
     kernel<<<grid_for(rows * d.nh, Seg<kPrepLanes>::kPerBlock), kThreads, 0, s>>>(pg, a);
