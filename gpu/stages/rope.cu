@@ -498,14 +498,20 @@ rope_backward_vec_kernel(Idx units, Idx ds, Idx na, bool tvec, RopeBwd<T> p) {
 
 // Θ̄ (reverse cumulative sum over t) per (b, h, a) → bar [BT, nh, na]; d_angle_in = Θ̄_0.
 // Blocks, threads and double-buffered R_s, c as angle_forward_kernel; see the header (B5a 1–3).
+// kNa, kNh > 0: as angle_forward_kernel's (the row stride nh·na an immediate), taken with
+// angle_grads_kernel<32, 32> (angle_grads_full); the same bits.
+template <int kNa, int kNh>
 __global__ void __launch_bounds__(kAngleThreads, 2)
-angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
+angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh_in, Idx na_in,
                             const float* __restrict__ d_angle_cumsum,
                             const float* __restrict__ d_angle_out, float* __restrict__ bar,
                             float* __restrict__ d_angle_in) {
+  static_assert((kNa > 0) == (kNh > 0), "both widths known, or neither");
+  constexpr bool kFull = kNa > 0;
   __shared__ float seg_sum[2][kAngleSegs][kAngleJ];  // R_s
   __shared__ float carry[2][kAngleJ];                // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
+  const Idx nh = kFull ? Idx(kNh) : nh_in, na = kFull ? Idx(kNa) : na_in;
   const Idx nj = nh * na, groups = (nj + kAngleJ - 1) / kAngleJ;
   const Idx last = (T - 1) / kAngleTile * kAngleTile;  // first step of the last tile
   for (Idx u = blockIdx.x; u < B * groups; u += gridDim.x) {
@@ -522,12 +528,18 @@ angle_reverse_cumsum_kernel(Idx B, Idx T, Idx nh, Idx na,
     int p = 0;
     for (Idx t0 = last; t0 >= 0; t0 -= kAngleTile, p ^= 1) {
       const int steps = on ? segment_steps(T, t0 + Idx(s) * kAngleSteps) : 0;
-      const int sj = opaque(static_cast<int>(nj));
+      const int sj = kFull ? kNa * kNh : opaque(static_cast<int>(nj));
       float g[kAngleSteps];  // dθ, 0 past T
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) g[k] = k < steps ? gn[k] : 0.0f;
       // The previous tile's dθ (whole: its steps are < t0 ≤ T − 1), in flight during 1–3.
-      if (t0 > 0) load_steps(opaque(dth - kAngleTile * Idx(sj)), sj, on ? kAngleSteps : 0, gn);
+      if (t0 > 0) {
+        if constexpr (kFull) {
+          load_steps(dth - kAngleTile * kNa * kNh, kNa * kNh, on ? kAngleSteps : 0, gn);
+        } else {
+          load_steps(opaque(dth - kAngleTile * Idx(sj)), sj, on ? kAngleSteps : 0, gn);
+        }
+      }
       const float sum = segment_sum(g);  // 1. R_s
       if (s > 0) seg_sum[p][s][jl] = sum;
       __syncthreads();
@@ -784,8 +796,10 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   float* tau = scratch.p + d.BT * d.nh * d.na;  // after Θ̄
   if (d.na > 0) {
     check_angle_rows(d, where);
-    angle_reverse_cumsum_kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(
-        d.B, d.T, d.nh, d.na, p.d_angle_cumsum, p.d_angle_out, scratch.p, p.d_angle_in);
+    const bool full_scan = angle_grads_full() && d.na == 32 && d.nh == 32;
+    auto scan = full_scan ? angle_reverse_cumsum_kernel<32, 32> : angle_reverse_cumsum_kernel<0, 0>;
+    scan<<<angle_blocks(d), kAngleThreads, 0, s>>>(d.B, d.T, d.nh, d.na, p.d_angle_cumsum,
+                                                 p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
     tanh_rows(s, d, p.angles_raw, tau);
   }

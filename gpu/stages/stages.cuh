@@ -235,8 +235,9 @@ struct AngleBwd {
 // Scratch: Θ̄ [BT, nh, na], then tanh(angles_raw) [BT, na] (angle_backward_scratch_floats).
 void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch scratch);
 Idx angle_backward_scratch_floats(const Dims& d);
-// Tests: whether angle_backward takes the grads' instantiation for na = nh = 32 (on by default;
-// rope.cu's angle_grads_kernel<32, 32>), so that it can be held to the generic one's bits.
+// Tests: whether angle_backward takes its instantiations for na = nh = 32 (on by default;
+// rope.cu's angle_reverse_cumsum_kernel<32, 32> and angle_grads_kernel<32, 32>), so that they
+// can be held to the generic ones' bits.
 void set_angle_grads_full_for_testing(bool on);
 // Tests: likewise for angle_forward and angle_forward_kernel<32, 32>.
 void set_angle_forward_full_for_testing(bool on);

@@ -715,8 +715,9 @@ TEST_P(GpuAngles, BackwardMatchesDoubleReference) {
   }
 }
 
-// B5a's grads at the official widths (na = nh = 32) take angle_grads_kernel<32, 32> (every loop
-// unrolled, the terms' loads first); it gives the generic instantiation's bits, every output,
+// B5a at the official widths (na = nh = 32) takes angle_reverse_cumsum_kernel<32, 32> (the row
+// stride an immediate) and angle_grads_kernel<32, 32> (every loop unrolled, the terms' loads
+// first); they give the generic instantiations' bits, every output (d_angle_in is Θ̄_0),
 // with Θ̄ and τ read 4 values per access (vec4) and one at a time (the scratch 4 bytes off its
 // 16-byte alignment).
 TEST(GpuAnglesFull, GradsGiveTheBitsOfTheGenericInstantiation) {
