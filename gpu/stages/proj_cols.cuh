@@ -7,6 +7,7 @@
 // Null p: not written (every launcher's default).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common.cuh"
@@ -49,6 +50,42 @@ __device__ __forceinline__ void store_col(const ProjCols& c, Idx r, Idx j, float
       static_cast<__nv_bfloat16*>(c.p)[o] = from_float<__nv_bfloat16>(v);
       break;
     case ProjCols::Type::kF16: static_cast<__half*>(c.p)[o] = from_float<__half>(v); break;
+  }
+}
+
+// Bytes of one value of c's type.
+inline int proj_cols_value_bytes(const ProjCols& c) {
+  return c.type == ProjCols::Type::kF32 ? 4 : 2;
+}
+// Whether store_cols4 may serve c: rows and the first column 4-value aligned (ld % 4 == 0 and
+// p aligned to 4 values), so that every group of 4 columns from a multiple of 4 is one access.
+inline bool proj_cols4(const ProjCols& c) {
+  const int vb = proj_cols_value_bytes(c);
+  return c.p && c.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(c.p) % (4 * vb) == 0;
+}
+
+// Values (r, j … j + 3) to c in one access, each rounded as store_col rounds it (j % 4 == 0 and
+// proj_cols4(c): the caller's guarantee).
+__device__ __forceinline__ void store_cols4(const ProjCols& c, Idx r, Idx j, const float (&v)[4]) {
+  const Idx o = r * c.ld + j;
+  switch (c.type) {
+    case ProjCols::Type::kF32:
+      *reinterpret_cast<float4*>(static_cast<float*>(c.p) + o) = make_float4(v[0], v[1], v[2], v[3]);
+      break;
+    case ProjCols::Type::kBf16: {
+      VecOf<__nv_bfloat16, 4> w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w.e[e] = from_float<__nv_bfloat16>(v[e]);
+      *reinterpret_cast<VecOf<__nv_bfloat16, 4>*>(static_cast<__nv_bfloat16*>(c.p) + o) = w;
+      break;
+    }
+    case ProjCols::Type::kF16: {
+      VecOf<__half, 4> w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w.e[e] = from_float<__half>(v[e]);
+      *reinterpret_cast<VecOf<__half, 4>*>(static_cast<__half*>(c.p) + o) = w;
+      break;
+    }
   }
 }
 

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) abg_backward_kernel(Idx n, AbgBwd p)
 // nh % V == 0, so the V elements of a vector are heads h .. h + V − 1 of one row.
 template <int V>
 __global__ void __launch_bounds__(kThreads)
-activations_backward_kernel(Idx n, Idx nh, float a_floor, ActBwd p) {
+activations_backward_kernel(Idx n, Idx nh, float a_floor, ActBwd p, bool cols4) {
   for (Idx i = (blockIdx.x * Idx(kThreads) + threadIdx.x) * V; i < n;
        i += Idx(gridDim.x) * kThreads * V) {
     const Idx h = i % nh;
@@ -252,6 +252,14 @@ activations_backward_kernel(Idx n, Idx nh, float a_floor, ActBwd p) {
     store_n<V>(p.d_dd_a + i, o_a);
     if (p.d_dd_dt_cols.p) {  // production: d_proj's columns too (all three or none)
       const Idx r = i / nh;
+      if constexpr (V == 4) {
+        if (cols4) {  // h % 4 == 0 (nh % 4 == 0): one access per output
+          store_cols4(p.d_dd_dt_cols, r, h, o_dt);
+          store_cols4(p.d_dd_a_cols, r, h, o_a);
+          store_cols4(p.d_trap_raw_cols, r, h, o_trap);
+          continue;
+        }
+      }
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         store_col(p.d_dd_dt_cols, r, h + k, o_dt[k]);
@@ -366,8 +374,10 @@ void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratc
   for (const ProjCols* c : {&p.d_dd_dt_cols, &p.d_dd_a_cols, &p.d_trap_raw_cols})
     require_cols(*c, d.nh, "nh", where);
   const auto kernel = vec ? activations_backward_kernel<4> : activations_backward_kernel<1>;
+  const bool cols4 = vec && proj_cols4(p.d_dd_dt_cols) && proj_cols4(p.d_dd_a_cols) &&
+                     proj_cols4(p.d_trap_raw_cols);
   kernel<<<grid_for(vec ? n / 4 : n, kThreads), kThreads, 0, s>>>(
-      n, d.nh, static_cast<float>(p.a_floor), p);
+      n, d.nh, static_cast<float>(p.a_floor), p, cols4);
   M3_LAUNCH_CHECK();
   colsum_rows(s, d.BT, d.nh, LoadMatrix{p.d_dd_dt, d.nh}, p.d_dt_bias, true, scratch, where);
 }

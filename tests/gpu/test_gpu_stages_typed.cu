@@ -852,7 +852,9 @@ TYPED_TEST(TypedStages, SplitLeavesTheColumnViewsInPlace) {
 // (ProjCols from split_f32_cols) and B3 is not launched. The d_proj they leave must be, bit for
 // bit, the one B3 (split_backward with the typed parts null) stores from the same f32 outputs,
 // the typed columns untouched by both; the f32 outputs are the same with and without the
-// columns. Every stage case, and the official widths (nh = na = 32: angle_grads_kernel<32, 32>).
+// columns. Every stage case, and the official widths (nh = na = 32: angle_grads_kernel<32, 32>;
+// B5b's one access per 4 heads, proj_cols4, where nh % 4 == 0 and ip % 4 == 0, its scalar
+// stores in the other cases).
 // Columns for some but not all of B5b's outputs, or a row stride shorter than the part, are
 // refused.
 TYPED_TEST(TypedStages, ProducersWriteTheF32PartsOfDprojAsB3Does) {
