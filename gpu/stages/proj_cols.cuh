@@ -64,28 +64,15 @@ inline bool proj_cols4(const ProjCols& c) {
   return c.p && c.ld % 4 == 0 && reinterpret_cast<std::uintptr_t>(c.p) % (4 * vb) == 0;
 }
 
-// Values (r, j … j + 3) to c in one access, each rounded as store_col rounds it (j % 4 == 0 and
-// proj_cols4(c): the caller's guarantee).
+// Values (r, j … j + 3) to c in one access (convert.cuh's store_n: from_float's bits, paired
+// conversions for the 16-bit types), as store_col rounds them (j % 4 == 0 and proj_cols4(c):
+// the caller's guarantee).
 __device__ __forceinline__ void store_cols4(const ProjCols& c, Idx r, Idx j, const float (&v)[4]) {
   const Idx o = r * c.ld + j;
   switch (c.type) {
-    case ProjCols::Type::kF32:
-      *reinterpret_cast<float4*>(static_cast<float*>(c.p) + o) = make_float4(v[0], v[1], v[2], v[3]);
-      break;
-    case ProjCols::Type::kBf16: {
-      VecOf<__nv_bfloat16, 4> w;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w.e[e] = from_float<__nv_bfloat16>(v[e]);
-      *reinterpret_cast<VecOf<__nv_bfloat16, 4>*>(static_cast<__nv_bfloat16*>(c.p) + o) = w;
-      break;
-    }
-    case ProjCols::Type::kF16: {
-      VecOf<__half, 4> w;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w.e[e] = from_float<__half>(v[e]);
-      *reinterpret_cast<VecOf<__half, 4>*>(static_cast<__half*>(c.p) + o) = w;
-      break;
-    }
+    case ProjCols::Type::kF32: store_n<4>(static_cast<float*>(c.p) + o, v); break;
+    case ProjCols::Type::kBf16: store_n<4>(static_cast<__nv_bfloat16*>(c.p) + o, v); break;
+    case ProjCols::Type::kF16: store_n<4>(static_cast<__half*>(c.p) + o, v); break;
   }
 }
 

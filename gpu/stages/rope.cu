@@ -652,6 +652,9 @@ angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, co
   }
 }
 
+// The official widths that the angle kernels' <kFullNa, kFullNh> instantiations compile in.
+constexpr int kFullNa = 32, kFullNh = 32;
+bool full_widths(const Dims& d) { return d.na == kFullNa && d.nh == kFullNh; }
 // Whether angle_backward runs angle_grads_kernel<32, 32> (the official widths) where it can: on
 // by default; tests turn it off to hold it to the generic instantiation's bits.
 bool& angle_grads_full() {
@@ -738,8 +741,8 @@ void angle_forward(cudaStream_t s, const Dims& d, const float* angles_raw, const
   if (d.na == 0) return;
   check_angle_rows(d, where);
   tanh_rows(s, d, angles_raw, scratch.p);
-  const bool full = angle_forward_full() && d.na == 32 && d.nh == 32;
-  auto kernel = full ? angle_forward_kernel<32, 32> : angle_forward_kernel<0, 0>;
+  const bool full = angle_forward_full() && full_widths(d);
+  auto kernel = full ? angle_forward_kernel<kFullNa, kFullNh> : angle_forward_kernel<0, 0>;
   kernel<<<angle_blocks(d), kAngleThreads, 0, s>>>(d.B, d.T, d.nh, d.na, scratch.p, dt, angle_in,
                                                     angle_cumsum, angle_out);
   M3_LAUNCH_CHECK();
@@ -794,10 +797,11 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   check_rope_dims(d, where);
   require_scratch(scratch, angle_backward_scratch_floats(d), where);
   float* tau = scratch.p + d.BT * d.nh * d.na;  // after Θ̄
+  const bool full = angle_grads_full() && full_widths(d);  // the reverse cumsum's and the grads'
   if (d.na > 0) {
     check_angle_rows(d, where);
-    const bool full_scan = angle_grads_full() && d.na == 32 && d.nh == 32;
-    auto scan = full_scan ? angle_reverse_cumsum_kernel<32, 32> : angle_reverse_cumsum_kernel<0, 0>;
+    auto scan = full ? angle_reverse_cumsum_kernel<kFullNa, kFullNh>
+                     : angle_reverse_cumsum_kernel<0, 0>;
     scan<<<angle_blocks(d), kAngleThreads, 0, s>>>(d.B, d.T, d.nh, d.na, p.d_angle_cumsum,
                                                  p.d_angle_out, scratch.p, p.d_angle_in);
     M3_LAUNCH_CHECK();
@@ -805,8 +809,7 @@ void angle_backward(cudaStream_t s, const Dims& d, const AngleBwd& p, Scratch sc
   }
   const bool vec4 = d.na % 4 == 0 && is_aligned(scratch.p, 16) && is_aligned(tau, 16);
   require_cols(p.d_angles_raw_cols, d.na, "na", where);
-  const bool full = angle_grads_full() && d.na == 32 && d.nh == 32;
-  auto kernel = full ? angle_grads_kernel<32, 32> : angle_grads_kernel<0, 0>;
+  auto kernel = full ? angle_grads_kernel<kFullNa, kFullNh> : angle_grads_kernel<0, 0>;
   kernel<<<grid_for(d.BT * (d.na + d.nh), kThreads), kThreads, 0, s>>>(
       d.BT, d.nh, d.na, vec4, tau, p.dt, scratch.p, p.d_angles_raw, p.d_dt_angle,
       p.d_angles_raw_cols);
