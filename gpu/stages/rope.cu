@@ -76,6 +76,7 @@
 // written).
 #include <climits>
 #include <initializer_list>
+#include <type_traits>
 
 #include "convert.cuh"
 #include "fast_div.cuh"
@@ -158,6 +159,10 @@ __device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
 // spilled 24 B at its 64 registers, one spill store waiting for a load of the next tile (ncu,
 // PERF.md "After v37"); with the increments held as floats below, ptxas reports no spill for
 // the generic instantiation and 8 B for <32, 32> (74 registers unbounded, against 80).
+// With the widths known, the tiles that lie wholly before T (all but the last, if T is no
+// multiple of 128) also go without the per-step predicates `k < steps` on their increments,
+// their walk and, where the next tile is whole too, its loads (v38's samples: 25 ISETP and 8
+// FSEL of a tile's 83-instruction load run); <32, 32> then has no spill either.
 // The same expressions in the same order: the same bits (GpuAnglesFull.ForwardGivesTheBits…).
 template <int kNa, int kNh>
 __global__ void __launch_bounds__(kAngleThreads, 2)
@@ -166,6 +171,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
                      float* __restrict__ angle_cumsum, float* __restrict__ angle_out) {
   static_assert((kNa > 0) == (kNh > 0), "both widths known, or neither");
   constexpr bool kFull = kNa > 0;
+  static_assert(kNa * kNh % kAngleJ == 0, "with the widths known, every lane has a j < nj");
   __shared__ double seg_sum[2][kAngleSegs][kAngleJ];  // Σ_s
   __shared__ double carry[2][kAngleJ];                // c
   const int jl = threadIdx.x % kAngleJ, s = threadIdx.x / kAngleJ;
@@ -185,9 +191,14 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
     load_steps(tp, static_cast<int>(na), first, tv);
     load_steps(dtp, static_cast<int>(nh), first, dv);
     int p = 0;
-    for (Idx t0 = 0; t0 < T; t0 += kAngleTile, p ^= 1) {
+    // One tile. kWhole: every segment's kAngleSteps steps are < T (so every step's increment
+    // is taken and the walk is the unpredicated one); kNextWhole: the next tile's are too (so
+    // its loads need no step predicates). Both only with kFull (where every j < nj); either
+    // way the same expressions in the same order as the predicated body.
+    auto tile = [&](Idx t0, auto whole, auto next_whole) {
+      constexpr bool kWhole = decltype(whole)::value, kNextWhole = decltype(next_whole)::value;
       const Idx ts = t0 + Idx(s) * kAngleSteps;  // this segment's first step
-      const int steps = on ? segment_steps(T, ts) : 0;
+      const int steps = kWhole ? kAngleSteps : on ? segment_steps(T, ts) : 0;
       const int sa = kFull ? kNa : opaque(static_cast<int>(na)),
                 sh = kFull ? kNh : opaque(static_cast<int>(nh)),
                 sj = kFull ? kNa * kNh : opaque(static_cast<int>(nj));
@@ -199,14 +210,14 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
         const float v = kPiF * tv[k] * dv[k];
-        inc[k] = k < steps ? v : 0.0f;
+        inc[k] = kWhole || k < steps ? v : 0.0f;
         x[k] = static_cast<double>(inc[k]);
       }
       const double sum = segment_sum(x);  // 1. Σ_s
       if (s < kAngleSegs - 1) seg_sum[p][s][jl] = sum;
       __syncthreads();
       // The next tile's τ and dt, in flight during this tile's walk.
-      const int next = on ? segment_steps(T, ts + kAngleTile) : 0;
+      const int next = kNextWhole ? kAngleSteps : on ? segment_steps(T, ts + kAngleTile) : 0;
       if constexpr (kFull) {
         load_steps(tp + kAngleTile * kNa, kNa, next, tv);
         load_steps(dtp + kAngleTile * kNh, kNh, next, dv);
@@ -222,7 +233,7 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
           if (m < s) ps += seg_sum[p][m][jl];
         theta = wrap_two_pi(theta + ps);
       }
-      if (steps == kAngleSteps) {  // 3. walk
+      if (kWhole || steps == kAngleSteps) {  // 3. walk
 #pragma unroll
         for (int k = 0; k < kAngleSteps; ++k) {
           theta = wrap_two_pi(theta + static_cast<double>(inc[k]));
@@ -242,6 +253,20 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
       tp += kAngleTile * Idx(sa);
       dtp += kAngleTile * Idx(sh);
       out += kAngleTile * Idx(sj);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    for (Idx t0 = 0; t0 < T; t0 += kAngleTile, p ^= 1) {
+      if constexpr (kFull) {
+        if (t0 + 2 * kAngleTile <= T)
+          tile(t0, Yes{}, Yes{});
+        else if (t0 + kAngleTile <= T)
+          tile(t0, Yes{}, No{});
+        else
+          tile(t0, No{}, No{});
+      } else {
+        tile(t0, No{}, No{});
+      }
     }
     __syncthreads();  // carry and seg_sum free for the next (b, group)
   }

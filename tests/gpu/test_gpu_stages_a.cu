@@ -762,7 +762,9 @@ TEST(GpuAnglesFull, ForwardGivesTheBitsOfTheGenericInstantiation) {
   struct Restore {
     ~Restore() { m3::gpu::set_angle_forward_full_for_testing(true); }
   } restore;
-  for (const Idx T : {Idx(300), Idx(256)}) {
+  // Tiles of 128 steps: T = 300 takes the whole-tile path with and without a whole next tile,
+  // then a partial tile; 256 ends on a whole tile; 129 has one whole tile and one step.
+  for (const Idx T : {Idx(300), Idx(256), Idx(129)}) {
     SCOPED_TRACE("T = " + std::to_string(T));
     const Dims d = angle_dims({"full", 2, T, 32, 32, 2.5});
     Rng rng(static_cast<std::uint64_t>(977 + T));
