@@ -581,14 +581,14 @@ void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, c
     if (!ct) {
       constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, false>();
       auto k = chunk_bwd_tc_kernel<T, RH, RD, false>;
-      set_smem(k, bytes);
+      opt_in_smem(k, bytes, kChunkWhere);
       k<<<grid, kNT, bytes, s>>>(g, p, dS, ClusterTail<T>{});
       M3_LAUNCH_CHECK();
       return;
     }
     constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, true>();
     auto k = chunk_bwd_tc_kernel<T, RH, RD, true>;
-    set_smem(k, bytes);
+    opt_in_smem(k, bytes, kChunkWhere);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(kNT);

@@ -198,7 +198,7 @@ void chunk_scan_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkFwd<T>& p) 
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     auto kernel = chunk_scan_tc_kernel<T, RH, RD>;
     const std::size_t bytes = Layout<T, RH, RD>::kBytes;
-    set_smem(kernel, bytes);
+    opt_in_smem(kernel, bytes, kChunkWhere);
     const dim3 grid(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
                     static_cast<unsigned>(g.B));
     kernel<<<grid, kThreads5, bytes, s>>>(g, p);

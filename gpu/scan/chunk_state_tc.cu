@@ -490,7 +490,7 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     auto k = chunk_state_tc_kernel<T, RH, RD, kFwd>;
     constexpr std::size_t bytes = Layout<T, RH, RD>::kBytes;
-    set_smem(k, bytes);
+    opt_in_smem(k, bytes, kChunkWhere);
     k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
              static_cast<unsigned>(g.B)),
         kNT, bytes, s>>>(g, a);
@@ -508,7 +508,7 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
     using Ly = Layout<T, RH, RDh>;
     auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd>;
     constexpr std::size_t bytes = walk_smem<Ly>();
-    set_smem(k, bytes);
+    opt_in_smem(k, bytes, kChunkWhere);
     if constexpr (kFwd) {
       chunk_cumsum_kernel<<<dim3(static_cast<unsigned>((g.nc + kCumWarps - 1) / kCumWarps),
                                  static_cast<unsigned>((g.nh + 31) / 32),

@@ -802,7 +802,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
       } else {
         auto k1 = chunk_state_kernel<T, RH, RD, false>;
         const std::size_t sm1 = smem_chunk_state(RH, RD, kTyped);
-        set_smem(k1, sm1);
+        opt_in_smem(k1, sm1, kChunkWhere);
         k1<<<grid3(d.nc, d.nh, d.B), kCT, sm1, s>>>(g, a);
         M3_LAUNCH_CHECK();
       }
@@ -832,7 +832,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
     } else {
       auto k3 = chunk_bwd_kernel<T, RH, RD>;
       const std::size_t sm3 = smem_chunk_bwd(RH, RD, kTyped);
-      set_smem(k3, sm3);
+      opt_in_smem(k3, sm3, kChunkWhere);
       k3<<<grid3(d.nc, d.nh, d.B), kBwdThreads, sm3, s>>>(g, p, w.dS);
       M3_LAUNCH_CHECK();
     }
@@ -860,7 +860,7 @@ void ssm_chunked_backward(cudaStream_t s, const Dims& d, const SsmChunkBwd<T>& p
                 : rope_layout_full(d) ? qk_rope_bwd_kernel<T, kR, kF, true, true>
                               : qk_rope_bwd_kernel<T, kR, kF, true, false>;
       const std::size_t sm2 = tail_smem_bytes(d, kF, kR, sizeof(T));
-      set_smem(k2, sm2);
+      opt_in_smem(k2, sm2, kChunkWhere);
       for (Idx r0 = 0; r0 < d.BT; r0 += slab) {
         const Idx rows_here = std::min(slab, d.BT - r0);
         const TailGeom tg{static_cast<unsigned>(rows_here), static_cast<unsigned>(d.nh),

@@ -190,7 +190,7 @@ void launch_states(cudaStream_t s, const Dims& d, const ChunkGeom& g, bool plane
   } else {
     auto k23 = chunk_state_kernel<T, RH, RD, true>;
     const std::size_t sm23 = smem_chunk_state(RH, RD, kTensorProducts<T>);
-    set_smem(k23, sm23);
+    opt_in_smem(k23, sm23, kChunkWhere);
     k23<<<grid3(d.nc, d.nh, d.B), kCT, sm23, s>>>(g, a);
     M3_LAUNCH_CHECK();
   }
@@ -217,7 +217,7 @@ void ssm_chunked_forward(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p,
     } else {
       auto k5 = chunk_scan_kernel<T, RH, RD>;
       const std::size_t sm5 = smem_chunk_scan(RH, RD);
-      set_smem(k5, sm5);
+      opt_in_smem(k5, sm5, kChunkWhere);
       k5<<<grid3(d.nc * g.nt, d.nh, d.B), kCT, sm5, s>>>(g, p);
       M3_LAUNCH_CHECK();
     }

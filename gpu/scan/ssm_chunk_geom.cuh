@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "smem.cuh"
 #include "stages.cuh"
 
 namespace m3::gpu {
@@ -58,21 +59,6 @@ inline void with_pads(Idx hd, Idx ds, F&& f) {
     case 4: on_rd(std::integral_constant<int, 4>{}); break;
     default: on_rd(std::integral_constant<int, 8>{}); break;
   }
-}
-
-// Opt a kernel in to `bytes` of dynamic shared memory (refused with m3::Error beyond the
-// device's per-block limit).
-template <class K>
-inline void set_smem(K kernel, std::size_t bytes) {
-  int dev = 0, optin = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  M3_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  M3_REQUIRE(bytes <= static_cast<std::size_t>(optin), kChunkWhere,
-             "shared memory per block exceeds the device limit", "need ", bytes, " bytes, have ",
-             optin);
-  if (bytes > 48 * 1024)
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
 }
 
 // Arguments of K2/K3 (forward) and B1 (backward): out[p, n] = Σ_s w_s U_s[p] V_s[n] per chunk.

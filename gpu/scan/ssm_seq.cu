@@ -33,6 +33,7 @@
 
 #include "convert.cuh"
 #include "reduce.cuh"
+#include "smem.cuh"
 
 namespace m3::gpu {
 
@@ -442,13 +443,6 @@ SeqGeom seq_geom(const Dims& d, Idx ldx) {
   return SeqGeom{d.B, d.T, d.nh, d.hd, d.ds, d.di, tn, row_stride(ldx, d.di, kSeqWhere, "x")};
 }
 
-template <class K>
-void set_smem(K kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
-}
-
 }  // namespace
 
 template <class T>
@@ -459,7 +453,7 @@ void ssm_seq_forward(cudaStream_t s, const Dims& d, const SsmSeqFwd<T>& p) {
     const int nt = Vt::TP * g.TN, w = nt / 32;
     const std::size_t smem = sizeof(float) * (2 * d.hd + 3 * d.ds + 4 + w * d.hd);
     auto kernel = ssm_seq_forward_kernel<T, Vt::TP, Vt::MP, Vt::MN, Vt::NTMAX>;
-    set_smem(kernel, smem);
+    opt_in_smem(kernel, smem, kSeqWhere);
     kernel<<<dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(d.B)), nt, smem, s>>>(g, p);
     M3_LAUNCH_CHECK();
   });
@@ -474,7 +468,7 @@ void ssm_seq_backward(cudaStream_t s, const Dims& d, const SsmSeqBwd<T>& p, Scra
     const std::size_t smem =
         sizeof(float) * (8 * d.hd + 8 * d.ds + 8 + w * 2 * d.hd + g.TN * 4);
     auto kernel = ssm_seq_backward_kernel<T, Vt::TP, Vt::MP, Vt::MN, Vt::NTMAX>;
-    set_smem(kernel, smem);
+    opt_in_smem(kernel, smem, kSeqWhere);
     kernel<<<dim3(static_cast<unsigned>(d.nh), static_cast<unsigned>(d.B)), nt, smem, s>>>(g, p);
     M3_LAUNCH_CHECK();
   });

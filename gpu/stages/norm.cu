@@ -40,6 +40,7 @@
 
 #include "convert.cuh"
 #include "reduce.cuh"
+#include "smem.cuh"
 
 namespace m3::gpu {
 
@@ -439,9 +440,7 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
           constexpr bool kSt = decltype(stage)::value;
           auto kernel = rmsnorm_backward_kernel<T, L, V, A, true, kSt>;
           const std::size_t ring = kSt ? ring_bytes<T>() : 0;
-          if (ring > 0)  // with part's 32 KB the block's shared memory passes the default 48 KB
-            M3_CUDA_CHECK(cudaFuncSetAttribute(
-                kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring)));
+          opt_in_smem(kernel, ring, where);  // with part's 32 KB static, past the default 48 KB
           kernel<<<static_cast<unsigned int>(blocks), kThreads, ring, s>>>(
               rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
         };
