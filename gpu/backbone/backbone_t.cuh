@@ -1313,12 +1313,7 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_trap_raw = f("d_trap_raw");
       a.d_dt_bias = G(l, "dt_bias");
       a.a_floor = cfg_.a_floor;
-      if (proj_grads_direct(l)) {
-        const SplitF32Cols c = split_f32_cols(d_, t("d_proj"));
-        a.d_dd_dt_cols = c.d_dd_dt;
-        a.d_dd_a_cols = c.d_dd_a;
-        a.d_trap_raw_cols = c.d_trap_raw;
-      }
+      if (proj_grads_direct(l)) a.into_proj(split_f32_cols(d_, t("d_proj")));
       activations_backward(s_, d_, a, scr());
     } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
       const bool done = tail_fused_layer_ == l;  // B4b ran in B6's tail: B4c alone

@@ -126,6 +126,13 @@ struct AbgBwd {
   float *d_adt_total, *d_dt_direct, *d_trap_sig;
 };
 void abg_backward(cudaStream_t s, const Dims& d, const AbgBwd& p);
+// d_proj's f32 parts as ProjCols (their first columns, row stride ip): given to B5b
+// (ActBwd::d_*_cols) and B5a (AngleBwd::d_angles_raw_cols), they leave B3 nothing to move.
+struct SplitF32Cols {
+  ProjCols d_dd_dt, d_dd_a, d_trap_raw, d_angles_raw;
+};
+template <class T>
+SplitF32Cols split_f32_cols(const Dims& d, T* d_proj);
 // B5b (§6.2, §12.1–2; reference activations_backward): d_dd_dt, d_dd_a, d_trap_raw [BT, nh]
 // and d dt_bias += Σ_r d_dd_dt (deterministic).
 struct ActBwd {
@@ -136,6 +143,11 @@ struct ActBwd {
   double a_floor;
   // Production: the three outputs also rounded into d_proj's columns (split_f32_cols).
   ProjCols d_dd_dt_cols, d_dd_a_cols, d_trap_raw_cols;
+  void into_proj(const SplitF32Cols& c) {
+    d_dd_dt_cols = c.d_dd_dt;
+    d_dd_a_cols = c.d_dd_a;
+    d_trap_raw_cols = c.d_trap_raw;
+  }
 };
 void activations_backward(cudaStream_t s, const Dims& d, const ActBwd& p, Scratch scratch);
 // B3: d_proj [BT, ip] = [d_z | d_x | d_b_raw | d_c_raw | d_dd_dt | d_dd_a | d_trap_raw |
@@ -150,13 +162,6 @@ struct SplitBwd {
 };
 template <class T>
 void split_backward(cudaStream_t s, const Dims& d, const SplitBwd<T>& p);
-// d_proj's f32 parts as ProjCols (their first columns, row stride ip): given to B5b
-// (ActBwd::d_*_cols) and B5a (AngleBwd::d_angles_raw_cols), they leave B3 nothing to move.
-struct SplitF32Cols {
-  ProjCols d_dd_dt, d_dd_a, d_trap_raw, d_angles_raw;
-};
-template <class T>
-SplitF32Cols split_f32_cols(const Dims& d, T* d_proj);
 
 // ---- bcnorm.cu (§4 F4, §6.2 B4b/B4c; reference bcnorm.cpp) -------------------------------
 // With typed storage, X_normed is stored (rounded) and the bias add reads the stored value.

@@ -893,11 +893,7 @@ TYPED_TEST(TypedStages, ProducersWriteTheF32PartsOfDprojAsB3Does) {
                         a_val.data(), trap.data(),       dadt.data(),    ddir.data(),
                         d_dt_angle.data(), dsig.data(),  o_dt.data(),    o_a.data(),
                         o_trap.data(), d_bias.data(),    d.a_floor};
-      if (direct) {
-        p.d_dd_dt_cols = cols.d_dd_dt;
-        p.d_dd_a_cols = cols.d_dd_a;
-        p.d_trap_raw_cols = cols.d_trap_raw;
-      }
+      if (direct) p.into_proj(cols);
       m3::gpu::activations_backward(s, d, p, sc.get());
       if (!direct) {
         m3::gpu::SplitBwd<T> q{nullptr,     nullptr,      nullptr,
