@@ -28,4 +28,29 @@ class GpuContext {
   std::unique_ptr<Impl> impl_;
 };
 
+// Timed points on a context's stream (CUDA events with timing), for the parts of a training
+// step (m3h train --step-times). mark(i) records point i after the work queued so far (no
+// synchronisation; a point marked again moves); ready(i) says, without waiting, whether the
+// device has passed point i; ms(a, b) gives the device time from point a to point b (of this
+// set or another of the same context), both of which the device must have passed (a
+// synchronize() first, or ready()): m3::Error otherwise, as for a point never marked.
+class StreamMarks {
+ public:
+  explicit StreamMarks(const GpuContext& ctx);
+  ~StreamMarks();
+  StreamMarks(const StreamMarks&) = delete;
+  StreamMarks& operator=(const StreamMarks&) = delete;
+
+  void mark(int i);
+  bool marked(int i) const;
+  bool ready(int i) const;
+  double ms(int a, int b) const;                          // this set's points
+  double ms(int a, const StreamMarks& other, int b) const;  // a here, b in `other`
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace m3::gpu

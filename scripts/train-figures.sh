@@ -2,8 +2,10 @@
 # The training figures of TRAINING.md on the GPU machine, in one go (each run's console and
 # metrics under ${OUT:-gpu-logs}/train/, packed into train.tar.gz):
 #   throughput   m3h train at the official shape (d_model 1024, headdim 64, d_state 128,
-#                expand 2, B 8, T 4096, bf16, chunked, 2 layers) on text, next to m3h bench's
-#                forward+backward of the backbone alone (official, official2)
+#                expand 2, B 8, T 4096, bf16, chunked, 1, 2 and 4 layers) on text, with
+#                --step-times (the step's forward, backward, optimizer and the rest on the
+#                device), next to m3h bench's forward+backward of the backbone alone
+#                (official, official2)
 #   jargon       a byte-level model on the Jargon File (data/jargon.txt: scripts/fetch-jargon.sh)
 #   parity       with angles (d_state 2, rope_fraction 1: one angle) and without (rope_fraction
 #                0.5: none), trained on lengths 3…64, evaluated at 256; also f16 (loss scaling)
@@ -44,7 +46,8 @@ for s in "${steps[@]}"; do
       for L in 1 2 4; do
         run "official_L$L" --data data/jargon.txt --d-model 1024 --headdim 64 --d-state 128 \
           --expand 2 --layers "$L" --B 8 --T 4096 --steps 30 --warmup 5 --dtype bf16 \
-          --scan chunked --val-batches 0 --log-every 10
+          --scan chunked --val-batches 0 --log-every 10 --step-times
+        grep -h "step times" "$logs/official_L$L.log"
       done
       "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 --scan chunked \
         >"$logs/bench_official.log" 2>&1

@@ -312,6 +312,34 @@ TEST_F(TrainRun, TrainingAParityModelLowersItsLoss) {
 
 // ---- sampling -------------------------------------------------------------------------------
 
+// --step-times' line: medians over the steps after the first three, the period's and the
+// remainder's over the steps measured to the next one.
+TEST(StepTimes, TheSummaryTakesMediansAfterTheFirstThreeSteps) {
+  EXPECT_EQ(step_times_summary({}, 1), "train: step times: none measured");
+  auto st = [](double f, double b, double o, double p, bool next = true) {
+    StepTimes t;
+    t.forward_ms = f;
+    t.backward_ms = b;
+    t.optimizer_ms = o;
+    t.period_ms = p;
+    t.to_next = next;
+    return t;
+  };
+  // Steps 11-17: the first three (slow, warming up) are left out; the last is measured to its
+  // own end only, so its period (and remainder) is left out too.
+  const std::vector<StepTimes> t = {st(9, 9, 9, 90),    st(9, 9, 9, 90),   st(9, 9, 9, 90),
+                                    st(1, 2, 0.5, 4.0), st(3, 6, 0.5, 10.5), st(2, 4, 0.25, 7),
+                                    st(2, 4, 0.5, 20, false)};
+  EXPECT_EQ(step_times_summary(t, 11),
+            "train: step times on the device (CUDA events), medians of steps 14–17: period "
+            "7.000 ms = forward 2.000 + backward 4.000 + optimizer 0.500 + outside them 0.750 ms");
+  // Three steps or fewer: all of them; a single step measured to its own end says so.
+  EXPECT_EQ(step_times_summary({st(1, 2, 0.5, 4.0, false)}, 1),
+            "train: step times on the device (CUDA events), medians of step 1: period 4.000 ms "
+            "= forward 1.000 + backward 2.000 + optimizer 0.500 + outside them 0.500 ms (the "
+            "period to the step's own end)");
+}
+
 TEST(Sample, SteppingTheStatesGivesTheLogitsOfOneForwardOverTheWholeSequence) {
   const Idx V = 11;
   const Config cfg = tiny_lm(V);
@@ -386,6 +414,13 @@ TEST_F(TrainCli, VerifyEveryOnTheCpuIsRefusedItHasNoKernelToVerify) {
   expect_usage_error(std::string(kSmallRun) + " --task parity --out r --verify-every 2",
                      "--verify-every");
   EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
+}
+
+TEST_F(TrainCli, StepTimesOnTheCpuOrDataParallelAreRefusedTheyHaveNoDeviceEvents) {
+  const std::string base = std::string(kSmallRun) + " --task parity --step-times";
+  expect_usage_error(base + " --out r", "--step-times");
+  expect_usage_error(base + " --gpus 2 --out r", "--step-times");
+  EXPECT_FALSE(fs::exists(dir_ / "r"));  // refused before the run directory is made
 }
 
 TEST_F(TrainCli, AnOutThatHoldsAnotherRunIsRefusedAndLeftAlone) {

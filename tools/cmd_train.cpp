@@ -83,7 +83,8 @@ void add_train_fields(po::options_description& d) {
     ("val-every", po::value<Idx>()->default_value(0), "validation every N steps (0: at the end only)")
     ("val-batches", po::value<Idx>()->default_value(8), "validation batches (fixed for the run)")
     ("log-every", po::value<Idx>()->default_value(10), "a plain log line every N steps (not on a terminal)")
-    ("verify-every", po::value<Idx>()->default_value(0), "every N steps, compare the GPU path with the double oracle on a slice of the live batch (1 row, T <= 256) with the live weights; a failure stops the run (exit 1) naming the first failing tensor (0: never)");
+    ("verify-every", po::value<Idx>()->default_value(0), "every N steps, compare the GPU path with the double oracle on a slice of the live batch (1 row, T <= 256) with the live weights; a failure stops the run (exit 1) naming the first failing tensor (0: never)")
+    ("step-times", po::bool_switch(), "GPU, one process: time each step's forward, backward and optimizer on the device (CUDA events, no added synchronisation) and print their medians at the end, with the step's period and the device time outside them");
   // clang-format on
 }
 
@@ -214,6 +215,7 @@ int cmd_train(const std::vector<std::string>& args) {
   o.val_batches = positive(vm, "val-batches", 0);
   o.log_every = positive(vm, "log-every", 1);
   o.verify_every = positive(vm, "verify-every", 0);
+  o.step_times = vm["step-times"].as<bool>();
   o.config_text = config_text(vm, fields);
   o.tty = isatty(1) != 0;
   o.par.gpus = vm["gpus"].as<int>();

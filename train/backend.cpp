@@ -2,6 +2,7 @@
 #include "backend.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 
 #include "backbone_gpu.hpp"
@@ -129,21 +130,85 @@ class GpuBackend final : public Backend {
     net_.set_params_flat(st.params);
     opt_.set_moments(st.m, st.v);
   }
-  void zero_grads() override { net_.zero_grads(); }
+  void zero_grads() override {
+    if (timing_) {
+      timed_.push_back(TimedStep{std::make_unique<gpu::StreamMarks>(ctx_), 0});
+      timed_.back().marks->mark(kBegin);
+      phase_ = Phase::Passes;
+    }
+    net_.zero_grads();
+  }
   void forward(const Batch& b, double n_norm) override {
+    const bool timed = phase_ == Phase::Passes;  // not validation's forwards
+    if (timed) timed_.back().marks->mark(kPasses + 3 * timed_.back().micro);
     net_.set_tokens(b.tok);
     net_.set_targets(b.tgt, b.w, n_norm);
     net_.zero_states();
     net_.forward_loss_async();
+    if (timed) timed_.back().marks->mark(kPasses + 3 * timed_.back().micro + 1);
   }
   double loss() override { return net_.loss(); }
-  void backward(double scale) override { net_.backward_loss(scale); }
+  void backward(double scale) override {
+    net_.backward_loss(scale);
+    if (phase_ == Phase::Passes) {
+      TimedStep& t = timed_.back();
+      t.marks->mark(kPasses + 3 * t.micro + 2);
+      ++t.micro;
+    }
+  }
   std::vector<std::int32_t> argmax() override { return net_.argmax(); }
   std::vector<float> logits() override { return net_.logits(); }
-  double grad_norm() override { return opt_.grad_norm(net_.grad_arena()); }
+  double grad_norm() override {
+    const bool timed = phase_ == Phase::Passes;
+    if (timed) timed_.back().marks->mark(kOptimizer);
+    const double g = opt_.grad_norm(net_.grad_arena());
+    if (timed) {
+      timed_.back().marks->mark(kOptimizerEnd);  // a skipped step ends here
+      phase_ = Phase::Optimizer;
+    }
+    return g;
+  }
   void adamw(const AdamWScalars& a) override {
     opt_.step(a, net_.param_arena(), net_.grad_arena());
     net_.refresh_typed_copies();
+    if (phase_ == Phase::Optimizer) timed_.back().marks->mark(kOptimizerEnd);
+    phase_ = Phase::Off;
+  }
+  bool time_steps() override {
+    timing_ = true;
+    return true;
+  }
+  std::vector<StepTimes> step_times(bool wait) override {
+    if (wait) ctx_.synchronize();
+    std::vector<StepTimes> out;
+    // A step is done when the next one has begun on the device (its period ends there), or,
+    // waiting, when it is the last.
+    while (!timed_.empty()) {
+      const bool next = timed_.size() >= 2;
+      if (next ? !timed_[1].marks->ready(kBegin) : !wait) break;
+      const TimedStep& t = timed_.front();
+      const gpu::StreamMarks& m = *t.marks;
+      StepTimes st;
+      for (int k = 0; k < t.micro; ++k) {
+        st.forward_ms += m.ms(kPasses + 3 * k, kPasses + 3 * k + 1);
+        st.backward_ms += m.ms(kPasses + 3 * k + 1, kPasses + 3 * k + 2);
+      }
+      if (m.marked(kOptimizer) && m.marked(kOptimizerEnd))
+        st.optimizer_ms = m.ms(kOptimizer, kOptimizerEnd);
+      st.to_next = next;
+      if (next) {
+        st.period_ms = m.ms(kBegin, *timed_[1].marks, kBegin);
+      } else {
+        const int last = m.marked(kOptimizerEnd) ? kOptimizerEnd
+                         : t.micro > 0          ? kPasses + 3 * t.micro - 1
+                                                : kBegin;
+        st.period_ms = m.ms(kBegin, last);
+      }
+      out.push_back(st);
+      timed_.pop_front();
+    }
+    if (wait) phase_ = Phase::Off;
+    return out;
   }
   std::vector<float> grads() override {
     const Params<float> g = net_.grads();
@@ -155,6 +220,19 @@ class GpuBackend final : public Backend {
   gpu::GpuContext ctx_;
   gpu::GpuBackbone net_;
   gpu::GpuOptimizer opt_;
+  // --step-times: a step's points on the stream: kBegin before the gradients' zeroing, the
+  // optimizer's start and end, then per micro-batch k the forward's start (kPasses + 3k), its
+  // end = the backward's start (+1) and the backward's end (+2). Phase: which marks the next
+  // calls set (Off between steps: validation's forwards are not the step's).
+  static constexpr int kBegin = 0, kOptimizer = 1, kOptimizerEnd = 2, kPasses = 3;
+  enum class Phase { Off, Passes, Optimizer };
+  struct TimedStep {
+    std::unique_ptr<gpu::StreamMarks> marks;
+    int micro = 0;
+  };
+  bool timing_ = false;
+  Phase phase_ = Phase::Off;
+  std::deque<TimedStep> timed_;
 };
 
 }  // namespace

@@ -29,6 +29,18 @@
 
 namespace m3::train {
 
+// Device time of one training step's parts (m3h train --step-times), in ms. forward and
+// backward sum over the step's micro-batches (the forward from its tokens' upload to the loss,
+// the backward from the head's backward to the embedding's); optimizer: the gradient norm,
+// AdamW and the typed-copy refresh. period: from the step's first queued work (the gradients'
+// zeroing) to the next step's, or for the run's last step to its own last work (`to_next`
+// false); so period − forward − backward − optimizer is the device's time outside the parts:
+// the zeroing, validation, and idle while the host prepares a batch, launches or waits.
+struct StepTimes {
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, period_ms = 0;
+  bool to_next = true;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,6 +75,15 @@ class Backend {
   virtual int ranks() const { return 1; }
   virtual bool any_rank(bool mine) { return mine; }
   virtual double exchange_seconds() const { return 0.0; }
+  // --step-times: whether this backend can time its steps' parts (the GPU path of one
+  // process); once asked, it does from the next zero_grads() on. step_times: the timed steps,
+  // in order, whose device work has finished since the last call (without waiting); with
+  // `wait`, after waiting for the device, every remaining one (the last with to_next false).
+  virtual bool time_steps() { return false; }
+  virtual std::vector<StepTimes> step_times(bool wait) {
+    (void)wait;
+    return {};
+  }
 };
 
 struct BackendSpec {

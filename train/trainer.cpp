@@ -171,7 +171,41 @@ std::string fixed(double v, int digits) {
   return os.str();
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
+
+std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) {
+  if (t.empty()) return "train: step times: none measured";
+  const size_t skip = t.size() > 3 ? 3 : 0;
+  std::vector<double> fwd, bwd, opt, period, rest;
+  for (size_t k = skip; k < t.size(); ++k) {
+    fwd.push_back(t[k].forward_ms);
+    bwd.push_back(t[k].backward_ms);
+    opt.push_back(t[k].optimizer_ms);
+  }
+  // The period and the remainder: steps measured to the next one, unless there is none such.
+  bool any_next = false;
+  for (size_t k = skip; k < t.size(); ++k) any_next = any_next || t[k].to_next;
+  for (size_t k = skip; k < t.size(); ++k) {
+    if (any_next && !t[k].to_next) continue;
+    period.push_back(t[k].period_ms);
+    rest.push_back(t[k].period_ms - t[k].forward_ms - t[k].backward_ms - t[k].optimizer_ms);
+  }
+  const Idx a = first_step + static_cast<Idx>(skip), b = first_step + static_cast<Idx>(t.size()) - 1;
+  std::ostringstream os;
+  os << "train: step times on the device (CUDA events), medians of step" << (a == b ? " " : "s ")
+     << a << (a == b ? "" : "–" + std::to_string(b)) << ": period " << fixed(median_of(period), 3)
+     << " ms = forward " << fixed(median_of(fwd), 3) << " + backward " << fixed(median_of(bwd), 3)
+     << " + optimizer " << fixed(median_of(opt), 3) << " + outside them "
+     << fixed(median_of(rest), 3) << " ms";
+  if (!any_next) os << " (the period to the step's own end)";
+  return os.str();
+}
 
 int run_training(const TrainOptions& opt, std::ostream& out) {
   TrainOptions o = opt;
@@ -187,6 +221,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
              "--verify-every checks the GPU path against the double oracle",
              "with --device cpu the trained model IS the reference (in float); there is no "
              "kernel to verify");
+  M3_REQUIRE(!o.step_times || (o.device == "gpu" && o.par.plain()), "train",
+             "--step-times times the GPU path of one process",
+             o.device != "gpu" ? "with --device cpu there are no device events to time"
+                               : "not a data-parallel run (--gpus, --nccl-id-file)");
   std::unique_ptr<Dataset> data = make_dataset(o, o.T);
   o.cfg.vocab_size = data->vocab();
   o.cfg.input_dim = data->vocab();
@@ -231,6 +269,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
 
   BackendSpec spec{o.cfg, o.B, o.T, o.mode, o.storage, o.recompute};
   std::unique_ptr<Backend> be = make_data_parallel(o.device, spec, o.par);
+  M3_REQUIRE(!o.step_times || be->time_steps(), "train",
+             "--step-times times the GPU path of one process",
+             "this run's backend (" + be->name() + (o.par.plain() ? "" : ", data-parallel") +
+                 ") has no device events to time");
   // Only now, so that a backend that cannot be built leaves at most an empty new folder.
   if (dir && o.resume.empty()) dir->write_config(o.config_text);
   be->set_state(st);
@@ -277,6 +319,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   };
 
   const auto t_start = std::chrono::steady_clock::now();
+  std::vector<StepTimes> timed;  // --step-times: steps step0 + 1, step0 + 2, … in order
   Idx step = step0;
   double last_loss = std::nan(""), last_val = std::nan(""), worst_verify = -1;
   std::string worst_verify_at;  // "step S, TENSOR" of worst_verify
@@ -289,6 +332,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     const Idx t = s - scaler.skipped;  // the optimizer step: applied steps so far + 1
     const StepResult r = train_step(*be, micro, t, o.optim, scaler);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (o.step_times)
+      for (const StepTimes& st : be->step_times(false)) timed.push_back(st);
     step = s;
     last_loss = r.loss;
     RunDir::Row row;
@@ -354,6 +399,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       status = 130;
       break;
     }
+  }
+  if (o.step_times) {
+    for (const StepTimes& st : be->step_times(true)) timed.push_back(st);
+    prog.note(step_times_summary(timed, step0 + 1));
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::ostringstream sum;

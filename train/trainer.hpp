@@ -101,6 +101,7 @@ struct TrainOptions {
   std::string resume;         // a checkpoint file
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
   Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
+  bool step_times = false;     // time each step's parts on the device; their medians at the end
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
   std::string config_text;    // the resolved options, written to config.txt
   bool tty = false;
@@ -116,6 +117,13 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T);
 
 // The settings a checkpoint records and a resume compares, in order.
 Settings run_settings(const TrainOptions& o, const Dataset& data);
+
+// The --step-times line of a run's timed steps, the k-th being step first_step + k: the
+// medians of period, forward, backward, optimizer and of each step's period minus its parts
+// (StepTimes), over the steps after the first three (all of them when there are at most
+// three); the period's and the remainder's only over steps measured to the next step, unless
+// none is. "train: step times: none measured" for an empty list.
+std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step);
 
 // Runs the whole training; returns the exit status (0 done, 1 stopped by a failure — a
 // non-finite loss or gradient, a failed verification — 130 interrupted). `out`: the console.

@@ -6,6 +6,9 @@
 // K = 1088 with few rows: 40 % of outputs off, by up to 3753 ulp). f32 GEMMs ask for
 // CUBLAS_COMPUTE_32F_PEDANTIC themselves (no TF32), bf16/f16 GEMMs may use tensor cores with f32
 // accumulation (gemm.cu); both are deterministic for this fixed configuration.
+#include <string>
+#include <vector>
+
 #include "common.cuh"
 #include "device.hpp"
 
@@ -44,5 +47,62 @@ GpuContext::~GpuContext() {
 int GpuContext::device() const { return impl_->device; }
 
 void GpuContext::synchronize() const { M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+// ---- StreamMarks: one timing event per point, created on first mark ------------------------
+
+struct StreamMarks::Impl {
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  std::vector<cudaEvent_t> events;  // nullptr: never marked
+  ~Impl() {
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
+  }
+  cudaEvent_t at(int i, const char* what) const {
+    M3_REQUIRE(i >= 0 && i < static_cast<int>(events.size()) && events[i], "StreamMarks",
+               "a point that was never marked", what, " point ", i);
+    return events[i];
+  }
+};
+
+StreamMarks::StreamMarks(const GpuContext& ctx) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = ctx.impl().stream;
+  impl_->device = ctx.impl().device;
+}
+
+StreamMarks::~StreamMarks() = default;
+
+void StreamMarks::mark(int i) {
+  M3_REQUIRE(i >= 0, "StreamMarks", "a negative point", "point ", i);
+  if (i >= static_cast<int>(impl_->events.size())) impl_->events.resize(i + 1, nullptr);
+  if (!impl_->events[i]) M3_CUDA_CHECK(cudaEventCreate(&impl_->events[i]));
+  M3_CUDA_CHECK(cudaEventRecord(impl_->events[i], impl_->stream));
+}
+
+bool StreamMarks::marked(int i) const {
+  return i >= 0 && i < static_cast<int>(impl_->events.size()) && impl_->events[i];
+}
+
+bool StreamMarks::ready(int i) const {
+  const cudaError_t r = cudaEventQuery(impl_->at(i, "ready:"));
+  if (r == cudaErrorNotReady) return false;
+  M3_CUDA_CHECK(r);
+  return true;
+}
+
+double StreamMarks::ms(int a, int b) const { return ms(a, *this, b); }
+
+double StreamMarks::ms(int a, const StreamMarks& other, int b) const {
+  M3_REQUIRE(impl_->device == other.impl_->device, "StreamMarks",
+             "points of two devices cannot be timed against each other", "devices ",
+             impl_->device, " and ", other.impl_->device);
+  const cudaEvent_t ea = impl_->at(a, "from"), eb = other.impl_->at(b, "to");
+  M3_REQUIRE(ready(a) && other.ready(b), "StreamMarks",
+             "a point the device has not passed yet", "from ", a, " to ", b,
+             " (synchronize first)");
+  float out = 0;
+  M3_CUDA_CHECK(cudaEventElapsedTime(&out, ea, eb));
+  return static_cast<double>(out);
+}
 
 }  // namespace m3::gpu

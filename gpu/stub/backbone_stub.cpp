@@ -19,6 +19,15 @@ GpuContext::~GpuContext() = default;
 int GpuContext::device() const { no_cuda("GpuContext"); }
 void GpuContext::synchronize() const { no_cuda("GpuContext"); }
 
+struct StreamMarks::Impl {};
+StreamMarks::StreamMarks(const GpuContext&) { no_cuda("StreamMarks"); }
+StreamMarks::~StreamMarks() = default;
+void StreamMarks::mark(int) { no_cuda("StreamMarks"); }
+bool StreamMarks::marked(int) const { no_cuda("StreamMarks"); }
+bool StreamMarks::ready(int) const { no_cuda("StreamMarks"); }
+double StreamMarks::ms(int, int) const { no_cuda("StreamMarks"); }
+double StreamMarks::ms(int, const StreamMarks&, int) const { no_cuda("StreamMarks"); }
+
 struct GpuBackbone::Impl {};
 GpuBackbone::GpuBackbone(GpuContext&, const Config&, Idx, Idx, ScanMode, Precision, Recompute) {
   no_cuda("GpuBackbone");

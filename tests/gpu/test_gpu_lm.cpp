@@ -313,6 +313,47 @@ TEST_F(GpuTrainRun, KStepsSaveResumeAndTheRestEqualTheRunStraightBitForBit) {
   }
 }
 
+// --step-times (train/backend.cpp): timing changes no bit; every step's forward, backward and
+// optimizer are positive and lie within its period; a step is given once its next has begun on
+// the device, the last after waiting; the run prints their medians; the CPU cannot time.
+TEST_F(GpuTrainRun, StepTimesChangeNoBitAndEachStepsPartsLieWithinItsPeriod) {
+  M3_SKIP_WITHOUT_GPU();
+  using namespace m3::train;
+  const Idx B = 2, T = 64, V = 29;
+  const Config cfg = lm_cfg(V);
+  const BackendSpec spec = m3::test::chunked_spec(cfg, B, T, Precision::BF16);
+  auto plain = make_gpu_backend(spec), timed = make_gpu_backend(spec);
+  ASSERT_TRUE(timed->time_steps());
+  // Five steps of two micro-batches each, then the state (which waits for the device).
+  const auto a = m3::test::train_trajectory(*plain, cfg, Precision::BF16, B, T, 5);
+  const auto b = m3::test::train_trajectory(*timed, cfg, Precision::BF16, B, T, 5);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_TRUE(a.end.params == b.end.params && a.end.m == b.end.m && a.end.v == b.end.v);
+  std::vector<StepTimes> t = timed->step_times(false);
+  EXPECT_EQ(t.size(), 4u) << "steps 1-4 (the fifth has no next step yet)";
+  for (const StepTimes& s : timed->step_times(true)) t.push_back(s);
+  ASSERT_EQ(t.size(), 5u);
+  for (size_t k = 0; k < t.size(); ++k) {
+    SCOPED_TRACE("step " + std::to_string(k + 1));
+    EXPECT_GT(t[k].forward_ms, 0.0);
+    EXPECT_GT(t[k].backward_ms, 0.0);
+    EXPECT_GT(t[k].optimizer_ms, 0.0);
+    EXPECT_GE(t[k].period_ms + 1e-3, t[k].forward_ms + t[k].backward_ms + t[k].optimizer_ms);
+    EXPECT_EQ(t[k].to_next, k + 1 < t.size());
+  }
+  EXPECT_TRUE(timed->step_times(true).empty());
+  EXPECT_FALSE(make_cpu_backend(spec)->time_steps());
+
+  TrainOptions o = options("step_times", Precision::BF16);
+  o.step_times = true;
+  std::ostringstream log;
+  ASSERT_EQ(run_training(o, log), 0) << log.str();
+  EXPECT_NE(log.str().find("step times on the device (CUDA events), medians of steps 4–10"),
+            std::string::npos)
+      << log.str();
+}
+
 TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsStage) {
   M3_SKIP_WITHOUT_GPU();
   using namespace m3::train;
