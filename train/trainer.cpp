@@ -204,6 +204,15 @@ std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) 
      << " + optimizer " << fixed(median_of(opt), 3) << " + outside them "
      << fixed(median_of(rest), 3) << " ms";
   if (!any_next) os << " (the period to the step's own end)";
+  // The spread of the passes over those steps: a device that slows as a run goes on (its
+  // clocks under sustained load) shows here, not in the medians.
+  double lo = fwd[0] + bwd[0], hi = lo;
+  for (size_t k = 1; k < fwd.size(); ++k) {
+    lo = std::min(lo, fwd[k] + bwd[k]);
+    hi = std::max(hi, fwd[k] + bwd[k]);
+  }
+  if (fwd.size() > 1)
+    os << "; forward + backward " << fixed(lo, 3) << " to " << fixed(hi, 3) << " ms";
   return os.str();
 }
 

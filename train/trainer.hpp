@@ -122,7 +122,8 @@ Settings run_settings(const TrainOptions& o, const Dataset& data);
 // medians of period, forward, backward, optimizer and of each step's period minus its parts
 // (StepTimes), over the steps after the first three (all of them when there are at most
 // three); the period's and the remainder's only over steps measured to the next step, unless
-// none is. "train: step times: none measured" for an empty list.
+// none is, and the range of forward + backward over them. "train: step times: none measured"
+// for an empty list.
 std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step);
 
 // Runs the whole training; returns the exit status (0 done, 1 stopped by a failure — a
