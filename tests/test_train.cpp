@@ -341,6 +341,21 @@ TEST(StepTimes, TheSummaryTakesMediansAfterTheFirstThreeSteps) {
             "period to the step's own end)");
 }
 
+// --stage-times' table: the profile's sums divided by the profiled steps, in its order, total.
+TEST(StageTimes, TheTableGivesEachStagesMeanPerStepAndTheirTotal) {
+  EXPECT_EQ(stage_times_table({}, 4, 4, 7), "train: stage times: none measured");
+  EXPECT_EQ(stage_times_table({{"F1", 1.0}}, 0, 4, 3), "train: stage times: none measured");
+  EXPECT_EQ(stage_times_table({{"F1", 2.0}, {"head (bwd)", 6.0}, {"B6", 12.5}}, 4, 4, 7),
+            "train: stage times per step on the device (ms, means of steps 4–7; events between "
+            "stages, layers summed; compare m3h bench --profile):\n"
+            "  F1          0.500\n"
+            "  head (bwd)  1.500\n"
+            "  B6          3.125\n"
+            "  total       5.125");
+  EXPECT_NE(stage_times_table({{"F1", 2.0}}, 1, 1, 1).find("means of step 1;"),
+            std::string::npos);
+}
+
 TEST(Sample, SteppingTheStatesGivesTheLogitsOfOneForwardOverTheWholeSequence) {
   const Idx V = 11;
   const Config cfg = tiny_lm(V);
@@ -417,10 +432,13 @@ TEST_F(TrainCli, VerifyEveryOnTheCpuIsRefusedItHasNoKernelToVerify) {
   EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
 }
 
-TEST_F(TrainCli, StepTimesOnTheCpuOrDataParallelAreRefusedTheyHaveNoDeviceEvents) {
+TEST_F(TrainCli, StepAndStageTimesOnTheCpuOrDataParallelAreRefused) {
   const std::string base = std::string(kSmallRun) + " --task parity --step-times";
   expect_usage_error(base + " --out r", "--step-times");
   expect_usage_error(base + " --gpus 2 --out r", "--step-times");
+  const std::string stages = std::string(kSmallRun) + " --task parity --stage-times";
+  expect_usage_error(stages + " --out r", "--stage-times");
+  expect_usage_error(stages + " --gpus 2 --out r", "--stage-times");
   EXPECT_FALSE(fs::exists(dir_ / "r"));  // refused before the run directory is made
 }
 

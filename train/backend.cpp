@@ -178,6 +178,13 @@ class GpuBackend final : public Backend {
     timing_ = true;
     return true;
   }
+  bool profile_stages(bool on) override {
+    net_.set_profiling(on);
+    return true;
+  }
+  std::vector<std::pair<std::string, double>> stage_times() override {
+    return net_.stage_times();
+  }
   std::vector<StepTimes> step_times(bool wait) override {
     if (wait) ctx_.synchronize();
     std::vector<StepTimes> out;

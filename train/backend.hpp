@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint.hpp"
@@ -84,6 +85,15 @@ class Backend {
     (void)wait;
     return {};
   }
+  // --stage-times: whether this backend can profile its stages (the GPU path of one process),
+  // and the profile on or off (GpuBackbone::set_profiling: an event after every stage, and a
+  // wait for the last at the end of every forward and backward). stage_times: ms per stage
+  // name (layers summed) over every forward and backward run while it was on.
+  virtual bool profile_stages(bool on) {
+    (void)on;
+    return false;
+  }
+  virtual std::vector<std::pair<std::string, double>> stage_times() { return {}; }
 };
 
 struct BackendSpec {

@@ -216,6 +216,26 @@ std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) 
   return os.str();
 }
 
+std::string stage_times_table(const std::vector<std::pair<std::string, double>>& sums, Idx steps,
+                              Idx first_step, Idx last_step) {
+  if (steps < 1 || sums.empty()) return "train: stage times: none measured";
+  std::ostringstream os;
+  os << "train: stage times per step on the device (ms, means of step"
+     << (first_step == last_step ? " " + std::to_string(first_step)
+                                 : "s " + std::to_string(first_step) + "–" + std::to_string(last_step))
+     << "; events between stages, layers summed; compare m3h bench --profile):";
+  size_t width = 5;
+  for (const auto& [name, ms] : sums) width = std::max(width, name.size());
+  double total = 0;
+  for (const auto& [name, ms] : sums) {
+    const double per = ms / static_cast<double>(steps);
+    total += per;
+    os << "\n  " << name << std::string(width - name.size() + 2, ' ') << fixed(per, 3);
+  }
+  os << "\n  total" << std::string(width - 5 + 2, ' ') << fixed(total, 3);
+  return os.str();
+}
+
 int run_training(const TrainOptions& opt, std::ostream& out) {
   TrainOptions o = opt;
   o.optim.validate();
@@ -230,10 +250,15 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
              "--verify-every checks the GPU path against the double oracle",
              "with --device cpu the trained model IS the reference (in float); there is no "
              "kernel to verify");
-  M3_REQUIRE(!o.step_times || (o.device == "gpu" && o.par.plain()), "train",
-             "--step-times times the GPU path of one process",
-             o.device != "gpu" ? "with --device cpu there are no device events to time"
-                               : "not a data-parallel run (--gpus, --nccl-id-file)");
+  for (const auto& [on, name] : {std::pair<bool, const char*>{o.step_times, "--step-times"},
+                                 std::pair<bool, const char*>{o.stage_times, "--stage-times"}})
+    M3_REQUIRE(!on || (o.device == "gpu" && o.par.plain()), "train",
+               std::string(name) + " times the GPU path of one process",
+               o.device != "gpu" ? "with --device cpu there are no device events to time"
+                                 : "not a data-parallel run (--gpus, --nccl-id-file)");
+  M3_REQUIRE(!(o.step_times && o.stage_times), "train",
+             "--step-times and --stage-times are separate runs",
+             "the stage profile waits at the end of every pass, which changes the step's times");
   std::unique_ptr<Dataset> data = make_dataset(o, o.T);
   o.cfg.vocab_size = data->vocab();
   o.cfg.input_dim = data->vocab();
@@ -282,6 +307,14 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
              "--step-times times the GPU path of one process",
              "this run's backend (" + be->name() + (o.par.plain() ? "" : ", data-parallel") +
                  ") has no device events to time");
+  M3_REQUIRE(!o.stage_times || be->profile_stages(false), "train",
+             "--stage-times profiles the GPU path of one process",
+             "this run's backend (" + be->name() + (o.par.plain() ? "" : ", data-parallel") +
+                 ") has no stage profile");
+  // --stage-times: the steps after the first three of this run (all of them in a run of three
+  // or fewer), and only the training passes (not validation's forwards).
+  const Idx profile_from = step0 + (o.optim.steps - step0 > 3 ? 4 : 1);
+  Idx profiled = 0;
   // Only now, so that a backend that cannot be built leaves at most an empty new folder.
   if (dir && o.resume.empty()) dir->write_config(o.config_text);
   be->set_state(st);
@@ -339,7 +372,13 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     std::vector<Batch> micro;
     for (Idx k = 0; k < o.grad_accum; ++k) micro.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
     const Idx t = s - scaler.skipped;  // the optimizer step: applied steps so far + 1
+    const bool profile = o.stage_times && s >= profile_from;
+    if (profile) be->profile_stages(true);
     const StepResult r = train_step(*be, micro, t, o.optim, scaler);
+    if (profile) {
+      be->profile_stages(false);
+      ++profiled;
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o.step_times)
       for (const StepTimes& st : be->step_times(false)) timed.push_back(st);
@@ -413,6 +452,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     for (const StepTimes& st : be->step_times(true)) timed.push_back(st);
     prog.note(step_times_summary(timed, step0 + 1));
   }
+  if (o.stage_times)
+    prog.note(stage_times_table(be->stage_times(), profiled, profile_from, profile_from + profiled - 1));
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::ostringstream sum;
   sum << "train: step " << step << "/" << o.optim.steps << ", loss " << fixed(last_loss, 4);

@@ -102,6 +102,7 @@ struct TrainOptions {
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
   Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
   bool step_times = false;     // time each step's parts on the device; their medians at the end
+  bool stage_times = false;    // the backbone's stage profile over the steps; its means at the end
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
   std::string config_text;    // the resolved options, written to config.txt
   bool tty = false;
@@ -125,6 +126,13 @@ Settings run_settings(const TrainOptions& o, const Dataset& data);
 // none is, and the range of forward + backward over them. "train: step times: none measured"
 // for an empty list.
 std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step);
+
+// The --stage-times table: "train: stage times per step, …" then one line per stage (name and
+// ms per step: the profile's sums over `steps` steps, first_step … last_step, divided by
+// steps), in the profile's order, and their total. "train: stage times: none measured" when
+// there is no step or no stage.
+std::string stage_times_table(const std::vector<std::pair<std::string, double>>& sums, Idx steps,
+                              Idx first_step, Idx last_step);
 
 // Runs the whole training; returns the exit status (0 done, 1 stopped by a failure — a
 // non-finite loss or gradient, a failed verification — 130 interrupted). `out`: the console.

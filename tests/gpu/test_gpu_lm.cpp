@@ -354,6 +354,35 @@ TEST_F(GpuTrainRun, StepTimesChangeNoBitAndEachStepsPartsLieWithinItsPeriod) {
       << log.str();
 }
 
+// --stage-times: the backbone's stage profile over steps 4-10 changes no bit of the run (its
+// final checkpoint equals the unprofiled run's), and the table names the scan's stages; with
+// --step-times too it is refused.
+TEST_F(GpuTrainRun, StageTimesChangeNoBitAndTableTheStages) {
+  M3_SKIP_WITHOUT_GPU();
+  using namespace m3::train;
+  TrainOptions plain = options("stages_plain", Precision::BF16);
+  TrainOptions prof = options("stages_prof", Precision::BF16);
+  prof.stage_times = true;
+  std::ostringstream a, b;
+  ASSERT_EQ(run_training(plain, a), 0) << a.str();
+  ASSERT_EQ(run_training(prof, b), 0) << b.str();
+  const std::string log = b.str();
+  EXPECT_NE(log.find("stage times per step on the device (ms, means of steps 4–10"),
+            std::string::npos)
+      << log;
+  for (const char* stage : {"\n  F6 ", "\n  B6 ", "\n  head ", "\n  total "})
+    EXPECT_NE(log.find(stage), std::string::npos) << stage << " missing:\n" << log;
+  TrainState sa, sb;
+  m3::Config ca, cb;
+  read_checkpoint((fs::path(plain.out) / "ckpt-00000010.h5").string(), &ca, &sa);
+  read_checkpoint((fs::path(prof.out) / "ckpt-00000010.h5").string(), &cb, &sb);
+  EXPECT_TRUE(sa.params == sb.params && sa.m == sb.m && sa.v == sb.v);
+  TrainOptions both = options("stages_both", Precision::BF16);
+  both.stage_times = both.step_times = true;
+  std::ostringstream c;
+  EXPECT_THROW(run_training(both, c), m3::Error);
+}
+
 TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsStage) {
   M3_SKIP_WITHOUT_GPU();
   using namespace m3::train;
