@@ -303,14 +303,11 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
 
   BackendSpec spec{o.cfg, o.B, o.T, o.mode, o.storage, o.recompute};
   std::unique_ptr<Backend> be = make_data_parallel(o.device, spec, o.par);
-  M3_REQUIRE(!o.step_times || be->time_steps(), "train",
-             "--step-times times the GPU path of one process",
-             "this run's backend (" + be->name() + (o.par.plain() ? "" : ", data-parallel") +
-                 ") has no device events to time");
-  M3_REQUIRE(!o.stage_times || be->profile_stages(false), "train",
-             "--stage-times profiles the GPU path of one process",
-             "this run's backend (" + be->name() + (o.par.plain() ? "" : ", data-parallel") +
-                 ") has no stage profile");
+  // The options were refused above for any run but the GPU path of one process; its backend
+  // switches the timing on here (and would say if it could not).
+  M3_REQUIRE((!o.step_times || be->time_steps()) && (!o.stage_times || be->profile_stages(false)),
+             "train", "this run's backend cannot time its steps or stages", "backend ",
+             be->name());
   // --stage-times: the steps after the first three of this run (all of them in a run of three
   // or fewer), and only the training passes (not validation's forwards).
   const Idx profile_from = step0 + (o.optim.steps - step0 > 3 ? 4 : 1);
