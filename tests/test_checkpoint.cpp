@@ -38,6 +38,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "h5store.hpp"
+#include "backend.hpp"
 #include "progress.hpp"
 #include "registry.hpp"
 #include "run_dir.hpp"
@@ -463,7 +464,8 @@ TEST(RunDir, RefusesAFolderHoldingAnotherRunAndForceLeavesForeignFiles) {
   fs::create_directories(out);
   const char* run_files[] = {"config.txt", "metrics.csv", "loss.png", "ckpt-00000010.h5",
                              "ckpt-00000020.h5", "ckpt-00000020.h5.tmp.123.0",
-                             "metrics.csv.tmp.99", "loss.gp.tmp.77"};
+                             "metrics.csv.tmp.99", "loss.gp.tmp.77", "step_times.csv",
+                             "step_times.png", "step_times.log.tmp.5"};
   const char* foreign[] = {"notes.txt", "ckpt-best.h5", "config.txt.bak", "data.bin"};
   for (const char* f : run_files) touch(out / f);
   for (const char* f : foreign) touch(out / f, "keep me");
@@ -632,6 +634,91 @@ TEST(RunDir, PlotLossWithoutGnuplotIsANote) {
   ::setenv("PATH", saved.c_str(), 1);
   EXPECT_EQ(note, "loss.png not drawn: gnuplot not found (apt-get install gnuplot-nox)");
   EXPECT_FALSE(fs::exists(rd.path("loss.png")));
+}
+
+// step_times.csv: a row per step, four decimals; resuming at step k + 1 keeps the earlier rows
+// of steps <= k and replaces the later ones, so a timed run and its resumed segment read as one.
+TEST(RunDir, StepTimesAreARowPerStepAndResumeKeepsTheStepsBefore) {
+  using m3::train::StepTimes;
+  auto st = [](double f, double b, double o, double p, bool next) {
+    StepTimes t;
+    t.forward_ms = f;
+    t.backward_ms = b;
+    t.optimizer_ms = o;
+    t.period_ms = p;
+    t.to_next = next;
+    return t;
+  };
+  TempDir tmp;
+  const std::string out = tmp.file("run");
+  {
+    RunDir rd(out, false, false);
+    rd.write_config("x = 1\n");
+    rd.write_step_times({st(2.5, 4.25, 0.125, 7.0, true), st(2.6, 4.3, 0.11, 7.1, true),
+                         st(2.7, 4.4, 0.1, 7.3, false)},
+                        1);
+    EXPECT_EQ(slurp(rd.path("step_times.csv")),
+              std::string(m3::train::kStepTimesHeader) +
+                  "\n1,2.5000,4.2500,0.1250,7.0000,1\n2,2.6000,4.3000,0.1100,7.1000,1\n"
+                  "3,2.7000,4.4000,0.1000,7.3000,0\n");
+  }
+  RunDir resumed(out, true, false);  // from the checkpoint of step 1: steps 2 and 3 again
+  resumed.write_step_times({st(3, 5, 0.2, 8.5, true), st(3.1, 5.1, 0.2, 8.4, false)}, 2);
+  EXPECT_EQ(slurp(resumed.path("step_times.csv")),
+            std::string(m3::train::kStepTimesHeader) +
+                "\n1,2.5000,4.2500,0.1250,7.0000,1\n2,3.0000,5.0000,0.2000,8.5000,1\n"
+                "3,3.1000,5.1000,0.2000,8.4000,0\n");
+  // A new run over the same folder with --force starts the file afresh.
+  RunDir fresh(out, false, true);
+  EXPECT_FALSE(fs::exists(fresh.path("step_times.csv")));
+  fresh.write_step_times({st(1, 2, 0.5, 4, false)}, 1);
+  EXPECT_EQ(slurp(fresh.path("step_times.csv")),
+            std::string(m3::train::kStepTimesHeader) + "\n1,1.0000,2.0000,0.5000,4.0000,0\n");
+  EXPECT_NE(error_of([&] { fresh.write_step_times({}, 0); }).find("the first step must be >= 1"),
+            std::string::npos);
+}
+
+TEST(RunDir, AMalformedStepTimesFileIsAnErrorNamingTheLineAndIsLeftAlone) {
+  TempDir tmp;
+  const std::string out = tmp.file("run");
+  { RunDir(out, false, false).write_config("x = 1\n"); }
+  const fs::path p = fs::path(out) / "step_times.csv";
+  const std::string bad_row = std::string(m3::train::kStepTimesHeader) + "\n1,2.0,3.0\n";
+  touch(p, bad_row);
+  RunDir rd(out, true, false);
+  std::string msg = error_of([&] { rd.write_step_times({}, 2); });
+  EXPECT_NE(msg.find("line 2 is not a step times row"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+  EXPECT_EQ(slurp(p.string()), bad_row);
+  touch(p, "step,fwd\n1,2\n");
+  msg = error_of([&] { rd.write_step_times({}, 2); });
+  EXPECT_NE(msg.find("line 1 is not the step times header"), std::string::npos) << msg;
+  EXPECT_NE(rd.plot_step_times().find("step_times.png not drawn: "), std::string::npos);
+}
+
+TEST(RunDir, PlotStepTimesDrawsAPngAndSaysWhyWhenItCannot) {
+  TempDir tmp;
+  RunDir rd(tmp.file("run"), false, false);
+  EXPECT_EQ(rd.plot_step_times(), "step_times.png not drawn: no step_times.csv yet");
+  rd.write_step_times({}, 1);
+  EXPECT_EQ(rd.plot_step_times(), "step_times.png not drawn: step_times.csv has no rows yet");
+  std::vector<m3::train::StepTimes> t(12);
+  for (size_t k = 0; k < t.size(); ++k) {
+    t[k].forward_ms = 2.0 + 0.01 * static_cast<double>(k);
+    t[k].backward_ms = 4.0;
+    t[k].optimizer_ms = 0.1;
+    t[k].period_ms = 6.2 + 0.01 * static_cast<double>(k);
+    t[k].to_next = k + 1 < t.size();
+  }
+  rd.write_step_times(t, 1);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "gnuplot is not installed here (apt-get install gnuplot-nox)";
+  ASSERT_EQ(rd.plot_step_times(), "");
+  const std::string png = slurp(rd.path("step_times.png"));
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  for (const auto& e : fs::directory_iterator(tmp.file("run")))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 // ---- Progress -------------------------------------------------------------------------------

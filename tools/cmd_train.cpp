@@ -337,21 +337,26 @@ int cmd_plot(const std::vector<std::string>& args) {
   if (vm.count("help")) {
     print_command_help("plot",
                        "Draws (again) a run's loss.png from its metrics.csv: train and validation "
-                       "loss against step\n(for a run trained where gnuplot was missing). "
-                       "Replaces only the run's own loss.png.\nExit status: 0 drawn, 1 not drawn "
-                       "(the note says why), 2 bad usage or bad input.",
+                       "loss against step\n(for a run trained where gnuplot was missing), and "
+                       "its step_times.png from step_times.csv where\nthe run was timed "
+                       "(--step-times). Replaces only the run's own pictures.\nExit status: 0 "
+                       "drawn, 1 one not drawn (the note says why), 2 bad usage or bad input.",
                        d);
     return 0;
   }
   if (!vm.count("run")) throw UsageError("plot: --run DIR is required");
   const train::RunDir dir(vm["run"].as<std::string>(), true, false);
-  const std::string note = dir.plot_loss();
-  if (!note.empty()) {
-    std::cout << "m3h plot: " << note << "\n";
-    return 1;
+  // loss.png always; step_times.png where the run was timed (--step-times).
+  std::vector<std::pair<std::string, std::string>> drawn = {{"loss.png", dir.plot_loss()}};
+  std::error_code ec;
+  if (std::filesystem::exists(dir.path("step_times.csv"), ec))
+    drawn.emplace_back("step_times.png", dir.plot_step_times());
+  int status = 0;
+  for (const auto& [png, note] : drawn) {
+    std::cout << "m3h plot: " << (note.empty() ? dir.path(png) : note) << "\n";
+    if (!note.empty()) status = 1;
   }
-  std::cout << "m3h plot: " << dir.path("loss.png") << "\n";
-  return 0;
+  return status;
 }
 
 }  // namespace m3::tools

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend.hpp"
 #include "checkpoint.hpp"
 #include "error.hpp"
 #include "json.hpp"
@@ -35,9 +36,10 @@ constexpr const char* kWhere = "run directory";
 constexpr const char* kConfig = "config.txt";
 constexpr const char* kMetrics = "metrics.csv";
 constexpr const char* kPlot = "loss.png";
-constexpr const char* kPlotScript = "loss.gp";  // only ever as a temporary
-constexpr const char* kPlotLog = "loss.log";    // only ever as a temporary
+constexpr const char* kStepTimes = "step_times.csv";
+constexpr const char* kStepPlot = "step_times.png";
 constexpr int kMetricsColumns = 10;
+constexpr int kStepTimesColumns = 6;
 
 bool all_digits(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
@@ -55,7 +57,18 @@ Idx checkpoint_step(const std::string& name) {
 }
 
 bool is_final_run_file(const std::string& name) {
-  return name == kConfig || name == kMetrics || name == kPlot || checkpoint_step(name) >= 0;
+  return name == kConfig || name == kMetrics || name == kPlot || name == kStepTimes ||
+         name == kStepPlot || checkpoint_step(name) >= 0;
+}
+
+// The gnuplot script and log of a plot "<stem>.png": "<stem>.gp", "<stem>.log", only ever as
+// temporaries.
+bool is_plot_temporary(const std::string& name) {
+  for (const char* png : {kPlot, kStepPlot}) {
+    const std::string stem = std::string(png).substr(0, std::string(png).size() - 4);
+    if (name == stem + ".gp" || name == stem + ".log") return true;
+  }
+  return false;
 }
 
 bool holds_run(const std::string& dir) {
@@ -99,6 +112,36 @@ std::vector<std::string> split_fields(const std::string& line) {
 }
 
 std::string cell(const std::optional<double>& v) { return v ? exact_double(*v) : ""; }
+
+// One row of a run's csv file: its step (the first cell), its line and its cells.
+struct CsvRow {
+  Idx step = 0;
+  std::string line;
+  std::vector<std::string> cells;
+};
+
+// The rows of the run's csv file `p` under `header`, each of `columns` cells with the step
+// first; a last line without its newline (cut off by a killed run) is dropped. A wrong header or
+// a malformed row is an m3::Error naming the file and the line; `what` names the file's rows
+// ("metrics", "step times").
+std::vector<CsvRow> read_rows(const std::string& p, const char* header, int columns,
+                              const char* what) {
+  bool torn = false;
+  const std::vector<std::string> lines = split_lines(read_text(p), &torn);
+  if (lines.empty() || lines[0] != header)
+    throw Error(p, why("line 1 is not the ", what, " header"), "expected '" + std::string(header) + "'");
+  std::vector<CsvRow> rows;
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    if (torn && i + 1 == lines.size()) break;
+    CsvRow r{0, lines[i], split_fields(lines[i])};
+    if (static_cast<int>(r.cells.size()) != columns || !all_digits(r.cells[0]) ||
+        r.cells[0].size() > 18)
+      throw Error(p, why("line ", i + 1, " is not a ", what, " row"), "'" + lines[i] + "'");
+    r.step = static_cast<Idx>(std::stoll(r.cells[0]));
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
 
 // A path inside a gnuplot single-quoted string ('' stands for ').
 std::string gnuplot_quote(const std::string& s) {
@@ -160,7 +203,7 @@ bool is_run_file(const std::string& name) {
   if (at == std::string::npos) return false;
   const std::string base = name.substr(0, at), rest = name.substr(at + 5);
   if (rest.empty() || rest.find_first_not_of("0123456789.") != std::string::npos) return false;
-  return is_final_run_file(base) || base == kPlotScript || base == kPlotLog;
+  return is_final_run_file(base) || is_plot_temporary(base);
 }
 
 RunDir::RunDir(const std::string& dir, bool resume, bool force) : dir_(dir), resume_(resume) {
@@ -214,27 +257,11 @@ void RunDir::open_metrics(Idx resume_step) {
   metrics_.reset();
   const std::string p = path(kMetrics);
   std::error_code ec;
-  const std::string header = std::string(kMetricsHeader) + "\n";
-  if (!resume_ || !fs::exists(p, ec) || fs::file_size(p, ec) == 0) {
-    harness::write_file_atomic(p, header);
-  } else {
-    bool torn = false;
-    const std::vector<std::string> lines = split_lines(read_text(p), &torn);
-    if (lines.empty() || lines[0] != kMetricsHeader)
-      throw Error(p, "line 1 is not the metrics header",
-                  "expected '" + std::string(kMetricsHeader) + "'");
-    std::string kept = header;
-    for (std::size_t i = 1; i < lines.size(); ++i) {
-      if (torn && i + 1 == lines.size()) break;  // a row cut off by a killed run
-      const std::vector<std::string> f = split_fields(lines[i]);
-      Idx step = -1;
-      if (static_cast<int>(f.size()) != kMetricsColumns || !all_digits(f[0]) || f[0].size() > 18)
-        throw Error(p, why("line ", i + 1, " is not a metrics row"), "'" + lines[i] + "'");
-      step = static_cast<Idx>(std::stoll(f[0]));
-      if (step <= resume_step) kept += lines[i] + "\n";
-    }
-    harness::write_file_atomic(p, kept);
-  }
+  std::string kept = std::string(kMetricsHeader) + "\n";
+  if (resume_ && fs::exists(p, ec) && fs::file_size(p, ec) > 0)
+    for (const CsvRow& r : read_rows(p, kMetricsHeader, kMetricsColumns, "metrics"))
+      if (r.step <= resume_step) kept += r.line + "\n";
+  harness::write_file_atomic(p, kept);
   metrics_.reset(std::fopen(p.c_str(), "a"));
   if (!metrics_) throw Error(p, "cannot open for appending", std::strerror(errno));
 }
@@ -291,66 +318,111 @@ void RunDir::prune_checkpoints(Idx keep, Idx final_step) {
   }
 }
 
-std::string RunDir::plot_loss() const {
-  const std::string note = "loss.png not drawn: ";
+namespace {
+
+// Draws d/png with gnuplot: `body` is the script after the terminal and output lines; the
+// picture is written to a temporary and renamed into place. "" when drawn, else the note's
+// reason (what follows "<png> not drawn: ").
+std::string draw_png(const RunDir& d, const std::string& png, const std::string& body) {
   const std::string gnuplot = find_on_path("gnuplot");
-  if (gnuplot.empty()) return note + "gnuplot not found (apt-get install gnuplot-nox)";
-
-  // Train loss of every row, validation loss where measured; non-finite values left out.
-  std::string train, val;
-  Idx n_train = 0, n_val = 0;
-  {
-    const std::string p = path(kMetrics);
-    std::error_code ec;
-    if (!fs::exists(p, ec)) return note + "no metrics.csv yet";
-    bool torn = false;
-    std::vector<std::string> lines;
-    try {
-      lines = split_lines(read_text(p), &torn);
-    } catch (const Error& e) {
-      return note + e.what();
-    }
-    char buf[96];
-    for (std::size_t i = 1; i < lines.size(); ++i) {
-      const std::vector<std::string> f = split_fields(lines[i]);
-      if (static_cast<int>(f.size()) != kMetricsColumns || !all_digits(f[0])) continue;
-      const double step = std::strtod(f[0].c_str(), nullptr);
-      const double loss = std::strtod(f[1].c_str(), nullptr);
-      if (!f[1].empty() && std::isfinite(loss)) {
-        std::snprintf(buf, sizeof buf, "%.17g %.17g\n", step, loss);
-        train += buf;
-        ++n_train;
-      }
-      const double vl = f[2].empty() ? NAN : std::strtod(f[2].c_str(), nullptr);
-      if (std::isfinite(vl)) {
-        std::snprintf(buf, sizeof buf, "%.17g %.17g\n", step, vl);
-        val += buf;
-        ++n_val;
-      }
-    }
-  }
-  if (n_train + n_val == 0) return note + "metrics.csv has no finite loss yet";
-
+  if (gnuplot.empty()) return "gnuplot not found (apt-get install gnuplot-nox)";
   const std::string pid = std::to_string(::getpid());
-  const std::string png_final = path(kPlot);
-  const std::string png = png_final + ".tmp." + pid;
-  const std::string script = path(std::string(kPlotScript) + ".tmp." + pid);
-  const std::string log = path(std::string(kPlotLog) + ".tmp." + pid);
-  const tmp::TempFile g1(png), g2(script), g3(log);
+  const std::string stem = png.substr(0, png.size() - 4);  // "<stem>.png"
+  const std::string png_final = d.path(png);
+  const std::string tmp_png = png_final + ".tmp." + pid;
+  const std::string script = d.path(stem + ".gp.tmp." + pid);
+  const std::string log = d.path(stem + ".log.tmp." + pid);
+  const tmp::TempFile g1(tmp_png), g2(script), g3(log);
   auto cleanup = [&] {
-    ::unlink(png.c_str());
+    ::unlink(tmp_png.c_str());
     ::unlink(script.c_str());
     ::unlink(log.c_str());
   };
+  {
+    std::ofstream out(script, std::ios::binary | std::ios::trunc);
+    out << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+           "  set terminal pngcairo size 960,540\n"
+           "} else {\n"
+           "  set terminal png size 960,540\n"
+           "}\n"
+        << "set output " << gnuplot_quote(tmp_png) << "\n"
+        << body << "set output\n";
+    if (!out.good()) {
+      cleanup();
+      return "cannot write the gnuplot script " + script;
+    }
+  }
+  const int rc = run_program(gnuplot, script, log);
+  std::error_code ec;
+  const bool drawn = rc == 0 && fs::exists(tmp_png, ec) && fs::file_size(tmp_png, ec) > 0;
+  if (!drawn) {
+    std::string reason;
+    try {
+      reason = first_line(read_text(log));
+    } catch (const Error&) {
+    }
+    cleanup();
+    return "gnuplot failed" + (reason.empty() ? std::string() : ": " + reason);
+  }
+  if (::rename(tmp_png.c_str(), png_final.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    cleanup();
+    return "cannot rename it into place (" + reason + ")";
+  }
+  cleanup();
+  return "";
+}
 
+// The rows of d/csv for a plot; the reason when there are none to draw.
+std::vector<CsvRow> rows_to_plot(const RunDir& d, const char* csv, const char* header, int columns,
+                                 const char* what, std::string* reason) {
+  const std::string p = d.path(csv);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) {
+    *reason = std::string("no ") + csv + " yet";
+    return {};
+  }
+  try {
+    return read_rows(p, header, columns, what);
+  } catch (const Error& e) {
+    *reason = e.what();
+    return {};
+  }
+}
+
+// "x y" lines of gnuplot inline data, 17 significant digits.
+std::string point(double x, double y) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.17g %.17g\n", x, y);
+  return buf;
+}
+
+}  // namespace
+
+std::string RunDir::plot_loss() const {
+  const std::string note = std::string(kPlot) + " not drawn: ";
+  std::string reason;
+  const std::vector<CsvRow> rows =
+      rows_to_plot(*this, kMetrics, kMetricsHeader, kMetricsColumns, "metrics", &reason);
+  if (!reason.empty()) return note + reason;
+  // Train loss of every row, validation loss where measured; non-finite values left out.
+  std::string train, val;
+  Idx n_train = 0, n_val = 0;
+  for (const CsvRow& r : rows) {
+    const double loss = r.cells[1].empty() ? NAN : std::strtod(r.cells[1].c_str(), nullptr);
+    const double vl = r.cells[2].empty() ? NAN : std::strtod(r.cells[2].c_str(), nullptr);
+    if (std::isfinite(loss)) {
+      train += point(static_cast<double>(r.step), loss);
+      ++n_train;
+    }
+    if (std::isfinite(vl)) {
+      val += point(static_cast<double>(r.step), vl);
+      ++n_val;
+    }
+  }
+  if (n_train + n_val == 0) return note + "metrics.csv has no finite loss yet";
   std::ostringstream gp;
-  gp << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-        "  set terminal pngcairo size 960,540\n"
-        "} else {\n"
-        "  set terminal png size 960,540\n"
-        "}\n"
-     << "set output " << gnuplot_quote(png) << "\n"
-     << "set xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n"
+  gp << "set xlabel 'step'\nset ylabel 'loss'\nset grid\nset key top right\n"
      << "set title 'loss against step'\n";
   if (n_train > 0) gp << "$train << EOD\n" << train << "EOD\n";
   if (n_val > 0) gp << "$val << EOD\n" << val << "EOD\n";
@@ -359,34 +431,58 @@ std::string RunDir::plot_loss() const {
     gp << "$train using 1:2 with " << (n_train > 1 ? "lines" : "points") << " lw 1.5 title 'train'";
   if (n_train > 0 && n_val > 0) gp << ", ";
   if (n_val > 0) gp << "$val using 1:2 with linespoints pt 7 ps 0.8 lw 1.5 title 'validation'";
-  gp << "\nset output\n";
-  {
-    std::ofstream out(script, std::ios::binary | std::ios::trunc);
-    out << gp.str();
-    if (!out.good()) {
-      cleanup();
-      return note + "cannot write the gnuplot script " + script;
-    }
-  }
-  const int rc = run_program(gnuplot, script, log);
+  gp << "\n";
+  reason = draw_png(*this, kPlot, gp.str());
+  return reason.empty() ? "" : note + reason;
+}
+
+void RunDir::write_step_times(const std::vector<StepTimes>& t, Idx first_step) {
+  M3_REQUIRE(first_step >= 1, kWhere, "write_step_times: the first step must be >= 1", first_step);
+  const std::string p = path(kStepTimes);
   std::error_code ec;
-  const bool drawn = rc == 0 && fs::exists(png, ec) && fs::file_size(png, ec) > 0;
-  if (!drawn) {
-    std::string why;
-    try {
-      why = first_line(read_text(log));
-    } catch (const Error&) {
-    }
-    cleanup();
-    return note + "gnuplot failed" + (why.empty() ? std::string() : ": " + why);
+  std::string text = std::string(kStepTimesHeader) + "\n";
+  if (resume_ && fs::exists(p, ec) && fs::file_size(p, ec) > 0)
+    for (const CsvRow& r : read_rows(p, kStepTimesHeader, kStepTimesColumns, "step times"))
+      if (r.step < first_step) text += r.line + "\n";
+  char buf[160];
+  for (std::size_t k = 0; k < t.size(); ++k) {
+    std::snprintf(buf, sizeof buf, "%lld,%.4f,%.4f,%.4f,%.4f,%d\n",
+                  static_cast<long long>(first_step + static_cast<Idx>(k)), t[k].forward_ms,
+                  t[k].backward_ms, t[k].optimizer_ms, t[k].period_ms, t[k].to_next ? 1 : 0);
+    text += buf;
   }
-  if (::rename(png.c_str(), png_final.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    cleanup();
-    return note + "cannot rename it into place (" + why + ")";
+  harness::write_file_atomic(p, text);
+}
+
+std::string RunDir::plot_step_times() const {
+  const std::string note = std::string(kStepPlot) + " not drawn: ";
+  std::string reason;
+  const std::vector<CsvRow> rows =
+      rows_to_plot(*this, kStepTimes, kStepTimesHeader, kStepTimesColumns, "step times", &reason);
+  if (!reason.empty()) return note + reason;
+  if (rows.empty()) return note + "step_times.csv has no rows yet";
+  // Columns: step, period, forward + backward, forward, backward, optimizer.
+  std::string data;
+  for (const CsvRow& r : rows) {
+    double v[5];
+    for (int c = 0; c < 4; ++c) v[c] = std::strtod(r.cells[1 + c].c_str(), nullptr);
+    char buf[192];
+    std::snprintf(buf, sizeof buf, "%lld %.17g %.17g %.17g %.17g %.17g\n",
+                  static_cast<long long>(r.step), v[3], v[0] + v[1], v[0], v[1], v[2]);
+    data += buf;
   }
-  cleanup();
-  return "";
+  const char* style = rows.size() > 1 ? "lines" : "points";
+  std::ostringstream gp;
+  gp << "set xlabel 'step'\nset ylabel 'ms on the device'\nset grid\nset key outside right\n"
+     << "set yrange [0:*]\nset title 'step times against step (CUDA events)'\n"
+     << "$t << EOD\n" << data << "EOD\n"
+     << "plot $t using 1:2 with " << style << " lw 1.5 title 'period',"
+     << " $t using 1:3 with " << style << " lw 1.5 title 'forward + backward',"
+     << " $t using 1:4 with " << style << " lw 1.5 title 'forward',"
+     << " $t using 1:5 with " << style << " lw 1.5 title 'backward',"
+     << " $t using 1:6 with " << style << " lw 1.5 title 'optimizer'\n";
+  reason = draw_png(*this, kStepPlot, gp.str());
+  return reason.empty() ? "" : note + reason;
 }
 
 }  // namespace m3::train

@@ -7,28 +7,41 @@
 //                         to the same double (exact_double), tokens_per_s with one decimal
 //   ckpt-<step>.h5        checkpoints, the step as 8 digits or more: "ckpt-00000120.h5"
 //   loss.png              train and validation loss against step (gnuplot)
+//   step_times.csv        m3h train --step-times: one row per step, header kStepTimesHeader, the
+//                         device times of the step's parts in ms (StepTimes, backend.hpp) with
+//                         four decimals; written atomically once the run ends
+//   step_times.png        those times against step (gnuplot): a device that slows as the run
+//                         goes on (its clocks under sustained load) shows here
 //   *.tmp.<pid>[.<n>]     the temporaries of the above while they are written (loss.gp.tmp.<pid>,
-//                         loss.log.tmp.<pid>: the gnuplot script and its output)
+//                         loss.log.tmp.<pid>: the gnuplot script and its output; step_times.gp
+//                         and step_times.log likewise)
 //
 // The final checkpoint keeps its step name; prune_checkpoints never deletes the checkpoint of
 // the step it is told is final. --force removes exactly these names (is_run_file) and leaves
 // every other file of the folder alone.
 //
 // Resume: metrics.csv keeps the rows of the steps the checkpoint has done (step <= k) and drops
-// the later ones, so k steps + resume + N−k steps give the same rows as N steps straight.
+// the later ones, so k steps + resume + N−k steps give the same rows as N steps straight;
+// step_times.csv likewise keeps the rows of the steps before the resumed segment's first.
 #pragma once
 
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config.hpp"
 
 namespace m3::train {
 
+struct StepTimes;  // backend.hpp
+
 constexpr const char* kMetricsHeader =
     "step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,loss_scale,skipped,verify_pct";
+// period_ms runs to the next step's start where to_next is 1, else to the step's own end.
+constexpr const char* kStepTimesHeader =
+    "step,forward_ms,backward_ms,optimizer_ms,period_ms,to_next";
 
 // True for the names a run writes (the list above): what --force may remove.
 bool is_run_file(const std::string& name);
@@ -84,6 +97,16 @@ class RunDir {
   // note instead of throwing when it cannot draw: "loss.png not drawn: gnuplot not found
   // (apt-get install gnuplot-nox)", no rows yet, or gnuplot's own first error line.
   std::string plot_loss() const;
+
+  // Writes step_times.csv: t[k] is step first_step + k. A new run: the header and these rows.
+  // Resuming: the existing file's rows of steps before first_step, then these (the file
+  // rewritten atomically; a torn last line dropped); a header other than kStepTimesHeader or a
+  // malformed row is an m3::Error naming the file and the line, and the file is left as it was.
+  void write_step_times(const std::vector<StepTimes>& t, Idx first_step);
+  // Draws step_times.png from step_times.csv (period, forward + backward, forward, backward
+  // and optimizer against step), as plot_loss draws loss.png: "" or a one-line note
+  // ("step_times.png not drawn: …").
+  std::string plot_step_times() const;
 
  private:
   std::string dir_;

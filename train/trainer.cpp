@@ -448,6 +448,11 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   if (o.step_times) {
     for (const StepTimes& st : be->step_times(true)) timed.push_back(st);
     prog.note(step_times_summary(timed, step0 + 1));
+    if (dir) {
+      dir->write_step_times(timed, step0 + 1);
+      const std::string drawn = dir->plot_step_times();
+      if (!drawn.empty()) prog.note("train: " + drawn);
+    }
   }
   if (o.stage_times)
     prog.note(stage_times_table(be->stage_times(), profiled, profile_from, profile_from + profiled - 1));

@@ -28,6 +28,7 @@
 #include "../lm_test_util.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
+#include "run_dir.hpp"
 #include "trainer.hpp"
 
 namespace fs = std::filesystem;
@@ -352,6 +353,16 @@ TEST_F(GpuTrainRun, StepTimesChangeNoBitAndEachStepsPartsLieWithinItsPeriod) {
   EXPECT_NE(log.str().find("step times on the device (CUDA events), medians of steps 4–10"),
             std::string::npos)
       << log.str();
+  // Every step's row in step_times.csv, the last one's period to its own end.
+  std::ifstream in(fs::path(o.out) / "step_times.csv");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 11u);
+  EXPECT_EQ(lines[0], kStepTimesHeader);
+  EXPECT_EQ(lines[1].rfind("1,", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[10].rfind("10,", 0), 0u) << lines[10];
+  EXPECT_EQ(lines[9].substr(lines[9].size() - 2), ",1");
+  EXPECT_EQ(lines[10].substr(lines[10].size() - 2), ",0");
 }
 
 // --stage-times: the backbone's stage profile over steps 4-10 changes no bit of the run (its
