@@ -461,20 +461,28 @@ std::string RunDir::plot_step_times() const {
       rows_to_plot(*this, kStepTimes, kStepTimesHeader, kStepTimesColumns, "step times", &reason);
   if (!reason.empty()) return note + reason;
   if (rows.empty()) return note + "step_times.csv has no rows yet";
-  // Columns: step, period, forward + backward, forward, backward, optimizer.
+  // Columns: step, period, forward + backward, forward, backward, optimizer. The y range fits
+  // the steps after the first three (those the summary's medians take): the first step's
+  // warm-up (allocation, cuBLAS' first calls) would otherwise flatten the rest.
   std::string data;
-  for (const CsvRow& r : rows) {
-    double v[5];
+  double top = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const CsvRow& r = rows[k];
+    double v[4];
     for (int c = 0; c < 4; ++c) v[c] = std::strtod(r.cells[1 + c].c_str(), nullptr);
+    if (k >= 3 || rows.size() <= 3) top = std::max({top, v[3], v[0] + v[1]});
     char buf[192];
     std::snprintf(buf, sizeof buf, "%lld %.17g %.17g %.17g %.17g %.17g\n",
                   static_cast<long long>(r.step), v[3], v[0] + v[1], v[0], v[1], v[2]);
     data += buf;
   }
+  char top_text[64] = "*";
+  if (top > 0 && std::isfinite(top)) std::snprintf(top_text, sizeof top_text, "%.6g", 1.08 * top);
   const char* style = rows.size() > 1 ? "lines" : "points";
   std::ostringstream gp;
   gp << "set xlabel 'step'\nset ylabel 'ms on the device'\nset grid\nset key outside right\n"
-     << "set yrange [0:*]\nset title 'step times against step (CUDA events)'\n"
+     << "set yrange [0:" << top_text << "]\nset title 'step times against step (CUDA events"
+     << (rows.size() > 3 ? "; the scale fits the steps after the first three" : "") << ")'\n"
      << "$t << EOD\n" << data << "EOD\n"
      << "plot $t using 1:2 with " << style << " lw 1.5 title 'period',"
      << " $t using 1:3 with " << style << " lw 1.5 title 'forward + backward',"
