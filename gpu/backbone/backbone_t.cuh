@@ -228,8 +228,10 @@ class BackboneT final : public GpuBackbone::Impl {
         for (auto& L : layers_) L.add(spec.tensor, n, elem, life);
       } else {
         // Backbone tensors exist once per run: all kept, norm_f's input a view of the last
-        // layer's output (its own buffer in the verification layout).
-        const bool view = std::string(spec.tensor) == "norm_f_input";
+        // layer's output and the head's d_Out a view of d_out, the backbone's output gradient
+        // (each its own buffer in the verification layout).
+        const std::string tensor = spec.tensor, stage = spec.stage;
+        const bool view = tensor == "norm_f_input" || (stage == "head" && tensor == "d_Out");
         bb_.add(backbone_name(spec.stage, spec.tensor), n, elem, view ? Life::View : Life::Saved);
       }
     }
@@ -910,16 +912,20 @@ class BackboneT final : public GpuBackbone::Impl {
     M3_CUDA_CHECK(cudaEventRecord(loss_ready_.e, s_));
   }
   // head (bwd): d_logits of loss_scale_·loss (typed); d_Out = d_logits · head_wᵀ in f32
-  // (norm_f's dOut, f32 as without a head); head_w's gradient accumulated.
+  // (norm_f's dOut, f32 as without a head); head_w's gradient accumulated. In the production
+  // layout the GEMM writes d_out itself (head/d_Out is its view); the verification layout keeps
+  // head/d_Out for the capture and copies it into d_out.
   void head_backward() {
     const Idx V = cfg_.vocab_size;
     T* d_logits = bb_.get<T>("head/d_logits");
     loss_backward<T>(s_, d_.BT, V, bb_.get<T>("head/logits"), bb_.f("loss/lse"), tgt_.data(),
                      tw_.data(), loss_scale_ / n_norm_, d_logits);
-    gemm_backward_dx_f32<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), bb_.f("head/d_Out"));
+    if (!full_) bb_.view("head/d_Out", bb_.at("d_out"));
+    float* d_head = bb_.f("head/d_Out");
+    gemm_backward_dx_f32<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), d_head);
     gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), d_logits,
                         G(-1, "head_w"));
-    copy_d2d(s_, bb_.f("d_out"), bb_.f("head/d_Out"), d_.BT * d_.dm);
+    if (d_head != bb_.f("d_out")) copy_d2d(s_, bb_.f("d_out"), d_head, d_.BT * d_.dm);
   }
   void norm_f_backward() {
     rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),

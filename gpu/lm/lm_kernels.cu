@@ -18,15 +18,36 @@ namespace {
 
 constexpr int kRowThreads = 256;  // one block per row for the loss and argmax kernels
 
+// One block per row r: h0[r, :] = W[tok[r], :] (+ b), in 16-byte vectors where the rows allow
+// (vec: dm a multiple of the vector and the arrays aligned), else element by element; either
+// way each element is the one expression from_float(w + b[j]).
+constexpr int kEmbedThreads = 128;
 template <class T>
-__global__ void embed_forward_kernel(Idx BT, Idx dm, const std::int32_t* __restrict__ tok,
+__global__ void embed_forward_kernel(Idx dm, bool vec, const std::int32_t* __restrict__ tok,
                                      const T* __restrict__ W, const float* __restrict__ b,
                                      T* __restrict__ h0) {
-  const Idx n = BT * dm;
-  for (Idx i = blockIdx.x * Idx(blockDim.x) + threadIdx.x; i < n; i += Idx(gridDim.x) * blockDim.x) {
-    const Idx r = i / dm, j = i - r * dm;
-    const float w = to_float(W[static_cast<Idx>(tok[r]) * dm + j]);
-    h0[i] = from_float<T>(b ? w + b[j] : w);
+  const Idx r = blockIdx.x;
+  const T* src = W + static_cast<Idx>(tok[r]) * dm;
+  T* dst = h0 + r * dm;
+  constexpr int E = 16 / sizeof(T);
+  if (vec) {
+    for (Idx j = Idx(threadIdx.x) * E; j < dm; j += Idx(blockDim.x) * E) {
+      const uint4 in = *reinterpret_cast<const uint4*>(src + j);
+      const T* x = reinterpret_cast<const T*>(&in);
+      uint4 out;
+      T* y = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float w = to_float(x[e]);
+        y[e] = from_float<T>(b ? w + b[j + e] : w);
+      }
+      *reinterpret_cast<uint4*>(dst + j) = out;
+    }
+    return;
+  }
+  for (Idx j = threadIdx.x; j < dm; j += blockDim.x) {
+    const float w = to_float(src[j]);
+    dst[j] = from_float<T>(b ? w + b[j] : w);
   }
 }
 
@@ -90,20 +111,50 @@ struct AddD {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
 
+// kRowThreads "virtual threads" of one row on one warp: lane L plays t = L + 32·j, j < kPerLane.
+// Each virtual thread folds its elements v = t, t + kRowThreads, … in order, then the pairs of
+// block_tree are formed in block_tree's order (s = 128, 64, 32 among a lane's own values, then
+// s = 16 … 1 across lanes), so the result has block_tree's bits: a row's reductions give the
+// same floats as one block per row, on an eighth of the threads and without a barrier.
+constexpr int kPerLane = kRowThreads / 32;
+static_assert(kRowThreads == 256, "the warp replay below pairs 8 values per lane");
+
+template <class Op>
+__device__ float warp_replay_tree(float (&x)[kPerLane], Op op) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[j] = op(x[j], x[j + 4]);  // s = 128
+#pragma unroll
+  for (int j = 0; j < 2; ++j) x[j] = op(x[j], x[j + 2]);  // s = 64
+  float r = op(x[0], x[1]);                                // s = 32
+#pragma unroll
+  for (int sh = 16; sh > 0; sh >>= 1) r = op(r, __shfl_down_sync(0xffffffffu, r, sh));
+  return __shfl_sync(0xffffffffu, r, 0);
+}
+
+// One warp per row (kRowThreads / 32 rows per block): lse[r] and row_loss[r], the bits of one
+// block per row with block_tree (above).
 template <class T>
-__global__ void loss_row_kernel(Idx V, const T* __restrict__ logits,
+__global__ void loss_row_kernel(Idx BT, Idx V, const T* __restrict__ logits,
                                 const std::int32_t* __restrict__ tgt, const float* __restrict__ w,
                                 float* __restrict__ lse, double* __restrict__ row_loss) {
-  __shared__ float sh[kRowThreads];
-  const Idx r = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const Idx r = blockIdx.x * Idx(kRowThreads / 32) + (threadIdx.x >> 5);
+  if (r >= BT) return;  // whole warps: every lane of a warp has the same r
   const T* l = logits + r * V;
-  float mx = -FLT_MAX;
-  for (Idx v = threadIdx.x; v < V; v += kRowThreads) mx = fmaxf(mx, to_float(l[v]));
-  mx = block_tree(sh, mx, MaxOp{});
-  float se = 0.0f;
-  for (Idx v = threadIdx.x; v < V; v += kRowThreads) se += expf(to_float(l[v]) - mx);
-  se = block_tree(sh, se, AddF{});
-  if (threadIdx.x == 0) {
+  float x[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    x[j] = -FLT_MAX;
+    for (Idx v = lane + 32 * j; v < V; v += kRowThreads) x[j] = fmaxf(x[j], to_float(l[v]));
+  }
+  const float mx = warp_replay_tree(x, MaxOp{});
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    x[j] = 0.0f;
+    for (Idx v = lane + 32 * j; v < V; v += kRowThreads) x[j] += expf(to_float(l[v]) - mx);
+  }
+  const float se = warp_replay_tree(x, AddF{});
+  if (lane == 0) {
     const float ls = mx + logf(se);
     lse[r] = ls;
     const float wr = w[r];
@@ -113,14 +164,24 @@ __global__ void loss_row_kernel(Idx V, const T* __restrict__ logits,
   }
 }
 
-// One block: thread i sums rows i·per … in order, then a fixed tree.
+// One block: thread i sums rows i·per … in order, then a fixed tree. The loads go out
+// kSumBatch at a time so that their latencies overlap; the additions keep their order.
+constexpr int kSumBatch = 16;
 __global__ void loss_sum_kernel(Idx BT, const double* __restrict__ row_loss, double inv_n,
                                 double* __restrict__ out, float* __restrict__ value) {
   __shared__ double sh[kRowThreads];
   const Idx per = (BT + kRowThreads - 1) / kRowThreads;
   const Idx a = threadIdx.x * per, e = a + per < BT ? a + per : BT;
   double acc = 0.0;
-  for (Idx r = a; r < e; ++r) acc += row_loss[r];
+  Idx r = a;
+  for (; r + kSumBatch <= e; r += kSumBatch) {
+    double x[kSumBatch];
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) x[j] = row_loss[r + j];
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) acc += x[j];
+  }
+  for (; r < e; ++r) acc += row_loss[r];
   acc = block_tree(sh, acc, AddD{});
   if (threadIdx.x == 0) {
     *out = acc;
@@ -128,18 +189,23 @@ __global__ void loss_sum_kernel(Idx BT, const double* __restrict__ row_loss, dou
   }
 }
 
+// One warp per row (kRowThreads / 32 rows per block); lane L writes v = L, L + 32, …
 template <class T>
 __global__ void loss_backward_kernel(Idx BT, Idx V, const T* __restrict__ logits,
                                      const float* __restrict__ lse,
                                      const std::int32_t* __restrict__ tgt,
                                      const float* __restrict__ w, double coef,
                                      T* __restrict__ d) {
-  const Idx n = BT * V;
-  for (Idx i = blockIdx.x * Idx(blockDim.x) + threadIdx.x; i < n; i += Idx(gridDim.x) * blockDim.x) {
-    const Idx r = i / V, v = i - r * V;
-    const float c = static_cast<float>(coef * static_cast<double>(w[r]));
-    const float p = expf(to_float(logits[i]) - lse[r]);
-    d[i] = from_float<T>(c * (v == tgt[r] ? p - 1.0f : p));
+  const Idx r = blockIdx.x * Idx(kRowThreads / 32) + (threadIdx.x >> 5);
+  if (r >= BT) return;
+  const float c = static_cast<float>(coef * static_cast<double>(w[r]));
+  const float ls = lse[r];
+  const Idx t = tgt[r];
+  const T* l = logits + r * V;
+  T* dr = d + r * V;
+  for (Idx v = threadIdx.x & 31; v < V; v += 32) {
+    const float p = expf(to_float(l[v]) - ls);
+    dr[v] = from_float<T>(c * (v == t ? p - 1.0f : p));
   }
 }
 
@@ -183,7 +249,11 @@ template <class T>
 void embed_forward(cudaStream_t s, Idx BT, Idx dm, const std::int32_t* tok, const T* W,
                    const float* b, T* h0) {
   if (BT * dm == 0) return;
-  embed_forward_kernel<T><<<blocks_for(BT * dm), kThreads, 0, s>>>(BT, dm, tok, W, b, h0);
+  constexpr Idx E = 16 / sizeof(T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const bool vec = dm % E == 0 && aligned(W) && aligned(h0) && (!b || aligned(b));
+  embed_forward_kernel<T><<<static_cast<unsigned>(BT), kEmbedThreads, 0, s>>>(dm, vec, tok, W, b,
+                                                                             h0);
   M3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -212,8 +282,9 @@ template <class T>
 void loss_forward(cudaStream_t s, Idx BT, Idx V, const T* logits, const std::int32_t* tgt,
                   const float* w, double inv_n, float* lse, double* row_loss, double* loss_sum,
                   float* value) {
-  loss_row_kernel<T><<<static_cast<unsigned>(BT), kRowThreads, 0, s>>>(V, logits, tgt, w, lse,
-                                                                       row_loss);
+  const Idx rows_per_block = kRowThreads / 32;
+  loss_row_kernel<T><<<static_cast<unsigned>((BT + rows_per_block - 1) / rows_per_block),
+                       kRowThreads, 0, s>>>(BT, V, logits, tgt, w, lse, row_loss);
   M3_CUDA_CHECK(cudaGetLastError());
   loss_sum_kernel<<<1, kRowThreads, 0, s>>>(BT, row_loss, inv_n, loss_sum, value);
   M3_CUDA_CHECK(cudaGetLastError());
@@ -222,8 +293,10 @@ void loss_forward(cudaStream_t s, Idx BT, Idx V, const T* logits, const std::int
 template <class T>
 void loss_backward(cudaStream_t s, Idx BT, Idx V, const T* logits, const float* lse,
                    const std::int32_t* tgt, const float* w, double coef, T* d_logits) {
-  loss_backward_kernel<T><<<blocks_for(BT * V), kThreads, 0, s>>>(BT, V, logits, lse, tgt, w,
-                                                                  coef, d_logits);
+  if (BT * V == 0) return;
+  const Idx rows_per_block = kRowThreads / 32;
+  loss_backward_kernel<T><<<static_cast<unsigned>((BT + rows_per_block - 1) / rows_per_block),
+                            kRowThreads, 0, s>>>(BT, V, logits, lse, tgt, w, coef, d_logits);
   M3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,9 +12,12 @@
 //                    order → partial[chunk, j]; stage 2 sums a token's chunks in order from
 //                    zero, then adds the result to dW. No atomics; the order depends only on
 //                    the tokens.
-//   loss_forward     per row (one block): m = max_v logits, se = Σ_v exp(l − m) by a fixed
-//                    tree, lse = m + log se (f32); row_loss[r] = w·(lse − l[tgt]) (f64);
-//                    then one block sums row_loss in a fixed order (f64) → *loss_sum.
+//   loss_forward     per row (one warp): m = max_v logits, se = Σ_v exp(l − m) by a fixed
+//                    tree (256 threads' order, thread t folding v = t, t + 256, … then a halving
+//                    tree, replayed on the warp's lanes: tests/gpu/test_gpu_lm_kernels.cu holds it to
+//                    a block per row bit for bit), lse = m + log se (f32); row_loss[r] =
+//                    w·(lse − l[tgt]) (f64); then one block sums row_loss in a fixed order
+//                    (f64) → *loss_sum.
 //   loss_backward    d[r, v] = from_float<T>(c_r · (exp(l − lse[r]) − [v = tgt[r]])),
 //                    c_r = float(coef · w[r]), coef = scale / N
 //   argmax           per row the first v of the largest logit
