@@ -643,6 +643,7 @@ TEST(RunDir, StepTimesAreARowPerStepAndResumeKeepsTheStepsBefore) {
   auto st = [](double f, double b, double o, double p, bool next) {
     StepTimes t;
     t.forward_ms = f;
+    t.uploads_ms = f / 10;
     t.backward_ms = b;
     t.optimizer_ms = o;
     t.period_ms = p;
@@ -659,21 +660,21 @@ TEST(RunDir, StepTimesAreARowPerStepAndResumeKeepsTheStepsBefore) {
                         1);
     EXPECT_EQ(slurp(rd.path("step_times.csv")),
               std::string(m3::train::kStepTimesHeader) +
-                  "\n1,2.5000,4.2500,0.1250,7.0000,1\n2,2.6000,4.3000,0.1100,7.1000,1\n"
-                  "3,2.7000,4.4000,0.1000,7.3000,0\n");
+                  "\n1,2.5000,0.2500,4.2500,0.1250,7.0000,1\n2,2.6000,0.2600,4.3000,0.1100,7.1000,1\n"
+                  "3,2.7000,0.2700,4.4000,0.1000,7.3000,0\n");
   }
   RunDir resumed(out, true, false);  // from the checkpoint of step 1: steps 2 and 3 again
   resumed.write_step_times({st(3, 5, 0.2, 8.5, true), st(3.1, 5.1, 0.2, 8.4, false)}, 2);
   EXPECT_EQ(slurp(resumed.path("step_times.csv")),
             std::string(m3::train::kStepTimesHeader) +
-                "\n1,2.5000,4.2500,0.1250,7.0000,1\n2,3.0000,5.0000,0.2000,8.5000,1\n"
-                "3,3.1000,5.1000,0.2000,8.4000,0\n");
+                "\n1,2.5000,0.2500,4.2500,0.1250,7.0000,1\n2,3.0000,0.3000,5.0000,0.2000,8.5000,1\n"
+                "3,3.1000,0.3100,5.1000,0.2000,8.4000,0\n");
   // A new run over the same folder with --force starts the file afresh.
   RunDir fresh(out, false, true);
   EXPECT_FALSE(fs::exists(fresh.path("step_times.csv")));
   fresh.write_step_times({st(1, 2, 0.5, 4, false)}, 1);
   EXPECT_EQ(slurp(fresh.path("step_times.csv")),
-            std::string(m3::train::kStepTimesHeader) + "\n1,1.0000,2.0000,0.5000,4.0000,0\n");
+            std::string(m3::train::kStepTimesHeader) + "\n1,1.0000,0.1000,2.0000,0.5000,4.0000,0\n");
   EXPECT_NE(error_of([&] { fresh.write_step_times({}, 0); }).find("the first step must be >= 1"),
             std::string::npos);
 }
@@ -705,6 +706,7 @@ TEST(RunDir, PlotStepTimesDrawsAPngAndSaysWhyWhenItCannot) {
   std::vector<m3::train::StepTimes> t(12);
   for (size_t k = 0; k < t.size(); ++k) {
     t[k].forward_ms = 2.0 + 0.01 * static_cast<double>(k);
+    t[k].uploads_ms = 0.1;
     t[k].backward_ms = 4.0;
     t[k].optimizer_ms = 0.1;
     t[k].period_ms = 6.2 + 0.01 * static_cast<double>(k);

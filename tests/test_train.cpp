@@ -319,6 +319,7 @@ TEST(StepTimes, TheSummaryTakesMediansAfterTheFirstThreeSteps) {
   auto st = [](double f, double b, double o, double p, bool next = true) {
     StepTimes t;
     t.forward_ms = f;
+    t.uploads_ms = f / 8;
     t.backward_ms = b;
     t.optimizer_ms = o;
     t.period_ms = p;
@@ -332,12 +333,12 @@ TEST(StepTimes, TheSummaryTakesMediansAfterTheFirstThreeSteps) {
                                     st(2, 4, 0.5, 20, false)};
   EXPECT_EQ(step_times_summary(t, 11),
             "train: step times on the device (CUDA events), medians of steps 14–17: period "
-            "7.000 ms = forward 2.000 + backward 4.000 + optimizer 0.500 + outside them 0.750 ms; "
+            "7.000 ms = forward 2.000 (its uploads 0.250) + backward 4.000 + optimizer 0.500 + outside them 0.750 ms; "
             "forward + backward 3.000 to 9.000 ms");
   // Three steps or fewer: all of them; a single step measured to its own end says so.
   EXPECT_EQ(step_times_summary({st(1, 2, 0.5, 4.0, false)}, 1),
             "train: step times on the device (CUDA events), medians of step 1: period 4.000 ms "
-            "= forward 1.000 + backward 2.000 + optimizer 0.500 + outside them 0.500 ms (the "
+            "= forward 1.000 (its uploads 0.125) + backward 2.000 + optimizer 0.500 + outside them 0.500 ms (the "
             "period to the step's own end)");
 }
 

@@ -140,19 +140,21 @@ class GpuBackend final : public Backend {
   }
   void forward(const Batch& b, double n_norm) override {
     const bool timed = phase_ == Phase::Passes;  // not validation's forwards
-    if (timed) timed_.back().marks->mark(kPasses + 3 * timed_.back().micro);
+    const int at = timed ? kPasses + kPerMicro * timed_.back().micro : 0;
+    if (timed) timed_.back().marks->mark(at);
     net_.set_tokens(b.tok);
     net_.set_targets(b.tgt, b.w, n_norm);
+    if (timed) timed_.back().marks->mark(at + 1);
     net_.zero_states();
     net_.forward_loss_async();
-    if (timed) timed_.back().marks->mark(kPasses + 3 * timed_.back().micro + 1);
+    if (timed) timed_.back().marks->mark(at + 2);
   }
   double loss() override { return net_.loss(); }
   void backward(double scale) override {
     net_.backward_loss(scale);
     if (phase_ == Phase::Passes) {
       TimedStep& t = timed_.back();
-      t.marks->mark(kPasses + 3 * t.micro + 2);
+      t.marks->mark(kPasses + kPerMicro * t.micro + 3);
       ++t.micro;
     }
   }
@@ -197,8 +199,10 @@ class GpuBackend final : public Backend {
       const gpu::StreamMarks& m = *t.marks;
       StepTimes st;
       for (int k = 0; k < t.micro; ++k) {
-        st.forward_ms += m.ms(kPasses + 3 * k, kPasses + 3 * k + 1);
-        st.backward_ms += m.ms(kPasses + 3 * k + 1, kPasses + 3 * k + 2);
+        const int at = kPasses + kPerMicro * k;
+        st.forward_ms += m.ms(at, at + 2);
+        st.uploads_ms += m.ms(at, at + 1);
+        st.backward_ms += m.ms(at + 2, at + 3);
       }
       if (m.marked(kOptimizer) && m.marked(kOptimizerEnd))
         st.optimizer_ms = m.ms(kOptimizer, kOptimizerEnd);
@@ -207,7 +211,7 @@ class GpuBackend final : public Backend {
         st.period_ms = m.ms(kBegin, *timed_[1].marks, kBegin);
       } else {
         const int last = m.marked(kOptimizerEnd) ? kOptimizerEnd
-                         : t.micro > 0          ? kPasses + 3 * t.micro - 1
+                         : t.micro > 0          ? kPasses + kPerMicro * t.micro - 1
                                                 : kBegin;
         st.period_ms = m.ms(kBegin, last);
       }
@@ -228,10 +232,11 @@ class GpuBackend final : public Backend {
   gpu::GpuBackbone net_;
   gpu::GpuOptimizer opt_;
   // --step-times: a step's points on the stream: kBegin before the gradients' zeroing, the
-  // optimizer's start and end, then per micro-batch k the forward's start (kPasses + 3k), its
-  // end = the backward's start (+1) and the backward's end (+2). Phase: which marks the next
-  // calls set (Off between steps: validation's forwards are not the step's).
-  static constexpr int kBegin = 0, kOptimizer = 1, kOptimizerEnd = 2, kPasses = 3;
+  // optimizer's start and end, then per micro-batch k the forward's start (kPasses + 4k), the
+  // end of its uploads (+1), its end = the backward's start (+2) and the backward's end (+3).
+  // Phase: which marks the next calls set (Off between steps: validation's forwards are not the
+  // step's).
+  static constexpr int kBegin = 0, kOptimizer = 1, kOptimizerEnd = 2, kPasses = 3, kPerMicro = 4;
   enum class Phase { Off, Passes, Optimizer };
   struct TimedStep {
     std::unique_ptr<gpu::StreamMarks> marks;

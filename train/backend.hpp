@@ -32,13 +32,15 @@ namespace m3::train {
 
 // Device time of one training step's parts (m3h train --step-times), in ms. forward and
 // backward sum over the step's micro-batches (the forward from its tokens' upload to the loss,
-// the backward from the head's backward to the embedding's); optimizer: the gradient norm,
+// the backward from the head's backward to the embedding's); uploads: the forward's first part,
+// from its start to the end of the tokens', targets' and weights' uploads (the host's
+// set_tokens and set_targets work while the device waits, and the copies); optimizer: the gradient norm,
 // AdamW and the typed-copy refresh. period: from the step's first queued work (the gradients'
 // zeroing) to the next step's, or for the run's last step to its own last work (`to_next`
 // false); so period − forward − backward − optimizer is the device's time outside the parts:
 // the zeroing, validation, and idle while the host prepares a batch, launches or waits.
 struct StepTimes {
-  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, period_ms = 0;
+  double forward_ms = 0, uploads_ms = 0, backward_ms = 0, optimizer_ms = 0, period_ms = 0;
   bool to_next = true;
 };
 

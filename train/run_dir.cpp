@@ -39,7 +39,7 @@ constexpr const char* kPlot = "loss.png";
 constexpr const char* kStepTimes = "step_times.csv";
 constexpr const char* kStepPlot = "step_times.png";
 constexpr int kMetricsColumns = 10;
-constexpr int kStepTimesColumns = 6;
+constexpr int kStepTimesColumns = 7;
 
 bool all_digits(const std::string& s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
@@ -446,9 +446,9 @@ void RunDir::write_step_times(const std::vector<StepTimes>& t, Idx first_step) {
       if (r.step < first_step) text += r.line + "\n";
   char buf[160];
   for (std::size_t k = 0; k < t.size(); ++k) {
-    std::snprintf(buf, sizeof buf, "%lld,%.4f,%.4f,%.4f,%.4f,%d\n",
+    std::snprintf(buf, sizeof buf, "%lld,%.4f,%.4f,%.4f,%.4f,%.4f,%d\n",
                   static_cast<long long>(first_step + static_cast<Idx>(k)), t[k].forward_ms,
-                  t[k].backward_ms, t[k].optimizer_ms, t[k].period_ms, t[k].to_next ? 1 : 0);
+                  t[k].uploads_ms, t[k].backward_ms, t[k].optimizer_ms, t[k].period_ms, t[k].to_next ? 1 : 0);
     text += buf;
   }
   harness::write_file_atomic(p, text);
@@ -461,19 +461,19 @@ std::string RunDir::plot_step_times() const {
       rows_to_plot(*this, kStepTimes, kStepTimesHeader, kStepTimesColumns, "step times", &reason);
   if (!reason.empty()) return note + reason;
   if (rows.empty()) return note + "step_times.csv has no rows yet";
-  // Columns: step, period, forward + backward, forward, backward, optimizer. The y range fits
-  // the steps after the first three (those the summary's medians take): the first step's
-  // warm-up (allocation, cuBLAS' first calls) would otherwise flatten the rest.
+  // Columns: step, period, forward + backward, forward, backward, optimizer, uploads. The y
+  // range fits the steps after the first three (those the summary's medians take): the first
+  // step's warm-up (allocation, cuBLAS' first calls) would otherwise flatten the rest.
   std::string data;
   double top = 0;
   for (size_t k = 0; k < rows.size(); ++k) {
     const CsvRow& r = rows[k];
-    double v[4];
-    for (int c = 0; c < 4; ++c) v[c] = std::strtod(r.cells[1 + c].c_str(), nullptr);
-    if (k >= 3 || rows.size() <= 3) top = std::max({top, v[3], v[0] + v[1]});
-    char buf[192];
-    std::snprintf(buf, sizeof buf, "%lld %.17g %.17g %.17g %.17g %.17g\n",
-                  static_cast<long long>(r.step), v[3], v[0] + v[1], v[0], v[1], v[2]);
+    double v[5];  // forward, uploads, backward, optimizer, period
+    for (int c = 0; c < 5; ++c) v[c] = std::strtod(r.cells[1 + c].c_str(), nullptr);
+    if (k >= 3 || rows.size() <= 3) top = std::max({top, v[4], v[0] + v[2]});
+    char buf[224];
+    std::snprintf(buf, sizeof buf, "%lld %.17g %.17g %.17g %.17g %.17g %.17g\n",
+                  static_cast<long long>(r.step), v[4], v[0] + v[2], v[0], v[2], v[3], v[1]);
     data += buf;
   }
   char top_text[64] = "*";
@@ -488,7 +488,8 @@ std::string RunDir::plot_step_times() const {
      << " $t using 1:3 with " << style << " lw 1.5 title 'forward + backward',"
      << " $t using 1:4 with " << style << " lw 1.5 title 'forward',"
      << " $t using 1:5 with " << style << " lw 1.5 title 'backward',"
-     << " $t using 1:6 with " << style << " lw 1.5 title 'optimizer'\n";
+     << " $t using 1:6 with " << style << " lw 1.5 title 'optimizer',"
+     << " $t using 1:7 with " << style << " lw 1.5 title 'uploads (of the forward)'\n";
   reason = draw_png(*this, kStepPlot, gp.str());
   return reason.empty() ? "" : note + reason;
 }

@@ -41,7 +41,7 @@ constexpr const char* kMetricsHeader =
     "step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,loss_scale,skipped,verify_pct";
 // period_ms runs to the next step's start where to_next is 1, else to the step's own end.
 constexpr const char* kStepTimesHeader =
-    "step,forward_ms,backward_ms,optimizer_ms,period_ms,to_next";
+    "step,forward_ms,uploads_ms,backward_ms,optimizer_ms,period_ms,to_next";
 
 // True for the names a run writes (the list above): what --force may remove.
 bool is_run_file(const std::string& name);
@@ -103,8 +103,8 @@ class RunDir {
   // rewritten atomically; a torn last line dropped); a header other than kStepTimesHeader or a
   // malformed row is an m3::Error naming the file and the line, and the file is left as it was.
   void write_step_times(const std::vector<StepTimes>& t, Idx first_step);
-  // Draws step_times.png from step_times.csv (period, forward + backward, forward, backward
-  // and optimizer against step), as plot_loss draws loss.png: "" or a one-line note
+  // Draws step_times.png from step_times.csv (period, forward + backward, forward, backward,
+  // optimizer and the forward's uploads against step), as plot_loss draws loss.png: "" or a one-line note
   // ("step_times.png not drawn: …").
   std::string plot_step_times() const;
 

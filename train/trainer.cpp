@@ -182,9 +182,10 @@ double median_of(std::vector<double> v) {
 std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) {
   if (t.empty()) return "train: step times: none measured";
   const size_t skip = t.size() > 3 ? 3 : 0;
-  std::vector<double> fwd, bwd, opt, period, rest;
+  std::vector<double> fwd, up, bwd, opt, period, rest;
   for (size_t k = skip; k < t.size(); ++k) {
     fwd.push_back(t[k].forward_ms);
+    up.push_back(t[k].uploads_ms);
     bwd.push_back(t[k].backward_ms);
     opt.push_back(t[k].optimizer_ms);
   }
@@ -200,7 +201,8 @@ std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) 
   std::ostringstream os;
   os << "train: step times on the device (CUDA events), medians of step" << (a == b ? " " : "s ")
      << a << (a == b ? "" : "–" + std::to_string(b)) << ": period " << fixed(median_of(period), 3)
-     << " ms = forward " << fixed(median_of(fwd), 3) << " + backward " << fixed(median_of(bwd), 3)
+     << " ms = forward " << fixed(median_of(fwd), 3) << " (its uploads "
+     << fixed(median_of(up), 3) << ") + backward " << fixed(median_of(bwd), 3)
      << " + optimizer " << fixed(median_of(opt), 3) << " + outside them "
      << fixed(median_of(rest), 3) << " ms";
   if (!any_next) os << " (the period to the step's own end)";

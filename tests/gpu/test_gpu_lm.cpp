@@ -338,6 +338,8 @@ TEST_F(GpuTrainRun, StepTimesChangeNoBitAndEachStepsPartsLieWithinItsPeriod) {
   for (size_t k = 0; k < t.size(); ++k) {
     SCOPED_TRACE("step " + std::to_string(k + 1));
     EXPECT_GT(t[k].forward_ms, 0.0);
+    EXPECT_GT(t[k].uploads_ms, 0.0);
+    EXPECT_LT(t[k].uploads_ms, t[k].forward_ms);
     EXPECT_GT(t[k].backward_ms, 0.0);
     EXPECT_GT(t[k].optimizer_ms, 0.0);
     EXPECT_GE(t[k].period_ms + 1e-3, t[k].forward_ms + t[k].backward_ms + t[k].optimizer_ms);
