@@ -18,12 +18,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 template <class S>
 BenchRow bench_one(const Problem& pb, ScanMode mode, int repeats, int warmup, const char* name) {
   const Params<S> params = cast_params<S>(pb.params);
@@ -61,6 +55,12 @@ BenchRow bench_one(const Problem& pb, ScanMode mode, int repeats, int warmup, co
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 double BenchRow::tokens_per_s() const {
   const double s = (forward_ms + backward_ms) * 1e-3;

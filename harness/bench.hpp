@@ -31,6 +31,9 @@ struct BenchRow {
   double tokens_per_s() const;             // forward + backward
 };
 
+// The median of v (the mean of the two middle values for an even count); v non-empty.
+double median(std::vector<double> v);
+
 // f64 rows first, then f32, each in spec.modes order. Throws m3::Error on a bad spec.
 std::vector<BenchRow> bench_reference(const BenchSpec& spec);
 // The float rows only (the reference time next to the GPU rows of m3h bench).

@@ -143,6 +143,18 @@ std::vector<CsvRow> read_rows(const std::string& p, const char* header, int colu
   return rows;
 }
 
+// The start of a run csv file `p` that a (resumed) run writes again: the header, then — when
+// resuming and the file holds rows — its rows of steps <= last, in order (read_rows' checks).
+std::string rows_through(const std::string& p, bool resume, const char* header, int columns,
+                         const char* what, Idx last) {
+  std::string kept = std::string(header) + "\n";
+  std::error_code ec;
+  if (resume && fs::exists(p, ec) && fs::file_size(p, ec) > 0)
+    for (const CsvRow& r : read_rows(p, header, columns, what))
+      if (r.step <= last) kept += r.line + "\n";
+  return kept;
+}
+
 // A path inside a gnuplot single-quoted string ('' stands for ').
 std::string gnuplot_quote(const std::string& s) {
   std::string q = "'";
@@ -256,12 +268,8 @@ void RunDir::open_metrics(Idx resume_step) {
   M3_REQUIRE(resume_step >= 0, kWhere, "open_metrics: resume step must be >= 0", resume_step);
   metrics_.reset();
   const std::string p = path(kMetrics);
-  std::error_code ec;
-  std::string kept = std::string(kMetricsHeader) + "\n";
-  if (resume_ && fs::exists(p, ec) && fs::file_size(p, ec) > 0)
-    for (const CsvRow& r : read_rows(p, kMetricsHeader, kMetricsColumns, "metrics"))
-      if (r.step <= resume_step) kept += r.line + "\n";
-  harness::write_file_atomic(p, kept);
+  harness::write_file_atomic(
+      p, rows_through(p, resume_, kMetricsHeader, kMetricsColumns, "metrics", resume_step));
   metrics_.reset(std::fopen(p.c_str(), "a"));
   if (!metrics_) throw Error(p, "cannot open for appending", std::strerror(errno));
 }
@@ -439,16 +447,14 @@ std::string RunDir::plot_loss() const {
 void RunDir::write_step_times(const std::vector<StepTimes>& t, Idx first_step) {
   M3_REQUIRE(first_step >= 1, kWhere, "write_step_times: the first step must be >= 1", first_step);
   const std::string p = path(kStepTimes);
-  std::error_code ec;
-  std::string text = std::string(kStepTimesHeader) + "\n";
-  if (resume_ && fs::exists(p, ec) && fs::file_size(p, ec) > 0)
-    for (const CsvRow& r : read_rows(p, kStepTimesHeader, kStepTimesColumns, "step times"))
-      if (r.step < first_step) text += r.line + "\n";
+  std::string text =
+      rows_through(p, resume_, kStepTimesHeader, kStepTimesColumns, "step times", first_step - 1);
   char buf[160];
   for (std::size_t k = 0; k < t.size(); ++k) {
     std::snprintf(buf, sizeof buf, "%lld,%.4f,%.4f,%.4f,%.4f,%.4f,%d\n",
                   static_cast<long long>(first_step + static_cast<Idx>(k)), t[k].forward_ms,
-                  t[k].uploads_ms, t[k].backward_ms, t[k].optimizer_ms, t[k].period_ms, t[k].to_next ? 1 : 0);
+                  t[k].uploads_ms, t[k].backward_ms, t[k].optimizer_ms, t[k].period_ms,
+                  t[k].to_next ? 1 : 0);
     text += buf;
   }
   harness::write_file_atomic(p, text);

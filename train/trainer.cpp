@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "backbone_gpu.hpp"
+#include "bench.hpp"
 #include "context.hpp"
 #include "compare.hpp"
 #include "gpu_lineup.hpp"
@@ -171,12 +172,6 @@ std::string fixed(double v, int digits) {
   return os.str();
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) {
@@ -200,11 +195,11 @@ std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) 
   const Idx a = first_step + static_cast<Idx>(skip), b = first_step + static_cast<Idx>(t.size()) - 1;
   std::ostringstream os;
   os << "train: step times on the device (CUDA events), medians of step" << (a == b ? " " : "s ")
-     << a << (a == b ? "" : "–" + std::to_string(b)) << ": period " << fixed(median_of(period), 3)
-     << " ms = forward " << fixed(median_of(fwd), 3) << " (its uploads "
-     << fixed(median_of(up), 3) << ") + backward " << fixed(median_of(bwd), 3)
-     << " + optimizer " << fixed(median_of(opt), 3) << " + outside them "
-     << fixed(median_of(rest), 3) << " ms";
+     << a << (a == b ? "" : "–" + std::to_string(b)) << ": period " << fixed(harness::median(period), 3)
+     << " ms = forward " << fixed(harness::median(fwd), 3) << " (its uploads "
+     << fixed(harness::median(up), 3) << ") + backward " << fixed(harness::median(bwd), 3)
+     << " + optimizer " << fixed(harness::median(opt), 3) << " + outside them "
+     << fixed(harness::median(rest), 3) << " ms";
   if (!any_next) os << " (the period to the step's own end)";
   // The spread of the passes over those steps: a device that slows as a run goes on (its
   // clocks under sustained load) shows here, not in the medians.

@@ -117,6 +117,16 @@ struct AddD {
 // s = 16 … 1 across lanes), so the result has block_tree's bits: a row's reductions give the
 // same floats as one block per row, on an eighth of the threads and without a barrier.
 constexpr int kPerLane = kRowThreads / 32;
+
+// The warp-per-row kernels' layout: kRowThreads / 32 rows per block, warp w of block b on row
+// b·(kRowThreads / 32) + w; the blocks that cover BT rows.
+constexpr Idx kWarpRows = kRowThreads / 32;
+__device__ __forceinline__ Idx warp_row() {
+  return blockIdx.x * kWarpRows + (threadIdx.x >> 5);
+}
+unsigned warp_row_blocks(Idx BT) {
+  return static_cast<unsigned>((BT + kWarpRows - 1) / kWarpRows);
+}
 static_assert(kRowThreads == 256, "the warp replay below pairs 8 values per lane");
 
 template <class Op>
@@ -138,7 +148,7 @@ __global__ void loss_row_kernel(Idx BT, Idx V, const T* __restrict__ logits,
                                 const std::int32_t* __restrict__ tgt, const float* __restrict__ w,
                                 float* __restrict__ lse, double* __restrict__ row_loss) {
   const int lane = threadIdx.x & 31;
-  const Idx r = blockIdx.x * Idx(kRowThreads / 32) + (threadIdx.x >> 5);
+  const Idx r = warp_row();
   if (r >= BT) return;  // whole warps: every lane of a warp has the same r
   const T* l = logits + r * V;
   float x[kPerLane];
@@ -196,7 +206,7 @@ __global__ void loss_backward_kernel(Idx BT, Idx V, const T* __restrict__ logits
                                      const std::int32_t* __restrict__ tgt,
                                      const float* __restrict__ w, double coef,
                                      T* __restrict__ d) {
-  const Idx r = blockIdx.x * Idx(kRowThreads / 32) + (threadIdx.x >> 5);
+  const Idx r = warp_row();
   if (r >= BT) return;
   const float c = static_cast<float>(coef * static_cast<double>(w[r]));
   const float ls = lse[r];
@@ -282,9 +292,8 @@ template <class T>
 void loss_forward(cudaStream_t s, Idx BT, Idx V, const T* logits, const std::int32_t* tgt,
                   const float* w, double inv_n, float* lse, double* row_loss, double* loss_sum,
                   float* value) {
-  const Idx rows_per_block = kRowThreads / 32;
-  loss_row_kernel<T><<<static_cast<unsigned>((BT + rows_per_block - 1) / rows_per_block),
-                       kRowThreads, 0, s>>>(BT, V, logits, tgt, w, lse, row_loss);
+  loss_row_kernel<T><<<warp_row_blocks(BT), kRowThreads, 0, s>>>(BT, V, logits, tgt, w, lse,
+                                                                   row_loss);
   M3_CUDA_CHECK(cudaGetLastError());
   loss_sum_kernel<<<1, kRowThreads, 0, s>>>(BT, row_loss, inv_n, loss_sum, value);
   M3_CUDA_CHECK(cudaGetLastError());
@@ -294,9 +303,8 @@ template <class T>
 void loss_backward(cudaStream_t s, Idx BT, Idx V, const T* logits, const float* lse,
                    const std::int32_t* tgt, const float* w, double coef, T* d_logits) {
   if (BT * V == 0) return;
-  const Idx rows_per_block = kRowThreads / 32;
-  loss_backward_kernel<T><<<static_cast<unsigned>((BT + rows_per_block - 1) / rows_per_block),
-                            kRowThreads, 0, s>>>(BT, V, logits, lse, tgt, w, coef, d_logits);
+  loss_backward_kernel<T><<<warp_row_blocks(BT), kRowThreads, 0, s>>>(BT, V, logits, lse, tgt,
+                                                                       w, coef, d_logits);
   M3_CUDA_CHECK(cudaGetLastError());
 }
 
