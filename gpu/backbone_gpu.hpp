@@ -126,6 +126,16 @@ class GpuBackbone {
   // whole optimizer step (> 0; the loss normalisation of TRAINING.md §2.7).
   void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                    double n_norm);
+  // Staging (training's next batch, prepared while the device still works on this one):
+  // stage_batch does set_tokens' and set_targets' host work — every check, with the same
+  // errors, and the embedding backward's order — into pinned host memory and copies nothing;
+  // upload_staged queues the copies of the batch staged last (from pinned memory, so the host
+  // does not wait on them) and makes it the input, as set_tokens + set_targets would with the
+  // same arguments. Two pinned slots alternate, so a batch can be staged while the one before
+  // it is still being copied. upload_staged without a staged batch is an m3::Error.
+  void stage_batch(const std::vector<std::int32_t>& tok, const std::vector<std::int32_t>& tgt,
+                   const std::vector<float>& w, double n_norm);
+  void upload_staged();
   // forward(), then the head (logits = Out · head_w, typed) and the loss: returns this batch's
   // share of the step's loss, Σ w·(lse − logit[tgt]) / N, summed in f64 in a fixed order (one
   // 8-byte download). `cap` also receives head/logits, loss/lse, loss/value.

@@ -10,9 +10,11 @@
 //                                       after the later ones are deleted: the final weights,
 //                                       moments, loss scale and loss log must be equal bit for bit
 //   token_batch(B, T, V, seed, p)       random_token_batch as a train::Batch of B rows of T
-//   train_trajectory(be, cfg, st, B, T, steps)  `steps` optimizer steps of two micro-batches each
-//                                       from initial_state(cfg, 3): every loss and norm, the end
-//                                       state (the data-parallel tests compare backends with it)
+//   train_trajectory(be, cfg, st, B, T, steps, staged)  `steps` optimizer steps of two
+//                                       micro-batches each from initial_state(cfg, 3), each step's
+//                                       first batch staged during the step before when `staged`:
+//                                       every loss and norm, the end state (the data-parallel and
+//                                       staging tests compare backends and protocols with it)
 //   expect_one_line_error(f, needle)    f() throws an m3::Error of one line that contains needle
 //   token_model(c, V)                   c as a token model of V symbols (vocab_size = input_dim)
 //   chunked_spec(cfg, B, T, st)         a training backend's spec: B rows of T, chunked, storage st
@@ -167,7 +169,7 @@ struct Trajectory {
 };
 
 inline Trajectory train_trajectory(train::Backend& be, const Config& cfg, Precision st, Idx B,
-                                   Idx T, int steps) {
+                                   Idx T, int steps, bool staged = false) {
   be.set_state(train::initial_state(cfg, 3));
   OptimConfig o;
   o.lr = 1e-2;
@@ -176,10 +178,20 @@ inline Trajectory train_trajectory(train::Backend& be, const Config& cfg, Precis
   o.clip = 0.5;  // active at these gradient norms
   LossScaler sc = LossScaler::for_precision(st);
   Trajectory t;
+  const Idx V = cfg.vocab_size;
+  auto batches = [&](int k) -> std::vector<train::Batch> {
+    return {token_batch(B, T, V, 100 + k), token_batch(B, T, V, 200 + k)};
+  };
   for (int k = 1; k <= steps; ++k) {
-    const Idx V = cfg.vocab_size;
-    const train::StepResult r = train::train_step(
-        be, {token_batch(B, T, V, 100 + k), token_batch(B, T, V, 200 + k)}, k, o, sc);
+    // staged: as run_training, step k + 1's first batch is staged while step k's last backward
+    // runs (and step 1's is staged before it).
+    if (staged && k == 1) be.stage(batches(1)[0], train::scored_positions(batches(1)));
+    auto stage_next = [&] {
+      if (k < steps) be.stage(batches(k + 1)[0], train::scored_positions(batches(k + 1)));
+    };
+    const train::StepResult r =
+        staged ? train::train_step(be, batches(k), k, o, sc, true, stage_next)
+               : train::train_step(be, batches(k), k, o, sc);
     t.loss.push_back(r.loss);
     t.norm.push_back(r.grad_norm);
   }

@@ -160,6 +160,33 @@ TEST(TrainStep, GradientAccumulationNormalisesOverTheWholeStep) {
             1e-6);
 }
 
+// run_training stages each step's first batch while the step before runs (Backend::stage,
+// forward_staged): the default backend's copy gives the plain protocol's bits, with one and
+// with two micro-batches per step, and forward_staged without a staged batch is an error.
+TEST(TrainStep, StagingTheNextBatchChangesNoBit) {
+  const Idx B = 2, T = 8, V = 6;
+  const Config cfg = tiny_lm(V);
+  for (Precision st : {Precision::F32, Precision::BF16}) {
+    SCOPED_TRACE(m3::precision_name(st));
+    auto plain = make_cpu_backend(chunked_spec(cfg, B, T, st));
+    auto staged = make_cpu_backend(chunked_spec(cfg, B, T, st));
+    const m3::test::Trajectory a = m3::test::train_trajectory(*plain, cfg, st, B, T, 3);
+    const m3::test::Trajectory b = m3::test::train_trajectory(*staged, cfg, st, B, T, 3, true);
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.norm, b.norm);
+    EXPECT_EQ(a.end.params, b.end.params);
+    EXPECT_EQ(a.end.m, b.end.m);
+    EXPECT_EQ(a.end.v, b.end.v);
+    EXPECT_NE(a.end.params, initial_state(cfg, 3).params);
+  }
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T));
+  m3::test::expect_one_line_error([&] { be->forward_staged(); }, "no staged batch");
+  const Batch b = m3::test::token_batch(B, T, V, 4);
+  be->stage(b, static_cast<double>(b.scored()));
+  be->forward_staged();
+  m3::test::expect_one_line_error([&] { be->forward_staged(); }, "no staged batch");
+}
+
 TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
   const Config cfg = tiny_lm(4);
   auto be = make_cpu_backend(chunked_spec(cfg, 1, 4));

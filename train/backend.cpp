@@ -139,15 +139,16 @@ class GpuBackend final : public Backend {
     net_.zero_grads();
   }
   void forward(const Batch& b, double n_norm) override {
-    const bool timed = phase_ == Phase::Passes;  // not validation's forwards
-    const int at = timed ? kPasses + kPerMicro * timed_.back().micro : 0;
-    if (timed) timed_.back().marks->mark(at);
-    net_.set_tokens(b.tok);
-    net_.set_targets(b.tgt, b.w, n_norm);
-    if (timed) timed_.back().marks->mark(at + 1);
-    net_.zero_states();
-    net_.forward_loss_async();
-    if (timed) timed_.back().marks->mark(at + 2);
+    forward_after([&] {
+      net_.set_tokens(b.tok);
+      net_.set_targets(b.tgt, b.w, n_norm);
+    });
+  }
+  void stage(const Batch& b, double n_norm) override {
+    net_.stage_batch(b.tok, b.tgt, b.w, n_norm);
+  }
+  void forward_staged() override {
+    forward_after([&] { net_.upload_staged(); });
   }
   double loss() override { return net_.loss(); }
   void backward(double scale) override {
@@ -227,6 +228,20 @@ class GpuBackend final : public Backend {
   }
 
  private:
+  // The forward of the inputs that `upload` gives the backbone (its host work and copies are
+  // the step's uploads).
+  template <class Upload>
+  void forward_after(Upload&& upload) {
+    const bool timed = phase_ == Phase::Passes;  // not validation's forwards
+    const int at = timed ? kPasses + kPerMicro * timed_.back().micro : 0;
+    if (timed) timed_.back().marks->mark(at);
+    upload();
+    if (timed) timed_.back().marks->mark(at + 1);
+    net_.zero_states();
+    net_.forward_loss_async();
+    if (timed) timed_.back().marks->mark(at + 2);
+  }
+
   BackendSpec spec_;
   gpu::GpuContext ctx_;
   gpu::GpuBackbone net_;
@@ -248,6 +263,11 @@ class GpuBackend final : public Backend {
 };
 
 }  // namespace
+
+void Backend::require_staged() const {
+  M3_REQUIRE(has_staged_, "train", "no staged batch",
+             "stage() comes before forward_staged(), once per staged batch");
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendSpec& spec) {
   return std::make_unique<CpuBackend>(spec);

@@ -33,9 +33,10 @@ namespace m3::train {
 // Device time of one training step's parts (m3h train --step-times), in ms. forward and
 // backward sum over the step's micro-batches (the forward from its tokens' upload to the loss,
 // the backward from the head's backward to the embedding's); uploads: the forward's first part,
-// from its start to the end of the tokens', targets' and weights' uploads (the host's
-// set_tokens and set_targets work while the device waits, and the copies); optimizer: the gradient norm,
-// AdamW and the typed-copy refresh. period: from the step's first queued work (the gradients'
+// from its start to the end of the tokens', targets' and weights' uploads (the copies, and for
+// a batch that was not staged the host's set_tokens and set_targets work while the device waits;
+// run_training stages the first batch of every step but the run's first); optimizer: the
+// gradient norm, AdamW and the typed-copy refresh. period: from the step's first queued work (the gradients'
 // zeroing) to the next step's, or for the run's last step to its own last work (`to_next`
 // false); so period − forward − backward − optimizer is the device's time outside the parts:
 // the zeroing, validation, and idle while the host prepares a batch, launches or waits.
@@ -55,6 +56,22 @@ class Backend {
   virtual void zero_grads() = 0;
   // Forward of one micro-batch (the GPU queues it and returns at once).
   virtual void forward(const Batch& b, double n_norm) = 0;
+  // Staging (run_training): stage(b, n_norm) prepares the next forward's batch while the device
+  // still works on this step — the GPU does set_tokens' and set_targets' host work into pinned
+  // memory and copies nothing — and forward_staged() is forward(b, n_norm) of the batch staged
+  // last, each staged batch once. A bad batch's error, the one forward() would give, comes from
+  // stage() (GPU) or forward_staged() (the default, which keeps a copy for forward_staged()).
+  // Staging changes no bit of any result.
+  virtual void stage(const Batch& b, double n_norm) {
+    staged_ = b;
+    staged_norm_ = n_norm;
+    has_staged_ = true;
+  }
+  virtual void forward_staged() {
+    require_staged();
+    has_staged_ = false;
+    forward(staged_, staged_norm_);
+  }
   // The last forward's share of the step's loss, Σ w·ce / n_norm (the GPU waits for it here,
   // so a backward queued before this call overlaps the wait).
   virtual double loss() = 0;
@@ -96,6 +113,14 @@ class Backend {
     return false;
   }
   virtual std::vector<std::pair<std::string, double>> stage_times() { return {}; }
+
+ protected:
+  void require_staged() const;  // an m3::Error without a staged batch
+
+ private:
+  Batch staged_;
+  double staged_norm_ = 0;
+  bool has_staged_ = false;
 };
 
 struct BackendSpec {

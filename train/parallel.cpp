@@ -361,8 +361,19 @@ class GpuParallel final : public DataParallel {
       const Batch mine = rows_of(b, k.comm->rank());
       k.net->set_tokens(mine.tok);
       k.net->set_targets(mine.tgt, mine.w, n_norm);
-      k.net->zero_states();
-      k.net->forward_loss_async();
+      start_forward(k);
+    });
+  }
+  void stage(const Batch& b, double n_norm) override {
+    run([&](int, GpuRank& k) {
+      const Batch mine = rows_of(b, k.comm->rank());
+      k.net->stage_batch(mine.tok, mine.tgt, mine.w, n_norm);
+    });
+  }
+  void forward_staged() override {
+    run([&](int, GpuRank& k) {
+      k.net->upload_staged();
+      start_forward(k);
     });
   }
   double loss() override {
@@ -471,6 +482,10 @@ class GpuParallel final : public DataParallel {
     if (i != 0) return;
     for (int r = 0; r < world_; ++r)
       all[r].assign(out.begin() + r * cap, out.begin() + (r + 1) * cap);
+  }
+  static void start_forward(GpuRank& k) {
+    k.net->zero_states();
+    k.net->forward_loss_async();
   }
   // Every rank's rows in rank order (equal row counts).
   template <class V, class F>

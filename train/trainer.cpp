@@ -23,20 +23,29 @@
 
 namespace m3::train {
 
-StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const OptimConfig& o,
-                      LossScaler& scaler) {
-  M3_REQUIRE(!micro.empty(), "train step", "no micro-batch", "");
+double scored_positions(const std::vector<Batch>& micro) {
   double n = 0;
   for (const Batch& b : micro) n += static_cast<double>(b.scored());
+  return n;
+}
+
+StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const OptimConfig& o,
+                      LossScaler& scaler, bool staged, const std::function<void()>& meanwhile) {
+  M3_REQUIRE(!micro.empty(), "train step", "no micro-batch", "");
+  const double n = scored_positions(micro);
   M3_REQUIRE(n > 0, "train step", "the step's batches have no scored position (N = 0)",
              "every weight of the step is 0: the loss is undefined");
   const double scale = scaler.scale;
   StepResult r;
   r.lr = learning_rate(o, t);
   be.zero_grads();
-  for (const Batch& b : micro) {
-    be.forward(b, n);
+  for (std::size_t k = 0; k < micro.size(); ++k) {
+    if (k == 0 && staged)
+      be.forward_staged();
+    else
+      be.forward(micro[k], n);
     be.backward(scale);
+    if (k + 1 == micro.size() && meanwhile) meanwhile();  // the device runs the last backward
     r.loss += be.loss();
   }
   const double g_scaled = be.grad_norm();
@@ -356,6 +365,18 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
 
   const auto t_start = std::chrono::steady_clock::now();
   std::vector<StepTimes> timed;  // --step-times: steps step0 + 1, step0 + 2, … in order
+  // Step s's batches: train_batch(seed, s, k) for its micro-batches k. The next step's are
+  // made, and its first staged (Backend::stage), while the device runs this step's last
+  // backward, so that its uploads do not wait for the host. A batch that cannot be staged
+  // (no scored position in its step, or an error from stage) is left to the plain path, which
+  // stops the run with that error at its own step, as without staging.
+  auto batches_of = [&](Idx s) {
+    std::vector<Batch> m;
+    for (Idx k = 0; k < o.grad_accum; ++k) m.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
+    return m;
+  };
+  std::vector<Batch> micro, next;
+  bool staged = false;  // next[0] is staged
   Idx step = step0;
   double last_loss = std::nan(""), last_val = std::nan(""), worst_verify = -1;
   std::string worst_verify_at;  // "step S, TENSOR" of worst_verify
@@ -363,12 +384,25 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   while (step < o.optim.steps) {
     const Idx s = step + 1;
     const auto t0 = std::chrono::steady_clock::now();  // tokens/s counts the data too
-    std::vector<Batch> micro;
-    for (Idx k = 0; k < o.grad_accum; ++k) micro.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
+    const bool micro_staged = staged;
+    micro = staged ? std::move(next) : batches_of(s);
+    staged = false;
+    auto stage_next = [&] {
+      if (s == o.optim.steps) return;
+      next = batches_of(s + 1);
+      const double n = scored_positions(next);
+      if (n <= 0) return;
+      try {
+        be->stage(next[0], n);
+        staged = true;
+      } catch (const Error&) {
+        // the plain path meets it again at step s + 1
+      }
+    };
     const Idx t = s - scaler.skipped;  // the optimizer step: applied steps so far + 1
     const bool profile = o.stage_times && s >= profile_from;
     if (profile) be->profile_stages(true);
-    const StepResult r = train_step(*be, micro, t, o.optim, scaler);
+    const StepResult r = train_step(*be, micro, t, o.optim, scaler, micro_staged, stage_next);
     if (profile) {
       be->profile_stages(false);
       ++profiled;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -48,9 +49,16 @@ struct StepResult {
   bool finite = true;    // the gradient norm was finite
 };
 
+// N of a step: Σ scored positions over its micro-batches.
+double scored_positions(const std::vector<Batch>& micro);
+
 // One optimizer step over `micro` (see the file comment). t: the optimizer step, ≥ 1.
+// staged: micro[0] was staged with this step's N (Backend::stage), so its forward is
+// forward_staged(). meanwhile: run once the last backward is queued, before the host waits for
+// the device (run_training makes and stages the next step's batches there).
 StepResult train_step(Backend& be, const std::vector<Batch>& micro, Idx t, const OptimConfig& o,
-                      LossScaler& scaler);
+                      LossScaler& scaler, bool staged = false,
+                      const std::function<void()>& meanwhile = {});
 
 // Mean loss per scored position and accuracy over batches (no backward).
 struct EvalResult {

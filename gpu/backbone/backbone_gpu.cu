@@ -92,6 +92,12 @@ void GpuBackbone::set_targets(const std::vector<std::int32_t>& tgt, const std::v
                               double n_norm) {
   impl_->set_targets(tgt, w, n_norm);
 }
+void GpuBackbone::stage_batch(const std::vector<std::int32_t>& tok,
+                              const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                              double n_norm) {
+  impl_->stage_batch(tok, tgt, w, n_norm);
+}
+void GpuBackbone::upload_staged() { impl_->upload_staged(); }
 double GpuBackbone::forward_loss(Capture* cap) { return impl_->forward_loss(cap); }
 void GpuBackbone::forward_loss_async(Capture* cap) { impl_->forward_loss_async(cap); }
 double GpuBackbone::loss() const { return impl_->loss(); }

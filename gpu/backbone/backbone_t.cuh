@@ -199,6 +199,10 @@ struct GpuBackbone::Impl {
   virtual void set_tokens(const std::vector<std::int32_t>& tok) = 0;
   virtual void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                            double n_norm) = 0;
+  virtual void stage_batch(const std::vector<std::int32_t>& tok,
+                           const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
+                           double n_norm) = 0;
+  virtual void upload_staged() = 0;
   virtual double forward_loss(Capture* cap) = 0;
   virtual void forward_loss_async(Capture* cap) = 0;
   virtual double loss() = 0;
@@ -551,53 +555,60 @@ class BackboneT final : public GpuBackbone::Impl {
 
   // ---- token models (TRAINING.md §1) --------------------------------------------------------
   void set_tokens(const std::vector<std::int32_t>& tok) override {
-    const char* where = "GpuBackbone::set_tokens";
-    const Idx V = cfg_.vocab_size;
-    M3_REQUIRE(V > 0, where, "the config is no token model (vocab_size = 0)", "");
-    M3_REQUIRE(static_cast<Idx>(tok.size()) == d_.BT, where, "tokens have the wrong size",
-               "got ", tok.size(), ", expected B*T = ", d_.BT);
-    std::vector<Idx> order, starts;
-    ref::embed_order(tok.data(), d_.BT, V, order, starts);  // checks every token's range
-    std::vector<std::int32_t> perm(order.begin(), order.end()), chunks, token_chunks;
-    for (Idx v = 0; v < V; ++v) {
-      token_chunks.push_back(static_cast<std::int32_t>(chunks.size() / 3));
-      for (Idx a = starts[v]; a < starts[v + 1]; a += kEmbedChunk) {
-        chunks.push_back(static_cast<std::int32_t>(v));
-        chunks.push_back(static_cast<std::int32_t>(a));
-        chunks.push_back(static_cast<std::int32_t>(std::min(a + kEmbedChunk, starts[v + 1])));
-      }
-    }
-    token_chunks.push_back(static_cast<std::int32_t>(chunks.size() / 3));
-    n_chunks_ = static_cast<Idx>(chunks.size() / 3);
-    tok_.upload(tok.data(), s_);
-    perm_.upload(perm.data(), s_);
-    M3_CUDA_CHECK(cudaMemcpyAsync(chunks_.data(), chunks.data(), chunks.size() * 4,
-                                  cudaMemcpyHostToDevice, s_));
-    token_chunks_.upload(token_chunks.data(), s_);
+    check_token_model("GpuBackbone::set_tokens");
+    plain_perm_.resize(static_cast<size_t>(d_.BT));
+    plain_chunks_.resize(chunks_.size());
+    plain_token_chunks_.resize(token_chunks_.size());
+    const Idx n_chunks = order_tokens("GpuBackbone::set_tokens", tok, plain_perm_.data(),
+                                      plain_chunks_.data(), plain_token_chunks_.data());
     // No synchronisation: an asynchronous copy from pageable memory has taken the host data
-    // when it returns, so the vectors may go; the kernels before it keep running meanwhile.
-    tokens_ = true;
+    // when it returns, so the vectors may change; the kernels before it keep running meanwhile.
+    upload_tokens(tok.data(), plain_perm_.data(), plain_chunks_.data(),
+                  plain_token_chunks_.data(), n_chunks);
   }
   void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                    double n_norm) override {
-    const char* where = "GpuBackbone::set_targets";
-    const Idx V = cfg_.vocab_size;
-    M3_REQUIRE(V > 0, where, "the config is no token model (vocab_size = 0)", "");
-    M3_REQUIRE(static_cast<Idx>(tgt.size()) == d_.BT && static_cast<Idx>(w.size()) == d_.BT,
-               where, "targets and weights must have B*T entries", "got ", tgt.size(), " and ",
-               w.size(), ", expected ", d_.BT);
-    M3_REQUIRE(n_norm > 0, where, "no scored position (N = 0): the loss is undefined", "N=",
-               n_norm);
-    for (Idx r = 0; r < d_.BT; ++r) {
-      M3_REQUIRE(tgt[r] >= 0 && tgt[r] < V, where, "target outside the vocabulary", "row ", r,
-                 ": target ", tgt[r], ", vocab_size ", V);
-      M3_REQUIRE(std::isfinite(w[r]) && w[r] >= 0, where, "a position weight is not finite and >= 0",
-                 "row ", r, ": ", w[r]);
+    check_token_model("GpuBackbone::set_targets");
+    check_targets("GpuBackbone::set_targets", tgt, w, n_norm);
+    upload_targets(tgt.data(), w.data(), n_norm);  // pageable: taken when the copies return
+  }
+  void stage_batch(const std::vector<std::int32_t>& tok, const std::vector<std::int32_t>& tgt,
+                   const std::vector<float>& w, double n_norm) override {
+    // The checks of set_tokens and then set_targets, with their names; a failed stage leaves
+    // nothing staged.
+    check_token_model("GpuBackbone::set_tokens");
+    const Idx BT = d_.BT;
+    HostSlot& slot = slots_[next_slot_];
+    if (!slot.tok.p) {  // first use: pinned arrays of the device arrays' sizes
+      slot.tok.resize(BT);
+      slot.perm.resize(BT);
+      slot.chunks.resize(static_cast<Idx>(chunks_.size()));
+      slot.token_chunks.resize(static_cast<Idx>(token_chunks_.size()));
+      slot.tgt.resize(BT);
+      slot.w.resize(BT);
     }
-    tgt_.upload(tgt.data(), s_);  // pageable: the data is taken when the call returns
-    tw_.upload(w.data(), s_);
-    n_norm_ = n_norm;
-    targets_ = true;
+    if (slot.copying) M3_CUDA_CHECK(cudaEventSynchronize(slot.copied.e));  // its last copies
+    slot.copying = false;
+    slot.staged = false;
+    slot.n_chunks = order_tokens("GpuBackbone::set_tokens", tok, slot.perm.p, slot.chunks.p,
+                                 slot.token_chunks.p);
+    check_targets("GpuBackbone::set_targets", tgt, w, n_norm);
+    std::copy(tok.begin(), tok.end(), slot.tok.p);
+    std::copy(tgt.begin(), tgt.end(), slot.tgt.p);
+    std::copy(w.begin(), w.end(), slot.w.p);
+    slot.n_norm = n_norm;
+    slot.staged = true;
+  }
+  void upload_staged() override {
+    HostSlot& slot = slots_[next_slot_];
+    M3_REQUIRE(slot.staged, "GpuBackbone::upload_staged", "no staged batch",
+               "stage_batch comes first (each staged batch is uploaded once)");
+    upload_tokens(slot.tok.p, slot.perm.p, slot.chunks.p, slot.token_chunks.p, slot.n_chunks);
+    upload_targets(slot.tgt.p, slot.w.p, slot.n_norm);
+    M3_CUDA_CHECK(cudaEventRecord(slot.copied.e, s_));
+    slot.copying = true;
+    slot.staged = false;
+    next_slot_ ^= 1;
   }
   double forward_loss(Capture* cap) override {
     forward_loss_async(cap);
@@ -1437,6 +1448,66 @@ class BackboneT final : public GpuBackbone::Impl {
   ScanMode mode_;
   Recompute rc_;
   cudaStream_t s_;
+  // ---- token inputs: the host's work and the copies (set_tokens, set_targets, staging) ----
+  void check_token_model(const char* where) const {
+    M3_REQUIRE(cfg_.vocab_size > 0, where, "the config is no token model (vocab_size = 0)", "");
+  }
+  // The embedding backward's order of tok (ref::embed_order, which checks every token's range):
+  // perm [B*T] the rows sorted by token then r; chunks EmbedChunk triples (token, begin, end)
+  // of at most kEmbedChunk rows; token_chunks [V + 1] each token's first chunk. Returns the
+  // number of chunks.
+  Idx order_tokens(const char* where, const std::vector<std::int32_t>& tok, std::int32_t* perm,
+                   std::int32_t* chunks, std::int32_t* token_chunks) const {
+    M3_REQUIRE(static_cast<Idx>(tok.size()) == d_.BT, where, "tokens have the wrong size",
+               "got ", tok.size(), ", expected B*T = ", d_.BT);
+    const Idx V = cfg_.vocab_size;
+    std::vector<Idx> order, starts;
+    ref::embed_order(tok.data(), d_.BT, V, order, starts);
+    for (Idx i = 0; i < d_.BT; ++i) perm[i] = static_cast<std::int32_t>(order[i]);
+    Idx n = 0;
+    for (Idx v = 0; v < V; ++v) {
+      token_chunks[v] = static_cast<std::int32_t>(n);
+      for (Idx a = starts[v]; a < starts[v + 1]; a += kEmbedChunk, ++n) {
+        chunks[3 * n] = static_cast<std::int32_t>(v);
+        chunks[3 * n + 1] = static_cast<std::int32_t>(a);
+        chunks[3 * n + 2] = static_cast<std::int32_t>(std::min(a + kEmbedChunk, starts[v + 1]));
+      }
+    }
+    token_chunks[V] = static_cast<std::int32_t>(n);
+    return n;
+  }
+  void check_targets(const char* where, const std::vector<std::int32_t>& tgt,
+                     const std::vector<float>& w, double n_norm) const {
+    const Idx V = cfg_.vocab_size;
+    M3_REQUIRE(static_cast<Idx>(tgt.size()) == d_.BT && static_cast<Idx>(w.size()) == d_.BT,
+               where, "targets and weights must have B*T entries", "got ", tgt.size(), " and ",
+               w.size(), ", expected ", d_.BT);
+    M3_REQUIRE(n_norm > 0, where, "no scored position (N = 0): the loss is undefined", "N=",
+               n_norm);
+    for (Idx r = 0; r < d_.BT; ++r) {
+      M3_REQUIRE(tgt[r] >= 0 && tgt[r] < V, where, "target outside the vocabulary", "row ", r,
+                 ": target ", tgt[r], ", vocab_size ", V);
+      M3_REQUIRE(std::isfinite(w[r]) && w[r] >= 0, where,
+                 "a position weight is not finite and >= 0", "row ", r, ": ", w[r]);
+    }
+  }
+  void upload_tokens(const std::int32_t* tok, const std::int32_t* perm, const std::int32_t* chunks,
+                     const std::int32_t* token_chunks, Idx n_chunks) {
+    tok_.upload(tok, s_);
+    perm_.upload(perm, s_);
+    M3_CUDA_CHECK(cudaMemcpyAsync(chunks_.data(), chunks, static_cast<size_t>(n_chunks) * 12,
+                                  cudaMemcpyHostToDevice, s_));
+    token_chunks_.upload(token_chunks, s_);
+    n_chunks_ = n_chunks;
+    tokens_ = true;
+  }
+  void upload_targets(const std::int32_t* tgt, const float* w, double n_norm) {
+    tgt_.upload(tgt, s_);
+    tw_.upload(w, s_);
+    n_norm_ = n_norm;
+    targets_ = true;
+  }
+
   std::vector<Buffers> layers_;
   Buffers bb_;
   bool full_ = false;  // the verification layout (every tensor its own buffer in every layer)
@@ -1455,13 +1526,24 @@ class BackboneT final : public GpuBackbone::Impl {
   bool tokens_ = false, targets_ = false, have_loss_ = false;
   double n_norm_ = 0, loss_scale_ = 1.0;
   // The loss's sum, copied to the host asynchronously (pinned), and the event after the copy.
-  struct PinnedDouble {
-    double* p = nullptr;
-    PinnedDouble() { M3_CUDA_CHECK(cudaMallocHost(&p, sizeof(double))); *p = 0; }
-    ~PinnedDouble() { cudaFreeHost(p); }
-    PinnedDouble(const PinnedDouble&) = delete;
-    PinnedDouble& operator=(const PinnedDouble&) = delete;
-  } loss_host_;
+  template <class E>
+  struct Pinned {  // page-locked host memory (a copy from it does not make the host wait)
+    E* p = nullptr;
+    Pinned() = default;
+    explicit Pinned(Idx n) { resize(n); }
+    void resize(Idx n) {
+      if (p) cudaFreeHost(p);
+      p = nullptr;
+      M3_CUDA_CHECK(cudaMallocHost(&p, static_cast<size_t>(std::max<Idx>(n, 1)) * sizeof(E)));
+      std::fill(p, p + std::max<Idx>(n, 1), E{});
+    }
+    ~Pinned() {
+      if (p) cudaFreeHost(p);
+    }
+    Pinned(const Pinned&) = delete;
+    Pinned& operator=(const Pinned&) = delete;
+  };
+  Pinned<double> loss_host_{1};
   struct Event {
     cudaEvent_t e = nullptr;
     Event() { M3_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
@@ -1471,6 +1553,19 @@ class BackboneT final : public GpuBackbone::Impl {
   } loss_ready_;
   Idx n_chunks_ = 0;
   DeviceArray<std::int32_t> tok_, tgt_, perm_, chunks_, token_chunks_, argmax_;
+  // set_tokens' host arrays (pageable), and stage_batch's two pinned slots: a slot's batch is
+  // staged (prepared, not yet uploaded) or copying (uploaded; its copies end at `copied`).
+  std::vector<std::int32_t> plain_perm_, plain_chunks_, plain_token_chunks_;
+  struct HostSlot {
+    Pinned<std::int32_t> tok, perm, chunks, token_chunks, tgt;
+    Pinned<float> w;
+    Idx n_chunks = 0;
+    double n_norm = 0;
+    bool staged = false, copying = false;
+    Event copied;
+  };
+  HostSlot slots_[2];
+  int next_slot_ = 0;
   DeviceArray<float> tw_, embed_partial_;
   DeviceArray<double> row_loss_, loss_sum_;
   StateArrays st_;  // the states: entering before forward(), leaving after it

@@ -54,6 +54,11 @@ void GpuBackbone::set_tokens(const std::vector<std::int32_t>&) { no_cuda("GpuBac
 void GpuBackbone::set_targets(const std::vector<std::int32_t>&, const std::vector<float>&, double) {
   no_cuda("GpuBackbone");
 }
+void GpuBackbone::stage_batch(const std::vector<std::int32_t>&, const std::vector<std::int32_t>&,
+                              const std::vector<float>&, double) {
+  no_cuda("GpuBackbone");
+}
+void GpuBackbone::upload_staged() { no_cuda("GpuBackbone"); }
 double GpuBackbone::forward_loss(Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::forward_loss_async(Capture*) { no_cuda("GpuBackbone"); }
 double GpuBackbone::loss() const { no_cuda("GpuBackbone"); }

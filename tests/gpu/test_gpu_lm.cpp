@@ -200,6 +200,89 @@ TEST(GpuLm, TheProductionPassEqualsTheVerificationPassAndRunsAreBitIdentical) {
   }
 }
 
+// Staging (GpuBackbone::stage_batch / upload_staged, the training backend's stage /
+// forward_staged): a run whose steps' first batches are staged during the step before gives
+// the plain run's losses, norms, weights and moments bit for bit (three steps: both pinned slots,
+// then the first again); a bad batch is refused by stage_batch with set_tokens' or
+// set_targets' message, and leaves nothing staged.
+TEST(GpuLm, StagingTheNextBatchChangesNoBitAndItsErrorsAreThePlainOnes) {
+  M3_SKIP_WITHOUT_GPU();
+  using namespace m3::train;
+  const Idx B = 2, T = 64, V = 29;
+  const Config cfg = lm_cfg(V);
+  for (Precision st : {Precision::F32, Precision::BF16, Precision::F16}) {
+    SCOPED_TRACE(m3::precision_name(st));
+    const BackendSpec spec = m3::test::chunked_spec(cfg, B, T, st);
+    m3::test::Trajectory a, b;
+    {
+      auto plain = make_gpu_backend(spec);
+      a = m3::test::train_trajectory(*plain, cfg, st, B, T, 3);
+    }
+    {
+      auto staged = make_gpu_backend(spec);
+      b = m3::test::train_trajectory(*staged, cfg, st, B, T, 3, true);
+    }
+    EXPECT_EQ(a.loss, b.loss);
+    EXPECT_EQ(a.norm, b.norm);
+    EXPECT_EQ(a.end.params, b.end.params);
+    EXPECT_EQ(a.end.m, b.end.m);
+    EXPECT_EQ(a.end.v, b.end.v);
+  }
+
+  m3::gpu::GpuContext ctx;
+  m3::gpu::GpuBackbone net(ctx, cfg, B, T, ScanMode::Chunked, Precision::BF16);
+  const Tokens good = random_tokens(B * T, V, 5);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const m3::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  struct Bad {
+    const char* what;
+    std::vector<std::int32_t> tok, tgt;
+    std::vector<float> w;
+    double n;
+  };
+  std::vector<Bad> bad;
+  auto with = [&](const char* what) {
+    bad.push_back({what, good.tok, good.tgt, good.w, good.n});
+    return &bad.back();
+  };
+  with("a token outside the vocabulary")->tok[7] = static_cast<std::int32_t>(V);
+  with("a negative token")->tok[0] = -1;
+  with("too few tokens")->tok.pop_back();
+  with("a target outside the vocabulary")->tgt[9] = static_cast<std::int32_t>(V + 3);
+  with("a NaN weight")->w[3] = std::nanf("");
+  with("a negative weight")->w[5] = -1.0f;
+  with("too many weights")->w.push_back(1.0f);
+  with("N = 0")->n = 0;
+  for (const Bad& x : bad) {
+    SCOPED_TRACE(x.what);
+    const std::string plain = message([&] {
+      net.set_tokens(x.tok);
+      net.set_targets(x.tgt, x.w, x.n);
+    });
+    EXPECT_NE(plain, "no error");
+    EXPECT_EQ(plain.find('\n'), std::string::npos) << plain;
+    EXPECT_EQ(message([&] { net.stage_batch(x.tok, x.tgt, x.w, x.n); }), plain);
+    EXPECT_NE(message([&] { net.upload_staged(); }).find("no staged batch"), std::string::npos);
+  }
+  // A good batch uploads once; a second upload_staged has nothing staged.
+  net.stage_batch(good.tok, good.tgt, good.w, good.n);
+  net.upload_staged();
+  EXPECT_NE(message([&] { net.upload_staged(); }).find("no staged batch"), std::string::npos);
+  // Without a vocabulary there is nothing to stage.
+  Config plain_cfg = cfg;
+  plain_cfg.vocab_size = 0;
+  m3::gpu::GpuBackbone no_vocab(ctx, plain_cfg, B, T, ScanMode::Chunked, Precision::BF16);
+  EXPECT_NE(message([&] { no_vocab.stage_batch(good.tok, good.tgt, good.w, good.n); })
+                .find("no token model"),
+            std::string::npos);
+}
+
 // K optimizer steps on the GPU (f32) and on the float CPU path, both against the same K
 // steps in double: the GPU's drift is held to k = 2 times the float path's plus a floor of
 // 1e-6 relative (TRAINING.md §2: the tolerance a run of K steps can justify is the float

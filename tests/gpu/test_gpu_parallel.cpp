@@ -55,8 +55,8 @@ BackendSpec spec(Idx B, Precision st) {
 
 using m3::test::Trajectory;
 
-Trajectory run_steps(Backend& be, const BackendSpec& s, int steps) {
-  return m3::test::train_trajectory(be, s.cfg, s.storage, s.B, s.T, steps);
+Trajectory run_steps(Backend& be, const BackendSpec& s, int steps, bool staged = false) {
+  return m3::test::train_trajectory(be, s.cfg, s.storage, s.B, s.T, steps, staged);
 }
 
 // The plain one-GPU path's trajectory (its device memory freed before the caller's next backend).
@@ -89,6 +89,7 @@ TEST(DataParallelGpu, OneGpuThroughNcclIsThePlainPathBitForBit) {
     auto one = make_data_parallel("gpu", s, p);
     EXPECT_NE(one->name().find("NCCL"), std::string::npos) << one->name();
     expect_same(a, run_steps(*one, s, 3));
+    expect_same(a, run_steps(*one, s, 3, true));  // each rank stages its rows
   }
 }
 
@@ -143,7 +144,7 @@ TEST(DataParallelGpu, TwoGpusAreBitIdenticalRunToRunAndWithinTheOrderBoundOfOne)
   Trajectory first;
   for (int run = 0; run < 2; ++run) {
     auto two = make_data_parallel("gpu", s, p);
-    const Trajectory t = run_steps(*two, s, 3);
+    const Trajectory t = run_steps(*two, s, 3, run == 1);  // the second run stages
     if (run == 0) {
       first = t;
     } else {
