@@ -11,6 +11,8 @@
 //   AdamW  with c = clip_coefficient(‖g‖, clip), gscale = c / S, lr = learning_rate(t),
 //          t = the number of applied steps so far + 1; then the typed copies are refreshed.
 // Batch k of step s is train_batch(seed, s, k, B, T): the loader's state is the step number.
+// run_training makes step s+1's batches, and stages its first (Backend::stage), while the device
+// runs step s's last backward, so the next forward does not wait for the host's batch work.
 //
 // A run (run_training): the data, the backend, the run directory (config.txt, metrics.csv,
 // checkpoints ckpt-<step>.h5, loss.png), --resume from a checkpoint (every setting must match;
