@@ -641,14 +641,7 @@ TEST(RunDir, PlotLossWithoutGnuplotIsANote) {
 TEST(RunDir, StepTimesAreARowPerStepAndResumeKeepsTheStepsBefore) {
   using m3::train::StepTimes;
   auto st = [](double f, double b, double o, double p, bool next) {
-    StepTimes t;
-    t.forward_ms = f;
-    t.uploads_ms = f / 10;
-    t.backward_ms = b;
-    t.optimizer_ms = o;
-    t.period_ms = p;
-    t.to_next = next;
-    return t;
+    return StepTimes{f, f / 10, b, o, p, next};  // forward, uploads, backward, optimizer, period
   };
   TempDir tmp;
   const std::string out = tmp.file("run");

@@ -344,14 +344,7 @@ TEST_F(TrainRun, TrainingAParityModelLowersItsLoss) {
 TEST(StepTimes, TheSummaryTakesMediansAfterTheFirstThreeSteps) {
   EXPECT_EQ(step_times_summary({}, 1), "train: step times: none measured");
   auto st = [](double f, double b, double o, double p, bool next = true) {
-    StepTimes t;
-    t.forward_ms = f;
-    t.uploads_ms = f / 8;
-    t.backward_ms = b;
-    t.optimizer_ms = o;
-    t.period_ms = p;
-    t.to_next = next;
-    return t;
+    return StepTimes{f, f / 8, b, o, p, next};  // forward, uploads, backward, optimizer, period
   };
   // Steps 11-17: the first three (slow, warming up) are left out; the last is measured to its
   // own end only, so its period (and remainder) is left out too.

@@ -367,16 +367,16 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   std::vector<StepTimes> timed;  // --step-times: steps step0 + 1, step0 + 2, … in order
   // Step s's batches: train_batch(seed, s, k) for its micro-batches k. The next step's are
   // made, and its first staged (Backend::stage), while the device runs this step's last
-  // backward, so that its uploads do not wait for the host. A batch that cannot be staged
-  // (no scored position in its step, or an error from stage) is left to the plain path, which
-  // stops the run with that error at its own step, as without staging.
+  // backward, so that its uploads do not wait for the host. A batch that stage() refuses is
+  // left to the plain path, which stops the run with that error at its own step, as without
+  // staging (a step with no scored position stops in train_step before any forward).
   auto batches_of = [&](Idx s) {
     std::vector<Batch> m;
     for (Idx k = 0; k < o.grad_accum; ++k) m.push_back(data->train_batch(o.seed, s, k, o.B, o.T));
     return m;
   };
-  std::vector<Batch> micro, next;
-  bool staged = false;  // next[0] is staged
+  std::vector<Batch> micro, next;  // next: the next step's batches once made (else empty)
+  bool staged = false;              // next[0] is staged
   Idx step = step0;
   double last_loss = std::nan(""), last_val = std::nan(""), worst_verify = -1;
   std::string worst_verify_at;  // "step S, TENSOR" of worst_verify
@@ -385,15 +385,14 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     const Idx s = step + 1;
     const auto t0 = std::chrono::steady_clock::now();  // tokens/s counts the data too
     const bool micro_staged = staged;
-    micro = staged ? std::move(next) : batches_of(s);
+    micro = next.empty() ? batches_of(s) : std::move(next);
+    next.clear();
     staged = false;
     auto stage_next = [&] {
       if (s == o.optim.steps) return;
       next = batches_of(s + 1);
-      const double n = scored_positions(next);
-      if (n <= 0) return;
       try {
-        be->stage(next[0], n);
+        be->stage(next[0], scored_positions(next));
         staged = true;
       } catch (const Error&) {
         // the plain path meets it again at step s + 1
