@@ -22,6 +22,10 @@
 #                  --no-build: the builds of an earlier run on this machine, as they are (the
 #                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
 #                  and build-gpu/tools/m3h).
+#   GPU machine: scripts/gpu-ab.sh build
+#                  run's two builds and nothing else, so that one device call can build, run the
+#                  tree's tests (build-gpu/tests/m3_gpu_tests) and only then time both sides with
+#                  `run --no-build`. Its logs as run's (base-build.log, tree-build/).
 #   anywhere:    scripts/gpu-ab.sh summary DIR
 #                  the table of a run's logs: per marginal-layer line of the bench (dtype, scan,
 #                  recompute), the fwd and fwd+bwd ms of every round on each side, their medians
@@ -128,15 +132,15 @@ summary() {
 # paired two pairs of column sums: four launches fewer in the backward; v37 launches no B3).
 kLayerLaunches=21-32,36-61
 
-# build_both LOGS: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
+# build_both LOGS CMD: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
 # at once.
 build_both() {
-  local logs="$1"
-  [[ -f "$ab/base.tar" ]] || die "run: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
+  local logs="$1" cmd="$2"
+  [[ -f "$ab/base.tar" ]] || die "$cmd: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
   local base_src="$ab/base"
   rm -rf "$base_src"
   mkdir -p "$base_src"
-  tar -xf "$ab/base.tar" -C "$base_src" || die "run: cannot unpack $ab/base.tar"
+  tar -xf "$ab/base.tar" -C "$base_src" || die "$cmd: cannot unpack $ab/base.tar"
   local boost=()
   [[ -d "$root/.boost" ]] && boost=(-DM3_BOOST_BUNDLE="$root/.boost")
   local jobs
@@ -150,8 +154,8 @@ build_both() {
   GPU_CHECK_ONLY=none OUT="$logs/tree-build" bash "$root/scripts/gpu-check.sh" \
     >"$logs/tree-build.log" 2>&1 || tree_ok=0
   wait "$base_pid" ||
-    die "run: the base ($(cat "$ab/base.rev")) did not build: $logs/base-build.log"
-  ((tree_ok)) || die "run: the working tree did not build: $logs/tree-build/"
+    die "$cmd: the base ($(cat "$ab/base.rev")) did not build: $logs/base-build.log"
+  ((tree_ok)) || die "$cmd: the working tree did not build: $logs/tree-build/"
 }
 
 run() {
@@ -177,7 +181,7 @@ run() {
   mkdir -p "$logs"
   rm -f "$logs"/bench-base-*.txt "$logs"/bench-tree-*.txt  # an earlier run's rounds
   if ((build)); then
-    build_both "$logs"
+    build_both "$logs" run
   else
     for b in "$m3h_base" "$m3h_tree"; do
       [[ -x "$b" ]] || die "run: --no-build, but there is no $b"
@@ -226,13 +230,24 @@ run() {
   fi
 }
 
+# build: the two builds of run, alone.
+build() {
+  [[ $# -eq 0 ]] || die "build: no arguments (got $*)"
+  [[ -f "$ab/base.tar" ]] || die "build: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
+  local logs="${OUT:-$root/gpu-logs}/ab"
+  mkdir -p "$logs"
+  build_both "$logs" build
+  echo "built base $(cat "$ab/base.rev") (build-ab/base/build) and the working tree (build-gpu)"
+}
+
 [[ $# -ge 1 ]] ||
-  die "usage: gpu-ab.sh pack REV [--force] | run [--rounds N] [--ncu] [-- ARGS] | summary DIR"
+  die "usage: gpu-ab.sh pack REV [--force] | build | run [--rounds N] [--ncu] [-- ARGS] | summary DIR"
 cmd="$1"
 shift
 case "$cmd" in
   pack) pack "$@" ;;
+  build) build "$@" ;;
   run) run "$@" ;;
   summary) summary "$@" ;;
-  *) die "unknown command $cmd (pack, run or summary)" ;;
+  *) die "unknown command $cmd (pack, build, run or summary)" ;;
 esac

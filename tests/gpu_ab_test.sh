@@ -148,8 +148,12 @@ AB_M3H_TREE="$work/bin/missing" OUT="$runlogs" expect_refusal "--no-build withou
 # --- run and the command line --------------------------------------------------------------------
 AB_DIR="$work/empty" expect_refusal "run without a pack" ab run
 [[ ! -e "$work/empty/base" ]] || fail "run without a pack unpacked something"
+AB_DIR="$work/empty" OUT="$work/out-build" expect_refusal "build without a pack" ab build
+[[ ! -e "$work/empty/base" && ! -e "$work/out-build" ]] ||
+  fail "build without a pack unpacked or wrote something"
+expect_refusal "build with an argument" ab build --rounds 2
 expect_refusal "run --rounds 0" ab run --rounds 0
 expect_refusal "run with a stray argument" ab run --official
 expect_refusal "an unknown command" ab bench
 expect_refusal "no command" ab
-echo "gpu-ab: pack, summary and refusals checked"
+echo "gpu-ab: pack, summary, run --no-build and refusals checked"
