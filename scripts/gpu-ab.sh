@@ -133,10 +133,11 @@ summary() {
 kLayerLaunches=21-32,36-61
 
 # build_both LOGS CMD: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
-# at once.
+# at once, logs under LOGS (made here, after the pack is found); CMD names the caller in errors.
 build_both() {
   local logs="$1" cmd="$2"
   [[ -f "$ab/base.tar" ]] || die "$cmd: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
+  mkdir -p "$logs"
   local base_src="$ab/base"
   rm -rf "$base_src"
   mkdir -p "$base_src"
@@ -233,10 +234,7 @@ run() {
 # build: the two builds of run, alone.
 build() {
   [[ $# -eq 0 ]] || die "build: no arguments (got $*)"
-  [[ -f "$ab/base.tar" ]] || die "build: no pack ($ab/base.tar): gpu-ab.sh pack REV first, here"
-  local logs="${OUT:-$root/gpu-logs}/ab"
-  mkdir -p "$logs"
-  build_both "$logs" build
+  build_both "${OUT:-$root/gpu-logs}/ab" build
   echo "built base $(cat "$ab/base.rev") (build-ab/base/build) and the working tree (build-gpu)"
 }
 

@@ -185,13 +185,17 @@ inline Trajectory train_trajectory(train::Backend& be, const Config& cfg, Precis
   for (int k = 1; k <= steps; ++k) {
     // staged: as run_training, step k + 1's first batch is staged while step k's last backward
     // runs (and step 1's is staged before it).
-    if (staged && k == 1) be.stage(batches(1)[0], train::scored_positions(batches(1)));
-    auto stage_next = [&] {
-      if (k < steps) be.stage(batches(k + 1)[0], train::scored_positions(batches(k + 1)));
+    auto stage_first = [&](int step) {
+      const std::vector<train::Batch> m = batches(step);
+      be.stage(m[0], train::scored_positions(m));
     };
-    const train::StepResult r =
-        staged ? train::train_step(be, batches(k), k, o, sc, true, stage_next)
-               : train::train_step(be, batches(k), k, o, sc);
+    if (staged && k == 1) stage_first(1);
+    auto stage_next = [&] {
+      if (k < steps) stage_first(k + 1);
+    };
+    const std::vector<train::Batch> micro = batches(k);
+    const train::StepResult r = staged ? train::train_step(be, micro, k, o, sc, true, stage_next)
+                                       : train::train_step(be, micro, k, o, sc);
     t.loss.push_back(r.loss);
     t.norm.push_back(r.grad_norm);
   }
