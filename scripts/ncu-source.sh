@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # For the GPU machine: where inside a kernel its warps wait — Nsight Compute's warp-state samples
 # per SASS instruction, for the chunked scan's kernels at the official shape (the first launches
-# that match, bf16 chunked, Recompute none, one forward + backward).
+# that match, bf16 chunked — M3_SOURCE_DTYPE=f16 for f16 — Recompute none, one forward +
+# backward).
 #
 #   scripts/ncu-source.sh M3H OUTDIR [REGEX]
 #     M3H     the m3h to profile
@@ -37,8 +38,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 rm -f "$out/source.ncu-rep"
 ncu --clock-control none --set full -k "regex:$regex" --launch-count 12 -o "$out/source" \
-  "$m3h" bench --no-reference --shapes official --dtype bf16 --scan chunked --recompute none \
-  --warmup 0 --repeats 1 >"$out/profile.log" 2>&1
+  "$m3h" bench --no-reference --shapes official --dtype "${M3_SOURCE_DTYPE:-bf16}" \
+  --scan chunked --recompute none --warmup 0 --repeats 1 >"$out/profile.log" 2>&1
 ncu -i "$out/source.ncu-rep" --page source --csv --print-source sass \
   >"$out/source-sass.csv.tmp" 2>>"$out/profile.log"
 mv "$out/source-sass.csv.tmp" "$out/source-sass.csv"
