@@ -132,6 +132,9 @@ summary() {
 # paired two pairs of column sums: four launches fewer in the backward; v37 launches no B3).
 kLayerLaunches=21-32,36-61
 
+# The logs of run and build: $OUT/ab (default gpu-logs/ab).
+logs_dir() { echo "${OUT:-$root/gpu-logs}/ab"; }
+
 # build_both LOGS CMD: the pack (m3h only, build-ab/base/build) and the working tree (build-gpu/)
 # at once, logs under LOGS (made here, after the pack is found); CMD names the caller in errors.
 build_both() {
@@ -176,7 +179,8 @@ run() {
   done
   ((${#bench_args[@]} > 0)) || bench_args=(--no-reference --shapes "default,official,official2"
     --dtype "bf16,f16" --scan chunked --recompute none --graph)
-  local logs="${OUT:-$root/gpu-logs}/ab"
+  local logs
+  logs="$(logs_dir)"
   local m3h_base="${AB_M3H_BASE:-$ab/base/build/tools/m3h}"
   local m3h_tree="${AB_M3H_TREE:-$root/build-gpu/tools/m3h}"
   mkdir -p "$logs"
@@ -234,7 +238,7 @@ run() {
 # build: the two builds of run, alone.
 build() {
   [[ $# -eq 0 ]] || die "build: no arguments (got $*)"
-  build_both "${OUT:-$root/gpu-logs}/ab" build
+  build_both "$(logs_dir)" build
   echo "built base $(cat "$ab/base.rev") (build-ab/base/build) and the working tree (build-gpu)"
 }
 

@@ -182,13 +182,13 @@ inline Trajectory train_trajectory(train::Backend& be, const Config& cfg, Precis
   auto batches = [&](int k) -> std::vector<train::Batch> {
     return {token_batch(B, T, V, 100 + k), token_batch(B, T, V, 200 + k)};
   };
+  // staged: as run_training, step k + 1's first batch is staged while step k's last backward
+  // runs (and step 1's is staged before it).
+  auto stage_first = [&](int step) {
+    const std::vector<train::Batch> m = batches(step);
+    be.stage(m[0], train::scored_positions(m));
+  };
   for (int k = 1; k <= steps; ++k) {
-    // staged: as run_training, step k + 1's first batch is staged while step k's last backward
-    // runs (and step 1's is staged before it).
-    auto stage_first = [&](int step) {
-      const std::vector<train::Batch> m = batches(step);
-      be.stage(m[0], train::scored_positions(m));
-    };
     if (staged && k == 1) stage_first(1);
     auto stage_next = [&] {
       if (k < steps) stage_first(k + 1);
