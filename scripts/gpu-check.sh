@@ -7,6 +7,9 @@
 #   memcheck, racecheck       compute-sanitizer on the small sanitizer test (f32, both scan
 #                             modes) and the typed chunked SSM tests (bf16/f16: the plane
 #                             kernels, short and long chunks)
+#   wgmma-probe               m3_wgmma_probe: chunk_bwd_tc's product set on mma.sync and on wgmma
+#                             (µs per official grid, TFLOP/s, registers, shared bytes; PERF.md
+#                             "Stop 47")
 #   golden                    m3h golden check --all
 #   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
 #                             end-to-end and isolated, baseline = the reference at the same
@@ -121,6 +124,8 @@ if ((failed == 0)); then
         "$gpu_tests" --gtest_filter='GpuSanitizer.*:*TypedSsm*Chunked*:*TypedSsm*ChunkWalk*:*RmsnormBackward*:*GpuAnglesFull*'
     done
   fi
+  probe="$BUILD_DIR/tests/m3_wgmma_probe"
+  if [[ -x "$probe" ]]; then step wgmma-probe "$probe"; fi
   m3h="$BUILD_DIR/tools/m3h"
   if [[ -x "$m3h" ]]; then
     step golden "$m3h" golden check --all
