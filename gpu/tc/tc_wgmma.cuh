@@ -32,7 +32,11 @@
 // holds, for each n-tile j < N/8, d[4j + e] = C[16w + g + 8·(e >> 1)][8j + 2c + (e & 1)]: per
 // warp and n-tile the m16n8 fragment of mma.sync (tc_frag.cuh's Frag with WM = 4).
 // Order: a chain of instructions over k0 ascending accumulates like tc_frag's k loop (one m16n8k16
-// step per k0); the bits test says whether the two give the same bits.
+// step per k0), and gives its bits: test_tc_wgmma.cu, bf16 and f16, on the H200.
+// Alignment: the 1024-byte groups want a 1024-byte aligned tile base. Round the dynamic shared
+// memory by adding (1024 − (smem_u32(base) mod 1024)) mod 1024 to the pointer, not by rounding
+// the pointer through an integer: that loses its address space, and every shared access made
+// through it becomes a generic one (docs/PERF.md "Stop 47": +141 µs in chunk_bwd_tc).
 // Synchronisation (the caller's): the tiles written by ordinary stores, then
 // fence_async_smem() and a barrier before the first instruction reads them; fence() before the
 // first instruction of a chain (and after the accumulators were written by other code);
