@@ -132,6 +132,22 @@ __device__ __forceinline__ void hold(float& v) { asm volatile("" : "+f"(v)::"mem
   "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]),         \
       "+f"(d[o + 5]), "+f"(d[o + 6]), "+f"(d[o + 7])
 #define M3_WG_D16(d, o) M3_WG_D8(d, o), M3_WG_D8(d, o + 8)
+#define M3_WG_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define M3_WG_R32                                                                               \
+  M3_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+// One wgmma of SHAPE on operands of type TY ("bf16" / "f16"): the accumulators REGS, then the
+// descriptors, scale-d's flag and the two transposes as operands A, B, P, TA, TB.
+#define M3_WG_TEXT(SHAPE, TY, REGS, A, B, P, TA, TB)                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE        \
+  ".f32." TY "." TY " {" REGS "}, %" #A ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"
+#define M3_WG_ASM32(TY)                                                                        \
+  asm volatile(M3_WG_TEXT("m64n32k16", TY, M3_WG_R16, 16, 17, 18, 19, 20)                     \
+               : M3_WG_D16(d, 0)                                                              \
+               : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0))
+#define M3_WG_ASM64(TY)                                                                        \
+  asm volatile(M3_WG_TEXT("m64n64k16", TY, M3_WG_R32, 32, 33, 34, 35, 36)                     \
+               : M3_WG_D16(d, 0), M3_WG_D16(d, 16)                                            \
+               : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0))
 
 // One m64nNk16 instruction: d (+)= A·B; kF16: f16 operands, else bf16; kTA / kTB: A / B
 // MN-major (transposed) instead of K-major; acc = false: d = A·B (the old d ignored).
@@ -143,41 +159,15 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], std::uint64_t da, std::ui
   const int sd = acc ? 1 : 0;
   if constexpr (N == 32) {
     if constexpr (kF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-          "%16, %17, p, 1, 1, %19, %20;\n}\n"
-          : M3_WG_D16(d, 0)
-          : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0));
+      M3_WG_ASM32("f16");
     } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-          "%16, %17, p, 1, 1, %19, %20;\n}\n"
-          : M3_WG_D16(d, 0)
-          : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0));
+      M3_WG_ASM32("bf16");
     }
   } else {
     if constexpr (kF16) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "%32, %33, p, 1, 1, %35, %36;\n}\n"
-          : M3_WG_D16(d, 0), M3_WG_D16(d, 16)
-          : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0));
+      M3_WG_ASM64("f16");
     } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "%32, %33, p, 1, 1, %35, %36;\n}\n"
-          : M3_WG_D16(d, 0), M3_WG_D16(d, 16)
-          : "l"(da), "l"(db), "r"(sd), "n"(kTA ? 1 : 0), "n"(kTB ? 1 : 0));
+      M3_WG_ASM64("bf16");
     }
   }
 #else
@@ -186,6 +176,11 @@ __device__ __forceinline__ void mma(float (&d)[N / 2], std::uint64_t da, std::ui
 #endif
 }
 
+#undef M3_WG_ASM64
+#undef M3_WG_ASM32
+#undef M3_WG_TEXT
+#undef M3_WG_R32
+#undef M3_WG_R16
 #undef M3_WG_D16
 #undef M3_WG_D8
 
