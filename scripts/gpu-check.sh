@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # For the GPU machine: builds with CUDA into build-gpu/ and runs every GPU check in one go:
-#   configure, build          cmake -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (Ninja)
+#   configure, build          cmake -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a (Ninja; M3_CUDA_ARCH=90
+#                             builds without wgmma: the same bits, chunk_bwd_tc on mma.sync)
 #   nvidia-smi                what the card is
 #   ctest                     every test; GPU tests run the whole coverage grid
 #                             (M3_GPU_FULL_GRID=1) and 20-run determinism
@@ -106,7 +107,7 @@ compare_presets() {
   fi
 }
 
-configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}")
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then configure_args+=(-G Ninja); fi
 if [[ -d .boost ]]; then configure_args+=(-DM3_BOOST_BUNDLE="$PWD/.boost"); fi
 

@@ -12,8 +12,12 @@
 //   loc_t  = e^{cum_t}(dO S)_t·Q_t + Σ_s W[t,s] − Σ_j W[j,t];  M_t = e_t·(X dS)_t·Ks_t
 //   dADT_τ = e^{Λ}⟨S, dS⟩ + Σ_t M_t + Σ_{t ≥ τ} (loc_t − M_t)
 //
-// Block: 256 threads (8 warps), grid (nc, nh, B); every product is a Frag<64, N, 8>.
-// Shared memory (16-bit planes of the run's type, plane_ld padding): Q, Ks [64][DP], dO, X
+// Block: 256 threads (8 warps), grid (nc, nh, B); every product is a Frag<64, N, 8>, formed
+// by mma.sync (Frag::add) or, in sm_90a builds at HP = 64 (kWgmma below), by wgmma chains of
+// two warpgroups (wg::frag_add: the same bits, tests/gpu/test_tc_wgmma.cu), issued ahead so
+// that a chain runs under the previous product's epilogue.
+// Shared memory (16-bit planes of the run's type; plane_ld padding, or wgmma's 128-byte
+// swizzle on 1024-byte alignment in the wgmma instantiations): Q, Ks [64][DP], dO, X
 // [64][HP] (one plane of the storage values each, exact), and one region R that holds in turn
 // S [HP][DP] (hi/lo), then MA, MP [64][64] (hi/lo each), then dS [HP][DP] (hi/lo); plus per-row
 // floats. f16 runs give each of the four f32 tiles its power-of-two scale (tc_frag.cuh: the
@@ -35,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "chunk_tail.cuh"
 #include "convert.cuh"
@@ -42,6 +47,7 @@
 #include "ssm_chunk_geom.cuh"
 #include "tc_frag.cuh"
 #include "tc_tiles.cuh"
+#include "tc_wgmma.cuh"
 
 namespace m3::gpu {
 
@@ -52,7 +58,29 @@ using tcf::Frag;
 using tcf::Opnd;
 
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
-constexpr int kLD64 = tcf::plane_ld(kTR);
+
+// Whether this build forms the products with wgmma (M3_WGMMA: CMake sets it to 1 when every
+// CUDA architecture of the build is 90a) for these widths: HP = 64 and DP = 64 or 128
+// (tc_wgmma.cuh's SW128 tiles want multiples of 64; the official shape has HP = 64, DP = 128).
+// HP = 128 stays on mma.sync: there ptxas spilled 176 B (bf16) and 376 B (f16) of the
+// wgmma build's registers, against 0 and 148 B on mma.sync. Those instantiations
+// keep their planes in Sw128 and run every product through wg::frag_add, whose bits are
+// Frag::add's (tests/gpu/test_tc_wgmma.cu), so both paths give the same outputs bit for bit;
+// the others, and every build without sm_90a, keep Padded planes and mma.sync.
+#ifndef M3_WGMMA
+#define M3_WGMMA 0
+#endif
+#if M3_WGMMA && defined(__CUDA_ARCH__) && !M3_HAVE_WGMMA
+#error "M3_WGMMA=1 needs every CUDA architecture of the build to be 90a"
+#endif
+template <int HP, int DP>
+constexpr bool kWgmma = M3_WGMMA && HP == 64 && DP % 64 == 0;
+template <int HP, int DP>
+using PlaneLay = std::conditional_t<kWgmma<HP, DP>, tcf::Sw128, tcf::Padded>;
+// wgmma's tiles want 1024-byte alignment (the swizzle's 8-row groups): the base is rounded up
+// inside that much slack.
+template <int HP, int DP>
+constexpr std::size_t kAlignSlack = kWgmma<HP, DP> ? 1024 : 0;
 
 // The fused tail's f32 rows (kTail): d_b_pre_rope and d_c_pre_rope, each [kTR][DP + 8] over the
 // planes once they are dead (+8: a fragment's float2 stores of a half-warp hit 32 distinct banks).
@@ -69,16 +97,18 @@ constexpr std::size_t tail_floats(int dp) {
 // The planes' bytes (kTail: at least the tail's region).
 template <int HP, int DP, bool kTail>
 constexpr std::size_t plane_bytes() {
-  constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
-  constexpr std::size_t typed = std::size_t(kTR) * (2 * LDD + 2 * LDH);
-  constexpr std::size_t state = std::size_t(2) * HP * LDD, mamp = std::size_t(4) * kTR * kLD64;
+  using Lay = PlaneLay<HP, DP>;
+  constexpr std::size_t typed =
+      2 * std::size_t(Lay::template size<kTR, DP>()) + 2 * std::size_t(Lay::template size<kTR, HP>());
+  constexpr std::size_t state = std::size_t(2) * Lay::template size<HP, DP>(),
+                        mamp = std::size_t(4) * Lay::template size<kTR, kTR>();
   constexpr std::size_t planes = (typed + (state > mamp ? state : mamp)) * sizeof(bf16);
   constexpr std::size_t tail = kTail ? tail_floats(DP) * sizeof(float) : 0;
   return planes > tail ? planes : tail;
 }
 template <int HP, int DP, bool kTail>
 constexpr std::size_t smem_bytes() {
-  return plane_bytes<HP, DP, kTail>() +
+  return kAlignSlack<HP, DP> + plane_bytes<HP, DP, kTail>() +
          sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1 + (kTail ? 1 : 0)) + 32 + 2 * kNW);
 }
 
@@ -250,11 +280,23 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
 template <class T, int RH, int RD, bool kTail>
 __global__ void __launch_bounds__(kNT, 2)
 chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterTail<T> ct) {
-  constexpr int HP = 16 * RH, DP = 16 * RD, LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP);
-  constexpr int kQo = kTR * LDD, kHo = kTR * LDH;  // sizes of the typed tiles' planes
-  constexpr int kSo = HP * LDD, kMo = kTR * kLD64;  // … of S / dS, and of MA / MP
+  constexpr int HP = 16 * RH, DP = 16 * RD;
+  constexpr bool kWg = kWgmma<HP, DP>;
+  using Lay = PlaneLay<HP, DP>;
+  // Sizes of the typed tiles' planes, of S / dS's, and of MA / MP's; element (r, c) of each.
+  constexpr int kQo = Lay::template size<kTR, DP>(), kHo = Lay::template size<kTR, HP>();
+  constexpr int kSo = Lay::template size<HP, DP>(), kMo = Lay::template size<kTR, kTR>();
+  auto atD = [](int r, int c) { return Lay::template at<kTR, DP>(r, c); };  // Q, Ks
+  auto atH = [](int r, int c) { return Lay::template at<kTR, HP>(r, c); };  // dO, X
+  auto atM = [](int r, int c) { return Lay::template at<kTR, kTR>(r, c); };  // MA, MP
+  auto u = [](const bf16* p) { return wg::smem_u32(p); };
   constexpr bool kH = tcf::kF16Plane<T>;            // f16 run: f16 planes with tile scales
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  // The offset is taken from the shared address and added to the pointer: rounding the
+  // pointer itself through an integer loses its address space, and every shared access of the
+  // kernel became a generic one (LD.E / ST.E: chunk_bwd_tc 1295 → 1378 µs).
+  constexpr unsigned kAl = kAlignSlack<HP, DP> > 0 ? kAlignSlack<HP, DP> - 1 : 0;
+  unsigned char* const smem_raw = smem_base + ((kAl + 1 - (wg::smem_u32(smem_base) & kAl)) & kAl);
   bf16* Qp = reinterpret_cast<bf16*>(smem_raw);
   bf16* Kp = Qp + kQo;
   bf16* Op = Kp + kQo;
@@ -286,16 +328,16 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     const Idx qb = (row0 * nh + h) * ds, ob = row0 * di + h * hd, xb = row0 * g.ldx + h * hd;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
-    tcf::load_typed<T, DP, 2, true>(qk_src, qk_dst, kst, L, ds,
+    tcf::load_typed<T, DP, 2, true, Lay>(qk_src, qk_dst, kst, L, ds,
                                     ds % 8 == 0 && is_aligned(p.q, 16) &&
                                         is_aligned(p.k_scaled_saved, 16));
     const T* const o_src[1] = {p.d_y + ob};
     const T* const x_src[1] = {p.x + xb};
     bf16* const o_dst[1] = {Op};
     bf16* const x_dst[1] = {Xp};
-    tcf::load_typed<T, HP, 1, true>(o_src, o_dst, di, L, hd,
+    tcf::load_typed<T, HP, 1, true, Lay>(o_src, o_dst, di, L, hd,
                                     hd % 8 == 0 && is_aligned(p.d_y, 16));
-    tcf::load_typed<T, HP, 1, true>(x_src, x_dst, g.ldx, L, hd,
+    tcf::load_typed<T, HP, 1, true, Lay>(x_src, x_dst, g.ldx, L, hd,
                                     hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   if (tid < kTR) {
@@ -303,8 +345,9 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
   }
   const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
-  const tcf::StateLoad ls = tcf::load_state<HP, DP, T, true>(R, S, hd, ds, vs, redm, dS);
+  const tcf::StateLoad ls = tcf::load_state<HP, DP, T, true, Lay>(R, S, hd, ds, vs, redm, dS);
   cp_async_wait_all();
+  if constexpr (kWg) wg::fence_async_smem();  // the planes, to wgmma's proxy (barrier below)
   const float Lam = cumg[L - 1];
   const float msc = expf(Lam) * block_sum(ls.dot, red);  // barriers: the planes are visible after
 
@@ -314,7 +357,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     float acc = 0.0f;
 #pragma unroll
     for (int k = 0; k < HP / 4; k += 2) {
-      const int at = t * LDH + q4 * (HP / 4) + k;
+      const int at = atH(t, q4 * (HP / 4) + k);
       const float2 o = tcf::get_typed_pair<T>(Op, at), xv = tcf::get_typed_pair<T>(Xp, at);
       acc += o.x * xv.x + o.y * xv.y;
     }
@@ -325,6 +368,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     }
   }
 
+  constexpr int LDH = tcf::plane_ld(HP), LDD = tcf::plane_ld(DP), kLD64 = tcf::plane_ld(kTR);
   const tcf::TypedOpnd<T, LDD, true> oQ{Qp, 0}, oK{Kp, 0};
   const tcf::TypedOpnd<T, LDH, true> oO{Op, 0}, oX{Xp, 0};
   const int g4 = lane >> 2, c4 = lane & 3;
@@ -332,13 +376,27 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   // ---- (1) dq = dO·S; rx_t = Σ_n (dO S)[t][n] Q[t][n]; dq ← e^{cum_t}·dq
   Frag<kTR, DP, kNW> dq;
   dq.zero();
-  dq.template add<HP>(oO, tcf::SplitOpnd<T, LDD, false>{R, kSo});
+  using F64 = Frag<kTR, kTR, kNW>;
+  F64 A, P;  // step (2)'s products: wgmma builds issue their chains here, behind dq's
+  if constexpr (kWg) {
+    // Three chains in flight (one commit group each): dq's epilogue (rx) runs while A's and
+    // P's products do.
+    A.zero();
+    P.zero();
+    wg::frag_add<HP, kH, false, true, false, true, kTR, HP, 0, 2 * kSo, false>(dq, u(Op), u(R));
+    wg::frag_add<DP, kH, false, false, false, false, kTR, kTR, 0, 0, false>(A, u(Qp), u(Kp));
+    wg::frag_add<HP, kH, false, false, false, false, kTR, kTR, 0, 0, false>(P, u(Op), u(Xp));
+    wg::wait<2>();
+    wg::hold_frag(dq);
+  } else {
+    dq.template add<HP>(oO, tcf::SplitOpnd<T, LDD, false>{R, kSo});
+  }
   {
     float rx[2] = {0.0f, 0.0f};
     const float e[2] = {expf(cum[dq.wm() * 16 + g4]), expf(cum[dq.wm() * 16 + g4 + 8])};
     dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
       tcf::unscale<T>(ls.sc, v0, v1);  // back from S's scale
-      const float2 qv = tcf::get_typed_pair<T>(Qp, m * LDD + n);
+      const float2 qv = tcf::get_typed_pair<T>(Qp, atD(m, n));
       rx[hh] += v0 * qv.x + v1 * qv.y;
       v0 *= e[hh];
       v1 *= e[hh];
@@ -353,12 +411,16 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   // ---- (2) A = Q·Ksᵀ, P = dO·Xᵀ → MA, MP (into R, once every warp is done with S)
   tcf::TileScale sMA, sMP;  // f16 runs: MA's and MP's planes (bf16: 1)
   {
-    using F64 = Frag<kTR, kTR, kNW>;
-    F64 A, P;
-    A.zero();
-    P.zero();
-    A.template add<DP>(oQ, oK);
-    P.template add<HP>(oO, oX);
+    if constexpr (kWg) {
+      wg::wait<0>();
+      wg::hold_frag(A);
+      wg::hold_frag(P);
+    } else {
+      A.zero();
+      P.zero();
+      A.template add<DP>(oQ, oK);
+      P.template add<HP>(oO, oX);
+    }
     float wr[2] = {0.0f, 0.0f}, wc[F64::FN][2];
 #pragma unroll
     for (int j = 0; j < F64::FN; ++j) wc[j][0] = wc[j][1] = 0.0f;
@@ -381,8 +443,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
         mxa = fmaxf(mxa, fmaxf(fabsf(a0), fabsf(a1)));
         mxp = fmaxf(mxp, fmaxf(fabsf(mp0), fabsf(mp1)));
       } else {
-        tcf::put_split<T>(MAp, kMo, t * kLD64 + s, d0 * a0, d1 * a1);
-        tcf::put_split<T>(MPp, kMo, t * kLD64 + s, mp0, mp1);
+        tcf::put_split<T>(MAp, kMo, atM(t, s), d0 * a0, d1 * a1);
+        tcf::put_split<T>(MPp, kMo, atM(t, s), mp0, mp1);
       }
       wr[hh] += w0 + w1;
       wc[j][0] += w0;
@@ -407,11 +469,12 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
       sMA = tcf::scale_of<T, kNW>(redm);
       sMP = tcf::scale_of<T, kNW>(redm + kNW);
       A.pairs([&](int i, int hh, int j, int t, int s, float& a0, float& a1) {
-        tcf::put_split<T>(MAp, kMo, t * kLD64 + s, a0, a1, sMA);
-        tcf::put_split<T>(MPp, kMo, t * kLD64 + s, P.d[i][j][2 * hh], P.d[i][j][2 * hh + 1], sMP);
+        tcf::put_split<T>(MAp, kMo, atM(t, s), a0, a1, sMA);
+        tcf::put_split<T>(MPp, kMo, atM(t, s), P.d[i][j][2 * hh], P.d[i][j][2 * hh + 1], sMP);
       });
     }
   }
+  if constexpr (kWg) wg::fence_async_smem();  // MA, MP, to wgmma's proxy
   __syncthreads();
   if (tid < kTR) {
     const float rowsums = (rrow[tid] + rrow[kTR + tid]) + (wrow[tid] + wrow[kTR + tid]);
@@ -420,8 +483,21 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     loc[tid] = tid < L ? rowsums - colsum : 0.0f;
   }
   if constexpr (kH) dq.scale(sMP.up);  // into MP's scale for its product, back at the store
-  dq.template add<kTR>(tcf::SplitOpnd<T, kLD64, true>{MPp, kMo},
-                       tcf::TypedOpnd<T, LDD, false>{Kp, 0});
+  Frag<kTR, HP, kNW> dV;  // step (3)'s products: wgmma builds issue them behind dq's
+  Frag<kTR, DP, kNW> dK;
+  dV.zero();
+  dK.zero();
+  if constexpr (kWg) {
+    // dq's chain, then dV's and dK's: dq's stores run while those two multiply.
+    wg::frag_add<kTR, kH, false, true, true, false, kTR, kTR, 2 * kMo, 0, false>(dq, u(MPp), u(Kp));
+    wg::frag_add<kTR, kH, true, true, true, false, kTR, kTR, 2 * kMo, 0, false>(dV, u(MAp), u(Op));
+    wg::frag_add<kTR, kH, true, true, true, false, kTR, kTR, 2 * kMo, 0, false>(dK, u(MPp), u(Qp));
+    wg::wait<2>();
+    wg::hold_frag(dq);
+  } else {
+    dq.template add<kTR>(tcf::SplitOpnd<T, kLD64, true>{MPp, kMo},
+                         tcf::TypedOpnd<T, LDD, false>{Kp, 0});
+  }
   // The f32 rows go out as pairs (one 8-byte store per lane) when ds is even: full sectors
   // per store instruction instead of every other word.
   // kTail: dq stays in registers for the tail, and is stored only for a capture (p.dQ_mid set).
@@ -438,20 +514,22 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   // latency overlaps them; the split into R waits for the barrier that frees R (f16 runs post
   // the values' max before it and take the scale after it, load_state's order). Not with
   // kTail, whose dq held through step (4) leaves no registers for them (ptxas: 64 B of spill).
-  using DsRegs = tcf::StateInFlight<HP, DP>;
+  using DsRegs = tcf::StateInFlight<HP, DP, Lay>;
   constexpr bool kPre = !kTail && DsRegs::kIt <= tcf::kBatch;
   DsRegs dsr;
   if constexpr (kPre) {
     if (vs) dsr.issue(dS, hd, ds);
   }
-  Frag<kTR, HP, kNW> dV;
-  Frag<kTR, DP, kNW> dK;
-  dV.zero();
-  dK.zero();
-  dV.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MAp, kMo},
-                       tcf::TypedOpnd<T, LDH, false>{Op, 0});
-  dK.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MPp, kMo},
-                       tcf::TypedOpnd<T, LDD, false>{Qp, 0});
+  if constexpr (kWg) {
+    wg::wait<0>();
+    wg::hold_frag(dV);
+    wg::hold_frag(dK);
+  } else {
+    dV.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MAp, kMo},
+                         tcf::TypedOpnd<T, LDH, false>{Op, 0});
+    dK.template add<kTR>(tcf::SplitOpnd<T, kLD64, false>{MPp, kMo},
+                         tcf::TypedOpnd<T, LDD, false>{Qp, 0});
+  }
   if constexpr (kPre && kH) {
     if (vs) tcf::post_max<T>(dsr.max_abs(), redm);
   }
@@ -461,20 +539,35 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     if constexpr (kH) sdS = tcf::scale_of<T, kNW>(redm);
     dsr.template store<T>(R, sdS);
   } else {
-    sdS = tcf::load_state<HP, DP, T>(R, dS, hd, ds, vs, redm).sc;
+    sdS = tcf::load_state<HP, DP, T, false, Lay>(R, dS, hd, ds, vs, redm).sc;
   }
+  if constexpr (kWg) wg::fence_async_smem();  // dS's planes, to wgmma's proxy
   __syncthreads();
 
   // ---- (4) the dS terms, the diagonal term, stores (f16 runs: each product back from its
   // planes' scale first)
   const float es[2] = {expf(Lam - cum[dV.wm() * 16 + g4]), expf(Lam - cum[dV.wm() * 16 + g4 + 8])};
+  // bf16 wgmma builds without the tail: k2's chain runs during v2's epilogue (f16's and the
+  // tail's instantiations spilled 72–256 B with it, so they run the two chains one by one).
+  constexpr bool kK2Early = kWg && !kH && !kTail;
+  Frag<kTR, DP, kNW> k2;
+  k2.zero();
   {
     const bool pairs_x = hd % 2 == 0 && g.ldx % 2 == 0 && is_aligned(p.d_x, 4);
     Frag<kTR, HP, kNW> v2;
     v2.zero();
-    v2.template add<DP>(oK, tcf::SplitOpnd<T, LDD, true>{R, kSo});
+    if constexpr (kK2Early) {
+      wg::frag_add<DP, kH, false, false, false, true, kTR, HP, 0, 2 * kSo, false>(v2, u(Kp), u(R));
+      wg::frag_add<HP, kH, false, true, false, true, kTR, HP, 0, 2 * kSo, false>(k2, u(Xp), u(R));
+      wg::wait<1>();
+      wg::hold_frag(v2);
+    } else if constexpr (kWg) {
+      wg::frag_add<DP, kH, false, false, false, true, kTR, HP, 0, 2 * kSo>(v2, u(Kp), u(R));
+    } else {
+      v2.template add<DP>(oK, tcf::SplitOpnd<T, LDD, true>{R, kSo});
+    }
     dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
-      const float2 o = tcf::get_typed_pair<T>(Op, s * LDH + q4);
+      const float2 o = tcf::get_typed_pair<T>(Op, atH(s, q4));
       float u0 = v2.d[i][j][2 * hh], u1 = v2.d[i][j][2 * hh + 1];
       tcf::unscale<T>(sMA, v0, v1);
       tcf::unscale<T>(sdS, u0, u1);
@@ -488,15 +581,20 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     });
   }
   {
-    Frag<kTR, DP, kNW> k2;
-    k2.zero();
-    k2.template add<HP>(oX, tcf::SplitOpnd<T, LDD, false>{R, kSo});
+    if constexpr (kK2Early) {
+      wg::wait<0>();
+      wg::hold_frag(k2);
+    } else if constexpr (kWg) {
+      wg::frag_add<HP, kH, false, true, false, true, kTR, HP, 0, 2 * kSo>(k2, u(Xp), u(R));
+    } else {
+      k2.template add<HP>(oX, tcf::SplitOpnd<T, LDD, false>{R, kSo});
+    }
     float m[2] = {0.0f, 0.0f};
     dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
       float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
       tcf::unscale<T>(sMP, v0, v1);
       tcf::unscale<T>(sdS, u0, u1);
-      const float2 kv = tcf::get_typed_pair<T>(Kp, s * LDD + n);
+      const float2 kv = tcf::get_typed_pair<T>(Kp, atD(s, n));
       m[hh] += u0 * kv.x + u1 * kv.y;
       v0 += es[hh] * u0;
       v1 += es[hh] * u1;

@@ -52,6 +52,37 @@ using bf16 = __nv_bfloat16;
 
 constexpr int plane_ld(int cols) { return cols + 8; }
 
+// Where a plane of R rows × C columns keeps element (r, c), and how many elements it takes (a
+// lo plane follows its hi plane at that distance). Padded: row-major with plane_ld's padding,
+// what Frag's ldmatrix addressing reads. Sw128: tc_wgmma.cuh's 128-byte swizzle (C a multiple
+// of 64; every 8 values of a row at a column ≡ 0 (mod 8) contiguous), what wgmma reads. Every
+// plane writer below stores at most 8 values from a column ≡ 0 (mod their count), so it writes
+// either layout with the same stores.
+__host__ __device__ __forceinline__ constexpr int sw128_offset(int r, int c, int R) {
+  return (c >> 6) * R * 64 + r * 64 + 8 * (((c & 63) >> 3) ^ (r & 7)) + (c & 7);
+}
+struct Padded {
+  template <int R, int C>
+  static __device__ __forceinline__ int at(int r, int c) {
+    return r * plane_ld(C) + c;
+  }
+  template <int R, int C>
+  static constexpr int size() {
+    return R * plane_ld(C);
+  }
+};
+struct Sw128 {
+  template <int R, int C>
+  static __device__ __forceinline__ int at(int r, int c) {
+    static_assert(C % 64 == 0 && R % 8 == 0, "SW128 tiles: 64-column panels of 8-row groups");
+    return sw128_offset(r, c, R);
+  }
+  template <int R, int C>
+  static constexpr int size() {
+    return R * C;
+  }
+};
+
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }

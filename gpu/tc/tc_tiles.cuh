@@ -107,11 +107,11 @@ struct Pack {
 // kSlots: the slots' rows and columns from Slots (slot_at). chunk_bwd_tc asks for it; the walks
 // and K5 do not: with it, ptxas allocated their registers otherwise (K5 f16: 8 bytes of spill),
 // and their f16 instantiations ran 1–2 % slower (v30's A/B).
-template <class T, int C, int N, bool kSlots>
+// Lay: the planes' layout (tc_frag.cuh: Padded, or Sw128 for wgmma's operands).
+template <class T, int C, int N, bool kSlots, class Lay = Padded>
 __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
                                            Idx stride, int rows, int cols, bool vec) {
   static_assert(sizeof(T) == 2, "typed tiles hold 16-bit storage values");
-  constexpr int LD = plane_ld(C);
   if (vec) {
     constexpr int kW = C / 8;
     const Slots<kW> sl;
@@ -123,7 +123,8 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
       const bool in = r < rows && c < cols;
 #pragma unroll
       for (int i = 0; i < N; ++i)
-        cp_async16(dst[i] + r * LD + c, src[i] + (in ? r * stride + c : 0), in ? 16 : 0);
+        cp_async16(dst[i] + Lay::template at<kTR, C>(r, c), src[i] + (in ? r * stride + c : 0),
+                   in ? 16 : 0);
     }
   } else {  // any width: pairs of values, their bits moved as they are
     batched<kTR, C, 2, kSlots>(
@@ -142,22 +143,22 @@ __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const
         [&](int r, int c, const Pack<std::uint32_t, N>& v) {
 #pragma unroll
           for (int i = 0; i < N; ++i)
-            *reinterpret_cast<std::uint32_t*>(dst[i] + r * LD + c) = v.v[i];
+            *reinterpret_cast<std::uint32_t*>(dst[i] + Lay::template at<kTR, C>(r, c)) = v.v[i];
         });
   }
 }
 
-// Values c … c + 3 of row r of an f32 state (float4 rows) → hi/lo planes of the run's type (lo
-// kLo further): split_pair<T> (bf16 runs tc::split2, sc unused; f16 runs scaled by sc). The
-// float4 paths of load_state and StateInFlight store through it.
+// Four values of a row of an f32 state (float4 rows) → hi/lo planes of the run's type at
+// element `at` (hi; lo kLo further): split_pair<T> (bf16 runs tc::split2, sc unused; f16 runs
+// scaled by sc). The float4 paths of load_state and StateInFlight store through it.
 template <class T>
-__device__ __forceinline__ void put_split4(bf16* dst, int LD, int kLo, int r, int c,
-                                           const float4& m, TileScale sc = {}) {
+__device__ __forceinline__ void put_split4(bf16* dst, int kLo, int at, const float4& m,
+                                           TileScale sc = {}) {
   uint2 hi, lo;
   split_pair<T>(m.x, m.y, sc, hi.x, lo.x);
   split_pair<T>(m.z, m.w, sc, hi.y, lo.y);
-  *reinterpret_cast<uint2*>(dst + r * LD + c) = hi;
-  *reinterpret_cast<uint2*>(dst + kLo + r * LD + c) = lo;
+  *reinterpret_cast<uint2*>(dst + at) = hi;
+  *reinterpret_cast<uint2*>(dst + kLo + at) = lo;
 }
 // max|·| of the four values (f16 runs' tile scales; fmaxf: a NaN does not hide the others).
 __device__ __forceinline__ float max_abs4(const float4& m) {
@@ -172,7 +173,7 @@ __device__ __forceinline__ float max_abs4(const float4& m) {
 // scale_of, as load_state), which store<T> is then given. All of a thread's kIt slots at
 // once: meant for kIt ≤ kBatch (one batch of load_state's); larger tiles hold too many
 // registers: load_state.
-template <int R, int C>
+template <int R, int C, class Lay = Padded>
 struct StateInFlight {
   static constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
   static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
@@ -197,7 +198,8 @@ struct StateInFlight {
     const Slots<kW> sl;
 #pragma unroll
     for (int k = 0; k < kIt; ++k)
-      put_split4<T>(dst, plane_ld(C), R * plane_ld(C), sl.row(k), sl.col * 4, v[k], sc);
+      put_split4<T>(dst, Lay::template size<R, C>(),
+                    Lay::template at<R, C>(sl.row(k), sl.col * 4), v[k], sc);
   }
 };
 
@@ -207,16 +209,18 @@ struct StateLoad {
   TileScale sc;
 };
 
-// S [hd][ds] (f32) → hi/lo planes [R][C] (lo R·plane_ld(C) further), zeros outside.
+// S [hd][ds] (f32) → hi/lo planes [R][C] in layout Lay (lo Lay's plane size further), zeros
+// outside.
 // vec: float4 rows (ds % 4 == 0, S 16-byte aligned). With kDot, also this thread's Σ S·O over
 // the elements it loads (O: another [hd][ds] f32 state, read alongside).
 // bf16 runs: the values split as their batch lands. f16 runs: every value of the thread is held
 // in registers until the tile's max|S| is known (post_max into red[kTileThreads / 32], a
 // barrier, scale_of), then split scaled; red may be reused once every thread has returned.
-template <int R, int C, class T, bool kDot = false>
+template <int R, int C, class T, bool kDot = false, class Lay = Padded>
 __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int hd, int ds,
                                                 bool vec, float* red, const float* O = nullptr) {
-  constexpr int LD = plane_ld(C), kLo = R * LD;
+  constexpr int kLo = Lay::template size<R, C>();
+  auto at = [](int r, int c) { return Lay::template at<R, C>(r, c); };
   StateLoad out;
   if constexpr (kF16Plane<T>) {
     float mx = 0.0f;
@@ -244,7 +248,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       out.sc = scale_of<T, kTileThreads / 32>(red);
 #pragma unroll
       for (int k = 0; k < kIt; ++k)
-        put_split4<T>(dst, LD, kLo, sl.row(k), sl.col * 4, v[k], out.sc);
+        put_split4<T>(dst, kLo, at(sl.row(k), sl.col * 4), v[k], out.sc);
     } else {  // element by element (rare shapes): the values read twice, to keep registers free
       constexpr int kW = C / 2, kIt = R * kW / kTileThreads;
       static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
@@ -265,7 +269,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
 #pragma unroll 1
       for (int k = 0; k < kIt; ++k) {
         const int r = sl.row(k), c = sl.col * 2;
-        put_split<T>(dst, kLo, r * LD + c, get(S, r, c), get(S, r, c + 1), out.sc);
+        put_split<T>(dst, kLo, at(r, c), get(S, r, c), get(S, r, c + 1), out.sc);
       }
     }
   } else if (vec) {
@@ -279,7 +283,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
         },
         [&](int r, int c, const Pack<float4, 2>& v) {
           const float4 m = v.v[0];
-          put_split4<T>(dst, LD, kLo, r, c, m);
+          put_split4<T>(dst, kLo, at(r, c), m);
           if constexpr (kDot) {
             const float4 o = v.v[1];
             out.dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
@@ -296,7 +300,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
           return Pack<float2, 2>{{get(S, r, c), kDot ? get(O, r, c) : float2{}}};
         },
         [&](int r, int c, const Pack<float2, 2>& v) {
-          put_split<T>(dst, kLo, r * LD + c, v.v[0].x, v.v[0].y);
+          put_split<T>(dst, kLo, at(r, c), v.v[0].x, v.v[0].y);
           if constexpr (kDot) out.dot += v.v[0].x * v.v[1].x + v.v[0].y * v.v[1].y;
         });
   }

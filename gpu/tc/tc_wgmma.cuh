@@ -61,9 +61,7 @@
 namespace m3::gpu::wg {
 
 // The element offset of (r, c) in an R-row SW128 tile (the header's formula).
-__host__ __device__ __forceinline__ constexpr int sw128_offset(int r, int c, int R) {
-  return (c >> 6) * R * 64 + r * 64 + 8 * (((c & 63) >> 3) ^ (r & 7)) + (c & 7);
-}
+using tcf::sw128_offset;
 
 // A shared-memory matrix descriptor of an SW128 tile: start address (bytes, shared window),
 // leading and stride byte offsets.
@@ -245,9 +243,10 @@ __device__ __forceinline__ void frag_add(tcf::Frag<64, N, 8>& f, std::uint32_t a
   const std::uint64_t da = kTA ? desc_mn(a, RA, 0, 0) : desc_k(a, RA, 0, 0);
   const std::uint64_t db = kTB ? desc_mn(b, RB, n0, 0) : desc_k(b, RB, n0, 0);
   fence();
-  // Rolled: unrolled, ptxas spilled 108 B (bf16) / 124 B (f16) in chunk_bwd_tc's official
-  // instantiation, against none rolled; each step's descriptors are a few integer instructions.
-#pragma unroll 1
+  // Two steps per loop body: fully unrolled, ptxas spilled 92–124 B in chunk_bwd_tc's official
+  // instantiations (it forms the steps' operands up front); two steps spill nothing there and
+  // halve the loop's own instructions against one.
+#pragma unroll 2
   for (int k0 = 0; k0 < K; k0 += 16) {
     const std::uint64_t ak = desc_plus(da, kstep_bytes<kTA, RA>(k0));
     const std::uint64_t bk = desc_plus(db, kstep_bytes<kTB, RB>(k0));
