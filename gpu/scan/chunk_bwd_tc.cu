@@ -59,28 +59,16 @@ using tcf::Opnd;
 
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 
-// Whether this build forms the products with wgmma (M3_WGMMA: CMake sets it to 1 when every
-// CUDA architecture of the build is 90a) for these widths: HP = 64 and DP = 64 or 128
-// (tc_wgmma.cuh's SW128 tiles want multiples of 64; the official shape has HP = 64, DP = 128).
-// HP = 128 stays on mma.sync: there ptxas spilled 176 B (bf16) and 376 B (f16) of the
-// wgmma build's registers, against 0 and 148 B on mma.sync. Those instantiations
-// keep their planes in Sw128 and run every product through wg::frag_add, whose bits are
-// Frag::add's (tests/gpu/test_tc_wgmma.cu), so both paths give the same outputs bit for bit;
-// the others, and every build without sm_90a, keep Padded planes and mma.sync.
-#ifndef M3_WGMMA
-#define M3_WGMMA 0
-#endif
-#if M3_WGMMA && defined(__CUDA_ARCH__) && !M3_HAVE_WGMMA
-#error "M3_WGMMA=1 needs every CUDA architecture of the build to be 90a"
-#endif
+// Whether this build's instantiation forms its products with wgmma (tc_wgmma.cuh, wg::kBuild):
+// HP = 64 and DP = 64 or 128 (SW128 tiles want multiples of 64; the official shape has HP = 64,
+// DP = 128). HP = 128 stays on mma.sync: there ptxas spilled 176 B (bf16) and 376 B (f16) of the
+// wgmma build's registers, against 0 and 148 B on mma.sync.
 template <int HP, int DP>
-constexpr bool kWgmma = M3_WGMMA && HP == 64 && DP % 64 == 0;
+constexpr bool kWgmma = wg::kBuild && HP == 64 && DP % 64 == 0;
 template <int HP, int DP>
-using PlaneLay = std::conditional_t<kWgmma<HP, DP>, tcf::Sw128, tcf::Padded>;
-// wgmma's tiles want 1024-byte alignment (the swizzle's 8-row groups): the base is rounded up
-// inside that much slack.
+using PlaneLay = wg::PlaneLay<kWgmma<HP, DP>>;
 template <int HP, int DP>
-constexpr std::size_t kAlignSlack = kWgmma<HP, DP> ? 1024 : 0;
+constexpr std::size_t kAlignSlack = wg::kAlignSlack<kWgmma<HP, DP>>;
 
 // The fused tail's f32 rows (kTail): d_b_pre_rope and d_c_pre_rope, each [kTR][DP + 8] over the
 // planes once they are dead (+8: a fragment's float2 stores of a half-warp hit 32 distinct banks).

@@ -1,9 +1,9 @@
 // Internal to gpu/ (.cu files only): Hopper's warpgroup products (wgmma.mma_async, sm_90a) over
-// 16-bit operand tiles in shared memory, and the tile layout they read. Not used by a production
-// kernel: tests/gpu/test_tc_wgmma.cu holds its products to tc_frag.cuh's mma.sync products bit
-// for bit, tests/gpu/wgmma_probe.cu times chunk_bwd_tc's product set both ways, and
-// docs/tried/wgmma-chunk-bwd.patch is chunk_bwd_tc on it (docs/PERF.md "Stop 47"). Needs a
-// build for sm_90a (CUDA_ARCHITECTURES 90a; without it every instruction here traps).
+// 16-bit operand tiles in shared memory, and the tile layout they read. chunk_bwd_tc forms its
+// products with it in sm_90a builds (M3_WGMMA, docs/PERF.md v40); tests/gpu/test_tc_wgmma.cu
+// holds its products to tc_frag.cuh's mma.sync products bit for bit, and
+// tests/gpu/wgmma_probe.cu times chunk_bwd_tc's product set both ways (docs/PERF.md "Stop 47").
+// Needs a build for sm_90a (CUDA_ARCHITECTURES 90a; without it every instruction here traps).
 //
 //   C[m][n] (+)= Σ_{k < 16} A(m, k0 + k) · B(k0 + k, n),   m < 64, n < N   (one instruction)
 //
@@ -47,7 +47,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tc_frag.cuh"
 
@@ -58,10 +60,31 @@
 #define M3_HAVE_WGMMA 0
 #endif
 
+// Whether this build forms products with wgmma where a kernel takes that path (M3_WGMMA: CMake
+// sets it to 1 when the build's one CUDA architecture is 90a; 0 otherwise and by default). A
+// kernel then keeps its planes in Sw128 and runs its products through frag_add, whose bits are
+// tc_frag's Frag::add's, so both paths give the same outputs bit for bit.
+#ifndef M3_WGMMA
+#define M3_WGMMA 0
+#endif
+#if M3_WGMMA && defined(__CUDA_ARCH__) && !M3_HAVE_WGMMA
+#error "M3_WGMMA=1 needs every CUDA architecture of the build to be 90a"
+#endif
+
 namespace m3::gpu::wg {
+
+constexpr bool kBuild = M3_WGMMA != 0;
 
 // The element offset of (r, c) in an R-row SW128 tile (the header's formula).
 using tcf::sw128_offset;
+
+// A kernel's planes: Sw128 on its wgmma path (kOn), tc_frag's Padded otherwise.
+template <bool kOn>
+using PlaneLay = std::conditional_t<kOn, tcf::Sw128, tcf::Padded>;
+// The dynamic shared memory a kernel asks for beyond its tiles, so that it can place them on
+// 1024 bytes (the swizzle's 8-row groups; the header's Alignment): 1024 on the wgmma path.
+template <bool kOn>
+constexpr std::size_t kAlignSlack = kOn ? 1024 : 0;
 
 // A shared-memory matrix descriptor of an SW128 tile: start address (bytes, shared window),
 // leading and stride byte offsets.
