@@ -59,16 +59,13 @@ using tcf::Opnd;
 
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 
-// Whether this build's instantiation forms its products with wgmma (tc_wgmma.cuh, wg::kBuild):
+// Whether this build has a wgmma instantiation for these widths (tc_wgmma.cuh, wg::kBuild):
 // HP = 64 and DP = 64 or 128 (SW128 tiles want multiples of 64; the official shape has HP = 64,
 // DP = 128). HP = 128 stays on mma.sync: there ptxas spilled 176 B (bf16) and 376 B (f16) of the
-// wgmma build's registers, against 0 and 148 B on mma.sync.
+// wgmma build's registers, against 0 and 148 B on mma.sync. The launcher takes it (kW) unless a
+// test turned it off (set_chunked_wgmma_for_testing) to hold it to the mma.sync bits.
 template <int HP, int DP>
 constexpr bool kWgmma = wg::kBuild && HP == 64 && DP % 64 == 0;
-template <int HP, int DP>
-using PlaneLay = wg::PlaneLay<kWgmma<HP, DP>>;
-template <int HP, int DP>
-constexpr std::size_t kAlignSlack = wg::kAlignSlack<kWgmma<HP, DP>>;
 
 // The fused tail's f32 rows (kTail): d_b_pre_rope and d_c_pre_rope, each [kTR][DP + 8] over the
 // planes once they are dead (+8: a fragment's float2 stores of a half-warp hit 32 distinct banks).
@@ -83,9 +80,9 @@ constexpr std::size_t tail_floats(int dp) {
   return std::size_t(2) * kTR * tail_ld(dp) + std::size_t(kTR) * theta_ld(dp) + 2 * kTR;
 }
 // The planes' bytes (kTail: at least the tail's region).
-template <int HP, int DP, bool kTail>
+template <int HP, int DP, bool kTail, bool kW>
 constexpr std::size_t plane_bytes() {
-  using Lay = PlaneLay<HP, DP>;
+  using Lay = wg::PlaneLay<kW>;
   constexpr std::size_t typed =
       2 * std::size_t(Lay::template size<kTR, DP>()) + 2 * std::size_t(Lay::template size<kTR, HP>());
   constexpr std::size_t state = std::size_t(2) * Lay::template size<HP, DP>(),
@@ -94,9 +91,9 @@ constexpr std::size_t plane_bytes() {
   constexpr std::size_t tail = kTail ? tail_floats(DP) * sizeof(float) : 0;
   return planes > tail ? planes : tail;
 }
-template <int HP, int DP, bool kTail>
+template <int HP, int DP, bool kTail, bool kW>
 constexpr std::size_t smem_bytes() {
-  return kAlignSlack<HP, DP> + plane_bytes<HP, DP, kTail>() +
+  return wg::kAlignSlack<kW> + plane_bytes<HP, DP, kTail, kW>() +
          sizeof(float) * (kTR * (2 + 2 + 2 + 4 + 1 + (kTail ? 1 : 0)) + 32 + 2 * kNW);
 }
 
@@ -265,12 +262,12 @@ __device__ __forceinline__ void fused_tail(const ChunkGeom& g, const ClusterTail
   cl.sync();
 }
 
-template <class T, int RH, int RD, bool kTail>
+template <class T, int RH, int RD, bool kTail, bool kWg>
 __global__ void __launch_bounds__(kNT, 2)
 chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterTail<T> ct) {
   constexpr int HP = 16 * RH, DP = 16 * RD;
-  constexpr bool kWg = kWgmma<HP, DP>;
-  using Lay = PlaneLay<HP, DP>;
+  static_assert(!kWg || kWgmma<HP, DP>, "no wgmma instantiation for these widths");
+  using Lay = wg::PlaneLay<kWg>;
   // Sizes of the typed tiles' planes, of S / dS's, and of MA / MP's; element (r, c) of each.
   constexpr int kQo = Lay::template size<kTR, DP>(), kHo = Lay::template size<kTR, HP>();
   constexpr int kSo = Lay::template size<HP, DP>(), kMo = Lay::template size<kTR, kTR>();
@@ -283,7 +280,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   // The offset is taken from the shared address and added to the pointer: rounding the
   // pointer itself through an integer loses its address space, and every shared access of the
   // kernel became a generic one (LD.E / ST.E: chunk_bwd_tc 1295 → 1378 µs).
-  constexpr unsigned kAl = kAlignSlack<HP, DP> > 0 ? kAlignSlack<HP, DP> - 1 : 0;
+  constexpr unsigned kAl = wg::kAlignSlack<kWg> > 0 ? wg::kAlignSlack<kWg> - 1 : 0;
   unsigned char* const smem_raw = smem_base + ((kAl + 1 - (wg::smem_u32(smem_base) & kAl)) & kAl);
   bf16* Qp = reinterpret_cast<bf16*>(smem_raw);
   bf16* Kp = Qp + kQo;
@@ -292,7 +289,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   bf16* R = Xp + kHo;
   bf16* MAp = R;
   bf16* MPp = R + 2 * kMo;
-  float* cum = reinterpret_cast<float*>(smem_raw + plane_bytes<HP, DP, kTail>());
+  float* cum = reinterpret_cast<float*>(smem_raw + plane_bytes<HP, DP, kTail, kWg>());
   float* qkD = cum + kTR;       // D + qk_s (0 beyond L)
   float* rrow = qkD + kTR;      // [2][kTR] cross-warp row sums (rx, then M)
   float* wrow = rrow + 2 * kTR;  // [2][kTR] Σ_s W[t, s]
@@ -649,7 +646,45 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   }
 }
 
+// One launch of chunk_bwd_tc_kernel: wgmma (kW) or mma.sync, with or without the cluster tail.
+template <class T, int RH, int RD, bool kW>
+void launch_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS,
+                   const ClusterTail<T>* ct, dim3 grid) {
+  if (!ct) {
+    constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, false, kW>();
+    auto k = chunk_bwd_tc_kernel<T, RH, RD, false, kW>;
+    opt_in_smem(k, bytes, kChunkWhere);
+    k<<<grid, kNT, bytes, s>>>(g, p, dS, ClusterTail<T>{});
+    M3_LAUNCH_CHECK();
+    return;
+  }
+  constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, true, kW>();
+  auto k = chunk_bwd_tc_kernel<T, RH, RD, true, kW>;
+  opt_in_smem(k, bytes, kChunkWhere);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kNT);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = ct->cz;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, g, p, dS, *ct));
+  M3_LAUNCH_CHECK();
+}
+
 }  // namespace
+
+bool& chunked_wgmma_enabled() {
+  static bool on = true;
+  return on;
+}
+bool chunked_wgmma_build() { return wg::kBuild; }
+void set_chunked_wgmma_for_testing(bool on) { chunked_wgmma_enabled() = on; }
 
 template <class T>
 void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS,
@@ -664,31 +699,10 @@ void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, c
                   static_cast<unsigned>(g.B));
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    if (!ct) {
-      constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, false>();
-      auto k = chunk_bwd_tc_kernel<T, RH, RD, false>;
-      opt_in_smem(k, bytes, kChunkWhere);
-      k<<<grid, kNT, bytes, s>>>(g, p, dS, ClusterTail<T>{});
-      M3_LAUNCH_CHECK();
-      return;
+    if constexpr (kWgmma<16 * RH, 16 * RD>) {
+      if (chunked_wgmma_enabled()) return launch_bwd_tc<T, RH, RD, true>(s, g, p, dS, ct, grid);
     }
-    constexpr std::size_t bytes = smem_bytes<16 * RH, 16 * RD, true>();
-    auto k = chunk_bwd_tc_kernel<T, RH, RD, true>;
-    opt_in_smem(k, bytes, kChunkWhere);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kNT);
-    cfg.dynamicSmemBytes = bytes;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = ct->cz;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, g, p, dS, *ct));
-    M3_LAUNCH_CHECK();
+    launch_bwd_tc<T, RH, RD, false>(s, g, p, dS, ct, grid);
   });
 }
 

@@ -89,6 +89,11 @@ struct ChunkWalkArgs {
 template <class T>
 struct ClusterTail;  // chunk_tail.cuh
 
+// Whether the chunked scan's tensor-core kernels take their wgmma instantiations where the build
+// has them (tc_wgmma.cuh, M3_WGMMA); on unless a test turned it off
+// (set_chunked_wgmma_for_testing, stages.cuh). Defined in chunk_bwd_tc.cu.
+bool& chunked_wgmma_enabled();
+
 // B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile
 // (g.nt == 1), on the tensor cores over bf16 planes (gpu/scan/chunk_bwd_tc.cu); dS: the per-chunk
 // state gradients of state_pass_bwd. Writes dQ_mid, dK_mid, d_x, dADT, dQK_dot. With ct, step 2

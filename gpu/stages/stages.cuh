@@ -338,6 +338,12 @@ void ssm_chunked_rope_prep(cudaStream_t s, const Dims& d, const RopePrep<T>& rp,
 // states from the forward.
 template <class T>
 void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p);
+// Whether this build forms the chunked scan's tensor-core products with wgmma where the widths
+// allow (an sm_90a build: tc_wgmma.cuh, M3_WGMMA; chunk_bwd_tc at headdim 33–64 with d_state
+// 33–128). Tests: set_chunked_wgmma_for_testing(false) makes those launches take their mma.sync
+// instantiations (on by default), so that both paths can be held to the same bits.
+bool chunked_wgmma_build();
+void set_chunked_wgmma_for_testing(bool on);
 // Whether fuse_states takes the chunk walk (SsmChunkFwd/Bwd::fuse_states) for T-typed storage
 // at d: typed runs whose chunks fit one row tile (min(chunk_size, T) ≤ 64). Otherwise the two
 // kernels run, and the forward needs chunk_states.

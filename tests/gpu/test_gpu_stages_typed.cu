@@ -1683,6 +1683,23 @@ Tensors gpu_ssm(const Dims& d, const SsmInputs& in, ScanMode mode, bool fuse_sta
   return t;
 }
 
+// Every tensor of a has the bits of the same tensor of b (an, bn: how each was run); a
+// difference is reported at its first element.
+void expect_same_bits(const Tensors& a, const char* an, const Tensors& b, const char* bn) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [n, v] : a) {
+    ASSERT_TRUE(b.count(n)) << n;
+    const auto& w = b.at(n);
+    ASSERT_EQ(v.size(), w.size()) << n;
+    size_t first = v.size();
+    for (size_t i = 0; i < v.size() && first == v.size(); ++i)
+      if (std::memcmp(&v[i], &w[i], sizeof(double)) != 0) first = i;
+    EXPECT_EQ(first, v.size()) << n << " differs first at " << first << ": " << an << " "
+                               << (first < v.size() ? v[first] : 0.0) << ", " << bn << " "
+                               << (first < w.size() ? w[first] : 0.0);
+  }
+}
+
 struct Err {
   double rel_l2 = 0, max_rel = 0;
 };
@@ -1784,21 +1801,40 @@ TYPED_TEST(TypedSsm, ChunkWalkGivesTheBitsOfTheTwoKernels) {
     SCOPED_TRACE(c.name());
     const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
     const SsmInputs in = ssm_inputs<T>(d, 29);
-    const Tensors two = gpu_ssm<T>(d, in, ScanMode::Chunked, false);
-    const Tensors walk = gpu_ssm<T>(d, in, ScanMode::Chunked, true);
-    ASSERT_EQ(two.size(), walk.size());
-    for (const auto& [n, v] : two) {
-      ASSERT_TRUE(walk.count(n)) << n;
-      const auto& w = walk.at(n);
-      ASSERT_EQ(v.size(), w.size()) << n;
-      size_t first = v.size();
-      for (size_t i = 0; i < v.size() && first == v.size(); ++i)
-        if (std::memcmp(&v[i], &w[i], sizeof(double)) != 0) first = i;
-      EXPECT_EQ(first, v.size()) << n << " differs first at " << first << ": two kernels "
-                                 << (first < v.size() ? v[first] : 0.0) << ", walk "
-                                 << (first < w.size() ? w[first] : 0.0);
-    }
+    expect_same_bits(gpu_ssm<T>(d, in, ScanMode::Chunked, false), "two kernels",
+                     gpu_ssm<T>(d, in, ScanMode::Chunked, true), "walk");
   }
+}
+
+// In an sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a) chunk_bwd_tc forms its products with wgmma
+// where the widths allow (headdim 33–64, d_state 33–128; tc_wgmma.cuh); with
+// set_chunked_wgmma_for_testing(false) the same launches take the mma.sync instantiations. Every
+// output has the same bits both ways, with the two kernels and with the walk. Beyond kSsmCases
+// (the official head shape with a ragged last chunk; headdim 128, which stays on mma.sync), the
+// wgmma widths with padded columns: headdim 40 with d_state 100, and 64 with 64 over chunks of
+// 7 and 64 rows.
+TYPED_TEST(TypedSsm, WgmmaGivesTheBitsOfMmaSync) {
+  M3_SKIP_WITHOUT_GPU();
+  if (!m3::gpu::chunked_wgmma_build())
+    GTEST_SKIP() << "this build has no wgmma path (CMAKE_CUDA_ARCHITECTURES is not 90a)";
+  using T = TypeParam;
+  struct Restore {
+    ~Restore() { m3::gpu::set_chunked_wgmma_for_testing(true); }
+  } restore;
+  std::vector<SsmCase> cases(std::begin(kSsmCases), std::end(kSsmCases));
+  cases.push_back({40, 100, 3, 2, 90, 64});
+  cases.push_back({64, 64, 2, 1, 40, 7});
+  cases.push_back({64, 64, 2, 2, 129, 64});
+  for (const SsmCase& c : cases)
+    for (const bool walk : {false, true}) {
+      SCOPED_TRACE(c.name() + (walk ? ", walk" : ", two kernels"));
+      const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
+      const SsmInputs in = ssm_inputs<T>(d, 31);
+      m3::gpu::set_chunked_wgmma_for_testing(true);
+      const Tensors wg = gpu_ssm<T>(d, in, ScanMode::Chunked, walk);
+      m3::gpu::set_chunked_wgmma_for_testing(false);
+      expect_same_bits(wg, "wgmma", gpu_ssm<T>(d, in, ScanMode::Chunked, walk), "mma.sync");
+    }
 }
 
 }  // namespace
