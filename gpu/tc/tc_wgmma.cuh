@@ -33,10 +33,11 @@
 // warp and n-tile the m16n8 fragment of mma.sync (tc_frag.cuh's Frag with WM = 4).
 // Order: a chain of instructions over k0 ascending accumulates like tc_frag's k loop (one m16n8k16
 // step per k0), and gives its bits: test_tc_wgmma.cu, bf16 and f16, on the H200.
-// Alignment: the 1024-byte groups want a 1024-byte aligned tile base. Round the dynamic shared
-// memory by adding (1024 − (smem_u32(base) mod 1024)) mod 1024 to the pointer, not by rounding
-// the pointer through an integer: that loses its address space, and every shared access made
-// through it becomes a generic one (docs/PERF.md "Stop 47": +141 µs in chunk_bwd_tc).
+// Alignment: the 1024-byte groups want a 1024-byte aligned tile base: tile_base moves the
+// dynamic shared memory's base up by (1024 − (smem_u32(base) mod 1024)) mod 1024 (kAlignSlack
+// bytes more asked for). Not by rounding the pointer through an integer: that loses its address
+// space, and every shared access made through it becomes a generic one (docs/PERF.md "Stop 47":
+// +141 µs in chunk_bwd_tc).
 // Synchronisation (the caller's): the tiles written by ordinary stores, then
 // fence_async_smem() and a barrier before the first instruction reads them; fence() before the
 // first instruction of a chain (and after the accumulators were written by other code);
@@ -81,8 +82,8 @@ using tcf::sw128_offset;
 // A kernel's planes: Sw128 on its wgmma path (kOn), tc_frag's Padded otherwise.
 template <bool kOn>
 using PlaneLay = std::conditional_t<kOn, tcf::Sw128, tcf::Padded>;
-// The dynamic shared memory a kernel asks for beyond its tiles, so that it can place them on
-// 1024 bytes (the swizzle's 8-row groups; the header's Alignment): 1024 on the wgmma path.
+// The dynamic shared memory a kernel asks for beyond its tiles, so that tile_base can place
+// them on 1024 bytes (the swizzle's 8-row groups): 1024 on the wgmma path, else 0.
 template <bool kOn>
 constexpr std::size_t kAlignSlack = kOn ? 1024 : 0;
 
@@ -117,6 +118,17 @@ __device__ __forceinline__ std::uint64_t desc_mn(std::uint32_t tile, int R, int 
 }
 __device__ __forceinline__ std::uint64_t desc_mn(const void* tile, int R, int col0, int k0) {
   return desc_mn(smem_u32(tile), R, col0, k0);
+}
+
+// The dynamic shared memory's base, moved up to the next 1024-byte boundary on the wgmma path
+// (within kAlignSlack<kOn>). The offset is taken from the shared address and added to the
+// pointer: rounding the pointer itself through an integer loses its address space, and every
+// shared access made through it becomes a generic one (LD.E / ST.E: chunk_bwd_tc 1295 → 1378
+// µs, docs/PERF.md "Stop 47").
+template <bool kOn>
+__device__ __forceinline__ unsigned char* tile_base(unsigned char* base) {
+  constexpr unsigned kAl = kAlignSlack<kOn> > 0 ? kAlignSlack<kOn> - 1 : 0;
+  return base + ((kAl + 1 - (smem_u32(base) & kAl)) & kAl);
 }
 
 // Writes of the generic proxy (ordinary stores) made visible to the async proxy that wgmma

@@ -74,7 +74,8 @@ struct Case {
   static constexpr int RB = kTB ? K : N, CB = kTB ? N : K;
   static constexpr int kSwzA = RA * CA * (kSA ? 2 : 1), kSwzB = RB * CB * (kSB ? 2 : 1);
   static constexpr int kPadA = RA * (CA + 8) * (kSA ? 2 : 1), kPadB = RB * (CB + 8) * (kSB ? 2 : 1);
-  static constexpr std::size_t kBytes = 1024 + 2 * std::size_t(kSwzA + kSwzB + kPadA + kPadB);
+  static constexpr std::size_t kBytes =
+      wg::kAlignSlack<true> + 2 * std::size_t(kSwzA + kSwzB + kPadA + kPadB);
 };
 
 template <class T, int K, int N, bool kTA, bool kTB, bool kSA, bool kSB>
@@ -83,8 +84,7 @@ __global__ void __launch_bounds__(256) products_kernel(const float* a, const flo
   using C = Case<T, K, N, kTA, kTB, kSA, kSB>;
   constexpr bool kF16 = tcf::kF16Plane<T>;
   extern __shared__ unsigned char raw[];
-  bf16* base = reinterpret_cast<bf16*>(
-      (reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~std::uintptr_t(1023));
+  bf16* base = reinterpret_cast<bf16*>(wg::tile_base<true>(raw));
   bf16* swa = base;                 // 1024-byte aligned: sizes are multiples of 8 rows × 128 B
   bf16* swb = swa + C::kSwzA;
   bf16* pa = swb + C::kSwzB;

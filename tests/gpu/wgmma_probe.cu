@@ -49,7 +49,7 @@ constexpr int kPadR = std::max(2 * kHP * kLDD, 4 * kL * kLD64);
 constexpr int kSwTyped = 2 * kL * kDP + 2 * kL * kHP;
 constexpr int kSwR = std::max(2 * kHP * kDP, 4 * kL * kL);
 constexpr std::size_t kPadBytes = 2 * std::size_t(kPadTyped + kPadR);
-constexpr std::size_t kSwBytes = 1024 + 2 * std::size_t(kSwTyped + kSwR);
+constexpr std::size_t kSwBytes = wg::kAlignSlack<true> + 2 * std::size_t(kSwTyped + kSwR);
 
 template <class T>
 __device__ void fill_planes(bf16* p, int n) {
@@ -126,8 +126,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 2) wgmma_kernel(int reps, float* out) {
   constexpr bool kH = tcf::kF16Plane<T>;
   extern __shared__ unsigned char raw[];
-  bf16* Q = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(raw) + 1023) &
-                                    ~std::uintptr_t(1023));
+  bf16* Q = reinterpret_cast<bf16*>(wg::tile_base<true>(raw));
   // Then Ks [64][128], dO, X [64][64], R: S hi, lo [64][128], or MA hi, lo, MP hi, lo [64][64];
   // dS as S.
   fill_planes<T>(Q, kSwTyped + kSwR);
