@@ -149,7 +149,10 @@ build_both() {
   [[ -d "$root/.boost" ]] && boost=(-DM3_BOOST_BUNDLE="$root/.boost")
   local jobs
   jobs="$(nproc 2>/dev/null || echo 8)"
-  (cmake -S "$base_src" -B "$base_src/build" -G Ninja -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  # The tree's architecture (gpu-check.sh: ${M3_CUDA_ARCH:-90a}), so that a base with wgmma
+  # kernels (v40 on) runs them; an older base builds the same kernels for 90a as for 90.
+  (cmake -S "$base_src" -B "$base_src/build" -G Ninja -DM3_CUDA=ON \
+     -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}" \
      "${boost[@]}" >"$logs/base-configure.log" 2>&1 &&
    cmake --build "$base_src/build" -j "$((jobs / 2 > 0 ? jobs / 2 : 1))" --target m3h \
      >"$logs/base-build.log" 2>&1) &
