@@ -699,10 +699,9 @@ void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, c
                   static_cast<unsigned>(g.B));
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    if constexpr (kWgmma<16 * RH, 16 * RD>) {
-      if (chunked_wgmma_enabled()) return launch_bwd_tc<T, RH, RD, true>(s, g, p, dS, ct, grid);
-    }
-    launch_bwd_tc<T, RH, RD, false>(s, g, p, dS, ct, grid);
+    with_wgmma<kWgmma<16 * RH, 16 * RD>>([&](auto w) {
+      launch_bwd_tc<T, RH, RD, decltype(w)::value>(s, g, p, dS, ct, grid);
+    });
   });
 }
 

@@ -93,6 +93,15 @@ struct ClusterTail;  // chunk_tail.cuh
 // has them (tc_wgmma.cuh, M3_WGMMA); on unless a test turned it off
 // (set_chunked_wgmma_for_testing, stages.cuh). Defined in chunk_bwd_tc.cu.
 bool& chunked_wgmma_enabled();
+// launch(std::true_type) where this build has a wgmma instantiation for the widths (kHas) and
+// the switch is on, else launch(std::false_type): a launcher's one choice between its kernels.
+template <bool kHas, class F>
+void with_wgmma(F&& launch) {
+  if constexpr (kHas) {
+    if (chunked_wgmma_enabled()) return launch(std::true_type{});
+  }
+  launch(std::false_type{});
+}
 
 // B3 (step 1 of the chunked backward, §6.4) of a typed run whose chunks fit one row tile
 // (g.nt == 1), on the tensor cores over bf16 planes (gpu/scan/chunk_bwd_tc.cu); dS: the per-chunk
