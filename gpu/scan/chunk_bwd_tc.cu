@@ -39,7 +39,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "chunk_tail.cuh"
 #include "convert.cuh"
