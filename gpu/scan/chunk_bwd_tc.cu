@@ -682,8 +682,13 @@ bool& chunked_wgmma_enabled() {
   static bool on = true;
   return on;
 }
+long& chunked_wgmma_launch_count() {
+  static long n = 0;
+  return n;
+}
 bool chunked_wgmma_build() { return wg::kBuild; }
 void set_chunked_wgmma_for_testing(bool on) { chunked_wgmma_enabled() = on; }
+long chunked_wgmma_launches() { return chunked_wgmma_launch_count(); }
 
 template <class T>
 void chunk_bwd_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkBwd<T>& p, const float* dS,

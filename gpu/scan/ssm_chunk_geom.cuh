@@ -93,12 +93,18 @@ struct ClusterTail;  // chunk_tail.cuh
 // has them (tc_wgmma.cuh, M3_WGMMA); on unless a test turned it off
 // (set_chunked_wgmma_for_testing, stages.cuh). Defined in chunk_bwd_tc.cu.
 bool& chunked_wgmma_enabled();
+// How many launches took a wgmma kernel (chunked_wgmma_launches, stages.cuh: so that a test can
+// tell that the switch chose). Defined in chunk_bwd_tc.cu.
+long& chunked_wgmma_launch_count();
 // launch(std::true_type) where this build has a wgmma instantiation for the widths (kHas) and
 // the switch is on, else launch(std::false_type): a launcher's one choice between its kernels.
 template <bool kHas, class F>
 void with_wgmma(F&& launch) {
   if constexpr (kHas) {
-    if (chunked_wgmma_enabled()) return launch(std::true_type{});
+    if (chunked_wgmma_enabled()) {
+      ++chunked_wgmma_launch_count();
+      return launch(std::true_type{});
+    }
   }
   launch(std::false_type{});
 }

@@ -344,6 +344,8 @@ void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p);
 // instantiations (on by default), so that both paths can be held to the same bits.
 bool chunked_wgmma_build();
 void set_chunked_wgmma_for_testing(bool on);
+// Tests: how many launches so far took a wgmma kernel (counted on the host as they are issued).
+long chunked_wgmma_launches();
 // Whether fuse_states takes the chunk walk (SsmChunkFwd/Bwd::fuse_states) for T-typed storage
 // at d: typed runs whose chunks fit one row tile (min(chunk_size, T) ≤ 64). Otherwise the two
 // kernels run, and the forward needs chunk_states.

@@ -1825,16 +1825,23 @@ TYPED_TEST(TypedSsm, WgmmaGivesTheBitsOfMmaSync) {
   cases.push_back({40, 100, 3, 2, 90, 64});
   cases.push_back({64, 64, 2, 1, 40, 7});
   cases.push_back({64, 64, 2, 2, 129, 64});
+  long wg_launches = 0;  // the switch must choose: launches on wgmma with it on, none off
   for (const SsmCase& c : cases)
     for (const bool walk : {false, true}) {
       SCOPED_TRACE(c.name() + (walk ? ", walk" : ", two kernels"));
       const Dims d = Dims::of(ssm_config(c), c.B, c.T, Storage<T>::kPrecision);
       const SsmInputs in = ssm_inputs<T>(d, 31);
       m3::gpu::set_chunked_wgmma_for_testing(true);
+      long n0 = m3::gpu::chunked_wgmma_launches();
       const Tensors wg = gpu_ssm<T>(d, in, ScanMode::Chunked, walk);
+      wg_launches += m3::gpu::chunked_wgmma_launches() - n0;
       m3::gpu::set_chunked_wgmma_for_testing(false);
-      expect_same_bits(wg, "wgmma", gpu_ssm<T>(d, in, ScanMode::Chunked, walk), "mma.sync");
+      n0 = m3::gpu::chunked_wgmma_launches();
+      const Tensors ms = gpu_ssm<T>(d, in, ScanMode::Chunked, walk);
+      EXPECT_EQ(m3::gpu::chunked_wgmma_launches(), n0) << "a wgmma launch with the switch off";
+      expect_same_bits(wg, "wgmma", ms, "mma.sync");
     }
+  EXPECT_GT(wg_launches, 0) << "no launch took a wgmma kernel: mma.sync was compared with itself";
 }
 
 }  // namespace
