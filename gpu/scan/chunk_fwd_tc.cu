@@ -18,8 +18,13 @@
 //      from max|A| over the mask, taken before the barrier that frees S; y goes from S's
 //      scale to MA's).
 //   4. y += MA·X;  y + (D + qk_t)·x → y (typed).
+// Products: mma.sync (Frag::add), or in sm_90a builds at HP and DP of 64 or 128 (kWgmma5)
+// wgmma chains of two warpgroups (wg::frag_add, the same bits: tests/gpu/test_tc_wgmma.cu) over
+// planes in wgmma's 128-byte swizzle on 1024-byte alignment; there A's and y's chains of step 2
+// are issued together, and f16 runs take A's mask maximum while y's runs.
 // Shared memory is the peak of steps 1–2 (Q, Ks, S) and no more: X is not live before step 3.
-// At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes, three blocks per SM
+// At the official shape (bf16 or f16, hd 64, ds 128) that is 70,400 bytes (the wgmma path:
+// 67,360, its planes unpadded and 1 KB of slack for their alignment), three blocks per SM
 // (with X resident from step 1 it was 79,616 bytes and two: the kernel is bound by memory
 // latency, so the third block's warps are worth more than X's load overlapping steps 1–2).
 // Precision: tc_frag.cuh (products ≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs — MA's
@@ -34,6 +39,7 @@
 #include "convert.cuh"
 #include "tc_frag.cuh"
 #include "tc_tiles.cuh"
+#include "tc_wgmma.cuh"
 
 namespace m3::gpu {
 
@@ -52,23 +58,40 @@ constexpr int kThreads5 = tcf::kTileThreads, kWarps5 = kThreads5 / 32;
 // their shared memory fits the SM's 228 KB (1 KB of it reserved per block) and y has ≤ 16
 // accumulators per thread (HP ≤ 64: 80 registers without spills, ptxas -v), else two (≤ 128
 // registers).
-template <class T, int RH, int RD>
+// Whether this build has a wgmma instantiation for these widths (tc_wgmma.cuh, wg::kBuild):
+// HP and DP of 64 or 128 (SW128 tiles want multiples of 64). The launcher takes it unless a test
+// turned it off (set_chunked_wgmma_for_testing) to hold it to the mma.sync bits.
+template <int HP, int DP>
+constexpr bool kWgmma5 = wg::kBuild && (HP == 64 || HP == 128) && (DP == 64 || DP == 128);
+
+// The wgmma path (kWg): planes in Sw128 (plane sizes without padding, every plane on 1024
+// bytes: they are multiples of 512 elements), kAlignSlack bytes more for the base's alignment.
+template <class T, int RH, int RD, bool kW>
 struct Layout {
   static constexpr int HP = 16 * RH, DP = 16 * RD;
+  static constexpr bool kWg = kW;
+  static_assert(!kW || kWgmma5<HP, DP>, "no wgmma instantiation for these widths");
+  using Lay = wg::PlaneLay<kWg>;
   static constexpr int LDH = plane_ld(HP), LDD = plane_ld(DP), LDM = plane_ld(kTR);
-  static constexpr int kQ = kTR * LDD, kX = kTR * LDH;
+  static constexpr int kQ = Lay::template size<kTR, DP>(), kX = Lay::template size<kTR, HP>();
+  static constexpr int kS = Lay::template size<HP, DP>(), kM = Lay::template size<kTR, kTR>();
   static constexpr int kQX = 2 * kQ > kX ? 2 * kQ : kX;
-  static constexpr int kSM = HP * LDD > kTR * LDM ? 2 * HP * LDD : 2 * kTR * LDM;
-  static constexpr std::size_t kBytes = 2 * std::size_t(kQX + kSM) + 4 * (3 * kTR + kWarps5);
+  static constexpr int kSM = kS > kM ? 2 * kS : 2 * kM;
+  static constexpr std::size_t kBytes =
+      wg::kAlignSlack<kWg> + 2 * std::size_t(kQX + kSM) + 4 * (3 * kTR + kWarps5);
   static constexpr int kMinBlocks = HP <= 64 && 3 * (kBytes + 1024) <= 228 * 1024 ? 3 : 2;
 };
 
-template <class T, int RH, int RD>
-__global__ void __launch_bounds__(kThreads5, (Layout<T, RH, RD>::kMinBlocks))
+template <class T, int RH, int RD, bool kW>
+__global__ void __launch_bounds__(kThreads5, (Layout<T, RH, RD, kW>::kMinBlocks))
 chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
-  using Ly = Layout<T, RH, RD>;
+  using Ly = Layout<T, RH, RD, kW>;
   constexpr int HP = Ly::HP, DP = Ly::DP, LDH = Ly::LDH, LDD = Ly::LDD, LDM = Ly::LDM;
-  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr bool kWg = Ly::kWg;
+  using Lay = typename Ly::Lay;
+  auto u = [](const bf16* q) { return wg::smem_u32(q); };
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  unsigned char* const smem = wg::tile_base<kWg>(smem_base);
   bf16* Qp = reinterpret_cast<bf16*>(smem);
   bf16* Kp = Qp + Ly::kQ;
   bf16* Xp = Qp;               // after step 2
@@ -93,11 +116,12 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     const Idx qb = (row0 * g.nh + h) * ds;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
-    load_typed<T, DP, 2, false>(
+    load_typed<T, DP, 2, false, Lay>(
         qk_src, qk_dst, g.nh * ds, L, ds,
         ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
-    sS = load_state<HP, DP, T>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd, ds,
-                               ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16), red)
+    sS = load_state<HP, DP, T, false, Lay>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd,
+                                           ds, ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16),
+                                           red)
              .sc;
   }
   if (tid < kTR) {
@@ -107,16 +131,25 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     dq[st] = sv;
   }
   cp_async_wait_all();
+  if constexpr (kWg) wg::fence_async_smem();  // the planes, to wgmma's proxy (barrier below)
   __syncthreads();
 
-  // 2. y = Q Sᵀ, A = Q Ksᵀ.
-  const tcf::TypedOpnd<T, LDD, true> Q{Qp, 0}, Ks{Kp, 0};
+  // 2. y = Q Sᵀ, A = Q Ksᵀ (wgmma: A's chain, then y's; A's is waited for first).
   tcf::Frag<kTR, HP, kWarps5> y;
   y.zero();
-  y.template add<DP>(Q, tcf::SplitOpnd<T, LDD, true>{Sp, HP * LDD});
   tcf::Frag<kTR, kTR, kWarps5> A;
   A.zero();
-  A.template add<DP>(Q, Ks);
+  if constexpr (kWg) {
+    wg::frag_add<DP, kH, false, false, false, false, kTR, kTR, 0, 0, false>(A, u(Qp), u(Kp));
+    wg::frag_add<DP, kH, false, false, false, true, kTR, HP, 0, 2 * Ly::kS, false>(y, u(Qp),
+                                                                                   u(Sp));
+    wg::wait<1>();
+    wg::hold_frag(A);
+  } else {
+    const tcf::TypedOpnd<T, LDD, true> Q{Qp, 0}, Ks{Kp, 0};
+    y.template add<DP>(Q, tcf::SplitOpnd<T, LDD, true>{Sp, HP * LDD});
+    A.template add<DP>(Q, Ks);
+  }
   // MA = mask · e^{cum_t − cum_s} · A, formed over A's registers after the barrier, with X's
   // loads in flight. f16 runs take MA's scale before it from max|A| over the mask: e^{cum_t −
   // cum_s} ≤ 1 there (adt = a_val·dt ≤ 0, MODEL.md §4 F3: cum does not increase along the chunk),
@@ -134,6 +167,10 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     });
     tcf::post_max<T>(mx, red);
   }
+  if constexpr (kWg) {
+    wg::wait<0>();
+    wg::hold_frag(y);
+  }
   __syncthreads();  // every warp is done with Q, Ks and S: X and MA take their places
   sMA = tcf::scale_of<T, kWarps5>(red);
 
@@ -141,13 +178,13 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   {
     const T* const x_src[1] = {p.x + row0 * g.ldx + h * hd};
     bf16* const x_dst[1] = {Xp};
-    load_typed<T, HP, 1, false>(x_src, x_dst, g.ldx, L, hd,
-                                hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
+    load_typed<T, HP, 1, false, Lay>(x_src, x_dst, g.ldx, L, hd,
+                                     hd % 8 == 0 && g.ldx % 8 == 0 && is_aligned(p.x, 16));
   }
   bf16* MA = Sp;
   A.pairs([&](int, int, int, int t, int s, float& v0, float& v1) {
     to_ma(t, s, v0, v1);
-    tcf::put_split<T>(MA, kTR * LDM, t * LDM + s, v0, v1, sMA);
+    tcf::put_split<T>(MA, Ly::kM, Lay::template at<kTR, kTR>(t, s), v0, v1, sMA);
   });
   y.pairs([&](int, int, int, int t, int, float& v0, float& v1) {
     const float e = ecum[t];
@@ -160,18 +197,23 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     }
   });
   cp_async_wait_all();
+  if constexpr (kWg) wg::fence_async_smem();  // X's and MA's planes, to wgmma's proxy
   __syncthreads();
 
   // 4. y += MA X;  y + (D + qk_t) x → global.
-  y.template add<kTR>(tcf::SplitOpnd<T, LDM, true>{MA, kTR * LDM},
-                      tcf::TypedOpnd<T, LDH, false>{Xp, 0});
+  if constexpr (kWg) {
+    wg::frag_add<kTR, kH, false, true, true, false, kTR, kTR, 2 * Ly::kM, 0>(y, u(MA), u(Xp));
+  } else {
+    y.template add<kTR>(tcf::SplitOpnd<T, LDM, true>{MA, kTR * LDM},
+                        tcf::TypedOpnd<T, LDH, false>{Xp, 0});
+  }
   if constexpr (kH) y.scale(sMA.down);
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
   const bool pair_store = hd % 2 == 0 && is_aligned(p.y, 4);
   T* yb = p.y + row0 * g.di + h * hd;
   y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
     if (t >= L || q >= hd) return;
-    const float2 x = tcf::get_typed_pair<T>(Xp, t * LDH + q);
+    const float2 x = tcf::get_typed_pair<T>(Xp, Lay::template at<kTR, HP>(t, q));
     const float d = dq[t];
     const T y0 = from_float<T>(v0 + d * x.x), y1 = from_float<T>(v1 + d * x.y);
     T* out = yb + t * g.di + q;
@@ -194,15 +236,19 @@ void chunk_scan_tc(cudaStream_t s, const ChunkGeom& g, const SsmChunkFwd<T>& p) 
   M3_REQUIRE(g.nt == 1 && g.hd <= 128 && g.ds <= 128, "gpu::chunk_scan_tc",
              "unsupported chunk geometry", "row tiles per chunk=", g.nt, " headdim=", g.hd,
              " d_state=", g.ds, " (needs chunks of ≤ 64 steps, headdim ≤ 128, d_state ≤ 128)");
+  const dim3 grid(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
+                  static_cast<unsigned>(g.B));
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    auto kernel = chunk_scan_tc_kernel<T, RH, RD>;
-    const std::size_t bytes = Layout<T, RH, RD>::kBytes;
-    opt_in_smem(kernel, bytes, kChunkWhere);
-    const dim3 grid(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
-                    static_cast<unsigned>(g.B));
-    kernel<<<grid, kThreads5, bytes, s>>>(g, p);
-    M3_LAUNCH_CHECK();
+    auto launch = [&](auto w) {
+      constexpr bool kW = decltype(w)::value;
+      auto kernel = chunk_scan_tc_kernel<T, RH, RD, kW>;
+      const std::size_t bytes = Layout<T, RH, RD, kW>::kBytes;
+      opt_in_smem(kernel, bytes, kChunkWhere);
+      kernel<<<grid, kThreads5, bytes, s>>>(g, p);
+      M3_LAUNCH_CHECK();
+    };
+    with_wgmma<kWgmma5<16 * RH, 16 * RD>>(launch);
   });
 }
 

@@ -44,9 +44,12 @@
 // number of n-tiles per warp; every (HP, DP) gives one but (32, 32) (2 × 4 warps, one n-tile
 // each): there V's plane is widened to DQ = 64 (zero columns ≥ ds; the extra products are
 // zeros that are never stored). Else DQ = DP.
-// Shared memory (16-bit elements, then floats): U/W [64][LDH] hi, lo; V [64][LDQ] (one plane of
+// Shared memory (16-bit elements, then floats): U/W [64][HP] hi, lo; V [64][DQ] (one plane of
 // the storage values); w [64]; the warps' maxima [8]. HP = 64, DP = 128 (bf16 or f16): 36,128
 // bytes.
+// wgmma (sm_90a builds, HP = 64 and DQ = 64 or 128: kWgmmaS): the planes in wgmma's 128-byte
+// swizzle on 1024-byte alignment, step 4 as a wgmma chain of two warpgroups (wg::frag_add, the
+// bits of Frag::add: tests/gpu/test_tc_wgmma.cu); the walk's stages on 1024 bytes.
 // Precision: tc_frag.cuh (W split to 16 (bf16 runs) or 22 (f16 runs, relative to W's max)
 // significant bits, V exact; products ≈ 2⁻¹⁶ / 2⁻²² of Σ|terms|,
 // f32 accumulation, k ascending). Determinism: fixed order everywhere, no atomics, one writer
@@ -61,6 +64,7 @@
 #include "convert.cuh"
 #include "tc_frag.cuh"
 #include "tc_tiles.cuh"
+#include "tc_wgmma.cuh"
 
 namespace m3::gpu {
 
@@ -70,12 +74,23 @@ using tcf::bf16;
 
 constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 
-template <class T, int RH, int RD>
+// Whether this build has a wgmma instantiation for these widths (tc_wgmma.cuh, wg::kBuild):
+// the product's Frag<HP, DQ, 8> must have 64 rows (HP = 64) and two warpgroups' halves of 32 or
+// 64 columns (DQ = 64 or 128). The launchers take it unless a test turned it off
+// (set_chunked_wgmma_for_testing) to hold it to the mma.sync bits.
+constexpr int dq_of(int hp, int dp) { return hp == 32 && dp == 32 ? 64 : dp; }  // see the header
+template <int HP, int DP>
+constexpr bool kWgmmaS = wg::kBuild && HP == 64 && (dq_of(HP, DP) == 64 || dq_of(HP, DP) == 128);
+
+template <class T, int RH, int RD, bool kWg>
 struct Layout {
   static constexpr int HP = 16 * RH, DP = 16 * RD;
-  static constexpr int DQ = HP == 32 && DP == 32 ? 64 : DP;  // see the header
-  static constexpr int LDH = tcf::plane_ld(HP), LDQ = tcf::plane_ld(DQ);
-  static constexpr int kUo = kTR * LDH, kVo = kTR * LDQ;  // U's lo-plane offset, V's plane
+  static constexpr int DQ = dq_of(HP, DP);
+  static_assert(!kWg || kWgmmaS<HP, DP>, "no wgmma instantiation for these widths");
+  static constexpr bool kW = kWg;
+  using Lay = wg::PlaneLay<kWg>;
+  // U's lo-plane offset, V's plane (elements)
+  static constexpr int kUo = Lay::template size<kTR, HP>(), kVo = Lay::template size<kTR, DQ>();
   static constexpr std::size_t kBytes =
       sizeof(bf16) * (std::size_t(2) * kUo + std::size_t(kVo)) + sizeof(float) * (kTR + kNW);
   // Blocks per SM (registers ≤ 64K / (256·kMinBlocks)), by the accumulators per thread
@@ -137,12 +152,12 @@ __device__ __forceinline__ void issue_tiles(const ChunkGeom& g, const ChunkState
   const T* V = static_cast<const T*>(a.v);
   const T* const u_src[1] = {U + row0 * a.ldu + h * hd};
   bf16* const u_dst[1] = {pl.U};
-  tcf::load_typed<T, Ly::HP, 1, false>(u_src, u_dst, a.ldu, L, hd,
-                                       hd % 8 == 0 && a.ldu % 8 == 0 && is_aligned(U, 16));
+  tcf::load_typed<T, Ly::HP, 1, false, typename Ly::Lay>(
+      u_src, u_dst, a.ldu, L, hd, hd % 8 == 0 && a.ldu % 8 == 0 && is_aligned(U, 16));
   const T* const v_src[1] = {V + (row0 * g.nh + h) * ds + n0};
   bf16* const v_dst[1] = {pl.V};
-  tcf::load_typed<T, Ly::DQ, 1, false>(v_src, v_dst, g.nh * ds, L, nv,
-                                       ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
+  tcf::load_typed<T, Ly::DQ, 1, false, typename Ly::Lay>(
+      v_src, v_dst, g.nh * ds, L, nv, ds % 8 == 0 && n0 % 8 == 0 && is_aligned(V, 16));
 }
 
 // 2. Warp 0: the weights w_s into pl.w (kW above; kSumAdt also writes da_cumsum_saved, kCumBwd
@@ -203,14 +218,15 @@ __device__ __forceinline__ float chunk_weights(const ChunkGeom& g, const ChunkSt
 // go into the planes scaled; the returned scale brings the product back. bf16 runs: scale 1.
 template <class T, class Ly>
 __device__ __forceinline__ tcf::TileScale weight_planes(const Planes<Ly>& pl) {
-  constexpr int HP = Ly::HP, LDH = Ly::LDH, kUo = Ly::kUo, kW = HP / 8, kIt = kTR * kW / kNT;
+  constexpr int HP = Ly::HP, kUo = Ly::kUo, kW = HP / 8, kIt = kTR * kW / kNT;
+  auto at = [](int r, int c) { return Ly::Lay::template at<kTR, HP>(r, c); };
   static_assert(kTR * kW % kNT == 0, "the block must tile U");
   const int tid = threadIdx.x;
   float v[kIt][8], mx = 0.0f;
 #pragma unroll
   for (int k = 0; k < kIt; ++k) {
     const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
-    const uint4 u4 = *reinterpret_cast<const uint4*>(pl.U + r * LDH + col);
+    const uint4 u4 = *reinterpret_cast<const uint4*>(pl.U + at(r, col));
     const std::uint32_t in[4] = {u4.x, u4.y, u4.z, u4.w};
     const float ws = pl.w[r];
 #pragma unroll
@@ -230,26 +246,33 @@ __device__ __forceinline__ tcf::TileScale weight_planes(const Planes<Ly>& pl) {
 #pragma unroll
   for (int k = 0; k < kIt; ++k) {
     const int e = tid + k * kNT, r = e / kW, col = e % kW * 8;
-    bf16* at = pl.U + r * LDH + col;
+    bf16* dst = pl.U + at(r, col);
     std::uint32_t ho[4], lo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) tcf::split_pair<T>(v[k][2 * j], v[k][2 * j + 1], sc, ho[j], lo[j]);
-    *reinterpret_cast<uint4*>(at) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
-    *reinterpret_cast<uint4*>(at + kUo) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    *reinterpret_cast<uint4*>(dst) = make_uint4(ho[0], ho[1], ho[2], ho[3]);
+    *reinterpret_cast<uint4*>(dst + kUo) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
   }
+  if constexpr (Ly::kW) wg::fence_async_smem();  // W and V (cp.async), to wgmma's proxy
   return sc;
 }
 
 template <class Ly>
 using ChunkFrag = tcf::Frag<Ly::HP, Ly::DQ, kNW>;
 
-// 4. All threads: f = Wᵀ V.
+// 4. All threads: f = Wᵀ V (wgmma: W and V both MN-major, [k = s][m = p] and [k = s][n]).
 template <class T, class Ly>
 __device__ __forceinline__ void chunk_product(ChunkFrag<Ly>& f, const Planes<Ly>& pl) {
   f.zero();
-  // f16 runs: one k-step per loop body (Frag::add; two were 2–5 % slower in the f16 walks).
-  f.template add<kTR, tcf::kF16Plane<T> ? 1 : 0>(tcf::SplitOpnd<T, Ly::LDH, false>{pl.U, Ly::kUo},
-                                                  tcf::TypedOpnd<T, Ly::LDQ, false>{pl.V, 0});
+  if constexpr (Ly::kW) {
+    wg::frag_add<kTR, tcf::kF16Plane<T>, true, true, true, false, kTR, kTR, 2 * Ly::kUo, 0>(
+        f, wg::smem_u32(pl.U), wg::smem_u32(pl.V));
+  } else {
+    // f16 runs: one k-step per loop body (Frag::add; two were 2–5 % slower in the f16 walks).
+    f.template add<kTR, tcf::kF16Plane<T> ? 1 : 0>(
+        tcf::SplitOpnd<T, tcf::plane_ld(Ly::HP), false>{pl.U, Ly::kUo},
+        tcf::TypedOpnd<T, tcf::plane_ld(Ly::DQ), false>{pl.V, 0});
+  }
 }
 
 // A [hd][ld] f32 state at `out` ← the pair (p, n), (p, n + 1) of its columns n < cols (p < hd
@@ -268,12 +291,12 @@ __device__ __forceinline__ void store_pair(float* out, int hd, int cols, int ld,
 
 // ---- one chunk per block ---------------------------------------------------------------------
 
-template <class T, int RH, int RD, bool kFwd>
-__global__ void __launch_bounds__(kNT, (Layout<T, RH, RD>::kMinBlocks))
+template <class T, int RH, int RD, bool kFwd, bool kWg>
+__global__ void __launch_bounds__(kNT, (Layout<T, RH, RD, kWg>::kMinBlocks))
 chunk_state_tc_kernel(ChunkGeom g, ChunkStateArgs a) {
-  using Ly = Layout<T, RH, RD>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const Planes<Ly> pl(smem);
+  using Ly = Layout<T, RH, RD, kWg>;
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  const Planes<Ly> pl(wg::tile_base<kWg>(smem_base));
   const Idx c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   float r0 = 0.0f, r1 = 0.0f;
   constexpr Weights kW = kFwd ? Weights::kSumAdt : Weights::kCumBwd;
@@ -351,7 +374,8 @@ chunk_cumsum_kernel(ChunkGeom g, const float* adt, float* cum) {
 // computes; else 2) of Layout::kBytes (16-byte aligned) + Λ [kS].
 template <class Ly>
 constexpr std::size_t stage_bytes() {
-  return (Ly::kBytes + 15) / 16 * 16;
+  constexpr std::size_t al = Ly::kW ? 1024 : 16;  // wgmma's planes start on 1024 bytes
+  return (Ly::kBytes + al - 1) / al * al;
 }
 // Blocks per SM: S and f hold HP·DQ / 256 floats each per thread; two blocks (128 registers)
 // while that is ≤ 16, else one.
@@ -367,14 +391,15 @@ constexpr int walk_stages() {
 }
 template <class Ly>
 constexpr std::size_t walk_smem() {
-  return walk_stages<Ly>() * (stage_bytes<Ly>() + sizeof(float));
+  return wg::kAlignSlack<Ly::kW> + walk_stages<Ly>() * (stage_bytes<Ly>() + sizeof(float));
 }
 
-template <class T, int RH, int RD, bool kFwd>
-__global__ void __launch_bounds__(kNT, (walk_blocks<Layout<T, RH, RD>>()))
+template <class T, int RH, int RD, bool kFwd, bool kWg>
+__global__ void __launch_bounds__(kNT, (walk_blocks<Layout<T, RH, RD, kWg>>()))
 chunk_walk_tc_kernel(ChunkGeom g, ChunkWalkArgs w) {
-  using Ly = Layout<T, RH, RD>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  using Ly = Layout<T, RH, RD, kWg>;
+  extern __shared__ __align__(16) unsigned char smem_base[];
+  unsigned char* const smem = wg::tile_base<kWg>(smem_base);
   constexpr std::size_t kStage = stage_bytes<Ly>();
   constexpr int kS = walk_stages<Ly>();
   float* lam_s = reinterpret_cast<float*>(smem + kS * kStage);
@@ -488,13 +513,17 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
   require_plane_geometry(g, "chunk_state_tc");
   with_pads(g.hd, g.ds, [&](auto rh, auto rd) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
-    auto k = chunk_state_tc_kernel<T, RH, RD, kFwd>;
-    constexpr std::size_t bytes = Layout<T, RH, RD>::kBytes;
-    opt_in_smem(k, bytes, kChunkWhere);
-    k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
-             static_cast<unsigned>(g.B)),
-        kNT, bytes, s>>>(g, a);
-    M3_LAUNCH_CHECK();
+    auto launch = [&](auto wgm) {
+      constexpr bool kWg = decltype(wgm)::value;
+      auto k = chunk_state_tc_kernel<T, RH, RD, kFwd, kWg>;
+      constexpr std::size_t bytes = wg::kAlignSlack<kWg> + Layout<T, RH, RD, kWg>::kBytes;
+      opt_in_smem(k, bytes, kChunkWhere);
+      k<<<dim3(static_cast<unsigned>(g.nc), static_cast<unsigned>(g.nh),
+               static_cast<unsigned>(g.B)),
+          kNT, bytes, s>>>(g, a);
+      M3_LAUNCH_CHECK();
+    };
+    with_wgmma<kWgmmaS<16 * RH, 16 * RD>>(launch);
   });
 }
 
@@ -505,10 +534,6 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
     constexpr int RH = decltype(rh)::value, RD = decltype(rd)::value;
     // d_state > 64: two halves of 64 columns per (b, h) (see the kernel's comment).
     constexpr int RDh = RD == 8 ? 4 : RD, NS = RD == 8 ? 2 : 1;
-    using Ly = Layout<T, RH, RDh>;
-    auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd>;
-    constexpr std::size_t bytes = walk_smem<Ly>();
-    opt_in_smem(k, bytes, kChunkWhere);
     if constexpr (kFwd) {
       chunk_cumsum_kernel<<<dim3(static_cast<unsigned>((g.nc + kCumWarps - 1) / kCumWarps),
                                  static_cast<unsigned>((g.nh + 31) / 32),
@@ -516,9 +541,16 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
                             32 * kCumWarps, 0, s>>>(g, a.s.adt, a.s.cum_out);
       M3_LAUNCH_CHECK();
     }
-    k<<<dim3(static_cast<unsigned>(g.nh), static_cast<unsigned>(g.B), NS), kNT, bytes, s>>>(g,
-                                                                                          a);
-    M3_LAUNCH_CHECK();
+    auto launch = [&](auto wgm) {
+      constexpr bool kWg = decltype(wgm)::value;
+      auto k = chunk_walk_tc_kernel<T, RH, RDh, kFwd, kWg>;
+      constexpr std::size_t bytes = walk_smem<Layout<T, RH, RDh, kWg>>();
+      opt_in_smem(k, bytes, kChunkWhere);
+      k<<<dim3(static_cast<unsigned>(g.nh), static_cast<unsigned>(g.B), NS), kNT, bytes, s>>>(g,
+                                                                                            a);
+      M3_LAUNCH_CHECK();
+    };
+    with_wgmma<kWgmmaS<16 * RH, 16 * RDh>>(launch);
   });
 }
 
