@@ -81,6 +81,11 @@ constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int dq_of(int hp, int dp) { return hp == 32 && dp == 32 ? 64 : dp; }  // see the header
 template <int HP, int DP>
 constexpr bool kWgmmaS = wg::kBuild && HP == 64 && (dq_of(HP, DP) == 64 || dq_of(HP, DP) == 128);
+// The launchers' choice: bf16 runs only. f16's walks on wgmma measured +6 µs (forward) and
+// +18 µs (backward) per launch against mma.sync at the official shape, bf16's −6 and −2
+// (docs/PERF.md "Stop 49"), so f16 runs keep mma.sync here (its wgmma kernels are not built).
+template <class T, int HP, int DP>
+constexpr bool kTakeWgmmaS = kWgmmaS<HP, DP> && !tcf::kF16Plane<T>;
 
 template <class T, int RH, int RD, bool kWg>
 struct Layout {
@@ -523,7 +528,7 @@ void chunk_state_tc(cudaStream_t s, const ChunkGeom& g, const ChunkStateArgs& a)
           kNT, bytes, s>>>(g, a);
       M3_LAUNCH_CHECK();
     };
-    with_wgmma<kWgmmaS<16 * RH, 16 * RD>>(launch);
+    with_wgmma<kTakeWgmmaS<T, 16 * RH, 16 * RD>>(launch);
   });
 }
 
@@ -550,7 +555,7 @@ void chunk_walk_tc(cudaStream_t s, const ChunkGeom& g, const ChunkWalkArgs& a) {
                                                                                             a);
       M3_LAUNCH_CHECK();
     };
-    with_wgmma<kWgmmaS<16 * RH, 16 * RDh>>(launch);
+    with_wgmma<kTakeWgmmaS<T, 16 * RH, 16 * RDh>>(launch);
   });
 }
 
