@@ -15,10 +15,11 @@
 #                  chunked, Recompute none, graph replays); --ncu adds one official forward +
 #                  backward per dtype under Nsight Compute on each side, the per-kernel table
 #                  of scripts/ncu-compare.sh (base → tree) and each side's layer roofline
-#                  (scripts/ncu-roofline.sh, launches 21–32 and 36–61: the layer's launches of
-#                  that one-layer run, docs/PERF.md "After v27" and v33; AB_LAUNCHES_BASE and
-#                  AB_LAUNCHES_TREE give a side's own, for a change that adds or removes
-#                  launches). Prints the summary last.
+#                  (scripts/ncu-roofline.sh --launches layer: the layer's launches of that
+#                  one-layer run, found in each side's file by the norms around them, so that a
+#                  change that adds or removes a launch inside the layer keeps its window;
+#                  AB_LAUNCHES_BASE and AB_LAUNCHES_TREE give a side's own list instead, e.g.
+#                  21-32,36-61). Prints the summary last.
 #                  --no-build: the builds of an earlier run on this machine, as they are (the
 #                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
 #                  and build-gpu/tools/m3h).
@@ -128,9 +129,9 @@ summary() {
     }' <<<"$rows"
 }
 
-# The layer's launches in ncu's run of one official forward + backward (PERF.md "After v27"; v33
-# paired two pairs of column sums: four launches fewer in the backward; v37 launches no B3).
-kLayerLaunches=21-32,36-61
+# The layer's launches in ncu's run of one official forward + backward: ncu-roofline.sh finds
+# them in each side's file (at v41: 21-32,36-61; PERF.md "After v27", v33, v37, "Stop 49").
+kLayerLaunches=layer
 
 # The logs of run and build: $OUT/ab (default gpu-logs/ab).
 logs_dir() { echo "${OUT:-$root/gpu-logs}/ab"; }
@@ -225,9 +226,11 @@ run() {
       echo "ncu $d, base -> tree (largest differences):"
       head -n 8 "$logs/ncu-$d-vs.txt"
       tail -n 1 "$logs/ncu-$d-vs.txt"
-      echo "ncu $d, the layer's roofline (launches ${launches[base]} and ${launches[tree]}), base then tree:"
-      tail -n 3 "$logs/ncu-base-$d-roofline.txt"
-      tail -n 3 "$logs/ncu-tree-$d-roofline.txt"
+      echo "ncu $d, the layer's roofline (launches: ${launches[base]} and ${launches[tree]}), base then tree:"
+      for side in base tree; do
+        grep -m 1 '^launches: ' "$logs/ncu-$side-$d-roofline.txt" || true
+        tail -n 3 "$logs/ncu-$side-$d-roofline.txt"
+      done
     done
   fi
   summary "$logs"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables, issue 18's closing
-# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST] | ncu-roofline.sh --metrics
+# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST|layer] | ncu-roofline.sh --metrics
 #   CSV      `ncu --print-units base --csv --metrics "$(ncu-roofline.sh --metrics)" ...` output
 #            (scripts/gpu-profile.sh and gpu-ab.sh --ncu take it; ncu's own lines and the
 #            program's output before the CSV are skipped)
@@ -11,7 +11,16 @@
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
 #   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
 #            inclusive ranges, comma-separated, e.g. 21-32,36-66 (PERF.md "After v27": the
-#            layer's launches of a one-layer run); default every launch
+#            layer's launches of a one-layer run); default every launch. `--launches layer`
+#            finds the layer's launches of a one-layer forward + backward (gpu-ab.sh --ncu's run)
+#            by the norms around them, so that a change that adds or removes a launch inside the
+#            layer keeps its window: the forward from the launch after the last
+#            rmsnorm_forward_kernel<…, 0> (the pre-norm of the last pass) through the next
+#            rmsnorm_forward_kernel<…, 1> (norm_f, the residual add folded in); the backward
+#            from the launch after the next convert_kernel<float, …> (δ's typed copy) through the
+#            launch after the last rmsnorm_backward_kernel (the layer's norm backward and its
+#            weight's column sum). It prints the IDs it found first ("launches: …"); a file
+#            without those kernels in that order is refused.
 # One row per kernel (its launches summed; named as scripts/ncu-compare.sh names them): launches,
 # µs, DRAM GB, warp instructions, and two floors, each per launch and summed:
 #   bytes   DRAM bytes / copy ceiling
@@ -35,7 +44,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 csv=""
 copy=4262
 launches=""
-usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST] | ncu-roofline.sh --metrics"
+usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST|layer] | ncu-roofline.sh --metrics"
 metrics=(gpu__time_duration.sum dram__bytes.sum smsp__inst_executed.sum
   sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count)
 if [[ $# -eq 1 && "$1" == --metrics ]]; then
@@ -50,7 +59,7 @@ while (($#)); do
       shift 2
       ;;
     --launches)
-      (($# >= 2)) || die "--launches needs a list of launch IDs and ranges (e.g. 21-32,36-66)"
+      (($# >= 2)) || die "--launches needs a list of launch IDs and ranges (e.g. 21-32,36-66) or layer"
       launches="$2"
       shift 2
       ;;
@@ -65,9 +74,43 @@ done
 [[ -n "$csv" ]] || die "$usage"
 [[ "$copy" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$copy" 'BEGIN { exit !(c > 0) }' ||
   die "--copy must be a positive number of GB/s, not '$copy'"
+if [[ "$launches" == layer ]]; then
+  [[ -f "$csv" && -r "$csv" ]] || die "cannot read $csv"
+  # The launches in ID order with their row names, then the anchors of the header's rule.
+  launches="$(awk "$(cat "$here/ncu-csv.awk")"'
+    /^"/ {
+      n = split_csv($0, f)
+      if (!hdr) { csv_header(f, n); hdr = 1; next }
+      if (!kc || !ic) exit 2
+      id = f[ic] + 0
+      if (!(id in name)) { name[id] = kernel_key(f[kc]); if (id > last) last = id }
+    }
+    END {
+      if (!hdr) exit 2
+      pre = -1
+      for (i = 0; i <= last; i++) if (name[i] ~ /^rmsnorm_forward_kernel<.*, 0>$/) pre = i
+      if (pre < 0) exit 3
+      for (fe = pre + 1; fe <= last && name[fe] !~ /^rmsnorm_forward_kernel<.*, 1>$/; fe++) ;
+      if (fe > last) exit 4
+      for (cv = fe + 1; cv <= last && name[cv] !~ /^convert_kernel<float, /; cv++) ;
+      if (cv > last) exit 5
+      nb = -1
+      for (i = cv + 1; i <= last; i++) if (name[i] ~ /^rmsnorm_backward_kernel</) nb = i
+      if (nb < 0 || nb + 1 > last) exit 6
+      print pre + 1 "-" fe "," cv + 1 "-" nb + 1
+    }' "$csv")" || case $? in
+    2) die "--launches layer: $csv has no ncu --csv header with ID and Kernel Name" ;;
+    3) die "--launches layer: no rmsnorm_forward_kernel<…, 0> (the layer's pre-norm) in $csv" ;;
+    4) die "--launches layer: no rmsnorm_forward_kernel<…, 1> (norm_f) after the last pre-norm in $csv" ;;
+    5) die "--launches layer: no convert_kernel<float, …> (δ's typed copy) after norm_f in $csv" ;;
+    6) die "--launches layer: no rmsnorm_backward_kernel with a launch after it, after δ's copy, in $csv" ;;
+    *) die "--launches layer: reading $csv failed" ;;
+  esac
+  echo "launches: $launches (the layer's, found by its norms)"
+fi
 if [[ -n "$launches" ]]; then
   [[ "$launches" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
-    die "--launches takes launch IDs and ranges like 21-32,36-66, not '$launches'"
+    die "--launches takes launch IDs and ranges like 21-32,36-66, or layer, not '$launches'"
   IFS=, read -ra parts <<<"$launches"
   for part in "${parts[@]}"; do
     [[ "$part" != *-* ]] || ((10#${part%-*} <= 10#${part#*-})) ||

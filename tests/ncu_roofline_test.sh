@@ -2,7 +2,7 @@
 # scripts/ncu-roofline.sh on small ncu --csv files written here: the floors by bytes and by
 # issue (two launches of one kernel at different clocks, the bf16 and f16 instantiations in one
 # row), prefixed units, the GEMMs' row and the totals, the order by time, --launches (a range
-# and single IDs); and the refusals (missing file, no metric rows, a launch without a metric, an
+# and single IDs, and `layer`: the window found by the norms, before and after a fusion); and the refusals (missing file, no metric rows, a launch without a metric, an
 # unknown unit, a bad --copy, a malformed or backwards --launches list, one that selects nothing).
 # Usage: ncu_roofline_test.sh SCRIPT
 set -euo pipefail
@@ -82,8 +82,42 @@ expect_refusal "$script" "an unknown unit" "$work/unit.csv"
 expect_refusal "$script" "a bad --copy" "$work/run.csv" --copy fast
 expect_refusal "$script" "--copy 0" "$work/run.csv" --copy 0
 expect_refusal "$script" "two files" "$work/run.csv" "$work/run.csv"
+# --launches layer: a one-layer forward + backward in miniature (two forward passes, then the
+# backward), the layer's launches found by the norms around them: 4-6 and 9-12.
+k_pre="${ns}rmsnorm_forward_kernel<__nv_bfloat16, 32, 1, 0>(int)"
+k_norm_f="${ns}rmsnorm_forward_kernel<__nv_bfloat16, 32, 1, 1>(int)"
+k_gemm='nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT'
+k_walk="${ns}walk_kernel<__nv_bfloat16, 4>(int)"
+{
+  echo "$hdr"
+  i=0
+  for k in "$k_pre" "$k_walk" "$k_norm_f" "$k_pre" "$k_gemm" "$k_walk" "$k_norm_f" \
+    "${ns}rmsnorm_backward_kernel<float, 32, 1, 0, 1, 0>(int)" \
+    "${ns}convert_kernel<float, __nv_bfloat16>(int)" "$k_gemm" "${ns}copy_kernel<__half>(long)" \
+    "${ns}rmsnorm_backward_kernel<__nv_bfloat16, 32, 1, 1, 1, 1>(int)" \
+    "m3::colsum_partial_kernel<m3::LoadMatrix>(int)" "$k_gemm"; do
+    launch "$i" "$k" '1,000' '1,000' '1,000' '1,000,000,000'
+    i=$((i + 1))
+  done
+} >"$work/layer.csv"
+found="$(bash "$script" "$work/layer.csv" --launches layer)"
+[[ "$(head -n 1 <<<"$found")" == "launches: 4-6,9-12 (the layer's, found by its norms)" ]] ||
+  { echo "FAIL: --launches layer found: $found"; exit 1; }
+[[ "$(tail -n +2 <<<"$found")" == "$(bash "$script" "$work/layer.csv" --launches 4-6,9-12)" ]] ||
+  { echo "FAIL: --launches layer is not --launches 4-6,9-12: $found"; exit 1; }
+# A launch fewer inside the layer's forward (a fusion): the window follows it.
+grep -v '^"5",' "$work/layer.csv" | awk -F'","' -v OFS='","' '
+  /^"[0-9]+",/ { id = substr($1, 2) + 0; if (id > 5) $1 = "\"" id - 1 } { print }' \
+  >"$work/fused.csv"
+[[ "$(bash "$script" "$work/fused.csv" --launches layer | head -n 1)" == \
+   "launches: 4-5,8-11 (the layer's, found by its norms)" ]] ||
+  { echo "FAIL: --launches layer after a fusion"; exit 1; }
+expect_refusal "$script" "--launches layer without the layer's norms" "$work/run.csv" --launches layer
+grep -v 'convert_kernel' "$work/layer.csv" >"$work/no-convert.csv"
+expect_refusal "$script" "--launches layer without δ's copy" "$work/no-convert.csv" --launches layer
+expect_refusal "$script" "--launches layer on a missing file" "$work/missing.csv" --launches layer
 # --metrics: the five metrics the CSV must hold (what gpu-profile.sh and gpu-ab.sh profile with).
 [[ "$(bash "$script" --metrics)" == "gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count" ]] ||
   { echo "FAIL: --metrics"; exit 1; }
 expect_refusal "$script" "--metrics with a CSV" --metrics "$work/run.csv"
-echo "ncu-roofline: floors, rows, units, totals, --launches and refusals checked"
+echo "ncu-roofline: floors, rows, units, totals, --launches (lists and layer) and refusals checked"
