@@ -226,9 +226,11 @@ run() {
       echo "ncu $d, base -> tree (largest differences):"
       head -n 8 "$logs/ncu-$d-vs.txt"
       tail -n 1 "$logs/ncu-$d-vs.txt"
-      echo "ncu $d, the layer's roofline (launches: ${launches[base]} and ${launches[tree]}), base then tree:"
+      echo "ncu $d, the layer's roofline, base then tree:"
       for side in base tree; do
-        grep -m 1 '^launches: ' "$logs/ncu-$side-$d-roofline.txt" || true
+        # ncu-roofline.sh says which launches `layer` found; an explicit list is as given.
+        grep -m 1 '^launches: ' "$logs/ncu-$side-$d-roofline.txt" ||
+          echo "launches: ${launches[$side]}"
         tail -n 3 "$logs/ncu-$side-$d-roofline.txt"
       done
     done

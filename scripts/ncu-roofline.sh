@@ -59,7 +59,8 @@ while (($#)); do
       shift 2
       ;;
     --launches)
-      (($# >= 2)) || die "--launches needs a list of launch IDs and ranges (e.g. 21-32,36-66) or layer"
+      (($# >= 2)) ||
+        die "--launches needs a list of launch IDs and ranges (e.g. 21-32,36-66) or layer"
       launches="$2"
       shift 2
       ;;
@@ -101,9 +102,12 @@ if [[ "$launches" == layer ]]; then
     }' "$csv")" || case $? in
     2) die "--launches layer: $csv has no ncu --csv header with ID and Kernel Name" ;;
     3) die "--launches layer: no rmsnorm_forward_kernel<…, 0> (the layer's pre-norm) in $csv" ;;
-    4) die "--launches layer: no rmsnorm_forward_kernel<…, 1> (norm_f) after the last pre-norm in $csv" ;;
-    5) die "--launches layer: no convert_kernel<float, …> (δ's typed copy) after norm_f in $csv" ;;
-    6) die "--launches layer: no rmsnorm_backward_kernel with a launch after it, after δ's copy, in $csv" ;;
+    4) die "--launches layer: no rmsnorm_forward_kernel<…, 1> (norm_f)" \
+      "after the last pre-norm in $csv" ;;
+    5) die "--launches layer: no convert_kernel<float, …> (δ's typed copy)" \
+      "after norm_f in $csv" ;;
+    6) die "--launches layer: no rmsnorm_backward_kernel with a launch after it," \
+      "after δ's copy, in $csv" ;;
     *) die "--launches layer: reading $csv failed" ;;
   esac
   echo "launches: $launches (the layer's, found by its norms)"

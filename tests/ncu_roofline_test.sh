@@ -2,8 +2,10 @@
 # scripts/ncu-roofline.sh on small ncu --csv files written here: the floors by bytes and by
 # issue (two launches of one kernel at different clocks, the bf16 and f16 instantiations in one
 # row), prefixed units, the GEMMs' row and the totals, the order by time, --launches (a range
-# and single IDs, and `layer`: the window found by the norms, before and after a fusion); and the refusals (missing file, no metric rows, a launch without a metric, an
-# unknown unit, a bad --copy, a malformed or backwards --launches list, one that selects nothing).
+# and single IDs, and `layer`: the window found by the norms, before and after a fusion); and
+# the refusals (missing file, no metric rows, a launch without a metric, an unknown unit, a bad
+# --copy, a malformed or backwards --launches list, one that selects nothing, a file without the
+# layer's norms for `layer`).
 # Usage: ncu_roofline_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -112,9 +114,11 @@ grep -v '^"5",' "$work/layer.csv" | awk -F'","' -v OFS='","' '
 [[ "$(bash "$script" "$work/fused.csv" --launches layer | head -n 1)" == \
    "launches: 4-5,8-11 (the layer's, found by its norms)" ]] ||
   { echo "FAIL: --launches layer after a fusion"; exit 1; }
-expect_refusal "$script" "--launches layer without the layer's norms" "$work/run.csv" --launches layer
+expect_refusal "$script" "--launches layer without the layer's norms" "$work/run.csv" \
+  --launches layer
 grep -v 'convert_kernel' "$work/layer.csv" >"$work/no-convert.csv"
-expect_refusal "$script" "--launches layer without δ's copy" "$work/no-convert.csv" --launches layer
+expect_refusal "$script" "--launches layer without δ's copy" "$work/no-convert.csv" \
+  --launches layer
 expect_refusal "$script" "--launches layer on a missing file" "$work/missing.csv" --launches layer
 # --metrics: the five metrics the CSV must hold (what gpu-profile.sh and gpu-ab.sh profile with).
 [[ "$(bash "$script" --metrics)" == "gpu__time_duration.sum,dram__bytes.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second,device__attribute_multiprocessor_count" ]] ||

@@ -340,9 +340,10 @@ template <class T>
 void ssm_chunked_states(cudaStream_t s, const Dims& d, const SsmChunkFwd<T>& p);
 // Whether this build forms the chunked scan's tensor-core products with wgmma where the widths
 // allow (an sm_90a build: tc_wgmma.cuh, M3_WGMMA; chunk_bwd_tc at headdim 33–64 with d_state
-// 33–128, K5's chunk_scan_tc at headdim and d_state 33–128, chunk_state_tc and the chunk walks
-// at headdim 33–64 with d_state 33–128). Tests: set_chunked_wgmma_for_testing(false) makes those launches take their mma.sync
-// instantiations (on by default), so that both paths can be held to the same bits.
+// 33–128, K5's chunk_scan_tc at headdim and d_state 33–128, and in bf16 runs chunk_state_tc and
+// the chunk walks at headdim 33–64 with d_state 33–128). Tests: set_chunked_wgmma_for_testing
+// (false) makes those launches take their mma.sync instantiations (on by default), so that both
+// paths can be held to the same bits.
 bool chunked_wgmma_build();
 void set_chunked_wgmma_for_testing(bool on);
 // Tests: how many launches so far took a wgmma kernel (counted on the host as they are issued).

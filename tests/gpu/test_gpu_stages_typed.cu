@@ -1806,14 +1806,14 @@ TYPED_TEST(TypedSsm, ChunkWalkGivesTheBitsOfTheTwoKernels) {
   }
 }
 
-// In an sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a) chunk_bwd_tc, K5 (chunk_scan_tc),
-// chunk_state_tc and the chunk walks form their products with wgmma where the widths allow
-// (headdim 33–64 with d_state 33–128; K5 also headdim 65–128; tc_wgmma.cuh); with set_chunked_wgmma_for_testing(false) the same launches
-// take the mma.sync instantiations. Every output has the same bits both ways, with the two
-// kernels and with the walk. Beyond kSsmCases (the official head shape with a ragged last
-// chunk; headdim 128, where only K5 takes wgmma), the
-// wgmma widths with padded columns: headdim 40 with d_state 100, and 64 with 64 over chunks of
-// 7 and 64 rows.
+// In an sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a) chunk_bwd_tc, K5 (chunk_scan_tc) and, in
+// bf16 runs, chunk_state_tc and the chunk walks form their products with wgmma where the widths
+// allow (headdim 33–64 with d_state 33–128; K5 also headdim 65–128; tc_wgmma.cuh); with
+// set_chunked_wgmma_for_testing(false) the same launches take the mma.sync instantiations. Every
+// output has the same bits both ways, with the two kernels and with the walk. Beyond kSsmCases
+// (the official head shape with a ragged last chunk; headdim 128, where only K5 takes wgmma),
+// the wgmma widths with padded columns: headdim 40 with d_state 100, and 64 with 64 over chunks
+// of 7 and 64 rows.
 TYPED_TEST(TypedSsm, WgmmaGivesTheBitsOfMmaSync) {
   M3_SKIP_WITHOUT_GPU();
   if (!m3::gpu::chunked_wgmma_build())
