@@ -210,13 +210,23 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   if constexpr (kH) y.scale(sMA.down);
   using T2 = std::conditional_t<std::is_same_v<T, bf16>, __nv_bfloat162, __half2>;
   const bool pair_store = hd % 2 == 0 && is_aligned(p.y, 4);
-  T* yb = p.y + row0 * g.di + h * hd;
-  y.pairs([&](int, int, int, int t, int q, float& v0, float& v1) {
-    if (t >= L || q >= hd) return;
+  // The thread's two rows t = wm·16 + g + 8·hh (FM = 1): y's row addresses (null beyond L) and
+  // D + qk_t, formed once rather than per pair.
+  static_assert(decltype(y)::FM == 1, "one row tile per warp");
+  T* yrow[2];
+  float dr[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int t = y.wm() * 16 + static_cast<int>((threadIdx.x & 31) >> 2) + 8 * hh;
+    yrow[hh] = t < L ? p.y + (row0 + t) * g.di + h * hd : nullptr;
+    dr[hh] = dq[t];
+  }
+  y.pairs([&](int, int hh, int, int t, int q, float& v0, float& v1) {
+    if (!yrow[hh] || q >= hd) return;
     const float2 x = tcf::get_typed_pair<T>(Xp, Lay::template at<kTR, HP>(t, q));
-    const float d = dq[t];
+    const float d = dr[hh];
     const T y0 = from_float<T>(v0 + d * x.x), y1 = from_float<T>(v1 + d * x.y);
-    T* out = yb + t * g.di + q;
+    T* out = yrow[hh] + q;
     if (pair_store) {
       T2 w;
       w.x = y0;
