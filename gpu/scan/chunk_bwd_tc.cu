@@ -307,7 +307,20 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   const float* S = p.chunk_states_saved + g.state_base(b, c, h);
   const float* dS = dS_all + g.state_base(b, c, h);
 
-  // ---- (0) loads
+  // ---- (0) loads. f16 runs with float4 state rows (kSEarly) request S's and dS's values into
+  // registers first, before the typed tiles' copies, and split S once the tile's max is known
+  // (StateInFlight: load_state's slots, order and split, so its bits); the others load S
+  // after the copies are issued (load_state).
+  using StateRegs = tcf::StateInFlight<HP, DP, Lay>;
+  constexpr bool kSEarly = kH && StateRegs::kIt <= tcf::kBatch;
+  const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
+  StateRegs s_in, ds_in;
+  if constexpr (kSEarly) {
+    if (vs) {
+      s_in.issue(S, hd, ds);
+      ds_in.issue(dS, hd, ds);
+    }
+  }
   {
     const Idx qb = (row0 * nh + h) * ds, ob = row0 * di + h * hd, xb = row0 * g.ldx + h * hd;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
@@ -328,8 +341,13 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     cum[tid] = tid < L ? cumg[tid] : 0.0f;
     qkD[tid] = tid < L ? p.d_param[h] + p.qk_dot_saved[(row0 + tid) * nh + h] : 0.0f;
   }
-  const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
-  const tcf::StateLoad ls = tcf::load_state<HP, DP, T, true, Lay>(R, S, hd, ds, vs, redm, dS);
+  tcf::StateLoad ls;
+  if (kSEarly && vs) {
+    ls.dot = s_in.dot(ds_in, hd, ds);
+    ls.sc = s_in.template split_scaled<T>(R, redm);
+  } else {
+    ls = tcf::load_state<HP, DP, T, true, Lay>(R, S, hd, ds, vs, redm, dS);
+  }
   cp_async_wait_all();
   if constexpr (kWg) wg::fence_async_smem();  // the planes, to wgmma's proxy (barrier below)
   const float Lam = cumg[L - 1];

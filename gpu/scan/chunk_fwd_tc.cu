@@ -113,16 +113,28 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   if (tid >= kTR && tid < 2 * kTR && st < L)
     sv = p.d_param[h] + p.qk_dot_saved[(row0 + st) * g.nh + h];
   {
+    // f16 runs with float4 state rows (kSEarly): S's values requested first, before Q's and
+    // Ks's copies, and split once the tile's max is known (chunk_bwd_tc.cu's step 0, the same
+    // bits as load_state's).
+    using StateRegs = tcf::StateInFlight<HP, DP, Lay>;
+    constexpr bool kSEarly = kH && StateRegs::kIt <= tcf::kBatch;
+    const float* S = p.chunk_states_saved + g.state_base(b, c, h);
+    const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16);
+    StateRegs s_in;
+    if constexpr (kSEarly) {
+      if (vs) s_in.issue(S, hd, ds);
+    }
     const Idx qb = (row0 * g.nh + h) * ds;
     const T* const qk_src[2] = {p.q + qb, p.k_scaled_saved + qb};
     bf16* const qk_dst[2] = {Qp, Kp};
     load_typed<T, DP, 2, false, Lay>(
         qk_src, qk_dst, g.nh * ds, L, ds,
         ds % 8 == 0 && is_aligned(p.q, 16) && is_aligned(p.k_scaled_saved, 16));
-    sS = load_state<HP, DP, T, false, Lay>(Sp, p.chunk_states_saved + g.state_base(b, c, h), hd,
-                                           ds, ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16),
-                                           red)
-             .sc;
+    if (kSEarly && vs) {
+      sS = s_in.template split_scaled<T>(Sp, red);
+    } else {
+      sS = load_state<HP, DP, T, false, Lay>(Sp, S, hd, ds, vs, red).sc;
+    }
   }
   if (tid < kTR) {
     cum[st] = sv;

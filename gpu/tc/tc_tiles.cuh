@@ -193,6 +193,27 @@ struct StateInFlight {
     for (int k = 0; k < kIt; ++k) mx = fmaxf(mx, max_abs4(v[k]));
     return mx;
   }
+  // This thread's part of ⟨S, O⟩ (o: O's values issued with the same hd, ds), in load_state's
+  // order and expression (its kDot over the live slots), so the same bits.
+  __device__ __forceinline__ float dot(const StateInFlight& o, int hd, int ds) const {
+    const Slots<kW> sl;
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kIt; ++k)
+      if (sl.row(k) < hd && sl.col * 4 < ds)
+        d += v[k].x * o.v[k].x + v[k].y * o.v[k].y + v[k].z * o.v[k].z + v[k].w * o.v[k].w;
+    return d;
+  }
+  // f16 runs' whole split (post_max into red[kTileThreads / 32], a barrier, scale_of, store):
+  // load_state's f16 float4 path from here on, so its planes' bits. Returns the planes' scale.
+  template <class T>
+  __device__ __forceinline__ TileScale split_scaled(bf16* dst, float* red) const {
+    post_max<T>(max_abs(), red);
+    __syncthreads();
+    const TileScale sc = scale_of<T, kTileThreads / 32>(red);
+    store<T>(dst, sc);
+    return sc;
+  }
   template <class T>
   __device__ __forceinline__ void store(bf16* dst, TileScale sc = {}) const {
     const Slots<kW> sl;
