@@ -26,7 +26,8 @@
 // official shape (HP = 64, DP = 128, bf16 or f16) that is ≈ 92 KB: two blocks per SM, so one
 // block's loads overlap the other's products.
 // Order: (0) loads: typed tiles (rows aligned: cp.async straight into the planes), S split
-// into R, ⟨S, dS⟩ from the f32 values; (1) dq = dO·S, rx; (2) A, P → MA, MP into R, row and
+// into R, ⟨S, dS⟩ from the f32 values (f16 runs: S's and dS's values requested first, S split
+// once its tile's max is known); (1) dq = dO·S, rx; (2) A, P → MA, MP into R, row and
 // column sums of W; dq += MP·Ks → dQ_mid; (3) dV = MAᵀ·dO, dK = MPᵀ·Q; dS split into R;
 // (4) dV += e_s·(Ks·dSᵀ) + (D + qk)·dO → d_x; dK += e_s·(X·dS), M_t → dK_mid; (5) dADT (warp 0).
 // Precision: products as tc_frag.cuh (≈ 2⁻¹⁶ of Σ|terms| for bf16 runs, 2⁻²² for f16 runs; A
