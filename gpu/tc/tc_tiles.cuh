@@ -204,8 +204,8 @@ struct StateInFlight {
         d += v[k].x * o.v[k].x + v[k].y * o.v[k].y + v[k].z * o.v[k].z + v[k].w * o.v[k].w;
     return d;
   }
-  // f16 runs' whole split (post_max into red[kTileThreads / 32], a barrier, scale_of, store):
-  // load_state's f16 float4 path from here on, so its planes' bits. Returns the planes' scale.
+  // f16 runs' whole split (post_max into red[kTileThreads / 32], a barrier, scale_of, store),
+  // as load_state's f16 float4 path ends. Returns the planes' scale.
   template <class T>
   __device__ __forceinline__ TileScale split_scaled(bf16* dst, float* red) const {
     post_max<T>(max_abs(), red);
@@ -244,32 +244,24 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
   auto at = [](int r, int c) { return Lay::template at<R, C>(r, c); };
   StateLoad out;
   if constexpr (kF16Plane<T>) {
-    float mx = 0.0f;
     if (vec) {  // float4 rows: the thread's values wait in registers for the scale
-      constexpr int kW = C / 4, kIt = R * kW / kTileThreads;
-      static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
-      const Slots<kW> sl;
-      float4 v[kIt];
+      using St = StateInFlight<R, C, Lay>;  // its slots; O's values read one by one, for the dot
+      St s;
+      const Slots<St::kW> sl;
 #pragma unroll
-      for (int k = 0; k < kIt; ++k) {
+      for (int k = 0; k < St::kIt; ++k) {
         const int r = sl.row(k), c = sl.col * 4;
         const bool in = r < hd && c < ds;
-        v[k] = in ? *reinterpret_cast<const float4*>(S + r * ds + c)
-                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        s.v[k] = in ? *reinterpret_cast<const float4*>(S + r * ds + c)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if constexpr (kDot) {
           if (in) {
             const float4 o = *reinterpret_cast<const float4*>(O + r * ds + c);
-            out.dot += v[k].x * o.x + v[k].y * o.y + v[k].z * o.z + v[k].w * o.w;
+            out.dot += s.v[k].x * o.x + s.v[k].y * o.y + s.v[k].z * o.z + s.v[k].w * o.w;
           }
         }
-        mx = fmaxf(mx, max_abs4(v[k]));
       }
-      post_max<T>(mx, red);
-      __syncthreads();
-      out.sc = scale_of<T, kTileThreads / 32>(red);
-#pragma unroll
-      for (int k = 0; k < kIt; ++k)
-        put_split4<T>(dst, kLo, at(sl.row(k), sl.col * 4), v[k], out.sc);
+      out.sc = s.template split_scaled<T>(dst, red);
     } else {  // element by element (rare shapes): the values read twice, to keep registers free
       constexpr int kW = C / 2, kIt = R * kW / kTileThreads;
       static_assert(R * kW % kTileThreads == 0, "the block must tile the state");
@@ -277,6 +269,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       auto get = [&](const float* M, int r, int c) {
         return r < hd && c < ds ? M[r * ds + c] : 0.0f;
       };
+      float mx = 0.0f;
 #pragma unroll 1
       for (int k = 0; k < kIt; ++k) {
         const int r = sl.row(k), c = sl.col * 2;

@@ -9,7 +9,10 @@
 // One block of 256 threads forms both from the same S and O; asserted bit for bit: both plane
 // sets (every element, the padding included), the scale (up and down) and every thread's dot
 // (f16 runs; bf16 runs have no dot here: load_state's bf16 path adds the zero slots, and
-// chunk_bwd_tc takes StateInFlight only in f16 runs). Cases: the official tile (64 × 128), a
+// chunk_bwd_tc takes StateInFlight only in f16 runs). load_state's f16 float4 path ends in the
+// same split_scaled, so in f16 what differs is how the values arrive (its slots loaded one by
+// one with O's read beside them, against issue) and the dot; bf16 runs compare load_state's
+// batched split with StateInFlight's store. Cases: the official tile (64 × 128), a
 // square one (32 × 32, the default preset's padded widths), partial tiles (hd < R, ds < C,
 // ds % 4 = 0), values spread over 2⁻⁶⁰ … 2⁶⁰ with both signs, and an all-zero tile (scale 1);
 // both plane layouts (padded rows, and wgmma's 128-byte swizzle where C is a multiple of 64).
