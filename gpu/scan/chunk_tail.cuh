@@ -176,7 +176,8 @@ template <class T, bool kRecompute, bool kVec, bool kFull>
 __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>& a, unsigned r,
                                           unsigned h, unsigned lane, bool last,
                                           const TailIn& in, const float (&ab)[4],
-                                          const float (&ac)[4], float (&db)[4], float (&dc)[4]) {
+                                          const float (&ac)[4], float (&db)[4], float (&dc)[4],
+                                          float& half_sum) {
   const unsigned i = r * tg.nh + h, ds = tg.ds;
   const float e = in.dqk * in.gam;
   float dkout[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -201,16 +202,36 @@ __device__ __forceinline__ void tail_item(const TailGeom& tg, const TailArgs<T>&
     if (rot) a.d_angle_cumsum[i * tg.na + p] = dang;
     db[a0] = b2.x, db[a1] = b2.y, dc[a0] = c2.x, dc[a1] = c2.y;
   }
-  // Both sums in one butterfly (header): lanes < 16 end with Σ dsc, lanes ≥ 16 with Σ qk.
+  // Both sums in one butterfly (header), its first level here: lanes < 16 hold dsc's partial,
+  // lanes ≥ 16 qk's; the caller runs the levels over 8, 4, 2, 1 for several items at once
+  // (tail_sums_finish), so that their shuffles' latencies overlap.
   const bool lo = lane < 16;
-  float v = (lo ? dsc : qk) + __shfl_xor_sync(0xffffffffu, lo ? qk : dsc, 16);
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (lane == 0) a.dScale[i] = v;
-  if (lane == 16) a.dGamma[i] = in.dqk * v;
+  half_sum = (lo ? dsc : qk) + __shfl_xor_sync(0xffffffffu, lo ? qk : dsc, 16);
   if (a.d_b_pre_rope) {
     pair_store<kVec, kFull>(a.d_b_pre_rope, i * ds, lane, ds, db);
     pair_store<kVec, kFull>(a.d_c_pre_rope, i * ds, lane, ds, dc);
+  }
+}
+
+// The rest of tail_item's butterfly for the items (r0 + q, h), q < n ≤ N, at once, level by
+// level (each item's own tree unchanged, so its bits): v[q] ends as Σ dsc in lanes < 16 and
+// Σ qk in lanes ≥ 16; item q stores dScale from lane 0 and dGamma = dqk[q]·Σ qk from lane 16
+// (i = (r0 + q)·nh + h, tail_item's index).
+template <int N>
+__device__ __forceinline__ void tail_sums_finish(float (&v)[N], const float (&dqk)[N],
+                                                 unsigned n, unsigned r0, unsigned h,
+                                                 unsigned nh, unsigned lane, float* dScale,
+                                                 float* dGamma) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+    for (int q = 0; q < N; ++q) v[q] += __shfl_xor_sync(0xffffffffu, v[q], o);
+#pragma unroll
+  for (int q = 0; q < N; ++q) {
+    if (unsigned(q) >= n) continue;
+    const unsigned i = (r0 + q) * nh + h;
+    if (lane == 0) dScale[i] = v[q];
+    if (lane == 16) dGamma[i] = dqk[q] * v[q];
   }
 }
 

@@ -510,6 +510,10 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   unsigned g = 0, in_group = 0;
   for (unsigned h = 0; h < nh; ++h) {
     float pb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Two rows' butterflies at a time (tail_item's first level, then tail_sums_finish, whose
+    // shuffles then overlap; all four rows' at once spilled 16 B at the official shape), and
+    // their dQK.
+    float hs[2] = {0.0f, 0.0f}, hq[2] = {0.0f, 0.0f};
     const unsigned g_next = in_group + 1 == tg.hpg ? g + 1 : g;  // g(h + 1)
     if constexpr (kRecompute) {
       const bool scalars = h % 32 == 0, rows = in_group == 0;
@@ -584,8 +588,10 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
         pair_load<kVec, kFull>(xs, q * 2 * ds + ds, lane, ds, cur.x2);
       }
       float db[4], dc[4];
+      hq[q % 2] = in[q % 2].dqk;
       tail_item<T, kRecompute, kVec, kFull>(tg, a, rw + q, h, lane, last[q], in[q % 2], ab, ac,
-                                            db, dc);
+                                            db, dc, hs[q % 2]);
+      if (q % 2 == 1) tail_sums_finish<2>(hs, hq, 2, rw + q - 1, h, nh, lane, a.dScale, a.dGamma);
       if constexpr (kFuse) {
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
@@ -596,6 +602,8 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
         }
       }
     }
+    if (nr % 2 == 1)  // the rows' last warp, with an odd count: its last row alone
+      tail_sums_finish<2>(hs, hq, 1, rw + nr - 1, h, nh, lane, a.dScale, a.dGamma);
     if (kRecompute && nr > 0 && h + 1 < nh) {  // the next head's biases
       pair_load<kVec, kFull>(a.b_bias, (h + 1) * ds, lane, ds, ab);
       pair_load<kVec, kFull>(a.c_bias, (h + 1) * ds, lane, ds, ac);

@@ -279,16 +279,26 @@ __device__ __forceinline__ void frag_add(tcf::Frag<64, N, 8>& f, std::uint32_t a
   const std::uint64_t da = kTA ? desc_mn(a, RA, 0, 0) : desc_k(a, RA, 0, 0);
   const std::uint64_t db = kTB ? desc_mn(b, RB, n0, 0) : desc_k(b, RB, n0, 0);
   fence();
-  // Two steps per loop body: fully unrolled, ptxas spilled 92–124 B in chunk_bwd_tc's official
-  // instantiations (it forms the steps' operands up front); two steps spill nothing there and
-  // halve the loop's own instructions against one.
-#pragma unroll 2
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    const std::uint64_t ak = desc_plus(da, kstep_bytes<kTA, RA>(k0));
-    const std::uint64_t bk = desc_plus(db, kstep_bytes<kTB, RB>(k0));
+  // Two k-steps per loop body (kS), the body's first at kb ≡ 0 (mod 32): there kstep_bytes(kb +
+  // 16) = kstep_bytes(kb) + kstep_bytes(16) (a K-major step stays inside its 64-column panel),
+  // so a body forms its operands from kb once and its second step's by a constant. With k0 per
+  // step, each step formed its own from k0 at run time (ncu source, chunk_bwd_tc, stop 50: ≈ 17
+  // instructions per wgmma). Four steps per body spilled 56–84 B in chunk_bwd_tc's official
+  // instantiations, the whole chain unrolled 92–124 B (ptxas forms the steps' operands up
+  // front); two spill nothing there.
+  constexpr int kS = K % 32 == 0 ? 2 : 1;
+  auto step = [&](std::uint64_t ak, std::uint64_t bk) {
     mma<NH, kF16, kTA, kTB>(d, ak, bk);
     if constexpr (kSB) mma<NH, kF16, kTA, kTB>(d, ak, desc_plus(bk, LB));
     if constexpr (kSA) mma<NH, kF16, kTA, kTB>(d, desc_plus(ak, LA), bk);
+  };
+#pragma unroll 1
+  for (int kb = 0; kb < K; kb += 16 * kS) {
+    const std::uint64_t a0 = desc_plus(da, kstep_bytes<kTA, RA>(kb));
+    const std::uint64_t b0 = desc_plus(db, kstep_bytes<kTB, RB>(kb));
+#pragma unroll
+    for (int s = 0; s < kS; ++s)
+      step(desc_plus(a0, kstep_bytes<kTA, RA>(16 * s)), desc_plus(b0, kstep_bytes<kTB, RB>(16 * s)));
   }
   commit();
   if constexpr (kWait) {
