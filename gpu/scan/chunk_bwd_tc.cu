@@ -308,12 +308,12 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   const float* S = p.chunk_states_saved + g.state_base(b, c, h);
   const float* dS = dS_all + g.state_base(b, c, h);
 
-  // ---- (0) loads. f16 runs with float4 state rows (kSEarly) request S's and dS's values into
-  // registers first, before the typed tiles' copies, and split S once the tile's max is known
-  // (StateInFlight: load_state's slots, order and split, so its bits); the others load S
-  // after the copies are issued (load_state).
+  // ---- (0) loads. Runs with float4 state rows and a state tile of one batch (kSEarly) request
+  // S's and dS's values into registers first, before the typed tiles' copies, and split S once
+  // they land (f16: once the tile's max is known; StateInFlight: load_state's slots, order and
+  // split, so its bits); the others load S after the copies are issued (load_state).
   using StateRegs = tcf::StateInFlight<HP, DP, Lay>;
-  constexpr bool kSEarly = kH && StateRegs::kIt <= tcf::kBatch;
+  constexpr bool kSEarly = StateRegs::kIt <= tcf::kBatch;
   const bool vs = ds % 4 == 0 && is_aligned(p.chunk_states_saved, 16) && is_aligned(dS_all, 16);
   StateRegs s_in, ds_in;
   if constexpr (kSEarly) {

@@ -194,7 +194,9 @@ struct StateInFlight {
     return mx;
   }
   // This thread's part of ⟨S, O⟩ (o: O's values issued with the same hd, ds), in load_state's
-  // order and expression (its kDot over the live slots), so the same bits.
+  // order and expression, so the same bits: its f16 path adds the live slots, as here; its bf16
+  // path adds every slot, the dead ones' terms +0, and a sum begun at +0 is never −0 (round to
+  // nearest: x + (−x) = +0), so adding +0 changes no bit of it.
   __device__ __forceinline__ float dot(const StateInFlight& o, int hd, int ds) const {
     const Slots<kW> sl;
     float d = 0.0f;
@@ -204,15 +206,21 @@ struct StateInFlight {
         d += v[k].x * o.v[k].x + v[k].y * o.v[k].y + v[k].z * o.v[k].z + v[k].w * o.v[k].w;
     return d;
   }
-  // f16 runs' whole split (post_max into red[kTileThreads / 32], a barrier, scale_of, store),
-  // as load_state's f16 float4 path ends. Returns the planes' scale.
+  // The whole split into planes, as load_state's float4 paths end. f16 runs: post_max into
+  // red[kTileThreads / 32], a barrier, scale_of, store; bf16 runs: store (no barrier, red
+  // unused). Returns the planes' scale (bf16: 1).
   template <class T>
   __device__ __forceinline__ TileScale split_scaled(bf16* dst, float* red) const {
-    post_max<T>(max_abs(), red);
-    __syncthreads();
-    const TileScale sc = scale_of<T, kTileThreads / 32>(red);
-    store<T>(dst, sc);
-    return sc;
+    if constexpr (!kF16Plane<T>) {
+      store<T>(dst);
+      return {};
+    } else {
+      post_max<T>(max_abs(), red);
+      __syncthreads();
+      const TileScale sc = scale_of<T, kTileThreads / 32>(red);
+      store<T>(dst, sc);
+      return sc;
+    }
   }
   template <class T>
   __device__ __forceinline__ void store(bf16* dst, TileScale sc = {}) const {
