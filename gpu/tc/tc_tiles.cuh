@@ -160,6 +160,18 @@ __device__ __forceinline__ void put_split4(bf16* dst, int kLo, int at, const flo
   *reinterpret_cast<uint2*>(dst + at) = hi;
   *reinterpret_cast<uint2*>(dst + kLo + at) = lo;
 }
+// A state tile's dot terms, each in one fixed rounding: y's product first, then x's, z's and w's
+// fused in (dot2: y's, then x's). nvcc contracts `a·b + c·d + …` into FMAs by its own choice,
+// and the choice depends on where the expression is inlined: v43's and v45's StateInFlight::dot
+// got x's product first at the default shape's tiles, and so other bits than load_state's (the
+// default preset's chunked digests changed; stop 51). Spelled out, the form is the one nvcc had
+// chosen in every instantiation up to v42, so those bits.
+__device__ __forceinline__ float dot4(const float4& m, const float4& o) {
+  return __fmaf_rn(m.w, o.w, __fmaf_rn(m.z, o.z, __fmaf_rn(m.x, o.x, __fmul_rn(m.y, o.y))));
+}
+__device__ __forceinline__ float dot2(float x0, float x1, float o0, float o1) {
+  return __fmaf_rn(x0, o0, __fmul_rn(x1, o1));
+}
 // max|·| of the four values (f16 runs' tile scales; fmaxf: a NaN does not hide the others).
 __device__ __forceinline__ float max_abs4(const float4& m) {
   return fmaxf(fmaxf(fabsf(m.x), fabsf(m.y)), fmaxf(fabsf(m.z), fabsf(m.w)));
@@ -194,16 +206,16 @@ struct StateInFlight {
     return mx;
   }
   // This thread's part of ⟨S, O⟩ (o: O's values issued with the same hd, ds), in load_state's
-  // order and expression, so the same bits: its f16 path adds the live slots, as here; its bf16
-  // path adds every slot, the dead ones' terms +0, and a sum begun at +0 is never −0 (round to
-  // nearest: x + (−x) = +0), so adding +0 changes no bit of it.
+  // order and rounding (dot4), so the same bits: its f16 path adds the live slots, as here; its
+  // bf16 path adds every slot, the dead ones' terms +0, and a sum begun at +0 is never −0 (round
+  // to nearest: x + (−x) = +0), so adding +0 changes no bit of it.
   __device__ __forceinline__ float dot(const StateInFlight& o, int hd, int ds) const {
     const Slots<kW> sl;
     float d = 0.0f;
 #pragma unroll
     for (int k = 0; k < kIt; ++k)
       if (sl.row(k) < hd && sl.col * 4 < ds)
-        d += v[k].x * o.v[k].x + v[k].y * o.v[k].y + v[k].z * o.v[k].z + v[k].w * o.v[k].w;
+        d += dot4(v[k], o.v[k]);
     return d;
   }
   // The whole split into planes, as load_state's float4 paths end. f16 runs: post_max into
@@ -265,7 +277,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
         if constexpr (kDot) {
           if (in) {
             const float4 o = *reinterpret_cast<const float4*>(O + r * ds + c);
-            out.dot += s.v[k].x * o.x + s.v[k].y * o.y + s.v[k].z * o.z + s.v[k].w * o.w;
+            out.dot += dot4(s.v[k], o);
           }
         }
       }
@@ -282,7 +294,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
       for (int k = 0; k < kIt; ++k) {
         const int r = sl.row(k), c = sl.col * 2;
         const float v0 = get(S, r, c), v1 = get(S, r, c + 1);
-        if constexpr (kDot) out.dot += v0 * get(O, r, c) + v1 * get(O, r, c + 1);
+        if constexpr (kDot) out.dot += dot2(v0, v1, get(O, r, c), get(O, r, c + 1));
         mx = fmaxf(mx, fmaxf(fabsf(v0), fabsf(v1)));
       }
       post_max<T>(mx, red);
@@ -308,7 +320,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
           put_split4<T>(dst, kLo, at(r, c), m);
           if constexpr (kDot) {
             const float4 o = v.v[1];
-            out.dot += m.x * o.x + m.y * o.y + m.z * o.z + m.w * o.w;
+            out.dot += dot4(m, o);
           }
         });
   } else {
@@ -323,7 +335,7 @@ __device__ __forceinline__ StateLoad load_state(bf16* dst, const float* S, int h
         },
         [&](int r, int c, const Pack<float2, 2>& v) {
           put_split<T>(dst, kLo, at(r, c), v.v[0].x, v.v[0].y);
-          if constexpr (kDot) out.dot += v.v[0].x * v.v[1].x + v.v[0].y * v.v[1].y;
+          if constexpr (kDot) out.dot += dot2(v.v[0].x, v.v[0].y, v.v[1].x, v.v[1].y);
         });
   }
   return out;

@@ -10,7 +10,9 @@
 // One block of 256 threads forms both from the same S and O; asserted bit for bit: both plane
 // sets (every element, the padding included), the scale (up and down) and every thread's dot
 // (both dtypes: load_state's bf16 path adds the dead slots' +0 terms, which StateInFlight::dot
-// skips; the same bits, as a sum begun at +0 is never −0). load_state's f16 float4 path ends in
+// skips; the same bits, as a sum begun at +0 is never −0), and that dot against the host's
+// dot4 rounding (y's product, then x's, z's, w's fused in), which nvcc's own contraction of the
+// expression did not keep in every kernel (stop 51: the default preset's digests moved). load_state's f16 float4 path ends in
 // the same split_scaled, so in f16 what differs is how the values arrive (its slots loaded one
 // by one with O's read beside them, against issue) and the dot; bf16 runs compare load_state's
 // batched split and dot with StateInFlight's. Cases: the official tile (64 × 128), a square one
@@ -80,6 +82,25 @@ std::vector<float> spread_values(std::mt19937& rng, int n, bool zero) {
   return v;
 }
 
+// Thread t's part of ⟨S, O⟩ as tc_tiles.cuh's dot4 rounds it: its slots e = t + k·kNT (row
+// e / (C/4), four values from column 4·(e % (C/4))), the live ones added in k's order, each
+// term y·o_y rounded, then x's, z's and w's products fused in. The volatile keeps the host
+// compiler from fusing y's product itself.
+template <int R, int C>
+float host_dot(const std::vector<float>& s, const std::vector<float>& o, int hd, int ds, int t) {
+  constexpr int kW = C / 4;
+  float d = 0.0f;
+  for (int e = t; e < R * kW; e += kNT) {
+    const int r = e / kW, c = 4 * (e % kW);
+    if (r >= hd || c >= ds) continue;
+    const float* a = &s[r * ds + c];
+    const float* b = &o[r * ds + c];
+    volatile float y = a[1] * b[1];
+    d += std::fma(a[3], b[3], std::fma(a[2], b[2], std::fma(a[0], b[0], static_cast<float>(y))));
+  }
+  return d;
+}
+
 template <class T, int R, int C, class Lay>
 void run_case(const std::string& name, int hd, int ds, unsigned seed, bool zero = false) {
   constexpr int P = Lay::template size<R, C>();
@@ -121,12 +142,16 @@ void run_case(const std::string& name, int hd, int ds, unsigned seed, bool zero 
   } else {
     EXPECT_EQ(f[0], 1.0f) << name << ": bf16 planes take no scale";
   }
-  int dots = 0, nonzero = 0;
+  int dots = 0, nonzero = 0, off_form = 0;
   for (int t = 0; t < kNT; ++t) {
     dots += std::memcmp(&f[4 + t], &f[4 + kNT + t], 4) != 0;
     nonzero += f[4 + t] != 0.0f;
+    const float want = host_dot<R, C>(s, o, hd, ds, t);
+    off_form += std::memcmp(&f[4 + t], &want, 4) != 0;
   }
   EXPECT_EQ(dots, 0) << name << ": " << dots << " threads' parts of ⟨S, O⟩ differ";
+  EXPECT_EQ(off_form, 0) << name << ": " << off_form
+                         << " threads' parts of ⟨S, O⟩ are not dot4's rounding";
   if (!zero) EXPECT_GT(nonzero, 0) << name << ": no thread's part of ⟨S, O⟩ was formed";
 }
 
