@@ -19,6 +19,8 @@ struct DeviceInfo {
   int cc_major = 0;           // compute capability of device 0
   int cc_minor = 0;
   std::size_t total_mem = 0;  // device 0's global memory, bytes
+  int runtime_version = 0;    // cudaRuntimeGetVersion, e.g. 13000 (when present)
+  int cublas_version = 0;     // cuBLAS major·10000 + minor·100 + patch (when present)
   std::string why_absent;     // when !present: why (built without CUDA, runtime error, no device)
 };
 
@@ -30,6 +32,11 @@ bool cuda_compiled();
 
 // One line: "GPU 0 of 1: NVIDIA H200, sm_90, 139.8 GiB" or "no GPU: <why_absent>".
 std::string describe(const DeviceInfo& info);
+
+// What the GPU path's bits depend on beyond the source: "NVIDIA H200, sm_90, CUDA runtime
+// 13.0, cuBLAS 13.1.0" (the cuBLAS GEMMs pick their kernels by device and version), or
+// "no GPU: <why_absent>". m3h determinism's digest records carry it.
+std::string bits_environment(const DeviceInfo& info);
 
 // Bytes held by the GPU path's own device arrays (every tensor, parameter, gradient, scratch
 // and state buffer; not the CUDA context nor cuBLAS's fixed workspace): now, and the most at

@@ -47,6 +47,8 @@ DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMod
   const std::vector<std::uint64_t> ref = hashes_of(run(pb, mode));
   rep.tensors = static_cast<int>(keys.size());
   rep.digest = fnv(kFnvOffset, ref.data(), ref.size() * sizeof(std::uint64_t));
+  rep.keys = keys;
+  rep.hashes = ref;
   for (int r = 1; r < runs; ++r) {
     const std::vector<std::uint64_t> h = hashes_of(run(pb, mode));
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -80,6 +82,8 @@ DeterminismReport check_determinism_repeat(const RepeatRunner& runner, const Pro
     hashes.push_back(t ? content_hash(*t) : 0);
   }
   rep.digest = fnv(kFnvOffset, hashes.data(), hashes.size() * sizeof(std::uint64_t));
+  rep.keys = keys;
+  rep.hashes = hashes;
   for (int r = 1; r < runs; ++r) {
     const std::vector<std::uint64_t> h = runner.run(nullptr);
     for (size_t i = 0; i < ref.size(); ++i) {

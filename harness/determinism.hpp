@@ -31,6 +31,8 @@ struct DeterminismReport {
   int first_run = -1;              // the run (1-based after run 0) where it diverged
   std::uint64_t hash0 = 0, hash_run = 0;
   std::uint64_t digest = 0;        // one hash over all tensor hashes of run 0
+  std::vector<std::string> keys;   // run 0's tensors in execution order, and their content
+  std::vector<std::uint64_t> hashes;  // hashes (the record of digest_record.hpp)
 };
 
 using RunFn = std::function<Capture(const Problem&, ScanMode)>;

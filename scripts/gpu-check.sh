@@ -17,7 +17,13 @@
 #                             storage precision
 #   compare-presets           the same, end-to-end, on the adversarial presets
 #   compare-golden            the same, end-to-end and isolated, on every golden case
-#   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes)
+#   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes),
+#                             held to the record golden/digests/h200-default.txt where it exists
+#                             (--expect: a tensor whose bits moved fails the step, named;
+#                             GPU_CHECK_DIGESTS=FILE another record, =none none), then the
+#                             build's own record written to digests-default.txt (--runs 2
+#                             --record): the file to commit when a change moves the bits on
+#                             purpose
 #   bench                     m3h bench --profile (the measured copy/GEMM ceilings; default and
 #                             official shapes, f32 and bf16, per-stage time, bytes, FLOPs and
 #                             achieved rates; the reference time on the f32 rows)
@@ -54,11 +60,21 @@ names=()
 results=()
 failed=0
 
+# The determinism step's record (see the header): one named explicitly must exist.
+digests="${GPU_CHECK_DIGESTS:-golden/digests/h200-default.txt}"
+if [[ -n "${GPU_CHECK_DIGESTS:-}" && "$digests" != none && ! -f "$digests" ]]; then
+  echo "gpu-check.sh: GPU_CHECK_DIGESTS=$digests: no such file (none: no record)" >&2
+  exit 2
+fi
+
 # GPU_CHECK_ONLY="name name ...": run only those steps (configure and build always run), e.g. to
-# split the check over two calls of a time-limited device session.
+# split the check over two calls of a time-limited device session. digests-record comes with
+# determinism.
 wanted() {
-  [[ -z "${GPU_CHECK_ONLY:-}" || "$1" == configure || "$1" == build ||
-    " ${GPU_CHECK_ONLY} " == *" $1 "* ]]
+  local name="$1"
+  [[ "$name" == digests-record ]] && name=determinism
+  [[ -z "${GPU_CHECK_ONLY:-}" || "$name" == configure || "$name" == build ||
+    " ${GPU_CHECK_ONLY} " == *" $name "* ]]
 }
 
 # step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL.
@@ -133,7 +149,14 @@ if ((failed == 0)); then
     step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
     step compare-presets compare_presets "$m3h"
     step compare-golden compare_golden "$m3h"
-    step determinism "$m3h" determinism --runs 20
+    expect=()
+    if [[ "$digests" != none && -f "$digests" ]]; then
+      expect=(--expect "$digests")
+    elif [[ "$digests" != none ]]; then
+      echo "gpu-check: no digest record $digests: determinism is not held to one"
+    fi
+    step determinism "$m3h" determinism --runs 20 "${expect[@]}"
+    step digests-record "$m3h" determinism --runs 2 --record "$LOGS/digests-default.txt" --force
     step bench "$m3h" bench --profile
     step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \
       --scan chunked --recompute none,scan

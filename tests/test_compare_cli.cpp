@@ -431,6 +431,70 @@ TEST_F(CliTest, OutputsFollowOneRuleBeforeAnyWork) {
   EXPECT_EQ(read_file(path("d.h5")), "not hdf5");
 }
 
+// determinism --record / --expect (harness/digest_record.hpp), on the CPU reference: a record
+// read back as recorded; one tensor's hash changed in the file is named as the first moved
+// tensor (exit 1); a record of another problem or machine, --record over an existing file
+// without --force, and both options at once are refused before any work (exit 2, one line).
+TEST_F(CliTest, DeterminismRecordIsHeldAndAMovedTensorIsNamed) {
+  const std::string run = std::string("determinism --runs 2 --device cpu ") + kSmall;
+  const std::string rec = path("d.txt").string();
+  RunResult r = m3h(run + " --record '" + rec + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::string text = read_file(rec);
+  ASSERT_EQ(text.rfind("m3h-digests 1\n", 0), 0u) << text;
+  EXPECT_NE(text.find("environment: CPU float reference"), std::string::npos) << text;
+  EXPECT_NE(text.find("cell: f32 seq "), std::string::npos) << text;
+  EXPECT_NE(text.find("cell: f32 chunked "), std::string::npos) << text;
+
+  r = m3h(run + " --expect '" + rec + "'");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("as recorded"), std::string::npos) << r.out;
+
+  // One tensor's recorded hash altered: the third tensor line of the chunked cell.
+  std::string moved = text;
+  size_t at = moved.find("cell: f32 chunked ");
+  ASSERT_NE(at, std::string::npos);
+  for (int i = 0; i < 3; ++i) at = moved.find('\n', at) + 1;
+  const size_t sp = moved.find(' ', at);
+  const std::string key = moved.substr(at, sp - at);
+  moved[sp + 1] = moved[sp + 1] == '0' ? '1' : '0';
+  write("moved.txt", moved);
+  r = m3h(run + " --expect '" + path("moved.txt").string() + "'");
+  EXPECT_EQ(r.status, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("NOT AS RECORDED: 1 of "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first " + key + " ("), std::string::npos) << key << "\n" << r.out;
+
+  // Not comparable: another seed, another machine.
+  r = m3h(run + " --seed 7 --expect '" + rec + "'");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("another problem"), std::string::npos) << r.err;
+  std::string other = text;
+  other.replace(other.find("environment: ") + 13, 3, "GPU");
+  write("other.txt", other);
+  r = m3h(run + " --expect '" + path("other.txt").string() + "'");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.err.find("not comparable"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("IDENTICAL"), std::string::npos) << "the run went ahead:\n" << r.out;
+
+  // The output rule, and one option at a time.
+  write("keep.txt", "keep me");
+  r = m3h(run + " --record '" + path("keep.txt").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(path("keep.txt")), "keep me");
+  r = m3h(run + " --record '" + path("new.txt").string() + "' --expect '" + rec + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("one at a time"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("new.txt")));
+  // A malformed record: one line naming it.
+  write("bad.txt", "m3h-digests 1\nenvironment: x\n");
+  r = m3h(run + " --expect '" + path("bad.txt").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("bad.txt"), std::string::npos) << r.err;
+}
+
 // --device gpu is a request, not a hint: without a usable GPU it is bad usage (it used to run
 // the CPU and exit 0); auto still falls back, saying so.
 TEST_F(CliTest, ExplicitGpuWithoutAGpuIsBadUsage) {

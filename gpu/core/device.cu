@@ -4,6 +4,7 @@
 // gpu_selftest(): c[i] = a[i] + b[i] for i < n (n = 1000, a[i] = i, b[i] = 2i, all float),
 // computed by add_kernel on device 0 and checked exactly on the host (small integers are
 // exact in float). It exists so that nvcc compiles and the device runs real device code.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -69,6 +70,12 @@ DeviceInfo query_device() {
     info.cc_major = prop.major;
     info.cc_minor = prop.minor;
     info.total_mem = prop.totalGlobalMem;
+    if (cudaRuntimeGetVersion(&info.runtime_version) != cudaSuccess) cudaGetLastError();
+    int major = 0, minor = 0, patch = 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+      info.cublas_version = major * 10000 + minor * 100 + patch;
   } catch (const std::exception& e) {
     info.present = false;
     info.why_absent = std::string("device query failed: ") + e.what();

@@ -15,4 +15,16 @@ std::string describe(const DeviceInfo& info) {
          std::to_string(info.cc_major) + std::to_string(info.cc_minor) + ", " + mem;
 }
 
+std::string bits_environment(const DeviceInfo& info) {
+  if (!info.present) return "no GPU: " + info.why_absent;
+  auto dotted = [](int v, int parts) {  // 13000 → "13.0" (runtime), 130100 → "13.1.0" (cuBLAS)
+    return parts == 2 ? std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10)
+                      : std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." +
+                            std::to_string(v % 100);
+  };
+  return info.name + ", sm_" + std::to_string(info.cc_major) + std::to_string(info.cc_minor) +
+         ", CUDA runtime " + dotted(info.runtime_version, 2) + ", cuBLAS " +
+         dotted(info.cublas_version, 3);
+}
+
 }  // namespace m3::gpu

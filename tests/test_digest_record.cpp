@@ -1,0 +1,142 @@
+// harness/digest_record.hpp: the text of a determinism digest record read back exactly, every
+// malformed record refused with a one-line error naming its file and line, and the comparison
+// of a cell with its record (what moved, what is on one side only, the first of them in the
+// current cell's execution order).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "digest_record.hpp"
+#include "error.hpp"
+#include "test_io.hpp"
+
+namespace {
+
+using m3::harness::DigestCell;
+using m3::harness::DigestRecord;
+
+DigestRecord sample() {
+  DigestRecord r;
+  r.environment = "NVIDIA H200, sm_90, CUDA runtime 13.0, cuBLAS 13.1.0";
+  r.problem = "seed=1234 B=2 T=256 d_model=128";
+  r.cells.push_back({"bf16", "chunked", 0x7e3ea7bbbd03e70full, {"L0/F1/x", "L0/B6/d_q"},
+                     {0x0123456789abcdefull, 0xfedcba9876543210ull}});
+  r.cells.push_back({"f32", "seq", 0xa343230ed680f507ull, {"L0/F1/x"}, {0x1ull}});
+  return r;
+}
+
+struct Files : m3::test::TempDir {
+  Files() : m3::test::TempDir("m3_digests_") {}
+  std::string put(const std::string& name, const std::string& text) const {
+    const std::string p = (dir / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+};
+
+// The error text of reading `text` as a record, or "" when it reads.
+std::string refusal(const Files& f, const std::string& text) {
+  try {
+    m3::harness::read_digest_record(f.put("r.txt", text));
+  } catch (const m3::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DigestRecord, TextReadsBackExactly) {
+  Files f;
+  const DigestRecord r = sample();
+  const std::string text = m3::harness::format_digest_record(r);
+  const DigestRecord back = m3::harness::read_digest_record(f.put("r.txt", text));
+  EXPECT_EQ(back.environment, r.environment);
+  EXPECT_EQ(back.problem, r.problem);
+  ASSERT_EQ(back.cells.size(), 2u);
+  for (size_t c = 0; c < 2; ++c) {
+    EXPECT_EQ(back.cells[c].precision, r.cells[c].precision);
+    EXPECT_EQ(back.cells[c].scan, r.cells[c].scan);
+    EXPECT_EQ(back.cells[c].digest, r.cells[c].digest);
+    EXPECT_EQ(back.cells[c].keys, r.cells[c].keys);
+    EXPECT_EQ(back.cells[c].hashes, r.cells[c].hashes);
+  }
+  EXPECT_EQ(m3::harness::format_digest_record(back), text);
+  ASSERT_NE(back.find("f32", "seq"), nullptr);
+  EXPECT_EQ(back.find("f32", "chunked"), nullptr);
+  EXPECT_NE(text.find("cell: bf16 chunked 7e3ea7bbbd03e70f 2\n"), std::string::npos) << text;
+}
+
+TEST(DigestRecord, MalformedRecordsAreRefusedNamingTheLine) {
+  Files f;
+  const std::string head =
+      "m3h-digests 1\nenvironment: E\nproblem: P\ncell: f32 seq 0000000000000001 2\n";
+  struct Case {
+    const char* what;
+    std::string text, says;
+  };
+  const Case cases[] = {
+      {"empty", "", "empty"},
+      {"another format", "{\"cells\": []}\n", "r.txt:1: not a digest record"},
+      {"a short hash", head + "a 0123\nb 0000000000000002\n", "r.txt:5: a tensor line"},
+      {"a hash that is not hex", head + "a 012345678901234z\nb 0000000000000002\n", "r.txt:5"},
+      {"a count short of its lines", head + "a 0000000000000001\n", "r.txt:5: the last cell has 1"},
+      {"a line beyond the count",
+       head + "a 0000000000000001\nb 0000000000000002\nc 0000000000000003\n", "r.txt:7: a line"},
+      {"a key twice", head + "a 0000000000000001\na 0000000000000002\n", "r.txt:6: tensor a twice"},
+      {"a cell twice",
+       head + "a 0000000000000001\nb 0000000000000002\ncell: f32 seq 0000000000000001 1\n"
+              "a 0000000000000001\n",
+       "r.txt:7: a second cell f32 seq"},
+      {"a bad count",
+       "m3h-digests 1\nenvironment: E\nproblem: P\ncell: f32 seq 0000000000000001 x\n",
+       "r.txt:4: the cell's tensor count"},
+      {"a cell before the headers", "m3h-digests 1\ncell: f32 seq 0000000000000001 1\n",
+       "r.txt:2: a cell before"},
+      {"no cell", "m3h-digests 1\nenvironment: E\nproblem: P\n", "no cell"},
+  };
+  for (const Case& c : cases) {
+    const std::string err = refusal(f, c.text);
+    EXPECT_NE(err.find(c.says), std::string::npos) << c.what << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << c.what << ": more than one line";
+  }
+  EXPECT_EQ(refusal(f, head + "# a comment\n\na 0000000000000001\nb 0000000000000002\n"), "")
+      << "comments and blank lines are skipped";
+  try {
+    m3::harness::read_digest_record((f.dir / "nowhere.txt").string());
+    ADD_FAILURE() << "a missing file was read";
+  } catch (const m3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nowhere.txt"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DigestRecord, DiffNamesTheFirstMovedTensorInTheCurrentOrder) {
+  const DigestCell rec{"bf16", "chunked", 0, {"a", "b", "c", "d"}, {1, 2, 3, 4}};
+  EXPECT_TRUE(m3::harness::diff_digests(rec, rec).same());
+
+  DigestCell now = rec;
+  now.hashes[2] = 30, now.hashes[3] = 40;  // c and d moved
+  auto d = m3::harness::diff_digests(rec, now);
+  EXPECT_FALSE(d.same());
+  EXPECT_EQ(d.differ, 2);
+  EXPECT_EQ(d.missing, 0);
+  EXPECT_EQ(d.first_key, "c");
+  EXPECT_EQ(d.recorded, 3u);
+  EXPECT_EQ(d.now, 30u);
+
+  now = rec;  // b gone, e new: one side only, both counted; the first is e (the current order)
+  now.keys = {"a", "e", "c", "d"};
+  d = m3::harness::diff_digests(rec, now);
+  EXPECT_EQ(d.differ, 0);
+  EXPECT_EQ(d.missing, 2);
+  EXPECT_EQ(d.first_key, "e");
+  EXPECT_EQ(d.recorded, 0u);
+
+  now = rec;  // only a recorded tensor absent now
+  now.keys.pop_back(), now.hashes.pop_back();
+  d = m3::harness::diff_digests(rec, now);
+  EXPECT_EQ(d.missing, 1);
+  EXPECT_EQ(d.first_key, "d");
+  EXPECT_EQ(d.now, 0u);
+}
+
+}  // namespace
