@@ -9,7 +9,7 @@
 // File (text, one item per line, '#' lines ignored):
 //   m3h-digests 1
 //   environment: <text>
-//   problem: <text>
+//   problem: <text>                 (source, seed, B, T, initial states, config)
 //   cell: <precision> <scan> <digest, 16 hex> <tensor count>
 //   <key> <hash, 16 hex>            (one line per tensor of the cell, execution order)
 #pragma once
