@@ -16,12 +16,6 @@ namespace {
 constexpr const char* kMagic = "m3h-digests 1";
 constexpr const char* kWhere = "digest record";
 
-std::string hex16(std::uint64_t v) {
-  char s[20];
-  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
-  return s;
-}
-
 // 16 lowercase or uppercase hex digits, nothing else.
 bool parse_hex16(const std::string& s, std::uint64_t& v) {
   if (s.size() != 16) return false;
@@ -52,6 +46,12 @@ bool header(const std::string& line, const std::string& name, std::string& value
   return true;
 }
 }  // namespace
+
+std::string hex16(std::uint64_t v) {
+  char s[20];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
 
 const DigestCell* DigestRecord::find(const std::string& precision, const std::string& scan) const {
   for (const auto& c : cells)

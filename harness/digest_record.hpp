@@ -33,6 +33,9 @@ struct DigestRecord {
   const DigestCell* find(const std::string& precision, const std::string& scan) const;
 };
 
+// "0123456789abcdef": a digest or hash as the record and m3h determinism print it.
+std::string hex16(std::uint64_t v);
+
 std::string format_digest_record(const DigestRecord& r);
 // Throws m3::Error with a one-line message naming the file and line: a missing or unreadable
 // file, another format, a malformed line, a duplicate cell or key, a count that does not match.

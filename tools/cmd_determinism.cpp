@@ -117,14 +117,12 @@ int cmd_determinism(const std::vector<std::string>& args) {
                       : harness::check_determinism(impl.run, src.problem, mode, runs);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      char digest[32];
-      std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(r.digest));
       char took[48];
       std::snprintf(took, sizeof took, ", %.2f s", secs);
       std::cout << precision_name(p) << " " << scan_mode_name(mode) << " (" << impl.name << "): ";
       if (r.identical) {
         std::cout << "IDENTICAL over " << runs << " runs (" << r.tensors << " tensors, digest "
-                  << digest << took << ")\n";
+                  << harness::hex16(r.digest) << took << ")\n";
       } else {
         all_identical = false;
         std::cout << "DIVERGED at run " << r.first_run << ": first divergent tensor "
@@ -143,9 +141,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
         } else {
           as_recorded = false;
           auto hash = [](std::uint64_t v) {  // 0: the tensor is absent on that side
-            char h[20];
-            std::snprintf(h, sizeof h, "%016llx", static_cast<unsigned long long>(v));
-            return v ? std::string(h) : std::string("absent");
+            return v ? harness::hex16(v) : std::string("absent");
           };
           std::cout << "  NOT AS RECORDED: " << d.differ << " of " << cell.keys.size()
                     << " tensors moved";
