@@ -28,6 +28,10 @@ std::uint64_t content_hash(const Tensor& t) {
   return fnv(h, t.data.data(), t.data.size() * sizeof(double));
 }
 
+std::uint64_t digest_of(const std::vector<std::uint64_t>& hashes) {
+  return fnv(kFnvOffset, hashes.data(), hashes.size() * sizeof(std::uint64_t));
+}
+
 DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMode mode,
                                     int runs) {
   M3_REQUIRE(runs >= 2, "determinism", "needs at least 2 runs", "runs=", runs);
@@ -46,7 +50,7 @@ DeterminismReport check_determinism(const RunFn& run, const Problem& pb, ScanMod
   };
   const std::vector<std::uint64_t> ref = hashes_of(run(pb, mode));
   rep.tensors = static_cast<int>(keys.size());
-  rep.digest = fnv(kFnvOffset, ref.data(), ref.size() * sizeof(std::uint64_t));
+  rep.digest = digest_of(ref);
   rep.keys = keys;
   rep.hashes = ref;
   for (int r = 1; r < runs; ++r) {
@@ -81,7 +85,7 @@ DeterminismReport check_determinism_repeat(const RepeatRunner& runner, const Pro
     const Tensor* t = cap.find(k);
     hashes.push_back(t ? content_hash(*t) : 0);
   }
-  rep.digest = fnv(kFnvOffset, hashes.data(), hashes.size() * sizeof(std::uint64_t));
+  rep.digest = digest_of(hashes);
   rep.keys = keys;
   rep.hashes = hashes;
   for (int r = 1; r < runs; ++r) {

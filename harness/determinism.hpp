@@ -21,6 +21,9 @@
 namespace m3::harness {
 
 std::uint64_t content_hash(const Tensor& t);
+// A report's digest: FNV-1a 64 over its tensor hashes' bytes, in order (one value per run that
+// names the whole capture; a record's cell line carries it beside the hashes it summarises).
+std::uint64_t digest_of(const std::vector<std::uint64_t>& hashes);
 
 struct DeterminismReport {
   ScanMode mode = ScanMode::Sequential;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "determinism.hpp"
 #include "error.hpp"
 
 namespace m3::harness {
@@ -53,6 +54,12 @@ std::string hex16(std::uint64_t v) {
   return s;
 }
 
+std::string digest_problem(const RunSpec& spec) {
+  return spec.source + ", seed=" + std::to_string(spec.seed) + " B=" + std::to_string(spec.B) +
+         " T=" + std::to_string(spec.T) + (spec.random_states ? ", random states, " : ", ") +
+         spec.cfg.describe();
+}
+
 const DigestCell* DigestRecord::find(const std::string& precision, const std::string& scan) const {
   for (const auto& c : cells)
     if (c.precision == precision && c.scan == scan) return &c;
@@ -85,7 +92,21 @@ DigestRecord read_digest_record(const std::string& path) {
   };
   bool magic = false, env = false, prob = false;
   size_t want = 0;  // tensor lines still owed to the last cell
+  int cell_line = 0;  // the last cell's line
   std::unordered_set<std::string> cell_keys;
+  // The last cell, whole: its digest must be the digest of its hashes.
+  auto close_cell = [&] {
+    if (r.cells.empty()) return;
+    const DigestCell& c = r.cells.back();
+    const std::uint64_t d = digest_of(c.hashes);
+    if (d != c.digest)
+      throw Error(kWhere,
+                  path + ":" + std::to_string(cell_line) + ": cell " + c.precision + " " +
+                      c.scan + "'s digest " + hex16(c.digest) + " is not that of its " +
+                      std::to_string(c.hashes.size()) + " tensor hashes (" + hex16(d) +
+                      "): an edited record",
+                  "");
+  };
   while (std::getline(in, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -122,6 +143,8 @@ DigestRecord read_digest_record(const std::string& path) {
       if (w[4].empty() || *end != '\0' || cnt == 0 || cnt > 1000000)
         throw bad("the cell's tensor count is not a number from 1 to 1000000");
       if (r.find(c.precision, c.scan)) throw bad("a second cell " + c.precision + " " + c.scan);
+      close_cell();
+      cell_line = n;
       want = static_cast<size_t>(cnt);
       c.keys.reserve(want), c.hashes.reserve(want);
       r.cells.push_back(std::move(c));
@@ -142,6 +165,7 @@ DigestRecord read_digest_record(const std::string& path) {
     throw bad("the last cell has " + std::to_string(want) + " tensor lines fewer than its count");
   if (!env || !prob) throw Error(kWhere, path + ": no environment or problem line", "");
   if (r.cells.empty()) throw Error(kWhere, path + ": no cell", "");
+  close_cell();
   return r;
 }
 

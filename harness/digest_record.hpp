@@ -12,11 +12,15 @@
 //   problem: <text>                 (source, seed, B, T, initial states, config)
 //   cell: <precision> <scan> <digest, 16 hex> <tensor count>
 //   <key> <hash, 16 hex>            (one line per tensor of the cell, execution order)
+// A cell's digest is digest_of(its hashes) (determinism.hpp): the reader holds it to them, so
+// a hand-edited hash is refused rather than compared.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "run.hpp"
 
 namespace m3::harness {
 
@@ -35,6 +39,9 @@ struct DigestRecord {
 
 // "0123456789abcdef": a digest or hash as the record and m3h determinism print it.
 std::string hex16(std::uint64_t v);
+// The record's problem line of a run: its source, seed, B, T, initial states and config — what
+// the bits depend on besides the machine. m3h determinism writes and matches it.
+std::string digest_problem(const RunSpec& spec);
 
 std::string format_digest_record(const DigestRecord& r);
 // Throws m3::Error with a one-line message naming the file and line: a missing or unreadable

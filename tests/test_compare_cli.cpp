@@ -31,6 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include "compare.hpp"
+#include "determinism.hpp"
+#include "digest_record.hpp"
 #include "test_io.hpp"
 #include "device.hpp"
 #include "golden.hpp"
@@ -432,8 +434,9 @@ TEST_F(CliTest, OutputsFollowOneRuleBeforeAnyWork) {
 }
 
 // determinism --record / --expect (harness/digest_record.hpp), on the CPU reference: a record
-// read back as recorded; one tensor's hash changed in the file is named as the first moved
-// tensor (exit 1); a record of another problem or machine, --record over an existing file
+// read back as recorded; a hash edited by hand is refused (its cell's digest no longer fits);
+// another build's record, with one tensor's bits other, names that tensor as the first moved
+// (exit 1); a record of another problem or machine, --record over an existing file
 // without --force, and both options at once are refused before any work (exit 2, one line).
 TEST_F(CliTest, DeterminismRecordIsHeldAndAMovedTensorIsNamed) {
   const std::string run = std::string("determinism --runs 2 --device cpu ") + kSmall;
@@ -450,15 +453,32 @@ TEST_F(CliTest, DeterminismRecordIsHeldAndAMovedTensorIsNamed) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("as recorded"), std::string::npos) << r.out;
 
-  // One tensor's recorded hash altered: the third tensor line of the chunked cell.
-  std::string moved = text;
-  size_t at = moved.find("cell: f32 chunked ");
+  // A hash edited by hand (the third tensor line of the chunked cell) no longer matches its
+  // cell's digest: the record is refused as edited (exit 2, one line), nothing is compared.
+  std::string edited = text;
+  size_t at = edited.find("cell: f32 chunked ");
   ASSERT_NE(at, std::string::npos);
-  for (int i = 0; i < 3; ++i) at = moved.find('\n', at) + 1;
-  const size_t sp = moved.find(' ', at);
-  const std::string key = moved.substr(at, sp - at);
-  moved[sp + 1] = moved[sp + 1] == '0' ? '1' : '0';
-  write("moved.txt", moved);
+  for (int i = 0; i < 3; ++i) at = edited.find('\n', at) + 1;
+  const size_t sp = edited.find(' ', at);
+  edited[sp + 1] = edited[sp + 1] == '0' ? '1' : '0';
+  write("edited.txt", edited);
+  r = m3h(run + " --expect '" + path("edited.txt").string() + "'");
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("an edited record"), std::string::npos) << r.err;
+
+  // The record of a build whose third chunked tensor had other bits (that hash and the cell's
+  // digest both as that build would write them): the tensor is named as the first moved one.
+  m3::harness::DigestRecord other_build = m3::harness::read_digest_record(rec);
+  m3::harness::DigestCell* cell = nullptr;
+  for (auto& c : other_build.cells)
+    if (c.scan == "chunked") cell = &c;
+  ASSERT_NE(cell, nullptr);
+  ASSERT_GT(cell->keys.size(), 3u);
+  const std::string key = cell->keys[2];
+  cell->hashes[2] ^= 1;
+  cell->digest = m3::harness::digest_of(cell->hashes);
+  write("moved.txt", m3::harness::format_digest_record(other_build));
   r = m3h(run + " --expect '" + path("moved.txt").string() + "'");
   EXPECT_EQ(r.status, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("NOT AS RECORDED: 1 of "), std::string::npos) << r.out;

@@ -1,28 +1,32 @@
 // harness/digest_record.hpp: the text of a determinism digest record read back exactly, every
 // malformed record refused with a one-line error naming its file and line, and the comparison
 // of a cell with its record (what moved, what is on one side only, the first of them in the
-// current cell's execution order).
+// current cell's execution order); a cell whose digest is not that of its hashes refused; and the
+// committed H200 record whole, for every cell, and for the default preset's problem.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
 
+#include "determinism.hpp"
 #include "digest_record.hpp"
 #include "error.hpp"
+#include "presets.hpp"
 #include "test_io.hpp"
 
 namespace {
 
 using m3::harness::DigestCell;
 using m3::harness::DigestRecord;
+using m3::harness::digest_of;
 
 DigestRecord sample() {
   DigestRecord r;
   r.environment = "NVIDIA H200, sm_90, CUDA runtime 13.0, cuBLAS 13.1.0";
   r.problem = "seed=1234 B=2 T=256 d_model=128";
-  r.cells.push_back({"bf16", "chunked", 0x7e3ea7bbbd03e70full, {"L0/F1/x", "L0/B6/d_q"},
-                     {0x0123456789abcdefull, 0xfedcba9876543210ull}});
-  r.cells.push_back({"f32", "seq", 0xa343230ed680f507ull, {"L0/F1/x"}, {0x1ull}});
+  const std::vector<std::uint64_t> h = {0x0123456789abcdefull, 0xfedcba9876543210ull};
+  r.cells.push_back({"bf16", "chunked", digest_of(h), {"L0/F1/x", "L0/B6/d_q"}, h});
+  r.cells.push_back({"f32", "seq", digest_of({0x1ull}), {"L0/F1/x"}, {0x1ull}});
   return r;
 }
 
@@ -63,13 +67,16 @@ TEST(DigestRecord, TextReadsBackExactly) {
   EXPECT_EQ(m3::harness::format_digest_record(back), text);
   ASSERT_NE(back.find("f32", "seq"), nullptr);
   EXPECT_EQ(back.find("f32", "chunked"), nullptr);
-  EXPECT_NE(text.find("cell: bf16 chunked 7e3ea7bbbd03e70f 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cell: bf16 chunked " + m3::harness::hex16(r.cells[0].digest) + " 2\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST(DigestRecord, MalformedRecordsAreRefusedNamingTheLine) {
   Files f;
-  const std::string head =
-      "m3h-digests 1\nenvironment: E\nproblem: P\ncell: f32 seq 0000000000000001 2\n";
+  // A cell of two tensors, hashes 1 and 2, with the digest of those hashes.
+  const std::string head = "m3h-digests 1\nenvironment: E\nproblem: P\ncell: f32 seq " +
+                           m3::harness::hex16(digest_of({1, 2})) + " 2\n";
   struct Case {
     const char* what;
     std::string text, says;
@@ -93,6 +100,15 @@ TEST(DigestRecord, MalformedRecordsAreRefusedNamingTheLine) {
       {"a cell before the headers", "m3h-digests 1\ncell: f32 seq 0000000000000001 1\n",
        "r.txt:2: a cell before"},
       {"no cell", "m3h-digests 1\nenvironment: E\nproblem: P\n", "no cell"},
+      {"a hash edited (the last cell)", head + "a 0000000000000001\nb 0000000000000003\n",
+       "r.txt:4: cell f32 seq's digest " + m3::harness::hex16(digest_of({1, 2})) +
+           " is not that of its 2 tensor hashes (" + m3::harness::hex16(digest_of({1, 3})) +
+           "): an edited record"},
+      {"a digest edited (a cell before another)",
+       "m3h-digests 1\nenvironment: E\nproblem: P\ncell: f32 seq 0000000000000001 1\n"
+       "a 0000000000000001\ncell: f32 chunked " +
+           m3::harness::hex16(digest_of({1})) + " 1\na 0000000000000001\n",
+       "r.txt:4: cell f32 seq's digest 0000000000000001 is not that of its 1 tensor hashes"},
   };
   for (const Case& c : cases) {
     const std::string err = refusal(f, c.text);
@@ -140,3 +156,35 @@ TEST(DigestRecord, DiffNamesTheFirstMovedTensorInTheCurrentOrder) {
 }
 
 }  // namespace
+
+// The record gpu-check holds the H200's determinism step to (golden/digests/README.md): it reads
+// (every cell's digest that of its hashes), has the six cells of m3h determinism's default run,
+// and is for the problem that run builds. A change to the default preset fails here, not on the
+// device: re-record there (the digests-record step) and commit the record with the change.
+TEST(DigestRecord, TheCommittedH200RecordIsWholeAndForTheDefaultProblem) {
+  const std::string path = std::string(M3_DIGESTS_DIR) + "/h200-default.txt";
+  const DigestRecord r = m3::harness::read_digest_record(path);
+  EXPECT_NE(r.environment.find("NVIDIA H200, sm_90"), std::string::npos) << r.environment;
+  const m3::harness::Preset& p = m3::harness::find_preset("default");
+  m3::harness::RunSpec spec;
+  spec.source = "preset " + p.name;
+  spec.cfg = p.cfg, spec.B = p.B, spec.T = p.T, spec.seed = p.seed;
+  spec.random_states = p.random_states;
+  EXPECT_EQ(r.problem, m3::harness::digest_problem(spec))
+      << "the default preset changed: re-record " << path << " on the H200";
+  ASSERT_EQ(r.cells.size(), 6u);
+  for (const char* precision : {"f32", "bf16", "f16"}) {
+    for (const char* scan : {"seq", "chunked"}) {
+      const DigestCell* c = r.find(precision, scan);
+      ASSERT_NE(c, nullptr) << precision << " " << scan;
+      EXPECT_GT(c->keys.size(), 300u) << precision << " " << scan << ": every tensor, not a few";
+    }
+  }
+  // Sequential and chunked runs share the forward's prefix: the first tensor (the input) and the
+  // norms before the scan carry the same bits in both scan modes of one precision.
+  for (const char* precision : {"f32", "bf16", "f16"}) {
+    const DigestCell &seq = *r.find(precision, "seq"), &chunked = *r.find(precision, "chunked");
+    ASSERT_EQ(seq.keys.front(), chunked.keys.front());
+    EXPECT_EQ(seq.hashes.front(), chunked.hashes.front()) << precision;
+  }
+}

@@ -85,11 +85,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
   if (record && expect) throw UsageError("--record and --expect: one at a time");
   if (record) check_output_path(vm, "record", vm["force"].as<bool>());
   const std::string environment = environment_of(device);
-  const std::string problem = src.spec.source + ", seed=" + std::to_string(src.spec.seed) +
-                              " B=" + std::to_string(src.spec.B) +
-                              " T=" + std::to_string(src.spec.T) +
-                              (src.spec.random_states ? ", random states, " : ", ") +
-                              src.spec.cfg.describe();
+  const std::string problem = harness::digest_problem(src.spec);
   harness::DigestRecord expected, written{environment, problem, {}};
   if (expect) {  // read and matched before any work
     const std::string path = vm["expect"].as<std::string>();
