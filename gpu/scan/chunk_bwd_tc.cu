@@ -362,7 +362,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     for (int k = 0; k < HP / 4; k += 2) {
       const int at = atH(t, q4 * (HP / 4) + k);
       const float2 o = tcf::get_typed_pair<T>(Op, at), xv = tcf::get_typed_pair<T>(Xp, at);
-      acc += o.x * xv.x + o.y * xv.y;
+      acc += tcf::dot2(o.x, o.y, xv.x, xv.y);
     }
     acc = tcf::quad_sum(acc);
     if (q4 == 0 && t < L) p.dQK_dot[(row0 + t) * nh + h] = acc;
@@ -400,7 +400,7 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     dq.pairs([&](int, int hh, int, int m, int n, float& v0, float& v1) {
       tcf::unscale<T>(ls.sc, v0, v1);  // back from S's scale
       const float2 qv = tcf::get_typed_pair<T>(Qp, atD(m, n));
-      rx[hh] += v0 * qv.x + v1 * qv.y;
+      rx[hh] += tcf::dot2(v0, v1, qv.x, qv.y);
       v0 *= e[hh];
       v1 *= e[hh];
     });
@@ -437,7 +437,12 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
       const float d0 = on0 ? expf(cum[t] - cum[s]) : 0.0f;
       const float d1 = on1 ? expf(cum[t] - cum[s + 1]) : 0.0f;
       const float mp0 = d0 * p0, mp1 = d1 * p1;
-      const float w0 = mp0 * a0, w1 = mp1 * a1;
+      // W = MP·A's row and column sums (w = mp·a, a before MA's factor), each product rounded
+      // as nvcc had chosen in every instantiation: the row's pair as dot2, each column's term
+      // fused into its sum.
+      wr[hh] += tcf::dot2(mp0, mp1, a0, a1);
+      wc[j][0] = __fmaf_rn(mp0, a0, wc[j][0]);
+      wc[j][1] = __fmaf_rn(mp1, a1, wc[j][1]);
       if constexpr (kH) {
         a0 *= d0;
         a1 *= d1;
@@ -446,12 +451,9 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
         mxa = fmaxf(mxa, fmaxf(fabsf(a0), fabsf(a1)));
         mxp = fmaxf(mxp, fmaxf(fabsf(mp0), fabsf(mp1)));
       } else {
-        tcf::put_split<T>(MAp, kMo, atM(t, s), d0 * a0, d1 * a1);
+        tcf::put_split<T>(MAp, kMo, atM(t, s), __fmul_rn(d0, a0), __fmul_rn(d1, a1));
         tcf::put_split<T>(MPp, kMo, atM(t, s), mp0, mp1);
       }
-      wr[hh] += w0 + w1;
-      wc[j][0] += w0;
-      wc[j][1] += w1;
     });
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -598,10 +600,19 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     dV.pairs([&](int i, int hh, int j, int s, int q4, float& v0, float& v1) {
       const float2 o = tcf::get_typed_pair<T>(Op, atH(s, q4));
       float u0 = v2.d[i][j][2 * hh], u1 = v2.d[i][j][2 * hh + 1];
-      tcf::unscale<T>(sMA, v0, v1);
       tcf::unscale<T>(sdS, u0, u1);
-      v0 += es[hh] * u0 + qd[hh] * o.x;
-      v1 += es[hh] * u1 + qd[hh] * o.y;
+      // v += e_s·u + (D + qk_s)·o with the roundings nvcc had chosen in every instantiation (stop
+      // 52's PTX): u's product fused, o's rounded; f16 runs fuse MA's unscale (·down, exact) of v
+      // into the sum, bf16 runs (scale 1) add.
+      const float t0 = __fmaf_rn(u0, es[hh], __fmul_rn(qd[hh], o.x));
+      const float t1 = __fmaf_rn(u1, es[hh], __fmul_rn(qd[hh], o.y));
+      if constexpr (kH) {
+        v0 = __fmaf_rn(v0, sMA.down, t0);
+        v1 = __fmaf_rn(v1, sMA.down, t1);
+      } else {
+        v0 = __fadd_rn(v0, t0);
+        v1 = __fadd_rn(v1, t1);
+      }
       if (!xrow[hh] || q4 >= hd) return;
       float w0 = v0, w1 = v1;
       if (dvo[hh]) {
@@ -625,12 +636,19 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
     mid_rows(p.dK_mid, store_k, krow);
     dK.pairs([&](int i, int hh, int j, int s, int n, float& v0, float& v1) {
       float u0 = k2.d[i][j][2 * hh], u1 = k2.d[i][j][2 * hh + 1];
-      tcf::unscale<T>(sMP, v0, v1);
       tcf::unscale<T>(sdS, u0, u1);
       const float2 kv = tcf::get_typed_pair<T>(Kp, atD(s, n));
-      m[hh] += u0 * kv.x + u1 * kv.y;
-      v0 += es[hh] * u0;
-      v1 += es[hh] * u1;
+      m[hh] += tcf::dot2(u0, u1, kv.x, kv.y);
+      // v += e_s·u, rounded as nvcc had chosen in every instantiation (stop 52's PTX). f16 runs
+      // unscale v (·down, exact) by MP's scale first; nvcc fused that into v0's sum and e_s·u1
+      // into v1's, and both forms are kept as they were. bf16 runs: one fma each.
+      if constexpr (kH) {
+        v0 = __fmaf_rn(v0, sMP.down, __fmul_rn(es[hh], u0));
+        v1 = __fmaf_rn(u1, es[hh], __fmul_rn(v1, sMP.down));
+      } else {
+        v0 = __fmaf_rn(u0, es[hh], v0);
+        v1 = __fmaf_rn(u1, es[hh], v1);
+      }
       if (krow[hh]) tcf::store_row_pair(krow[hh], n, ds, pairs_f, v0, v1);
     });
 #pragma unroll

@@ -169,8 +169,10 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
   // so |MA| ≤ max|A| (and the tile scale leaves a factor 2 below f16's 65504 besides).
   auto to_ma = [&](int t, int s, float& v0, float& v1) {
     const float ct = cum[t];
-    v0 = t < L && s < t ? expf(ct - cum[s]) * v0 : 0.0f;
-    v1 = t < L && s + 1 < t ? expf(ct - cum[s + 1]) * v1 : 0.0f;
+    // The product rounded before put_split's hi/lo split (as every build so far had it: the
+    // split's subtraction must not take it in as an fma).
+    v0 = t < L && s < t ? __fmul_rn(expf(ct - cum[s]), v0) : 0.0f;
+    v1 = t < L && s + 1 < t ? __fmul_rn(expf(ct - cum[s + 1]), v1) : 0.0f;
   };
   if constexpr (kH) {
     float mx = 0.0f;

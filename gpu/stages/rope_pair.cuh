@@ -6,7 +6,8 @@
 //   angle grad   dθ = −g0·r1 + g1·r0      (r = the rotated pair of the forward)
 // The forward rotation is written with explicit round-to-nearest products and sums (no fma
 // contraction), so that every kernel that rotates a pair gets the same bits: the chunked
-// backward tail recomputes k and q from b_biased and c_biased instead of reading them.
+// backward tail recomputes k and q from b_biased and c_biased instead of reading them. The
+// backward's are written out too (one fma each), for the same reason.
 #pragma once
 
 namespace m3::gpu {
@@ -17,14 +18,17 @@ __device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float 
   y1 = __fadd_rn(__fmul_rn(sn, x0), __fmul_rn(cs, x1));
 }
 
+// The backward's two products per value are one fma and one rounded product, written out so
+// that the RoPE kernels and every tail variant that inlines them round alike (the forms ptxas
+// had chosen for the plain expressions, read from rope_backward_kernel's SASS at stop 52).
 __device__ __forceinline__ void rope_rotate_t(float sn, float cs, float g0, float g1, float& o0,
                                               float& o1) {
-  o0 = cs * g0 + sn * g1;
-  o1 = -sn * g0 + cs * g1;
+  o0 = __fmaf_rn(cs, g0, __fmul_rn(sn, g1));
+  o1 = __fmaf_rn(cs, g1, -__fmul_rn(sn, g0));
 }
 
 __device__ __forceinline__ float rope_angle_grad(float g0, float g1, float r0, float r1) {
-  return -g0 * r1 + g1 * r0;
+  return __fmaf_rn(g1, r0, -__fmul_rn(g0, r1));
 }
 
 // Whether pair j of a row is rotated (j < na), for a pair in half `half` of the row (0: pairs
