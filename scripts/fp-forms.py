@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Which rounding each floating-point expression got, per kernel instantiation.
+
+The GPU tests hold some kernels bit for bit against others (wgmma against mma.sync, a fused tail
+against the stage kernels, a staged load against a global one). Where two instantiations inline
+one source expression with two products, the compiler fuses one of them into an fma and rounds
+the other, and it need not choose alike in each: nvcc decides for `a*b + c*d` (visible in the
+PTX), ptxas for what nvcc leaves as mul, mul, sub (visible only in the SASS). docs/PERF.md
+"Stop 51" and "Stop 52" give the cases found. This script reads both, so that a pin
+(`__fmaf_rn` / `__fmul_rn`) can be written as the form every instantiation already has, and
+the instantiations whose forms differ can be named.
+
+  fp-forms.py ptx-lines PTX SRC LINE...
+      PTX from `nvcc -ptx -lineinfo` (the build's flags: build-gpu/compile_commands.json).
+      For each LINE of the source file whose path ends in SRC, the float ops (mul, fma, add,
+      sub, neg) that the innermost .loc attributes to that line, each operand named by what
+      defines it: x / y for the first / second element of a vector load or unpack, acc for an
+      mma/wgmma accumulator (E/O: even or odd element), cvt(...) for a conversion, fma<...>
+      with the fma's addend, mul<a*b> with its factors. One row per (line, dtype, set of
+      forms) with the number of kernels: a line whose dtype has one row is contracted alike
+      in every instantiation.
+  fp-forms.py sass SASS
+      SASS from `cuobjdump -sass OBJ` (on the GPU machine; this one has no disassembler).
+      Per function: sub A / B, the FFMAs of one negated operand whose addend is an FMUL
+      (A: FFMA(a, b, -FMUL(c, d)), the first product of a*b - c*d fused; B: FFMA(-c, d,
+      FMUL(a, b)), the second); div A / B, the same for the dividends of IEEE divisions (FCHK's
+      operand); split FADD / FFMA, the low halves of bf16/f16 hi/lo splits (F2FP packs of
+      v - hi): FADD where the product v was rounded first, FFMA where it was fused into the
+      subtraction. A function with both A and B, or forms unlike its siblings', is where a pin
+      changes bits.
+
+Bad use (an unknown command, a missing file, a file with no kernel or function): one line on
+stderr and exit status 2.
+"""
+import collections
+import re
+import signal
+import sys
+
+
+def die(msg):
+    print(f"fp-forms.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_lines(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        die(f"cannot read {path}: {e.strerror}")
+
+
+# ---- PTX ------------------------------------------------------------------------------------
+
+OP = re.compile(r"^(@!?%p\d+\s+)?([a-z][\w.]*)\s+(.*);$")
+VEC_DEST = re.compile(r"^([a-z][\w.]*)\s+\{([^}]*)\}")
+FLOAT_OP = re.compile(r"^(mul|fma|add|sub|neg)\.(rn\.)?f32$")
+
+
+def dtype_of(kernel):
+    if "13__nv_bfloat16" in kernel:
+        return "bf16"
+    if "6__half" in kernel:
+        return "f16"
+    return "f32"
+
+
+def ptx_lines(path, src, lines):
+    text = read_lines(path)
+    files = {}
+    for t in text:
+        m = re.match(r'\s*\.file\s+(\d+)\s+"([^"]*)"', t)
+        if m and m.group(2).endswith(src):
+            files[m.group(1)] = m.group(2)
+    if not files:
+        die(f"{path}: no .file ends in {src} (was the PTX made with -lineinfo?)")
+    want = set(lines)
+    kernel, loc, defs = None, None, {}
+    found = collections.OrderedDict()  # (kernel, line) -> [ops]
+    kernels = 0
+
+    def kind(reg, depth=0):
+        d = defs.get(reg)
+        if d is None:
+            return reg if not reg.startswith("%") else "in"
+        op, args = d
+        m = re.search(r"\.c(\d+)$", op)
+        if m:
+            base = op[: m.start()]
+            if base in ("mma", "wgmma"):
+                return "acc" + ("E" if int(m.group(1)) % 2 == 0 else "O")
+            return {0: "x", 1: "y"}.get(int(m.group(1)), "c" + m.group(1))
+        a = [x.strip() for x in args.split(",")]
+        if op.startswith("cvt.f32.") and depth < 2:
+            return "cvt(" + kind(a[1], depth + 1) + ")"
+        if op.startswith("mov.b32") and len(a) == 2 and depth < 2:
+            return kind(a[1], depth + 1)
+        if op.startswith("mul") and depth < 1:
+            return "mul<" + kind(a[1], depth + 1) + "*" + kind(a[2], depth + 1) + ">"
+        if op.startswith("fma") and depth < 2:
+            return "fma<" + kind(a[3], depth + 1) + ">"
+        return op.split(".")[0]
+
+    for raw in text:
+        s = raw.strip()
+        if s.startswith((".visible .entry", ".entry")):
+            m = re.search(r"(_Z\w+)", s)
+            kernel, loc, defs = (m.group(1) if m else s), None, {}
+            kernels += 1
+            continue
+        m = re.match(r"\.loc\s+(\d+)\s+(\d+)", s)
+        if m:
+            loc = (m.group(1), int(m.group(2)))
+            continue
+        # Inline asm: "{ op ...;}" on one line, or a block "{.reg .f16 low,high;" … "op ...;}"
+        # whose block-local registers (low, high) are named by the mov that unpacks them.
+        if s.startswith("{"):
+            s = s[1:].strip()
+        if s.endswith("}"):
+            s = s[:-1].strip()
+        if kernel is None:
+            continue
+        v = VEC_DEST.match(s)
+        if v:  # a vector destination: each element named by its position
+            base = v.group(1).split(".")[0]
+            for i, r in enumerate(x.strip() for x in v.group(2).split(",")):
+                defs[r] = (f"{base}.c{i}", "")
+            continue
+        m = OP.match(s)
+        if not m:
+            continue
+        op, args = m.group(2), m.group(3)
+        regs = [a.strip() for a in args.split(",")]
+        if loc and loc[0] in files and loc[1] in want and FLOAT_OP.match(op):
+            form = op.split(".")[0] + "(" + ",".join(kind(r) for r in regs[1:]) + ")"
+            found.setdefault((kernel, loc[1]), []).append(form.replace("0f00000000", "0"))
+        if regs and regs[0].startswith("%"):
+            defs[regs[0]] = (op, args)
+    if kernels == 0:
+        die(f"{path}: no kernel (.entry) in the PTX")
+    rows = collections.Counter()
+    for (kernel, line), forms in found.items():
+        rows[(line, dtype_of(kernel), " ".join(sorted(set(forms))))] += 1
+    print(f"# {path}: {kernels} kernels, lines {' '.join(str(x) for x in lines)} of {src}")
+    for line in lines:
+        mine = [(k, n) for k, n in rows.items() if k[0] == line]
+        if not mine:
+            print(f"line {line}: no float op")
+        for (_, dt, forms), n in sorted(mine):
+            print(f"line {line} {dt}: {n} kernel{'s' if n != 1 else ''}: {forms}")
+
+
+# ---- SASS -----------------------------------------------------------------------------------
+
+INS = re.compile(r"/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+([^;]*);")
+REG = re.compile(r"-?R\d+$")
+
+
+def sass(path):
+    fn, last = None, {}
+    res = collections.OrderedDict()
+    for line in read_lines(path):
+        if "Function :" in line:
+            fn = line.split("Function :", 1)[1].strip()
+            last = {}
+            res[fn] = collections.Counter()
+            continue
+        m = INS.search(line)
+        if not m or fn is None:
+            continue
+        op = m.group(2)
+        args = [a.strip().replace(".reuse", "") for a in m.group(3).split(",")]
+        c = res[fn]
+        if op == "FFMA" and len(args) == 4 and all(REG.match(a) for a in args[1:]):
+            negs = [a.startswith("-") for a in args[1:]]
+            if sum(negs) == 1 and last.get(args[3].lstrip("-"), ("",))[0] == "FMUL":
+                c["sub A" if negs[2] else "sub B"] += 1
+        elif op == "FCHK" and len(args) >= 2:
+            d = last.get(args[1].lstrip("-"))
+            if d and d[0] == "FFMA" and d[2]:
+                c["div " + d[2]] += 1
+        elif op.startswith("F2FP") and "PACK_AB" in op:
+            for a in args[1:3]:
+                d = last.get(a.lstrip("-"))
+                if not d:
+                    continue
+                if d[0] == "FADD" and any(x.startswith("-R") for x in d[1][1:]):
+                    c["split FADD"] += 1
+                elif d[0] == "FFMA" and len(d[1]) == 4 and d[1][3].startswith("-R"):
+                    c["split FFMA"] += 1
+        if args and re.match(r"R\d+$", args[0]):
+            form = ""
+            if op == "FFMA" and len(args) == 4 and all(REG.match(a) for a in args[1:]):
+                negs = [a.startswith("-") for a in args[1:]]
+                if sum(negs) == 1 and last.get(args[3].lstrip("-"), ("",))[0] == "FMUL":
+                    form = "A" if negs[2] else "B"
+            last[args[0]] = (op, args, form)
+    if not res:
+        die(f"{path}: no function (a 'Function :' line of cuobjdump -sass)")
+    keys = ["sub A", "sub B", "div A", "div B", "split FADD", "split FFMA"]
+    print(f"# {path}: {len(res)} functions; " + ", ".join(keys))
+    for f, c in res.items():
+        print(" ".join(f"{c[k]:4d}" for k in keys) + "  " + f)
+
+
+def main(argv):
+    if len(argv) < 2:
+        die("usage: fp-forms.py ptx-lines PTX SRC LINE... | sass SASS (--help: what they print)")
+    if argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    cmd = argv[1]
+    if cmd == "ptx-lines":
+        if len(argv) < 5:
+            die("usage: fp-forms.py ptx-lines PTX SRC LINE...")
+        try:
+            lines = [int(x) for x in argv[4:]]
+        except ValueError:
+            die("ptx-lines: each LINE is a line number")
+        ptx_lines(argv[2], argv[3], lines)
+    elif cmd == "sass":
+        if len(argv) != 3:
+            die("usage: fp-forms.py sass SASS")
+        sass(argv[2])
+    else:
+        die(f"unknown command {cmd} (ptx-lines, sass)")
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
+    sys.exit(main(sys.argv))

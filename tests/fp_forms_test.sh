@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# scripts/fp-forms.py on a small PTX and SASS written here: ptx-lines names each operand by
+# its definer (vector elements x / y, an inline-asm block's f16 unpack, an fma's addend, a
+# mul's factors) and groups kernels by dtype and form, so two contractions of one line are two
+# rows; sass counts a·b − c·d's two forms, a division's dividend form and a split's low half
+# (rounded product or fused); and every bad use is one line and exit 2.
+# Usage: fp_forms_test.sh PYTHON SCRIPT
+set -euo pipefail
+py="$1"
+script="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Two bf16 kernels that contract line 11 (x·x' + y·y') differently, one f16 kernel in the first
+# form through an inline-asm unpack, and a line 12 that only one kernel has.
+cat >"$work/k.ptx" <<'PTX'
+.version 8.8
+	.file	1 "/src/gpu/scan/k.cu"
+	.file	2 "/src/gpu/tc/other.cuh"
+.visible .entry _Z1aI13__nv_bfloat16Ev(
+)
+{
+	.loc	1 10 3
+	ld.shared.v2.f32 	{%f1, %f2}, [%r1];
+	ld.shared.v2.f32 	{%f3, %f4}, [%r2];
+	.loc	1 11 3
+	mul.f32 	%f5, %f2, %f4;
+	fma.rn.f32 	%f6, %f1, %f3, %f5;
+	.loc	2 11 3
+	mul.f32 	%f7, %f6, %f6;
+	.loc	1 12 3
+	add.f32 	%f8, %f6, 0f00000000;
+}
+.visible .entry _Z1bI13__nv_bfloat16Ev(
+)
+{
+	.loc	1 10 3
+	ld.shared.v2.f32 	{%f1, %f2}, [%r1];
+	ld.shared.v2.f32 	{%f3, %f4}, [%r2];
+	.loc	1 11 3
+	mul.f32 	%f5, %f1, %f3;
+	fma.rn.f32 	%f6, %f2, %f4, %f5;
+}
+.visible .entry _Z1cI6__halfEv(
+)
+{
+	.loc	1 10 3
+	ld.shared.u32 	%r5, [%r1];
+	// begin inline asm
+	{.reg .f16 low,high;
+  mov.b32 {low,high},%r5;
+  cvt.f32.f16 %f1, low;}
+	// end inline asm
+	// begin inline asm
+	{.reg .f16 low,high;
+  mov.b32 {low,high},%r5;
+  cvt.f32.f16 %f2, high;}
+	// end inline asm
+	.loc	1 11 3
+	mul.f32 	%f5, %f2, %f2;
+	fma.rn.f32 	%f6, %f1, %f1, %f5;
+}
+PTX
+out="$("$py" "$script" ptx-lines "$work/k.ptx" scan/k.cu 11 12 13)"
+grep -qx '# .*: 3 kernels, lines 11 12 13 of scan/k.cu' <<<"$out" || fail "header: $out"
+grep -qx 'line 11 bf16: 1 kernel: fma(x,x,mul<y\*y>) mul(y,y)' <<<"$out" ||
+  fail "line 11, kernel a's form (y's product rounded, x's fused): $out"
+grep -qx 'line 11 bf16: 1 kernel: fma(y,y,mul<x\*x>) mul(x,x)' <<<"$out" ||
+  fail "line 11, kernel b's form in a row of its own: $out"
+grep -qx 'line 11 f16: 1 kernel: fma(cvt(x),cvt(x),mul<cvt(y)\*cvt(y)>) mul(cvt(y),cvt(y))' \
+  <<<"$out" || fail "line 11, the f16 unpack's low and high halves as x and y: $out"
+grep -qx 'line 12 bf16: 1 kernel: add(fma<mul>,0)' <<<"$out" || fail "line 12: $out"
+grep -qx 'line 13: no float op' <<<"$out" || fail "line 13: $out"
+[[ "$(grep -c '^line 11' <<<"$out")" == 3 ]] || fail "other.cuh's line 11 was counted: $out"
+
+# SASS: one function with A twice and each other form once, one with none.
+cat >"$work/k.sass" <<'SASS'
+	code for sm_90a
+		Function : _Z1fv
+	.headerflags	@"EF_CUDA_SM90"
+        /*0000*/                   FMUL R2, R3, R4 ;                      /* 0x0000000403027220 */
+        /*0010*/                   FFMA R5, R6.reuse, R7, -R2 ;           /* 0x0000000706057223 */
+        /*0020*/                   FMUL R8, R3, R4 ;                      /* 0x0000000403087220 */
+        /*0030*/                   FFMA R9, -R6, R7, R8 ;                 /* 0x0000000706097223 */
+        /*0038*/                   FFMA R17, R6, R7, -R8 ;                /* 0x0000000706117223 */
+        /*0040*/                   FCHK P0, R5, R10 ;                     /* 0x0000000a05007302 */
+        /*0050*/                   FMUL R11, R3, R4 ;                     /* 0x00000004030b7220 */
+        /*0060*/                   F2FP.BF16.F32.PACK_AB R12, R11, R11 ;  /* 0x0000000b0b0c723e */
+        /*0070*/                   IMAD.U32 R13, R12, 0x10000, RZ ;       /* 0x000100000c0d7824 */
+        /*0080*/                   FADD R14, -R13, R11 ;                  /* 0x0000000b0d0e7221 */
+        /*0090*/                   FFMA R15, R3, R4, -R13 ;               /* 0x00000004030f7223 */
+        /*00a0*/                   F2FP.BF16.F32.PACK_AB R16, R14, R15 ;  /* 0x0000000f0e10723e */
+		Function : _Z1gv
+        /*0000*/                   FADD R1, R2, R3 ;                      /* 0x0000000302017221 */
+SASS
+out="$("$py" "$script" sass "$work/k.sass")"
+grep -qx '# .*: 2 functions; sub A, sub B, div A, div B, split FADD, split FFMA' <<<"$out" ||
+  fail "sass header: $out"
+grep -qx ' *2 *1 *1 *0 *1 *1  _Z1fv' <<<"$out" || fail "sass counts of _Z1fv: $out"
+grep -qx ' *0 *0 *0 *0 *0 *0  _Z1gv' <<<"$out" || fail "sass counts of _Z1gv: $out"
+
+# Refusals: one line, "fp-forms.py: ...", exit 2.
+refuse() {
+  local what="$1" msg rc=0
+  shift
+  msg="$("$py" "$script" "$@" 2>&1)" || rc=$?
+  [[ $rc == 2 ]] || fail "$what: exit $rc (want 2): $msg"
+  [[ "$(grep -c . <<<"$msg")" == 1 && "$msg" == fp-forms.py:* ]] ||
+    fail "$what: not one fp-forms.py line: $msg"
+}
+printf '\t.file\t1 "/src/empty.cu"\n' >"$work/empty.ptx"
+refuse "no command"
+refuse "an unknown command" dump "$work/k.ptx"
+refuse "a missing PTX" ptx-lines "$work/none.ptx" scan/k.cu 11
+refuse "a source the PTX does not name" ptx-lines "$work/k.ptx" scan/other.cu 11
+refuse "a line that is not a number" ptx-lines "$work/k.ptx" scan/k.cu eleven
+refuse "a PTX without a kernel" ptx-lines "$work/empty.ptx" empty.cu 1
+[[ "$("$py" "$script" ptx-lines "$work/empty.ptx" empty.cu 1 2>&1)" == *"no kernel"* ]] ||
+  fail "a PTX without a kernel: not said"
+refuse "no line" ptx-lines "$work/k.ptx" scan/k.cu
+refuse "a missing SASS" sass "$work/none.sass"
+refuse "a SASS without a function" sass "$work/empty.ptx"
+echo "fp_forms_test: all checks passed"
