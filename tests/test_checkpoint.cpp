@@ -35,6 +35,7 @@
 #include "capture.hpp"
 #include "test_io.hpp"
 #include "checkpoint.hpp"
+#include "digest_record.hpp"
 #include "config.hpp"
 #include "error.hpp"
 #include "h5store.hpp"
@@ -162,7 +163,7 @@ void write_by_hand(const std::string& path, const Config& cfg, const CheckpointM
   w.attr("/meta", "good_steps", meta.good_steps);
   w.attr("/meta", "skipped", meta.skipped);
   w.attr("/meta", "data_size", meta.data_size);
-  w.attr("/meta", "data_hash", hex16(meta.data_hash));
+  w.attr("/meta", "data_hash", m3::harness::hex16(meta.data_hash));
   w.attr("/meta", "git_revision", meta.git_revision);
   const ParamLayout layout = m3::param_layout(cfg);
   const std::pair<const char*, const std::vector<float>*> groups[] = {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "capture.hpp"
+#include "digest_record.hpp"
 #include "error.hpp"
 #include "h5store.hpp"
 #include "registry.hpp"
@@ -107,12 +108,6 @@ std::string exact_double(double v) {
   char buf[64];
   const auto res = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, res.ptr);
-}
-
-std::string hex16(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 Settings config_settings(const Config& c) {
@@ -219,7 +214,7 @@ void write_checkpoint(const std::string& path, const Config& cfg, const Checkpoi
   w.attr(kMeta, "good_steps", meta.good_steps);
   w.attr(kMeta, "skipped", meta.skipped);
   w.attr(kMeta, "data_size", meta.data_size);
-  w.attr(kMeta, "data_hash", hex16(meta.data_hash));
+  w.attr(kMeta, "data_hash", harness::hex16(meta.data_hash));
   w.attr(kMeta, "git_revision", meta.git_revision);
 
   for (const auto& [group, buf] : arrays(st)) {
@@ -328,8 +323,8 @@ std::string resume_mismatch(const CheckpointMeta& saved, const CheckpointMeta& n
   if (saved.data_size != now.data_size || saved.data_hash != now.data_hash)
     return "resume: the data file differs from the one the checkpoint was trained on: "
            "checkpoint " + std::to_string(saved.data_size) + " bytes, hash " +
-           hex16(saved.data_hash) + "; now " + std::to_string(now.data_size) + " bytes, hash " +
-           hex16(now.data_hash);
+           harness::hex16(saved.data_hash) + "; now " + std::to_string(now.data_size) +
+           " bytes, hash " + harness::hex16(now.data_hash);
   return "";
 }
 

@@ -91,7 +91,4 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg, TrainState*
 // checkpoint 1234 bytes, hash 0123456789abcdef; now 1200 bytes, hash fedcba9876543210".
 std::string resume_mismatch(const CheckpointMeta& saved, const CheckpointMeta& now);
 
-// "0123456789abcdef": a uint64 as 16 lowercase hex digits (the data_hash attribute).
-std::string hex16(std::uint64_t v);
-
 }  // namespace m3::train
