@@ -19,6 +19,12 @@ the instantiations whose forms differ can be named.
       with the fma's addend, mul<a*b> with its factors. One row per (line, dtype, set of
       forms) with the number of kernels: a line whose dtype has one row is contracted alike
       in every instantiation.
+  fp-forms.py ptx-open PTX
+      The expressions nvcc left to ptxas: every add.f32 / sub.f32 whose two operands are both
+      mul.f32 results (a·b ± c·d, uncontracted), by source file and line (innermost .loc), with
+      the number of kernels holding one. ptxas fuses one of the two products, and which one is
+      in the SASS only; a line listed here in code that tests compare bit for bit across
+      instantiations is one to read with `sass` and pin.
   fp-forms.py sass SASS
       SASS from `cuobjdump -sass OBJ` (on the GPU machine; this one has no disassembler).
       Per function: sub A / B, the FFMAs of one negated operand whose addend is an FMUL
@@ -151,6 +157,49 @@ def ptx_lines(path, src, lines):
             print(f"line {line} {dt}: {n} kernel{'s' if n != 1 else ''}: {forms}")
 
 
+def ptx_open(path):
+    text = read_lines(path)
+    files, kernel, loc, defs = {}, None, None, {}
+    for t in text:  # the .file table (with -lineinfo it may follow the kernels)
+        m = re.match(r'\s*\.file\s+(\d+)\s+"([^"]*)"', t)
+        if m:
+            files[m.group(1)] = m.group(2)
+    hits = collections.Counter()  # (file, line, op) -> kernels
+    kernels, seen = 0, set()
+    for raw in text:
+        s = raw.strip()
+        if s.startswith((".visible .entry", ".entry")):
+            m = re.search(r"(_Z\w+)", s)
+            kernel, loc, defs, seen = (m.group(1) if m else s), None, {}, set()
+            kernels += 1
+            continue
+        m = re.match(r"\.loc\s+(\d+)\s+(\d+)", s)
+        if m:
+            loc = (m.group(1), int(m.group(2)))
+            continue
+        if kernel is None:
+            continue
+        m = OP.match(s)
+        if not m:
+            continue
+        op, regs = m.group(2), [a.strip() for a in m.group(3).split(",")]
+        if re.match(r"^(add|sub)\.f32$", op) and len(regs) == 3:
+            if all(defs.get(r, "").startswith("mul.") for r in regs[1:]):
+                # Without -lineinfo there is no .loc: the hits are counted under "?:0".
+                key = (files.get(loc[0], "?") if loc else "?", loc[1] if loc else 0,
+                       op.split(".")[0])
+                if key not in seen:
+                    seen.add(key)
+                    hits[key] += 1
+        if regs and regs[0].startswith("%"):
+            defs[regs[0]] = op
+    if kernels == 0:
+        die(f"{path}: no kernel (.entry) in the PTX")
+    print(f"# {path}: {kernels} kernels; a·b ± c·d left to ptxas, by source line")
+    for (f, line, op), n in sorted(hits.items()):
+        print(f"{f}:{line}: {op} of two products in {n} kernel{'s' if n != 1 else ''}")
+
+
 # ---- SASS -----------------------------------------------------------------------------------
 
 INS = re.compile(r"/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+([^;]*);")
@@ -206,7 +255,7 @@ def sass(path):
 
 def main(argv):
     if len(argv) < 2:
-        die("usage: fp-forms.py ptx-lines PTX SRC LINE... | sass SASS (--help: what they print)")
+        die("usage: fp-forms.py ptx-lines PTX SRC LINE... | ptx-open PTX | sass SASS (--help)")
     if argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
@@ -219,12 +268,16 @@ def main(argv):
         except ValueError:
             die("ptx-lines: each LINE is a line number")
         ptx_lines(argv[2], argv[3], lines)
+    elif cmd == "ptx-open":
+        if len(argv) != 3:
+            die("usage: fp-forms.py ptx-open PTX")
+        ptx_open(argv[2])
     elif cmd == "sass":
         if len(argv) != 3:
             die("usage: fp-forms.py sass SASS")
         sass(argv[2])
     else:
-        die(f"unknown command {cmd} (ptx-lines, sass)")
+        die(f"unknown command {cmd} (ptx-lines, ptx-open, sass)")
     return 0
 
 

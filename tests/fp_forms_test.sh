@@ -4,6 +4,7 @@
 # mul's factors) and groups kernels by dtype and form, so two contractions of one line are two
 # rows; sass counts a·b − c·d's two forms, a division's dividend form and a split's low half
 # (rounded product or fused); and every bad use is one line and exit 2.
+# ptx-open lists the a·b ± c·d that nvcc left to ptxas.
 # Usage: fp_forms_test.sh PYTHON SCRIPT
 set -euo pipefail
 py="$1"
@@ -41,6 +42,11 @@ cat >"$work/k.ptx" <<'PTX'
 	.loc	1 11 3
 	mul.f32 	%f5, %f1, %f3;
 	fma.rn.f32 	%f6, %f2, %f4, %f5;
+	.loc	1 14 3
+	mul.f32 	%f7, %f1, %f2;
+	mul.f32 	%f8, %f3, %f4;
+	sub.f32 	%f9, %f7, %f8;
+	add.f32 	%f10, %f7, %f6;
 }
 .visible .entry _Z1cI6__halfEv(
 )
@@ -73,6 +79,15 @@ grep -qx 'line 11 f16: 1 kernel: fma(cvt(x),cvt(x),mul<cvt(y)\*cvt(y)>) mul(cvt(
 grep -qx 'line 12 bf16: 1 kernel: add(fma<mul>,0)' <<<"$out" || fail "line 12: $out"
 grep -qx 'line 13: no float op' <<<"$out" || fail "line 13: $out"
 [[ "$(grep -c '^line 11' <<<"$out")" == 3 ]] || fail "other.cuh's line 11 was counted: $out"
+
+# ptx-open: kernel b's line 14 leaves a·b − c·d to ptxas (the add of a product and an fma does
+# not count); nothing else does.
+out="$("$py" "$script" ptx-open "$work/k.ptx")"
+grep -qx '# .*: 3 kernels; a·b ± c·d left to ptxas, by source line' <<<"$out" ||
+  fail "ptx-open header: $out"
+grep -qx '/src/gpu/scan/k.cu:14: sub of two products in 1 kernel' <<<"$out" ||
+  fail "ptx-open's line 14: $out"
+[[ "$(grep -vc '^#' <<<"$out")" == 1 ]] || fail "ptx-open listed more than line 14: $out"
 
 # SASS: one function with A twice and each other form once, one with none.
 cat >"$work/k.sass" <<'SASS'
@@ -120,5 +135,7 @@ refuse "a PTX without a kernel" ptx-lines "$work/empty.ptx" empty.cu 1
   fail "a PTX without a kernel: not said"
 refuse "no line" ptx-lines "$work/k.ptx" scan/k.cu
 refuse "a missing SASS" sass "$work/none.sass"
+refuse "ptx-open without its PTX" ptx-open
+refuse "a PTX without a kernel, ptx-open" ptx-open "$work/empty.ptx"
 refuse "a SASS without a function" sass "$work/empty.ptx"
 echo "fp_forms_test: all checks passed"
