@@ -43,6 +43,11 @@
 #                             ≈ 330 s on an H200. GPU_SWEEP_FROM=K runs problems K … 219 only
 #                             (--sweep-from: the rest of a sweep that an earlier call cut short)
 #   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
+#   sass-forms                only when GPU_CHECK_ONLY names it: every GPU object's SASS
+#                             (cuobjdump) through scripts/fp-forms.py sass — per function, which
+#                             product ptxas fused in a·b − c·d, in division dividends and in
+#                             hi/lo splits (docs/PERF.md "Stop 52"), for pinning a form that
+#                             every instantiation has
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
 # is printed at the end (and written to summary.txt), and the exit status is non-zero if any
 # step failed. GPU_CHECK_PACK=1 then packs every other file there into logs.tar.gz.
@@ -75,6 +80,19 @@ wanted() {
   [[ "$name" == digests-record ]] && name=determinism
   [[ -z "${GPU_CHECK_ONLY:-}" || "$name" == configure || "$name" == build ||
     " ${GPU_CHECK_ONLY} " == *" $name "* ]]
+}
+
+# sass-forms: fp-forms.py sass over each object of the CUDA library that holds functions.
+sass_forms() {
+  local o tmp="$LOGS/sass-forms.tmp"
+  command -v cuobjdump >/dev/null 2>&1 || { echo "sass-forms: no cuobjdump on the PATH"; return 1; }
+  while IFS= read -r o; do
+    cuobjdump -sass "$o" >"$tmp" || { rm -f "$tmp"; return 1; }
+    grep -q "Function :" "$tmp" || continue
+    echo "--- $o"
+    python3 scripts/fp-forms.py sass "$tmp" || { rm -f "$tmp"; return 1; }
+  done < <(find "$BUILD_DIR/gpu" -name '*.cu.o' | sort)
+  rm -f "$tmp"
 }
 
 # step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL.
@@ -167,6 +185,7 @@ if ((failed == 0)); then
     step sweep-gpu "$m3h" compare --device gpu --sweep 220 --seed 7 \
       ${GPU_SWEEP_FROM:+--sweep-from "$GPU_SWEEP_FROM"}
     step sweep-cpu "$m3h" compare --device cpu --sweep 1000 --seed 5 --jobs "$JOBS"
+    if [[ " ${GPU_CHECK_ONLY:-} " == *" sass-forms "* ]]; then step sass-forms sass_forms; fi
   fi
 fi
 
