@@ -72,42 +72,23 @@ def dtype_of(kernel):
     return "f32"
 
 
-def ptx_lines(path, src, lines):
-    text = read_lines(path)
+def ptx_file_table(text):
+    """The .file table: number -> path (with -lineinfo it may follow the kernels)."""
     files = {}
     for t in text:
         m = re.match(r'\s*\.file\s+(\d+)\s+"([^"]*)"', t)
-        if m and m.group(2).endswith(src):
-            files[m.group(1)] = m.group(2)
-    if not files:
-        die(f"{path}: no .file ends in {src} (was the PTX made with -lineinfo?)")
-    want = set(lines)
-    kernel, loc, defs = None, None, {}
-    found = collections.OrderedDict()  # (kernel, line) -> [ops]
-    kernels = 0
-
-    def kind(reg, depth=0):
-        d = defs.get(reg)
-        if d is None:
-            return reg if not reg.startswith("%") else "in"
-        op, args = d
-        m = re.search(r"\.c(\d+)$", op)
         if m:
-            base = op[: m.start()]
-            if base in ("mma", "wgmma"):
-                return "acc" + ("E" if int(m.group(1)) % 2 == 0 else "O")
-            return {0: "x", 1: "y"}.get(int(m.group(1)), "c" + m.group(1))
-        a = [x.strip() for x in args.split(",")]
-        if op.startswith("cvt.f32.") and depth < 2:
-            return "cvt(" + kind(a[1], depth + 1) + ")"
-        if op.startswith("mov.b32") and len(a) == 2 and depth < 2:
-            return kind(a[1], depth + 1)
-        if op.startswith("mul") and depth < 1:
-            return "mul<" + kind(a[1], depth + 1) + "*" + kind(a[2], depth + 1) + ">"
-        if op.startswith("fma") and depth < 2:
-            return "fma<" + kind(a[3], depth + 1) + ">"
-        return op.split(".")[0]
+            files[m.group(1)] = m.group(2)
+    return files
 
+
+def ptx_walk(path, text):
+    """Every instruction of every kernel, in order: (kernel, loc, op, regs, defs), loc the
+    innermost .loc as (file number, line) or None, defs the kernel's definitions so far
+    (register -> (op, args)), updated after the instruction is yielded. Vector destinations and
+    an inline-asm block's unpack name each element by its position (op.c0, op.c1, ...).
+    Refuses a PTX without a kernel."""
+    kernel, loc, defs, kernels = None, None, {}, 0
     for raw in text:
         s = raw.strip()
         if s.startswith((".visible .entry", ".entry")):
@@ -138,17 +119,55 @@ def ptx_lines(path, src, lines):
             continue
         op, args = m.group(2), m.group(3)
         regs = [a.strip() for a in args.split(",")]
-        if loc and loc[0] in files and loc[1] in want and FLOAT_OP.match(op):
-            form = op.split(".")[0] + "(" + ",".join(kind(r) for r in regs[1:]) + ")"
-            found.setdefault((kernel, loc[1]), []).append(form.replace("0f00000000", "0"))
+        yield kernel, loc, op, regs, defs
         if regs and regs[0].startswith("%"):
             defs[regs[0]] = (op, args)
     if kernels == 0:
         die(f"{path}: no kernel (.entry) in the PTX")
+
+
+def operand_kind(defs, reg, depth=0):
+    """What defines reg, as ptx-lines prints it."""
+    d = defs.get(reg)
+    if d is None:
+        return reg if not reg.startswith("%") else "in"
+    op, args = d
+    m = re.search(r"\.c(\d+)$", op)
+    if m:
+        base = op[: m.start()]
+        if base in ("mma", "wgmma"):
+            return "acc" + ("E" if int(m.group(1)) % 2 == 0 else "O")
+        return {0: "x", 1: "y"}.get(int(m.group(1)), "c" + m.group(1))
+    a = [x.strip() for x in args.split(",")]
+    if op.startswith("cvt.f32.") and depth < 2:
+        return "cvt(" + operand_kind(defs, a[1], depth + 1) + ")"
+    if op.startswith("mov.b32") and len(a) == 2 and depth < 2:
+        return operand_kind(defs, a[1], depth + 1)
+    if op.startswith("mul") and depth < 1:
+        return ("mul<" + operand_kind(defs, a[1], depth + 1) + "*" +
+                operand_kind(defs, a[2], depth + 1) + ">")
+    if op.startswith("fma") and depth < 2:
+        return "fma<" + operand_kind(defs, a[3], depth + 1) + ">"
+    return op.split(".")[0]
+
+
+def ptx_lines(path, src, lines):
+    text = read_lines(path)
+    files = {k: v for k, v in ptx_file_table(text).items() if v.endswith(src)}
+    if not files:
+        die(f"{path}: no .file ends in {src} (was the PTX made with -lineinfo?)")
+    want = set(lines)
+    found = collections.OrderedDict()  # (kernel, line) -> [ops]
+    kernels = set()
+    for kernel, loc, op, regs, defs in ptx_walk(path, text):
+        kernels.add(kernel)
+        if loc and loc[0] in files and loc[1] in want and FLOAT_OP.match(op):
+            form = op.split(".")[0] + "(" + ",".join(operand_kind(defs, r) for r in regs[1:]) + ")"
+            found.setdefault((kernel, loc[1]), []).append(form.replace("0f00000000", "0"))
     rows = collections.Counter()
     for (kernel, line), forms in found.items():
         rows[(line, dtype_of(kernel), " ".join(sorted(set(forms))))] += 1
-    print(f"# {path}: {kernels} kernels, lines {' '.join(str(x) for x in lines)} of {src}")
+    print(f"# {path}: {len(kernels)} kernels, lines {' '.join(str(x) for x in lines)} of {src}")
     for line in lines:
         mine = [(k, n) for k, n in rows.items() if k[0] == line]
         if not mine:
@@ -159,43 +178,20 @@ def ptx_lines(path, src, lines):
 
 def ptx_open(path):
     text = read_lines(path)
-    files, kernel, loc, defs = {}, None, None, {}
-    for t in text:  # the .file table (with -lineinfo it may follow the kernels)
-        m = re.match(r'\s*\.file\s+(\d+)\s+"([^"]*)"', t)
-        if m:
-            files[m.group(1)] = m.group(2)
+    files = ptx_file_table(text)
     hits = collections.Counter()  # (file, line, op) -> kernels
-    kernels, seen = 0, set()
-    for raw in text:
-        s = raw.strip()
-        if s.startswith((".visible .entry", ".entry")):
-            m = re.search(r"(_Z\w+)", s)
-            kernel, loc, defs, seen = (m.group(1) if m else s), None, {}, set()
-            kernels += 1
-            continue
-        m = re.match(r"\.loc\s+(\d+)\s+(\d+)", s)
-        if m:
-            loc = (m.group(1), int(m.group(2)))
-            continue
-        if kernel is None:
-            continue
-        m = OP.match(s)
-        if not m:
-            continue
-        op, regs = m.group(2), [a.strip() for a in m.group(3).split(",")]
-        if re.match(r"^(add|sub)\.f32$", op) and len(regs) == 3:
-            if all(defs.get(r, "").startswith("mul.") for r in regs[1:]):
-                # Without -lineinfo there is no .loc: the hits are counted under "?:0".
-                key = (files.get(loc[0], "?") if loc else "?", loc[1] if loc else 0,
-                       op.split(".")[0])
-                if key not in seen:
-                    seen.add(key)
-                    hits[key] += 1
-        if regs and regs[0].startswith("%"):
-            defs[regs[0]] = op
-    if kernels == 0:
-        die(f"{path}: no kernel (.entry) in the PTX")
-    print(f"# {path}: {kernels} kernels; a·b ± c·d left to ptxas, by source line")
+    kernels, seen = set(), set()
+    for kernel, loc, op, regs, defs in ptx_walk(path, text):
+        kernels.add(kernel)
+        if re.match(r"^(add|sub)\.f32$", op) and len(regs) == 3 and all(
+                defs.get(r, ("",))[0].startswith("mul.") for r in regs[1:]):
+            # Without -lineinfo there is no .loc: the hits are counted under "?:0".
+            key = (files.get(loc[0], "?") if loc else "?", loc[1] if loc else 0,
+                   op.split(".")[0])
+            if (kernel, key) not in seen:
+                seen.add((kernel, key))
+                hits[key] += 1
+    print(f"# {path}: {len(kernels)} kernels; a·b ± c·d left to ptxas, by source line")
     for (f, line, op), n in sorted(hits.items()):
         print(f"{f}:{line}: {op} of two products in {n} kernel{'s' if n != 1 else ''}")
 
