@@ -202,6 +202,17 @@ INS = re.compile(r"/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s+([^;]*);")
 REG = re.compile(r"-?R\d+$")
 
 
+def sub_form(op, args, last):
+    """'A' for FFMA(a, b, -FMUL(c, d)), 'B' for FFMA(-c, d, FMUL(a, b)) (one negated operand,
+    the addend an FMUL result), else ''."""
+    if op != "FFMA" or len(args) != 4 or not all(REG.match(a) for a in args[1:]):
+        return ""
+    negs = [a.startswith("-") for a in args[1:]]
+    if sum(negs) != 1 or last.get(args[3].lstrip("-"), ("",))[0] != "FMUL":
+        return ""
+    return "A" if negs[2] else "B"
+
+
 def sass(path):
     fn, last = None, {}
     res = collections.OrderedDict()
@@ -217,10 +228,9 @@ def sass(path):
         op = m.group(2)
         args = [a.strip().replace(".reuse", "") for a in m.group(3).split(",")]
         c = res[fn]
-        if op == "FFMA" and len(args) == 4 and all(REG.match(a) for a in args[1:]):
-            negs = [a.startswith("-") for a in args[1:]]
-            if sum(negs) == 1 and last.get(args[3].lstrip("-"), ("",))[0] == "FMUL":
-                c["sub A" if negs[2] else "sub B"] += 1
+        form = sub_form(op, args, last)
+        if form:
+            c["sub " + form] += 1
         elif op == "FCHK" and len(args) >= 2:
             d = last.get(args[1].lstrip("-"))
             if d and d[0] == "FFMA" and d[2]:
@@ -235,11 +245,6 @@ def sass(path):
                 elif d[0] == "FFMA" and len(d[1]) == 4 and d[1][3].startswith("-R"):
                     c["split FFMA"] += 1
         if args and re.match(r"R\d+$", args[0]):
-            form = ""
-            if op == "FFMA" and len(args) == 4 and all(REG.match(a) for a in args[1:]):
-                negs = [a.startswith("-") for a in args[1:]]
-                if sum(negs) == 1 and last.get(args[3].lstrip("-"), ("",))[0] == "FMUL":
-                    form = "A" if negs[2] else "B"
             last[args[0]] = (op, args, form)
     if not res:
         die(f"{path}: no function (a 'Function :' line of cuobjdump -sass)")
