@@ -204,8 +204,14 @@ __global__ void __launch_bounds__(kThreads) abg_backward_kernel(Idx n, AbgBwd p)
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       o_adt[k] = da[k] * al[k] + db[k] * be[k];
-      o_dt[k] = db[k] * al[k] * (1.0f - tr[k]) + dg[k] * tr[k];
-      o_trap[k] = -db[k] * al[k] * dt[k] + dg[k] * dt[k];
+      // The two gradients that share d_β·α with their roundings written out, in the forms
+      // nvcc and ptxas chose before (SASS of V = 1 and V = 4, docs/PERF.md "Stop 53"; nvcc
+      // leaves o_trap's sum to ptxas): d_β·α rounded once; o_dt fuses it with (1 − λ) and adds
+      // the rounded d_γ·λ; o_trap fuses d_γ·dt and subtracts the rounded (d_β·α)·dt (negation
+      // is exact).
+      const float dba = __fmul_rn(db[k], al[k]);
+      o_dt[k] = __fmaf_rn(dba, 1.0f - tr[k], __fmul_rn(dg[k], tr[k]));
+      o_trap[k] = __fmaf_rn(dg[k], dt[k], -__fmul_rn(dba, dt[k]));
     }
     store_n<V>(p.d_adt_total + i, o_adt);
     store_n<V>(p.d_dt_direct + i, o_dt);
