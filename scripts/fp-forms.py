@@ -26,7 +26,8 @@ the instantiations whose forms differ can be named.
       in the SASS only; a line listed here in code that tests compare bit for bit across
       instantiations is one to read with `sass` and pin.
   fp-forms.py sass SASS
-      SASS from `cuobjdump -sass OBJ` (on the GPU machine; this one has no disassembler).
+      SASS from `cuobjdump -sass OBJ` (on the GPU machine, or here after
+      scripts/fetch-sass-tools.sh: .sass-tools/bin/cuobjdump).
       Per function: sub A / B, the FFMAs of one negated operand whose addend is an FMUL
       (A: FFMA(a, b, -FMUL(c, d)), the first product of a*b - c*d fused; B: FFMA(-c, d,
       FMUL(a, b)), the second); div A / B, the same for the dividends of IEEE divisions (FCHK's
@@ -34,11 +35,31 @@ the instantiations whose forms differ can be named.
       v - hi): FADD where the product v was rounded first, FFMA where it was fused into the
       subtraction. A function with both A and B, or forms unlike its siblings', is where a pin
       changes bits.
+  fp-forms.py sass-diff OLD NEW
+      Two `cuobjdump -sass` of one source before and after a change (a pin that should keep
+      the bits; scripts/sass-diff.sh makes them). Per function of either:
+        same        the whole instruction stream equal with every register value named by
+                    its definition (v0, v1, … in order) and branch targets numbered: the same
+                    code up to register allocation, so the same bits;
+        same arith  the float, half, MUFU, tensor-core, memory and branch instructions equal,
+                    either in the same order or as the same dataflow (each value named by a
+                    hash of the computation that made it, a product's factors and a sum's
+                    terms in one order, a negated factor as a negated product), with the
+                    integer work that feeds them named by its computation and the addresses
+                    not compared: ptxas placed the integer work differently;
+        DIFFERS     not shown equal, with the first arithmetic instruction that differs in
+                    order. The dataflow does not follow loops (a use names the latest
+                    definition above it in the listing), so a rescheduled loop is often
+                    DIFFERS with the same bits: read the two listings there;
+        only in OLD / only in NEW.
+      Anonymous namespaces (named after the source path) are compared as one. Exit status 1
+      where any function differs or is on one side only.
 
 Bad use (an unknown command, a missing file, a file with no kernel or function): one line on
 stderr and exit status 2.
 """
 import collections
+import hashlib
 import re
 import signal
 import sys
@@ -254,9 +275,186 @@ def sass(path):
         print(" ".join(f"{c[k]:4d}" for k in keys) + "  " + f)
 
 
+# What an arithmetic comparison keeps: float, half and tensor-core work, memory, and the
+# branches (so that a changed loop bound or condition is seen). HFMA2.MMA is a move.
+ARITH = re.compile(r"(?!HFMA2\.MMA|LDC)(F|H|MUFU|LD|ST|RED|ATOM|SHFL|I2F|F2I|BRA|EXIT|CALL|RET)")
+REGTOK = re.compile(r"\b(?:U?R(?!Z)\d+|U?P(?!T)\d+)\b")
+NO_DEST = re.compile(r"(ST|RED|BRA|JMP|EXIT|BAR|BSYNC|WARPSYNC|NOP|CALL|RET|SYNCS|MEMBAR|FENCE|"
+                     r"ERRBAR|CCTL|DEPBAR|WARPGROUP|UTMA|UBLKCP|ARRIVES|YIELD|BPT|KILL)")
+JUMP = re.compile(r"(BRA|JMP|CALL|BSSY|BREAK|BMOV)")
+PRED = re.compile(r"!?U?P(\d+|T)$")
+
+
+def anon_free(name):
+    """name with each anonymous namespace (its mangled length, then _GLOBAL__N_ and a hash of
+    the source path: another checkout compiles it under another name) as `(anonymous)`."""
+    out, i = [], 0
+    for m in re.finditer(r"(\d+)_GLOBAL__N_", name):
+        if m.start() < i:
+            continue
+        n = int(m.group(1))
+        start = m.start(1) + len(m.group(1))
+        out.append(name[i:m.start()] + "(anonymous)")
+        i = start + n
+    return "".join(out) + name[i:]
+
+
+def dest_width(op):
+    """Registers an instruction writes from its first operand on."""
+    m = re.match(r"HGMMA\.64x(\d+)x\d+\.(F32|F16)", op)
+    if m:
+        return int(m.group(1)) // (2 if m.group(2) == "F32" else 4)
+    if op.startswith("HMMA."):
+        return 4 if ".F32" in op else 2
+    m = re.match(r"LDSM\..*\.(\d)$", op)
+    if m:
+        return int(m.group(1))
+    if ".128" in op:
+        return 4
+    if ".64" in op or ".WIDE" in op:
+        return 2
+    return 1
+
+
+def sass_functions(path):
+    """{function: [(guard, opcode, [operands])]} of a cuobjdump -sass listing, in order."""
+    funcs, fn = collections.OrderedDict(), None
+    for line in read_lines(path):
+        if "Function :" in line:
+            fn = anon_free(line.split("Function :", 1)[1].strip())
+            funcs[fn] = []
+            continue
+        m = INS.search(line)
+        if m and fn is not None:
+            args = [x.strip() for x in m.group(3).replace(".reuse", "").split(",")] if m.group(3).strip() else []
+            funcs[fn].append(((m.group(1) or "").strip(), m.group(2), args))
+    if not funcs:
+        die(f"{path}: no function (a 'Function :' line of cuobjdump -sass)")
+    return funcs
+
+
+def canonical(ins, keep=None):
+    """The instructions as text with every register value named by its definition, so that two
+    register allocations of the same values give the same text: a kept instruction's results
+    are v0, v1, … in order; a result of an instruction not kept (keep(op) false: the integer
+    work of an arithmetic comparison) is named by a hash of its operation and operands' names
+    (the same computation, the same name); a register read before any definition is `in` and
+    its name. With keep, kept memory operands read `[addr]` (addresses are not compared).
+    Branch targets are numbered in order of first use; other immediates stay as written."""
+    val, labels, out, n = {}, {}, [], 0
+
+    def split(tok):
+        m = re.match(r"(U?[RP])(\d+)$", tok)
+        return m.group(1), int(m.group(2))
+
+    def read(text):
+        return REGTOK.sub(lambda m: val.get(m.group(0), "in" + m.group(0)), text)
+
+    for guard, op, args in ins:
+        ndest = 0
+        if not NO_DEST.match(op) and args and REGTOK.fullmatch(args[0]):
+            ndest = 2 if len(args) >= 3 and PRED.match(args[1]) else 1
+        dests = []
+        for k in range(ndest):
+            if REGTOK.fullmatch(args[k]):
+                kind, i = split(args[k])
+                width = dest_width(op) if k == 0 and kind in ("R", "UR") else 1
+                dests.append([f"{kind}{i + j}" for j in range(width)])
+            else:
+                dests.append([])
+        srcs = [read(x) for x in args[ndest:]]
+        if JUMP.match(op):
+            srcs = [re.sub(r"\b0x[0-9a-f]+\b",
+                           lambda m: "L" + str(labels.setdefault(m.group(0), len(labels))), x)
+                    for x in srcs]
+        text_in = " ".join(x for x in (read(guard), op, ", ".join(srcs)) if x)
+        if keep is not None and not keep(op):
+            h = hashlib.sha1(text_in.encode()).hexdigest()[:10]
+            for k, regs in enumerate(dests):
+                for j, r in enumerate(regs):
+                    val[r] = f"e{h}.{k}.{j}"
+            continue
+        if keep is not None:
+            srcs = [re.sub(r"\[[^\]]*\]", "[addr]", x) for x in srcs]
+        shown = []
+        for k, regs in enumerate(dests):
+            for r in regs:
+                val[r] = f"v{n}"
+                n += 1
+            shown.append(val[regs[0]] if regs else args[k])
+        out.append(" ".join(x for x in (read(guard), op, ", ".join(shown + srcs)) if x))
+    return out
+
+
+def commuted(op, srcs):
+    """srcs in one order for a commutative operation, and a product's sign on the product: a
+    product's two factors sorted, with a negation of either moved in front ((-a)·b = a·(-b) =
+    -(a·b) exactly); an addition's or min/max's two operands sorted."""
+    base = op.split(".")[0]
+    if base in ("FMUL", "FFMA", "HMUL2", "HFMA2", "DMUL", "DFMA") and len(srcs) >= 2:
+        neg = sum(x.startswith("-") for x in srcs[:2]) % 2
+        pair = sorted(x.lstrip("-") for x in srcs[:2])
+        return [("-" if neg else "") + "*".join(pair)] + srcs[2:]
+    if base in ("FADD", "HADD2", "DADD", "FMNMX") and len(srcs) >= 2:
+        return sorted(srcs[:2]) + srcs[2:]
+    return srcs
+
+
+def dataflow(ins, keep):
+    """The kept instructions as a sorted list of texts in which every register value is named by
+    a hash of the computation that made it (operation, operands' names, immediates, addresses),
+    so the list does not depend on the order ptxas scheduled them in, nor on its registers. A
+    use names the latest definition before it in the listing (loops are not followed)."""
+    val, out = {}, []
+    for guard, op, args in ins:
+        ndest = 0
+        if not NO_DEST.match(op) and args and REGTOK.fullmatch(args[0]):
+            ndest = 2 if len(args) >= 3 and PRED.match(args[1]) else 1
+        read = lambda text: REGTOK.sub(lambda m: val.get(m.group(0), "in" + m.group(0)), text)
+        srcs = [read(x) for x in args[ndest:]]
+        if JUMP.match(op):
+            srcs = ["target"] * len(srcs)
+        srcs = commuted(op, srcs)
+        text = " ".join(x for x in (read(guard), op, ", ".join(srcs)) if x)
+        h = hashlib.sha1(text.encode()).hexdigest()[:12]
+        for k in range(ndest):
+            if REGTOK.fullmatch(args[k]):
+                kind, i = re.match(r"(U?[RP])(\d+)$", args[k]).groups()
+                width = dest_width(op) if k == 0 and kind in ("R", "UR") else 1
+                for j in range(width):
+                    val[f"{kind}{int(i) + j}"] = f"{h}.{k}.{j}"
+        if keep(op):
+            out.append(f"{text} -> {h}" if ndest else text)
+    return sorted(out)
+
+
+def sass_diff(old_path, new_path):
+    old, new = sass_functions(old_path), sass_functions(new_path)
+    counts = collections.Counter()
+    for fn in list(old) + [f for f in new if f not in old]:
+        if fn not in new or fn not in old:
+            verdict = "only in OLD" if fn in old else "only in NEW"
+        elif canonical(old[fn]) == canonical(new[fn]):
+            verdict = "same"
+        else:
+            arith = lambda op: bool(ARITH.match(op))
+            a, b = canonical(old[fn], arith), canonical(new[fn], arith)
+            if a == b or dataflow(old[fn], arith) == dataflow(new[fn], arith):
+                verdict = "same arith"
+            else:
+                k = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+                show = lambda s, k: s[k] if k < len(s) else "(end)"
+                verdict = (f"DIFFERS at arithmetic instruction {k} of {len(a)} / {len(b)}: "
+                           f"{show(a, k)}  |  {show(b, k)}")
+        counts[verdict.split(" at ")[0]] += 1
+        print(f"{verdict}  {fn}")
+    print("# " + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())))
+    return 1 if counts["DIFFERS"] or counts["only in OLD"] or counts["only in NEW"] else 0
+
+
 def main(argv):
     if len(argv) < 2:
-        die("usage: fp-forms.py ptx-lines PTX SRC LINE... | ptx-open PTX | sass SASS (--help)")
+        die("usage: fp-forms.py ptx-lines PTX SRC LINE... | ptx-open PTX | sass SASS | sass-diff OLD NEW (--help)")
     if argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
@@ -277,8 +475,12 @@ def main(argv):
         if len(argv) != 3:
             die("usage: fp-forms.py sass SASS")
         sass(argv[2])
+    elif cmd == "sass-diff":
+        if len(argv) != 4:
+            die("usage: fp-forms.py sass-diff OLD NEW")
+        return sass_diff(argv[2], argv[3])
     else:
-        die(f"unknown command {cmd} (ptx-lines, ptx-open, sass)")
+        die(f"unknown command {cmd} (ptx-lines, ptx-open, sass, sass-diff)")
     return 0
 
 

@@ -115,6 +115,62 @@ grep -qx '# .*: 2 functions; sub A, sub B, div A, div B, split FADD, split FFMA'
 grep -qx ' *2 *1 *1 *0 *1 *1  _Z1fv' <<<"$out" || fail "sass counts of _Z1fv: $out"
 grep -qx ' *0 *0 *0 *0 *0 *0  _Z1gv' <<<"$out" || fail "sass counts of _Z1gv: $out"
 
+# sass-diff: OLD has four functions. NEW: _Z1fv with other registers (a loaded value's register
+# reused for a result) and another branch target (same), _Z1gv with its integer address work
+# changed but the same float and memory instructions (same arith), _Z1hv with the other product
+# fused (DIFFERS, at the product: the loaded values are numbered v0 … v3),
+# _Z1kv absent and _Z1mv new; the anonymous namespace's path hash is not a difference.
+cat >"$work/old.sass" <<'SASS'
+		Function : _Z1fv
+        /*0000*/                   LDG.E.64 R2, desc[UR4][R8.64] ;        /* 0x0000000000000000 */
+        /*0010*/                   LDG.E.64 R6, desc[UR4][R8.64+0x8] ;    /* 0x0000000000000000 */
+        /*0020*/                   FMUL R4, R2, R3 ;                      /* 0x0000000403027220 */
+        /*0030*/                   FFMA R5, R6.reuse, R7, -R4 ;           /* 0x0000000706057223 */
+        /*0040*/               @P0 BRA 0x60 ;                             /* 0x0000000000000000 */
+		Function : _ZN2m33gpu40_GLOBAL__N__fb0bf0f8_8_split_cu_bd5e9ebc3gv
+        /*0000*/                   IMAD.WIDE.U32 R2, R1, 0x4, R8 ;        /* 0x0000000000000000 */
+        /*0010*/                   LDG.E R5, desc[UR4][R2.64] ;           /* 0x0000000000000000 */
+        /*0020*/                   FMUL R6, R5, R5 ;                      /* 0x0000000000000000 */
+		Function : _Z1hv
+        /*0000*/                   LDG.E.128 R4, desc[UR4][R8.64] ;       /* 0x0000000000000000 */
+        /*0010*/                   FMUL R2, R6, R7 ;                      /* 0x0000000403027220 */
+        /*0020*/                   FFMA R3, R4, R5, -R2 ;                 /* 0x0000000706057223 */
+		Function : _Z1kv
+        /*0000*/                   FADD R1, R2, R3 ;                      /* 0x0000000302017221 */
+SASS
+cat >"$work/new.sass" <<'SASS'
+		Function : _Z1fv
+        /*0000*/                   LDG.E.64 R12, desc[UR4][R8.64] ;       /* 0x0000000000000000 */
+        /*0010*/                   LDG.E.64 R2, desc[UR4][R8.64+0x8] ;    /* 0x0000000000000000 */
+        /*0020*/                   FMUL R14, R12, R13 ;                   /* 0x0000000403027220 */
+        /*0030*/                   FFMA R12, R2, R3, -R14 ;               /* 0x0000000706057223 */
+        /*0040*/               @P0 BRA 0x90 ;                             /* 0x0000000000000000 */
+		Function : _ZN2m33gpu40_GLOBAL__N__0123abcd_8_split_cu_77aa00ff3gv
+        /*0000*/                   SHF.L.U32 R2, R1, 0x2, RZ ;            /* 0x0000000000000000 */
+        /*0010*/                   LDG.E R5, desc[UR4][R2.64] ;           /* 0x0000000000000000 */
+        /*0020*/                   FMUL R6, R5, R5 ;                      /* 0x0000000000000000 */
+		Function : _Z1hv
+        /*0000*/                   LDG.E.128 R4, desc[UR4][R8.64] ;       /* 0x0000000000000000 */
+        /*0010*/                   FMUL R2, R4, R5 ;                      /* 0x0000000403027220 */
+        /*0020*/                   FFMA R3, -R6, R7, R2 ;                 /* 0x0000000706057223 */
+		Function : _Z1mv
+        /*0000*/                   FADD R1, R2, R3 ;                      /* 0x0000000302017221 */
+SASS
+rc=0
+out="$("$py" "$script" sass-diff "$work/old.sass" "$work/new.sass")" || rc=$?
+[[ $rc == 1 ]] || fail "sass-diff with differences: exit $rc (want 1): $out"
+grep -qx 'same  _Z1fv' <<<"$out" || fail "sass-diff renamed registers: $out"
+grep -qx 'same arith  _ZN2m33gpu(anonymous)3gv' <<<"$out" || fail "sass-diff address work: $out"
+grep -qx 'DIFFERS at arithmetic instruction 1 of 3 / 3: FMUL v4, v2, v3  |  FMUL v4, v0, v1  _Z1hv' \
+  <<<"$out" || fail "sass-diff fused product: $out"
+grep -qx 'only in OLD  _Z1kv' <<<"$out" || fail "sass-diff removed function: $out"
+grep -qx 'only in NEW  _Z1mv' <<<"$out" || fail "sass-diff added function: $out"
+grep -qx '# DIFFERS: 1, only in NEW: 1, only in OLD: 1, same: 1, same arith: 1' <<<"$out" ||
+  fail "sass-diff summary: $out"
+out="$("$py" "$script" sass-diff "$work/old.sass" "$work/old.sass")" ||
+  fail "sass-diff of a file with itself: not exit 0: $out"
+grep -qx '# same: 4' <<<"$out" || fail "sass-diff of a file with itself: $out"
+
 # Refusals: one line, "fp-forms.py: ...", exit 2.
 refuse() {
   local what="$1" msg rc=0
@@ -138,4 +194,7 @@ refuse "a missing SASS" sass "$work/none.sass"
 refuse "ptx-open without its PTX" ptx-open
 refuse "a PTX without a kernel, ptx-open" ptx-open "$work/empty.ptx"
 refuse "a SASS without a function" sass "$work/empty.ptx"
+refuse "sass-diff with one file" sass-diff "$work/old.sass"
+refuse "sass-diff with a missing file" sass-diff "$work/old.sass" "$work/none.sass"
+refuse "sass-diff of a file without a function" sass-diff "$work/old.sass" "$work/empty.ptx"
 echo "fp_forms_test: all checks passed"
