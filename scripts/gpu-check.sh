@@ -48,22 +48,29 @@
 #                             product ptxas fused in a·b − c·d, in division dividends and in
 #                             hi/lo splits (docs/PERF.md "Stop 52"), for pinning a form that
 #                             every instantiation has
-# Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step
-# is printed at the end (and written to summary.txt), and the exit status is non-zero if any
-# step failed. GPU_CHECK_PACK=1 then packs every other file there into logs.tar.gz.
+# Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step,
+# with its seconds, is printed at the end (and written to summary.txt), and the exit status is
+# non-zero if any step failed. GPU_CHECK_PACK=1 then packs every other file there into
+# logs.tar.gz.
+# Order: the tests (ctest, memcheck, racecheck), the compares (golden … compare-golden), the
+# bits (determinism, digests-record, compare-lm, positions), the timing steps (wgmma-probe,
+# bench, memory, train), the sweeps. GPU_CHECK_PARALLEL=1 runs the tests, compares, bits and
+# sweeps as four concurrent lanes on the one GPU (none of them times anything, and a result
+# that depended on what else runs would be a bug to find), then the timing steps alone: the
+# whole check in about the time of its longest lane plus the timing steps.
+# GPU_CHECK_BUILD_DIR: the build directory (default build-gpu).
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
 # taken from .boost/ when scripts/make-boost-bundle.sh made it here and the call carried it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-BUILD_DIR=build-gpu
+BUILD_DIR="${GPU_CHECK_BUILD_DIR:-build-gpu}"
 LOGS="${OUT:-gpu-logs}"
 JOBS="$(nproc)"
 mkdir -p "$LOGS"
 
-names=()
-results=()
 failed=0
+rm -f "$LOGS/.results"
 
 # The determinism step's record (see the header): one named explicitly must exist.
 digests="${GPU_CHECK_DIGESTS:-golden/digests/h200-default.txt}"
@@ -95,19 +102,17 @@ sass_forms() {
   rm -f "$tmp"
 }
 
-# step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL.
+# step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL with its
+# seconds in $LOGS/.results (a file, so that steps of parallel lanes record theirs too).
 step() {
   local name="$1"
   shift
   wanted "$name" || return 0
   echo "=== $name: $*"
-  if "$@" >"$LOGS/$name.log" 2>&1; then
-    results+=(PASS)
-  else
-    results+=(FAIL)
-    failed=1
-  fi
-  names+=("$name")
+  local t0=$SECONDS result=PASS
+  "$@" >"$LOGS/$name.log" 2>&1 || result=FAIL
+  echo "$result $name $((SECONDS - t0))" >>"$LOGS/.results"
+  [[ $result == PASS ]] || failed=1
   tail -n 5 "$LOGS/$name.log"
 }
 
@@ -149,50 +154,89 @@ step configure cmake "${configure_args[@]}"
 if ((failed == 0)); then
   step build cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
-if ((failed == 0)); then
-  if command -v nvidia-smi >/dev/null 2>&1; then step nvidia-smi nvidia-smi; fi
+# The steps after the build, in groups. The first four only check results, so
+# GPU_CHECK_PARALLEL=1 runs them as concurrent lanes (one GPU, shared; bits must not depend on
+# what else runs); the timing group runs alone after them either way.
+m3h="$BUILD_DIR/tools/m3h"
+gpu_tests="$BUILD_DIR/tests/m3_gpu_tests"
+tests_lane() {
   step ctest env M3_GPU_FULL_GRID=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j 4
-  gpu_tests="$BUILD_DIR/tests/m3_gpu_tests"
   if [[ -x "$gpu_tests" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
       step "$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
         "$gpu_tests" --gtest_filter='GpuSanitizer.*:*TypedSsm*Chunked*:*TypedSsm*ChunkWalk*:*RmsnormBackward*:*GpuAnglesFull*'
     done
   fi
+}
+compare_lane() {
+  [[ -x "$m3h" ]] || return 0
+  step golden "$m3h" golden check --all
+  step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
+  step compare-presets compare_presets "$m3h"
+  step compare-golden compare_golden "$m3h"
+}
+bits_lane() {
+  [[ -x "$m3h" ]] || return 0
+  local expect=()
+  if [[ "$digests" != none && -f "$digests" ]]; then
+    expect=(--expect "$digests")
+  elif [[ "$digests" != none ]]; then
+    echo "gpu-check: no digest record $digests: determinism is not held to one"
+  fi
+  step determinism "$m3h" determinism --runs 20 "${expect[@]}"
+  step digests-record "$m3h" determinism --runs 2 --record "$LOGS/digests-default.txt" --force
+  step compare-lm "$m3h" compare --device gpu --preset lm --mode both --failures-only
+  step positions "$m3h" dump --device gpu --preset long_t --dtype bf16 --profiles-only \
+    --stage 'L0/F6/y,L0/B6/d_x' --force --out "$LOGS/long_t_bf16_positions.h5"
+}
+sweep_lane() {
+  [[ -x "$m3h" ]] || return 0
+  step sweep-gpu "$m3h" compare --device gpu --sweep 220 --seed 7 \
+    ${GPU_SWEEP_FROM:+--sweep-from "$GPU_SWEEP_FROM"}
+  step sweep-cpu "$m3h" compare --device cpu --sweep 1000 --seed 5 --jobs "$JOBS"
+}
+timing_group() {
   probe="$BUILD_DIR/tests/m3_wgmma_probe"
   if [[ -x "$probe" ]]; then step wgmma-probe "$probe"; fi
-  m3h="$BUILD_DIR/tools/m3h"
-  if [[ -x "$m3h" ]]; then
-    step golden "$m3h" golden check --all
-    step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
-    step compare-presets compare_presets "$m3h"
-    step compare-golden compare_golden "$m3h"
-    expect=()
-    if [[ "$digests" != none && -f "$digests" ]]; then
-      expect=(--expect "$digests")
-    elif [[ "$digests" != none ]]; then
-      echo "gpu-check: no digest record $digests: determinism is not held to one"
-    fi
-    step determinism "$m3h" determinism --runs 20 "${expect[@]}"
-    step digests-record "$m3h" determinism --runs 2 --record "$LOGS/digests-default.txt" --force
-    step bench "$m3h" bench --profile
-    step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \
-      --scan chunked --recompute none,scan
-    step compare-lm "$m3h" compare --device gpu --preset lm --mode both --failures-only
-    step train bash scripts/train-figures.sh "$m3h"
-    step positions "$m3h" dump --device gpu --preset long_t --dtype bf16 --profiles-only \
-      --stage 'L0/F6/y,L0/B6/d_x' --force --out "$LOGS/long_t_bf16_positions.h5"
-    step sweep-gpu "$m3h" compare --device gpu --sweep 220 --seed 7 \
-      ${GPU_SWEEP_FROM:+--sweep-from "$GPU_SWEEP_FROM"}
-    step sweep-cpu "$m3h" compare --device cpu --sweep 1000 --seed 5 --jobs "$JOBS"
-    if [[ " ${GPU_CHECK_ONLY:-} " == *" sass-forms "* ]]; then step sass-forms sass_forms; fi
+  [[ -x "$m3h" ]] || return 0
+  step bench "$m3h" bench --profile
+  step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \
+    --scan chunked --recompute none,scan
+  step train bash scripts/train-figures.sh "$m3h"
+}
+
+if ((failed == 0)); then
+  if command -v nvidia-smi >/dev/null 2>&1; then step nvidia-smi nvidia-smi; fi
+  if [[ -n "${GPU_CHECK_PARALLEL:-}" ]]; then
+    # Each lane's console lines go to lane-NAME.txt and are shown when every lane is done.
+    pids=()
+    for lane in tests compare bits sweep; do
+      "${lane}_lane" >"$LOGS/lane-$lane.txt" 2>&1 &
+      pids+=($!)
+    done
+    echo "=== lanes tests, compare, bits, sweep running (their steps' lines in $LOGS/lane-*.txt)"
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    for lane in tests compare bits sweep; do
+      echo "--- lane $lane"
+      cat "$LOGS/lane-$lane.txt"
+      rm -f "$LOGS/lane-$lane.txt"
+    done
+  else
+    tests_lane
+    compare_lane
+    bits_lane
   fi
+  timing_group
+  [[ -n "${GPU_CHECK_PARALLEL:-}" ]] || sweep_lane
+  if [[ -x "$m3h" && " ${GPU_CHECK_ONLY:-} " == *" sass-forms "* ]]; then step sass-forms sass_forms; fi
 fi
 
 echo "=== summary (logs in $LOGS/)"
-for i in "${!names[@]}"; do
-  printf '%-4s %s\n' "${results[$i]}" "${names[$i]}"
-done | tee "$LOGS/summary.txt"
+# One line per step in the order the steps finished, with its seconds; a lane's failed step
+# fails the check as a step of the main shell does.
+awk '{printf "%-4s %s (%d s)\n", $1, $2, $3}' "$LOGS/.results" | tee "$LOGS/summary.txt"
+grep -q '^FAIL ' "$LOGS/.results" && failed=1
+rm -f "$LOGS/.results"
 # GPU_CHECK_PACK=1: everything else under $LOGS into one logs.tar.gz beside summary.txt (the
 # device tool returns at most 8 files per call; a full check writes about 20).
 if [[ -n "${GPU_CHECK_PACK:-}" ]]; then

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh's orchestration, with stand-ins for cmake, ctest, compute-sanitizer, m3h
+# and the probe (each logs when it starts and ends, and m3h fails where $FAKE_FAIL matches its
+# arguments): every step is run and named in the summary with its seconds, in order and one at
+# a time by default; with GPU_CHECK_PARALLEL=1 the four checking lanes overlap and the timing
+# steps start only after every lane has finished; a failing step in a lane is a FAIL line and
+# exit status 1, the other steps still run; a named digest record that does not exist is exit 2.
+# Usage: gpu_check_test.sh REPO
+set -euo pipefail
+repo="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+mkdir -p "$work/bin" "$work/build/tools" "$work/build/tests"
+touch "$work/build/CMakeCache.txt"
+# stand-in PATH NAME: logs "start T PID NAME ARGS" / "end T PID" to $CALLS around a short sleep.
+standin() {
+  cat >"$1" <<EOF
+#!/usr/bin/env bash
+echo "start \$(date +%s.%N) \$\$ $2 \$*" >>"\$CALLS"
+sleep 0.2
+rc=0
+if [[ -n "\${FAKE_FAIL:-}" && "\$*" =~ \$FAKE_FAIL ]]; then rc=1; fi
+echo "end \$(date +%s.%N) \$\$" >>"\$CALLS"
+exit \$rc
+EOF
+  chmod +x "$1"
+}
+standin "$work/bin/cmake" cmake
+standin "$work/bin/ctest" ctest
+standin "$work/bin/compute-sanitizer" sanitizer
+standin "$work/build/tools/m3h" m3h
+standin "$work/build/tests/m3_gpu_tests" gpu_tests
+standin "$work/build/tests/m3_wgmma_probe" probe
+export PATH="$work/bin:$PATH" GPU_CHECK_BUILD_DIR="$work/build"
+GPU_CHECK_ONLY="ctest memcheck racecheck wgmma-probe golden compare-gpu compare-presets"
+export GPU_CHECK_ONLY+=" compare-golden determinism compare-lm positions bench memory sweep-gpu sweep-cpu"
+steps=(configure build ctest memcheck racecheck golden compare-gpu compare-presets compare-golden
+  determinism digests-record compare-lm positions wgmma-probe bench memory sweep-gpu sweep-cpu)
+
+check() {  # check MODE EXPECTED_EXIT [ENV...]: runs gpu-check.sh, leaves its output in $out
+  local mode="$1" want="$2" rc=0
+  shift 2
+  export CALLS="$work/calls-$mode"
+  : >"$CALLS"
+  out="$(env "$@" OUT="$work/logs-$mode" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?
+  [[ $rc == "$want" ]] || fail "$mode: exit $rc (want $want): $out"
+  for s in "${steps[@]}"; do
+    grep -qE "^(PASS|FAIL) $s \([0-9]+ s\)$" "$work/logs-$mode/summary.txt" ||
+      fail "$mode: no summary line for $s: $(cat "$work/logs-$mode/summary.txt")"
+  done
+  [[ "$(wc -l <"$work/logs-$mode/summary.txt")" == "${#steps[@]}" ]] ||
+    fail "$mode: summary lines beyond the steps: $(cat "$work/logs-$mode/summary.txt")"
+}
+# Pairs of stand-in calls that ran at the same time.
+overlaps() {
+  python3 - "$1" <<'EOF'
+import sys
+start, calls = {}, []
+for line in open(sys.argv[1]):
+    f = line.split()
+    if f[0] == "start":
+        start[f[2]] = (float(f[1]), " ".join(f[3:6]))
+    else:
+        t0, what = start.pop(f[2])
+        calls.append((t0, float(f[1]), what))
+n = sum(1 for i, a in enumerate(calls) for b in calls[i + 1:] if a[0] < b[1] and b[0] < a[1])
+timing = [c for c in calls if c[2].startswith(("m3h bench", "probe"))]
+lanes = [c for c in calls if not c[2].startswith(("m3h bench", "probe", "cmake"))
+         and "--sweep" not in c[2]]
+print(n, int(all(t[0] >= max(c[1] for c in lanes) for t in timing)))
+EOF
+}
+
+check sequential 0
+read -r n after < <(overlaps "$work/calls-sequential")
+[[ $n == 0 ]] || fail "sequential: $n pairs of calls overlapped"
+grep -q "m3h determinism --runs 20 --expect golden/digests/h200-default.txt" "$work/calls-sequential" ||
+  fail "sequential: determinism not held to the committed record"
+
+check parallel 0 GPU_CHECK_PARALLEL=1
+read -r n after < <(overlaps "$work/calls-parallel")
+((n > 0)) || fail "parallel: no two calls overlapped"
+[[ $after == 1 ]] || fail "parallel: a timing step started before a checking lane ended"
+[[ -z "$(ls "$work/logs-parallel" | grep '^lane-' || true)" ]] || fail "parallel: lane files left"
+[[ ! -e "$work/logs-parallel/.results" ]] || fail "parallel: .results left"
+
+check failing 1 GPU_CHECK_PARALLEL=1 FAKE_FAIL='^determinism --runs 20'
+grep -qE '^FAIL determinism \(' "$work/logs-failing/summary.txt" ||
+  fail "failing: no FAIL line: $(cat "$work/logs-failing/summary.txt")"
+[[ "$(grep -c '^FAIL' "$work/logs-failing/summary.txt")" == 1 ]] ||
+  fail "failing: other steps failed: $(cat "$work/logs-failing/summary.txt")"
+
+rc=0
+msg="$(GPU_CHECK_DIGESTS="$work/none.txt" OUT="$work/logs-x" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?
+[[ $rc == 2 && "$msg" == *"no such file"* ]] || fail "a missing record: exit $rc: $msg"
+echo "gpu_check_test: all checks passed"
