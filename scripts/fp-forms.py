@@ -48,7 +48,9 @@ the instantiations whose forms differ can be named.
                     integer work that feeds them named by its computation and the addresses
                     not compared: ptxas placed the integer work differently;
         DIFFERS     not shown equal, with the first arithmetic instruction that differs in
-                    order. The dataflow does not follow loops (a use names the latest
+                    order, and whether the op shapes are equal (the multiset of float,
+                    tensor-core and memory opcodes with each operand's sign, absolute value
+                    or immediate: equal points at scheduling, unequal at changed arithmetic). The dataflow does not follow loops (a use names the latest
                     definition above it in the listing), so a rescheduled loop is often
                     DIFFERS with the same bits: read the two listings there;
         only in OLD / only in NEW.
@@ -428,6 +430,18 @@ def dataflow(ins, keep):
     return sorted(out)
 
 
+def op_shapes(ins):
+    """The float, tensor-core and memory instructions as a multiset of shapes: opcode and, per
+    operand, whether it is negated, an absolute value or an immediate. Equal shapes with a
+    DIFFERS verdict point at scheduling (the same operations, placed or fed otherwise); unequal
+    shapes at changed arithmetic."""
+    def shape(x):
+        return (("-" if x.startswith("-") else "") + ("|" if "|" in x else "")
+                + ("imm" if not REGTOK.search(x) and x not in ("RZ", "PT", "URZ") else ""))
+    return collections.Counter((op, tuple(shape(x) for x in args)) for _, op, args in ins
+                               if ARITH.match(op) and not JUMP.match(op) and op != "EXIT")
+
+
 def sass_diff(old_path, new_path):
     old, new = sass_functions(old_path), sass_functions(new_path)
     counts = collections.Counter()
@@ -444,8 +458,9 @@ def sass_diff(old_path, new_path):
             else:
                 k = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
                 show = lambda s, k: s[k] if k < len(s) else "(end)"
-                verdict = (f"DIFFERS at arithmetic instruction {k} of {len(a)} / {len(b)}: "
-                           f"{show(a, k)}  |  {show(b, k)}")
+                shapes = "equal" if op_shapes(old[fn]) == op_shapes(new[fn]) else "unequal"
+                verdict = (f"DIFFERS at arithmetic instruction {k} of {len(a)} / {len(b)} "
+                           f"(op shapes {shapes}): {show(a, k)}  |  {show(b, k)}")
         counts[verdict.split(" at ")[0]] += 1
         print(f"{verdict}  {fn}")
     print("# " + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())))

@@ -118,7 +118,8 @@ grep -qx ' *0 *0 *0 *0 *0 *0  _Z1gv' <<<"$out" || fail "sass counts of _Z1gv: $o
 # sass-diff: OLD has four functions. NEW: _Z1fv with other registers (a loaded value's register
 # reused for a result) and another branch target (same), _Z1gv with its integer address work
 # changed but the same float and memory instructions (same arith), _Z1hv with the other product
-# fused (DIFFERS, at the product: the loaded values are numbered v0 … v3),
+# fused (DIFFERS, at the product: the loaded values are numbered v0 … v3; op shapes unequal),
+# _Z1sv squaring the other loaded element (DIFFERS; op shapes equal),
 # _Z1kv absent and _Z1mv new; the anonymous namespace's path hash is not a difference.
 cat >"$work/old.sass" <<'SASS'
 		Function : _Z1fv
@@ -137,6 +138,10 @@ cat >"$work/old.sass" <<'SASS'
         /*0020*/                   FFMA R3, R4, R5, -R2 ;                 /* 0x0000000706057223 */
 		Function : _Z1kv
         /*0000*/                   FADD R1, R2, R3 ;                      /* 0x0000000302017221 */
+		Function : _Z1sv
+        /*0000*/                   LDG.E.64 R2, desc[UR4][R8.64] ;        /* 0x0000000000000000 */
+        /*0010*/                   FMUL R4, R2, R2 ;                      /* 0x0000000000000000 */
+        /*0020*/                   STG.E desc[UR4][R8.64], R4 ;           /* 0x0000000000000000 */
 SASS
 cat >"$work/new.sass" <<'SASS'
 		Function : _Z1fv
@@ -155,21 +160,27 @@ cat >"$work/new.sass" <<'SASS'
         /*0020*/                   FFMA R3, -R6, R7, R2 ;                 /* 0x0000000706057223 */
 		Function : _Z1mv
         /*0000*/                   FADD R1, R2, R3 ;                      /* 0x0000000302017221 */
+		Function : _Z1sv
+        /*0000*/                   LDG.E.64 R2, desc[UR4][R8.64] ;        /* 0x0000000000000000 */
+        /*0010*/                   FMUL R4, R3, R3 ;                      /* 0x0000000000000000 */
+        /*0020*/                   STG.E desc[UR4][R8.64], R4 ;           /* 0x0000000000000000 */
 SASS
 rc=0
 out="$("$py" "$script" sass-diff "$work/old.sass" "$work/new.sass")" || rc=$?
 [[ $rc == 1 ]] || fail "sass-diff with differences: exit $rc (want 1): $out"
 grep -qx 'same  _Z1fv' <<<"$out" || fail "sass-diff renamed registers: $out"
 grep -qx 'same arith  _ZN2m33gpu(anonymous)3gv' <<<"$out" || fail "sass-diff address work: $out"
-grep -qx 'DIFFERS at arithmetic instruction 1 of 3 / 3: FMUL v4, v2, v3  |  FMUL v4, v0, v1  _Z1hv' \
+grep -qx 'DIFFERS at arithmetic instruction 1 of 3 / 3 (op shapes unequal): FMUL v4, v2, v3  |  FMUL v4, v0, v1  _Z1hv' \
   <<<"$out" || fail "sass-diff fused product: $out"
+grep -q '^DIFFERS at arithmetic instruction 1 of 3 / 3 (op shapes equal): .*  _Z1sv$' <<<"$out" ||
+  fail "sass-diff another element, the same shapes: $out"
 grep -qx 'only in OLD  _Z1kv' <<<"$out" || fail "sass-diff removed function: $out"
 grep -qx 'only in NEW  _Z1mv' <<<"$out" || fail "sass-diff added function: $out"
-grep -qx '# DIFFERS: 1, only in NEW: 1, only in OLD: 1, same: 1, same arith: 1' <<<"$out" ||
+grep -qx '# DIFFERS: 2, only in NEW: 1, only in OLD: 1, same: 1, same arith: 1' <<<"$out" ||
   fail "sass-diff summary: $out"
 out="$("$py" "$script" sass-diff "$work/old.sass" "$work/old.sass")" ||
   fail "sass-diff of a file with itself: not exit 0: $out"
-grep -qx '# same: 4' <<<"$out" || fail "sass-diff of a file with itself: $out"
+grep -qx '# same: 5' <<<"$out" || fail "sass-diff of a file with itself: $out"
 
 # Refusals: one line, "fp-forms.py: ...", exit 2.
 refuse() {
