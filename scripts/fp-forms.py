@@ -432,13 +432,15 @@ def dataflow(ins, keep):
 
 def op_shapes(ins):
     """The float, tensor-core and memory instructions as a multiset of shapes: opcode and, per
-    operand, whether it is negated, an absolute value or an immediate. Equal shapes with a
+    source operand, whether it is negated, an absolute value or an immediate (a product's sign
+    on the product, as in commuted). Equal shapes with a
     DIFFERS verdict point at scheduling (the same operations, placed or fed otherwise); unequal
     shapes at changed arithmetic."""
     def shape(x):
         return (("-" if x.startswith("-") else "") + ("|" if "|" in x else "")
                 + ("imm" if not REGTOK.search(x) and x not in ("RZ", "PT", "URZ") else ""))
-    return collections.Counter((op, tuple(shape(x) for x in args)) for _, op, args in ins
+    return collections.Counter((op, tuple(commuted(op, [shape(x) for x in args[1:]])))
+                               for _, op, args in ins
                                if ARITH.match(op) and not JUMP.match(op) and op != "EXIT")
 
 
