@@ -44,10 +44,11 @@
 #                             (--sweep-from: the rest of a sweep that an earlier call cut short)
 #   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
 #   sass-forms                only when GPU_CHECK_ONLY names it: every GPU object's SASS
-#                             (cuobjdump) through scripts/fp-forms.py sass — per function, which
-#                             product ptxas fused in a·b − c·d, in division dividends and in
-#                             hi/lo splits (docs/PERF.md "Stop 52"), for pinning a form that
-#                             every instantiation has
+#                             (cuobjdump, or .sass-tools/bin's: scripts/fetch-sass-tools.sh)
+#                             through scripts/fp-forms.py sass — per function, which product
+#                             ptxas fused in a·b − c·d, in division dividends and in hi/lo
+#                             splits (docs/PERF.md "Stop 52"), for pinning a form that every
+#                             instantiation has
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step,
 # with its seconds, is printed at the end (and written to summary.txt), and the exit status is
 # non-zero if any step failed. GPU_CHECK_PACK=1 then packs every other file there into
@@ -90,11 +91,15 @@ wanted() {
 }
 
 # sass-forms: fp-forms.py sass over each object of the CUDA library that holds functions.
+# The disassembler: $M3_CUOBJDUMP, cuobjdump on the PATH (the GPU machine), or the one
+# scripts/fetch-sass-tools.sh put in .sass-tools/bin (a machine without it, where
+# GPU_CHECK_ONLY=sass-forms configures, builds and reads the objects).
 sass_forms() {
-  local o tmp="$LOGS/sass-forms.tmp"
-  command -v cuobjdump >/dev/null 2>&1 || { echo "sass-forms: no cuobjdump on the PATH"; return 1; }
+  local o tmp="$LOGS/sass-forms.tmp" dis="${M3_CUOBJDUMP:-$(command -v cuobjdump || true)}"
+  [[ -n "$dis" ]] || dis=.sass-tools/bin/cuobjdump
+  [[ -x "$dis" ]] || { echo "sass-forms: no cuobjdump (bash scripts/fetch-sass-tools.sh)"; return 1; }
   while IFS= read -r o; do
-    cuobjdump -sass "$o" >"$tmp" || { rm -f "$tmp"; return 1; }
+    "$dis" -sass "$o" >"$tmp" || { rm -f "$tmp"; return 1; }
     grep -q "Function :" "$tmp" || continue
     echo "--- $o"
     python3 scripts/fp-forms.py sass "$tmp" || { rm -f "$tmp"; return 1; }

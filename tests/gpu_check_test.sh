@@ -4,7 +4,8 @@
 # arguments): every step is run and named in the summary with its seconds, in order and one at
 # a time by default; with GPU_CHECK_PARALLEL=1 the four checking lanes overlap and the timing
 # steps start only after every lane has finished; a failing step in a lane is a FAIL line and
-# exit status 1, the other steps still run; a named digest record that does not exist is exit 2.
+# exit status 1, the other steps still run; sass-forms reads each object's SASS through the
+# disassembler it is given; a named digest record that does not exist is exit 2.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
@@ -91,6 +92,21 @@ grep -qE '^FAIL determinism \(' "$work/logs-failing/summary.txt" ||
   fail "failing: no FAIL line: $(cat "$work/logs-failing/summary.txt")"
 [[ "$(grep -c '^FAIL' "$work/logs-failing/summary.txt")" == 1 ]] ||
   fail "failing: other steps failed: $(cat "$work/logs-failing/summary.txt")"
+
+# sass-forms with a stand-in disassembler ($M3_CUOBJDUMP) over the build's one object.
+mkdir -p "$work/build/gpu"
+echo object >"$work/build/gpu/k.cu.o"
+cat >"$work/bin/dis" <<'EOF'
+#!/usr/bin/env bash
+printf '\t\tFunction : _Z1fv\n        /*0000*/                   FMUL R2, R3, R4 ;\n'
+printf '        /*0010*/                   FFMA R5, R6, R7, -R2 ;\n'
+EOF
+chmod +x "$work/bin/dis"
+CALLS="$work/calls-sass" M3_CUOBJDUMP="$work/bin/dis" GPU_CHECK_ONLY=sass-forms \
+  OUT="$work/logs-sass" bash "$repo/scripts/gpu-check.sh" >/dev/null 2>&1 || fail "sass-forms: not exit 0"
+grep -qE '^PASS sass-forms \(' "$work/logs-sass/summary.txt" || fail "sass-forms: no PASS line"
+grep -qx ' *1 *0 *0 *0 *0 *0  _Z1fv' "$work/logs-sass/sass-forms.log" ||
+  fail "sass-forms: $(cat "$work/logs-sass/sass-forms.log")"
 
 rc=0
 msg="$(GPU_CHECK_DIGESTS="$work/none.txt" OUT="$work/logs-x" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?
