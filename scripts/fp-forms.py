@@ -34,7 +34,8 @@ the instantiations whose forms differ can be named.
       operand); split FADD / FFMA, the low halves of bf16/f16 hi/lo splits (F2FP packs of
       v - hi): FADD where the product v was rounded first, FFMA where it was fused into the
       subtraction. A function with both A and B, or forms unlike its siblings', is where a pin
-      changes bits.
+      changes bits. (Functions are named as in sass-diff: an anonymous namespace as
+      `(anonymous)`.)
   fp-forms.py sass-diff OLD NEW
       Two `cuobjdump -sass` of one source before and after a change (a pin that should keep
       the bits; scripts/sass-diff.sh makes them). Per function of either:
@@ -237,40 +238,29 @@ def sub_form(op, args, last):
 
 
 def sass(path):
-    fn, last = None, {}
     res = collections.OrderedDict()
-    for line in read_lines(path):
-        if "Function :" in line:
-            fn = line.split("Function :", 1)[1].strip()
-            last = {}
-            res[fn] = collections.Counter()
-            continue
-        m = INS.search(line)
-        if not m or fn is None:
-            continue
-        op = m.group(2)
-        args = [a.strip().replace(".reuse", "") for a in m.group(3).split(",")]
-        c = res[fn]
-        form = sub_form(op, args, last)
-        if form:
-            c["sub " + form] += 1
-        elif op == "FCHK" and len(args) >= 2:
-            d = last.get(args[1].lstrip("-"))
-            if d and d[0] == "FFMA" and d[2]:
-                c["div " + d[2]] += 1
-        elif op.startswith("F2FP") and "PACK_AB" in op:
-            for a in args[1:3]:
-                d = last.get(a.lstrip("-"))
-                if not d:
-                    continue
-                if d[0] == "FADD" and any(x.startswith("-R") for x in d[1][1:]):
-                    c["split FADD"] += 1
-                elif d[0] == "FFMA" and len(d[1]) == 4 and d[1][3].startswith("-R"):
-                    c["split FFMA"] += 1
-        if args and re.match(r"R\d+$", args[0]):
-            last[args[0]] = (op, args, form)
-    if not res:
-        die(f"{path}: no function (a 'Function :' line of cuobjdump -sass)")
+    for fn, ins in sass_functions(path).items():
+        last, c = {}, collections.Counter()
+        res[fn] = c
+        for _, op, args in ins:
+            form = sub_form(op, args, last)
+            if form:
+                c["sub " + form] += 1
+            elif op == "FCHK" and len(args) >= 2:
+                d = last.get(args[1].lstrip("-"))
+                if d and d[0] == "FFMA" and d[2]:
+                    c["div " + d[2]] += 1
+            elif op.startswith("F2FP") and "PACK_AB" in op:
+                for a in args[1:3]:
+                    d = last.get(a.lstrip("-"))
+                    if not d:
+                        continue
+                    if d[0] == "FADD" and any(x.startswith("-R") for x in d[1][1:]):
+                        c["split FADD"] += 1
+                    elif d[0] == "FFMA" and len(d[1]) == 4 and d[1][3].startswith("-R"):
+                        c["split FFMA"] += 1
+            if args and re.match(r"R\d+$", args[0]):
+                last[args[0]] = (op, args, form)
     keys = ["sub A", "sub B", "div A", "div B", "split FADD", "split FFMA"]
     print(f"# {path}: {len(res)} functions; " + ", ".join(keys))
     for f, c in res.items():
