@@ -59,7 +59,8 @@
 # sweeps as four concurrent lanes on the one GPU (none of them times anything, and a result
 # that depended on what else runs would be a bug to find), then the timing steps alone: the
 # whole check in about the time of its longest lane plus the timing steps.
-# GPU_CHECK_BUILD_DIR: the build directory (default build-gpu).
+# GPU_CHECK_BUILD_DIR: the build directory (default build-gpu). GPU_CHECK_DEADLINE=S: stop at S
+# seconds (below), e.g. 560 in a call limited to 600, so that the summary and logs come back.
 # Installs nothing (the GPU machine has no network). Boost.Program_options, missing there, is
 # taken from .boost/ when scripts/make-boost-bundle.sh made it here and the call carried it.
 set -euo pipefail
@@ -72,6 +73,16 @@ mkdir -p "$LOGS"
 
 failed=0
 rm -f "$LOGS/.results"
+
+# GPU_CHECK_DEADLINE=S: the check ends S seconds after it started, so that a call with a time
+# limit still ends with its summary and packed logs: a step running then is stopped (TIMEOUT), a
+# step not started by then is not run (SKIP); either makes the exit status 1.
+deadline="${GPU_CHECK_DEADLINE:-}"
+if [[ -n "$deadline" && ! "$deadline" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu-check.sh: GPU_CHECK_DEADLINE=$deadline: not a positive number of seconds" >&2
+  exit 2
+fi
+t_start=$(date +%s)
 
 # The determinism step's record (see the header): one named explicitly must exist.
 digests="${GPU_CHECK_DIGESTS:-golden/digests/h200-default.txt}"
@@ -107,16 +118,38 @@ sass_forms() {
   rm -f "$tmp"
 }
 
-# step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS or FAIL with its
-# seconds in $LOGS/.results (a file, so that steps of parallel lanes record theirs too).
+# step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS, FAIL, TIMEOUT or
+# SKIP with its seconds in $LOGS/.results (a file, so that steps of parallel lanes record theirs
+# too). Under a deadline CMD runs in `timeout` (a function through bash -c: they are exported
+# below), its whole process group stopped when the deadline comes.
 step() {
   local name="$1"
   shift
   wanted "$name" || return 0
+  local t0 result=PASS left="" rc=0
+  t0=$(date +%s)
+  if [[ -n "$deadline" ]]; then
+    left=$((deadline - (t0 - t_start)))
+    if ((left <= 0)); then
+      echo "=== $name: not run (GPU_CHECK_DEADLINE=$deadline s reached)"
+      echo "SKIP $name 0" >>"$LOGS/.results"
+      failed=1
+      return 0
+    fi
+  fi
   echo "=== $name: $*"
-  local t0=$SECONDS result=PASS
-  "$@" >"$LOGS/$name.log" 2>&1 || result=FAIL
-  echo "$result $name $((SECONDS - t0))" >>"$LOGS/.results"
+  if [[ -n "$left" ]]; then
+    timeout --kill-after=10 "$left" bash -c '"$@"' step "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+    if ((rc == 124 || rc == 137)); then
+      result=TIMEOUT
+      echo "gpu-check: stopped at GPU_CHECK_DEADLINE=$deadline s" >>"$LOGS/$name.log"
+    elif ((rc != 0)); then
+      result=FAIL
+    fi
+  else
+    "$@" >"$LOGS/$name.log" 2>&1 || result=FAIL
+  fi
+  echo "$result $name $(($(date +%s) - t0))" >>"$LOGS/.results"
   [[ $result == PASS ]] || failed=1
   tail -n 5 "$LOGS/$name.log"
 }
@@ -150,6 +183,10 @@ compare_presets() {
     return 1
   fi
 }
+
+# What step's `bash -c` needs under a deadline.
+export -f compare_golden compare_presets sass_forms
+export LOGS BUILD_DIR
 
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}")
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then configure_args+=(-G Ninja); fi
@@ -237,10 +274,10 @@ if ((failed == 0)); then
 fi
 
 echo "=== summary (logs in $LOGS/)"
-# One line per step in the order the steps finished, with its seconds; a lane's failed step
-# fails the check as a step of the main shell does.
+# One line per step in the order the steps finished, with its seconds; a lane's failed (or
+# stopped, or skipped) step fails the check as a step of the main shell does.
 awk '{printf "%-4s %s (%d s)\n", $1, $2, $3}' "$LOGS/.results" | tee "$LOGS/summary.txt"
-grep -q '^FAIL ' "$LOGS/.results" && failed=1
+grep -qv '^PASS ' "$LOGS/.results" && failed=1
 rm -f "$LOGS/.results"
 # GPU_CHECK_PACK=1: everything else under $LOGS into one logs.tar.gz beside summary.txt (the
 # device tool returns at most 8 files per call; a full check writes about 20).

@@ -4,8 +4,10 @@
 # arguments): every step is run and named in the summary with its seconds, in order and one at
 # a time by default; with GPU_CHECK_PARALLEL=1 the four checking lanes overlap and the timing
 # steps start only after every lane has finished; a failing step in a lane is a FAIL line and
-# exit status 1, the other steps still run; sass-forms reads each object's SASS through the
-# disassembler it is given; a named digest record that does not exist is exit 2.
+# exit status 1, the other steps still run; under GPU_CHECK_DEADLINE a step still running is
+# stopped and the rest skipped, with the summary and logs written; sass-forms reads each
+# object's SASS through the disassembler it is given; a named digest record that does not
+# exist is exit 2.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
@@ -20,7 +22,7 @@ standin() {
   cat >"$1" <<EOF
 #!/usr/bin/env bash
 echo "start \$(date +%s.%N) \$\$ $2 \$*" >>"\$CALLS"
-sleep 0.2
+if [[ -n "\${FAKE_SLOW:-}" && "\$*" =~ \$FAKE_SLOW ]]; then sleep 30; else sleep 0.2; fi
 rc=0
 if [[ -n "\${FAKE_FAIL:-}" && "\$*" =~ \$FAKE_FAIL ]]; then rc=1; fi
 echo "end \$(date +%s.%N) \$\$" >>"\$CALLS"
@@ -92,6 +94,24 @@ grep -qE '^FAIL determinism \(' "$work/logs-failing/summary.txt" ||
   fail "failing: no FAIL line: $(cat "$work/logs-failing/summary.txt")"
 [[ "$(grep -c '^FAIL' "$work/logs-failing/summary.txt")" == 1 ]] ||
   fail "failing: other steps failed: $(cat "$work/logs-failing/summary.txt")"
+
+# A deadline: compare-gpu's stand-in would take 30 s; with GPU_CHECK_DEADLINE=3 it is stopped
+# (TIMEOUT), every step after it is not run (SKIP), none fails, the summary and the logs are
+# there, and the check is over long before the 30 s.
+t0=$(date +%s)
+rc=0
+CALLS="$work/calls-deadline" FAKE_SLOW='^compare --device gpu --mode both' GPU_CHECK_DEADLINE=3 \
+  GPU_CHECK_PACK=1 OUT="$work/logs-deadline" bash "$repo/scripts/gpu-check.sh" >/dev/null 2>&1 || rc=$?
+((rc == 1)) || fail "deadline: exit $rc (want 1)"
+(($(date +%s) - t0 < 20)) || fail "deadline: the check waited for the slow step"
+sum="$(cat "$work/logs-deadline/summary.txt")"
+grep -qE '^(TIMEOUT|SKIP) compare-gpu \(' <<<"$sum" || fail "deadline: compare-gpu not stopped: $sum"
+grep -qE '^SKIP sweep-cpu \(0 s\)$' <<<"$sum" || fail "deadline: the last step not skipped: $sum"
+! grep -q '^FAIL' <<<"$sum" || fail "deadline: a step failed: $sum"
+[[ -f "$work/logs-deadline/logs.tar.gz" ]] || fail "deadline: the logs were not packed"
+rc=0
+msg="$(GPU_CHECK_DEADLINE=soon OUT="$work/logs-y" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?
+[[ $rc == 2 && "$msg" == *"not a positive number of seconds"* ]] || fail "a bad deadline: exit $rc: $msg"
 
 # sass-forms with a stand-in disassembler ($M3_CUOBJDUMP) over the build's one object.
 mkdir -p "$work/build/gpu"
