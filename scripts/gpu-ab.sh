@@ -7,7 +7,7 @@
 #                  REV's sources (git archive of the build's inputs) into build-ab/base.tar and
 #                  its commit into build-ab/base.rev; an existing pack is kept unless --force.
 #                  Carry build-ab with the device call (the device's copy of the tree has no .git).
-#   GPU machine: scripts/gpu-ab.sh run [--rounds N] [--ncu] [-- BENCH_ARGS...]
+#   GPU machine: scripts/gpu-ab.sh run [--rounds N] [--ncu] [--deadline S] [-- BENCH_ARGS...]
 #                  builds the working tree (scripts/gpu-check.sh's build into build-gpu/) and the
 #                  pack (m3h only, build-ab/base/) at once, then runs `m3h bench BENCH_ARGS` N
 #                  times on each side, base first, alternately (N = 2; the default arguments are
@@ -23,6 +23,12 @@
 #                  --no-build: the builds of an earlier run on this machine, as they are (the
 #                  binaries: $AB_M3H_BASE and $AB_M3H_TREE, default build-ab/base/build/tools/m3h
 #                  and build-gpu/tools/m3h).
+#                  --deadline S: done S seconds after run started (builds included), so that a
+#                  time-limited call still returns the summary and logs: no bench or ncu run
+#                  starts later and one running then is stopped; a round it cuts is dropped
+#                  whole (a base without its tree would skew the medians) and --ncu is then not
+#                  run. The summary covers the rounds done, AB_PACK packs as usual, and the exit
+#                  status is 1 when fewer rounds than asked were done.
 #   GPU machine: scripts/gpu-ab.sh build
 #                  run's two builds and nothing else, so that one device call can build, run the
 #                  tree's tests (build-gpu/tests/m3_gpu_tests) and only then time both sides with
@@ -166,13 +172,27 @@ build_both() {
   ((tree_ok)) || die "$cmd: the working tree did not build: $logs/tree-build/"
 }
 
+# timed SECONDS CMD...: CMD, stopped when SECONDS have passed (exit 124 or 137) where SECONDS is
+# not empty.
+timed() {
+  local left="$1"
+  shift
+  if [[ -z "$left" ]]; then "$@"; else timeout --kill-after=10 "$left" "$@"; fi
+}
+
 run() {
-  local rounds=2 ncu=0 build=1 bench_args=()
+  local rounds=2 ncu=0 build=1 bench_args=() deadline="" t_start
+  t_start=$(date +%s)
   while (($#)); do
     case "$1" in
       --rounds)
         [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "run: --rounds takes a positive count"
         rounds="$2"
+        shift 2
+        ;;
+      --deadline)
+        [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || die "run: --deadline takes a positive number of seconds"
+        deadline="$2"
         shift 2
         ;;
       --ncu) ncu=1; shift ;;
@@ -198,13 +218,38 @@ run() {
   fi
   local -A bin=([base]="$m3h_base" [tree]="$m3h_tree")
   echo "base $(cat "$ab/base.rev" 2>/dev/null || echo '(no pack)'), tree: the working tree"
+  # left: the seconds before the deadline ("" without one).
+  left() { [[ -z "$deadline" ]] || echo $((deadline - ($(date +%s) - t_start))); }
+  local done_rounds=0 rc l
   for ((k = 1; k <= rounds; k++)); do
     for side in base tree; do
-      "${bin[$side]}" bench "${bench_args[@]}" >"$logs/bench-$side-$k.txt" 2>&1 ||
-        die "run: the $side bench failed (round $k): $logs/bench-$side-$k.txt"
+      l="$(left)"
+      if [[ -n "$l" ]] && ((l <= 0)); then break 2; fi
+      rc=0
+      timed "$l" "${bin[$side]}" bench "${bench_args[@]}" >"$logs/bench-$side-$k.txt" 2>&1 || rc=$?
+      if [[ -n "$l" ]] && ((rc == 124 || rc == 137)); then
+        echo "round $k $side: stopped at the deadline (--deadline $deadline)"
+        break 2
+      fi
+      ((rc == 0)) || die "run: the $side bench failed (round $k): $logs/bench-$side-$k.txt"
       echo "round $k $side: $(grep -c '^marginal' "$logs/bench-$side-$k.txt") marginal lines"
     done
+    done_rounds=$k
   done
+  # A round that the deadline cut leaves no half: its base alone would skew the medians.
+  if [[ -e "$logs/bench-base-$((done_rounds + 1)).txt" ]]; then
+    echo "round $((done_rounds + 1)): dropped (the deadline came before its tree side ended)"
+    rm -f "$logs/bench-base-$((done_rounds + 1)).txt" "$logs/bench-tree-$((done_rounds + 1)).txt"
+  fi
+  if ((done_rounds < rounds)); then
+    echo "run: $done_rounds of $rounds rounds before the deadline (--deadline $deadline s)"
+    ncu=0
+  fi
+  if ((done_rounds == 0)); then
+    [[ -z "${AB_PACK:-}" ]] || bash "$root/scripts/pack-logs.sh" "$logs" || true
+    echo "gpu-ab.sh: run: no round finished before the deadline" >&2
+    return 1
+  fi
   if ((ncu)); then
     command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
     # ncu-roofline.sh's metrics, so that each side's layer has its floors too; ncu-compare.sh
@@ -215,7 +260,12 @@ run() {
                        [tree]="${AB_LAUNCHES_TREE:-$kLayerLaunches}")
     for d in bf16 f16; do
       for side in base tree; do
-        ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \
+        l="$(left)"
+        if [[ -n "$l" ]] && ((l <= 0)); then
+          echo "ncu $d $side: not run (--deadline $deadline s)"
+          continue
+        fi
+        timed "$l" ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \
           "${bin[$side]}" bench --no-reference --shapes official --dtype "$d" --scan chunked \
           --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
         bash "$root/scripts/ncu-roofline.sh" "$logs/ncu-$side-$d.csv" --launches "${launches[$side]}" \
@@ -241,6 +291,7 @@ run() {
   if [[ -n "${AB_PACK:-}" ]]; then
     bash "$root/scripts/pack-logs.sh" "$logs" || die "run: AB_PACK: the logs were not packed"
   fi
+  ((done_rounds == rounds))
 }
 
 # build: the two builds of run, alone.

@@ -107,6 +107,7 @@ for side in base tree; do
 echo "$side \$*" >>"$work/calls.txt"
 k=\$(grep -c "^$side " "$work/calls.txt")
 [[ -e "$work/fail-$side" ]] && exit 3
+[[ -e "$work/slow" ]] && sleep "\$(cat "$work/slow")"
 fb=\$(awk -v k="\$k" -v s="$side" 'BEGIN { printf "%.3f", 6.5 + k / 100 - (s == "tree") * 0.1 }')
 echo "marginal layer (official2 - official), bf16 chunked rc=none: fwd 2.100 ms, fwd+bwd \$fb ms, x"
 STUB
@@ -145,6 +146,29 @@ rm "$work/fail-tree"
 AB_M3H_TREE="$work/bin/missing" OUT="$runlogs" expect_refusal "--no-build without a build" \
   ab run --no-build
 
+# --deadline: benches of 0.6 s, five rounds asked, 3 s given: the rounds done are whole (as many
+# base logs as tree logs), fewer than five, and the exit status says so; a bench that would take
+# 30 s is stopped at a 2 s deadline, long before its end.
+echo 0.6 >"$work/slow"
+rm -rf "$runlogs/ab"
+rc=0
+out="$(OUT="$runlogs" ab run --no-build --rounds 5 --deadline 3 2>&1)" || rc=$?
+[[ $rc == 1 ]] || fail "--deadline: exit $rc (want 1): $out"
+nb=$(ls "$runlogs/ab" | grep -c '^bench-base-' || true)
+nt=$(ls "$runlogs/ab" | grep -c '^bench-tree-' || true)
+[[ $nb == "$nt" ]] || fail "--deadline left a half round: $(ls "$runlogs/ab")"
+((nb < 5)) || fail "--deadline: all five rounds ran"
+[[ "$out" == *"$nb of 5 rounds before the deadline"* || ($nb == 0 && "$out" == *"no round finished"*) ]] ||
+  fail "--deadline: not said: $out"
+echo 30 >"$work/slow"
+t0=$(date +%s)
+rc=0
+out="$(OUT="$runlogs" ab run --no-build --rounds 1 --deadline 2 2>&1)" || rc=$?
+[[ $rc == 1 && "$out" == *"stopped at the deadline"* && "$out" == *"no round finished"* ]] ||
+  fail "--deadline over a long bench: exit $rc: $out"
+(($(date +%s) - t0 < 15)) || fail "--deadline waited for the bench"
+rm "$work/slow"
+
 # --- run and the command line --------------------------------------------------------------------
 AB_DIR="$work/empty" expect_refusal "run without a pack" ab run
 [[ ! -e "$work/empty/base" ]] || fail "run without a pack unpacked something"
@@ -153,6 +177,7 @@ AB_DIR="$work/empty" OUT="$work/out-build" expect_refusal "build without a pack"
   fail "build without a pack unpacked or wrote something"
 expect_refusal "build with an argument" ab build --rounds 2
 expect_refusal "run --rounds 0" ab run --rounds 0
+expect_refusal "run --deadline soon" ab run --deadline soon
 expect_refusal "run with a stray argument" ab run --official
 expect_refusal "an unknown command" ab bench
 expect_refusal "no command" ab
