@@ -11,7 +11,8 @@
 #
 # BASE: a git revision. SRC: .cu files of the CUDA library (paths from the repository root);
 # without them, every gpu/ .cu file that BASE..tree changed or that includes (directly or
-# through other headers, by file name) a changed gpu/ header. The flags are the build's:
+# through other headers, by file name) a changed header of gpu/ or reference/ (the CUDA code
+# includes reference/'s config, error and stage headers). The flags are the build's:
 # DIR/compile_commands.json (default build-gpu; configure one with
 # `cmake -S . -B build-gpu -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a`, no build needed), with
 # its -c/-o replaced by -cubin for sm_90a and, for BASE, its source root by BASE's tree.
@@ -63,11 +64,11 @@ if [[ -e "$out" && $force -eq 0 ]]; then die "$out exists (--force replaces it)"
 
 # The default sources: changed gpu/ files, closed over #include "name" by file name.
 if ((${#srcs[@]} == 0)); then
-  mapfile -t changed < <(git diff --name-only "$base" -- gpu)
-  ((${#changed[@]})) || die "BASE..tree changes nothing under gpu/ (name the sources)"
+  mapfile -t changed < <(git diff --name-only "$base" -- gpu reference)
+  ((${#changed[@]})) || die "BASE..tree changes nothing under gpu/ or reference/ (name the sources)"
   declare -A hit=()
   for f in "${changed[@]}"; do hit["$f"]=1; done
-  mapfile -t all < <(git ls-files gpu | grep -E '\.(cu|cuh|h|hpp)$')
+  mapfile -t all < <(git ls-files gpu reference | grep -E '\.(cu|cuh|h|hpp)$')
   grew=1
   while ((grew)); do
     grew=0

@@ -2,8 +2,9 @@
 # scripts/sass-diff.sh end to end in a scratch repository, with a stand-in compiler and
 # disassembler: the "compiler" copies the source and the headers it includes (from the -I
 # directory it was given) into the cubin, the "disassembler" prints the `//@` lines as SASS. So
-# the test sees which tree each side was compiled from: a change only in a header must reach
-# the source that includes it (default source list), the base side must read the base's header
+# the test sees which tree each side was compiled from: a change only in a header (of gpu/ or
+# reference/) must reach the source that includes it (default source list), the base side must
+# read the base's header
 # (the -I paths rewritten), a register renaming is `same` (exit 0), a product fused the other
 # way `DIFFERS` (exit 1), and bad use (no compile database, an existing --out, a bad revision,
 # a failed compile) is one line and exit 2.
@@ -21,12 +22,12 @@ cp "$scripts/sass-diff.sh" "$scripts/fp-forms.py" "$repo/scripts/"
 cat >"$work/bin/nvcc" <<'EOF'
 #!/usr/bin/env bash
 # The stand-in compiler: needs -cubin and -arch=sm_90a; writes SRC and its included headers
-# (looked up in the -I directory) to the -o file.
-out="" inc="" cubin=0 arch=0
+# (looked up in the -I directories) to the -o file.
+out="" inc=() cubin=0 arch=0
 while (($#)); do
   case "$1" in
     -o) out="$2"; shift ;;
-    -I*) inc="${1#-I}" ;;
+    -I*) inc+=("${1#-I}") ;;
     -cubin) cubin=1 ;;
     -arch=sm_90a) arch=1 ;;
     -c) echo "nvcc stand-in: -c left in the command" >&2; exit 1 ;;
@@ -36,7 +37,9 @@ while (($#)); do
 done
 ((cubin && arch)) || { echo "nvcc stand-in: not -cubin -arch=sm_90a" >&2; exit 1; }
 grep -q BROKEN "$src" && { echo "nvcc stand-in: $src: error" >&2; exit 1; }
-{ cat "$src"; sed -n 's/^#include "\(.*\)"$/\1/p' "$src" | while read -r h; do cat "$inc/$h"; done; } >"$out"
+{ cat "$src"; sed -n 's/^#include "\(.*\)"$/\1/p' "$src" | while read -r h; do
+    for d in "${inc[@]}"; do [[ -f "$d/$h" ]] && { cat "$d/$h"; break; }; done
+  done; } >"$out"
 EOF
 cat >"$work/bin/cuobjdump" <<'EOF'
 #!/usr/bin/env bash
@@ -59,13 +62,15 @@ cat >"$repo/gpu/h.cuh" <<'EOF'
 //@ FMUL R2, R3, R4
 //@ FFMA R5, R6, R7, -R2
 EOF
-printf "//@ Function : _Z1ov\n//@ FADD R1, R2, R3\n" >"$repo/gpu/other.cu"
+mkdir -p "$repo/reference"
+printf '#include "r.hpp"\n//@ Function : _Z1ov\n//@ FADD R1, R2, R3\n' >"$repo/gpu/other.cu"
+printf '//@ Function : _Z1rv\n//@ FMUL R1, R2, R3\n' >"$repo/reference/r.hpp"
 python3 - "$work/build/compile_commands.json" "$work/build" "$repo" "$work/bin/nvcc" <<'EOF'
 import json, sys
 db, build, repo, nvcc = sys.argv[1:]
 json.dump([{"directory": build, "file": f"{repo}/gpu/{f}",
             "command": f"{nvcc} -O3 --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] "
-                       f"-I{repo}/gpu -x cu -c {repo}/gpu/{f} -o gpu/{f}.o"}
+                       f"-I{repo}/gpu -I{repo}/reference -x cu -c {repo}/gpu/{f} -o gpu/{f}.o"}
            for f in ("k.cu", "other.cu")], open(db, "w"))
 EOF
 git -C "$repo" init -q
@@ -94,7 +99,12 @@ grep -q '^DIFFERS at arithmetic instruction 1 .* _Z1hv$' "$work/o2/gpu_k.cu.diff
   fail "the differing function: $(cat "$work/o2/gpu_k.cu.diff")"
 # Named sources are taken as given.
 run 0 --out "$work/o3" HEAD gpu/other.cu
-grep -qx 'gpu/other.cu: same: 1' <<<"$out" || fail "a named source: $out"
+grep -qx 'gpu/other.cu: same: 2' <<<"$out" || fail "a named source: $out"
+# A reference/ header (the CUDA code includes reference/'s config and stage headers) reaches
+# the gpu/ source that includes it.
+sed -i 's/FMUL R1, R2, R3/FMUL R4, R2, R3/' "$repo/reference/r.hpp"
+run 1 --out "$work/o7" HEAD
+grep -qx 'gpu/other.cu: same: 2' <<<"$out" || fail "a reference/ header's includer: $out"
 
 # 3. Refusals.
 refuse() {  # refuse WHAT ARGS...
