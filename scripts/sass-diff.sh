@@ -3,9 +3,10 @@
 # call): each CUDA source is compiled to a cubin twice, at BASE and in the working tree, with the
 # build's own flags, and the two disassemblies are compared function by function
 # (scripts/fp-forms.py sass-diff: `same` = equal up to register allocation, so the same bits;
-# `same arith` = the same float, tensor-core and memory instructions in the same order, the
-# integer address work placed differently; `DIFFERS` names the first arithmetic instruction
-# that differs).
+# `same arith` = the same float, tensor-core, memory and branch instructions on the same values,
+# in order or as a dataflow, the integer address work placed differently; `DIFFERS` = not shown
+# equal, naming the first arithmetic instruction that differs and whether the op shapes are
+# equal; the comparison does not follow loops, so a rescheduled loop can read DIFFERS).
 #
 #   scripts/sass-diff.sh [--build DIR] [--out DIR] [--force] [--jobs N] BASE [SRC.cu...]
 #
