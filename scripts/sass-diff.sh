@@ -21,7 +21,8 @@
 # else cuobjdump on the PATH. The SASS is this machine's ptxas's; it is the device's where both
 # have the same CUDA release.
 # Writes under --out (default sass-diff/): per source NAME.base.sass, NAME.tree.sass and
-# NAME.diff (the per-function verdicts), and summary.txt (one line per source); an existing
+# NAME.diff (the per-function verdicts; a source of host code only reads "no kernel on either
+# side"), and summary.txt (one line per source); an existing
 # --out is kept unless --force. Prints the summary. Exit 0 where every function is `same` or
 # `same arith`, 1 where one differs or is on one side only, 2 on bad use or a failed compile
 # (one line naming it).
@@ -149,11 +150,24 @@ for src in "${srcs[@]}"; do
     "$cuobjdump" -sass "$work/out/$name.$side.cubin" >"$work/out/$name.$side.sass" ||
       die "$cuobjdump cannot read $name.$side.cubin"
   done
-  rc=0
-  python3 scripts/fp-forms.py sass-diff "$work/out/$name.base.sass" "$work/out/$name.tree.sass" \
-    >"$work/out/$name.diff" || rc=$?
-  ((rc <= 1)) || die "fp-forms.py sass-diff failed on $src"
-  ((rc == 0)) || status=1
+  # A source of host code only has no function on either side: nothing to compare. Functions on
+  # one side only are a difference.
+  kernels=0
+  for side in base tree; do
+    if grep -q "Function :" "$work/out/$name.$side.sass"; then kernels=$((kernels + 1)); fi
+  done
+  if ((kernels == 0)); then
+    echo "no kernel on either side" >"$work/out/$name.diff"
+  elif ((kernels == 1)); then
+    echo "DIFFERS: kernels on one side only" >"$work/out/$name.diff"
+    status=1
+  else
+    rc=0
+    python3 scripts/fp-forms.py sass-diff "$work/out/$name.base.sass" \
+      "$work/out/$name.tree.sass" >"$work/out/$name.diff" || rc=$?
+    ((rc <= 1)) || die "fp-forms.py sass-diff failed on $src"
+    ((rc == 0)) || status=1
+  fi
   echo "$src: $(tail -n 1 "$work/out/$name.diff" | sed 's/^# //')" | tee -a "$work/out/summary.txt"
 done
 rm -f "$work"/out/*.cubin "$work"/out/*.log

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # scripts/sass-diff.sh end to end in a scratch repository, with a stand-in compiler and
 # disassembler: the "compiler" copies the source and the headers it includes (from the -I
-# directory it was given) into the cubin, the "disassembler" prints the `//@` lines as SASS. So
-# the test sees which tree each side was compiled from: a change only in a header (of gpu/ or
+# directories it was given) into the cubin, the "disassembler" prints the `//@` lines as SASS.
+# So the test sees which tree each side was compiled from: a change only in a header (of gpu/ or
 # reference/) must reach the source that includes it (default source list), the base side must
-# read the base's header
-# (the -I paths rewritten), a register renaming is `same` (exit 0), a product fused the other
-# way `DIFFERS` (exit 1), and bad use (no compile database, an existing --out, a bad revision,
-# a failed compile) is one line and exit 2.
+# read the base's header (the -I paths rewritten), a register renaming is `same` (exit 0), a
+# product fused the other way `DIFFERS` (exit 1), a source of host code only reads "no kernel on
+# either side", and bad use (no compile database, an existing --out, a bad revision, a failed
+# compile) is one line and exit 2.
 # Usage: sass_diff_test.sh SCRIPTS_DIR
 set -euo pipefail
 scripts="$1"
@@ -65,13 +65,14 @@ EOF
 mkdir -p "$repo/reference"
 printf '#include "r.hpp"\n//@ Function : _Z1ov\n//@ FADD R1, R2, R3\n' >"$repo/gpu/other.cu"
 printf '//@ Function : _Z1rv\n//@ FMUL R1, R2, R3\n' >"$repo/reference/r.hpp"
+echo "// host code only: no kernel" >"$repo/gpu/host.cu"
 python3 - "$work/build/compile_commands.json" "$work/build" "$repo" "$work/bin/nvcc" <<'EOF'
 import json, sys
 db, build, repo, nvcc = sys.argv[1:]
 json.dump([{"directory": build, "file": f"{repo}/gpu/{f}",
             "command": f"{nvcc} -O3 --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] "
                        f"-I{repo}/gpu -I{repo}/reference -x cu -c {repo}/gpu/{f} -o gpu/{f}.o"}
-           for f in ("k.cu", "other.cu")], open(db, "w"))
+           for f in ("k.cu", "other.cu", "host.cu")], open(db, "w"))
 EOF
 git -C "$repo" init -q
 git -C "$repo" add -A
@@ -100,6 +101,9 @@ grep -q '^DIFFERS at arithmetic instruction 1 .* _Z1hv$' "$work/o2/gpu_k.cu.diff
 # Named sources are taken as given.
 run 0 --out "$work/o3" HEAD gpu/other.cu
 grep -qx 'gpu/other.cu: same: 2' <<<"$out" || fail "a named source: $out"
+# A source of host code only has nothing to compare, and says so.
+run 0 --out "$work/o8" HEAD gpu/host.cu
+grep -qx 'gpu/host.cu: no kernel on either side' <<<"$out" || fail "a host-only source: $out"
 # A reference/ header (the CUDA code includes reference/'s config and stage headers) reaches
 # the gpu/ source that includes it.
 sed -i 's/FMUL R1, R2, R3/FMUL R4, R2, R3/' "$repo/reference/r.hpp"
