@@ -16,7 +16,8 @@
 # includes reference/'s config, error and stage headers). The flags are the build's:
 # DIR/compile_commands.json (default build-gpu; configure one with
 # `cmake -S . -B build-gpu -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a`, no build needed), with
-# its -c/-o replaced by -cubin for sm_90a and, for BASE, its source root by BASE's tree.
+# its -c/-o replaced by -cubin for sm_90a and the source root by one scratch directory that
+# holds the tree's files, then BASE's (nvcc's code depends on the source's path).
 # The disassembler: $M3_CUOBJDUMP, else .sass-tools/bin/cuobjdump (scripts/fetch-sass-tools.sh),
 # else cuobjdump on the PATH. The SASS is this machine's ptxas's; it is the device's where both
 # have the same CUDA release.
@@ -88,13 +89,19 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/base" "$work/out"
-git archive "$base" | tar -x -C "$work/base" || die "git archive $base failed"
+mkdir -p "$work/out"
 
-# One compile line per (side, source): the build's command with -c SRC -o OBJ → -cubin -o CUBIN.
-python3 - "$db" "$root" "$work" "${srcs[@]}" >"$work/commands" <<'EOF' || die "no compile command for a source (is it in the CUDA library of $build?)"
+# Both sides are compiled from one path, $work/src: nvcc names an anonymous namespace after the
+# source's path, and that name alone moves ptxas's code (an unchanged chunked_bwd.cu compiled
+# from two directories read DIFFERS in one kernel). So the tree's files are copied there and
+# compiled, then BASE's archive takes their place and is compiled.
+src_dir="$work/src"
+# One compile line per source: the build's command with -c SRC -o OBJ → -cubin -o CUBIN for
+# sm_90a, the repository root → $src_dir.
+commands() {  # commands SIDE
+  python3 - "$db" "$root" "$src_dir" "$work/out" "$1" "${srcs[@]}" <<'EOF'
 import json, shlex, sys
-db, root, work, srcs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+db, root, tree, out, side, srcs = *sys.argv[1:6], sys.argv[6:]
 entries = {e["file"]: e for e in json.load(open(db))}
 for src in srcs:
     e = entries.get(f"{root}/{src}")
@@ -103,44 +110,59 @@ for src in srcs:
         sys.exit(1)
     args = e.get("arguments") or shlex.split(e["command"])
     name = src.replace("/", "_")
-    for side, tree in (("base", f"{work}/base"), ("tree", root)):
-        cmd, skip = [], 0
-        for a in args:
-            if skip:
-                skip -= 1
-                continue
-            if a in ("-c", "-o"):
-                skip = 1
-                continue
-            if a.startswith("--generate-code") or a.startswith("-gencode") or a.startswith("-arch"):
-                continue
-            cmd.append(a.replace(root + "/", tree + "/"))
-        cmd += ["-arch=sm_90a", "-cubin", "-o", f"{work}/out/{name}.{side}.cubin",
-                f"{tree}/{src}"]
-        print(e["directory"] + "\t" + name + "." + side + "\t" + shlex.join(cmd))
+    cmd, skip = [], 0
+    for a in args:
+        if skip:
+            skip -= 1
+            continue
+        if a in ("-c", "-o"):
+            skip = 1
+            continue
+        if a.startswith("--generate-code") or a.startswith("-gencode") or a.startswith("-arch"):
+            continue
+        cmd.append(a.replace(root + "/", tree + "/"))
+    cmd += ["-arch=sm_90a", "-cubin", "-o", f"{out}/{name}.{side}.cubin", f"{tree}/{src}"]
+    print(e["directory"] + "\t" + name + "." + side + "\t" + shlex.join(cmd))
 EOF
+}
+commands tree >"$work/commands.tree" ||
+  die "no compile command for a source (is it in the CUDA library of $build?)"
+commands base >"$work/commands.base"
 
-echo "sass-diff.sh: ${#srcs[@]} sources at $base and in the tree, $jobs at a time"
-failed=0
-running=0
-while IFS=$'\t' read -r dir name cmd; do
-  if ((running >= jobs)); then
+# compile_side SIDE: that side's commands, $jobs at a time; a failed compile ends the run.
+compile_side() {
+  local failed=0 running=0 dir name cmd
+  while IFS=$'\t' read -r dir name cmd; do
+    if ((running >= jobs)); then
+      wait -n || failed=1
+      running=$((running - 1))
+    fi
+    ( (cd "$dir" && eval "$cmd") >"$work/out/$name.log" 2>&1 || { echo "sass-diff.sh: $name failed" >&2; exit 1; } ) &
+    running=$((running + 1))
+  done <"$work/commands.$1"
+  while ((running > 0)); do
     wait -n || failed=1
     running=$((running - 1))
+  done
+  if ((failed)); then
+    for l in "$work"/out/*.log; do
+      [[ -s "$l" ]] && { echo "--- $(basename "$l" .log)"; tail -n 5 "$l"; }
+    done >&2
+    die "a compile failed (its log above)"
   fi
-  ( (cd "$dir" && eval "$cmd") >"$work/out/$name.log" 2>&1 || { echo "sass-diff.sh: $name failed" >&2; exit 1; } ) &
-  running=$((running + 1))
-done <"$work/commands"
-while ((running > 0)); do
-  wait -n || failed=1
-  running=$((running - 1))
-done
-if ((failed)); then
-  for l in "$work"/out/*.log; do
-    [[ -s "$l" ]] && { echo "--- $(basename "$l" .log)"; tail -n 5 "$l"; }
-  done >&2
-  die "a compile failed (its log above)"
-fi
+}
+
+echo "sass-diff.sh: ${#srcs[@]} sources in the tree, then at $base, $jobs at a time"
+mkdir "$src_dir"
+# The working tree as it is (tracked and untracked files, not the ignored ones).
+git ls-files -z --cached --others --exclude-standard |
+  tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -x -C "$src_dir" ||
+  die "cannot copy the working tree"
+compile_side tree
+rm -rf "$src_dir"
+mkdir "$src_dir"
+git archive "$base" | tar -x -C "$src_dir" || die "git archive $base failed"
+compile_side base
 
 status=0
 : >"$work/out/summary.txt"

@@ -4,7 +4,8 @@
 # directories it was given) into the cubin, the "disassembler" prints the `//@` lines as SASS.
 # So the test sees which tree each side was compiled from: a change only in a header (of gpu/ or
 # reference/) must reach the source that includes it (default source list), the base side must
-# read the base's header (the -I paths rewritten), a register renaming is `same` (exit 0), a
+# read the base's header (the -I paths rewritten), both sides are compiled from one directory
+# (the stand-in's code, like nvcc's, depends on it), a register renaming is `same` (exit 0), a
 # product fused the other way `DIFFERS` (exit 1), a source of host code only reads "no kernel on
 # either side", and bad use (no compile database, an existing --out, a bad revision, a failed
 # compile) is one line and exit 2.
@@ -39,7 +40,11 @@ done
 grep -q BROKEN "$src" && { echo "nvcc stand-in: $src: error" >&2; exit 1; }
 { cat "$src"; sed -n 's/^#include "\(.*\)"$/\1/p' "$src" | while read -r h; do
     for d in "${inc[@]}"; do [[ -f "$d/$h" ]] && { cat "$d/$h"; break; }; done
-  done; } >"$out"
+  done
+  # As nvcc's: the code of a kernel file depends on the directory it was compiled from.
+  if grep -q '^//@' "$src"; then
+    printf '//@ Function : _Z1pv\n//@ FMUL R1, R2, %d\n' "$(dirname "$src" | cksum | cut -d' ' -f1)"
+  fi; } >"$out"
 EOF
 cat >"$work/bin/cuobjdump" <<'EOF'
 #!/usr/bin/env bash
@@ -88,19 +93,19 @@ run() {  # run EXPECTED_EXIT ARGS...: sass-diff.sh's output in $out
 # 1. The header's registers renamed: only k.cu includes it, and it stays the same.
 sed -i 's/R5, R6, R7, -R2/R9, R6, R7, -R2/' "$repo/gpu/h.cuh"
 run 0 --out "$work/o1" HEAD
-grep -qx 'gpu/k.cu: same: 2' <<<"$out" || fail "a renaming: $out"
+grep -qx 'gpu/k.cu: same: 3' <<<"$out" || fail "a renaming: $out"
 [[ "$(grep -c '^gpu/' <<<"$out")" == 1 ]] || fail "sources beyond k.cu: $out"
 [[ -f "$work/o1/gpu_k.cu.diff" && -f "$work/o1/summary.txt" ]] || fail "no verdicts written"
 
 # 2. The header's other product fused: k.cu's _Z1hv differs, its own kernel does not.
 sed -i 's/FFMA R9, R6, R7, -R2/FFMA R9, -R3, R4, R2/' "$repo/gpu/h.cuh"
 run 1 --out "$work/o2" HEAD
-grep -qx 'gpu/k.cu: DIFFERS: 1, same: 1' <<<"$out" || fail "a fused product: $out"
+grep -qx 'gpu/k.cu: DIFFERS: 1, same: 2' <<<"$out" || fail "a fused product: $out"
 grep -q '^DIFFERS at arithmetic instruction 1 .* _Z1hv$' "$work/o2/gpu_k.cu.diff" ||
   fail "the differing function: $(cat "$work/o2/gpu_k.cu.diff")"
 # Named sources are taken as given.
 run 0 --out "$work/o3" HEAD gpu/other.cu
-grep -qx 'gpu/other.cu: same: 2' <<<"$out" || fail "a named source: $out"
+grep -qx 'gpu/other.cu: same: 3' <<<"$out" || fail "a named source: $out"
 # A source of host code only has nothing to compare, and says so.
 run 0 --out "$work/o8" HEAD gpu/host.cu
 grep -qx 'gpu/host.cu: no kernel on either side' <<<"$out" || fail "a host-only source: $out"
@@ -108,7 +113,7 @@ grep -qx 'gpu/host.cu: no kernel on either side' <<<"$out" || fail "a host-only 
 # the gpu/ source that includes it.
 sed -i 's/FMUL R1, R2, R3/FMUL R4, R2, R3/' "$repo/reference/r.hpp"
 run 1 --out "$work/o7" HEAD
-grep -qx 'gpu/other.cu: same: 2' <<<"$out" || fail "a reference/ header's includer: $out"
+grep -qx 'gpu/other.cu: same: 3' <<<"$out" || fail "a reference/ header's includer: $out"
 
 # 3. Refusals.
 refuse() {  # refuse WHAT ARGS...
