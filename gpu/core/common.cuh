@@ -135,6 +135,14 @@ class DeviceArray {
   Idx n_ = 0;
 };
 
+// a·b − c·d with its one contraction written out: c·d rounded, a·b fused into the subtraction.
+// Left to the compiler, nvcc leaves mul, mul, sub and ptxas fuses one of the two products, not
+// the same one in every instantiation (BCNorm's v19: f32 one, f16 the other; docs/PERF.md
+// "Stop 52", "Stop 53"), so kernels that tests compare bit for bit spell it through here.
+__device__ __forceinline__ float fma_diff(float a, float b, float c, float d) {
+  return __fmaf_rn(a, b, -__fmul_rn(c, d));
+}
+
 // Sum over the 32 lanes of a warp, fixed butterfly order; every lane gets the same value.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

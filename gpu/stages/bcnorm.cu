@@ -106,15 +106,6 @@ __global__ void __launch_bounds__(kThreads) bcnorm_forward_kernel(BcShape sh, Bc
   }
 }
 
-// w·d − x̂·c1 with its one contraction written out: x̂·c1 rounded, w·d fused into the
-// subtraction.
-// Left to the compiler, ptxas fused one of the two products and chose which per instantiation
-// (f32 this one, f16 the other), so the vector and the element-wise loops (kRawVec) could differ
-// in the last bit; written out, every instantiation rounds the same way.
-__device__ __forceinline__ float draw_numerator(float w, float d, float xh, float c1) {
-  return __fmaf_rn(w, d, -__fmul_rn(xh, c1));
-}
-
 // kHeadSum: B4b + B4c from d_X_pre_rope; otherwise B4c alone from the stored d_X_normed.
 template <class T, int L, bool kVec, bool kRawVec, bool kHeadSum>
 __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, BcnormBwd<T> p) {
@@ -184,7 +175,9 @@ __global__ void __launch_bounds__(kThreads) bcnorm_backward_kernel(BcShape sh, B
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xh = x[j] / rr;
-        o[j] = draw_numerator(wv[j], d[j], xh, c1) / rr;
+        // w·d − x̂·c1 in fma_diff's one rounding (common.cuh): left to ptxas, the vector and
+        // the element-wise loops (kRawVec) differed in the last bit.
+        o[j] = fma_diff(wv[j], d[j], xh, c1) / rr;
       }
       store_group<kRawVec>(draw + n, ds - n, o);
     }

@@ -168,9 +168,9 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float yh = yv[e] * rstd, gg = dg[e] * silu(zv[e]);
-        // w·g − ŷ·c1 with its roundings written out: every instantiation the same bits (the
-        // form ptxas had chosen in each: the first product fused, ŷ·c1 rounded).
-        dy[e] = __fmaf_rn(wv[e], gg, -__fmul_rn(yh, c1)) * rstd;
+        // w·g − ŷ·c1 in fma_diff's rounding (common.cuh): the form ptxas had chosen in every
+        // instantiation, so every instantiation the same bits.
+        dy[e] = fma_diff(wv[e], gg, yh, c1) * rstd;
       }
       store_vec(p.d_y + row + q, dy);
     }

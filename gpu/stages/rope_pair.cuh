@@ -10,6 +10,8 @@
 // backward's are written out too (one fma each), for the same reason.
 #pragma once
 
+#include "common.cuh"
+
 namespace m3::gpu {
 
 __device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float x1, float& y0,
@@ -24,11 +26,11 @@ __device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float 
 __device__ __forceinline__ void rope_rotate_t(float sn, float cs, float g0, float g1, float& o0,
                                               float& o1) {
   o0 = __fmaf_rn(cs, g0, __fmul_rn(sn, g1));
-  o1 = __fmaf_rn(cs, g1, -__fmul_rn(sn, g0));
+  o1 = fma_diff(cs, g1, sn, g0);
 }
 
 __device__ __forceinline__ float rope_angle_grad(float g0, float g1, float r0, float r1) {
-  return __fmaf_rn(g1, r0, -__fmul_rn(g0, r1));
+  return fma_diff(g1, r0, g0, r1);
 }
 
 // Whether pair j of a row is rotated (j < na), for a pair in half `half` of the row (0: pairs

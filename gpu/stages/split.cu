@@ -207,11 +207,10 @@ __global__ void __launch_bounds__(kThreads) abg_backward_kernel(Idx n, AbgBwd p)
       // The two gradients that share d_β·α with their roundings written out, in the forms
       // nvcc and ptxas chose before (SASS of V = 1 and V = 4, docs/PERF.md "Stop 53"; nvcc
       // leaves o_trap's sum to ptxas): d_β·α rounded once; o_dt fuses it with (1 − λ) and adds
-      // the rounded d_γ·λ; o_trap fuses d_γ·dt and subtracts the rounded (d_β·α)·dt (negation
-      // is exact).
+      // the rounded d_γ·λ; o_trap is fma_diff's d_γ·dt − (d_β·α)·dt.
       const float dba = __fmul_rn(db[k], al[k]);
       o_dt[k] = __fmaf_rn(dba, 1.0f - tr[k], __fmul_rn(dg[k], tr[k]));
-      o_trap[k] = __fmaf_rn(dg[k], dt[k], -__fmul_rn(dba, dt[k]));
+      o_trap[k] = fma_diff(dg[k], dt[k], dba, dt[k]);
     }
     store_n<V>(p.d_adt_total + i, o_adt);
     store_n<V>(p.d_dt_direct + i, o_dt);
