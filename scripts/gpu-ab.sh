@@ -281,7 +281,8 @@ run() {
         # ncu-roofline.sh says which launches `layer` found; an explicit list is as given.
         grep -m 1 '^launches: ' "$logs/ncu-$side-$d-roofline.txt" ||
           echo "launches: ${launches[$side]}"
-        tail -n 3 "$logs/ncu-$side-$d-roofline.txt"
+        grep -E "^(kernels but|GEMMs \(cuBLAS\):|all kernels)" \
+          "$logs/ncu-$side-$d-roofline.txt" || true
       done
     done
   fi

@@ -4,9 +4,12 @@
 #   CSV      `ncu --print-units base --csv --metrics "$(ncu-roofline.sh --metrics)" ...` output
 #            (scripts/gpu-profile.sh and gpu-ab.sh --ncu take it; ncu's own lines and the
 #            program's output before the CSV are skipped)
-#   --metrics  prints the metrics it needs, comma-separated, and exits: gpu__time_duration.sum,
+#   --metrics  prints the metrics it reads, comma-separated, and exits: gpu__time_duration.sum,
 #            dram__bytes.sum, smsp__inst_executed.sum, sm__cycles_elapsed.avg.per_second,
-#            device__attribute_multiprocessor_count
+#            device__attribute_multiprocessor_count (required), then the nine budget metrics
+#            (launch__block_size, launch__registers_per_thread,
+#            launch__shared_mem_per_block_static and _dynamic, launch__occupancy_limit_registers,
+#            _shared_mem, _warps and _blocks, sm__warps_active.avg.pct_of_peak_sustained_active)
 #   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
 #   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
@@ -30,10 +33,19 @@
 # tensor cores, where an instruction is many FLOPs, so their issue floor means nothing: their
 # row gives time and bytes, and m3h bench --profile's TFLOP/s says how near their FLOP ceiling
 # they run. Rows by time, largest first; then the totals of every other kernel (time, floors) and
-# the GEMMs' time. POSIX awk (mawk) only; scripts/ncu-csv.awk reads the CSV.
+# the GEMMs' time.
+# Then, where the profile has ncu's launch statistics (the nine budget metrics --metrics lists
+# after the five above; launch__* cost no replay), each kernel's budgets in the same order:
+#   threads  block size;  regs  registers per thread;  smem_KB  shared memory per block, static
+#   + dynamic, in KiB;  blk/SM  blocks per SM the launch allows, the least of ncu's four limits;
+#   limit  which of them sets it (regs, smem, warps, blocks; ties joined by '=');  warps  blk/SM ×
+#   threads / 32, of the SM's 64;  achieved  sm__warps_active as % of 64, time-weighted over the
+#   launches. A value that differs between a kernel's launches prints as its range, lo-hi.
+# POSIX awk (mawk) only; scripts/ncu-csv.awk reads the CSV.
 # A missing or unreadable file, no gpu__time_duration.sum rows, a launch without one of the five
-# metrics, an unknown unit, a bad --copy, a malformed --launches list or one that selects no
-# launch of the file: a one-line error, exit 2.
+# metrics or with some but not all of the nine, an unknown unit, a bad --copy, a malformed
+# --launches list or one that selects no launch of the file: a one-line error, exit 2. A profile
+# without the nine gets one line saying the budgets are not in it.
 set -euo pipefail
 
 die() {
@@ -46,7 +58,11 @@ copy=4262
 launches=""
 usage="usage: ncu-roofline.sh CSV [--copy GBPS] [--launches LIST|layer] | ncu-roofline.sh --metrics"
 metrics=(gpu__time_duration.sum dram__bytes.sum smsp__inst_executed.sum
-  sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count)
+  sm__cycles_elapsed.avg.per_second device__attribute_multiprocessor_count
+  launch__block_size launch__registers_per_thread launch__shared_mem_per_block_static
+  launch__shared_mem_per_block_dynamic launch__occupancy_limit_registers
+  launch__occupancy_limit_shared_mem launch__occupancy_limit_warps launch__occupancy_limit_blocks
+  sm__warps_active.avg.pct_of_peak_sustained_active)
 if [[ $# -eq 1 && "$1" == --metrics ]]; then
   (IFS=,; echo "${metrics[*]}")
   exit 0
@@ -132,7 +148,23 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
       if (id + 0 >= lo[j] && id + 0 <= hi[j]) return 1
     return 0
   }
+  function budget_scale(u, slot) {  # the budget metrics: bytes as counts, the rest plain
+    if (slot == "ss" || slot == "sd") return unit_scale(u, "count")
+    if (u == "" || (slot == "rg" && u == "register/thread") || (slot ~ /^l/ && u == "block") ||
+        (slot == "wa" && u == "%")) return 1
+    return -1
+  }
+  function range(lo, hi, fmt) {  # one value, or lo-hi where the launches differ
+    return lo == hi ? sprintf(fmt, lo) : sprintf(fmt "-" fmt, lo, hi)
+  }
   BEGIN {  # --launches as ranges [lo[j], hi[j]], parsed once
+    nbs = split("bs rg ss sd lr ls lw lb wa", bslots, " ")
+    nbn = split("launch__block_size launch__registers_per_thread " \
+                "launch__shared_mem_per_block_static launch__shared_mem_per_block_dynamic " \
+                "launch__occupancy_limit_registers launch__occupancy_limit_shared_mem " \
+                "launch__occupancy_limit_warps launch__occupancy_limit_blocks " \
+                "sm__warps_active.avg.pct_of_peak_sustained_active", bnames, " ")
+    for (q = 1; q <= nbs; q++) budget_slot[bnames[q]] = bslots[q]
     nsel = split(launches, sel, ",")
     for (j = 1; j <= nsel; j++) {
       if (split(sel[j], rg, "-") == 1) rg[2] = rg[1]
@@ -149,8 +181,9 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
     else if (m == "smsp__inst_executed.sum") { kind = "count"; slot = "i" }
     else if (m == "sm__cycles_elapsed.avg.per_second") { kind = "rate"; slot = "c" }
     else if (m == "device__attribute_multiprocessor_count") { kind = "count"; slot = "s" }
+    else if (m in budget_slot) { kind = "budget"; slot = budget_slot[m] }
     else next
-    s = unit_scale(u, kind)
+    s = kind == "budget" ? budget_scale(u, slot) : unit_scale(u, kind)
     if (s < 0) fail("unknown unit \"" u "\" of " m)
     if (!wanted(id)) { seen++; next }
     if (!(id in key)) { key[id] = kernel_key(f[kc]); ids[++nid] = id }
@@ -177,11 +210,54 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
         print "ncu-roofline.sh: launch " id " (" k ") has no SM clock or SM count" > "/dev/stderr"
         exit 2
       }
+      nb = 0; miss = ""
+      for (q = 1; q <= nbs; q++)
+        if (has[id, bslots[q]]) nb++; else miss = miss (miss == "" ? "" : ", ") bnames[q]
+      if (nb > 0 && nb < nbs) {
+        print "ncu-roofline.sh: launch " id " (" k ") has some budget metrics but not " miss \
+              " (profile with the metrics of the header)" > "/dev/stderr"
+        exit 2
+      }
+      if (nb) {
+        budgets++
+        smem = (val[id, "ss"] + val[id, "sd"]) / 1024
+        blk = val[id, "lr"]; lim = "regs"
+        if (val[id, "ls"] < blk) { blk = val[id, "ls"]; lim = "smem" }
+        else if (val[id, "ls"] == blk) lim = lim "=smem"
+        if (val[id, "lw"] < blk) { blk = val[id, "lw"]; lim = "warps" }
+        else if (val[id, "lw"] == blk) lim = lim "=warps"
+        if (val[id, "lb"] < blk) { blk = val[id, "lb"]; lim = "blocks" }
+        else if (val[id, "lb"] == blk) lim = lim "=blocks"
+        warps = blk * val[id, "bs"] / 32
+        if (!(k in bcnt)) {
+          thlo[k] = thhi[k] = val[id, "bs"]; rglo[k] = rghi[k] = val[id, "rg"]
+          smlo[k] = smhi[k] = smem; bklo[k] = bkhi[k] = blk; wplo[k] = wphi[k] = warps
+          blim[k] = lim
+        }
+        bcnt[k]++
+        if (val[id, "bs"] < thlo[k]) thlo[k] = val[id, "bs"]
+        if (val[id, "bs"] > thhi[k]) thhi[k] = val[id, "bs"]
+        if (val[id, "rg"] < rglo[k]) rglo[k] = val[id, "rg"]
+        if (val[id, "rg"] > rghi[k]) rghi[k] = val[id, "rg"]
+        if (smem < smlo[k]) smlo[k] = smem
+        if (smem > smhi[k]) smhi[k] = smem
+        if (blk < bklo[k]) bklo[k] = blk
+        if (blk > bkhi[k]) bkhi[k] = blk
+        if (warps < wplo[k]) wplo[k] = warps
+        if (warps > wphi[k]) wphi[k] = warps
+        if (index("/" blim[k] "/", "/" lim "/") == 0) blim[k] = blim[k] "/" lim
+        WA[k] += val[id, "wa"] * val[id, "t"]; WT[k] += val[id, "t"]
+      }
       if (!(k in cnt)) order[++nk] = k
       cnt[k]++
       T[k] += val[id, "t"]; B[k] += val[id, "b"]; I[k] += val[id, "i"]
       FB[k] += val[id, "b"] / (copy * 1e9) * 1e6
       FI[k] += val[id, "i"] / (val[id, "s"] * 4 * val[id, "c"]) * 1e6
+    }
+    if (budgets && budgets < nid) {
+      print "ncu-roofline.sh: " nid - budgets " of " nid " launches have no budget metrics" \
+            " (profile with the metrics of the header)" > "/dev/stderr"
+      exit 2
     }
     for (a = 2; a <= nk; a++) {               # insertion sort by time, largest first
       kn = order[a]; b = a
@@ -210,5 +286,19 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
     printf "GEMMs (cuBLAS): %d launch%s, %.1f us (their FLOP rate: m3h bench --profile)\n", gn,
            (gn == 1 ? "" : "es"), gt
     printf "all kernels: %.1f us; copy ceiling %s GB/s\n", ot + gt, copy
+    if (!budgets) {
+      print "budgets: not in this profile (its launches have no launch__* metrics)"
+      exit 0
+    }
+    printf "budgets per kernel (ncu launch statistics; warps of 64 per SM):\n"
+    printf "%5s %9s %9s %13s %7s %-14s %9s %8s  %s\n", "n", "threads", "regs", "smem_KB",
+           "blk/SM", "limit", "warps", "achieved", "kernel"
+    for (a = 1; a <= nk; a++) {
+      k = order[a]
+      printf "%5d %9s %9s %13s %7s %-14s %9s %7.1f%%  %s\n", bcnt[k],
+             range(thlo[k], thhi[k], "%d"), range(rglo[k], rghi[k], "%d"),
+             range(smlo[k], smhi[k], "%.1f"), range(bklo[k], bkhi[k], "%d"), blim[k],
+             range(wplo[k], wphi[k], "%d"), (WT[k] > 0 ? WA[k] / WT[k] : 0), k
+    }
   }
 ' "$csv" || exit 2
