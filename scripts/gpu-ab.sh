@@ -252,10 +252,8 @@ run() {
   fi
   if ((ncu)); then
     command -v ncu >/dev/null || die "run: --ncu, but ncu is not on the PATH"
-    # ncu-roofline.sh's metrics, so that each side's layer has its floors too; ncu-compare.sh
-    # reads the durations among them.
-    local ncu_metrics
-    ncu_metrics="$(bash "$root/scripts/ncu-roofline.sh" --metrics)"
+    # ncu-layer.sh profiles with ncu-roofline.sh's metrics, so that each side's layer has its
+    # floors and budgets too; ncu-compare.sh reads the durations among them.
     local -A launches=([base]="${AB_LAUNCHES_BASE:-$kLayerLaunches}"
                        [tree]="${AB_LAUNCHES_TREE:-$kLayerLaunches}")
     for d in bf16 f16; do
@@ -265,11 +263,9 @@ run() {
           echo "ncu $d $side: not run (--deadline $deadline s)"
           continue
         fi
-        timed "$l" ncu --clock-control none --print-units base --metrics "$ncu_metrics" --csv \
-          "${bin[$side]}" bench --no-reference --shapes official --dtype "$d" --scan chunked \
-          --recompute none --warmup 0 --repeats 1 >"$logs/ncu-$side-$d.csv" 2>&1 || true
-        bash "$root/scripts/ncu-roofline.sh" "$logs/ncu-$side-$d.csv" --launches "${launches[$side]}" \
-          >"$logs/ncu-$side-$d-roofline.txt" 2>&1 || true
+        rm -f "$logs/ncu-$side-$d.csv" "$logs/ncu-$side-$d-roofline.txt"  # this run's own
+        timed "$l" bash "$root/scripts/ncu-layer.sh" "${bin[$side]}" "$d" "$logs/ncu-$side-$d" \
+          --launches "${launches[$side]}" || true
       done
       bash "$root/scripts/ncu-compare.sh" "$logs/ncu-base-$d.csv" "$logs/ncu-tree-$d.csv" \
         "base" "tree" >"$logs/ncu-$d-vs.txt" 2>&1 || true

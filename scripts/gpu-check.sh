@@ -49,6 +49,11 @@
 #                             ptxas fused in a·b − c·d, in division dividends and in hi/lo
 #                             splits (docs/PERF.md "Stop 52"), for pinning a form that every
 #                             instantiation has
+#   roofline                  only when GPU_CHECK_ONLY names it: scripts/ncu-layer.sh on one
+#                             official forward + backward, bf16 then f16 (ncu-<dtype>.csv and
+#                             ncu-<dtype>-roofline.txt): each of the layer's kernels with its
+#                             time, bytes, floors, registers, shared memory and occupancy
+#                             (issue 18's budgets)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step,
 # with its seconds, is printed at the end (and written to summary.txt), and the exit status is
 # non-zero if any step failed. GPU_CHECK_PACK=1 then packs every other file there into
@@ -118,6 +123,18 @@ sass_forms() {
   rm -f "$tmp"
 }
 
+# roofline: ncu-layer.sh on the build's m3h, bf16 then f16; each roofline (with the budgets)
+# printed into the step's log.
+roofline_layers() {
+  local d
+  for d in bf16 f16; do
+    rm -f "$LOGS/ncu-$d.csv" "$LOGS/ncu-$d-roofline.txt"  # this check's own
+    bash scripts/ncu-layer.sh "$BUILD_DIR/tools/m3h" "$d" "$LOGS/ncu-$d" || return 1
+    echo "--- $d"
+    cat "$LOGS/ncu-$d-roofline.txt"
+  done
+}
+
 # step NAME CMD...: runs CMD, logging to $LOGS/NAME.log, and records PASS, FAIL, TIMEOUT or
 # SKIP with its seconds in $LOGS/.results (a file, so that steps of parallel lanes record theirs
 # too). Under a deadline CMD runs in `timeout` (a function through bash -c: they are exported
@@ -185,7 +202,7 @@ compare_presets() {
 }
 
 # What step's `bash -c` needs under a deadline.
-export -f compare_golden compare_presets sass_forms
+export -f compare_golden compare_presets sass_forms roofline_layers
 export LOGS BUILD_DIR
 
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}")
@@ -271,6 +288,9 @@ if ((failed == 0)); then
   timing_group
   [[ -n "${GPU_CHECK_PARALLEL:-}" ]] || sweep_lane
   if [[ -x "$m3h" && " ${GPU_CHECK_ONLY:-} " == *" sass-forms "* ]]; then step sass-forms sass_forms; fi
+  if [[ -x "$m3h" && " ${GPU_CHECK_ONLY:-} " == *" roofline "* ]]; then
+    step roofline roofline_layers
+  fi
 fi
 
 echo "=== summary (logs in $LOGS/)"

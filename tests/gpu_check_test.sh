@@ -6,8 +6,8 @@
 # steps start only after every lane has finished; a failing step in a lane is a FAIL line and
 # exit status 1, the other steps still run; under GPU_CHECK_DEADLINE a step still running is
 # stopped and the rest skipped, with the summary and logs written; sass-forms reads each
-# object's SASS through the disassembler it is given; a named digest record that does not
-# exist is exit 2.
+# object's SASS through the disassembler it is given; roofline profiles both dtypes through
+# scripts/ncu-layer.sh (a stand-in ncu); a named digest record that does not exist is exit 2.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
@@ -127,6 +127,22 @@ CALLS="$work/calls-sass" M3_CUOBJDUMP="$work/bin/dis" GPU_CHECK_ONLY=sass-forms 
 grep -qE '^PASS sass-forms \(' "$work/logs-sass/summary.txt" || fail "sass-forms: no PASS line"
 grep -qx ' *1 *0 *0 *0 *0 *0  _Z1fv' "$work/logs-sass/sass-forms.log" ||
   fail "sass-forms: $(cat "$work/logs-sass/sass-forms.log")"
+
+# roofline with a stand-in ncu that prints a miniature one-layer profile: ncu-layer.sh's two
+# files for each dtype, and both rooflines in the step's log.
+(source "$repo/tests/ncu_test_lib.sh" && ncu_layer_csv) >"$work/layer.csv"
+printf '#!/usr/bin/env bash\ncat "%s"\n' "$work/layer.csv" >"$work/bin/ncu"
+chmod +x "$work/bin/ncu"
+CALLS="$work/calls-roof" GPU_CHECK_ONLY=roofline OUT="$work/logs-roof" \
+  bash "$repo/scripts/gpu-check.sh" >/dev/null 2>&1 || fail "roofline: not exit 0"
+grep -qE '^PASS roofline \(' "$work/logs-roof/summary.txt" || fail "roofline: no PASS line"
+for d in bf16 f16; do
+  [[ -s "$work/logs-roof/ncu-$d.csv" && -s "$work/logs-roof/ncu-$d-roofline.txt" ]] ||
+    fail "roofline: no ncu-$d files"
+  grep -qx -- "--- $d" "$work/logs-roof/roofline.log" || fail "roofline: no $d roofline in the log"
+done
+[[ "$(grep -c '^launches: 4-6,9-12 ' "$work/logs-roof/roofline.log")" == 2 ]] ||
+  fail "roofline: $(cat "$work/logs-roof/roofline.log")"
 
 rc=0
 msg="$(GPU_CHECK_DIGESTS="$work/none.txt" OUT="$work/logs-x" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?

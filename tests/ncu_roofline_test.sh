@@ -14,25 +14,20 @@ script="$1"
 # shellcheck source=ncu_test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/ncu_test_lib.sh"
 hdr="$(ncu_header)"
-launch() {  # launch ID KERNEL NS BYTES INST HZ
-  ncu_row "$1" "$2" gpu__time_duration.sum nsecond "$3"
-  ncu_row "$1" "$2" dram__bytes.sum byte "$4"
-  ncu_row "$1" "$2" smsp__inst_executed.sum inst "$5"
-  ncu_row "$1" "$2" sm__cycles_elapsed.avg.per_second cycle/second "$6"
-  ncu_row "$1" "$2" device__attribute_multiprocessor_count "" 100
-}
 ns='void m3::gpu::<unnamed>::'
 {
   echo "==PROF== Connected to process 1 (m3h)"
   echo "$hdr"
   # 100 SMs × 4 schedulers: 400 instructions per cycle. A memory-bound kernel: 2,000,000 bytes
   # at 1000 GB/s = 2 µs; 400,000 instructions at 1 GHz = 1 µs.
-  launch 0 "${ns}copy_kernel<__nv_bfloat16>(long)" '4,000' '2,000,000' '400,000' '1,000,000,000'
+  ncu_launch 0 "${ns}copy_kernel<__nv_bfloat16>(long)" '4,000' '2,000,000' '400,000' '1,000,000,000'
   # An issue-bound kernel, two launches: 800,000 instructions at 1 GHz = 2 µs, then at 2 GHz
   # = 1 µs; 1,000,000 bytes = 1 µs each.
-  launch 1 "${ns}walk_kernel<__half, 4>(int)" '5,000' '1,000,000' '800,000' '1,000,000,000'
-  launch 2 "${ns}walk_kernel<__nv_bfloat16, 4>(int)" '3,000' '1,000,000' '800,000' '2,000,000,000'
-  launch 3 'nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT' '9,000' '3,000,000' '5' '1,000,000,000'
+  ncu_launch 1 "${ns}walk_kernel<__half, 4>(int)" '5,000' '1,000,000' '800,000' '1,000,000,000'
+  ncu_launch 2 "${ns}walk_kernel<__nv_bfloat16, 4>(int)" '3,000' '1,000,000' '800,000' \
+    '2,000,000,000'
+  ncu_launch 3 'nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT' '9,000' '3,000,000' '5' \
+    '1,000,000,000'
 } >"$work/run.csv"
 out="$(bash "$script" "$work/run.csv" --copy 1000)"
 fail() {
@@ -88,27 +83,17 @@ expect_refusal "$script" "an unknown unit" "$work/unit.csv"
 expect_refusal "$script" "a bad --copy" "$work/run.csv" --copy fast
 expect_refusal "$script" "--copy 0" "$work/run.csv" --copy 0
 expect_refusal "$script" "two files" "$work/run.csv" "$work/run.csv"
-# The budgets: the same run with ncu's launch statistics. The walk's two launches differ in
+# The budgets (ncu_budget ID KERNEL THREADS REGS STATIC DYNAMIC LIM_REGS LIM_SMEM LIM_WARPS
+# PCT): the same run with ncu's launch statistics. The walk's two launches differ in
 # registers, shared memory and what limits them (a range and both limits); the copy is held by
 # its registers, the GEMM by registers and shared memory at once (a tie).
-budget() {  # budget ID KERNEL THREADS REGS STATIC DYNAMIC LIM_REGS LIM_SMEM LIM_WARPS PCT
-  ncu_row "$1" "$2" launch__block_size "" "$3"
-  ncu_row "$1" "$2" launch__registers_per_thread register/thread "$4"
-  ncu_row "$1" "$2" launch__shared_mem_per_block_static byte "$5"
-  ncu_row "$1" "$2" launch__shared_mem_per_block_dynamic byte "$6"
-  ncu_row "$1" "$2" launch__occupancy_limit_registers block "$7"
-  ncu_row "$1" "$2" launch__occupancy_limit_shared_mem block "$8"
-  ncu_row "$1" "$2" launch__occupancy_limit_warps block "$9"
-  ncu_row "$1" "$2" launch__occupancy_limit_blocks block 32
-  ncu_row "$1" "$2" sm__warps_active.avg.pct_of_peak_sustained_active % "${10}"
-}
 {
   cat "$work/run.csv"
-  budget 0 "${ns}copy_kernel<__nv_bfloat16>(long)" 256 40 0 0 6 32 8 70
+  ncu_budget 0 "${ns}copy_kernel<__nv_bfloat16>(long)" 256 40 0 0 6 32 8 70
   # 1024 + 90,000 bytes = 88.9 KiB, 1024 + 60,000 = 59.6 KiB; achieved (20·5 + 30·3) / 8 µs.
-  budget 1 "${ns}walk_kernel<__half, 4>(int)" 256 128 1024 '90,000' 2 2 8 20
-  budget 2 "${ns}walk_kernel<__nv_bfloat16, 4>(int)" 256 96 1024 '60,000' 2 3 8 30
-  budget 3 'nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT' 384 168 0 '200,000' 1 1 5 18
+  ncu_budget 1 "${ns}walk_kernel<__half, 4>(int)" 256 128 1024 '90,000' 2 2 8 20
+  ncu_budget 2 "${ns}walk_kernel<__nv_bfloat16, 4>(int)" 256 96 1024 '60,000' 2 3 8 30
+  ncu_budget 3 'nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT' 384 168 0 '200,000' 1 1 5 18
 } >"$work/budgets.csv"
 out="$(bash "$script" "$work/budgets.csv" --copy 1000)"
 [[ "$(grep -c '^budgets per kernel' <<<"$out")" == 1 ]] || fail "no budgets table"
@@ -136,22 +121,7 @@ sed 's/"register\/thread"/"register\/fortnight"/' "$work/budgets.csv" >"$work/bu
 expect_refusal "$script" "an unknown unit of a budget metric" "$work/bunit.csv"
 # --launches layer: a one-layer forward + backward in miniature (two forward passes, then the
 # backward), the layer's launches found by the norms around them: 4-6 and 9-12.
-k_pre="${ns}rmsnorm_forward_kernel<__nv_bfloat16, 32, 1, 0>(int)"
-k_norm_f="${ns}rmsnorm_forward_kernel<__nv_bfloat16, 32, 1, 1>(int)"
-k_gemm='nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT'
-k_walk="${ns}walk_kernel<__nv_bfloat16, 4>(int)"
-{
-  echo "$hdr"
-  i=0
-  for k in "$k_pre" "$k_walk" "$k_norm_f" "$k_pre" "$k_gemm" "$k_walk" "$k_norm_f" \
-    "${ns}rmsnorm_backward_kernel<float, 32, 1, 0, 1, 0>(int)" \
-    "${ns}convert_kernel<float, __nv_bfloat16>(int)" "$k_gemm" "${ns}copy_kernel<__half>(long)" \
-    "${ns}rmsnorm_backward_kernel<__nv_bfloat16, 32, 1, 1, 1, 1>(int)" \
-    "m3::colsum_partial_kernel<m3::LoadMatrix>(int)" "$k_gemm"; do
-    launch "$i" "$k" '1,000' '1,000' '1,000' '1,000,000,000'
-    i=$((i + 1))
-  done
-} >"$work/layer.csv"
+ncu_layer_csv >"$work/layer.csv"
 found="$(bash "$script" "$work/layer.csv" --launches layer)"
 [[ "$(head -n 1 <<<"$found")" == "launches: 4-6,9-12 (the layer's, found by its norms)" ]] ||
   { echo "FAIL: --launches layer found: $found"; exit 1; }
