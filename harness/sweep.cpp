@@ -7,6 +7,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -485,8 +486,11 @@ class PerturbedRun {
 }  // namespace
 
 std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role) {
+  // u's binary exponent, negated (u = 2^-8 → 8); 0 for u = 0, where ilogb returns FP_ILOGB0
+  // (INT_MIN with glibc), whose negation overflows int.
+  const std::int64_t e = u == 0 ? 0 : -static_cast<std::int64_t>(std::ilogb(u));
   std::uint64_t z = problem_seed ^ 0x9e3779b97f4a7c15ULL;
-  z = mix64(z + static_cast<std::uint64_t>(-std::ilogb(u)) * 0xbf58476d1ce4e5b9ULL);
+  z = mix64(z + static_cast<std::uint64_t>(e) * 0xbf58476d1ce4e5b9ULL);
   z = mix64(z + static_cast<std::uint64_t>(draw + 1) * 0x94d049bb133111ebULL);
   return mix64(z + static_cast<std::uint64_t>(role + 1));
 }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -473,6 +474,21 @@ TEST(PerturbedOracle, WithoutPerturbationItIsTheOracleBitForBitEndToEndAndIsolat
         EXPECT_EQ(iso.at(k).data, o.at(k).data) << k;
       }
     }
+}
+
+// The stream's u term is u's binary exponent, negated; u = 0 (no perturbation) takes 0, the
+// exponent of 1, where ilogb(0) = FP_ILOGB0 has no negation in int (found by UBSan).
+TEST(PerturbedOracle, TheSeedOfNoPerturbationIsThatOfExponentZero) {
+  for (std::uint64_t seed : {0ULL, 7ULL, 0xdeadbeefULL})
+    for (int draw : {0, 3})
+      for (int role : {0, 1, 2}) {
+        EXPECT_EQ(perturbation_seed(seed, 0.0, draw, role),
+                  perturbation_seed(seed, 1.0, draw, role));
+        EXPECT_EQ(perturbation_seed(seed, 0x1p-8, draw, role),
+                  perturbation_seed(seed, 0x1.8p-8, draw, role));  // one exponent, one stream
+        EXPECT_NE(perturbation_seed(seed, 0.0, draw, role),
+                  perturbation_seed(seed, 0x1p-8, draw, role));
+      }
 }
 
 TEST(PerturbedOracle, PerturbsEveryStoredValueByAboutOneRoundingOfItsStorage) {
