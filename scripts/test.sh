@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test. GPU tests skip without a device.
+# Installs what is missing, builds, and runs every test. GPU tests skip without a device. Then
+# scripts/sanitize.sh builds the CPU code again with ASan and UBSan (build-sanitize/) and runs
+# its tests under them; M3_SANITIZE=0 skips that second build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -8,4 +10,9 @@ JOBS="${JOBS:-2}"
 bash scripts/setup.sh
 
 echo "test: ctest --test-dir $BUILD_DIR --output-on-failure -j$JOBS"
-exec ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$JOBS"
+if [[ "${M3_SANITIZE:-1}" != 0 ]]; then
+  JOBS="$JOBS" bash scripts/sanitize.sh
+else
+  echo "test: M3_SANITIZE=0: the sanitizer build skipped"
+fi
