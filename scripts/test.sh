@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test. GPU tests skip without a device. Then
-# scripts/sanitize.sh builds the CPU code again with ASan and UBSan (build-sanitize/) and runs
-# its tests under them; M3_SANITIZE=0 skips that second build.
+# scripts/sanitize.sh builds the CPU code again with ASan, UBSan and the asserts on
+# (build-sanitize/) and runs its tests; M3_SANITIZE=0 skips that second build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
