@@ -5,7 +5,8 @@
 # side and tree − base for each marginal-layer line), and the refusals of every command, each one
 # line and exit 2 (`run` without a pack stops before it builds anything); `run --no-build` over
 # stand-ins for the two binaries (the sides alternate base first, the bench arguments pass
-# through, the summary is that run's; AB_PACK=1 packs the run's logs into ab/logs.tar.gz).
+# through, the summary is that run's; AB_PACK=1 packs the run's logs into ab/logs.tar.gz; --ncu
+# profiles each side and dtype through ncu-layer.sh, with a stand-in ncu).
 # Usage: gpu_ab_test.sh SCRIPT
 set -euo pipefail
 script="$1"
@@ -28,7 +29,9 @@ expect_refusal() {  # expect_refusal WHAT CMD...: exit 2 and one gpu-ab.sh line 
 repo="$work/repo"
 mkdir -p "$repo/scripts" "$repo/gpu"
 cp "$script" "$repo/scripts/gpu-ab.sh"
-cp "$(dirname "$script")/pack-logs.sh" "$repo/scripts/pack-logs.sh"
+for f in pack-logs.sh ncu-layer.sh ncu-roofline.sh ncu-compare.sh ncu-csv.awk; do
+  cp "$(dirname "$script")/$f" "$repo/scripts/$f"
+done
 echo "project(x)" >"$repo/CMakeLists.txt"
 echo "first" >"$repo/gpu/k.cu"
 echo "not a build input" >"$repo/NOTES.md"
@@ -146,6 +149,30 @@ rm "$work/fail-tree"
 AB_M3H_TREE="$work/bin/missing" OUT="$runlogs" expect_refusal "--no-build without a build" \
   ab run --no-build
 
+# --ncu with a stand-in ncu (a miniature one-layer profile, tests/ncu_test_lib.sh): each side
+# and dtype through scripts/ncu-layer.sh, an earlier run's files replaced, and each side's layer
+# roofline in the output.
+(source "$(dirname "${BASH_SOURCE[0]}")/ncu_test_lib.sh" && ncu_layer_csv) >"$work/layer.csv"
+printf '#!/usr/bin/env bash\necho "$*" >>"%s"\ncat "%s"\n' "$work/ncu-calls.txt" \
+  "$work/layer.csv" >"$work/bin/ncu"
+chmod +x "$work/bin/ncu"
+echo stale >"$runlogs/ab/ncu-tree-f16-roofline.txt"
+out="$(PATH="$work/bin:$PATH" OUT="$runlogs" ab run --no-build --rounds 1 --ncu)" ||
+  fail "run --ncu: $out"
+[[ "$(grep -c ' bench --no-reference --shapes official ' "$work/ncu-calls.txt")" == 4 ]] ||
+  fail "run --ncu: not four profiles: $(cat "$work/ncu-calls.txt")"
+for side in base tree; do
+  for d in bf16 f16; do
+    grep -q "m3h-$side bench .* --dtype $d " "$work/ncu-calls.txt" ||
+      fail "run --ncu: no $side $d profile"
+    [[ "$(head -n 1 "$runlogs/ab/ncu-$side-$d-roofline.txt")" == "launches: 4-6,9-12 "* ]] ||
+      fail "run --ncu: ncu-$side-$d-roofline.txt: $(cat "$runlogs/ab/ncu-$side-$d-roofline.txt")"
+  done
+done
+[[ "$(grep -c '^kernels but the GEMMs: 5 launches' <<<"$out")" == 4 &&
+   "$(grep -c '^launches: 4-6,9-12 ' <<<"$out")" == 4 ]] ||
+  fail "run --ncu: each side's layer roofline not printed: $out"
+
 # --deadline: benches of 0.6 s, five rounds asked, 3 s given: the rounds done are whole (as many
 # base logs as tree logs), fewer than five, and the exit status says so; a bench that would take
 # 30 s is stopped at a 2 s deadline, long before its end.
@@ -181,4 +208,4 @@ expect_refusal "run --deadline soon" ab run --deadline soon
 expect_refusal "run with a stray argument" ab run --official
 expect_refusal "an unknown command" ab bench
 expect_refusal "no command" ab
-echo "gpu-ab: pack, summary, run --no-build and refusals checked"
+echo "gpu-ab: pack, summary, run --no-build (with --ncu) and refusals checked"
