@@ -4,7 +4,7 @@
 # every test of that build: an out-of-bounds access, a use after free, a leak, an undefined
 # operation (signed overflow, a bad shift or cast, a misaligned access), an index or size that
 # an assert refuses fails the test that hits it, with the report in its output. scripts/test.sh
-# runs it after the tests (M3_SANITIZE=0 skips it); two cores: ≈ 12 min of build, 13 of tests.
+# runs it after the tests (M3_SANITIZE=0 skips it); two cores: ≈ 12 min of build, 11–13 of tests.
 #   SANITIZE_BUILD_DIR  build directory (default: build-sanitize)
 #   JOBS                parallel build and test jobs (default: 2)
 set -euo pipefail
