@@ -325,6 +325,31 @@ def sass_functions(path):
     return funcs
 
 
+def destinations(op, args):
+    """The registers an instruction writes: per leading operand it writes (none, one, or a value
+    and a predicate), the registers that operand covers (several for an HGMMA, an HMMA, an LDSM
+    or a .64/.128 access; none for a written operand that is no register, RZ or PT)."""
+    n = 0
+    if not NO_DEST.match(op) and args and REGTOK.fullmatch(args[0]):
+        n = 2 if len(args) >= 3 and PRED.match(args[1]) else 1
+    dests = []
+    for k in range(n):
+        m = re.fullmatch(r"(U?[RP])(\d+)", args[k])
+        if not m:
+            dests.append([])
+            continue
+        kind, i = m.group(1), int(m.group(2))
+        width = dest_width(op) if k == 0 and kind in ("R", "UR") else 1
+        dests.append([f"{kind}{i + j}" for j in range(width)])
+    return dests
+
+
+def named(val, text):
+    """text with each register read replaced by its value's name in val (`in` and the register
+    where nothing above defined it)."""
+    return REGTOK.sub(lambda m: val.get(m.group(0), "in" + m.group(0)), text)
+
+
 def canonical(ins, keep=None):
     """The instructions as text with every register value named by its definition, so that two
     register allocations of the same values give the same text: a kept instruction's results
@@ -334,32 +359,14 @@ def canonical(ins, keep=None):
     its name. With keep, kept memory operands read `[addr]` (addresses are not compared).
     Branch targets are numbered in order of first use; other immediates stay as written."""
     val, labels, out, n = {}, {}, [], 0
-
-    def split(tok):
-        m = re.match(r"(U?[RP])(\d+)$", tok)
-        return m.group(1), int(m.group(2))
-
-    def read(text):
-        return REGTOK.sub(lambda m: val.get(m.group(0), "in" + m.group(0)), text)
-
     for guard, op, args in ins:
-        ndest = 0
-        if not NO_DEST.match(op) and args and REGTOK.fullmatch(args[0]):
-            ndest = 2 if len(args) >= 3 and PRED.match(args[1]) else 1
-        dests = []
-        for k in range(ndest):
-            if REGTOK.fullmatch(args[k]):
-                kind, i = split(args[k])
-                width = dest_width(op) if k == 0 and kind in ("R", "UR") else 1
-                dests.append([f"{kind}{i + j}" for j in range(width)])
-            else:
-                dests.append([])
-        srcs = [read(x) for x in args[ndest:]]
+        dests = destinations(op, args)
+        srcs = [named(val, x) for x in args[len(dests):]]
         if JUMP.match(op):
             srcs = [re.sub(r"\b0x[0-9a-f]+\b",
                            lambda m: "L" + str(labels.setdefault(m.group(0), len(labels))), x)
                     for x in srcs]
-        text_in = " ".join(x for x in (read(guard), op, ", ".join(srcs)) if x)
+        text_in = " ".join(x for x in (named(val, guard), op, ", ".join(srcs)) if x)
         if keep is not None and not keep(op):
             h = hashlib.sha1(text_in.encode()).hexdigest()[:10]
             for k, regs in enumerate(dests):
@@ -374,7 +381,7 @@ def canonical(ins, keep=None):
                 val[r] = f"v{n}"
                 n += 1
             shown.append(val[regs[0]] if regs else args[k])
-        out.append(" ".join(x for x in (read(guard), op, ", ".join(shown + srcs)) if x))
+        out.append(" ".join(x for x in (named(val, guard), op, ", ".join(shown + srcs)) if x))
     return out
 
 
@@ -399,24 +406,18 @@ def dataflow(ins, keep):
     use names the latest definition before it in the listing (loops are not followed)."""
     val, out = {}, []
     for guard, op, args in ins:
-        ndest = 0
-        if not NO_DEST.match(op) and args and REGTOK.fullmatch(args[0]):
-            ndest = 2 if len(args) >= 3 and PRED.match(args[1]) else 1
-        read = lambda text: REGTOK.sub(lambda m: val.get(m.group(0), "in" + m.group(0)), text)
-        srcs = [read(x) for x in args[ndest:]]
+        dests = destinations(op, args)
+        srcs = [named(val, x) for x in args[len(dests):]]
         if JUMP.match(op):
             srcs = ["target"] * len(srcs)
         srcs = commuted(op, srcs)
-        text = " ".join(x for x in (read(guard), op, ", ".join(srcs)) if x)
+        text = " ".join(x for x in (named(val, guard), op, ", ".join(srcs)) if x)
         h = hashlib.sha1(text.encode()).hexdigest()[:12]
-        for k in range(ndest):
-            if REGTOK.fullmatch(args[k]):
-                kind, i = re.match(r"(U?[RP])(\d+)$", args[k]).groups()
-                width = dest_width(op) if k == 0 and kind in ("R", "UR") else 1
-                for j in range(width):
-                    val[f"{kind}{int(i) + j}"] = f"{h}.{k}.{j}"
+        for k, regs in enumerate(dests):
+            for j, r in enumerate(regs):
+                val[r] = f"{h}.{k}.{j}"
         if keep(op):
-            out.append(f"{text} -> {h}" if ndest else text)
+            out.append(f"{text} -> {h}" if dests else text)
     return sorted(out)
 
 
