@@ -154,18 +154,23 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
         (slot == "wa" && u == "%")) return 1
     return -1
   }
-  function range(lo, hi, fmt) {  # one value, or lo-hi where the launches differ
-    return lo == hi ? sprintf(fmt, lo) : sprintf(fmt "-" fmt, lo, hi)
+  function span(k, what, v) {  # the least and largest v over the launches of kernel k
+    if (!((k, what) in LO) || v < LO[k, what]) LO[k, what] = v
+    if (!((k, what) in HI) || v > HI[k, what]) HI[k, what] = v
   }
-  BEGIN {  # --launches as ranges [lo[j], hi[j]], parsed once
+  function range(k, what, fmt) {  # one value, or lo-hi where the launches differ
+    return LO[k, what] == HI[k, what] ? sprintf(fmt, LO[k, what]) \
+                                      : sprintf(fmt "-" fmt, LO[k, what], HI[k, what])
+  }
+  BEGIN {
+    # The budget metrics: the list of --metrics after the five required ones, in this order;
+    # the four block limits and their names in the limit column.
     nbs = split("bs rg ss sd lr ls lw lb wa", bslots, " ")
-    nbn = split("launch__block_size launch__registers_per_thread " \
-                "launch__shared_mem_per_block_static launch__shared_mem_per_block_dynamic " \
-                "launch__occupancy_limit_registers launch__occupancy_limit_shared_mem " \
-                "launch__occupancy_limit_warps launch__occupancy_limit_blocks " \
-                "sm__warps_active.avg.pct_of_peak_sustained_active", bnames, " ")
-    for (q = 1; q <= nbs; q++) budget_slot[bnames[q]] = bslots[q]
-    nsel = split(launches, sel, ",")
+    split(metric_names, all_names, " ")
+    for (q = 1; q <= nbs; q++) { bnames[q] = all_names[5 + q]; budget_slot[bnames[q]] = bslots[q] }
+    split("lr ls lw lb", lslots, " ")
+    split("regs smem warps blocks", lnames, " ")
+    nsel = split(launches, sel, ",")  # --launches as ranges [lo[j], hi[j]], parsed once
     for (j = 1; j <= nsel; j++) {
       if (split(sel[j], rg, "-") == 1) rg[2] = rg[1]
       lo[j] = rg[1] + 0; hi[j] = rg[2] + 0
@@ -220,32 +225,19 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
       }
       if (nb) {
         budgets++
-        smem = (val[id, "ss"] + val[id, "sd"]) / 1024
-        blk = val[id, "lr"]; lim = "regs"
-        if (val[id, "ls"] < blk) { blk = val[id, "ls"]; lim = "smem" }
-        else if (val[id, "ls"] == blk) lim = lim "=smem"
-        if (val[id, "lw"] < blk) { blk = val[id, "lw"]; lim = "warps" }
-        else if (val[id, "lw"] == blk) lim = lim "=warps"
-        if (val[id, "lb"] < blk) { blk = val[id, "lb"]; lim = "blocks" }
-        else if (val[id, "lb"] == blk) lim = lim "=blocks"
-        warps = blk * val[id, "bs"] / 32
-        if (!(k in bcnt)) {
-          thlo[k] = thhi[k] = val[id, "bs"]; rglo[k] = rghi[k] = val[id, "rg"]
-          smlo[k] = smhi[k] = smem; bklo[k] = bkhi[k] = blk; wplo[k] = wphi[k] = warps
-          blim[k] = lim
+        for (q = 1; q <= 4; q++) {  # blocks per SM: the least limit, ties named together
+          v = val[id, lslots[q]]
+          if (q == 1 || v < blk) { blk = v; lim = lnames[q] }
+          else if (v == blk) lim = lim "=" lnames[q]
         }
+        span(k, "threads", val[id, "bs"])
+        span(k, "regs", val[id, "rg"])
+        span(k, "smem", (val[id, "ss"] + val[id, "sd"]) / 1024)
+        span(k, "blocks", blk)
+        span(k, "warps", blk * val[id, "bs"] / 32)
+        if (!(k in bcnt)) blim[k] = lim
+        else if (index("/" blim[k] "/", "/" lim "/") == 0) blim[k] = blim[k] "/" lim
         bcnt[k]++
-        if (val[id, "bs"] < thlo[k]) thlo[k] = val[id, "bs"]
-        if (val[id, "bs"] > thhi[k]) thhi[k] = val[id, "bs"]
-        if (val[id, "rg"] < rglo[k]) rglo[k] = val[id, "rg"]
-        if (val[id, "rg"] > rghi[k]) rghi[k] = val[id, "rg"]
-        if (smem < smlo[k]) smlo[k] = smem
-        if (smem > smhi[k]) smhi[k] = smem
-        if (blk < bklo[k]) bklo[k] = blk
-        if (blk > bkhi[k]) bkhi[k] = blk
-        if (warps < wplo[k]) wplo[k] = warps
-        if (warps > wphi[k]) wphi[k] = warps
-        if (index("/" blim[k] "/", "/" lim "/") == 0) blim[k] = blim[k] "/" lim
         WA[k] += val[id, "wa"] * val[id, "t"]; WT[k] += val[id, "t"]
       }
       if (!(k in cnt)) order[++nk] = k
@@ -295,10 +287,9 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
            "blk/SM", "limit", "warps", "achieved", "kernel"
     for (a = 1; a <= nk; a++) {
       k = order[a]
-      printf "%5d %9s %9s %13s %7s %-14s %9s %7.1f%%  %s\n", bcnt[k],
-             range(thlo[k], thhi[k], "%d"), range(rglo[k], rghi[k], "%d"),
-             range(smlo[k], smhi[k], "%.1f"), range(bklo[k], bkhi[k], "%d"), blim[k],
-             range(wplo[k], wphi[k], "%d"), (WT[k] > 0 ? WA[k] / WT[k] : 0), k
+      printf "%5d %9s %9s %13s %7s %-14s %9s %7.1f%%  %s\n", bcnt[k], range(k, "threads", "%d"),
+             range(k, "regs", "%d"), range(k, "smem", "%.1f"), range(k, "blocks", "%d"),
+             blim[k], range(k, "warps", "%d"), (WT[k] > 0 ? WA[k] / WT[k] : 0), k
     }
   }
 ' "$csv" || exit 2
