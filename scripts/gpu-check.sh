@@ -98,12 +98,12 @@ fi
 
 # GPU_CHECK_ONLY="name name ...": run only those steps (configure and build always run), e.g. to
 # split the check over two calls of a time-limited device session. digests-record comes with
-# determinism.
+# determinism. The opt-in steps (sass-forms, roofline) run only when named there.
+named() { [[ " ${GPU_CHECK_ONLY:-} " == *" $1 "* ]]; }
 wanted() {
   local name="$1"
   [[ "$name" == digests-record ]] && name=determinism
-  [[ -z "${GPU_CHECK_ONLY:-}" || "$name" == configure || "$name" == build ||
-    " ${GPU_CHECK_ONLY} " == *" $name "* ]]
+  [[ -z "${GPU_CHECK_ONLY:-}" || "$name" == configure || "$name" == build ]] || named "$name"
 }
 
 # sass-forms: fp-forms.py sass over each object of the CUDA library that holds functions.
@@ -287,10 +287,8 @@ if ((failed == 0)); then
   fi
   timing_group
   [[ -n "${GPU_CHECK_PARALLEL:-}" ]] || sweep_lane
-  if [[ -x "$m3h" && " ${GPU_CHECK_ONLY:-} " == *" sass-forms "* ]]; then step sass-forms sass_forms; fi
-  if [[ -x "$m3h" && " ${GPU_CHECK_ONLY:-} " == *" roofline "* ]]; then
-    step roofline roofline_layers
-  fi
+  if [[ -x "$m3h" ]] && named sass-forms; then step sass-forms sass_forms; fi
+  if [[ -x "$m3h" ]] && named roofline; then step roofline roofline_layers; fi
 fi
 
 echo "=== summary (logs in $LOGS/)"
