@@ -107,13 +107,12 @@ wanted() {
 }
 
 # sass-forms: fp-forms.py sass over each object of the CUDA library that holds functions.
-# The disassembler: $M3_CUOBJDUMP, cuobjdump on the PATH (the GPU machine), or the one
-# scripts/fetch-sass-tools.sh put in .sass-tools/bin (a machine without it, where
+# The disassembler: scripts/find-cuobjdump.sh's ($M3_CUOBJDUMP, cuobjdump on the PATH on the GPU
+# machine, or .sass-tools/bin's from scripts/fetch-sass-tools.sh on a machine without it, where
 # GPU_CHECK_ONLY=sass-forms configures, builds and reads the objects).
 sass_forms() {
-  local o tmp="$LOGS/sass-forms.tmp" dis="${M3_CUOBJDUMP:-$(command -v cuobjdump || true)}"
-  [[ -n "$dis" ]] || dis=.sass-tools/bin/cuobjdump
-  [[ -x "$dis" ]] || { echo "sass-forms: no cuobjdump (bash scripts/fetch-sass-tools.sh)"; return 1; }
+  local o tmp="$LOGS/sass-forms.tmp" dis
+  dis="$(bash scripts/find-cuobjdump.sh)" || return 1
   while IFS= read -r o; do
     "$dis" -sass "$o" >"$tmp" || { rm -f "$tmp"; return 1; }
     grep -q "Function :" "$tmp" || continue

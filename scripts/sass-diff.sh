@@ -18,9 +18,9 @@
 # `cmake -S . -B build-gpu -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a`, no build needed), with
 # its -c/-o replaced by -cubin for sm_90a and the source root by one scratch directory that
 # holds the tree's files, then BASE's (nvcc's code depends on the source's path).
-# The disassembler: $M3_CUOBJDUMP, else .sass-tools/bin/cuobjdump (scripts/fetch-sass-tools.sh),
-# else cuobjdump on the PATH. The SASS is this machine's ptxas's; it is the device's where both
-# have the same CUDA release.
+# The disassembler: scripts/find-cuobjdump.sh's ($M3_CUOBJDUMP, else cuobjdump on the PATH, else
+# .sass-tools/bin/cuobjdump from scripts/fetch-sass-tools.sh). The SASS is this machine's
+# ptxas's; it is the device's where both have the same CUDA release.
 # Writes under --out (default sass-diff/): per source NAME.base.sass, NAME.tree.sass and
 # NAME.diff (the per-function verdicts; a source of host code only reads "no kernel on either
 # side"), and summary.txt (one line per source); an existing
@@ -56,13 +56,7 @@ cd "$root"
 git rev-parse -q --verify "$base^{commit}" >/dev/null || die "$base is not a revision of this repository"
 db="$build/compile_commands.json"
 [[ -f "$db" ]] || die "no $db (configure a CUDA build: cmake -S . -B build-gpu -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)"
-cuobjdump="${M3_CUOBJDUMP:-}"
-if [[ -z "$cuobjdump" ]]; then
-  if [[ -x .sass-tools/bin/cuobjdump ]]; then cuobjdump="$root/.sass-tools/bin/cuobjdump"
-  else cuobjdump="$(command -v cuobjdump || true)"; fi
-fi
-[[ -n "$cuobjdump" && -x "$cuobjdump" ]] ||
-  die "no cuobjdump (bash scripts/fetch-sass-tools.sh, or M3_CUOBJDUMP=PATH)"
+cuobjdump="$(bash scripts/find-cuobjdump.sh 2>&1)" || die "${cuobjdump#find-cuobjdump.sh: }"
 if [[ -e "$out" && $force -eq 0 ]]; then die "$out exists (--force replaces it)"; fi
 
 # The default sources: changed gpu/ files, closed over #include "name" by file name.

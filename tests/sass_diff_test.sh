@@ -8,7 +8,8 @@
 # (the stand-in's code, like nvcc's, depends on it), a register renaming is `same` (exit 0), a
 # product fused the other way `DIFFERS` (exit 1), a source of host code only reads "no kernel on
 # either side", and bad use (no compile database, an existing --out, a bad revision, a failed
-# compile) is one line and exit 2.
+# compile, no disassembler) is one line and exit 2; find-cuobjdump.sh's order ($M3_CUOBJDUMP,
+# the PATH, .sass-tools).
 # Usage: sass_diff_test.sh SCRIPTS_DIR
 set -euo pipefail
 scripts="$1"
@@ -18,7 +19,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 repo="$work/repo"
 mkdir -p "$repo/scripts" "$repo/gpu" "$work/build" "$work/bin"
-cp "$scripts/sass-diff.sh" "$scripts/fp-forms.py" "$repo/scripts/"
+cp "$scripts/sass-diff.sh" "$scripts/fp-forms.py" "$scripts/find-cuobjdump.sh" "$repo/scripts/"
 
 cat >"$work/bin/nvcc" <<'EOF'
 #!/usr/bin/env bash
@@ -134,4 +135,27 @@ out="$(bash "$repo/scripts/sass-diff.sh" --build "$work/build" --out "$work/o6" 
 [[ $rc == 2 && "$(tail -n 1 <<<"$out")" == "sass-diff.sh: a compile failed (its log above)" ]] ||
   fail "a failed compile: exit $rc: $out"
 [[ ! -e "$work/o6" ]] || fail "a failed compile wrote $work/o6"
+
+# The disassembler (find-cuobjdump.sh): $M3_CUOBJDUMP, else the PATH's, else .sass-tools/bin's
+# of the repository; one that is not executable is one line and exit 2, with no fallback.
+find="$repo/scripts/find-cuobjdump.sh"
+mkdir -p "$work/pathbin" "$repo/.sass-tools/bin"
+printf '#!/bin/sh\n' >"$work/pathbin/cuobjdump"
+printf '#!/bin/sh\n' >"$repo/.sass-tools/bin/cuobjdump"
+chmod +x "$work/pathbin/cuobjdump" "$repo/.sass-tools/bin/cuobjdump"
+[[ "$(bash "$find")" == "$M3_CUOBJDUMP" ]] || fail "find-cuobjdump: \$M3_CUOBJDUMP not first"
+[[ "$(M3_CUOBJDUMP= PATH="$work/pathbin:/usr/bin:/bin" bash "$find")" == \
+   "$work/pathbin/cuobjdump" ]] || fail "find-cuobjdump: the PATH's not before .sass-tools"
+if ! PATH=/usr/bin:/bin command -v cuobjdump >/dev/null; then
+  [[ "$(M3_CUOBJDUMP= PATH=/usr/bin:/bin bash "$find")" == "$repo/.sass-tools/bin/cuobjdump" ]] ||
+    fail "find-cuobjdump: .sass-tools not the last resort"
+fi
+out="$(M3_CUOBJDUMP="$work/none" bash "$find" 2>&1)" &&
+  fail "find-cuobjdump: a missing one accepted"
+[[ "$(grep -c . <<<"$out")" == 1 && "$out" == "find-cuobjdump.sh: no cuobjdump at $work/none"* ]] ||
+  fail "find-cuobjdump: $out"
+out="$(M3_CUOBJDUMP="$work/none" bash "$repo/scripts/sass-diff.sh" --build "$work/build" \
+  --out "$work/o7" HEAD 2>&1)" && fail "sass-diff without a disassembler: exit 0"
+[[ "$out" == "sass-diff.sh: no cuobjdump at $work/none"* ]] || fail "sass-diff's refusal: $out"
+
 echo "sass_diff_test: all checks passed"
