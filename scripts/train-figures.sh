@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The training figures of TRAINING.md on the GPU machine, in one go (each run's console and
-# metrics under ${OUT:-gpu-logs}/train/, packed into train.tar.gz):
+# The training figures of docs/TRAINING-FIGURES.md on the GPU machine, in one go (each run's
+# console and metrics under ${OUT:-gpu-logs}/train/, packed into train.tar.gz):
 #   throughput   m3h train at the official shape (d_model 1024, headdim 64, d_state 128,
 #                expand 2, B 8, T 4096, bf16, chunked, 1, 2 and 4 layers) on text, with
 #                --step-times (the step's forward, backward, optimizer and the rest on the
