@@ -193,8 +193,8 @@ class GpuBackbone {
   // cluster partials). The head sums, the bias gradients and dScale/dGamma then add in another
   // fixed order (clusters of heads; chunks of rows; the fragment layout's row sums): the results
   // are the standalone tail's within rounding (test ClusterTailAgreesWithTheSeparateTail). Off
-  // by default because it is slower today (docs/PERF.md v25: 6.83 against 6.45 ms per marginal
-  // layer, bf16); off: the standalone tail kernel.
+  // by default because it is the slower of the two per marginal layer (bf16;
+  // docs/log/PERF-history.md); off: the standalone tail kernel.
   // Changing it re-lays out the buffers and the scratch.
   void set_cluster_tail(bool on);
   // Whether the chunked B6 runs its tail inside B3 in this run (set_cluster_tail on, and the

@@ -137,8 +137,8 @@ class DeviceArray {
 
 // a·b − c·d with its one contraction written out: c·d rounded, a·b fused into the subtraction.
 // Left to the compiler, nvcc leaves mul, mul, sub and ptxas fuses one of the two products, not
-// the same one in every instantiation (BCNorm's v19: f32 one, f16 the other; docs/PERF.md
-// "Stop 52", "Stop 53"), so kernels that tests compare bit for bit spell it through here.
+// the same one in every instantiation (in BCNorm's kernel f32 fuses one, f16 the other: SASS),
+// so kernels that tests compare bit for bit spell it through here.
 __device__ __forceinline__ float fma_diff(float a, float b, float c, float d) {
   return __fmaf_rn(a, b, -__fmul_rn(c, d));
 }

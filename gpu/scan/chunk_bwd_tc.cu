@@ -507,8 +507,8 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
   // per store instruction instead of every other word.
   // kTail: dq stays in registers for the tail, and is stored only for a capture (p.dQ_mid set).
   // Each thread stores to two rows, t = wm·16 + g4 + 8·hh (row_of): their addresses are formed
-  // once, null where nothing is stored. Formed per pair, in 64 bits, they had cost ≈ 30
-  // instructions per stored pair (ncu source, v42: 602 → 524 M warp instructions, bf16).
+  // once, null where nothing is stored. Formed per pair, in 64 bits, they cost ≈ 30
+  // instructions per stored pair (ncu source).
   const bool pairs_f = ds % 2 == 0 && is_aligned(p.dQ_mid, 8) && is_aligned(p.dK_mid, 8);
   const bool store_mid = !kTail || p.dQ_mid != nullptr, store_k = !kTail || p.dK_mid != nullptr;
   static_assert(decltype(dq)::FM == 1 && decltype(dq)::WM == kTR / 16, "one row tile per warp");
@@ -639,9 +639,10 @@ chunk_bwd_tc_kernel(ChunkGeom g, SsmChunkBwd<T> p, const float* dS_all, ClusterT
       tcf::unscale<T>(sdS, u0, u1);
       const float2 kv = tcf::get_typed_pair<T>(Kp, atD(s, n));
       m[hh] += tcf::dot2(u0, u1, kv.x, kv.y);
-      // v += e_s·u, rounded as nvcc had chosen in every instantiation (stop 52's PTX). f16 runs
-      // unscale v (·down, exact) by MP's scale first; nvcc fused that into v0's sum and e_s·u1
-      // into v1's, and both forms are kept as they were. bf16 runs: one fma each.
+      // v += e_s·u, rounded in the form nvcc chooses for the plain expression in every
+      // instantiation (PTX), spelled out so that no instantiation differs. f16 runs unscale v
+      // (·down, exact) by MP's scale first; nvcc fuses that into v0's sum and e_s·u1 into v1's,
+      // and both forms are pinned. bf16 runs: one fma each.
       if constexpr (kH) {
         v0 = __fmaf_rn(v0, sMP.down, __fmul_rn(es[hh], u0));
         v1 = __fmaf_rn(u1, es[hh], __fmul_rn(v1, sMP.down));

@@ -116,7 +116,7 @@ chunk_scan_tc_kernel(ChunkGeom g, SsmChunkFwd<T> p) {
     // f16 runs with float4 state rows (kSEarly): S's values requested first, before Q's and
     // Ks's copies, and split once the tile's max is known (chunk_bwd_tc.cu's step 0, the same
     // bits as load_state's). Not bf16 runs, whose load_state splits each batch as it lands:
-    // requested early they made K5 +22 µs per launch (docs/PERF.md "Stop 51").
+    // requested early, they make K5 ≈ 22 µs slower per launch (docs/log/PERF-history.md).
     using StateRegs = tcf::StateInFlight<HP, DP, Lay>;
     constexpr bool kSEarly = kH && StateRegs::kIt <= tcf::kBatch;
     const float* S = p.chunk_states_saved + g.state_base(b, c, h);

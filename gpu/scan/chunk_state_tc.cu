@@ -81,9 +81,9 @@ constexpr int kNT = tcf::kTileThreads, kNW = kNT / 32;
 constexpr int dq_of(int hp, int dp) { return hp == 32 && dp == 32 ? 64 : dp; }  // see the header
 template <int HP, int DP>
 constexpr bool kWgmmaS = wg::kBuild && HP == 64 && (dq_of(HP, DP) == 64 || dq_of(HP, DP) == 128);
-// The launchers' choice: bf16 runs only. f16's walks on wgmma measured +6 µs (forward) and
-// +18 µs (backward) per launch against mma.sync at the official shape, bf16's −6 and −2
-// (docs/PERF.md "Stop 49"), so f16 runs keep mma.sync here (its wgmma kernels are not built).
+// The launchers' choice: bf16 runs only. At the official shape f16's walks on wgmma are slower
+// than on mma.sync (+6 µs forward, +18 µs backward per launch), bf16's faster (−6, −2;
+// docs/log/PERF-history.md), so f16 runs keep mma.sync here (its wgmma kernels are not built).
 template <class T, int HP, int DP>
 constexpr bool kTakeWgmmaS = kWgmmaS<HP, DP> && !tcf::kF16Plane<T>;
 

@@ -363,14 +363,14 @@ dd_reduce_kernel(Idx B, Idx nh, const float* dD_partials, float* d_d_param) {
 // kRecompute the loads of the next (r, h) are issued before the arithmetic of this one (two
 // sets of inputs in registers). kRecompute: what every (r, h) of a warp shares comes once, by
 // cp.async into the warp's shared memory: its rows' b/c_normed once per group (every head of a
-// group reads the same rows) and their scale, dQK, γ once per 32 heads (v28: −4 % at the
-// official shape, where the item's first arithmetic had waited on three scalar loads); each
-// item's own θ, dK_mid and dQ_mid come through a per-warp ring of cp.async stages, kTailRing − 1
-// items ahead (v29: 668 → 539 µs bf16).
-// The head sums live in registers, so no consumer warp, row buffer or per-row barrier is left
-// and the shared memory no longer grows with nh. Measured (docs/PERF.md v20): 128 registers,
-// 16 warps per SM, 692 µs at the official shape, latency-bound (46 % issue); fewer registers
-// for more warps spill. Per (r, h), with the lane's values in 8-byte (f32) / 4-byte (T) accesses
+// group reads the same rows) and their scale, dQK, γ once per 32 heads (loaded per item, they
+// hold its first arithmetic on three scalar loads: 4 % at the official shape); each item's own
+// θ, dK_mid and dQ_mid come through a per-warp ring of cp.async stages, kTailRing − 1 items
+// ahead.
+// The head sums live in registers, so there is no consumer warp, row buffer or per-row barrier,
+// and the shared memory does not grow with nh. At 128 registers, 16 warps per SM, the kernel
+// is latency-bound at the official shape; fewer registers for more warps spill.
+// Per (r, h), with the lane's values in 8-byte (f32) / 4-byte (T) accesses
 // when kVec (ds even, aligned rows), else element by element; kFull: ds = 128, every lane's
 // pairs inside the row (no bounds tests), and na = 32 (pair lane rotated, lane + 32 not, known
 // when compiling: chunk_tail.cuh pair_rotated):
@@ -464,9 +464,9 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   }
   // kRecompute: item j = h·nr + ρ's θ, dK_mid, dQ_mid go into ring stage j mod kTailRing by
   // cp.async, kTailRing − 1 items ahead of their arithmetic, one cp.async group per item
-  // (empty past the last). A register prefetch one item ahead did not hide their latency (v28:
-  // 36 % long-scoreboard samples, on the first use of a value whose scoreboard the compiler had
-  // shared with the next item's loads); the copies are tracked by their groups, not by
+  // (empty past the last). A register prefetch one item ahead does not hide their latency (ncu:
+  // long-scoreboard stalls on the first use of a value whose scoreboard the compiler shares
+  // with the next item's loads); the copies are tracked by their groups, not by
   // registers. Each lane reads back only its own slots: no barrier between lanes.
   const unsigned items = nr * nh;
   auto issue = [&](unsigned j) {
@@ -506,7 +506,7 @@ qk_rope_bwd_kernel(TailGeom tg, TailArgs<T> a, float* part_b, float* part_c) {
   // (ss[ρ][k][l] = scale, dQK, γ (k = 0, 1, 2) of (rw + ρ, h32 + l)) and the rows' b/c_normed of
   // the current group in xs, copied by cp.async once per 32 heads / per group instead of loaded
   // once per (r, h): every head of a group reads the same b/c_normed rows, and the item's
-  // first arithmetic waited on its 3 scalar loads (ncu, v28). The same values: the same bits.
+  // first arithmetic would wait on its 3 scalar loads (ncu). The same values: the same bits.
   unsigned g = 0, in_group = 0;
   for (unsigned h = 0; h < nh; ++h) {
     float pb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pc[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -536,7 +536,7 @@ inline dim3 grid3(Idx x, Idx y, Idx z) {
 }
 
 // The official RoPE layout, ds = 128 and na = 32, which the prep's and the tail's kFull compile
-// in: a lane's rotated and unrotated pairs are known from its index (docs/PERF.md v31).
+// in: a lane's rotated and unrotated pairs are known from its index.
 inline bool rope_layout_full(const Dims& d) { return d.ds == 128 && d.na == 32; }
 
 }  // namespace

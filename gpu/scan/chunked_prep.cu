@@ -40,11 +40,11 @@ prep_kernel(PrepGeom pg, PrepArgs<T> a) {
   // kFull (kRope, kVec, the official ds = 128 and na = 32): every value inside the row, the pairs
   // of k = 0 rotated and those of k = 1 not, known when compiling (no bounds or rotation tests;
   // the same arithmetic per value), at ≤ 40 registers: six blocks per SM instead of five (48).
-  // Measured (docs/PERF.md v31, ncu, official): bf16 348.7 → 311.9 µs (39 registers as it came);
-  // f16 350.0 → 367.9 at 43 registers (five blocks), → 334.2 held to six blocks.
+  // bf16 fits in 39 registers unbounded; f16 takes 43 (five blocks, slower than the generic
+  // kernel), so the launch bounds hold kFull to six blocks (ncu, official shape).
   // kFull: ds and na as the constants they are (rope_layout_full), so that the row offsets are
   // shifts, not products with values reloaded from the parameter bank (at ≤ 40 registers ptxas
-  // reloaded pg.ds for every use: ncu's source page, docs/PERF.md "After v37").
+  // reloads a run-time pg.ds for every use: ncu's source page).
   using S = Seg<kPrepLanes>;
   const unsigned items = pg.rows * pg.nh, ds = kFull ? 128u : pg.ds, na = kFull ? 32u : pg.na,
                  lane = S::lane();

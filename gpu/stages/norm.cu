@@ -303,10 +303,10 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         float wv[kV], o[kV];
         load_group<kVec>(w + i, dim - i, wv);
         // w·g − x̂·c is left to ptxas, which fuses one product and rounds the other, and not
-        // the same one in every instantiation (stop 52, from the SASS): x̂·c fused with kVec
-        // and kAdd (the training path), w·g with one of them, and per element with neither. A
-        // pinned form therefore moves some instantiation's bits; that is for a change that
-        // says so and reruns the compares (docs/PERF.md "Stop 52").
+        // the same one in every instantiation (from the SASS): x̂·c fused with kVec and kAdd
+        // (the training path), w·g with one of them, and per element with neither. A pinned
+        // form therefore moves some instantiation's bits; that is for a change that says so
+        // and reruns the compares.
 #pragma unroll
         for (int j = 0; j < kV; ++j) o[j] = (wv[j] * gx[k][j] - (x[k][j] / rr) * c) / rr;
         if (dxr) store_group<kVec>(dxr + i, dim - i, o);

@@ -7,8 +7,8 @@
 //   f.load(r, c) → F::Term: the values element (r, c) is made of, loaded (no arithmetic);
 //   f.add_to(acc, t) is acc + f(r, c) from them, with its rounding written out: a term that is
 //   a product a·b adds as one fma(a, b, acc) (__fmaf_rn), never as a rounded product and an
-//   add, so the bits do not depend on whether nvcc contracts the loop's code (it had contracted
-//   every such term; a reshaped loop contracted only some of f16's: PERF.md v26).
+//   add, so the bits do not depend on whether nvcc contracts the loop's code (which terms it
+//   contracts depends on the loop's shape: all of them, or only some of f16's).
 //   stage 1: rows are cut into fixed chunks of kColsumChunk rows; block (chunk, column tile)
 //            has 32 × kColsumLanes threads; lane row ty sums rows chunk·kColsumChunk + ty,
 //            + kColsumLanes, … in ascending order, then thread ty = 0 adds the kColsumLanes
@@ -25,7 +25,7 @@
 //   one sum of a [rows, 2·cols] matrix, fa's columns then fb's (SideBySide), whose column c < cols
 //   goes to out_a[c] and cols + c to out_b[c] (ColsumOut). Every column's sum is the same chain
 //   as colsum_rows' of that functor alone, so the bits are too; what it saves is a launch of
-//   each stage (the two sums of a pair are too small to fill the machine: PERF.md v33).
+//   each stage (the two sums of a pair are too small to fill the machine).
 //
 // Row kernels ("segments"): a warp is split into 32/L segments of L lanes (L a power of two);
 // a segment owns one row of `dim` elements, lane l handles l, l + L, …; Σ over the row is the

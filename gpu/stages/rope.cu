@@ -91,12 +91,11 @@ constexpr double kTwoPiD = ref::kTwoPi;
 constexpr float kPiF = static_cast<float>(ref::kPi);
 // F5 / B5a blocks: kAngleJ consecutive j = h·na + a (a warp's lanes) × kAngleSegs segments (one
 // per warp) of kAngleSteps steps. A warp's row accesses are 128-byte lines: with 8 j per block
-// and 4 segments per warp (v12) each was 4 sectors in 4 lines, and the kernels were bound by
-// L2 requests (ncu: L2 81 %, DRAM 21 %). The walk is a serial chain per thread (T / 16 steps),
-// so the blocks are 16 warps wide and two fit an SM (≤ 64 registers): 32 warps per SM at
-// B·nh·na / 32 blocks. Measured (docs/PERF.md v14): B5a's reverse scan 113 → 67 µs; F5 only
-// 122 → 114 µs with 8 warps of 16 steps (ncu: 23 % occupancy, L2 34 %, DRAM 21 %), and no
-// better with 16 warps of 8 (profile 0.113 → 0.114 ms): what bounds its walk is still open.
+// and 4 segments per warp each access would be 4 sectors in 4 lines, and the kernels bound by
+// L2 requests (ncu). The walk is a serial chain per thread (T / 16 steps), so the blocks are
+// 16 warps wide and two fit an SM (≤ 64 registers): 32 warps per SM at B·nh·na / 32 blocks.
+// F5's walk is no faster with 16 warps of 8 steps than with 8 of 16; what bounds it is still
+// open (docs/log/PERF-history.md).
 constexpr int kAngleThreads = 512;
 constexpr int kAngleJ = 32;                               // 32 floats = one 128-byte line
 constexpr int kAngleSegs = kAngleThreads / 32;            // 16 segments per tile
@@ -155,14 +154,14 @@ __device__ __forceinline__ S segment_sum(const S (&v)[kAngleSteps]) {
 // kNa, kNh > 0: na and nh known when compiling (the official 32 and 32, angle_forward_full), so
 // that the row strides are immediates: a tile's 16 loads and 8 stores take their offsets from
 // one base address each, where the generic instantiation forms 64-bit addresses from strides
-// held opaque (so that they are not hoisted into registers per step). Until v37 the kernel
-// spilled 24 B at its 64 registers, one spill store waiting for a load of the next tile (ncu,
-// PERF.md "After v37"); with the increments held as floats below, ptxas reports no spill for
-// the generic instantiation and 8 B for <32, 32> (74 registers unbounded, against 80).
+// held opaque (so that they are not hoisted into registers per step). A spill at the kernel's
+// 64 registers leaves a spill store waiting on a load of the next tile (ncu); with the
+// increments held as floats below, ptxas reports no spill for the generic instantiation and
+// 8 B for <32, 32> (74 registers unbounded, against 80).
 // With the widths known, the tiles that lie wholly before T (all but the last, if T is no
 // multiple of 128) also go without the per-step predicates `k < steps` on their increments,
-// their walk and, where the next tile is whole too, its loads (v38's samples: 25 ISETP and 8
-// FSEL of a tile's 83-instruction load run); <32, 32> then has no spill either.
+// their walk and, where the next tile is whole too, its loads (with them, 25 ISETP and 8 FSEL
+// of a tile's 83-instruction load run, in the SASS samples); <32, 32> then has no spill either.
 // The same expressions in the same order: the same bits (GpuAnglesFull.ForwardGivesTheBits…).
 template <int kNa, int kNh>
 __global__ void __launch_bounds__(kAngleThreads, 2)

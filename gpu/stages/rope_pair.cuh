@@ -22,7 +22,7 @@ __device__ __forceinline__ void rope_rotate(float sn, float cs, float x0, float 
 
 // The backward's two products per value are one fma and one rounded product, written out so
 // that the RoPE kernels and every tail variant that inlines them round alike (the forms ptxas
-// had chosen for the plain expressions, read from rope_backward_kernel's SASS at stop 52).
+// chooses for the plain expressions, as rope_backward_kernel's SASS shows).
 __device__ __forceinline__ void rope_rotate_t(float sn, float cs, float g0, float g1, float& o0,
                                               float& o1) {
   o0 = __fmaf_rn(cs, g0, __fmul_rn(sn, g1));

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) abg_backward_kernel(Idx n, AbgBwd p)
     for (int k = 0; k < V; ++k) {
       o_adt[k] = da[k] * al[k] + db[k] * be[k];
       // The two gradients that share d_β·α with their roundings written out, in the forms
-      // nvcc and ptxas chose before (SASS of V = 1 and V = 4, docs/PERF.md "Stop 53"; nvcc
+      // nvcc and ptxas choose for the plain expressions (SASS of V = 1 and V = 4; nvcc
       // leaves o_trap's sum to ptxas): d_β·α rounded once; o_dt fuses it with (1 − λ) and adds
       // the rounded d_γ·λ; o_trap is fma_diff's d_γ·dt − (d_β·α)·dt.
       const float dba = __fmul_rn(db[k], al[k]);

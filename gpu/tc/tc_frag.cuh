@@ -231,9 +231,9 @@ struct Frag {
 
   // C += A·B over k < K. kUnroll: k-steps per loop body; 0 (auto) is two where the
   // accumulators are few (≤ 16 per thread), so that ptxas can issue one step's fragment loads
-  // under the other's mma, else one (larger products, unrolled, spill at hd 128). ncu, v28:
-  // the bf16 forward walk 358 → 338 µs (its 12 B of spill gone), K5 −1 % (bf16) / −4 % (f16),
-  // chunk_bwd_tc unchanged; the f16 walks +2–5 %, so they ask for one (chunk_state_tc.cu).
+  // under the other's mma, else one (larger products, unrolled, spill at hd 128). With two,
+  // the bf16 forward walk has no spill and is faster, and so is K5 (ncu); the f16 walks are
+  // 2–5 % slower, so they ask for one (chunk_state_tc.cu).
   template <int K, int kUnroll = 0, class OA, class OB>
   __device__ __forceinline__ void add(OA A, OB B) {
     static_assert(K % 16 == 0, "K is a multiple of 16");

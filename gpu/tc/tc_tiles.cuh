@@ -48,9 +48,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
 // This thread's slots of a tile of rows of kW slots each: slot e = tid + k·kTileThreads is at
 // row e / kW = r0 + k·kRowStep and column e % kW = col, the same column for every k (kW divides
 // kTileThreads: the widths here are powers of two ≤ 64). Taken once per loader, each slot's row
-// is then r0 plus a constant; from the signed e of every slot, nvcc derived row, column, bounds
-// and a sign-extended 64-bit address anew per slot (ncu, v29: a quarter of chunk_bwd_tc's
-// instructions were such straight-line address blocks).
+// is then r0 plus a constant; from the signed e of every slot, nvcc derives row, column, bounds
+// and a sign-extended 64-bit address anew per slot (ncu: such straight-line address blocks make
+// a quarter of chunk_bwd_tc's instructions).
 template <int kW>
 struct Slots {
   static_assert(kW > 0 && kTileThreads % kW == 0, "a row's slots divide the block");
@@ -105,8 +105,8 @@ struct Pack {
 // dst[i] of their 16-bit values, zeros elsewhere. vec: 16-byte rows (cols % 8 == 0, sources
 // 16-byte aligned), copied by cp.async straight into the planes (zero-filled outside).
 // kSlots: the slots' rows and columns from Slots (slot_at). chunk_bwd_tc asks for it; the walks
-// and K5 do not: with it, ptxas allocated their registers otherwise (K5 f16: 8 bytes of spill),
-// and their f16 instantiations ran 1–2 % slower (v30's A/B).
+// and K5 do not: with it, ptxas allocates their registers otherwise (K5 f16: 8 bytes of spill),
+// and their f16 instantiations run 1–2 % slower.
 // Lay: the planes' layout (tc_frag.cuh: Padded, or Sw128 for wgmma's operands).
 template <class T, int C, int N, bool kSlots, class Lay = Padded>
 __device__ __forceinline__ void load_typed(const T* const (&src)[N], bf16* const (&dst)[N],
@@ -162,10 +162,10 @@ __device__ __forceinline__ void put_split4(bf16* dst, int kLo, int at, const flo
 }
 // A state tile's dot terms, each in one fixed rounding: y's product first, then x's, z's and w's
 // fused in (dot2: y's, then x's). nvcc contracts `a·b + c·d + …` into FMAs by its own choice,
-// and the choice depends on where the expression is inlined: v43's and v45's StateInFlight::dot
-// got x's product first at the default shape's tiles, and so other bits than load_state's (the
-// default preset's chunked digests changed; stop 51). Spelled out, the form is the one nvcc had
-// chosen in every instantiation up to v42, so those bits.
+// and the choice depends on where the expression is inlined: left to it, StateInFlight::dot
+// gets x's product first at the default shape's tiles, and so other bits than load_state's (the
+// default preset's chunked digests move). Spelled out, the form is the one nvcc chooses for
+// load_state's plain expression in every instantiation, so the digests keep their bits.
 __device__ __forceinline__ float dot4(const float4& m, const float4& o) {
   return __fmaf_rn(m.w, o.w, __fmaf_rn(m.z, o.z, __fmaf_rn(m.x, o.x, __fmul_rn(m.y, o.y))));
 }

@@ -1,9 +1,9 @@
 // Internal to gpu/ (.cu files only): Hopper's warpgroup products (wgmma.mma_async, sm_90a) over
 // 16-bit operand tiles in shared memory, and the tile layout they read. chunk_bwd_tc, K5
 // (chunk_scan_tc) and, in bf16 runs, chunk_state_tc and the chunk walks form their products with
-// it in sm_90a builds (M3_WGMMA, docs/PERF.md v40, v41); tests/gpu/test_tc_wgmma.cu
-// holds its products to tc_frag.cuh's mma.sync products bit for bit, and
-// tests/gpu/wgmma_probe.cu times chunk_bwd_tc's product set both ways (docs/PERF.md "Stop 47").
+// it in sm_90a builds (M3_WGMMA); tests/gpu/test_tc_wgmma.cu holds its products to
+// tc_frag.cuh's mma.sync products bit for bit, and tests/gpu/wgmma_probe.cu times
+// chunk_bwd_tc's product set both ways.
 // Needs a build for sm_90a (CUDA_ARCHITECTURES 90a; without it every instruction here traps).
 //
 //   C[m][n] (+)= Σ_{k < 16} A(m, k0 + k) · B(k0 + k, n),   m < 64, n < N   (one instruction)
@@ -37,8 +37,8 @@
 // Alignment: the 1024-byte groups want a 1024-byte aligned tile base: tile_base moves the
 // dynamic shared memory's base up by (1024 − (smem_u32(base) mod 1024)) mod 1024 (kAlignSlack
 // bytes more asked for). Not by rounding the pointer through an integer: that loses its address
-// space, and every shared access made through it becomes a generic one (docs/PERF.md "Stop 47":
-// +141 µs in chunk_bwd_tc).
+// space, and every shared access made through it becomes a generic one (LD.E / ST.E: see
+// tile_base).
 // Synchronisation (the caller's): the tiles written by ordinary stores, then
 // fence_async_smem() and a barrier before the first instruction reads them; fence() before the
 // first instruction of a chain (and after the accumulators were written by other code);
@@ -124,8 +124,8 @@ __device__ __forceinline__ std::uint64_t desc_mn(const void* tile, int R, int co
 // The dynamic shared memory's base, moved up to the next 1024-byte boundary on the wgmma path
 // (within kAlignSlack<kOn>). The offset is taken from the shared address and added to the
 // pointer: rounding the pointer itself through an integer loses its address space, and every
-// shared access made through it becomes a generic one (LD.E / ST.E: chunk_bwd_tc 1295 → 1378
-// µs, docs/PERF.md "Stop 47").
+// shared access made through it becomes a generic one (LD.E / ST.E, which make chunk_bwd_tc
+// slower).
 template <bool kOn>
 __device__ __forceinline__ unsigned char* tile_base(unsigned char* base) {
   constexpr unsigned kAl = kAlignSlack<kOn> > 0 ? kAlignSlack<kOn> - 1 : 0;
@@ -282,8 +282,8 @@ __device__ __forceinline__ void frag_add(tcf::Frag<64, N, 8>& f, std::uint32_t a
   // Two k-steps per loop body (kS), the body's first at kb ≡ 0 (mod 32): there kstep_bytes(kb +
   // 16) = kstep_bytes(kb) + kstep_bytes(16) (a K-major step stays inside its 64-column panel),
   // so a body forms its operands from kb once and its second step's by a constant. With k0 per
-  // step, each step formed its own from k0 at run time (ncu source, chunk_bwd_tc, stop 50: ≈ 17
-  // instructions per wgmma). Four steps per body spilled 56–84 B in chunk_bwd_tc's official
+  // step, each step would form its own from k0 at run time (ncu source, chunk_bwd_tc: ≈ 17
+  // instructions per wgmma). Four steps per body spill 56–84 B in chunk_bwd_tc's official
   // instantiations, the whole chain unrolled 92–124 B (ptxas forms the steps' operands up
   // front); two spill nothing there.
   constexpr int kS = K % 32 == 0 ? 2 : 1;

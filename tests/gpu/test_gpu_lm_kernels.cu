@@ -1,6 +1,6 @@
-// The language-model ends' kernels of gpu/lm/lm_kernels.cu, bit for bit against the forms they
-// replaced at stop 43 (a block per row for the loss; one thread per element, a grid-stride loop
-// over B·T·V or B·T·dm, for the loss's backward and the embedding).
+// The language-model ends' kernels of gpu/lm/lm_kernels.cu, bit for bit against plain reference
+// forms (a block per row for the loss; one thread per element, a grid-stride loop over B·T·V
+// or B·T·dm, for the loss's backward and the embedding).
 //
 // The loss per row is
 //   m = max_v l[r, v],   se = Σ_v exp(l[r, v] − m),   lse[r] = m + log se          (f32)
@@ -9,8 +9,8 @@
 // and its reductions have a fixed order: 256 threads, thread t folding v = t, t + 256, … in
 // order, then a halving tree (pairs (i, i + s) for s = 128 … 1). loss_forward plays the 256
 // threads of a row on one warp (8 per lane) and must give the tree's bits; the reference below
-// is that tree in a block of 256 threads, as the kernel was up to stop 43. loss_sum's order (256
-// threads of consecutive rows, then the tree) is replayed on the host in double.
+// is that tree in a block of 256 threads. loss_sum's order (256 threads of consecutive rows,
+// then the tree) is replayed on the host in double.
 //
 // The loss's backward, d[r, v] = T(c_r·(exp(l[r, v] − lse[r]) − [v = tgt[r]])), c_r =
 // float(coef·w[r]), now a warp per row: against the per-element kernel on the device (expf is

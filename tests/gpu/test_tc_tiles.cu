@@ -4,21 +4,21 @@
 //     → the planes, the tile's scale (f16 runs: 2^e from max|S|; bf16: 1) and each thread's
 //       part of ⟨S, O⟩;
 //   StateInFlight<R, C, Lay>: issue(S), issue(O), then dot(O) and split_scaled<T>(planes, red)
-//     — what chunk_bwd_tc and K5 run in f16 runs since v43, and chunk_bwd_tc in bf16 runs
-//       since v44 (docs/PERF.md "Stop 50", "Stop 51"), the values requested before the typed
-//       tiles' copies.
+//     — what chunk_bwd_tc and K5 run in f16 runs, and chunk_bwd_tc in bf16 runs, the values
+//       requested before the typed tiles' copies.
 // One block of 256 threads forms both from the same S and O; asserted bit for bit: both plane
 // sets (every element, the padding included), the scale (up and down) and every thread's dot
 // (both dtypes: load_state's bf16 path adds the dead slots' +0 terms, which StateInFlight::dot
 // skips; the same bits, as a sum begun at +0 is never −0), and that dot against the host's
 // dot4 rounding (y's product, then x's, z's, w's fused in), which nvcc's own contraction of the
-// expression did not keep in every kernel (stop 51: the default preset's digests moved). load_state's f16 float4 path ends in
-// the same split_scaled, so in f16 what differs is how the values arrive (its slots loaded one
-// by one with O's read beside them, against issue) and the dot; bf16 runs compare load_state's
-// batched split and dot with StateInFlight's. Cases: the official tile (64 × 128), a square one
-// (32 × 32, the default preset's padded widths), partial tiles (hd < R, ds < C, ds % 4 = 0),
-// values spread over 2⁻⁶⁰ … 2⁶⁰ with both signs, and an all-zero tile (scale 1); both plane
-// layouts (padded rows, and wgmma's 128-byte swizzle where C is a multiple of 64).
+// expression does not keep in every kernel (left to it, the default preset's digests move).
+// load_state's f16 float4 path ends in the same split_scaled, so in f16 what differs is how
+// the values arrive (its slots loaded one by one with O's read beside them, against issue) and
+// the dot; bf16 runs compare load_state's batched split and dot with StateInFlight's. Cases:
+// the official tile (64 × 128), a square one (32 × 32, the default preset's padded widths),
+// partial tiles (hd < R, ds < C, ds % 4 = 0), values spread over 2⁻⁶⁰ … 2⁶⁰ with both signs,
+// and an all-zero tile (scale 1); both plane layouts (padded rows, and wgmma's 128-byte
+// swizzle where C is a multiple of 64).
 #include <gtest/gtest.h>
 
 #include <cuda_bf16.h>
