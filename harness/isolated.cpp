@@ -1,6 +1,7 @@
-// The teacher-forced CPU reference (see isolated.hpp). Only glue lives here — loading the
-// oracle's tensors, calling the reference's stage functions of stages.hpp in the backbone's
-// order, rounding where the backbone rounds, capturing — no stage's math.
+// The teacher-forced CPU reference (see isolated.hpp): an executor of the stage chain
+// (chain.hpp). Only glue lives here — loading the oracle's tensors before each stage, calling
+// the reference's stage functions of stages.hpp, rounding where the backbone rounds,
+// capturing — no stage's math and no order of stages.
 #include "isolated.hpp"
 
 #include "lm.hpp"
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "backbone.hpp"  // capture_grads
+#include "chain.hpp"
 #include "error.hpp"
 #include "precision.hpp"
 #include "registry.hpp"
@@ -44,6 +46,8 @@ using ref::act_fields;
 using ref::grad_fields;
 
 class Runner {
+  friend struct m3::ChainAccess;
+
  public:
   Runner(const Problem& pb, ScanMode mode, const Capture& oracle, Precision storage,
          gpu::Fault fault)
@@ -68,8 +72,12 @@ class Runner {
   }
 
   Capture run() {
-    forward();
-    backward();
+    chain_forward(*this, plan_);
+    if (plan_.lm) {
+      chain_lm_forward(*this);
+      chain_lm_backward(*this);
+    }
+    chain_backward(*this, plan_);
     capture_grads(grads_, cfg_, cap_);
     return std::move(cap_);
   }
@@ -93,9 +101,9 @@ class Runner {
   }
   void load_fields(int l, const std::vector<Field>& fields) {
     for (const Field& f : fields) {
-      const TensorSpec& spec = find_spec(f.stage, f.tensor);
+      const TensorSpec& spec = find_spec(stage_name(f.stage), f.tensor);
       if (!exists_in(spec, cfg_, mode_)) continue;
-      load(stage_key(l, f.stage, f.tensor), *f.v, spec.typed);
+      load(stage_key(l, spec.stage, f.tensor), *f.v, spec.typed);
     }
   }
   // Before each forward stage of layer l: every forward tensor of the layer is the oracle's,
@@ -124,15 +132,60 @@ class Runner {
     if (!exists_in(find_spec(stage, tensor), cfg_, mode_)) return;
     cap_.put_stage(l, stage, tensor, v.data(), static_cast<Idx>(v.size()));
   }
-  void put_stage(int l, const char* stage, const std::vector<Field>& fields) {
-    for (const Field& f : fields)
-      if (std::strcmp(f.stage, stage) == 0) put(l, f.stage, f.tensor, *f.v);
-  }
 
   bool faulted(int l, gpu::Fault f) const { return l == 0 && fault_ == f; }
+  // The registry tensors layer stage s wrote (its own and its pseudo-stages'), from `fields`.
+  void put_written(StageId s, int l, const std::vector<Field>& fields) {
+    for (const TensorSpec* spec : plan_.written_by(s))
+      for (const Field& f : fields)
+        if (f.is(*spec)) put(l, spec->stage, spec->tensor, *f.v);
+  }
 
-  // ---- forward ----------------------------------------------------------------------------
-  void forward() {
+  // ---- the executor of chain.hpp: every stage on the oracle's values -----------------------
+  // Before each layer stage: every tensor of the layer the oracle's (fresh_forward /
+  // fresh_backward); backbone stages load what they read themselves.
+  void before(StageId, int l, Dir dir) {
+    if (l < 0) return;
+    dir == Dir::Forward ? fresh_forward(l) : fresh_backward(l);
+  }
+  // After a layer stage: the negative controls' fault of that stage, then the capture of what
+  // it wrote.
+  void after(StageId s, int l, Dir dir) {
+    if (l < 0) return;
+    if (dir == Dir::Backward) {
+      put_written(s, l, grad_fields(g_));
+      return;
+    }
+    if (s == StageId::F5 && faulted(l, gpu::Fault::FlipAngleSign))
+      for (float& th : a_.angle_cumsum) th = static_cast<float>(ref::kTwoPi - th);
+    if (s == StageId::F5b && faulted(l, gpu::Fault::DropBeta))
+      std::fill(a_.beta.begin(), a_.beta.end(), 0.0f);
+    if (s == StageId::F6) inject_f6_faults(l);
+    put_written(s, l, act_fields(a_));
+  }
+  void pseudo(StageId, int, Dir) {}  // its tensors are captured after their writer
+  void enter_layer(int) {}
+  void leave_layer(int) {}
+  // δ entering the layer is the oracle's; the GEMMs of B8 take its staged typed copy.
+  void enter_layer_backward(int l) {
+    load(entering_gradient(l, plan_.n_layers).key(), delta_, false);
+    delta_typed_ = typed(delta_);
+  }
+  void leave_layer_backward(int) {}
+
+  template <StageId s>
+  void forward(Stage<s>, int l) {
+    const size_t li = static_cast<size_t>(l);
+    ref::layer_forward_step(d_, mode_, s, p_.layers[li], w_in_[li].data(), w_out_[li].data(), a_);
+  }
+  template <StageId s>
+  void backward(Stage<s>, int l) {
+    const size_t li = static_cast<size_t>(l);
+    ref::layer_backward_step(d_, mode_, s, p_.layers[li], w_in_[li].data(), w_out_[li].data(),
+                             a_, delta_, delta_typed_.data(), g_, grads_.layers[li]);
+  }
+
+  void forward(Stage<StageId::input_proj>, int) {
     const Idx BT = d_.BT;
     Vec x_in = input();
     Vec h0(static_cast<size_t>(BT * d_.dm));
@@ -149,16 +202,9 @@ class Runner {
     }
     put(-1, "input_proj", "input_proj_inputs", x_in);
     put(-1, "input_proj", "input_proj_outputs", h0);
-
-    // The layer's stages in the order of the registry's stage table, each fed the oracle's
-    // values of everything (fresh_forward) and capturing its own outputs.
-    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l)
-      for (const StageEntry& e : table_)
-        if (e.scope == Scope::Layer && e.dir == Dir::Forward) {
-          fresh_forward(l);
-          forward_stage(l, e.stage);
-        }
-
+  }
+  void forward(Stage<StageId::norm_f>, int) {
+    const Idx BT = d_.BT;
     Vec nf_in(static_cast<size_t>(BT * d_.dm)), nf_rms(static_cast<size_t>(BT)),
         out(static_cast<size_t>(BT * d_.dm));
     load("norm_f/norm_f_input", nf_in, false);
@@ -168,15 +214,20 @@ class Runner {
     put(-1, "norm_f", "norm_f_input", nf_in);
     put(-1, "norm_f", "norm_f_rms", nf_rms);
     put(-1, "norm_f", "Out", out);
-    if (!pb_.token_model()) return;
-    // head on the oracle's Out; loss on the oracle's logits (TRAINING.md §1).
-    const Idx V = cfg_.vocab_size;
-    Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT));
+  }
+  // head on the oracle's Out; loss on the oracle's logits (TRAINING.md §1).
+  void forward(Stage<StageId::head>, int) {
+    const Idx BT = d_.BT, V = cfg_.vocab_size;
+    Vec out(static_cast<size_t>(BT * d_.dm)), logits(static_cast<size_t>(BT * V));
     load("norm_f/Out", out, true);
     ref::linear_forward(BT, d_.dm, V, out.data(), w_head_.data(), static_cast<const float*>(nullptr),
                         logits.data());
     ref::store_typed(d_, logits);
     put(-1, "head", "logits", logits);
+  }
+  void forward(Stage<StageId::loss>, int) {
+    const Idx BT = d_.BT, V = cfg_.vocab_size;
+    Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT));
     load("head/logits", logits, true);
     const float value = static_cast<float>(
         ref::loss_forward(BT, V, logits.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(), lse.data()));
@@ -196,11 +247,12 @@ class Runner {
   }
 
   // The head's backward on the oracle's logits, lse and Out: d_logits (typed), d_Out = d_logits ·
-  // head_wᵀ (f32), head_w's gradient; returns the oracle's d_Out (norm_f's dOut).
-  Vec head_backward() {
+  // head_wᵀ (f32), head_w's gradient; norm_f's dOut is then the oracle's d_Out.
+  void backward(Stage<StageId::head>, int) {
     const Idx BT = d_.BT, V = cfg_.vocab_size;
     Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT)),
-        out(static_cast<size_t>(BT * d_.dm)), d_logits(logits.size()), d_out(out.size());
+        out(static_cast<size_t>(BT * d_.dm)), d_logits(logits.size());
+    d_out_.assign(out.size(), 0.0f);
     load("head/logits", logits, true);
     load("loss/lse", lse, false);
     load("norm_f/Out", out, true);
@@ -209,33 +261,47 @@ class Runner {
     ref::store_typed(d_, d_logits);
     put(-1, "head", "d_logits", d_logits);
     load("head/d_logits", d_logits, true);
-    ref::linear_backward(BT, d_.dm, V, out.data(), w_head_.data(), d_logits.data(), d_out.data(),
+    ref::linear_backward(BT, d_.dm, V, out.data(), w_head_.data(), d_logits.data(), d_out_.data(),
                          grads_.head_w.data(), static_cast<float*>(nullptr));
-    put(-1, "head", "d_Out", d_out);
-    load("head/d_Out", d_out, false);
-    return d_out;
+    put(-1, "head", "d_Out", d_out_);
+    load("head/d_Out", d_out_, false);
   }
-
-  // One forward stage of layer l on the loaded values (the reference's step, then the
-  // negative controls' fault of that stage); captures its registry tensors, and the leaving
-  // states after F5 and F6, which write them (the pseudo-stage "states" names them).
-  void forward_stage(int l, const std::string& st) {
-    const size_t li = static_cast<size_t>(l);
-    ref::layer_forward_step(d_, mode_, st, p_.layers[li], w_in_[li].data(), w_out_[li].data(),
-                            a_);
-    if (st == "F5" && faulted(l, gpu::Fault::FlipAngleSign))
-      for (float& th : a_.angle_cumsum) th = static_cast<float>(ref::kTwoPi - th);
-    if (st == "F5b" && faulted(l, gpu::Fault::DropBeta))
-      std::fill(a_.beta.begin(), a_.beta.end(), 0.0f);
-    if (st == "F6") inject_f6_faults(l);
-    if (st == "states") return;  // captured with F5 and F6
-    put_stage(l, st.c_str(), act_fields(a_));
-    if (st == "F5") put(l, "states", "angle_state", a_.angle_out);
-    if (st == "F6") {
-      put(l, "states", "ssm_state", a_.ssm_out);
-      put(l, "states", "k_state", a_.k_out);
-      put(l, "states", "v_state", a_.v_out);
+  void backward(Stage<StageId::norm_f>, int) {
+    const Idx BT = d_.BT;
+    const size_t n_dm = static_cast<size_t>(BT * d_.dm);
+    Vec nf_in(n_dm), nf_rms(static_cast<size_t>(BT)), d_norm_f(n_dm);
+    load("norm_f/norm_f_input", nf_in, false);
+    load("norm_f/norm_f_rms", nf_rms, false);
+    if (!pb_.token_model()) d_out_.assign(pb_.d_out.begin(), pb_.d_out.end());
+    ref::rmsnorm_backward(BT, d_.dm, nf_in.data(), p_.norm_f_weight.data(), nf_rms.data(),
+                          d_out_.data(), d_norm_f.data(), grads_.norm_f_weight.data());
+    put(-1, "norm_f", "d_norm", d_norm_f);
+  }
+  // input_proj's backward: dX = δ⁰·W_inᵀ from the typed copy of δ⁰; the bias gradient is a
+  // reduction of the f32 δ⁰ (as the backbone).
+  void backward(Stage<StageId::input_proj>, int) {
+    const Idx BT = d_.BT;
+    load(entering_gradient(-1, plan_.n_layers).key(), delta_, false);
+    Vec d_x(static_cast<size_t>(BT * d_.in), 0.0f);
+    if (cfg_.input_proj_identity) {
+      d_x = delta_;
+    } else {
+      const Vec x_in = input();
+      delta_typed_ = typed(delta_);
+      if (pb_.token_model()) {  // dW: the per-token fixed-order sum; dX for the capture
+        Vec unused(grads_.input_proj_w.size(), 0.0f);
+        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed_.data(),
+                             d_x.data(), unused.data(), static_cast<float*>(nullptr));
+        ref::embed_backward(BT, d_.in, d_.dm, pb_.tok.data(), delta_typed_.data(),
+                            grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      } else {
+        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed_.data(),
+                             d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
+      }
+      ref::add_bias_grad(BT, d_.dm, delta_.data(), grads_.input_proj_b.data());
     }
+    ref::store_typed(d_, d_x);
+    put(-1, "input_proj", "d_input_proj_dx", d_x);
   }
 
   // The F6 faults of backbone_gpu.hpp on y [B·T, nh, hd] (after y's typed store).
@@ -255,79 +321,6 @@ class Runner {
     }
   }
 
-  // ---- backward ---------------------------------------------------------------------------
-  void backward() {
-    const Idx BT = d_.BT;
-    const size_t n_dm = static_cast<size_t>(BT * d_.dm);
-    {
-      Vec nf_in(n_dm), nf_rms(static_cast<size_t>(BT)), d_norm_f(n_dm);
-      load("norm_f/norm_f_input", nf_in, false);
-      load("norm_f/norm_f_rms", nf_rms, false);
-      const Vec d_out = pb_.token_model() ? head_backward() : Vec(pb_.d_out.begin(), pb_.d_out.end());
-      ref::rmsnorm_backward(BT, d_.dm, nf_in.data(), p_.norm_f_weight.data(), nf_rms.data(),
-                            d_out.data(), d_norm_f.data(), grads_.norm_f_weight.data());
-      put(-1, "norm_f", "d_norm", d_norm_f);
-    }
-    Vec delta(n_dm), delta_typed;
-    for (int l = static_cast<int>(cfg_.n_layers) - 1; l >= 0; --l) {
-      load(l + 1 == static_cast<int>(cfg_.n_layers) ? std::string("norm_f/d_norm")
-                                                    : stage_key(l + 1, "B1", "d_temporal"),
-           delta, false);
-      delta_typed = typed(delta);  // the GEMMs of B8 take the staged typed copy of δ
-      for (const StageEntry& e : table_)
-        if (e.scope == Scope::Layer && e.dir == Dir::Backward) {
-          fresh_backward(l);
-          backward_stage(l, e.stage, delta, delta_typed);
-        }
-    }
-
-    // input_proj backward: dX = δ⁰·W_inᵀ from the typed copy of δ⁰; the bias gradient is a
-    // reduction of the f32 δ⁰ (as the backbone).
-    load(stage_key(0, "B1", "d_temporal"), delta, false);
-    Vec d_x(static_cast<size_t>(BT * d_.in), 0.0f);
-    if (cfg_.input_proj_identity) {
-      d_x = delta;
-    } else {
-      const Vec x_in = input();
-      delta_typed = typed(delta);
-      if (pb_.token_model()) {  // dW: the per-token fixed-order sum; dX for the capture
-        Vec unused(grads_.input_proj_w.size(), 0.0f);
-        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
-                             d_x.data(), unused.data(), static_cast<float*>(nullptr));
-        ref::embed_backward(BT, d_.in, d_.dm, pb_.tok.data(), delta_typed.data(),
-                            grads_.input_proj_w.data(), static_cast<float*>(nullptr));
-      } else {
-        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed.data(),
-                             d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
-      }
-      Vec db(static_cast<size_t>(d_.dm), 0.0f);
-      for (Idx r = 0; r < BT; ++r)
-        for (Idx j = 0; j < d_.dm; ++j) db[j] += delta[r * d_.dm + j];
-      for (Idx j = 0; j < d_.dm; ++j) grads_.input_proj_b[j] += db[j];
-    }
-    ref::store_typed(d_, d_x);
-    put(-1, "input_proj", "d_input_proj_dx", d_x);
-  }
-
-  // One backward stage of layer l on the loaded values (δ: ∂L/∂ layer output, f32, and its
-  // typed copy); captures its registry tensors, and what B6, B5a (entering-state gradients,
-  // the pseudo-stage "d_states") and B4b (B4c's tensors) also write.
-  void backward_stage(int l, const std::string& st, const Vec& delta, const Vec& delta_typed) {
-    const size_t li = static_cast<size_t>(l);
-    ref::layer_backward_step(d_, mode_, st, p_.layers[li], w_in_[li].data(), w_out_[li].data(),
-                             a_, delta, delta_typed.data(), g_, grads_.layers[li]);
-    if (st == "B4c" || st == "d_states") return;  // captured with B4b, and with B6 and B5a
-    const auto grads = grad_fields(g_);
-    put_stage(l, st.c_str(), grads);
-    if (st == "B6") {
-      put(l, "d_states", "d_ssm_state", g_.d_ssm_in);
-      put(l, "d_states", "d_k_state", g_.d_k_in);
-      put(l, "d_states", "d_v_state", g_.d_v_in);
-    }
-    if (st == "B5a") put(l, "d_states", "d_angle_state", g_.d_angle_in);
-    if (st == "B4b") put_stage(l, "B4c", grads);
-  }
-
   const Problem& pb_;
   const Config& cfg_;
   ScanMode mode_;
@@ -342,7 +335,9 @@ class Runner {
   Grads g_;
   Vec w_input_, w_head_;
   std::vector<Vec> w_in_, w_out_;
-  std::vector<StageEntry> table_ = stage_table(cfg_, mode_);  // the order of the stages
+  ChainPlan plan_ = ChainPlan::of(cfg_, mode_);  // the stages of the run
+  Vec delta_, delta_typed_;  // δ entering the layer's backward, and its typed copy
+  Vec d_out_;                // norm_f's dOut: the problem's, or the oracle's head d_Out
 };
 
 // Every per-layer registry tensor of (cfg, mode) must have a buffer above (a registry entry
@@ -355,9 +350,7 @@ void check_fields_cover_registry(const Config& cfg, ScanMode mode) {
   for (const TensorSpec& spec : stage_registry()) {
     if (spec.scope != Scope::Layer || !exists_in(spec, cfg, mode)) continue;
     bool found = false;
-    for (const Field& f : all)
-      found = found || (std::strcmp(f.stage, spec.stage) == 0 &&
-                        std::strcmp(f.tensor, spec.tensor) == 0);
+    for (const Field& f : all) found = found || f.is(spec);
     M3_REQUIRE(found, "run_reference_isolated", "no buffer for a registry tensor",
                spec.stage, "/", spec.tensor);
   }

@@ -1,8 +1,8 @@
-// The backbone (MODEL.md §3) chaining the stage functions of stages.hpp in the order of the
-// registry's stage table — one layer's forward F1 → F2 → F3 → F4 → F5 → F4ef → F5b → F6 → F7 →
-// F8 and backward B8 → B7 → B6 → B5a → B5b → B4 → B3 → B2 → B1 (+ residual) — with the capture
-// of every registry tensor after the stage that writes it (act_fields / grad_fields name the
-// buffers).
+// The backbone (MODEL.md §3): the Eigen executor of the stage chain (chain.hpp), running the
+// stage functions of stages.hpp — one layer's forward F1 → F2 → F3 → F4 → F5 → F4ef → F5b → F6
+// → F7 → F8 and backward B8 → B7 → B6 → B5a → B5b → B4 → B3 → B2 → B1 (+ residual) — with the
+// capture of every registry tensor after the stage that writes it (act_fields / grad_fields
+// name the buffers).
 //
 //   forward : H⁰ = X·W_in + b_in (or X) ; Hˡ⁺¹ = Hˡ + out_proj(gate(SSM(…RMSNorm(Hˡ)))) ;
 //             Out = RMSNorm(H^L; norm_f_weight)
@@ -13,7 +13,9 @@
 #include "lm.hpp"
 
 #include <algorithm>
+#include <cstring>
 
+#include "chain.hpp"
 #include "error.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
@@ -135,166 +137,203 @@ void LayerGrads<S>::allocate(const Dims& d, ScanMode mode) {
 // Every per-layer registry tensor of the forward, and the buffer holding it.
 template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a) {
-  return {{"F1", "residual", &a.residual},       {"F1", "rms_vals", &a.rms_vals},
-          {"F1", "post_norm", &a.post_norm},     {"F2", "proj", &a.proj},
-          {"F3", "z", &a.z},                     {"F3", "x", &a.x},
-          {"F3", "b_raw", &a.b_raw},             {"F3", "c_raw", &a.c_raw},
-          {"F3", "dd_dt_raw", &a.dd_dt_raw},     {"F3", "dd_a_raw", &a.dd_a_raw},
-          {"F3", "trap_raw", &a.trap_raw},       {"F3", "angles_raw", &a.angles_raw},
-          {"F3", "dt", &a.dt},                   {"F3", "a_val", &a.a_val},
-          {"F3", "trap", &a.trap},               {"F4", "b_normed", &a.b_normed},
-          {"F4", "c_normed", &a.c_normed},       {"F4", "b_rms", &a.b_rms},
-          {"F4", "c_rms", &a.c_rms},             {"F4", "b_biased", &a.b_biased},
-          {"F4", "c_biased", &a.c_biased},       {"F5", "angle_cumsum", &a.angle_cumsum},
-          {"F4ef", "k", &a.k},                   {"F4ef", "q", &a.q},
-          {"F5b", "alpha", &a.alpha},            {"F5b", "beta", &a.beta},
-          {"F5b", "gamma", &a.gamma},            {"F6", "h_saved", &a.h_saved},
-          {"F6", "k_prev_saved", &a.k_prev_saved}, {"F6", "v_prev_saved", &a.v_prev_saved},
-          {"F6", "adt", &a.adt},                 {"F6", "k_scaled_saved", &a.k_scaled_saved},
-          {"F6", "qk_dot_saved", &a.qk_dot_saved}, {"F6", "scale_saved", &a.scale_saved},
-          {"F6", "gamma_saved", &a.gamma_saved}, {"F6", "da_cumsum_saved", &a.da_cumsum_saved},
-          {"F6", "chunk_states", &a.chunk_states},
-          {"F6", "chunk_states_saved", &a.chunk_states_saved},
-          {"F6", "final_states", &a.final_states}, {"F6", "y", &a.y},
-          {"F7", "gated_rms_vals", &a.gated_rms_vals}, {"F7", "gated", &a.gated},
-          {"F8", "out_flat", &a.out_flat},       {"F8", "layer_output", &a.layer_output},
-          {"states", "ssm_state", &a.ssm_out},   {"states", "k_state", &a.k_out},
-          {"states", "v_state", &a.v_out},       {"states", "angle_state", &a.angle_out}};
+  return {{StageId::F1, "residual", &a.residual},       {StageId::F1, "rms_vals", &a.rms_vals},
+          {StageId::F1, "post_norm", &a.post_norm},     {StageId::F2, "proj", &a.proj},
+          {StageId::F3, "z", &a.z},                     {StageId::F3, "x", &a.x},
+          {StageId::F3, "b_raw", &a.b_raw},             {StageId::F3, "c_raw", &a.c_raw},
+          {StageId::F3, "dd_dt_raw", &a.dd_dt_raw},     {StageId::F3, "dd_a_raw", &a.dd_a_raw},
+          {StageId::F3, "trap_raw", &a.trap_raw},       {StageId::F3, "angles_raw", &a.angles_raw},
+          {StageId::F3, "dt", &a.dt},                   {StageId::F3, "a_val", &a.a_val},
+          {StageId::F3, "trap", &a.trap},               {StageId::F4, "b_normed", &a.b_normed},
+          {StageId::F4, "c_normed", &a.c_normed},       {StageId::F4, "b_rms", &a.b_rms},
+          {StageId::F4, "c_rms", &a.c_rms},             {StageId::F4, "b_biased", &a.b_biased},
+          {StageId::F4, "c_biased", &a.c_biased},       {StageId::F5, "angle_cumsum", &a.angle_cumsum},
+          {StageId::F4ef, "k", &a.k},                   {StageId::F4ef, "q", &a.q},
+          {StageId::F5b, "alpha", &a.alpha},            {StageId::F5b, "beta", &a.beta},
+          {StageId::F5b, "gamma", &a.gamma},            {StageId::F6, "h_saved", &a.h_saved},
+          {StageId::F6, "k_prev_saved", &a.k_prev_saved}, {StageId::F6, "v_prev_saved", &a.v_prev_saved},
+          {StageId::F6, "adt", &a.adt},                 {StageId::F6, "k_scaled_saved", &a.k_scaled_saved},
+          {StageId::F6, "qk_dot_saved", &a.qk_dot_saved}, {StageId::F6, "scale_saved", &a.scale_saved},
+          {StageId::F6, "gamma_saved", &a.gamma_saved}, {StageId::F6, "da_cumsum_saved", &a.da_cumsum_saved},
+          {StageId::F6, "chunk_states", &a.chunk_states},
+          {StageId::F6, "chunk_states_saved", &a.chunk_states_saved},
+          {StageId::F6, "final_states", &a.final_states}, {StageId::F6, "y", &a.y},
+          {StageId::F7, "gated_rms_vals", &a.gated_rms_vals}, {StageId::F7, "gated", &a.gated},
+          {StageId::F8, "out_flat", &a.out_flat},       {StageId::F8, "layer_output", &a.layer_output},
+          {StageId::states, "ssm_state", &a.ssm_out},   {StageId::states, "k_state", &a.k_out},
+          {StageId::states, "v_state", &a.v_out},       {StageId::states, "angle_state", &a.angle_out}};
 }
 
 // Every per-layer registry tensor of the backward.
 template <class S>
 std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g) {
-  return {{"B8", "d_gated", &g.d_gated},          {"B7", "d_y", &g.d_y},
-          {"B7", "d_z", &g.d_z},                  {"B6", "d_q", &g.d_q},
-          {"B6", "d_k", &g.d_k},                  {"B6", "d_alpha", &g.d_alpha},
-          {"B6", "d_beta", &g.d_beta},            {"B6", "d_gamma", &g.d_gamma},
-          {"B6", "d_d_local", &g.d_d_local},      {"B6", "da_cs_sum", &g.da_cs_sum},
-          {"B6", "dQ_mid", &g.dQ_mid},            {"B6", "dK_mid", &g.dK_mid},
-          {"B6", "dADT", &g.dADT},                {"B6", "dQK_dot", &g.dQK_dot},
-          {"B6", "dD_partials", &g.dD_partials},  {"B6", "dScale", &g.dScale},
-          {"B6", "dGamma", &g.dGamma},            {"B6", "dDT", &g.dDT},
-          {"B6", "d_x", &g.d_x},                  {"B6", "d_b_pre_rope", &g.d_b_pre_rope},
-          {"B6", "d_c_pre_rope", &g.d_c_pre_rope}, {"B6", "d_angle_cumsum", &g.d_angle_cumsum},
-          {"B6", "d_adt_total", &g.d_adt_total},  {"B6", "d_dt_direct", &g.d_dt_direct},
-          {"B6", "d_trap_sig", &g.d_trap_sig},    {"B5a", "d_angles_raw", &g.d_angles_raw},
-          {"B5a", "d_dt_angle", &g.d_dt_angle},   {"B5b", "d_dd_dt", &g.d_dd_dt},
-          {"B5b", "d_dd_a", &g.d_dd_a},           {"B5b", "d_trap_raw", &g.d_trap_raw},
-          {"B4b", "d_b_normed", &g.d_b_normed},   {"B4b", "d_c_normed", &g.d_c_normed},
-          {"B4c", "d_b_raw", &g.d_b_raw},         {"B4c", "d_c_raw", &g.d_c_raw},
-          {"B3", "d_proj", &g.d_proj},            {"B2", "d_norm", &g.d_norm},
-          {"B1", "d_pre_norm", &g.d_pre_norm},    {"B1", "d_temporal", &g.d_temporal},
-          {"d_states", "d_ssm_state", &g.d_ssm_in}, {"d_states", "d_k_state", &g.d_k_in},
-          {"d_states", "d_v_state", &g.d_v_in},   {"d_states", "d_angle_state", &g.d_angle_in}};
+  return {{StageId::B8, "d_gated", &g.d_gated},          {StageId::B7, "d_y", &g.d_y},
+          {StageId::B7, "d_z", &g.d_z},                  {StageId::B6, "d_q", &g.d_q},
+          {StageId::B6, "d_k", &g.d_k},                  {StageId::B6, "d_alpha", &g.d_alpha},
+          {StageId::B6, "d_beta", &g.d_beta},            {StageId::B6, "d_gamma", &g.d_gamma},
+          {StageId::B6, "d_d_local", &g.d_d_local},      {StageId::B6, "da_cs_sum", &g.da_cs_sum},
+          {StageId::B6, "dQ_mid", &g.dQ_mid},            {StageId::B6, "dK_mid", &g.dK_mid},
+          {StageId::B6, "dADT", &g.dADT},                {StageId::B6, "dQK_dot", &g.dQK_dot},
+          {StageId::B6, "dD_partials", &g.dD_partials},  {StageId::B6, "dScale", &g.dScale},
+          {StageId::B6, "dGamma", &g.dGamma},            {StageId::B6, "dDT", &g.dDT},
+          {StageId::B6, "d_x", &g.d_x},                  {StageId::B6, "d_b_pre_rope", &g.d_b_pre_rope},
+          {StageId::B6, "d_c_pre_rope", &g.d_c_pre_rope}, {StageId::B6, "d_angle_cumsum", &g.d_angle_cumsum},
+          {StageId::B6, "d_adt_total", &g.d_adt_total},  {StageId::B6, "d_dt_direct", &g.d_dt_direct},
+          {StageId::B6, "d_trap_sig", &g.d_trap_sig},    {StageId::B5a, "d_angles_raw", &g.d_angles_raw},
+          {StageId::B5a, "d_dt_angle", &g.d_dt_angle},   {StageId::B5b, "d_dd_dt", &g.d_dd_dt},
+          {StageId::B5b, "d_dd_a", &g.d_dd_a},           {StageId::B5b, "d_trap_raw", &g.d_trap_raw},
+          {StageId::B4b, "d_b_normed", &g.d_b_normed},   {StageId::B4b, "d_c_normed", &g.d_c_normed},
+          {StageId::B4c, "d_b_raw", &g.d_b_raw},         {StageId::B4c, "d_c_raw", &g.d_c_raw},
+          {StageId::B3, "d_proj", &g.d_proj},            {StageId::B2, "d_norm", &g.d_norm},
+          {StageId::B1, "d_pre_norm", &g.d_pre_norm},    {StageId::B1, "d_temporal", &g.d_temporal},
+          {StageId::d_states, "d_ssm_state", &g.d_ssm_in}, {StageId::d_states, "d_k_state", &g.d_k_in},
+          {StageId::d_states, "d_v_state", &g.d_v_in},   {StageId::d_states, "d_angle_state", &g.d_angle_in}};
 }
 
 template <class S>
-void layer_forward_step(const Dims& d, ScanMode mode, const std::string& st,
-                        const LayerParams<S>& p, const S* w_in, const S* w_out, LayerActs<S>& a) {
-  if (st == "F1") {
-    ref::rmsnorm_forward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(), a.post_norm.data(),
-                         a.rms_vals.data());
-    ref::store_typed(d, a.post_norm);
-  } else if (st == "F2") {
-    ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in,
-                        static_cast<const S*>(nullptr), a.proj.data());
-    ref::store_typed(d, a.proj);
-  } else if (st == "F3") {
-    ref::split_forward(d, p, a);
-  } else if (st == "F4") {
-    ref::bcnorm_forward(d, p, a);
-  } else if (st == "F5") {  // and the leaving angle state
-    ref::angle_forward(d, a);
-  } else if (st == "F4ef") {
-    ref::rope_forward(d, a);
-    ref::store_typed(d, a.k);
-    ref::store_typed(d, a.q);
-  } else if (st == "F5b") {
-    ref::abg_forward(d, a);
-  } else if (st == "F6") {  // and the leaving ssm, k, v states
-    if (mode == ScanMode::Sequential) {
-      ref::ssm_seq_forward(d, p, a);
-    } else {
-      ref::ssm_chunked_forward(d, p, a);
-    }
-    ref::store_typed(d, a.y);
-  } else if (st == "F7") {
-    ref::gating_forward(d, p, a);
-    ref::store_typed(d, a.gated);
-  } else if (st == "F8") {
-    ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out,
-                        static_cast<const S*>(nullptr), a.out_flat.data());
-    ref::store_typed(d, a.out_flat);
-    for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
-  } else if (st != "states") {  // "states": written by F5 and F6
-    throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
-                "reference/backbone.cpp layer_forward_step lists every layer forward stage");
+void layer_forward_step(const Dims& d, ScanMode mode, StageId st, const LayerParams<S>& p,
+                        const S* w_in, const S* w_out, LayerActs<S>& a) {
+  switch (st) {
+    case StageId::F1:
+      ref::rmsnorm_forward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
+                           a.post_norm.data(), a.rms_vals.data());
+      ref::store_typed(d, a.post_norm);
+      return;
+    case StageId::F2:
+      ref::linear_forward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in,
+                          static_cast<const S*>(nullptr), a.proj.data());
+      ref::store_typed(d, a.proj);
+      return;
+    case StageId::F3:
+      ref::split_forward(d, p, a);
+      return;
+    case StageId::F4:
+      ref::bcnorm_forward(d, p, a);
+      return;
+    case StageId::F5:  // and the leaving angle state
+      ref::angle_forward(d, a);
+      return;
+    case StageId::F4ef:
+      ref::rope_forward(d, a);
+      ref::store_typed(d, a.k);
+      ref::store_typed(d, a.q);
+      return;
+    case StageId::F5b:
+      ref::abg_forward(d, a);
+      return;
+    case StageId::F6:  // and the leaving ssm, k, v states
+      if (mode == ScanMode::Sequential) {
+        ref::ssm_seq_forward(d, p, a);
+      } else {
+        ref::ssm_chunked_forward(d, p, a);
+      }
+      ref::store_typed(d, a.y);
+      return;
+    case StageId::F7:
+      ref::gating_forward(d, p, a);
+      ref::store_typed(d, a.gated);
+      return;
+    case StageId::F8:
+      ref::linear_forward(d.BT, d.di, d.dm, a.gated.data(), w_out,
+                          static_cast<const S*>(nullptr), a.out_flat.data());
+      ref::store_typed(d, a.out_flat);
+      for (Idx i = 0; i < d.BT * d.dm; ++i) a.layer_output[i] = a.residual[i] + a.out_flat[i];
+      return;
+    case StageId::input_proj: case StageId::states: case StageId::norm_f: case StageId::head:
+    case StageId::loss: case StageId::B8: case StageId::B7: case StageId::B6: case StageId::B5a:
+    case StageId::B5b: case StageId::B4b: case StageId::B4c: case StageId::B3: case StageId::B2:
+    case StageId::B1: case StageId::d_states:
+      break;
   }
+  throw Error("layer_forward_step", "not a layer forward stage that runs", stage_name(st));
 }
-
 
 template <class S>
-void layer_backward_step(const Dims& d, ScanMode mode, const std::string& st,
-                         const LayerParams<S>& p, const S* w_in, const S* w_out,
-                         const LayerActs<S>& a, const std::vector<S>& dlt, const S* delta_typed,
-                         LayerGrads<S>& g, LayerParams<S>& pg) {
-  if (st == "B8") {
-    ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out, delta_typed,
-                         g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
-    ref::store_typed(d, g.d_gated);
-  } else if (st == "B7") {
-    ref::gating_backward(d, p, a, g, pg);
-    ref::store_typed(d, g.d_y);
-    ref::store_typed(d, g.d_z);
-  } else if (st == "B6") {  // and the entering ssm, k, v state gradients
-    if (mode == ScanMode::Sequential) {
-      ref::ssm_seq_backward(d, p, a, g, pg);
-      ref::rope_backward(d, a, g);
-      ref::abg_backward(d, a, g);
-    } else {
-      ref::ssm_chunked_backward(d, p, a, g, pg);
-    }
-    ref::store_typed(d, g.d_x);
-  } else if (st == "B5a") {  // and the entering angle state gradient
-    ref::angle_backward(d, a, g);
-  } else if (st == "B5b") {
-    ref::activations_backward(d, p, a, g, pg);
-  } else if (st == "B4b") {  // B4b and B4c in one step
-    ref::bcnorm_backward(d, p, a, g, pg);
-  } else if (st == "B3") {
-    ref::split_backward(d, g);
-    ref::store_typed(d, g.d_proj);
-  } else if (st == "B2") {
-    ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in, g.d_proj.data(),
-                         g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
-    ref::store_typed(d, g.d_norm);
-  } else if (st == "B1") {
-    ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
-                          a.rms_vals.data(), g.d_norm.data(), g.d_pre_norm.data(),
-                          pg.norm_weight.data());
-    for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
-  } else if (st != "B4c" && st != "d_states") {  // written by B4b, and by B6 and B5a
-    throw Error("Backbone", "stage '" + st + "' of the stage table has no step",
-                "reference/backbone.cpp layer_backward_step lists every layer backward stage");
+void layer_backward_step(const Dims& d, ScanMode mode, StageId st, const LayerParams<S>& p,
+                         const S* w_in, const S* w_out, const LayerActs<S>& a,
+                         const std::vector<S>& dlt, const S* delta_typed, LayerGrads<S>& g,
+                         LayerParams<S>& pg) {
+  switch (st) {
+    case StageId::B8:
+      ref::linear_backward(d.BT, d.di, d.dm, a.gated.data(), w_out, delta_typed,
+                           g.d_gated.data(), pg.out_proj_w.data(), static_cast<S*>(nullptr));
+      ref::store_typed(d, g.d_gated);
+      return;
+    case StageId::B7:
+      ref::gating_backward(d, p, a, g, pg);
+      ref::store_typed(d, g.d_y);
+      ref::store_typed(d, g.d_z);
+      return;
+    case StageId::B6:  // and the entering ssm, k, v state gradients
+      if (mode == ScanMode::Sequential) {
+        ref::ssm_seq_backward(d, p, a, g, pg);
+        ref::rope_backward(d, a, g);
+        ref::abg_backward(d, a, g);
+      } else {
+        ref::ssm_chunked_backward(d, p, a, g, pg);
+      }
+      ref::store_typed(d, g.d_x);
+      return;
+    case StageId::B5a:  // and the entering angle state gradient
+      ref::angle_backward(d, a, g);
+      return;
+    case StageId::B5b:
+      ref::activations_backward(d, p, a, g, pg);
+      return;
+    case StageId::B4b:  // B4b and B4c in one step
+      ref::bcnorm_backward(d, p, a, g, pg);
+      return;
+    case StageId::B3:
+      ref::split_backward(d, g);
+      ref::store_typed(d, g.d_proj);
+      return;
+    case StageId::B2:
+      ref::linear_backward(d.BT, d.dm, d.ip, a.post_norm.data(), w_in, g.d_proj.data(),
+                           g.d_norm.data(), pg.in_proj_w.data(), static_cast<S*>(nullptr));
+      ref::store_typed(d, g.d_norm);
+      return;
+    case StageId::B1:
+      ref::rmsnorm_backward(d.BT, d.dm, a.residual.data(), p.norm_weight.data(),
+                            a.rms_vals.data(), g.d_norm.data(), g.d_pre_norm.data(),
+                            pg.norm_weight.data());
+      for (Idx i = 0; i < d.BT * d.dm; ++i) g.d_temporal[i] = dlt[i] + g.d_pre_norm[i];
+      return;
+    case StageId::input_proj: case StageId::F1: case StageId::F2: case StageId::F3:
+    case StageId::F4: case StageId::F5: case StageId::F4ef: case StageId::F5b: case StageId::F6:
+    case StageId::F7: case StageId::F8: case StageId::states: case StageId::norm_f:
+    case StageId::head: case StageId::loss: case StageId::B4c: case StageId::d_states:
+      break;
   }
+  throw Error("layer_backward_step", "not a layer backward stage that runs", stage_name(st));
 }
 
-template void layer_forward_step<double>(const Dims&, ScanMode, const std::string&,
+template <class S>
+void add_bias_grad(Idx rows, Idx dim, const S* delta, S* db_acc) {
+  std::vector<S> db(static_cast<size_t>(dim), S(0));
+  for (Idx r = 0; r < rows; ++r)
+    for (Idx j = 0; j < dim; ++j) db[j] += delta[r * dim + j];
+  for (Idx j = 0; j < dim; ++j) db_acc[j] += db[j];
+}
+
+template void layer_forward_step<double>(const Dims&, ScanMode, StageId,
                                          const LayerParams<double>&, const double*,
                                          const double*, LayerActs<double>&);
-template void layer_forward_step<float>(const Dims&, ScanMode, const std::string&,
+template void layer_forward_step<float>(const Dims&, ScanMode, StageId,
                                         const LayerParams<float>&, const float*, const float*,
                                         LayerActs<float>&);
-template void layer_backward_step<double>(const Dims&, ScanMode, const std::string&,
+template void layer_backward_step<double>(const Dims&, ScanMode, StageId,
                                           const LayerParams<double>&, const double*,
                                           const double*, const LayerActs<double>&,
                                           const std::vector<double>&, const double*,
                                           LayerGrads<double>&, LayerParams<double>&);
-template void layer_backward_step<float>(const Dims&, ScanMode, const std::string&,
+template void layer_backward_step<float>(const Dims&, ScanMode, StageId,
                                          const LayerParams<float>&, const float*, const float*,
                                          const LayerActs<float>&, const std::vector<float>&,
                                          const float*, LayerGrads<float>&,
                                          LayerParams<float>&);
+
+template void add_bias_grad<double>(Idx, Idx, const double*, double*);
+template void add_bias_grad<float>(Idx, Idx, const float*, float*);
 
 template std::vector<TensorField<double>> act_fields(LayerActs<double>&);
 template std::vector<TensorField<float>> act_fields(LayerActs<float>&);
@@ -317,6 +356,7 @@ struct Backbone<S>::Impl {
   Config cfg;
   Dims d;
   ScanMode mode;
+  ChainPlan plan;
   std::vector<LayerActs<S>> acts;
   LayerGrads<S> lg;
   std::vector<S> x_in, h0, norm_f_input, norm_f_rms, out, d_norm_f, delta, delta_typed;
@@ -326,13 +366,20 @@ struct Backbone<S>::Impl {
   std::vector<S> w_input_typed;
   bool have_forward = false;
   std::vector<std::int32_t> tokens;  // the last forward_tokens' input (empty after forward())
-  std::vector<StageEntry> table;                    // the registry's stage table of the run
-  std::vector<const StageEntry*> layer_fwd, layer_bwd;  // its per-layer stages, in order
+
+  // The pass in flight (set by forward / backward for the driver's calls).
+  const Params<S>* p = nullptr;
+  States<S>* states = nullptr;                 // forward: entering in, leaving out
+  Params<S>* grads = nullptr;                  // backward: accumulated
+  const std::vector<S>* d_out = nullptr;       // backward: dOut
+  const States<S>* d_leaving = nullptr;        // backward: optional
+  States<S>* d_entering = nullptr;             // backward: overwritten
+  std::vector<S>* d_x = nullptr;               // backward: overwritten
+  Capture* cap = nullptr;
+  const S* dlt_typed = nullptr;                // the GEMMs' operand of the layer's B8
 
   Impl(const Config& c, Idx B, Idx T, ScanMode m, Precision storage)
-      : cfg(c), d(Dims::of(c, B, T, storage)), mode(m), table(stage_table(c, m)) {
-    for (const StageEntry& e : table)
-      if (e.scope == Scope::Layer) (e.dir == Dir::Forward ? layer_fwd : layer_bwd).push_back(&e);
+      : cfg(c), d(Dims::of(c, B, T, storage)), mode(m), plan(ChainPlan::of(c, m)) {
     acts.resize(static_cast<size_t>(c.n_layers));
     for (auto& a : acts) a.allocate(d, m);
     lg.allocate(d, m);
@@ -349,29 +396,25 @@ struct Backbone<S>::Impl {
   }
 
   bool typed() const { return d.storage == Precision::BF16 || d.storage == Precision::F16; }
-  // The layers and norm_f from H⁰ (set by forward or forward_tokens).
-  const std::vector<S>& forward_layers(const Params<S>& p, States<S>& states, Capture* cap);
 
-  void refresh_typed_weights(const Params<S>& p) {
+  void refresh_typed_weights(const Params<S>& prm) {
     if (!typed()) return;
-    w_input_typed = p.input_proj_w;
+    w_input_typed = prm.input_proj_w;
     ref::store_typed(d, w_input_typed);
     for (size_t l = 0; l < acts.size(); ++l) {
-      w_in_typed[l] = p.layers[l].in_proj_w;
+      w_in_typed[l] = prm.layers[l].in_proj_w;
       ref::store_typed(d, w_in_typed[l]);
-      w_out_typed[l] = p.layers[l].out_proj_w;
+      w_out_typed[l] = prm.layers[l].out_proj_w;
       ref::store_typed(d, w_out_typed[l]);
     }
   }
-  const S* w_in(int l, const LayerParams<S>& p) const {
-    return typed() ? w_in_typed[l].data() : p.in_proj_w.data();
+  const S* w_in(int l) const {
+    return typed() ? w_in_typed[l].data() : p->layers[l].in_proj_w.data();
   }
-  const S* w_out(int l, const LayerParams<S>& p) const {
-    return typed() ? w_out_typed[l].data() : p.out_proj_w.data();
+  const S* w_out(int l) const {
+    return typed() ? w_out_typed[l].data() : p->layers[l].out_proj_w.data();
   }
-  const S* w_input(const Params<S>& p) const {
-    return typed() ? w_input_typed.data() : p.input_proj_w.data();
-  }
+  const S* w_input() const { return typed() ? w_input_typed.data() : p->input_proj_w.data(); }
   // The typed copy of a residual-stream gradient that feeds a GEMM (§8 "staged typed copy").
   const S* typed_copy(const std::vector<S>& v) {
     if (!typed()) return v.data();
@@ -381,7 +424,7 @@ struct Backbone<S>::Impl {
   }
 
   // Captures `v` under (layer, stage, tensor) when the registry says the run produces it.
-  void put(Capture* cap, int layer, const char* stage, const char* tensor, const std::vector<S>& v) {
+  void put(int layer, const char* stage, const char* tensor, const std::vector<S>& v) {
     if (!cap || !exists_in(find_spec(stage, tensor), cfg, mode)) return;
     cap->put_stage(layer, stage, tensor, v.data(), static_cast<Idx>(v.size()));
   }
@@ -395,40 +438,149 @@ struct Backbone<S>::Impl {
     std::copy(slice.begin(), slice.end(), all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()));
   }
 
-  // Captures every tensor of (layer l, stage) that the run produces, in the registry's order,
-  // from the buffers `fields` names.
-  void put_stage(Capture* cap, int l, const std::string& stage,
-                 const std::vector<ref::TensorField<S>>& fields) {
-    if (!cap) return;
-    for (const TensorSpec& spec : stage_registry()) {
-      if (spec.scope != Scope::Layer || stage != spec.stage) continue;
+  // ---- the executor of chain.hpp ------------------------------------------------------------
+  void before(StageId, int, Dir) {}
+  void pseudo(StageId, int, Dir) {}  // its tensors are captured after their writer
+  // After a layer stage: the registry tensors it wrote, from the buffers act_fields /
+  // grad_fields name (backbone stages capture their own tensors).
+  void after(StageId s, int l, Dir dir) {
+    if (!cap || l < 0) return;
+    const auto fields = dir == Dir::Forward ? ref::act_fields(acts[l]) : ref::grad_fields(lg);
+    for (const TensorSpec* spec : plan.written_by(s))
       for (const auto& f : fields)
-        if (stage == f.stage && std::string(spec.tensor) == f.tensor)
-          put(cap, l, spec.stage, spec.tensor, *f.v);
-    }
+        if (f.is(*spec))
+          cap->put_stage(l, spec->stage, spec->tensor, f.v->data(), static_cast<Idx>(f.v->size()));
   }
 
-  // One layer, its stages in the order of the registry's stage table.
-  void layer_forward(int l, const LayerParams<S>& p, const std::vector<S>& u, Capture* cap) {
+  // Layer l's input is H⁰ or layer l−1's output; its entering states are slices of `states`.
+  void enter_layer(int l) {
     LayerActs<S>& a = acts[l];
-    const auto fields = ref::act_fields(a);
-    a.residual = u;
-    for (const StageEntry* e : layer_fwd) {
-      ref::layer_forward_step(d, mode, e->stage, p, w_in(l, p), w_out(l, p), a);
-      put_stage(cap, l, e->stage, fields);
-    }
+    a.residual = l == 0 ? h0 : acts[l - 1].layer_output;
+    take(states->ssm, l, a.ssm_in);
+    take(states->k, l, a.k_in);
+    take(states->v, l, a.v_in);
+    take(states->angle, l, a.angle_in);
   }
-  // delta: ∂L/∂(layer output) on entry, ∂L/∂(layer input) on return.
-  void layer_backward(int l, const LayerParams<S>& p, LayerParams<S>& pg, std::vector<S>& dlt,
-                      Capture* cap) {
-    const auto fields = ref::grad_fields(lg);
-    const S* dlt_typed = typed_copy(dlt);  // the GEMMs' operand (B8)
-    for (const StageEntry* e : layer_bwd) {
-      ref::layer_backward_step(d, mode, e->stage, p, w_in(l, p), w_out(l, p), acts[l], dlt,
-                               dlt_typed, lg, pg);
-      put_stage(cap, l, e->stage, fields);
+  void leave_layer(int l) {
+    const LayerActs<S>& a = acts[l];
+    give(a.ssm_out, l, states->ssm);
+    give(a.k_out, l, states->k);
+    give(a.v_out, l, states->v);
+    give(a.angle_out, l, states->angle);
+  }
+  template <StageId s>
+  void forward(Stage<s>, int l) {
+    ref::layer_forward_step(d, mode, s, p->layers[l], w_in(l), w_out(l), acts[l]);
+  }
+
+  // input_proj: H⁰ = X·W_in + b_in (or X), or a token model's embedding (a row gather; the
+  // one-hot X only for a capture).
+  void forward(Stage<StageId::input_proj>, int) {
+    if (!tokens.empty()) {
+      ref::embed_forward(d.BT, d.in, d.dm, tokens.data(), w_input(), p->input_proj_b.data(),
+                         h0.data());
+      ref::store_typed(d, h0);
+      if (cap) {
+        x_in.assign(static_cast<size_t>(d.BT * d.in), S(0));
+        for (Idx r = 0; r < d.BT; ++r) x_in[r * d.in + tokens[r]] = S(1);
+        put(-1, "input_proj", "input_proj_inputs", x_in);
+      }
+    } else {
+      ref::store_typed(d, x_in);
+      if (cfg.input_proj_identity) {
+        h0 = x_in;
+      } else {
+        ref::linear_forward(d.BT, d.in, d.dm, x_in.data(), w_input(), p->input_proj_b.data(),
+                            h0.data());
+        ref::store_typed(d, h0);
+      }
+      put(-1, "input_proj", "input_proj_inputs", x_in);
     }
-    dlt = lg.d_temporal;
+    put(-1, "input_proj", "input_proj_outputs", h0);
+  }
+  void forward(Stage<StageId::norm_f>, int) {
+    norm_f_input = acts.back().layer_output;
+    ref::rmsnorm_forward(d.BT, d.dm, norm_f_input.data(), p->norm_f_weight.data(), out.data(),
+                         norm_f_rms.data());
+    ref::store_typed(d, out);
+    put(-1, "norm_f", "norm_f_input", norm_f_input);
+    put(-1, "norm_f", "norm_f_rms", norm_f_rms);
+    put(-1, "norm_f", "Out", out);
+  }
+
+  void backward(Stage<StageId::norm_f>, int) {
+    ref::rmsnorm_backward(d.BT, d.dm, norm_f_input.data(), p->norm_f_weight.data(),
+                          norm_f_rms.data(), d_out->data(), d_norm_f.data(),
+                          grads->norm_f_weight.data());
+    put(-1, "norm_f", "d_norm", d_norm_f);
+    delta = d_norm_f;
+  }
+  // δ = ∂L/∂(layer output) on entry; the gradients wrt the leaving states, or zero.
+  void enter_layer_backward(int l) {
+    LayerGrads<S>& g = lg;
+    if (d_leaving) {
+      take(d_leaving->ssm, l, g.d_ssm_out);
+      take(d_leaving->k, l, g.d_k_out);
+      take(d_leaving->v, l, g.d_v_out);
+      take(d_leaving->angle, l, g.d_angle_out);
+    } else {
+      for (auto* v : {&g.d_ssm_out, &g.d_k_out, &g.d_v_out, &g.d_angle_out})
+        std::fill(v->begin(), v->end(), S(0));
+    }
+    dlt_typed = typed_copy(delta);  // the GEMMs' operand (B8)
+  }
+  template <StageId s>
+  void backward(Stage<s>, int l) {
+    ref::layer_backward_step(d, mode, s, p->layers[l], w_in(l), w_out(l), acts[l], delta,
+                             dlt_typed, lg, grads->layers[l]);
+  }
+  // δ becomes ∂L/∂(layer input); the entering-state gradients go to their slices.
+  void leave_layer_backward(int l) {
+    give(lg.d_ssm_in, l, d_entering->ssm);
+    give(lg.d_k_in, l, d_entering->k);
+    give(lg.d_v_in, l, d_entering->v);
+    give(lg.d_angle_in, l, d_entering->angle);
+    delta = lg.d_temporal;
+  }
+  // dX = δ⁰·W_inᵀ (or δ⁰) from the GEMMs' typed copy of δ⁰; the bias gradient is a reduction
+  // of the f32 δ⁰ itself (a reduction save, MODEL.md §8). A token model's dW is the embedding's
+  // per-token sum of the typed δ⁰ rows, and its dX (∂L/∂ one-hot) exists only for a capture.
+  void backward(Stage<StageId::input_proj>, int) {
+    if (!tokens.empty()) {
+      const S* dt = typed_copy(delta);
+      ref::embed_backward(d.BT, d.in, d.dm, tokens.data(), dt, grads->input_proj_w.data(),
+                          static_cast<S*>(nullptr));
+      ref::add_bias_grad(d.BT, d.dm, delta.data(), grads->input_proj_b.data());
+      d_x->clear();
+      if (cap) {
+        d_x->assign(static_cast<size_t>(d.BT * d.in), S(0));
+        std::vector<S> unused_dw(static_cast<size_t>(d.in * d.dm), S(0));  // linear_backward's dW
+        ref::linear_backward(d.BT, d.in, d.dm, x_in.data(), w_input(), dt, d_x->data(),
+                             unused_dw.data(), static_cast<S*>(nullptr));
+        ref::store_typed(d, *d_x);
+        put(-1, "input_proj", "d_input_proj_dx", *d_x);
+      }
+      return;
+    }
+    d_x->assign(static_cast<size_t>(d.BT * d.in), S(0));
+    if (cfg.input_proj_identity) {
+      *d_x = delta;
+    } else {
+      ref::linear_backward(d.BT, d.in, d.dm, x_in.data(), w_input(), typed_copy(delta),
+                           d_x->data(), grads->input_proj_w.data(), static_cast<S*>(nullptr));
+      ref::add_bias_grad(d.BT, d.dm, delta.data(), grads->input_proj_b.data());
+    }
+    ref::store_typed(d, *d_x);
+    put(-1, "input_proj", "d_input_proj_dx", *d_x);
+  }
+
+  const std::vector<S>& run_forward(const Params<S>& prm, States<S>& st, Capture* c) {
+    p = &prm;
+    states = &st;
+    cap = c;
+    chain_forward(*this, plan);
+    have_forward = true;
+    return out;
   }
 };
 
@@ -495,17 +647,7 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   m.refresh_typed_weights(p);
   m.tokens.clear();
   m.x_in = X;
-  ref::store_typed(d, m.x_in);
-  if (m.cfg.input_proj_identity) {
-    m.h0 = m.x_in;
-  } else {
-    ref::linear_forward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), p.input_proj_b.data(),
-                        m.h0.data());
-    ref::store_typed(d, m.h0);
-  }
-  m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
-  m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
-  return m.forward_layers(p, states, cap);
+  return m.run_forward(p, states, cap);
 }
 
 template <class S>
@@ -522,46 +664,7 @@ const std::vector<S>& Backbone<S>::forward_tokens(const Params<S>& p,
              tok.size(), ", expected B*T = ", d.BT);
   m.refresh_typed_weights(p);
   m.tokens = tok;
-  ref::embed_forward(d.BT, d.in, d.dm, tok.data(), m.w_input(p), p.input_proj_b.data(),
-                     m.h0.data());
-  ref::store_typed(d, m.h0);
-  if (cap) {
-    m.x_in.assign(static_cast<size_t>(d.BT * d.in), S(0));
-    for (Idx r = 0; r < d.BT; ++r) m.x_in[r * d.in + tok[r]] = S(1);
-    m.put(cap, -1, "input_proj", "input_proj_inputs", m.x_in);
-  }
-  m.put(cap, -1, "input_proj", "input_proj_outputs", m.h0);
-  return m.forward_layers(p, states, cap);
-}
-
-template <class S>
-const std::vector<S>& Backbone<S>::Impl::forward_layers(const Params<S>& p, States<S>& states,
-                                                        Capture* cap) {
-  Impl& m = *this;
-  const Dims& d = m.d;
-  const std::vector<S>* h = &m.h0;
-  for (int l = 0; l < static_cast<int>(m.cfg.n_layers); ++l) {
-    LayerActs<S>& a = m.acts[l];
-    Impl::take(states.ssm, l, a.ssm_in);
-    Impl::take(states.k, l, a.k_in);
-    Impl::take(states.v, l, a.v_in);
-    Impl::take(states.angle, l, a.angle_in);
-    m.layer_forward(l, p.layers[l], *h, cap);
-    Impl::give(a.ssm_out, l, states.ssm);
-    Impl::give(a.k_out, l, states.k);
-    Impl::give(a.v_out, l, states.v);
-    Impl::give(a.angle_out, l, states.angle);
-    h = &a.layer_output;
-  }
-  m.norm_f_input = *h;
-  ref::rmsnorm_forward(d.BT, d.dm, m.norm_f_input.data(), p.norm_f_weight.data(), m.out.data(),
-                       m.norm_f_rms.data());
-  ref::store_typed(d, m.out);
-  m.put(cap, -1, "norm_f", "norm_f_input", m.norm_f_input);
-  m.put(cap, -1, "norm_f", "norm_f_rms", m.norm_f_rms);
-  m.put(cap, -1, "norm_f", "Out", m.out);
-  m.have_forward = true;
-  return m.out;
+  return m.run_forward(p, states, cap);
 }
 
 template <class S>
@@ -578,63 +681,14 @@ void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
              "got ", d_out.size(), ", expected B*T*d_model = ", d.BT * d.dm);
   if (d_leaving) check_states(*d_leaving, m.cfg, d.B, where, "leaving-state gradient");
   d_entering = zero_states<S>(m.cfg, d.B);
-  ref::rmsnorm_backward(d.BT, d.dm, m.norm_f_input.data(), p.norm_f_weight.data(),
-                        m.norm_f_rms.data(), d_out.data(), m.d_norm_f.data(),
-                        grads.norm_f_weight.data());
-  m.put(cap, -1, "norm_f", "d_norm", m.d_norm_f);
-  m.delta = m.d_norm_f;
-  LayerGrads<S>& g = m.lg;
-  for (int l = static_cast<int>(m.cfg.n_layers) - 1; l >= 0; --l) {
-    if (d_leaving) {
-      Impl::take(d_leaving->ssm, l, g.d_ssm_out);
-      Impl::take(d_leaving->k, l, g.d_k_out);
-      Impl::take(d_leaving->v, l, g.d_v_out);
-      Impl::take(d_leaving->angle, l, g.d_angle_out);
-    } else {
-      for (auto* v : {&g.d_ssm_out, &g.d_k_out, &g.d_v_out, &g.d_angle_out})
-        std::fill(v->begin(), v->end(), S(0));
-    }
-    m.layer_backward(l, p.layers[l], grads.layers[l], m.delta, cap);
-    Impl::give(g.d_ssm_in, l, d_entering.ssm);
-    Impl::give(g.d_k_in, l, d_entering.k);
-    Impl::give(g.d_v_in, l, d_entering.v);
-    Impl::give(g.d_angle_in, l, d_entering.angle);
-  }
-  if (!m.tokens.empty()) {
-    // The embedding: the GEMM's dW of a one-hot X is a per-token sum of the typed δ⁰ rows.
-    const S* dt = m.typed_copy(m.delta);
-    ref::embed_backward(d.BT, d.in, d.dm, m.tokens.data(), dt, grads.input_proj_w.data(),
-                        static_cast<S*>(nullptr));
-    std::vector<S> db(static_cast<size_t>(d.dm), S(0));
-    for (Idx r = 0; r < d.BT; ++r)
-      for (Idx j = 0; j < d.dm; ++j) db[j] += m.delta[r * d.dm + j];
-    for (Idx j = 0; j < d.dm; ++j) grads.input_proj_b[j] += db[j];
-    d_x.clear();
-    if (cap) {
-      d_x.assign(static_cast<size_t>(d.BT * d.in), S(0));
-      std::vector<S> unused_dw(static_cast<size_t>(d.in * d.dm), S(0));  // linear_backward's dW
-      ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), dt, d_x.data(),
-                           unused_dw.data(), static_cast<S*>(nullptr));
-      ref::store_typed(d, d_x);
-      m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);
-    }
-    return;
-  }
-  d_x.assign(static_cast<size_t>(d.BT * d.in), S(0));
-  if (m.cfg.input_proj_identity) {
-    d_x = m.delta;
-  } else {
-    // The GEMMs take the staged typed copy of δ⁰; the bias gradient is a reduction of the f32
-    // δ⁰ itself (a reduction save, MODEL.md §8).
-    ref::linear_backward(d.BT, d.in, d.dm, m.x_in.data(), m.w_input(p), m.typed_copy(m.delta),
-                         d_x.data(), grads.input_proj_w.data(), static_cast<S*>(nullptr));
-    std::vector<S> db(static_cast<size_t>(d.dm), S(0));
-    for (Idx r = 0; r < d.BT; ++r)
-      for (Idx j = 0; j < d.dm; ++j) db[j] += m.delta[r * d.dm + j];
-    for (Idx j = 0; j < d.dm; ++j) grads.input_proj_b[j] += db[j];
-  }
-  ref::store_typed(d, d_x);
-  m.put(cap, -1, "input_proj", "d_input_proj_dx", d_x);
+  m.p = &p;
+  m.grads = &grads;
+  m.d_out = &d_out;
+  m.d_leaving = d_leaving;
+  m.d_entering = &d_entering;
+  m.d_x = &d_x;
+  m.cap = cap;
+  chain_backward(m, m.plan);
 }
 
 template <class S>

@@ -3,6 +3,7 @@
 // gradients wrt the entering states of §12.4.
 #include "registry.hpp"
 
+#include "chain.hpp"
 #include "error.hpp"
 
 namespace m3 {
@@ -458,28 +459,58 @@ std::string param_key(int layer, const char* name) {
   return layer >= 0 ? "grad/L" + std::to_string(layer) + "/" + name : std::string("grad/") + name;
 }
 
-std::vector<KeyedSpec> expected_stage_keys(const Config& cfg, Idx B, Idx T, ScanMode mode) {
+namespace {
+
+// The stage chain (chain.hpp) run for its order alone: each backbone stage's registry rows
+// after it, each layer's rows of a direction as the layer is entered.
+class KeyLister {
+  friend struct m3::ChainAccess;
+
+ public:
+  KeyLister(const Config& cfg, Idx B, Idx T, ScanMode mode)
+      : cfg_(cfg), B_(B), T_(T), mode_(mode) {}
   std::vector<KeyedSpec> out;
-  // Emits the registry rows of one (scope, direction[, backbone stage]) in table order.
-  auto emit = [&](Scope scope, Dir dir, int layer, const char* only_stage) {
+
+ private:
+  void emit(Scope scope, Dir dir, int layer, const char* only_stage) {
     for (const auto& s : stage_registry()) {
-      if (s.scope != scope || s.dir != dir || !exists_in(s, cfg, mode)) continue;
+      if (s.scope != scope || s.dir != dir || !exists_in(s, cfg_, mode_)) continue;
       if (only_stage && std::string(s.stage) != only_stage) continue;
       out.push_back({stage_key(layer, s.stage, s.tensor), layer, &s,
-                     resolve_shape(s.shape, cfg, B, T)});
+                     resolve_shape(s.shape, cfg_, B_, T_)});
     }
-  };
-  const int L = static_cast<int>(cfg.n_layers);
-  emit(Scope::Backbone, Dir::Forward, -1, "input_proj");
-  for (int l = 0; l < L; ++l) emit(Scope::Layer, Dir::Forward, l, nullptr);
-  emit(Scope::Backbone, Dir::Forward, -1, "norm_f");
-  emit(Scope::Backbone, Dir::Forward, -1, "head");
-  emit(Scope::Backbone, Dir::Forward, -1, "loss");
-  emit(Scope::Backbone, Dir::Backward, -1, "head");
-  emit(Scope::Backbone, Dir::Backward, -1, "norm_f");
-  for (int l = L - 1; l >= 0; --l) emit(Scope::Layer, Dir::Backward, l, nullptr);
-  emit(Scope::Backbone, Dir::Backward, -1, "input_proj");
-  return out;
+  }
+  void before(StageId, int, Dir) {}
+  void after(StageId s, int l, Dir dir) {
+    if (l < 0) emit(Scope::Backbone, dir, -1, stage_name(s));
+  }
+  void pseudo(StageId, int, Dir) {}
+  void enter_layer(int l) { emit(Scope::Layer, Dir::Forward, l, nullptr); }
+  void leave_layer(int) {}
+  void enter_layer_backward(int l) { emit(Scope::Layer, Dir::Backward, l, nullptr); }
+  void leave_layer_backward(int) {}
+  template <class St>
+  void forward(St, int) {}
+  template <class St>
+  void backward(St, int) {}
+
+  const Config& cfg_;
+  Idx B_, T_;
+  ScanMode mode_;
+};
+
+}  // namespace
+
+std::vector<KeyedSpec> expected_stage_keys(const Config& cfg, Idx B, Idx T, ScanMode mode) {
+  KeyLister k(cfg, B, T, mode);
+  const ChainPlan plan = ChainPlan::of(cfg, mode);
+  chain_forward(k, plan);
+  if (plan.lm) {
+    chain_lm_forward(k);
+    chain_lm_backward(k);
+  }
+  chain_backward(k, plan);
+  return std::move(k.out);
 }
 
 std::vector<KeyedParam> expected_param_keys(const Config& cfg) {
@@ -555,12 +586,23 @@ StageEntry entry(const std::string& name, bool per_layer, std::vector<StageRead>
   const bool tagged = name.size() > bwd.size() &&
                       name.compare(name.size() - bwd.size(), bwd.size(), bwd) == 0;
   const bool backward = tagged || name[0] == 'B' || name == "d_states";
-  return {name, tagged ? name.substr(0, name.size() - bwd.size()) : name,
-          per_layer ? Scope::Layer : Scope::Backbone, backward ? Dir::Backward : Dir::Forward,
-          std::move(reads)};
+  const std::string stage = tagged ? name.substr(0, name.size() - bwd.size()) : name;
+  return {name, stage, stage_id(stage), per_layer ? Scope::Layer : Scope::Backbone,
+          backward ? Dir::Backward : Dir::Forward, std::move(reads)};
 }
 
 }  // namespace
+
+StageId stage_id(std::string_view name) {
+  for (const StageRow& r : kStageRows)
+    if (name == r.name) return r.id;
+  throw Error("stage_id", "no such stage", std::string(name));
+}
+bool is_stage_name(std::string_view name) {
+  for (const StageRow& r : kStageRows)
+    if (name == r.name) return true;
+  return false;
+}
 
 std::string writing_stage(const TensorSpec& s) {
   const std::string stage = s.stage, tensor = s.tensor;

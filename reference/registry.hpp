@@ -20,14 +20,13 @@
 
 #include "config.hpp"
 #include "precision.hpp"
+#include "stage_ids.hpp"
 
 namespace m3 {
 
 // Symbolic dimensions of MODEL.md §0; shapes in the registry are lists of these.
 enum class Sym { B, T, BT, Tp1, DM, DI, IP, NH, HD, DS, NG, NA, NC, CS, IN, V };
 
-enum class Dir { Forward, Backward };
-enum class Scope { Backbone, Layer };
 enum class Modes { Both, Seq, Chunked };
 // When the tensor exists: always, only with is_outproj_norm, only when num_rope_angles > 0,
 // only in a token model (vocab_size > 0: the LM ends of TRAINING.md §1).
@@ -106,6 +105,7 @@ struct StageRead {
 struct StageEntry {
   std::string name;   // as the stage profile names it: "F1", "norm_f", "norm_f (bwd)", …
   std::string stage;  // the registry stage: the name without " (bwd)"
+  StageId id;         // the stage of `stage`
   Scope scope;        // Layer: runs once per layer
   Dir dir;
   std::vector<StageRead> reads;

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.hpp"
 #include "params.hpp"
 #include "precision.hpp"
+#include "stage_ids.hpp"
 
 namespace m3::ref {
 
@@ -88,29 +90,41 @@ struct LayerGrads {
 // entering-state gradients d_states/*.
 template <class S>
 struct TensorField {
-  const char* stage;
+  StageId stage;
   const char* tensor;
   std::vector<S>* v;
+  // Whether this is the buffer of registry row `spec`.
+  template <class Spec>
+  bool is(const Spec& spec) const {
+    return std::string_view(stage_name(stage)) == spec.stage &&
+           std::string_view(tensor) == spec.tensor;
+  }
 };
 template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a);
 template <class S>
 std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g);
 
-// One stage of one layer on its buffers, by the stage table's name (backbone.cpp): the steps
-// that the backbone and the isolated runner both chain. Forward steps read the layer input
-// from a.residual; F5 and F6 also write the leaving states, B6 and B5a the entering-state
-// gradients, B4b also does B4c ("states", "B4c", "d_states" are no-ops). w_in, w_out: the GEMM
-// weights in the storage precision; delta: ∂L/∂(layer output), delta_typed its staged typed
-// copy (the GEMMs' operand). An unknown stage throws m3::Error.
+// One stage of one layer on its buffers (the Eigen executors of chain.hpp: the backbone, the
+// isolated runner and the perturbed oracle run their layer stages through these). Forward
+// steps read the layer input from a.residual; F5 and F6 also write the leaving states, B6 and
+// B5a the entering-state gradients, B4b also B4c's tensors. w_in, w_out: the GEMM weights in
+// the storage precision; delta: ∂L/∂(layer output), delta_typed its staged typed copy (the
+// GEMMs' operand). A stage that is no layer stage of that direction throws m3::Error.
 template <class S>
-void layer_forward_step(const Dims& d, ScanMode mode, const std::string& stage,
-                        const LayerParams<S>& p, const S* w_in, const S* w_out, LayerActs<S>& a);
+void layer_forward_step(const Dims& d, ScanMode mode, StageId stage, const LayerParams<S>& p,
+                        const S* w_in, const S* w_out, LayerActs<S>& a);
 template <class S>
-void layer_backward_step(const Dims& d, ScanMode mode, const std::string& stage,
-                         const LayerParams<S>& p, const S* w_in, const S* w_out,
-                         const LayerActs<S>& a, const std::vector<S>& delta,
-                         const S* delta_typed, LayerGrads<S>& g, LayerParams<S>& pg);
+void layer_backward_step(const Dims& d, ScanMode mode, StageId stage, const LayerParams<S>& p,
+                         const S* w_in, const S* w_out, const LayerActs<S>& a,
+                         const std::vector<S>& delta, const S* delta_typed, LayerGrads<S>& g,
+                         LayerParams<S>& pg);
+
+// db += Σ_r delta[r, :] over the rows in order (the bias gradient of a linear map whose output
+// gradient is delta [rows, dim]; summed into a zeroed row first, then added, as every
+// implementation of input_proj's backward does).
+template <class S>
+void add_bias_grad(Idx rows, Idx dim, const S* delta, S* db);
 
 // ---- rmsnorm.cpp: y[r,i] = u[r,i]/rms[r]·w[i], rms[r] = sqrt(mean_i u[r,i]² + ε)
 template <class S>
