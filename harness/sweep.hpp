@@ -1,4 +1,4 @@
-// A random sweep over the supported config space (issue 16 §5, `m3h compare --sweep N --seed S`):
+// A random sweep over the supported config space (`m3h compare --sweep N --seed S`):
 // fixed presets only find the bugs someone thought of, so the sweep draws N valid problems at
 // random, runs each through the usual comparison (run.hpp: every precision of --dtype, every
 // scan mode, e2e and/or isolated), and for every failing problem prints a one-line reproducer
@@ -44,8 +44,7 @@
 //    path is zero but for ε's effect, ~1e-5 of its terms. The computed value is rounding noise
 //    of sums of terms of order one, and an f32 reduction of n cancelling terms errs ~√n times
 //    more than the perturbed oracle's one rounding per term (up to 6x its estimate at headdim
-//    64). Measured (seed 7, 40 such problems): 3 fail, all f32. (The first problem quoted in
-//    issue 16 is of this kind; it passes, end to end and isolated.)
+//    64). Measured (seed 7, 40 such problems): 3 fail, all f32.
 //
 // The baseline of the cells without a same-precision one (the CPU's, and the GPU's isolated
 // cells): the perturbed oracle below, BaselineKind::Perturbed (budget.hpp: the rule's k).
@@ -67,67 +66,10 @@
 #include <string>
 #include <vector>
 
+#include "perturbed.hpp"
 #include "run.hpp"
 
 namespace m3::harness {
-
-// ---- the perturbed oracle: the conditioning baseline of the CPU cells (budget.hpp) ----------
-
-// The perturbed oracle of a cell of precision p: the double reference with a random error of
-// the size of one rounding wherever a float implementation at p rounds a stored value —
-// relative u_typed = unit_roundoff(p) where MODEL.md §8 stores a tensor typed (the registry's
-// typed tensors, the GEMM weights' compute copies, X, the staged typed copy of δ that feeds a
-// GEMM), relative u_f32 = 2^-24 everywhere else (f32 tensors, the other parameters, dOut, the
-// entering states); in an f16 cell every stage output also absolutely, by up to half f16's
-// smallest subnormal (2^-25), where that is larger (see `tiny`). f32: all at 2^-24.
-struct Perturbation {
-  double u_typed = 0, u_f32 = 0;
-  // The absolute floor of every value's error, stage outputs f32 or typed: in an f16 cell a
-  // value below f16's normal range has passed through (or was computed from) f16 storage,
-  // whose rounding there is absolute, 2^-25 (half the smallest subnormal); 0 for f32, bf16.
-  double tiny = 0;
-};
-Perturbation perturbation_of(Precision p);
-
-// `pb` with every parameter, X, dOut and entering state multiplied by (1 + u·r), r uniform in
-// [−1, 1) from Rng(perturbation_seed(pb.seed, pt.u_typed, draw, 0)), in the flat order of
-// for_each_param (GEMM weights at u_typed, the others at u_f32), then x, d_out, the states ssm,
-// k, v, angle; tokens, targets and loss weights of a token model are kept (integers and 0/1).
-Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw);
-// The stream of (problem seed, u, draw, role): role 0 the problem's perturbation, 1 the stages'.
-std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role);
-// The double reference on perturbed_problem(pb, pt, draw), run stage by stage in the registry's
-// stage table as Backbone<double> / LmModel<double> chain them, with EVERY tensor a stage
-// writes (activations, saved tensors, states, gradients) perturbed as above right after the
-// stage (stream role 1). Same keys as run_reference<double>; with a zero Perturbation equal to
-// it bit for bit.
-Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturbation& pt,
-                                int draw);
-// The isolated counterpart (HARNESS.md §2): every stage of run_perturbed_reference fed the
-// ORACLE's values of its inputs, each perturbed as one rounding at its storage (the isolated
-// runner rounds the oracle's inputs so, isolated.hpp), its outputs perturbed and captured
-// (stream role 2): the error one stage cannot avoid at p, given its conditioning.
-Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
-                               const Perturbation& pt, int draw);
-// run_perturbed_reference at unit_roundoff(p); named "reference<double>~u(p)[#draw]".
-Implementation perturbed_oracle(Precision p, int draw);
-// run_perturbed_isolated at unit_roundoff(p), as a lineup's isolated baseline.
-IsolatedRun perturbed_isolated_oracle(Precision p, int draw);
-// Gives every lineup `draws` draws of perturbed_isolated_oracle as its isolated baselines (the
-// GPU lineups too: their isolated cells have no same-precision baseline either), measured
-// against the unperturbed teacher-forced double run (isolated_baseline_reference); and every
-// lineup with a same-precision end-to-end baseline `draws` draws of perturbed_oracle as its
-// conditioning term (Lineup::conditioning, budget.hpp), measured against
-// run_reference<double> (conditioning_reference). The unperturbed runs are computed once per
-// problem and scan mode for all the lineups.
-void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws = kPerturbationDraws);
-// The CPU lineup of m3h compare: subject = reference_emulation(p), baseline = the perturbed
-// oracle at p (BaselineKind::Perturbed), `draws` draws (≥ 1): draw 0 as the baseline, the
-// others as more_baselines, measured against run_reference<double> (baseline_reference: so
-// that a stored oracle's own deviation is never taken for precision-forced error; computed
-// once per problem and scan mode for all the lineups); and add_perturbed_baselines(…, draws).
-std::vector<Lineup> cpu_lineups_perturbed(const std::vector<Precision>& precisions,
-                                          int draws = kPerturbationDraws);
 
 // ---- the sweep ------------------------------------------------------------------------------
 
