@@ -24,6 +24,7 @@
 #include "lm_kernels.cuh"
 #include "backbone.hpp"  // reference: capture_grads
 #include "backbone_gpu.hpp"
+#include "chain.hpp"
 #include "common.cuh"
 #include "convert.cuh"
 #include "error.hpp"
@@ -217,6 +218,8 @@ namespace detail {
 
 template <class T>
 class BackboneT final : public GpuBackbone::Impl {
+  friend struct m3::ChainAccess;
+
  public:
   BackboneT(GpuContext& c, const Config& cf, Idx B, Idx T_, ScanMode m, Recompute rc)
       : ctx_(c), cfg_(cf), d_(ref::Dims::of(cf, B, T_, precision_of<T>())), mode_(m), rc_(rc),
@@ -251,8 +254,7 @@ class BackboneT final : public GpuBackbone::Impl {
     bb_.add("delta", d_.BT * d_.dm, 4, Life::View);  // δ: a view of the buffer that made it
     bb_.add("delta_typed", d_.BT * d_.dm, sizeof(T));
     table_ = stage_table(cf, m);
-    for (const StageEntry& e : table_)
-      if (e.scope == Scope::Layer) (e.dir == Dir::Forward ? layer_fwd_ : layer_bwd_).push_back(&e);
+    plan_ = ChainPlan::of(cf, m);
     // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
     // copies in one buffer of T, one segment per weight (refresh_typed_copies: one launch).
     layout_ = m3::param_layout(cf);
@@ -421,7 +423,6 @@ class BackboneT final : public GpuBackbone::Impl {
           b.ld = of.n / d_.BT;
         }
     if (full_) ws_.clear();
-    pending_add_ = -1;
     have_forward_ = false;
   }
   unsigned char* workspace(const std::string& name, std::size_t bytes) {
@@ -619,8 +620,10 @@ class BackboneT final : public GpuBackbone::Impl {
                "set_tokens and set_targets come first", "");
     forward(cap);
     mark("start");
-    run_stage(-1, "head", Dir::Forward, cap);
-    run_stage(-1, "loss", Dir::Forward, cap);
+    cap_ = cap;
+    plan_fusion();
+    chain_lm_forward(*this);
+    cap_ = nullptr;
     collect_marks();
     have_loss_ = true;
   }
@@ -634,7 +637,10 @@ class BackboneT final : public GpuBackbone::Impl {
                "backward_loss called before forward_loss", "");
     loss_scale_ = scale;
     mark("start");
-    run_stage(-1, "head", Dir::Backward, cap);
+    cap_ = cap;
+    plan_fusion();
+    chain_lm_backward(*this);
+    cap_ = nullptr;
     collect_marks();
     backward(cap);
   }
@@ -714,16 +720,11 @@ class BackboneT final : public GpuBackbone::Impl {
   // ---- the two passes ---------------------------------------------------------------------
   void forward(Capture* cap) override {
     if (cap) ensure_full();
-    pending_add_ = -1;
     mark("start");
-    run_stage(-1, "input_proj", Dir::Forward, cap);
-    for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-      enter_layer(l);
-      for (const StageEntry* e : layer_fwd_) run_stage(l, e->stage.c_str(), Dir::Forward, cap);
-      leave_layer(l);
-    }
-    bb_.view("norm_f/norm_f_input", layers_.back().at("layer_output"));
-    run_stage(-1, "norm_f", Dir::Forward, cap);
+    cap_ = cap;
+    plan_fusion();
+    chain_forward(*this, plan_);
+    cap_ = nullptr;
     collect_marks();
     have_forward_ = true;
   }
@@ -735,19 +736,11 @@ class BackboneT final : public GpuBackbone::Impl {
                "pass the Capture to forward() too (the production forward keeps only what its "
                "backward reads)");
     mark("start");
-    const int L = static_cast<int>(cfg_.n_layers);
     delta_typed_of_ = nullptr;
-    run_stage(-1, "norm_f", Dir::Backward, cap);
-    // δ, the gradient wrt the residual stream entering each layer's backward from above, is
-    // a view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal).
-    bb_.view("delta", bb_.at("norm_f/d_norm"));
-    for (int l = L - 1; l >= 0; --l) {
-      load_leaving_grads(l);
-      for (const StageEntry* e : layer_bwd_) run_stage(l, e->stage.c_str(), Dir::Backward, cap);
-      store_entering_grads(l);
-      bb_.view("delta", layers_[l].at("d_temporal"));
-    }
-    run_stage(-1, "input_proj", Dir::Backward, cap);
+    cap_ = cap;
+    plan_fusion();
+    chain_backward(*this, plan_);
+    cap_ = nullptr;
     collect_marks();
   }
 
@@ -764,6 +757,19 @@ class BackboneT final : public GpuBackbone::Impl {
   Capture isolated_run(const Capture& oracle, bool poison_unread);  // verify/backbone_verify.cu
 
  private:
+
+  // run_isolated's pass: each stage fed the oracle's values, its outputs captured into `out`
+  // and then restored (verify/backbone_verify.cu).
+  struct IsolatedPass {
+    const Capture& oracle;
+    Capture& out;
+    bool poison_unread;
+    std::vector<KeyedSpec> keys;  // every registry tensor of the run
+    bool poisoned = false;        // the stage in flight ran with its unread tensors poisoned
+  };
+  void isolated_before(StageId s, int l, Dir dir);  // verify/backbone_verify.cu
+  void isolated_after(StageId s, int l, Dir dir);   // verify/backbone_verify.cu
+  void upload_oracle_delta(int l);                  // verify/backbone_verify.cu
 
   // The stage-table entry of (layer or backbone, registry stage, direction).
   const StageEntry& table_entry(int layer, const std::string& stage, Dir dir) const;  // verify/backbone_verify.cu
@@ -835,9 +841,15 @@ class BackboneT final : public GpuBackbone::Impl {
   void load_entering_states(int l) {
     copy_states(l, st_, {"ssm_in", "k_in", "v_in", "angle_in"}, true);
   }
+  // ---- the executor of the stage chain (reference/chain.hpp) --------------------------------
   // Layer l's input (residual): a view of layer l−1's output, or H⁰ (typed) widened to f32
-  // for l = 0; then the entering states.
+  // for l = 0; then the entering states. The isolated mode loads only the entering states:
+  // every tensor else is the oracle's already.
   void enter_layer(int l) {
+    if (iso_) {
+      load_entering_states(l);
+      return;
+    }
     Buffers& L = layers_[l];
     if (l > 0) {
       L.view("residual", layers_[l - 1].at("layer_output"));
@@ -847,8 +859,23 @@ class BackboneT final : public GpuBackbone::Impl {
     }
     load_entering_states(l);
   }
+  // The leaving states to their slices; norm_f reads the last layer's output in place.
   void leave_layer(int l) {
+    if (iso_) return;
     copy_states(l, st_, {"ssm_state", "k_state", "v_state", "angle_state"}, false);
+    if (l + 1 == plan_.n_layers) bb_.view("norm_f/norm_f_input", layers_[l].at("layer_output"));
+  }
+  // δ, the gradient wrt the residual stream entering each layer's backward from above, is a
+  // view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal); the
+  // isolated mode uploads the oracle's.
+  void enter_layer_backward(int l) {
+    if (iso_) upload_oracle_delta(l);
+    load_leaving_grads(l);
+  }
+  void leave_layer_backward(int l) {
+    if (iso_) return;
+    store_entering_grads(l);
+    bb_.view("delta", layers_[l].at("d_temporal"));
   }
   void load_leaving_grads(int l) {
     copy_states(l, dl_, {"d_ssm_out", "d_k_out", "d_v_out", "d_angle_out"}, true);
@@ -858,22 +885,48 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   // ---- one stage ----------------------------------------------------------------------------
-  void run_stage(int l, const char* stage, Dir dir, Capture* cap) {
-    const std::string st = stage;
-    if (l < 0) {
-      if (st == "input_proj") dir == Dir::Forward ? input_proj_forward() : input_proj_backward();
-      if (st == "norm_f") dir == Dir::Forward ? norm_f_forward() : norm_f_backward();
-      if (st == "head") dir == Dir::Forward ? head_forward() : head_backward();
-      if (st == "loss") loss_stage();
-    } else if (dir == Dir::Forward) {
-      layer_forward_stage(l, st, cap != nullptr || store_all_);
-    } else {
-      layer_backward_stage(l, st, cap != nullptr || store_all_);
-    }
-    if (l == fault_layer_ && fault_ != Fault::None && st == fault_stage(fault_)) apply_fault(l);
-    mark(l < 0 && dir == Dir::Backward ? st + " (bwd)" : st);
-    capture(cap, l, stage, dir);
+  bool capturing() const { return cap_ != nullptr || store_all_; }
+  void before(StageId s, int l, Dir dir) {
+    if (iso_) isolated_before(s, l, dir);
   }
+  // After a stage: a negative control's fault, the profiler's mark, the capture; in the
+  // isolated mode the oracle's values back in place.
+  void after(StageId s, int l, Dir dir) {
+    if (fault_ != Fault::None && l == fault_layer_ &&
+        std::strcmp(stage_name(s), fault_stage(fault_)) == 0)
+      apply_fault(l);
+    if (l < 0 && dir == Dir::Backward) {
+      mark(std::string(stage_name(s)) + " (bwd)");
+    } else {
+      mark(stage_name(s));
+    }
+    capture(cap_, l, stage_name(s), dir);
+    if (iso_) isolated_after(s, l, dir);
+  }
+  // A pseudo-stage: its place in the profile, the capture of its tensors (written by F5/F6,
+  // B6/B5a or B4b before it).
+  void pseudo(StageId s, int l, Dir dir) {
+    before(s, l, dir);
+    after(s, l, dir);
+  }
+  template <StageId s>
+  void forward(Stage<s>, int l) {
+    layer_forward_stage(l, s, capturing());
+  }
+  template <StageId s>
+  void backward(Stage<s>, int l) {
+    layer_backward_stage(l, s, capturing());
+  }
+  void forward(Stage<StageId::input_proj>, int) { input_proj_forward(); }
+  void backward(Stage<StageId::input_proj>, int) { input_proj_backward(); }
+  void forward(Stage<StageId::norm_f>, int) { norm_f_forward(); }
+  void backward(Stage<StageId::norm_f>, int) {
+    norm_f_backward();
+    if (!iso_) bb_.view("delta", bb_.at("norm_f/d_norm"));
+  }
+  void forward(Stage<StageId::head>, int) { head_forward(); }
+  void backward(Stage<StageId::head>, int) { head_backward(); }
+  void forward(Stage<StageId::loss>, int) { loss_stage(); }
 
   void input_proj_forward() {
     T* x = bb_.get<T>("input_proj/input_proj_inputs");
@@ -890,14 +943,13 @@ class BackboneT final : public GpuBackbone::Impl {
     }
   }
   // The norm that reads layer `prev`'s output u (a view of its layer_output): F1 of layer
-  // prev + 1, or norm_f. When prev's F8 left its residual add pending, u = residual + out_flat
-  // is formed and stored here, in the same pass (rmsnorm_forward_add).
+  // prev + 1, or norm_f. When the pass leaves F8's residual add to the next norm, u = residual
+  // + out_flat is formed and stored here, in the same pass (rmsnorm_forward_add).
   void norm_of_output(int prev, float* u, const float* w, T* y, float* rms) {
-    if (prev >= 0 && pending_add_ == prev) {
+    if (prev >= 0 && fuse_.add_in_next_norm) {
       Buffers& L = layers_[prev];
       rmsnorm_forward_add<T>(s_, d_.BT, d_.dm, L.f("residual"), L.get<T>("out_flat"), u, w, y,
                              rms);
-      pending_add_ = -1;
     } else {
       rmsnorm_forward<T>(s_, d_.BT, d_.dm, u, w, y, rms);
     }
@@ -970,9 +1022,20 @@ class BackboneT final : public GpuBackbone::Impl {
   // each stage the oracle's inputs): F4's bias add recomputed inside F4ef and B6 instead of
   // b/c_biased being stored and read back; in the chunked mode F6's K0/K1 done inside F4ef
   // (k then stored at t = T − 1 only) and B4b's head sums and bias gradients done in B6's
-  // tail; F8's residual add done by the next norm (pending_add_); δ's typed copy for B8 made
-  // by the B1 that wrote δ.
+  // tail; F8's residual add done by the next norm; δ's typed copy for B8 made by the B1 that
+  // wrote δ.
   bool fused() const { return fusion_ && !isolated_; }
+  // Which of them a pass makes, fixed when the pass starts (plan_fusion): a stage that leaves
+  // part of its work to a later one and that later stage read the same plan.
+  struct FusionPlan {
+    bool prep_in_f4ef = false;      // chunked: F6's K0/K1 run inside F4ef
+    bool tail_in_b6 = false;        // chunked: B4b's head sums and bias gradients in B6's tail
+    bool add_in_next_norm = false;  // F8's residual add by the next norm (not for a capture)
+  };
+  void plan_fusion() {
+    const bool chunked = mode_ == ScanMode::Chunked;
+    fuse_ = {fused() && chunked, fused() && chunked, fused() && !capturing()};
+  }
 
   // The launchers' parameter structs are filled by name: each field is the registry tensor (or
   // parameter, gradient, state buffer) of the same name, so a wrong pairing reads as one.
@@ -1028,16 +1091,21 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   // capturing: the registry's b/c_biased must be stored even when their readers recompute them.
-  void layer_forward_stage(int l, const std::string& st, bool capturing) {
+  void layer_forward_stage(int l, StageId st, bool capturing) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
-    if (st == "F1") {
+    switch (st) {
+    case StageId::F1: {
       // Layer 0's residual is H⁰, no layer's output: prev = −1 never has a pending add.
       norm_of_output(l - 1, f("residual"), P(l, "norm_weight"), t("post_norm"), f("rms_vals"));
-    } else if (st == "F2") {
+      break;
+    }
+    case StageId::F2: {
       gemm_forward<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), w_in(l), nullptr, t("proj"));
-    } else if (st == "F3") {
+      break;
+    }
+    case StageId::F3: {
       SplitFwd<T> a{};
       a.proj = t("proj");
       a.dt_bias = P(l, "dt_bias");
@@ -1055,7 +1123,9 @@ class BackboneT final : public GpuBackbone::Impl {
       a.a_val = f("a_val");
       a.trap = f("trap");
       split_forward<T>(s_, d_, a);
-    } else if (st == "F4") {
+      break;
+    }
+    case StageId::F4: {
       // b/c_biased are recomputed by their fused readers (F4ef, B6): stored for a capture only.
       const bool store = !fused() || capturing;
       BcnormFwd<T> a{};
@@ -1073,27 +1143,34 @@ class BackboneT final : public GpuBackbone::Impl {
       a.b_rms = f("b_rms");
       a.c_rms = f("c_rms");
       bcnorm_forward<T>(s_, d_, a);
-    } else if (st == "F5") {
+      break;
+    }
+    case StageId::F5: {
       angle_forward(s_, d_, f("angles_raw"), f("dt"), f("angle_in"), f("angle_cumsum"),
                     f("angle_state"), scr());
-    } else if (st == "F4ef") {
+      break;
+    }
+    case StageId::F4ef: {
       if (fused() && mode_ == ScanMode::Chunked) {
         // With F6's K0/K1 (which read k, q and would otherwise read them back): k is stored
         // at t = T − 1 only (k_out), or everywhere for a capture.
         ssm_chunked_rope_prep<T>(s_, d_, rope_prep_args(l, capturing), chunked_fwd_args(l, false));
-        prep_fused_layer_ = l;
       } else if (fused()) {
         rope_forward_normed<T>(s_, d_, f("angle_cumsum"), t("b_normed"), t("c_normed"),
                                P(l, "b_bias"), P(l, "c_bias"), t("k"), t("q"));
       } else {
         rope_forward<T>(s_, d_, f("angle_cumsum"), t("b_biased"), t("c_biased"), t("k"), t("q"));
       }
-    } else if (st == "F5b") {
+      break;
+    }
+    case StageId::F5b: {
       // α, β, γ feed the sequential scan only (the chunked prep forms γ itself): the fused
       // chunked path computes them for a capture only.
       if (mode_ == ScanMode::Sequential || !fused() || capturing)
         abg_forward(s_, d_, f("a_val"), f("dt"), f("trap"), f("alpha"), f("beta"), f("gamma"));
-    } else if (st == "F6") {
+      break;
+    }
+    case StageId::F6: {
       if (mode_ == ScanMode::Sequential) {
         SsmSeqFwd<T> a{};
         a.x = t("x");
@@ -1116,23 +1193,30 @@ class BackboneT final : public GpuBackbone::Impl {
         a.ldx = ld_of(l, "x");
         ssm_seq_forward<T>(s_, d_, a);
       } else {
-        const bool prep_done = prep_fused_layer_ == l;  // K0/K1 ran with F4ef
-        prep_fused_layer_ = -1;
+        const bool prep_done = fuse_.prep_in_f4ef;  // K0/K1 ran with F4ef
         ssm_chunked_forward<T>(s_, d_, chunked_fwd_args(l, prep_done), scr());
       }
-    } else if (st == "F7") {
+      break;
+    }
+    case StageId::F7: {
       gating_forward<T>(s_, d_, t("y"), t("z"), P(l, "norm_gate_weight"), t("gated"),
                         f("gated_rms_vals"), ld_of(l, "z"));
-    } else if (st == "F8") {
+      break;
+    }
+    case StageId::F8: {
       gemm_forward<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), w_out(l), nullptr, t("out_flat"));
       // layer_output = residual + out_flat: done by the next norm (layer l + 1's F1, or
       // norm_f) in the production path; here for a capture or the isolated mode.
-      if (fused() && !capturing)
-        pending_add_ = l;
-      else
+      if (!fuse_.add_in_next_norm)
         add<T>(s_, d_.BT * d_.dm, f("residual"), t("out_flat"), f("layer_output"));
+      break;
     }
-    // "states": the leaving states are written by F5/F6; nothing to run.
+    case StageId::input_proj: case StageId::states: case StageId::norm_f: case StageId::head:
+    case StageId::loss: case StageId::B8: case StageId::B7: case StageId::B6: case StageId::B5a:
+    case StageId::B5b: case StageId::B4b: case StageId::B4c: case StageId::B3: case StageId::B2:
+    case StageId::B1: case StageId::d_states:
+      break;  // states are written by F5 and F6
+    }
   }
 
   // Recompute::Scan, production layout: the chunked scan's prep (q, Ks, qk·γ, scale, γ, and k
@@ -1276,19 +1360,21 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_c_bias = G(l, "c_bias");
     }
     ssm_chunked_backward<T>(s_, d_, a, scr());
-    tail_fused_layer_ = tail ? l : -1;
   }
 
   // capturing: the registry's d_b/c_pre_rope must be stored even when the tail is fused.
-  void layer_backward_stage(int l, const std::string& st, bool capturing) {
+  void layer_backward_stage(int l, StageId st, bool capturing) {
     Buffers& L = layers_[l];
     auto t = [&](const char* n) { return L.get<T>(n); };
     auto f = [&](const char* n) { return L.f(n); };
-    if (st == "B8") {
+    switch (st) {
+    case StageId::B8: {
       const T* dt = delta_typed();
       gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t("d_gated"));
       gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), dt, G(l, "out_proj_w"));
-    } else if (st == "B7") {
+      break;
+    }
+    case StageId::B7: {
       GatingBwd<T> a{};
       a.y = t("y");
       a.z = t("z");
@@ -1300,9 +1386,13 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_norm_gate_weight = G(l, "norm_gate_weight");
       a.ldz = shared_ld(l, "z", "d_z");
       gating_backward<T>(s_, d_, a, scr());
-    } else if (st == "B6") {
+      break;
+    }
+    case StageId::B6: {
       mode_ == ScanMode::Sequential ? seq_b6(l) : chunked_b6(l, capturing);
-    } else if (st == "B5a") {
+      break;
+    }
+    case StageId::B5a: {
       AngleBwd a{};
       a.angles_raw = f("angles_raw");
       a.dt = f("dt");
@@ -1313,7 +1403,9 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_angle_in = f("d_angle_state");
       if (proj_grads_direct(l)) a.d_angles_raw_cols = split_f32_cols(d_, t("d_proj")).d_angles_raw;
       angle_backward(s_, d_, a, scr());
-    } else if (st == "B5b") {
+      break;
+    }
+    case StageId::B5b: {
       ActBwd a{};
       a.dd_dt_raw = f("dd_dt_raw");
       a.dd_a_raw = f("dd_a_raw");
@@ -1332,9 +1424,10 @@ class BackboneT final : public GpuBackbone::Impl {
       a.a_floor = cfg_.a_floor;
       if (proj_grads_direct(l)) a.into_proj(split_f32_cols(d_, t("d_proj")));
       activations_backward(s_, d_, a, scr());
-    } else if (st == "B4b") {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
-      const bool done = tail_fused_layer_ == l;  // B4b ran in B6's tail: B4c alone
-      tail_fused_layer_ = -1;
+      break;
+    }
+    case StageId::B4b: {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
+      const bool done = fuse_.tail_in_b6;  // B4b ran in B6's tail: B4c alone
       BcnormBwd<T> a{};
       a.b_raw = t("b_raw");
       a.c_raw = t("c_raw");
@@ -1354,7 +1447,9 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_b_bias = G(l, "b_bias");
       a.d_c_bias = G(l, "c_bias");
       bcnorm_backward<T>(s_, d_, a, scr());
-    } else if (st == "B3") {
+      break;
+    }
+    case StageId::B3: {
       if (proj_grads_direct(l)) return;  // B7, B6, B4c, B5b and B5a wrote all of d_proj
       SplitBwd<T> a{};
       // Column views (production): B7, B6 and B4c wrote the typed parts into d_proj already.
@@ -1369,11 +1464,15 @@ class BackboneT final : public GpuBackbone::Impl {
       a.d_angles_raw = f("d_angles_raw");
       a.d_proj = t("d_proj");
       split_backward<T>(s_, d_, a);
-    } else if (st == "B2") {
+      break;
+    }
+    case StageId::B2: {
       gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t("d_proj"), w_in(l), t("d_norm"));
       gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), t("d_proj"),
                           G(l, "in_proj_w"));
-    } else if (st == "B1") {
+      break;
+    }
+    case StageId::B1: {
       // d_temporal = δ + d_pre_norm in the same kernel; d_pre_norm stored for a capture only
       // (both are B1's own outputs, so this holds in the isolated mode too).
       // Fused runs: δ's typed copy for the next layer's B8 too (delta_typed then converts
@@ -1385,8 +1484,14 @@ class BackboneT final : public GpuBackbone::Impl {
                           t("d_norm"), capturing ? f("d_pre_norm") : nullptr,
                           G(l, "norm_weight"), scr(), bb_.f("delta"), f("d_temporal"), typed);
       delta_typed_of_ = typed ? f("d_temporal") : nullptr;
+      break;
     }
-    // "B4c" ran with B4b; "d_states": written by B6/B5a.
+    case StageId::input_proj: case StageId::F1: case StageId::F2: case StageId::F3:
+    case StageId::F4: case StageId::F5: case StageId::F4ef: case StageId::F5b: case StageId::F6:
+    case StageId::F7: case StageId::F8: case StageId::states: case StageId::norm_f:
+    case StageId::head: case StageId::loss: case StageId::B4c: case StageId::d_states:
+      break;  // B4c runs with B4b; d_states is written by B6 and B5a
+    }
   }
 
   void apply_fault(int l);  // verify/backbone_verify.cu
@@ -1577,18 +1682,18 @@ class BackboneT final : public GpuBackbone::Impl {
   StateArrays de_;  // ∂L/∂(entering states), from the last backward
   DeviceArray<float> scratch_;
   bool have_forward_ = false;
-  int pending_add_ = -1;  // the layer whose F8 residual add the next norm does (or −1)
   Fault fault_ = Fault::None;
   int fault_layer_ = 0;
   bool fusion_ = true;           // set_fusion
   bool cluster_tail_ = false;    // set_cluster_tail
   const float* delta_typed_of_ = nullptr;  // δ's typed copy is of this buffer (B1 made it)
   bool isolated_ = false;        // inside run_isolated
-  int tail_fused_layer_ = -1;    // the layer whose B6 tail did its B4b (until that B4b runs)
-  int prep_fused_layer_ = -1;    // the layer whose F4ef did F6's K0/K1 (until that F6 runs)
+  FusionPlan fuse_;              // the pass's fusions (plan_fusion)
   StageProfiler profiler_{s_};
-  std::vector<StageEntry> table_;                   // the registry's stage table of the run
-  std::vector<const StageEntry*> layer_fwd_, layer_bwd_;  // its per-layer stages, in order
+  std::vector<StageEntry> table_;  // the registry's stage table of the run (what stages read)
+  ChainPlan plan_;                 // the stages of the run, in order
+  Capture* cap_ = nullptr;         // the pass's capture, or none
+  IsolatedPass* iso_ = nullptr;    // inside run_isolated: its oracle and state
 };
 
 }  // namespace detail

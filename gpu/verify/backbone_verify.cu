@@ -38,63 +38,70 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
   for (auto& L : layers_) L.unview("residual");
   bb_.unview("norm_f/norm_f_input");
   bb_.unview("delta");
-  pending_add_ = -1;
   zero_grads();
   zero_states(dl_);
   // Everything the oracle holds goes into the buffers of the same name.
-  for (const auto& ks : expected_stage_keys(cfg_, d_.B, d_.T, mode_)) restore(oracle, ks);
-  const auto keys = expected_stage_keys(cfg_, d_.B, d_.T, mode_);
-  auto stage_keys = [&](int layer, const char* stage, Dir dir) {
-    std::vector<const KeyedSpec*> v;
-    for (const auto& ks : keys)
-      if (ks.layer == layer && ks.spec->dir == dir && std::string(ks.spec->stage) == stage)
-        v.push_back(&ks);
-    return v;
-  };
-  auto isolated = [&](int layer, const char* stage, Dir dir) {
-    const StageEntry& e = table_entry(layer, stage, dir);
-    const bool poison = poison_unread && !e.reads.empty();  // pseudo-stages run nothing
-    if (poison) poison_unread_by(e, layer, keys);
-    run_stage(layer, stage, dir, &out);  // captures this stage's outputs
-    for (const KeyedSpec* ks : stage_keys(layer, stage, dir)) restore(oracle, *ks);
-    if (!poison) return;
-    // Everything else back to the oracle's values, except what a stage wrote for a
-    // pseudo-stage to capture (states/*, d_states/*, B4c/*: restored after that capture).
-    for (const auto& ks : keys)
-      if (!captured_later(*ks.spec)) restore(oracle, ks);
-  };
-  isolated(-1, "input_proj", Dir::Forward);
-  for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-    load_entering_states(l);
-    for (const StageEntry* e : layer_fwd_) isolated(l, e->stage.c_str(), Dir::Forward);
+  IsolatedPass pass{oracle, out, poison_unread, expected_stage_keys(cfg_, d_.B, d_.T, mode_)};
+  for (const auto& ks : pass.keys) restore(oracle, ks);
+  struct Pass {
+    BackboneT& b;
+    Pass(BackboneT& bb, IsolatedPass& p) : b(bb) {
+      b.iso_ = &p;
+      b.cap_ = &p.out;
+    }
+    ~Pass() {
+      b.iso_ = nullptr;
+      b.cap_ = nullptr;
+    }
+  } in_pass(*this, pass);
+  plan_fusion();
+  chain_forward(*this, plan_);
+  if (plan_.lm) {  // the head and the loss; norm_f's dOut is the oracle's d_Out
+    chain_lm_forward(*this);
+    chain_lm_backward(*this);
   }
-  isolated(-1, "norm_f", Dir::Forward);
-  if (cfg_.vocab_size > 0) {  // the head and the loss; norm_f's dOut is the oracle's d_Out
-    isolated(-1, "head", Dir::Forward);
-    isolated(-1, "loss", Dir::Forward);
-    isolated(-1, "head", Dir::Backward);
-    upload_floats(bb_.at("d_out"), oracle_data(oracle, stage_key(-1, "head", "d_Out")),
-                  Precision::F32, s_);
-  }
-  isolated(-1, "norm_f", Dir::Backward);
-  const int L = static_cast<int>(cfg_.n_layers);
-  for (int l = L - 1; l >= 0; --l) {
-    // δ entering layer l's backward: the oracle's ∂L/∂(layer output).
-    upload_floats(bb_.at("delta"),
-                  oracle_data(oracle, l == L - 1 ? stage_key(-1, "norm_f", "d_norm")
-                                                 : stage_key(l + 1, "B1", "d_temporal")),
-                  Precision::F32, s_);
-    // The gradients wrt the leaving states are zero here (dl_, as the oracle's run), not
-    // whatever an earlier backward left in the layer's buffers.
-    load_leaving_grads(l);
-    for (const StageEntry* e : layer_bwd_) isolated(l, e->stage.c_str(), Dir::Backward);
-  }
-  upload_floats(bb_.at("delta"), oracle_data(oracle, stage_key(0, "B1", "d_temporal")),
-                Precision::F32, s_);
-  isolated(-1, "input_proj", Dir::Backward);
+  chain_backward(*this, plan_);
   capture_grads(grads(), cfg_, out);
   have_forward_ = false;  // the buffers hold a mix of oracle and GPU values now
   return out;
+}
+
+// Before a stage of the isolated mode: with poison_unread, NaN into what the stage table says
+// it neither reads nor writes; input_proj's backward reads the oracle's δ⁰.
+template <class T>
+void BackboneT<T>::isolated_before(StageId s, int l, Dir dir) {
+  IsolatedPass& p = *iso_;
+  if (s == StageId::input_proj && dir == Dir::Backward) upload_oracle_delta(-1);
+  const StageEntry& e = table_entry(l, stage_name(s), dir);
+  p.poisoned = p.poison_unread && !e.reads.empty();  // pseudo-stages run nothing
+  if (p.poisoned) poison_unread_by(e, l, p.keys);
+}
+
+// After it (captured already): its outputs back to the oracle's values; with poison, every
+// tensor, except what a stage wrote for a pseudo-stage to capture (states/*, d_states/*,
+// B4c/*: restored after that capture). After the head's backward, norm_f's dOut is the
+// oracle's d_Out.
+template <class T>
+void BackboneT<T>::isolated_after(StageId s, int l, Dir dir) {
+  IsolatedPass& p = *iso_;
+  for (const KeyedSpec& ks : p.keys)
+    if (ks.layer == l && ks.spec->dir == dir && std::strcmp(ks.spec->stage, stage_name(s)) == 0)
+      restore(p.oracle, ks);
+  if (p.poisoned)
+    for (const auto& ks : p.keys)
+      if (!captured_later(*ks.spec)) restore(p.oracle, ks);
+  if (s == StageId::head && dir == Dir::Backward)
+    upload_floats(bb_.at("d_out"), oracle_data(p.oracle, stage_key(-1, "head", "d_Out")),
+                  Precision::F32, s_);
+}
+
+// δ entering layer l's backward (l = −1: input_proj's), the oracle's ∂L/∂(layer output).
+template <class T>
+void BackboneT<T>::upload_oracle_delta(int l) {
+  upload_floats(bb_.at("delta"),
+                oracle_data(iso_->oracle,
+                            entering_gradient(l, static_cast<int>(cfg_.n_layers)).key()),
+                Precision::F32, s_);
 }
 
 template <class T>
@@ -228,6 +235,9 @@ std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture* cap) {
 #define M3_INSTANTIATE(T)                                                                      \
   template void BackboneT<T>::poison_for_testing(int, const std::string&);                     \
   template Capture BackboneT<T>::isolated_run(const Capture&, bool);                           \
+  template void BackboneT<T>::isolated_before(StageId, int, Dir);                              \
+  template void BackboneT<T>::isolated_after(StageId, int, Dir);                               \
+  template void BackboneT<T>::upload_oracle_delta(int);                                        \
   template const StageEntry& BackboneT<T>::table_entry(int, const std::string&, Dir) const;    \
   template void BackboneT<T>::poison_unread_by(const StageEntry&, int,                         \
                                                const std::vector<KeyedSpec>&);                  \

@@ -6,6 +6,7 @@
 
 #include "backbone_gpu.hpp"
 #include "error.hpp"
+#include "stage_ids.hpp"
 
 namespace m3::gpu {
 
@@ -17,10 +18,10 @@ struct FaultInfo {
 };
 constexpr FaultInfo kFaults[] = {
     {Fault::None, "none", ""},
-    {Fault::DropBeta, "drop-beta", "F5b"},
-    {Fault::FlipAngleSign, "flip-angle", "F5"},
-    {Fault::ChunkBoundaryOff, "chunk-boundary", "F6"},
-    {Fault::RoundTwice, "round-twice", "F6"},
+    {Fault::DropBeta, "drop-beta", stage_name(StageId::F5b)},
+    {Fault::FlipAngleSign, "flip-angle", stage_name(StageId::F5)},
+    {Fault::ChunkBoundaryOff, "chunk-boundary", stage_name(StageId::F6)},
+    {Fault::RoundTwice, "round-twice", stage_name(StageId::F6)},
 };
 }  // namespace
 
