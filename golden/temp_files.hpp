@@ -1,4 +1,4 @@
-// Temporary files that neither a signal nor a killed run may leave behind (issue 16): every
+// Temporary files that neither a signal nor a killed run may leave behind: every
 // atomic writer of the project (h5::Writer, harness::write_file_atomic) names its temporary
 // "<final>.tmp.<pid>[.<n>]" and
 //   * registers it while it exists (TempFile): SIGINT and SIGTERM unlink every registered

@@ -1,4 +1,4 @@
-// The collectives of the data-parallel step (TRAINING.md §8, issue 17) between G ranks, one GPU
+// The collectives of the data-parallel step (TRAINING.md §8) between G ranks, one GPU
 // each, through NCCL. Only copies go through NCCL (grouped ncclSend/ncclRecv and broadcasts),
 // never an NCCL reduction, whose order NCCL would choose: every sum is this project's kernel in
 // rank order.

@@ -54,7 +54,7 @@
 // headdim 4 (golden case deep_linear_input) every gradient is a sum of a handful of typed
 // terms, nothing averages, and bf16 backward tensors reach rel_l2 0.17 (up to 2.6× these
 // floors; f16 1.5×) — f32 stays under 15 %. Such configs need the k·baseline term: the CUDA
-// subject has it (baseline = this emulation), and since issue 16 §5 so do the CPU cells (the
+// subject has it (baseline = this emulation), and so do the CPU cells (the
 // perturbed oracle, budget.hpp and sweep.hpp; m3h compare --sweep draws d_state 2, 3 and toy
 // widths). The floors here are unchanged by it.
 #include "budget.hpp"

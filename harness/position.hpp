@@ -1,4 +1,4 @@
-// The error of a tensor against the position in the sequence (issue 16 §4). A scan's error
+// The error of a tensor against the position in the sequence (docs/HARNESS.md §5). A scan's error
 // grows along t and jumps at chunk boundaries; a tensor-wide max or p95 hides where. For a
 // tensor whose first axis is B·T (rows r = b·T + t), per position t over every b and every
 // trailing index:

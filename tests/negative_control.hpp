@@ -1,5 +1,6 @@
-// The negative controls' shape and faults (issue 5), shared by the CPU checks of the isolated
-// machinery (test_isolated.cpp) and the GPU negative controls (test_isolated_negative.cpp):
+// The negative controls' shape and faults (docs/HARNESS.md §4), shared by the CPU checks of the
+// isolated machinery (test_isolated.cpp) and the GPU negative controls
+// (test_isolated_negative.cpp):
 // d_model 32, headdim 16, d_state 16, 2 layers, B 2, T 40, chunk 16 (3 chunks, the last one
 // short), seed 21; one fault per kind of error — a dropped term (drop-beta, F5b), a sign
 // (flip-angle, F5), an index (chunk-boundary, F6), a rounding (round-twice, F6).

@@ -310,7 +310,7 @@ TEST_F(CliTest, ConfigFileThatDoesNotExistExitsTwo) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
 
-// ---- bad input, as issue 16 found it (one line, exit 2, nothing run) -------------------------
+// ---- bad input (one line, exit 2, nothing run) ------------------------------------------------
 
 // Sizes whose products wrap around 64 bits used to run (B·T wrapped: a crash; d_inner wrapped
 // to 0: a PASS on an empty model); they are refused, naming the product.
@@ -624,7 +624,7 @@ TEST_F(CliTest, EmptyPathsAreBadUsageNamingTheOption) {
   }
 }
 
-// Golden data for a user's own config (issue 16 §3): regen --config … --out writes the
+// Golden data for a user's own config (docs/HARNESS.md §8): regen --config … --out writes the
 // built-in schema atomically with the config and problem in /meta; check --file checks it.
 TEST_F(CliTest, GoldenRegenWritesAndChecksAUsersOwnConfig) {
   write("my.cfg", "d_model = 32\nheaddim = 16\nd_state = 8\nlayers = 2\nT = 20\nB = 2\n"
@@ -716,7 +716,7 @@ TEST_F(CliTest, DumpWritesOracleSubjectAndDiffReadableByTheH5Reader) {
     const std::string gg = std::string("/dump/seq/") + p + "/grad/L0/dt_bias";
     EXPECT_EQ(rd.shape(gg + "/oracle"), std::vector<Idx>{cfg.nheads()});
     EXPECT_TRUE(rd.has(gg + "/diff"));
-    // [B·T, …] tensors carry their error against t (issue 16 §4), parameters none; the
+    // [B·T, …] tensors carry their error against t (docs/HARNESS.md §5), parameters none; the
     // profile is the position-wise max of the stored difference.
     const Tensor pmax = rd.read(g + "/by_position/max_abs", std::vector<Idx>{48});
     rd.read(g + "/by_position/rel_l2", std::vector<Idx>{48});

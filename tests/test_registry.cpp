@@ -301,7 +301,7 @@ TEST(Registry, LifetimesCoverEveryLayerTensorAndKeepOnlyForwardTensors) {
 }
 
 // layer_bytes adds up to the layer's tensors, and at the official shape (bf16, chunked) the
-// production layout keeps what issue 14 targets: ≤ 1.0 GiB per further layer with the scan
+// production layout keeps ≤ 1.0 GiB per further layer with the scan
 // recomputed (the official block: 1.34), and what it costs without.
 TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
   for (const auto& rc : reg_cases())

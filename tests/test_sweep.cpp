@@ -1,5 +1,5 @@
 // The random sweep over the config space and its conditioning baseline (harness/sweep.hpp,
-// issue 16 §5):
+// harness/perturbed.hpp):
 //   - the generator draws only valid problems within its limits, covers the supported space
 //     (T < chunk, ragged and whole chunks, ngroups > 1, the identity input_proj, the gated norm,
 //     rope 0.5 and 1.0, token models, zero and random states, …) and is reproducible from

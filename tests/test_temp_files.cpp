@@ -1,4 +1,4 @@
-// Temporary files never left behind (golden/temp_files.hpp, issue 16): SIGINT and SIGTERM
+// Temporary files never left behind (golden/temp_files.hpp): SIGINT and SIGTERM
 // remove the registered temporaries and still end the process by the signal; a later writer
 // removes the stale temporaries of its own final path whose process is gone, and nothing else;
 // h5::Writer and write_file_atomic do both.

@@ -1,4 +1,4 @@
-// Data-parallel training (TRAINING.md §8, issue 17): G ranks, each a backend on its B/G rows of
+// Data-parallel training (TRAINING.md §8): G ranks, each a backend on its B/G rows of
 // every global batch, presented to the training loop as one Backend, so train_step, evaluate and
 // run_training are the same code for one rank and for G.
 //

@@ -1,4 +1,4 @@
-// The arithmetic of the data-parallel ZeRO-1 step (TRAINING.md §8; issue 17), without NCCL.
+// The arithmetic of the data-parallel ZeRO-1 step (TRAINING.md §8), without NCCL.
 //
 // G ranks each hold the gradient of their share of the global batch over the whole flat arena
 // (ParamLayout, layout.total floats). Rank g owns the contiguous shard [begin_g, end_g):

@@ -96,7 +96,7 @@ Problem verification_problem(const Config& cfg, const std::vector<float>& params
 // subject beside the emulation of its storage, with the perturbed oracle's conditioning term),
 // end to end in the run's scan mode. It took the emulation alone as the baseline (k · its
 // error) before, which has no margin where a tensor's conditioning amplifies another summation
-// order's error (docs/TRAINING.md, parity_f32); one problem now gets one verdict whichever
+// order's error (docs/TRAINING-FIGURES.md, parity_f32); one problem now gets one verdict whichever
 // command judges it.
 VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
                              Precision storage, const std::vector<float>& params,
