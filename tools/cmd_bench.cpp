@@ -26,10 +26,9 @@
 // gives the bytes per further layer (official2 − official), per token and layer, and the most
 // layers that fit in the device's memory at that shape ((total − the one-layer run's bytes
 // that are not the layer's) / bytes per layer). --recompute picks the production recompute
-// policies to run (registry.hpp Recompute). The official PyTorch+Triton block's figures that
-// the issues quote are printed beside the marginal lines, and issue 18's targets against the
-// bf16 and f16 chunked marginal layers of the production policy rc=none (harness/targets.hpp:
-// each target, the figure, met or by how much not).
+// policies to run (registry.hpp Recompute). --against FILE sets another implementation's
+// figures, read from FILE (harness/against.hpp; docs/data/ keeps the official block's), beside
+// the marginal layers of FILE's precision, with the ratios.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -48,7 +47,7 @@
 #include "presets.hpp"
 #include "report.hpp"
 #include "roofline.hpp"
-#include "targets.hpp"
+#include "against.hpp"
 
 namespace m3::tools {
 
@@ -167,8 +166,11 @@ void print_profile(const gpu::GpuTiming& t, const Config& cfg, Idx B, Idx T, Sca
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // The marginal layer of two runs of one shape with 1 and 2 layers: their differences.
-harness::MarginalTimes marginal_times(const gpu::GpuTiming& one, const gpu::GpuTiming& two) {
-  return {two.forward_ms - one.forward_ms, two.forward_backward_ms - one.forward_backward_ms};
+harness::MarginalLayer marginal_layer(const std::string& label, const gpu::GpuTiming& one,
+                                      const gpu::GpuTiming& two) {
+  return {label, two.forward_ms - one.forward_ms,
+          two.forward_backward_ms - one.forward_backward_ms,
+          (static_cast<double>(two.peak_bytes) - static_cast<double>(one.peak_bytes)) / kGiB};
 }
 
 // Where a row's bytes are (GpuBackbone::memory(), production layout): per layer (the last
@@ -189,7 +191,8 @@ void print_memory(const gpu::GpuTiming& t) {
 void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMode>& modes,
                       const std::vector<Precision>& precisions,
                       const std::vector<Recompute>& recomputes, int warmup, int repeats,
-                      bool with_reference, bool profile, bool graph, bool cluster_tail) {
+                      bool with_reference, bool profile, bool graph, bool cluster_tail,
+                      const std::optional<harness::OtherFigures>& against) {
   gpu::GpuContext ctx(0);
   std::cout << "m3h bench: GPU path, CUDA events, median of " << repeats
             << " after " << warmup << " warm-up, "
@@ -256,7 +259,7 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
   for (const auto& [key, one] : official[0]) {
     const auto two = official[1].find(key);
     if (two == official[1].end()) continue;
-    const harness::MarginalTimes mt = marginal_times(one, two->second);
+    const harness::MarginalLayer mt = marginal_layer(key, one, two->second);
     std::snprintf(buf, sizeof buf,
                   "marginal layer (official2 - official), %-20s: fwd %.3f ms, fwd+bwd %.3f ms, "
                   "%.3f Mtok/s",
@@ -276,23 +279,24 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                   one.device_total / kGiB);
     std::cout << buf << "\n";
   }
-  if (!official[0].empty() && !official[1].empty()) {
-    std::snprintf(buf, sizeof buf,
-                  "official PyTorch+Triton block (bf16, as measured for issues 14/18): fwd %.2f ms, "
-                  "fwd+bwd %.2f ms, %.2f GiB per further layer",
-                  harness::kOfficialBlockFwdMs, harness::kOfficialBlockFwdBwdMs,
-                  harness::kOfficialBlockGiBPerLayer);
-    std::cout << buf << "\n";
+  if (against) {
+    std::vector<harness::MarginalLayer> ours;
+    for (const auto& [key, one] : official[0]) {
+      const auto two = official[1].find(key);
+      if (two == official[1].end() || key.rfind(precision_name(against->dtype), 0) != 0 ||
+          key.find("chunked") == std::string::npos)
+        continue;
+      ours.push_back(marginal_layer(key.substr(key.find(' ') + 1), one, two->second));
+    }
+    std::cout << "\n";
+    if (ours.empty()) {
+      std::cout << "beside: no " << precision_name(against->dtype)
+                << " chunked marginal layer was measured (--against needs --shapes "
+                   "official,official2 and that dtype)\n";
+    } else {
+      for (const std::string& l : harness::against_lines(*against, ours)) std::cout << l << "\n";
+    }
   }
-  // Issue 18's targets, against the production policy's marginal layers (chunked, rc=none).
-  auto marginal = [&](const char* key) -> std::optional<harness::MarginalTimes> {
-    const auto one = official[0].find(key), two = official[1].find(key);
-    if (one == official[0].end() || two == official[1].end()) return std::nullopt;
-    return marginal_times(one->second, two->second);
-  };
-  for (const std::string& l :
-       harness::target_lines(marginal("bf16 chunked rc=none"), marginal("f16 chunked rc=none")))
-    std::cout << l << "\n";
   std::cout << "\nMtok/s/lyr: training throughput per layer = B*T / (forward+backward time per "
                "layer); ref_fb_ms/lyr: float reference, one forward+backward pass, per layer\n";
   if (profile)
@@ -325,7 +329,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
-    ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)");
+    ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)")
+    ("against", po::value<std::string>(), "FILE: another implementation's figures (docs/data/official-block-h200.txt) beside the marginal layers of its dtype");
   // clang-format on
   po::options_description all;
   all.add(run).add(problem_options());
@@ -353,6 +358,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     }
   }
   if (recomputes.empty()) throw UsageError("--recompute: no policy given");
+  std::optional<harness::OtherFigures> against;
+  if (vm.count("against")) against = harness::read_other_figures(vm["against"].as<std::string>());
 
   bool reference_only = vm["reference"].as<bool>();
   const bool ceilings = vm["ceilings"].as<bool>();
@@ -375,7 +382,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       bench_gpu_shapes(shapes, modes, precisions, recomputes, warmup, repeats,
                        !vm["no-reference"].as<bool>(),
                        vm["profile"].as<bool>(), vm["graph"].as<bool>(),
-                       vm["cluster-tail"].as<bool>());
+                       vm["cluster-tail"].as<bool>(), against);
       return 0;
     }
     std::cout << "m3h: no GPU (" << absent << "): timing the reference only\n";
