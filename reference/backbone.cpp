@@ -440,17 +440,18 @@ struct Backbone<S>::Impl {
 
   // ---- the executor of chain.hpp ------------------------------------------------------------
   void before(StageId, int, Dir) {}
-  void pseudo(StageId, int, Dir) {}  // its tensors are captured after their writer
-  // After a layer stage: the registry tensors it wrote, from the buffers act_fields /
-  // grad_fields name (backbone stages capture their own tensors).
+  // After a layer stage, and at a pseudo-stage's place: the registry rows under its name,
+  // from the buffers act_fields / grad_fields name (captures in the registry's order;
+  // backbone stages capture their own tensors).
   void after(StageId s, int l, Dir dir) {
     if (!cap || l < 0) return;
     const auto fields = dir == Dir::Forward ? ref::act_fields(acts[l]) : ref::grad_fields(lg);
-    for (const TensorSpec* spec : plan.written_by(s))
+    for (const TensorSpec* spec : plan.rows_of(s))
       for (const auto& f : fields)
         if (f.is(*spec))
           cap->put_stage(l, spec->stage, spec->tensor, f.v->data(), static_cast<Idx>(f.v->size()));
   }
+  void pseudo(StageId s, int l, Dir dir) { after(s, l, dir); }
 
   // Layer l's input is H⁰ or layer l−1's output; its entering states are slices of `states`.
   void enter_layer(int l) {

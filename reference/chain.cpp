@@ -14,11 +14,13 @@ ChainPlan ChainPlan::of(const Config& cfg, ScanMode mode) {
   }
   // A layer stage's tensors are the registry rows of its name (F1/residual, the layer input,
   // among them) and the pseudo-stage rows whose writer it is.
+  plan.rows.resize(static_cast<size_t>(kStageCount));
   plan.writes.resize(static_cast<size_t>(kStageCount));
   for (const TensorSpec& spec : stage_registry()) {
     if (spec.scope != Scope::Layer || !exists_in(spec, cfg, mode)) continue;
     const StageId own = stage_id(spec.stage);
     const StageId by = is_pseudo(own) ? stage_id(writing_stage(spec)) : own;
+    plan.rows[static_cast<size_t>(own)].push_back(&spec);
     plan.writes[static_cast<size_t>(by)].push_back(&spec);
   }
   return plan;

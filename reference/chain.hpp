@@ -45,11 +45,15 @@ struct ChainPlan {
   int n_layers = 0;
   bool lm = false;                        // a token model: the head and the loss follow
   std::vector<StageId> layer_fwd, layer_bwd;  // the layer stages in order, pseudo-stages too
-  // Per stage, the layer tensors of the run it writes (its own and its pseudo-stages'), in
-  // the registry's order: what a capture takes after the stage.
-  std::vector<std::vector<const TensorSpec*>> writes;
+  // Per stage, the layer tensors of the run in the registry's order: `rows`, those under its
+  // name (a pseudo-stage's too); `writes`, those it writes (its own rows and the rows of the
+  // pseudo-stages it fills).
+  std::vector<std::vector<const TensorSpec*>> rows, writes;
 
   static ChainPlan of(const Config& cfg, ScanMode mode);
+  const std::vector<const TensorSpec*>& rows_of(StageId s) const {
+    return rows[static_cast<size_t>(s)];
+  }
   const std::vector<const TensorSpec*>& written_by(StageId s) const {
     return writes[static_cast<size_t>(s)];
   }
