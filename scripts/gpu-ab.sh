@@ -50,7 +50,8 @@ die() {
 }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ab="${AB_DIR:-$root/build-ab}"
-# The build's inputs (as in the A/B calls of PERF.md): everything CMake reads for m3h.
+# The build's inputs (as in the A/B calls of docs/log/PERF-history.md): everything CMake reads
+# for m3h.
 sources=(CMakeLists.txt gpu reference harness tools tests train scripts golden)
 
 pack() {
@@ -136,7 +137,8 @@ summary() {
 }
 
 # The layer's launches in ncu's run of one official forward + backward: ncu-roofline.sh finds
-# them in each side's file (at v41: 21-32,36-61; PERF.md "After v27", v33, v37, "Stop 49").
+# them in each side's file (at v41: 21-32,36-61; docs/log/PERF-history.md "After v27", v33, v37,
+# "Stop 49").
 kLayerLaunches=layer
 
 # The logs of run and build: $OUT/ab (default gpu-logs/ab).

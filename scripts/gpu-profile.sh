@@ -5,7 +5,7 @@
 #                per-layer figures and the "marginal layer" line (2 layers − 1 layer: a layer
 #                without the backbone-level input_proj and norm_f)
 #   profile      m3h bench --profile on the official shape (stage times; they include the
-#                events' gaps, see PERF.md)
+#                events' gaps, see docs/log/PERF-history.md)
 #   ncu          Nsight Compute on one official bf16 chunked forward+backward: every kernel's
 #                time, DRAM bytes, warp instructions and SM clock (ncu-all.csv) and their
 #                per-kernel roofline against the copy ceiling the profile measured and one issue

@@ -13,11 +13,12 @@
 #   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
 #   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
-#            inclusive ranges, comma-separated, e.g. 21-32,36-66 (PERF.md "After v27": the
-#            layer's launches of a one-layer run); default every launch. `--launches layer`
-#            finds the layer's launches of a one-layer forward + backward (gpu-ab.sh --ncu's run)
-#            by the norms around them, so that a change that adds or removes a launch inside the
-#            layer keeps its window: the forward from the launch after the last
+#            inclusive ranges, comma-separated, e.g. 21-32,36-66 (docs/log/PERF-history.md
+#            "After v27": the layer's launches of a one-layer run); default every launch.
+#            `--launches layer` finds the layer's launches of a one-layer forward + backward
+#            (gpu-ab.sh --ncu's run) by the norms around them, so that a change that adds or
+#            removes a launch inside the layer keeps its window: the forward from the launch
+#            after the last
 #            rmsnorm_forward_kernel<…, 0> (the pre-norm of the last pass) through the next
 #            rmsnorm_forward_kernel<…, 1> (norm_f, the residual add folded in); the backward
 #            from the launch after the next convert_kernel<float, …> (δ's typed copy) through the
