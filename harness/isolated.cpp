@@ -168,6 +168,7 @@ class Runner {
   void leave_layer(int) {}
   // δ entering the layer is the oracle's; the GEMMs of B8 take its staged typed copy.
   void enter_layer_backward(int l) {
+    delta_.resize(static_cast<size_t>(d_.BT * d_.dm));
     load(entering_gradient(l, plan_.n_layers).key(), delta_, false);
     delta_typed_ = typed(delta_);
   }
@@ -281,6 +282,7 @@ class Runner {
   // reduction of the f32 δ⁰ (as the backbone).
   void backward(Stage<StageId::input_proj>, int) {
     const Idx BT = d_.BT;
+    delta_.resize(static_cast<size_t>(BT * d_.dm));
     load(entering_gradient(-1, plan_.n_layers).key(), delta_, false);
     Vec d_x(static_cast<size_t>(BT * d_.in), 0.0f);
     if (cfg_.input_proj_identity) {
