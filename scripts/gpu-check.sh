@@ -254,7 +254,7 @@ sweep_lane() {
   step sweep-cpu "$m3h" compare --device cpu --sweep 1000 --seed 5 --jobs "$JOBS"
 }
 timing_group() {
-  probe="$BUILD_DIR/tests/m3_wgmma_probe"
+  probe="$BUILD_DIR/bench/m3_wgmma_probe"
   if [[ -x "$probe" ]]; then step wgmma-probe "$probe"; fi
   [[ -x "$m3h" ]] || return 0
   step bench "$m3h" bench --profile

@@ -1,22 +1,18 @@
-// Shared helpers of the test suite: central finite differences in double and error metrics.
+// Shared helpers of the test suite: central finite differences in double.
 //
 //   fd_step(x)          h = 1e-6 · max(1, |x|)
 //   central_diff(x, f)  (f(x+h) − f(x−h)) / (2h), x restored afterwards; f re-reads x
 //   central_diff5(x, f) five-point stencil, O(h⁴) truncation (for short length scales)
-//   max_abs_err(a, b)   max_i |a_i − b_i|
-//   max_rel_err(a, b)   max_i |a_i − b_i| / max(‖b‖_∞, tiny)   (relative to b's scale)
-//   rel_l2(a, b)        ‖a − b‖₂ / max(‖b‖₂, tiny)
-//   rel_l2_vs, max_rel_err_vs   the same with the scale max(own norm, a reference norm)
-//   circular variants   the same with Δ = remainder(a − b, 2π) ∈ [−π, π] (angles, MODEL.md §12.3)
+//   circ_diff(a, b)     remainder(a − b, 2π) ∈ [−π, π], the FD difference of an angle output
 //   sample_indices      all of [0, n) when n ≤ k, else k distinct seeded indices (sorted)
 //
-// Each metric takes (pointer, pointer, n) or two std::vector<double>-like containers.
+// The error metrics (rel_l2, max_abs_err, max_rel_err and their _vs forms) are test_compare.hpp's,
+// computed by harness/metrics.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -24,7 +20,6 @@
 namespace m3::test {
 
 constexpr double kFdRelStep = 1e-6;
-constexpr double kTiny = 1e-300;
 constexpr double kTestTwoPi = 6.283185307179586476925286766559;
 constexpr double kTestPi = 3.141592653589793238462643383280;
 
@@ -86,76 +81,6 @@ Fd5Sample central_diff5(double& x, F&& f, double h = -1.0) {
 // Signed circular difference in [−π, π]: the nearest multiple of 2π removed (IEEE remainder).
 // (MODEL.md/HARNESS.md write "remainder(Δ+π, 2π) − π", which is this with a floor modulo.)
 inline double circ_diff(double a, double b) { return std::remainder(a - b, kTestTwoPi); }
-
-inline double inf_norm(const double* a, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i]));
-  return m;
-}
-
-inline double max_abs_err(const double* a, const double* b, size_t n, bool circular = false) {
-  double m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = circular ? circ_diff(a[i], b[i]) : a[i] - b[i];
-    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
-    m = std::max(m, std::abs(d));
-  }
-  return m;
-}
-
-// max |a − b| relative to the largest |b| (the tensor's scale).
-inline double max_rel_err(const double* a, const double* b, size_t n, bool circular = false) {
-  return max_abs_err(a, b, n, circular) / std::max(inf_norm(b, n), kTiny);
-}
-
-inline double rel_l2(const double* a, const double* b, size_t n, bool circular = false) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = circular ? circ_diff(a[i], b[i]) : a[i] - b[i];
-    num += d * d;
-    den += b[i] * b[i];
-  }
-  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
-  return std::sqrt(num) / std::max(std::sqrt(den), kTiny);
-}
-
-// Same metrics with the denominator taken as max(own norm, norm of a reference tensor) — for
-// tensors whose exact value can vanish by cancellation (see test_util.hpp scale_key_for).
-inline double l2_norm(const double* a, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) s += a[i] * a[i];
-  return std::sqrt(s);
-}
-inline double rel_l2_vs(const double* a, const double* b, size_t n, double ref_l2,
-                        bool circular = false) {
-  double num = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = circular ? circ_diff(a[i], b[i]) : a[i] - b[i];
-    num += d * d;
-  }
-  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
-  return std::sqrt(num) / std::max(std::max(l2_norm(b, n), ref_l2), kTiny);
-}
-inline double max_rel_err_vs(const double* a, const double* b, size_t n, double ref_inf,
-                             bool circular = false) {
-  return max_abs_err(a, b, n, circular) / std::max(std::max(inf_norm(b, n), ref_inf), kTiny);
-}
-
-template <class A, class B>
-double max_abs_err(const A& a, const B& b, bool circular = false) {
-  const std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
-  return max_abs_err(da.data(), db.data(), std::min(da.size(), db.size()), circular);
-}
-template <class A, class B>
-double max_rel_err(const A& a, const B& b, bool circular = false) {
-  const std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
-  return max_rel_err(da.data(), db.data(), std::min(da.size(), db.size()), circular);
-}
-template <class A, class B>
-double rel_l2(const A& a, const B& b, bool circular = false) {
-  const std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
-  return rel_l2(da.data(), db.data(), std::min(da.size(), db.size()), circular);
-}
 
 // Seeded subset of [0, n): everything when n ≤ k, else k distinct indices (sorted).
 // SplitMix64 so the subset is the same on every platform.

@@ -15,7 +15,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-mkdir -p "$work/bin" "$work/build/tools" "$work/build/tests"
+mkdir -p "$work/bin" "$work/build/tools" "$work/build/tests" "$work/build/bench"
 touch "$work/build/CMakeCache.txt"
 # stand-in PATH NAME: logs "start T PID NAME ARGS" / "end T PID" to $CALLS around a short sleep.
 standin() {
@@ -35,7 +35,7 @@ standin "$work/bin/ctest" ctest
 standin "$work/bin/compute-sanitizer" sanitizer
 standin "$work/build/tools/m3h" m3h
 standin "$work/build/tests/m3_gpu_tests" gpu_tests
-standin "$work/build/tests/m3_wgmma_probe" probe
+standin "$work/build/bench/m3_wgmma_probe" probe
 export PATH="$work/bin:$PATH" GPU_CHECK_BUILD_DIR="$work/build"
 GPU_CHECK_ONLY="ctest memcheck racecheck wgmma-probe golden compare-gpu compare-presets"
 export GPU_CHECK_ONLY+=" compare-golden determinism compare-lm positions bench memory sweep-gpu sweep-cpu"

@@ -39,6 +39,7 @@
 #include "fd.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
+#include "test_compare.hpp"
 #include "test_util.hpp"
 
 namespace {

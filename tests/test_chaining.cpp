@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "backbone.hpp"
-#include "fd.hpp"
 #include "problem.hpp"
+#include "test_compare.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "fd.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
+#include "test_compare.hpp"
 #include "test_util.hpp"
 
 namespace {

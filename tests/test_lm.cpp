@@ -14,6 +14,7 @@
 #include "fd.hpp"
 #include "lm_test_util.hpp"
 #include "lm.hpp"
+#include "test_compare.hpp"
 #include "test_util.hpp"
 
 namespace {

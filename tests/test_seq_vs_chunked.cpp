@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "backbone.hpp"
-#include "fd.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
+#include "test_compare.hpp"
 #include "test_util.hpp"
 
 namespace {

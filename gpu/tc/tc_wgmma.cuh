@@ -2,7 +2,7 @@
 // 16-bit operand tiles in shared memory, and the tile layout they read. chunk_bwd_tc, K5
 // (chunk_scan_tc) and, in bf16 runs, chunk_state_tc and the chunk walks form their products with
 // it in sm_90a builds (M3_WGMMA); tests/gpu/test_tc_wgmma.cu holds its products to
-// tc_frag.cuh's mma.sync products bit for bit, and tests/gpu/wgmma_probe.cu times
+// tc_frag.cuh's mma.sync products bit for bit, and bench/wgmma_probe.cu times
 // chunk_bwd_tc's product set both ways.
 // Needs a build for sm_90a (CUDA_ARCHITECTURES 90a; without it every instruction here traps).
 //

@@ -1,6 +1,6 @@
 // Shared by the GPU test files: the skip when no usable device is present (with the reason the
 // device query gives), and the family-A stage cases (norm, split, BCNorm, RoPE, gating, GEMMs)
-// that test_gpu_stages_a.cu (f32) and test_gpu_stages_typed.cu (bf16, f16) both run.
+// that the stage test files (tests/gpu/stages/: f32 and bf16/f16) run.
 #pragma once
 
 #include <gtest/gtest.h>

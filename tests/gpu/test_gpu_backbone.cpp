@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_compare.hpp"
 #include "backbone.hpp"
 #include "backbone_gpu.hpp"
 #include "compare.hpp"
@@ -138,15 +139,6 @@ TEST(GpuBackbone, CoverageGridWithinF32BudgetBothModes) {
   }
 }
 
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += a[i] * a[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 TEST(GpuBackbone, SequentialEqualsChunkedOnTheGpu) {
   M3_SKIP_WITHOUT_GPU();
   Config c = grid_config(64, 128, 0.5, true, 1);
@@ -164,7 +156,7 @@ TEST(GpuBackbone, SequentialEqualsChunkedOnTheGpu) {
     double scale = 0;
     for (double v : seq.at(key).data) scale = std::max(scale, std::abs(v));
     if (scale < 1e-6) continue;
-    EXPECT_LE(rel_diff(seq.at(key).data, t->data), 2e-4) << key;
+    EXPECT_LE(m3::test::rel_l2(t->data, seq.at(key).data), 2e-4) << key;
     ++compared;
   }
   EXPECT_GT(compared, 100);
@@ -214,31 +206,25 @@ TEST(GpuBackbone, TwoChainedWindowsEqualOneWindow) {
     w1.set_leaving_grads(&d_enter2);
     w1.backward();
     const auto o1 = w1.output(), o2 = w2.output();
-    double num = 0, den = 0;
+    std::vector<double> out_windows(out_whole.size());  // the two windows' outputs, in place
     for (Idx b = 0; b < B; ++b)
       for (Idx t = 0; t < T; ++t)
-        for (Idx i = 0; i < c.d_model; ++i) {
-          const float ref = out_whole[(b * T + t) * c.d_model + i];
-          const float got = t < H ? o1[(b * H + t) * c.d_model + i]
-                                  : o2[(b * H + t - H) * c.d_model + i];
-          num += double(ref - got) * double(ref - got);
-          den += double(ref) * double(ref);
-        }
-    EXPECT_LE(std::sqrt(num / den), 1e-5) << "Out";
+        for (Idx i = 0; i < c.d_model; ++i)
+          out_windows[(b * T + t) * c.d_model + i] =
+              t < H ? o1[(b * H + t) * c.d_model + i] : o2[(b * H + t - H) * c.d_model + i];
+    EXPECT_LE(m3::test::rel_l2(out_windows, out_whole), 1e-5) << "Out";
     const auto g1 = w1.grads(), g2 = w2.grads();
     std::vector<const std::vector<float>*> a, b1, b2;
     m3::for_each_param(g_whole, [&](int, const char*, const std::vector<float>& v) { a.push_back(&v); });
     m3::for_each_param(g1, [&](int, const char*, const std::vector<float>& v) { b1.push_back(&v); });
     m3::for_each_param(g2, [&](int, const char*, const std::vector<float>& v) { b2.push_back(&v); });
     for (size_t p = 0; p < a.size(); ++p) {
-      double n2 = 0, d2 = 0;
-      for (size_t i = 0; i < a[p]->size(); ++i) {
-        const double s = double((*b1[p])[i]) + double((*b2[p])[i]);
-        n2 += (s - (*a[p])[i]) * (s - (*a[p])[i]);
-        d2 += double((*a[p])[i]) * (*a[p])[i];
-      }
-      if (d2 > 0) {
-        EXPECT_LE(std::sqrt(n2 / d2), 1e-4) << "param #" << p;
+      std::vector<double> sum(a[p]->size());  // the two windows' gradients, added in double
+      for (size_t i = 0; i < sum.size(); ++i)
+        sum[i] = double((*b1[p])[i]) + double((*b2[p])[i]);
+      const m3::harness::Metrics m = m3::test::metrics(sum, *a[p]);
+      if (m.oracle_l2 > 0) {
+        EXPECT_LE(m3::test::rel_l2(m), 1e-4) << "param #" << p;
       }
     }
   }
@@ -432,14 +418,7 @@ TEST(GpuBackbone, ClusterTailAgreesWithTheSeparateTail) {
   wide.input_dim = 320;
   wide.n_layers = 1;
   cases.push_back({"nh40_ds128_ng2", wide, 1, 130});
-  auto rel_l2 = [](const auto& a, const auto& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num += (a[i] - b[i]) * (a[i] - b[i]);
-      den += b[i] * b[i];
-    }
-    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  };
+  using m3::test::rel_l2;
   // B6's tensors that follow from dScale and dGamma (MODEL.md §6.4 step 3).
   auto from_row_sums = [](const std::string& t) {
     return t == "dScale" || t == "dGamma" || t == "dDT" || t == "d_trap_sig" ||

@@ -26,6 +26,7 @@
 #include "context.hpp"
 #include "gpu_test_util.hpp"
 #include "../lm_test_util.hpp"
+#include "../test_compare.hpp"
 #include "lm.hpp"
 #include "optimizer.hpp"
 #include "run_dir.hpp"
@@ -340,14 +341,7 @@ TEST(GpuLm, AKStepTrajectoryStaysWithinTwiceTheFloatPathsDrift) {
     worst_loss_gpu = std::max(worst_loss_gpu, std::abs(rg.loss - loss) / loss);
     worst_loss_cpu = std::max(worst_loss_cpu, std::abs(rc.loss - loss) / loss);
   }
-  auto drift = [&](const std::vector<float>& f) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < p.size(); ++i) {
-      num += (f[i] - p[i]) * (f[i] - p[i]);
-      den += p[i] * p[i];
-    }
-    return std::sqrt(num / den);
-  };
+  auto drift = [&](const std::vector<float>& f) { return m3::test::rel_l2(f, p); };
   const double dg = drift(gpu->state().params), dc = drift(cpu->state().params);
   std::cout << "[ measured ] K=" << K << " steps: weights rel_l2 vs the double oracle: gpu "
             << dg << ", float cpu " << dc << "; worst loss rel error: gpu " << worst_loss_gpu
