@@ -12,7 +12,7 @@
 # The two binaries are taken from the package (dpkg-deb -x into a temporary directory) into
 # DIR/bin (default .sass-tools/bin, ignored by git), with DIR/VERSION naming the package; the
 # 87 MB package itself is not kept. A DIR that already has both is kept unless --force.
-# The 12.4 disassemblers read sm_90a cubins and nvcc 13's objects (stop 53); the SASS is the
+# The 12.4 disassemblers read sm_90a cubins and nvcc 13's objects; the SASS is the
 # local ptxas's, which is the device's only where both toolkits are the same release
 # (`nvcc --version` on each side).
 # M3_DEBIAN_MIRROR overrides the archive (default http://deb.debian.org/debian); the

@@ -5,8 +5,8 @@ The GPU tests hold some kernels bit for bit against others (wgmma against mma.sy
 against the stage kernels, a staged load against a global one). Where two instantiations inline
 one source expression with two products, the compiler fuses one of them into an fma and rounds
 the other, and it need not choose alike in each: nvcc decides for `a*b + c*d` (visible in the
-PTX), ptxas for what nvcc leaves as mul, mul, sub (visible only in the SASS). docs/PERF.md
-"Stop 51" and "Stop 52" give the cases found. This script reads both, so that a pin
+PTX), ptxas for what nvcc leaves as mul, mul, sub (visible only in the SASS);
+docs/log/PERF-history.md records the cases found. This script reads both, so that a pin
 (`__fmaf_rn` / `__fmul_rn`) can be written as the form every instantiation already has, and
 the instantiations whose forms differ can be named.
 

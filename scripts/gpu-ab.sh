@@ -137,8 +137,8 @@ summary() {
 }
 
 # The layer's launches in ncu's run of one official forward + backward: ncu-roofline.sh finds
-# them in each side's file (at v41: 21-32,36-61; docs/log/PERF-history.md "After v27", v33, v37,
-# "Stop 49").
+# them in each side's file by the norms around them (ncu-roofline.sh --launches layer), so a
+# change that adds or removes a launch keeps the two sides' layers comparable.
 kLayerLaunches=layer
 
 # The logs of run and build: $OUT/ab (default gpu-logs/ab).
@@ -159,7 +159,7 @@ build_both() {
   local jobs
   jobs="$(nproc 2>/dev/null || echo 8)"
   # The tree's architecture (gpu-check.sh: ${M3_CUDA_ARCH:-90a}), so that a base with wgmma
-  # kernels (v40 on) runs them; an older base builds the same kernels for 90a as for 90.
+  # kernels runs them; a base without them builds the same kernels for 90a as for 90.
   (cmake -S "$base_src" -B "$base_src/build" -G Ninja -DM3_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}" \
      "${boost[@]}" >"$logs/base-configure.log" 2>&1 &&

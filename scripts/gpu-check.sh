@@ -39,7 +39,7 @@
 #                             scripts/plot-positions.sh where gnuplot is installed)
 #   sweep-gpu                 m3h compare --device gpu --sweep 220 --seed 7: random problems
 #                             over the supported space, every precision and scan mode, e2e and
-#                             isolated (issue 16 §5: 0 failures of correct code over >= 200);
+#                             isolated (0 failures of correct code over >= 200, docs/HARNESS.md §4);
 #                             ≈ 330 s on an H200. GPU_SWEEP_FROM=K runs problems K … 219 only
 #                             (--sweep-from: the rest of a sweep that an earlier call cut short)
 #   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
@@ -53,7 +53,7 @@
 #                             official forward + backward, bf16 then f16 (ncu-<dtype>.csv and
 #                             ncu-<dtype>-roofline.txt): each of the layer's kernels with its
 #                             time, bytes, floors, registers, shared memory and occupancy
-#                             (issue 18's budgets)
+#                             (its budgets)
 # Each step's stdout+stderr goes to ${OUT:-gpu-logs}/<step>.log; one PASS/FAIL line per step,
 # with its seconds, is printed at the end (and written to summary.txt), and the exit status is
 # non-zero if any step failed. GPU_CHECK_PACK=1 then packs every other file there into

@@ -40,7 +40,7 @@ if command -v ncu >/dev/null; then
     >"$LOGS/ncu-roofline.txt" 2>&1 || true
   head -n 16 "$LOGS/ncu-roofline.txt"
   grep -E "^(kernels but|GEMMs \(cuBLAS\):|all kernels)" "$LOGS/ncu-roofline.txt" || true
-  # Each kernel's registers, shared memory and blocks per SM (issue 18: budgets in PERF.md).
+  # Each kernel's registers, shared memory and blocks per SM (the budgets table of docs/PERF.md).
   sed -n '/^budgets/,$p' "$LOGS/ncu-roofline.txt" | head -n 18
   ncu --clock-control none \
     -k regex:'chunk_bwd_tc|chunk_scan_tc|chunk_state_tc|state_pass|qk_rope_bwd|prep_kernel|angle_' \

@@ -8,7 +8,7 @@
 #            (scripts/ncu-roofline.sh PREFIX.csv --launches LIST, default layer: the layer's
 #            launches found by its norms; --copy passed on)
 # gpu-ab.sh --ncu runs it on both sides of an A/B and gpu-check.sh's opt-in roofline step on the
-# build (issue 18: each kernel's time, bytes, floors, registers, shared memory and occupancy).
+# build (each kernel's time, bytes, floors, registers, shared memory and occupancy).
 # Exit status: 2 with one line for bad arguments, a missing binary, ncu missing or an output
 # that exists (nothing is overwritten); else ncu's if it failed, else ncu-roofline.sh's.
 set -euo pipefail

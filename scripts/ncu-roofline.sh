@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables, issue 18's closing
-# notes): ncu-roofline.sh CSV [--copy GBPS] [--launches LIST|layer] | ncu-roofline.sh --metrics
+# Per-kernel roofline of one Nsight Compute run (docs/PERF.md's tables):
+#   ncu-roofline.sh CSV [--copy GBPS] [--launches LIST|layer] | ncu-roofline.sh --metrics
 #   CSV      `ncu --print-units base --csv --metrics "$(ncu-roofline.sh --metrics)" ...` output
 #            (scripts/gpu-profile.sh and gpu-ab.sh --ncu take it; ncu's own lines and the
 #            program's output before the CSV are skipped)
@@ -13,8 +13,8 @@
 #   --copy   the copy ceiling in GB/s, bytes read plus written per second (`m3h bench
 #            --ceilings`; default 4262, the H200's measured figure in PERF.md)
 #   --launches  only these launches (ncu's ID column, from 0 in launch order): IDs and
-#            inclusive ranges, comma-separated, e.g. 21-32,36-66 (docs/log/PERF-history.md
-#            "After v27": the layer's launches of a one-layer run); default every launch.
+#            inclusive ranges, comma-separated, e.g. 21-32,36-66 (the layer's launches of a
+#            one-layer run); default every launch.
 #            `--launches layer` finds the layer's launches of a one-layer forward + backward
 #            (gpu-ab.sh --ncu's run) by the norms around them, so that a change that adds or
 #            removes a launch inside the layer keeps its window: the forward from the launch

@@ -14,7 +14,7 @@
 #             device tool brings back little).
 #             The build has -lineinfo, so ncu's GUI shows a kept report's samples against the
 #             CUDA lines; the CLI's CSV of that page (--print-source cuda) holds only the
-#             source text, no metrics (ncu on the H200 machine, v30), so it is not exported.
+#             source text, no metrics (ncu on the H200 machine), so it is not exported.
 #     REGEX   the kernels (ncu -k regex:...), default the scan's plane kernels, the tail and
 #             the prep
 # docs/log/PERF-history.md v28 read its first table from it. A missing m3h, an existing

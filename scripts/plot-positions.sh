@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Renders the error-against-position profiles of an `m3h dump` file to a PNG (issue 16 §4):
+# Renders the error-against-position profiles of an `m3h dump` file to a PNG (docs/HARNESS.md §5):
 #
 #   bash scripts/plot-positions.sh DUMP.h5 OUT.png [KEY] [--force]
 #
