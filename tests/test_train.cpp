@@ -3,6 +3,8 @@
 // the whole step; a skipped f16 step changes nothing but the loss scale; the float path's
 // drift from the double oracle over K steps (the rule the GPU trajectory test uses);
 // bit-exact resume (k steps + save + resume + N − k = N straight: weights, moments, losses);
+// f16 steps skipped inside a run leave the schedule's step alone, and a resume after skips
+// keeps the loss scale and skip count (equal to the same steps driven by hand);
 // stepping the sampler equals one forward; and `m3h train` / `m3h sample` on bad input: one
 // line, exit 2, nothing overwritten.
 #include <gtest/gtest.h>
@@ -300,6 +302,139 @@ TEST_F(TrainRun, KStepsSaveResumeAndTheRestEqualTheRunStraightBitForBit) {
     SCOPED_TRACE(m3::precision_name(st));
     m3::test::expect_bit_exact_resume(dir_, options("unused", st), 4);
   }
+}
+
+// One row of a run's metrics.csv (step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,
+// loss_scale,skipped,verify_pct), the numbers exactly as written.
+struct MetricsRow {
+  Idx step = 0;
+  double lr = 0, loss_scale = 0;
+  Idx skipped = 0;
+};
+std::vector<MetricsRow> read_metrics(const fs::path& run) {
+  std::ifstream in(run / "metrics.csv");
+  std::string line;
+  std::getline(in, line);
+  std::vector<MetricsRow> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    if (cells.size() < 9) {
+      ADD_FAILURE() << "short metrics row: " << line;
+      continue;
+    }
+    MetricsRow r;
+    r.step = std::stoll(cells[0]);
+    r.lr = std::strtod(cells[4].c_str(), nullptr);
+    r.loss_scale = std::strtod(cells[7].c_str(), nullptr);
+    r.skipped = std::stoll(cells[8]);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// TRAINING.md §2: a skipped f16 step leaves the optimizer step t alone, so each row's lr is the
+// schedule at t = step − (steps skipped before it), and Adam's bias correction uses the same t.
+// TRAINING.md §4: a resume continues with the checkpoint's loss scale and skip count. A fresh
+// run never skips at 2^16 here, so the skips come from a checkpoint rewritten with a scale too
+// large for f16's range; the run resumed from it must equal the same steps driven by hand
+// through train_step (one loop, no resume), and resuming again from a checkpoint taken after
+// the skips must change nothing either.
+TEST_F(TrainRun, SkippedF16StepsLeaveTheScheduleAndAResumeKeepsTheLossScale) {
+  std::ostringstream sink;
+  TrainOptions o = options("skips", Precision::F16);
+  o.ckpt_every = 3;
+  ASSERT_EQ(run_training(o, sink), 0) << sink.str();
+  const fs::path run = o.out;
+  auto ckpt = [&](Idx s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(s));
+    return (run / name).string();
+  };
+  for (const MetricsRow& r : read_metrics(run)) ASSERT_EQ(r.skipped, 0) << "step " << r.step;
+
+  // The checkpoint of step 3 with the scale 2^22: steps 4, 5, 6 and 8 overflow f16 (halving
+  // it each time), 7 and 9 are applied.
+  const double huge = std::ldexp(1.0, 22);
+  Config cfg;
+  TrainState s3;
+  CheckpointMeta meta = read_checkpoint(ckpt(3), &cfg, &s3);
+  ASSERT_EQ(meta.skipped, 0);
+  meta.loss_scale = huge;
+  write_checkpoint(ckpt(3), cfg, meta, s3, true);
+
+  // The same steps by hand: t = applied steps so far + 1.
+  auto data = make_dataset(o, o.T);
+  auto be = make_cpu_backend(BackendSpec{cfg, o.B, o.T, o.mode, o.storage, o.recompute});
+  be->set_state(s3);
+  m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F16);
+  sc.scale = huge;
+  sc.good_steps = meta.good_steps;
+  std::vector<double> want_lr, want_scale;
+  std::vector<bool> skipped_at;
+  double scale_at_6 = 0;
+  for (Idx s = 4; s <= o.optim.steps; ++s) {
+    const Idx t = s - sc.skipped;
+    const StepResult r =
+        train_step(*be, {data->train_batch(o.seed, s, 0, o.B, o.T)}, t, o.optim, sc);
+    EXPECT_EQ(r.lr, m3::learning_rate(o.optim, t)) << "step " << s;
+    want_lr.push_back(r.lr);
+    want_scale.push_back(sc.scale);
+    skipped_at.push_back(r.skipped);
+    if (s == 6) scale_at_6 = sc.scale;
+  }
+  const TrainState want = be->state();
+  ASSERT_EQ(skipped_at, (std::vector<bool>{true, true, true, false, true, false}))
+      << "steps 4 … 9 skipped or applied";
+  ASSERT_NE(scale_at_6, m3::LossScaler::kInitialScale)
+      << "the checkpoint of step 6 must hold a scale a fresh run would not start with";
+
+  // Each metrics row of steps 4 … 9: lr and scale as by hand, lr = schedule(step − skipped
+  // before it).
+  auto expect_rows = [&](const fs::path& dir) {
+    const std::vector<MetricsRow> rows = read_metrics(dir);
+    ASSERT_EQ(rows.size(), static_cast<std::size_t>(o.optim.steps));
+    Idx before = 0;
+    for (const MetricsRow& r : rows) {
+      SCOPED_TRACE("step " + std::to_string(r.step));
+      EXPECT_EQ(r.lr, m3::learning_rate(o.optim, r.step - before));
+      if (r.step >= 4) {
+        const auto k = static_cast<std::size_t>(r.step - 4);
+        EXPECT_EQ(r.lr, want_lr[k]);
+        EXPECT_EQ(r.loss_scale, want_scale[k]);
+        EXPECT_EQ(r.skipped, before + (skipped_at[k] ? 1 : 0));
+      }
+      before = r.skipped;
+    }
+    EXPECT_EQ(before, sc.skipped);
+  };
+  auto expect_final = [&](const char* what) {
+    SCOPED_TRACE(what);
+    TrainState got;
+    const CheckpointMeta m = read_checkpoint(ckpt(o.optim.steps), nullptr, &got);
+    EXPECT_EQ(m.loss_scale, sc.scale);
+    EXPECT_EQ(m.skipped, sc.skipped);
+    EXPECT_EQ(m.good_steps, sc.good_steps);
+    EXPECT_TRUE(got.params == want.params) << "weights";
+    EXPECT_TRUE(got.m == want.m) << "first moments";
+    EXPECT_TRUE(got.v == want.v) << "second moments";
+  };
+
+  // Resumed from the rewritten checkpoint: the skips happen in the run.
+  TrainOptions r1 = o;
+  r1.resume = ckpt(3);
+  ASSERT_EQ(run_training(r1, sink), 0) << sink.str();
+  expect_rows(run);
+  expect_final("resumed at step 3");
+
+  // Resumed again after the skips (the checkpoint of step 6): the same end.
+  fs::remove(ckpt(9));
+  TrainOptions r2 = o;
+  r2.resume = ckpt(6);
+  ASSERT_EQ(run_training(r2, sink), 0) << sink.str();
+  expect_rows(run);
+  expect_final("resumed again at step 6");
 }
 
 TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
