@@ -9,7 +9,8 @@
 //   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
 //                     tensor (the first in execution order when several differ); angles compare
 //                     by circular distance
-//   GoldenReader      schema-version mismatch, missing / mis-shaped / extra / non-f64 /
+//   GoldenReader      schema-version mismatch, /meta precision other than f64 or generator
+//                     other than this harness, missing / mis-shaped / extra / non-f64 /
 //                     non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
 //                     that name the problem; a token model's mis-shaped, non-integer or
 //                     out-of-range tokens and targets and bad weights, naming the dataset
@@ -556,6 +557,38 @@ TEST_F(GoldenReader, InvalidConfigIsRejected) {
   const std::string msg = read_error(edited(e));
   EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ngroups must divide nheads"), std::string::npos) << msg;
+}
+
+// SCHEMA.md: /meta precision is "f64" and generator "mamba3-harness"; a file saying otherwise
+// is refused, naming the attribute, the value found and the one expected.
+TEST_F(GoldenReader, MetaPrecisionOtherThanF64IsRefused) {
+  for (const std::string bad : {"f32", "bf16", "F64", ""}) {
+    SCOPED_TRACE("precision '" + bad + "'");
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "precision") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta precision is '" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected f64"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(GoldenReader, MetaGeneratorOtherThanTheHarnessIsRefused) {
+  for (const std::string bad : {"mamba3-harnesss", "pytorch", ""}) {
+    SCOPED_TRACE("generator '" + bad + "'");
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "generator") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta generator is '" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("expected ") + golden::kGenerator), std::string::npos) << msg;
+  }
 }
 
 TEST_F(GoldenReader, BadFilesGiveOneLine) {
