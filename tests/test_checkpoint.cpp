@@ -7,7 +7,8 @@
 //               by hand read, a written file read with the HDF5 reader alone), the
 //               dataset names of a golden file's /weights (head_w included), the overwrite
 //               rule, one clear error naming the file and the dataset for a missing,
-//               mis-shaped, non-finite or extra dataset and for a wrong kind or schema version
+//               mis-shaped, non-finite or extra dataset, a loss scale not finite and > 0, and
+//               for a wrong kind or schema version
 //               (files written with h5::Writer directly), config <-> settings, resume_mismatch
 //   RunDir      the folder rules (new, another run, --force leaving foreign files, resume),
 //               metrics.csv rows and their truncation on resume (k + resume + N−k = N straight),
@@ -390,6 +391,19 @@ TEST_F(CheckpointDefect, MissingDatasetIsNamed) {
   const std::string msg = read_error(d, 7);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing dataset '/optimizer/v/L1/dt_bias'"), std::string::npos) << msg;
+}
+
+// A loss scale that is 0, negative or not finite would make every later step's gradient factor
+// meaningless: refused on reading, as on writing.
+TEST_F(CheckpointDefect, ALossScaleNotFiniteAndPositiveIsRefused) {
+  for (const double bad : {0.0, -1.0, HUGE_VAL, std::nan("")}) {
+    SCOPED_TRACE(bad);
+    CheckpointMeta meta = tiny_meta(cfg);
+    meta.loss_scale = bad;
+    write_by_hand(path, cfg, meta, random_state(m3::param_layout(cfg), 3), {});
+    const std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+    EXPECT_NE(msg.find("/meta loss_scale must be finite and > 0"), std::string::npos) << msg;
+  }
 }
 
 TEST_F(CheckpointDefect, MisShapedDatasetIsNamed) {

@@ -9,8 +9,8 @@
 //   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
 //                     tensor (the first in execution order when several differ); angles compare
 //                     by circular distance
-//   GoldenReader      schema-version mismatch, /meta precision other than f64 or generator
-//                     other than this harness, missing / mis-shaped / extra / non-f64 /
+//   GoldenReader      schema-version mismatch, /meta precision other than f64, generator
+//                     other than this harness or a flag other than 0 / 1, missing / mis-shaped / extra / non-f64 /
 //                     non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
 //                     that name the problem; a token model's mis-shaped, non-integer or
 //                     out-of-range tokens and targets and bad weights, naming the dataset
@@ -588,6 +588,22 @@ TEST_F(GoldenReader, MetaGeneratorOtherThanTheHarnessIsRefused) {
     const std::string msg = read_error(edited(e));
     EXPECT_NE(msg.find("/meta generator is '" + bad + "'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::string("expected ") + golden::kGenerator), std::string::npos) << msg;
+  }
+}
+
+// A /meta flag (is_outproj_norm, input_proj_identity) is 0 or 1; any other integer is refused.
+TEST_F(GoldenReader, AMetaFlagOtherThanZeroOrOneIsRefused) {
+  for (const int bad : {2, -1}) {
+    SCOPED_TRACE(bad);
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "is_outproj_norm") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta attribute 'is_outproj_norm' must be 0 or 1"), std::string::npos)
+        << msg;
   }
 }
 

@@ -1,6 +1,7 @@
 // The training step and loop on the CPU reference path (train/trainer.hpp): one step equals
 // the reference step written out by hand bit for bit; gradient accumulation normalises over
-// the whole step; a skipped f16 step changes nothing but the loss scale; the float path's
+// the whole step; the validation loss is the mean over every scored position; a skipped f16
+// step changes nothing but the loss scale; the float path's
 // drift from the double oracle over K steps (the rule the GPU trajectory test uses);
 // bit-exact resume (k steps + save + resume + N − k = N straight: weights, moments, losses);
 // f16 steps skipped inside a run leave the schedule's step alone, and a resume after skips
@@ -187,6 +188,28 @@ TEST(TrainStep, StagingTheNextBatchChangesNoBit) {
   be->stage(b, static_cast<double>(b.scored()));
   be->forward_staged();
   m3::test::expect_one_line_error([&] { be->forward_staged(); }, "no staged batch");
+}
+
+// The validation loss is the mean over every scored position of the batches: each batch's mean
+// weighted by its count of scored positions, not the mean of the batches' means.
+TEST(TrainEval, TheLossIsTheMeanOverEveryScoredPositionOfTheBatches) {
+  const Idx B = 1, T = 16, V = 6;
+  const Config cfg = tiny_lm(V);
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T));
+  be->set_state(initial_state(cfg, 5));
+  const Batch all = m3::test::token_batch(B, T, V, 31, 1.0);
+  const Batch some = m3::test::token_batch(B, T, V, 32, 0.3);
+  const double n1 = static_cast<double>(all.scored()), n2 = static_cast<double>(some.scored());
+  ASSERT_EQ(n1, static_cast<double>(T));
+  ASSERT_LT(n2, n1 / 2);
+  const double l1 = evaluate(*be, {all}).loss, l2 = evaluate(*be, {some}).loss;
+  ASSERT_GT(std::abs(l1 - l2), 1e-3 * l1) << "the two batches' losses must differ";
+  const EvalResult both = evaluate(*be, {all, some});
+  EXPECT_NEAR(both.loss, (l1 * n1 + l2 * n2) / (n1 + n2), 1e-12 * l1);
+  // A batch with no scored position adds nothing.
+  Batch none = some;
+  std::fill(none.w.begin(), none.w.end(), 0.0f);
+  EXPECT_NEAR(evaluate(*be, {all, none}).loss, l1, 1e-14 * l1);
 }
 
 TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
