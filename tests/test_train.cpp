@@ -1,7 +1,7 @@
 // The training step and loop on the CPU reference path (train/trainer.hpp): one step equals
 // the reference step written out by hand bit for bit; gradient accumulation normalises over
-// the whole step; the validation loss is the mean over every scored position; a skipped f16
-// step changes nothing but the loss scale; the float path's
+// the whole step; the f16 norm is the unscaled gradient's; the validation loss is the mean over
+// every scored position; a skipped f16 step changes nothing but the loss scale; the float path's
 // drift from the double oracle over K steps (the rule the GPU trajectory test uses);
 // bit-exact resume (k steps + save + resume + N − k = N straight: weights, moments, losses);
 // f16 steps skipped inside a run leave the schedule's step alone, and a resume after skips
@@ -94,6 +94,30 @@ TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
   EXPECT_EQ(s1.m, mf);
   EXPECT_EQ(s1.v, vf);
   EXPECT_NE(s1.params, s0.params);
+}
+
+// With f16 the backward runs on S·loss; the norm reported and clipped is the unscaled
+// gradient's, ‖g‖ = grad_norm() / S: within f16 storage's rounding of the f32 path's norm, and
+// the same whichever S produced it.
+TEST(TrainStep, TheF16GradientNormIsThatOfTheUnscaledGradient) {
+  const Idx B = 2, T = 9, V = 7;
+  const Config cfg = tiny_lm(V);
+  const TrainState s0 = initial_state(cfg, 5);
+  const Batch b = m3::test::token_batch(B, T, V, 6);
+  auto norm = [&](Precision st, double scale) {
+    auto be = make_cpu_backend(chunked_spec(cfg, B, T, st));
+    be->set_state(s0);
+    m3::LossScaler sc = m3::LossScaler::for_precision(st);
+    sc.scale = scale;
+    const StepResult r = train_step(*be, {b}, 1, optim(), sc);
+    EXPECT_FALSE(r.skipped);
+    return r.grad_norm;
+  };
+  const double f32 = norm(Precision::F32, 1.0);
+  const double at16 = norm(Precision::F16, m3::LossScaler::kInitialScale);
+  const double at10 = norm(Precision::F16, std::ldexp(1.0, 10));
+  EXPECT_NEAR(at16, f32, 1e-2 * f32);
+  EXPECT_NEAR(at10, f32, 1e-2 * f32);
 }
 
 // Verification while training judges the live slice as m3h compare judges a problem (the
