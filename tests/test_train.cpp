@@ -226,8 +226,15 @@ TEST(TrainEval, TheLossIsTheMeanOverEveryScoredPositionOfTheBatches) {
   const double n1 = static_cast<double>(all.scored()), n2 = static_cast<double>(some.scored());
   ASSERT_EQ(n1, static_cast<double>(T));
   ASSERT_LT(n2, n1 / 2);
-  const double l1 = evaluate(*be, {all}).loss, l2 = evaluate(*be, {some}).loss;
+  // Each batch's mean loss from the backend's own forward (N = its scored positions).
+  auto mean_loss = [&](const Batch& b) {
+    be->forward(b, static_cast<double>(b.scored()));
+    return be->loss();
+  };
+  const double l1 = mean_loss(all), l2 = mean_loss(some);
   ASSERT_GT(std::abs(l1 - l2), 1e-3 * l1) << "the two batches' losses must differ";
+  EXPECT_NEAR(evaluate(*be, {all}).loss, l1, 1e-14 * l1);
+  EXPECT_NEAR(evaluate(*be, {some}).loss, l2, 1e-14 * l2);
   const EvalResult both = evaluate(*be, {all, some});
   EXPECT_NEAR(both.loss, (l1 * n1 + l2 * n2) / (n1 + n2), 1e-12 * l1);
   // A batch with no scored position adds nothing.
