@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing on the CPU build: which small, plausible bugs does the test suite miss?
 #
-#   scripts/mutate.sh [options]            the full run (minutes per mutant on 2 cores)
+#   scripts/mutate.sh [options]            the full run (one CPU build, then ~10-30 s a mutant)
 #   scripts/mutate.sh --check              every mutant still applies exactly once (seconds)
 #
 # The mutants are kept in tests/mutants/mutants.txt (its header describes the format). A full
@@ -21,9 +21,9 @@
 #   -R REGEX           run this ctest regex for every mutant instead of each mutant's own
 #   --all-tests        run the whole suite for every mutant (ignore the per-mutant subsets)
 #   --timeout S        time limit of one mutant's ctest run, seconds (default 900)
-#   --scratch DIR      work in DIR (created; reused when it holds an earlier run's build, which
-#                      then rebuilds incrementally); default: a new folder under $TMPDIR, removed
-#                      at the end unless --keep
+#   --scratch DIR      work in DIR, outside the tree: a new or empty folder, or one an earlier
+#                      run made (its build is reused and rebuilt incrementally); default: a new
+#                      folder under $TMPDIR, removed at the end unless --keep
 #   --keep             keep the default scratch folder
 #   --no-baseline      skip the unmutated run of the subsets
 #   -j N               build and ctest parallelism (default: nproc)
@@ -59,7 +59,7 @@ while [[ $# -gt 0 ]]; do
     --keep) keep=1 ;;
     --no-baseline) baseline=0 ;;
     -j) jobs=${2:?-j needs a number}; shift ;;
-    -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
   shift
@@ -180,11 +180,16 @@ if [[ -z $scratch ]]; then
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/m3-mutate.XXXXXX")
   own_scratch=1
 fi
-mkdir -p "$scratch"
-scratch=$(cd "$scratch" && pwd)
+scratch=$(realpath -m -- "$scratch")
 case "$scratch/" in
-  "$src"/*) die "the scratch folder $scratch lies inside the tree $src; give one outside it" ;;
+  "$(realpath -- "$src")"/*) die "the scratch folder $scratch lies inside the tree $src; give one outside it" ;;
 esac
+# The folder is emptied in part below (its src/): only one this script made, or an empty one.
+if [[ -d $scratch && -n $(ls -A -- "$scratch") && ! -f $scratch/.m3-mutate ]]; then
+  die "$scratch is neither empty nor a scratch folder of mutate.sh (no .m3-mutate in it)"
+fi
+mkdir -p "$scratch"
+touch "$scratch/.m3-mutate"
 cleanup() {
   if (( own_scratch && !keep )); then rm -rf "$scratch"; fi
 }
@@ -193,12 +198,13 @@ trap cleanup EXIT
 tree=$scratch/src
 build=$scratch/build
 log=$scratch/logs
+rm -rf "$tree"
 mkdir -p "$tree" "$log"
 # The files git shows (tracked, and untracked but not ignored) of the working tree, copied with
 # their times so that a reused scratch build only rebuilds what changed.
 if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   (cd "$src" && git ls-files -z --cached --others --exclude-standard |
-     while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
+     while IFS= read -r -d '' f; do if [[ -e $f ]]; then printf '%s\0' "$f"; fi; done |
      tar --null -T - -cf -) | tar -xpf - -C "$tree"
 else
   (cd "$src" && tar --exclude='./build*' --exclude=./.git -cf - .) | tar -xpf - -C "$tree"
@@ -209,7 +215,7 @@ check_tree "$tree" || die "the scratch copy of $src does not take every mutant e
 # ninja would take as up to date. Every file a run has mutated is listed in mutated.list and
 # touched here, so the build below recompiles it unmutated.
 if [[ -f $scratch/mutated.list ]]; then
-  while IFS= read -r f; do [[ -f $tree/$f ]] && touch "$tree/$f"; done < "$scratch/mutated.list"
+  while IFS= read -r f; do if [[ -f $tree/$f ]]; then touch "$tree/$f"; fi; done < "$scratch/mutated.list"
 fi
 
 echo "mutate: ${#selected[@]} of ${#ids[@]} mutants; scratch $scratch"
