@@ -2,10 +2,13 @@
 // and the console + Ctrl-C flag (train/progress.hpp).
 //
 //   Checkpoint  write + read bit-exact (params, m, v, every meta field, loss_scale 0.1 + 2^-40,
-//               a data hash with the top bit set), the layout gaps read back as zero, the
+//               a data hash with the top bit set), the layout gaps read back as zero, each
+//               of /weights, /optimizer/m and /optimizer/v in its own buffer (a file written
+//               by hand read, a written file read with the HDF5 reader alone), the
 //               dataset names of a golden file's /weights (head_w included), the overwrite
 //               rule, one clear error naming the file and the dataset for a missing,
-//               mis-shaped, non-finite or extra dataset and for a wrong kind or schema version
+//               mis-shaped, non-finite or extra dataset, a loss scale not finite and > 0, and
+//               for a wrong kind or schema version
 //               (files written with h5::Writer directly), config <-> settings, resume_mismatch
 //   RunDir      the folder rules (new, another run, --force leaving foreign files, resume),
 //               metrics.csv rows and their truncation on resume (k + resume + N−k = N straight),
@@ -318,14 +321,56 @@ TEST(Checkpoint, WriteChecksBuffersAndSettings) {
   EXPECT_FALSE(fs::exists(path));
 }
 
-TEST(Checkpoint, HandWrittenFileReadsBack) {  // the helper below is a valid checkpoint
+// The helper below is a valid checkpoint, and each group comes back into its own buffer: the
+// round trip through write_checkpoint cannot tell /optimizer/m from /optimizer/v, a file laid
+// out independently of it can. (v ≥ 0 here, as Adam's second moment is, so that reading the
+// two moments swapped would not be refused on other grounds.)
+TEST(Checkpoint, HandWrittenFileReadsBackEachGroupIntoItsOwnBuffer) {
   TempDir dir;
   const Config cfg = tiny_cfg();
-  const TrainState st = random_state(m3::param_layout(cfg), 6);
+  const ParamLayout layout = m3::param_layout(cfg);
+  TrainState st = random_state(layout, 6);
+  for (float& x : st.v) x = std::abs(x);
   write_by_hand(dir.file("a.h5"), cfg, tiny_meta(cfg), st, {});
   TrainState back;
   EXPECT_EQ(read_checkpoint(dir.file("a.h5"), nullptr, &back).step, 42);
-  EXPECT_EQ(bits(back.params[3]), bits(st.params[3]));
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<float>*>>
+      bufs[] = {{"weights", {&st.params, &back.params}},
+                {"m", {&st.m, &back.m}},
+                {"v", {&st.v, &back.v}}};
+  for (const auto& [name, ab] : bufs) {
+    const auto& [a, b] = ab;
+    ASSERT_EQ(b->size(), static_cast<std::size_t>(layout.total)) << name;
+    for (Idx i = 0; i < layout.total; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ASSERT_EQ(bits((*b)[k]), in_a_slot(layout, i) ? bits((*a)[k]) : 0u)
+          << name << " index " << i;
+    }
+  }
+}
+
+// And the other way: write_checkpoint puts the first moment under /optimizer/m and the second
+// under /optimizer/v, read back here with the HDF5 reader alone.
+TEST(Checkpoint, WrittenMomentsSitInTheirOwnGroups) {
+  TempDir dir;
+  const Config cfg = tiny_cfg();
+  const ParamLayout layout = m3::param_layout(cfg);
+  TrainState st = random_state(layout, 8);
+  for (float& x : st.v) x = std::abs(x);
+  write_checkpoint(dir.file("a.h5"), cfg, tiny_meta(cfg), st, false);
+  const m3::h5::Reader r(dir.file("a.h5"));
+  const std::pair<const char*, const std::vector<float>*> groups[] = {
+      {"/weights", &st.params}, {"/optimizer/m", &st.m}, {"/optimizer/v", &st.v}};
+  for (const auto& [g, buf] : groups)
+    for (const ParamSlot& s : layout.slots) {
+      const std::string p = std::string(g) + "/" + s.name;
+      const Tensor t = r.read(p);
+      ASSERT_EQ(t.data.size(), static_cast<std::size_t>(s.size)) << p;
+      for (Idx i = 0; i < s.size; ++i)
+        ASSERT_EQ(bits(static_cast<float>(t.data[static_cast<std::size_t>(i)])),
+                  bits((*buf)[static_cast<std::size_t>(s.offset + i)]))
+            << p << " [" << i << "]";
+    }
 }
 
 // A checkpoint of tiny_cfg() written by hand with one defect, and the error reading it gives.
@@ -346,6 +391,19 @@ TEST_F(CheckpointDefect, MissingDatasetIsNamed) {
   const std::string msg = read_error(d, 7);
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing dataset '/optimizer/v/L1/dt_bias'"), std::string::npos) << msg;
+}
+
+// A loss scale that is 0, negative or not finite would make every later step's gradient factor
+// meaningless: refused on reading, as on writing.
+TEST_F(CheckpointDefect, ALossScaleNotFiniteAndPositiveIsRefused) {
+  for (const double bad : {0.0, -1.0, HUGE_VAL, std::nan("")}) {
+    SCOPED_TRACE(bad);
+    CheckpointMeta meta = tiny_meta(cfg);
+    meta.loss_scale = bad;
+    write_by_hand(path, cfg, meta, random_state(m3::param_layout(cfg), 3), {});
+    const std::string msg = error_of([&] { read_checkpoint(path, nullptr, nullptr); });
+    EXPECT_NE(msg.find("/meta loss_scale must be finite and > 0"), std::string::npos) << msg;
+  }
 }
 
 TEST_F(CheckpointDefect, MisShapedDatasetIsNamed) {

@@ -1,7 +1,8 @@
 // The data of training (train/data.hpp, TRAINING.md §3): the counter-based generator is pure
 // (same integers → same bytes; each integer matters; a row does not depend on B); text files
 // split as documented (training windows never touch the validation part, validation windows
-// fixed at stride T, wrapping), every file error says which file and why; the tasks' targets
+// fixed at stride T, wrapping, ⌊(S_val − 1)/T⌋ of them, all inside the file even where T
+// divides S_val), every file error says which file and why; the tasks' targets
 // recomputed here from the tokens alone (parity prefix, modular running value, selective-copy
 // answers), scored positions as documented; accuracy counting; encode/decode; bad options.
 #include <gtest/gtest.h>
@@ -273,6 +274,28 @@ TEST(Text, ValidationIsFixedAtStrideTAndWraps) {
   // Targets are the next bytes.
   for (Idx t = 0; t < 16; ++t)
     EXPECT_EQ(v.tgt[static_cast<std::size_t>(t)], static_cast<unsigned char>(bytes[901 + t]));
+}
+
+// Where T divides the validation part's size, ⌊(S_val − 1)/T⌋ is one less than S_val/T: the
+// last stride-T window would need the byte after the file's end as its final target. Every
+// window served must lie inside the file, and the cycle must wrap before that one.
+TEST(Text, ValidationWindowsWhereTDividesThePartStayInsideTheFile) {
+  TempDir tmp;
+  const std::string bytes = random_bytes(1000, 6);
+  const auto d = m3::train::make_text_dataset(tmp.write("a.bin", bytes), 0.1, 20);
+  // The validation part is bytes 900 … 999 (100 bytes).
+  for (const Idx T : {20, 25, 50, 10, 4, 1}) {
+    SCOPED_TRACE("T = " + std::to_string(T));
+    const Idx W = d->val_windows(T);
+    EXPECT_EQ(W, 99 / T);
+    const Batch v = d->val_batch(0, W + 1, T);
+    for (Idx b = 0; b < W; ++b) {
+      const std::size_t o = find_window(bytes, v, b);
+      ASSERT_EQ(o, 900u + static_cast<std::size_t>(b * T)) << "window " << b;
+      EXPECT_LE(o + static_cast<std::size_t>(T) + 1, bytes.size()) << "window " << b;
+    }
+    EXPECT_TRUE(same(row_of(v, W), row_of(v, 0))) << "window " << W << " must wrap to window 0";
+  }
 }
 
 TEST(Text, HashFollowsTheBytes) {

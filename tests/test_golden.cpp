@@ -9,8 +9,11 @@
 //   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
 //                     tensor (the first in execution order when several differ); angles compare
 //                     by circular distance
-//   GoldenReader      schema-version mismatch, missing / mis-shaped / extra / non-f64 /
-//                     non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
+//   GoldenDiff        regen's comparison: new / removed tensors, changed inputs (tokens too),
+//                     a tensor's change judged against rtol times its own scale
+//   GoldenReader      schema-version mismatch, /meta precision other than f64, generator
+//                     other than this harness or a flag other than 0 / 1, missing /
+//                     mis-shaped / extra / non-f64 / non-finite datasets, truncated / empty / non-HDF5 files: one-line errors
 //                     that name the problem; a token model's mis-shaped, non-integer or
 //                     out-of-range tokens and targets and bad weights, naming the dataset
 //   GoldenCli         the m3h binary: bad files exit 2 with one stderr line; a perturbed file
@@ -398,6 +401,41 @@ TEST(GoldenDiff, NewRemovedAndInputs) {
   EXPECT_EQ(lines.back().rfind("... and ", 0), 0u);
 }
 
+// A regenerated tensor is unchanged while its largest change is within rtol of its own scale
+// (max|old|), not of 1: a tensor of values far above 1 that moves by rtol relative is unchanged;
+// one that moves by twice that is changed.
+TEST(GoldenDiff, TheToleranceIsRelativeToEachTensorsScale) {
+  golden::GoldenCase a = golden::read_golden(committed("no_rope"));
+  const ScanMode mode = ScanMode::Sequential;
+  const std::string key = "L0/F3/dt";
+  {  // the stored tensor 10^4 times larger: its scale far above 1
+    m3::Tensor t = a.oracle.at(mode).at(key);
+    for (double& v : t.data) v *= 1e4;
+    a.oracle.at(mode).put(key, t.shape, t.data.data());
+  }
+  const std::vector<double>& v = a.oracle.at(mode).at(key).data;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (std::abs(v[i]) > std::abs(v[at])) at = i;
+  const double scale = std::abs(v[at]);
+  ASSERT_GT(scale, 100.0) << key;
+  const golden::Tolerance tol;
+  auto status_after = [&](double delta) {
+    golden::GoldenCase b = a;
+    m3::Tensor t = b.oracle.at(mode).at(key);
+    t.data[at] += delta;
+    b.oracle.at(mode).put(key, t.shape, t.data.data());
+    const golden::CaseDiff d = golden::diff_cases(a, b, tol);
+    EXPECT_FALSE(d.inputs_changed);
+    for (const golden::TensorDiff& td : d.tensors)
+      if (td.mode == mode && td.key == key) return td.status;
+    ADD_FAILURE() << key << " is not in the diff";
+    return golden::DiffStatus::New;
+  };
+  EXPECT_EQ(status_after(0.5 * tol.rtol * scale), golden::DiffStatus::Unchanged) << key;
+  EXPECT_EQ(status_after(2 * tol.rtol * scale), golden::DiffStatus::Changed) << key;
+}
+
 TEST(GoldenDiff, TokenInputsAreCompared) {
   const golden::GoldenCase a = golden::read_golden(committed("lm_step"));
   golden::GoldenCase b = a;
@@ -556,6 +594,54 @@ TEST_F(GoldenReader, InvalidConfigIsRejected) {
   const std::string msg = read_error(edited(e));
   EXPECT_NE(msg.find("invalid config"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ngroups must divide nheads"), std::string::npos) << msg;
+}
+
+// SCHEMA.md: /meta precision is "f64" and generator "mamba3-harness"; a file saying otherwise
+// is refused, naming the attribute, the value found and the one expected.
+TEST_F(GoldenReader, MetaPrecisionOtherThanF64IsRefused) {
+  for (const std::string bad : {"f32", "bf16", "F64", ""}) {
+    SCOPED_TRACE("precision '" + bad + "'");
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "precision") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta precision is '" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected f64"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(GoldenReader, MetaGeneratorOtherThanTheHarnessIsRefused) {
+  for (const std::string bad : {"mamba3-harnesss", "pytorch", ""}) {
+    SCOPED_TRACE("generator '" + bad + "'");
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "generator") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta generator is '" + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("expected ") + golden::kGenerator), std::string::npos) << msg;
+  }
+}
+
+// A /meta flag (is_outproj_norm, input_proj_identity) is 0 or 1; any other integer is refused.
+TEST_F(GoldenReader, AMetaFlagOtherThanZeroOrOneIsRefused) {
+  for (const int bad : {2, -1}) {
+    SCOPED_TRACE(bad);
+    Edits e;
+    e.meta = [bad](const std::string& a, h5::Writer& w) {
+      if (a != "is_outproj_norm") return false;
+      w.attr("/meta", a, bad);
+      return true;
+    };
+    const std::string msg = read_error(edited(e));
+    EXPECT_NE(msg.find("/meta attribute 'is_outproj_norm' must be 0 or 1"), std::string::npos)
+        << msg;
+  }
 }
 
 TEST_F(GoldenReader, BadFilesGiveOneLine) {

@@ -1,5 +1,5 @@
 // The host optimizer step of TRAINING.md §2 (reference/optimizer.hpp): the learning-rate
-// schedule's warmup ramp, peak, cosine midpoint and floor; the decay rule on a real token-model
+// schedule's warmup ramp, peak (exactly lr at t = warmup < steps), cosine midpoint and floor; the decay rule on a real token-model
 // layout; the fixed-order gradient norm (against a direct double sum, its own blocked order bit
 // for bit, and non-finite input); the clip coefficient; AdamW against a hand-written
 // PyTorch-style AdamW in double (a decayed and an undecayed slot, t = 1 and t = 3); the gaps of
@@ -123,6 +123,24 @@ TEST(Schedule, WarmupOverEveryStepEndsAtThePeakThenTheFloor) {
   o.warmup = o.steps = 4;
   EXPECT_DOUBLE_EQ(m3::learning_rate(o, 4), 1e-3);
   EXPECT_DOUBLE_EQ(m3::learning_rate(o, 5), 1e-4);
+}
+
+// warmup < steps: t = warmup is still the ramp, lr·t/warmup = lr exactly (t/warmup = 1), and
+// the cosine starts at t = warmup + 1. (The cosine at u = 0 gives floor + (lr − floor), which
+// rounds above lr = 1e-2: taking t = warmup into the cosine shows.)
+TEST(Schedule, TheWarmupsLastStepIsThePeakAndTheCosineStartsAfterIt) {
+  OptimConfig o = schedule_config();
+  o.lr = 1e-2;
+  o.warmup = 4;
+  o.steps = 10;
+  const double floor = o.lr * o.min_lr_ratio;
+  EXPECT_EQ(m3::learning_rate(o, 4), o.lr);
+  EXPECT_EQ(m3::learning_rate(o, 3), o.lr * 3 / 4);
+  const double pi = std::acos(-1.0);
+  EXPECT_NEAR(m3::learning_rate(o, 5), floor + (o.lr - floor) * 0.5 * (1 + std::cos(pi / 6)),
+              1e-17);
+  EXPECT_LT(m3::learning_rate(o, 5), o.lr);
+  EXPECT_EQ(m3::learning_rate(o, 10), floor);
 }
 
 TEST(Schedule, IsAPureFunctionOfTheStepAndRejectsStepZero) {

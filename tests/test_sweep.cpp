@@ -5,10 +5,12 @@
 //     rope 0.5 and 1.0, token models, zero and random states, …) and is reproducible from
 //     (seed, index) alone;
 //   - a reproducer line rebuilds exactly the drawn Problem through m3h's own option parsing;
-//   - shrinking keeps a failure and makes the problem smaller; a sweep reports every failing
-//     problem with its reproducer and shrunk reproducer and a summary;
+//   - shrinking keeps a failure and makes the problem smaller, and the shrunk problem fails in
+//     the tensor the drawn one failed in first; a sweep reports every failing problem with its
+//     reproducer and shrunk reproducer and a summary;
 //   - the perturbed oracle is the oracle bit for bit without perturbation, and perturbs each
-//     stored value by about one rounding of its storage;
+//     stored value by about one rounding of its storage; several draws give the baseline
+//     max + (max − min);
 //   - with it as the baseline of the CPU cells, the two false failures quoted in the issue pass,
 //     a small sweep passes, and the negative controls still fail where they are injected.
 #include <gtest/gtest.h>
@@ -402,6 +404,54 @@ TEST(SweepShrink, ASweepOfAFaultySubjectReportsAndShrinksEveryProblem) {
   }
 }
 
+// A shrunk reproducer must fail in the tensor the drawn problem failed in first: a candidate
+// that fails elsewhere is another bug. The subject here is wrong in L0/F6/y when T ≥ 2 and in
+// L0/F3/dt (only) when T = 1, so every T = 1 candidate fails, but not in F6/y: shrinking must
+// stop at T = 2 and keep naming F6/y.
+TEST(SweepShrink, AShrunkProblemStillFailsInTheTensorTheDrawnOneFailedIn) {
+  auto edit = [](const Problem& pb, Capture& c) {
+    const bool one = pb.T == 1;
+    m3::test::edit_tensor(c, one ? "L0/F3/dt" : "L0/F6/y", [](Tensor& t) {
+      for (double& v : t.data) v *= 1.01;
+    });
+  };
+  SweepOptions opt = faulty_sweep(24, 16, 16);
+  opt.lineups = [edit](const std::vector<Precision>&) {
+    Implementation s{"reference<float>, y x 1.01 at T >= 2, dt x 1.01 at T = 1",
+                     [edit](const Problem& pb, ScanMode mode) {
+                       Capture c = run_reference<float>(pb, mode);
+                       edit(pb, c);
+                       return c;
+                     },
+                     [](const Problem& pb, ScanMode mode, const Capture& oracle) {
+                       return run_reference_isolated(pb, mode, oracle, Precision::F32);
+                     }};
+    Lineup l{Precision::F32, s, perturbed_oracle(Precision::F32, 0)};
+    l.baseline_kind = BaselineKind::Perturbed;
+    return std::vector<Lineup>{l};
+  };
+  // The T = 1 problems do fail, in dt.
+  RunSpec one = draw_problem(21, 0, opt.limits);
+  one.T = 1;
+  one.random_states = true;
+  const ProblemOutcome at_one = run_problem(one, opt, opt.precisions);
+  ASSERT_FALSE(at_one.pass);
+  EXPECT_EQ(at_one.fail_tensor, "F3/dt");
+  EXPECT_EQ(std::count(at_one.failing_tensors.begin(), at_one.failing_tensors.end(), "F6/y"), 0);
+
+  std::ostringstream out;
+  const SweepResult r = run_sweep(21, 1, opt, out);
+  ASSERT_EQ(r.failures.size(), 1u) << out.str();
+  const SweepFailure& f = r.failures[0];
+  ASSERT_GE(f.problem.T, 3) << "the drawn problem must leave room to shrink T";
+  EXPECT_EQ(f.outcome.fail_tensor, "F6/y");
+  EXPECT_GT(f.shrink_steps, 0);
+  EXPECT_EQ(f.shrunk.T, 2) << out.str();
+  EXPECT_FALSE(f.shrunk_outcome.pass);
+  EXPECT_EQ(f.shrunk_outcome.fail_tensor, "F6/y") << out.str();
+  EXPECT_TRUE(starts_with(f.shrunk_outcome.first_fail, "L0/F6/y")) << f.shrunk_outcome.first_fail;
+}
+
 // A range of a sweep (run_sweep's `first`, m3h compare --sweep-from) runs exactly problems
 // first … n−1, each the problem the whole sweep draws at that index, and says so.
 TEST(SweepRange, ARangeRunsExactlyItsProblemsTheWholeSweepsProblems) {
@@ -489,6 +539,63 @@ TEST(PerturbedOracle, TheSeedOfNoPerturbationIsThatOfExponentZero) {
         EXPECT_NE(perturbation_seed(seed, 0.0, draw, role),
                   perturbation_seed(seed, 0x1p-8, draw, role));
       }
+}
+
+// The baseline error of a cell with several draws (budget.hpp): the largest draw's error plus
+// the draws' range, max + (max − min), for rel_l2 and max_abs alike, end to end and isolated.
+// Synthetic draws: the oracle with one tensor scaled by (1 + e_d), whose rel_l2 is e_d and
+// max_abs e_d · max|oracle|; the smallest draw is neither first nor last.
+TEST(PerturbedOracle, TheBaselineOfSeveralDrawsIsTheirMaximumPlusTheirRange) {
+  const RunSpec spec = plumbing_specs()[1];
+  const Problem pb = build_problem(spec);
+  const ScanMode mode = ScanMode::Sequential;
+  const Capture o = run_reference<double>(pb, mode);
+  const std::string key = "L0/F6/y";
+  ASSERT_NE(o.find(key), nullptr);
+  double max_o = 0;
+  for (double v : o.at(key).data) max_o = std::max(max_o, std::abs(v));
+  ASSERT_GT(max_o, 0);
+  const std::vector<double> e = {2e-3, 5e-3, 1e-3, 3e-3};
+  std::vector<Capture> draws;
+  for (double ed : e) {
+    Capture c = o;
+    m3::test::edit_tensor(c, key, [ed](Tensor& t) {
+      for (double& v : t.data) v *= 1 + ed;
+    });
+    draws.push_back(std::move(c));
+  }
+  const double want_rel = 5e-3 + (5e-3 - 1e-3);
+  for (CompareMode cmp : {CompareMode::EndToEnd, CompareMode::Isolated}) {
+    SCOPED_TRACE(compare_mode_name(cmp));
+    CompareOptions opt;
+    opt.filter = key;
+    opt.compare_mode = cmp;
+    opt.baseline_kind = BaselineKind::Perturbed;
+    const Capture* first = nullptr;
+    if (cmp == CompareMode::EndToEnd) {
+      first = &draws[0];
+      for (size_t d = 1; d < draws.size(); ++d) opt.more_baselines.push_back(&draws[d]);
+    } else {
+      for (const Capture& d : draws) opt.isolated_baselines.push_back(&d);
+    }
+    const CompareResult r = compare_captures(o, o, first, spec.cfg, pb.B, pb.T, mode, opt);
+    ASSERT_EQ(r.rows.size(), 1u);
+    const TensorResult& row = r.rows[0];
+    ASSERT_TRUE(row.has_baseline) << row.note;
+    EXPECT_NEAR(row.baseline.rel_l2, want_rel, 1e-12);
+    EXPECT_NEAR(row.baseline.max_abs, want_rel * max_o, 1e-12 * max_o);
+    EXPECT_EQ(row.budget.baseline_rel_l2, row.baseline.rel_l2);
+    EXPECT_EQ(row.budget.baseline_max_abs, row.baseline.max_abs);
+    // One draw alone is its own error.
+    opt.more_baselines.clear();
+    opt.isolated_baselines.clear();
+    if (cmp == CompareMode::Isolated) opt.isolated_baselines.push_back(&draws[1]);
+    const CompareResult one =
+        compare_captures(o, o, cmp == CompareMode::EndToEnd ? &draws[1] : nullptr, spec.cfg,
+                         pb.B, pb.T, mode, opt);
+    ASSERT_EQ(one.rows.size(), 1u);
+    EXPECT_NEAR(one.rows[0].baseline.rel_l2, 5e-3, 1e-12);
+  }
 }
 
 TEST(PerturbedOracle, PerturbsEveryStoredValueByAboutOneRoundingOfItsStorage) {

@@ -1,8 +1,11 @@
 // The training step and loop on the CPU reference path (train/trainer.hpp): one step equals
 // the reference step written out by hand bit for bit; gradient accumulation normalises over
-// the whole step; a skipped f16 step changes nothing but the loss scale; the float path's
+// the whole step; the f16 norm is the unscaled gradient's; the validation loss is the mean over
+// every scored position; a skipped f16 step changes nothing but the loss scale; the float path's
 // drift from the double oracle over K steps (the rule the GPU trajectory test uses);
 // bit-exact resume (k steps + save + resume + N − k = N straight: weights, moments, losses);
+// f16 steps skipped inside a run leave the schedule's step alone, and a resume after skips
+// keeps the loss scale and skip count (equal to the same steps driven by hand);
 // stepping the sampler equals one forward; and `m3h train` / `m3h sample` on bad input: one
 // line, exit 2, nothing overwritten.
 #include <gtest/gtest.h>
@@ -91,6 +94,30 @@ TEST(TrainStep, OneCpuStepEqualsTheReferenceStepWrittenOutBitForBit) {
   EXPECT_EQ(s1.m, mf);
   EXPECT_EQ(s1.v, vf);
   EXPECT_NE(s1.params, s0.params);
+}
+
+// With f16 the backward runs on S·loss; the norm reported and clipped is the unscaled
+// gradient's, ‖g‖ = grad_norm() / S: within f16 storage's rounding of the f32 path's norm, and
+// the same whichever S produced it.
+TEST(TrainStep, TheF16GradientNormIsThatOfTheUnscaledGradient) {
+  const Idx B = 2, T = 9, V = 7;
+  const Config cfg = tiny_lm(V);
+  const TrainState s0 = initial_state(cfg, 5);
+  const Batch b = m3::test::token_batch(B, T, V, 6);
+  auto norm = [&](Precision st, double scale) {
+    auto be = make_cpu_backend(chunked_spec(cfg, B, T, st));
+    be->set_state(s0);
+    m3::LossScaler sc = m3::LossScaler::for_precision(st);
+    sc.scale = scale;
+    const StepResult r = train_step(*be, {b}, 1, optim(), sc);
+    EXPECT_FALSE(r.skipped);
+    return r.grad_norm;
+  };
+  const double f32 = norm(Precision::F32, 1.0);
+  const double at16 = norm(Precision::F16, m3::LossScaler::kInitialScale);
+  const double at10 = norm(Precision::F16, std::ldexp(1.0, 10));
+  EXPECT_NEAR(at16, f32, 1e-2 * f32);
+  EXPECT_NEAR(at10, f32, 1e-2 * f32);
 }
 
 // Verification while training judges the live slice as m3h compare judges a problem (the
@@ -185,6 +212,35 @@ TEST(TrainStep, StagingTheNextBatchChangesNoBit) {
   be->stage(b, static_cast<double>(b.scored()));
   be->forward_staged();
   m3::test::expect_one_line_error([&] { be->forward_staged(); }, "no staged batch");
+}
+
+// The validation loss is the mean over every scored position of the batches: each batch's mean
+// weighted by its count of scored positions, not the mean of the batches' means.
+TEST(TrainEval, TheLossIsTheMeanOverEveryScoredPositionOfTheBatches) {
+  const Idx B = 1, T = 16, V = 6;
+  const Config cfg = tiny_lm(V);
+  auto be = make_cpu_backend(chunked_spec(cfg, B, T));
+  be->set_state(initial_state(cfg, 5));
+  const Batch all = m3::test::token_batch(B, T, V, 31, 1.0);
+  const Batch some = m3::test::token_batch(B, T, V, 32, 0.3);
+  const double n1 = static_cast<double>(all.scored()), n2 = static_cast<double>(some.scored());
+  ASSERT_EQ(n1, static_cast<double>(T));
+  ASSERT_LT(n2, n1 / 2);
+  // Each batch's mean loss from the backend's own forward (N = its scored positions).
+  auto mean_loss = [&](const Batch& b) {
+    be->forward(b, static_cast<double>(b.scored()));
+    return be->loss();
+  };
+  const double l1 = mean_loss(all), l2 = mean_loss(some);
+  ASSERT_GT(std::abs(l1 - l2), 1e-3 * l1) << "the two batches' losses must differ";
+  EXPECT_NEAR(evaluate(*be, {all}).loss, l1, 1e-14 * l1);
+  EXPECT_NEAR(evaluate(*be, {some}).loss, l2, 1e-14 * l2);
+  const EvalResult both = evaluate(*be, {all, some});
+  EXPECT_NEAR(both.loss, (l1 * n1 + l2 * n2) / (n1 + n2), 1e-12 * l1);
+  // A batch with no scored position adds nothing.
+  Batch none = some;
+  std::fill(none.w.begin(), none.w.end(), 0.0f);
+  EXPECT_NEAR(evaluate(*be, {all, none}).loss, l1, 1e-14 * l1);
 }
 
 TEST(TrainStep, ABatchWithNoScoredPositionIsAnError) {
@@ -300,6 +356,139 @@ TEST_F(TrainRun, KStepsSaveResumeAndTheRestEqualTheRunStraightBitForBit) {
     SCOPED_TRACE(m3::precision_name(st));
     m3::test::expect_bit_exact_resume(dir_, options("unused", st), 4);
   }
+}
+
+// One row of a run's metrics.csv (step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,
+// loss_scale,skipped,verify_pct), the numbers exactly as written.
+struct MetricsRow {
+  Idx step = 0;
+  double lr = 0, loss_scale = 0;
+  Idx skipped = 0;
+};
+std::vector<MetricsRow> read_metrics(const fs::path& run) {
+  std::ifstream in(run / "metrics.csv");
+  std::string line;
+  std::getline(in, line);
+  std::vector<MetricsRow> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    if (cells.size() < 9) {
+      ADD_FAILURE() << "short metrics row: " << line;
+      continue;
+    }
+    MetricsRow r;
+    r.step = std::stoll(cells[0]);
+    r.lr = std::strtod(cells[4].c_str(), nullptr);
+    r.loss_scale = std::strtod(cells[7].c_str(), nullptr);
+    r.skipped = std::stoll(cells[8]);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// TRAINING.md §2: a skipped f16 step leaves the optimizer step t alone, so each row's lr is the
+// schedule at t = step − (steps skipped before it), and Adam's bias correction uses the same t.
+// TRAINING.md §4: a resume continues with the checkpoint's loss scale and skip count. A fresh
+// run never skips at 2^16 here, so the skips come from a checkpoint rewritten with a scale too
+// large for f16's range; the run resumed from it must equal the same steps driven by hand
+// through train_step (one loop, no resume), and resuming again from a checkpoint taken after
+// the skips must change nothing either.
+TEST_F(TrainRun, SkippedF16StepsLeaveTheScheduleAndAResumeKeepsTheLossScale) {
+  std::ostringstream sink;
+  TrainOptions o = options("skips", Precision::F16);
+  o.ckpt_every = 3;
+  ASSERT_EQ(run_training(o, sink), 0) << sink.str();
+  const fs::path run = o.out;
+  auto ckpt = [&](Idx s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "ckpt-%08lld.h5", static_cast<long long>(s));
+    return (run / name).string();
+  };
+  for (const MetricsRow& r : read_metrics(run)) ASSERT_EQ(r.skipped, 0) << "step " << r.step;
+
+  // The checkpoint of step 3 with the scale 2^22: steps 4, 5, 6 and 8 overflow f16 (halving
+  // it each time), 7 and 9 are applied.
+  const double huge = std::ldexp(1.0, 22);
+  Config cfg;
+  TrainState s3;
+  CheckpointMeta meta = read_checkpoint(ckpt(3), &cfg, &s3);
+  ASSERT_EQ(meta.skipped, 0);
+  meta.loss_scale = huge;
+  write_checkpoint(ckpt(3), cfg, meta, s3, true);
+
+  // The same steps by hand: t = applied steps so far + 1.
+  auto data = make_dataset(o, o.T);
+  auto be = make_cpu_backend(BackendSpec{cfg, o.B, o.T, o.mode, o.storage, o.recompute});
+  be->set_state(s3);
+  m3::LossScaler sc = m3::LossScaler::for_precision(Precision::F16);
+  sc.scale = huge;
+  sc.good_steps = meta.good_steps;
+  std::vector<double> want_lr, want_scale;
+  std::vector<bool> skipped_at;
+  double scale_at_6 = 0;
+  for (Idx s = 4; s <= o.optim.steps; ++s) {
+    const Idx t = s - sc.skipped;
+    const StepResult r =
+        train_step(*be, {data->train_batch(o.seed, s, 0, o.B, o.T)}, t, o.optim, sc);
+    EXPECT_EQ(r.lr, m3::learning_rate(o.optim, t)) << "step " << s;
+    want_lr.push_back(r.lr);
+    want_scale.push_back(sc.scale);
+    skipped_at.push_back(r.skipped);
+    if (s == 6) scale_at_6 = sc.scale;
+  }
+  const TrainState want = be->state();
+  ASSERT_EQ(skipped_at, (std::vector<bool>{true, true, true, false, true, false}))
+      << "steps 4 … 9 skipped or applied";
+  ASSERT_NE(scale_at_6, m3::LossScaler::kInitialScale)
+      << "the checkpoint of step 6 must hold a scale a fresh run would not start with";
+
+  // Each metrics row of steps 4 … 9: lr and scale as by hand, lr = schedule(step − skipped
+  // before it).
+  auto expect_rows = [&](const fs::path& dir) {
+    const std::vector<MetricsRow> rows = read_metrics(dir);
+    ASSERT_EQ(rows.size(), static_cast<std::size_t>(o.optim.steps));
+    Idx before = 0;
+    for (const MetricsRow& r : rows) {
+      SCOPED_TRACE("step " + std::to_string(r.step));
+      EXPECT_EQ(r.lr, m3::learning_rate(o.optim, r.step - before));
+      if (r.step >= 4) {
+        const auto k = static_cast<std::size_t>(r.step - 4);
+        EXPECT_EQ(r.lr, want_lr[k]);
+        EXPECT_EQ(r.loss_scale, want_scale[k]);
+        EXPECT_EQ(r.skipped, before + (skipped_at[k] ? 1 : 0));
+      }
+      before = r.skipped;
+    }
+    EXPECT_EQ(before, sc.skipped);
+  };
+  auto expect_final = [&](const char* what) {
+    SCOPED_TRACE(what);
+    TrainState got;
+    const CheckpointMeta m = read_checkpoint(ckpt(o.optim.steps), nullptr, &got);
+    EXPECT_EQ(m.loss_scale, sc.scale);
+    EXPECT_EQ(m.skipped, sc.skipped);
+    EXPECT_EQ(m.good_steps, sc.good_steps);
+    EXPECT_TRUE(got.params == want.params) << "weights";
+    EXPECT_TRUE(got.m == want.m) << "first moments";
+    EXPECT_TRUE(got.v == want.v) << "second moments";
+  };
+
+  // Resumed from the rewritten checkpoint: the skips happen in the run.
+  TrainOptions r1 = o;
+  r1.resume = ckpt(3);
+  ASSERT_EQ(run_training(r1, sink), 0) << sink.str();
+  expect_rows(run);
+  expect_final("resumed at step 3");
+
+  // Resumed again after the skips (the checkpoint of step 6): the same end.
+  fs::remove(ckpt(9));
+  TrainOptions r2 = o;
+  r2.resume = ckpt(6);
+  ASSERT_EQ(run_training(r2, sink), 0) << sink.str();
+  expect_rows(run);
+  expect_final("resumed again at step 6");
 }
 
 TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
