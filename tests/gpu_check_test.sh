@@ -11,6 +11,10 @@
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
+# The test sets what it means to test: a gpu-check running this test (its ctest step, under
+# GPU_CHECK_PARALLEL=1 say) must not hand its own settings to the checks below.
+unset GPU_CHECK_PARALLEL GPU_CHECK_DEADLINE GPU_CHECK_PACK GPU_CHECK_DIGESTS GPU_CHECK_ONLY \
+  GPU_SWEEP_FROM M3_CUDA_ARCH M3_CUOBJDUMP
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
