@@ -345,7 +345,7 @@ int cmd_plot(const std::vector<std::string>& args) {
     return 0;
   }
   if (!vm.count("run")) throw UsageError("plot: --run DIR is required");
-  const train::RunDir dir(vm["run"].as<std::string>(), true, false);
+  const train::RunDir dir(vm["run"].as<std::string>(), true, false, false);
   // loss.png always; step_times.png where the run was timed (--step-times).
   std::vector<std::pair<std::string, std::string>> drawn = {{"loss.png", dir.plot_loss()}};
   std::error_code ec;
