@@ -230,6 +230,50 @@ TEST_F(RunGuards, AbsurdCountsAreRefusedAtOnceAndNegativeOnesAsNegative) {
   EXPECT_TRUE(one.status == 0 || one.status == 1) << one.out << one.err;
   EXPECT_EQ(one.err.find("terminate"), std::string::npos) << one.err;
 }
+
+// ---- 9: a run's own config.txt, data options, parents of --out, SIGHUP -------------------------
+
+TEST_F(RunGuards, ARunsOwnConfigLoadsAndMismatchedDataOptionsAreRefused) {
+  const std::string opts = " --task-opt n_min=2 --task-opt n_max=8 --steps 2";
+  ASSERT_EQ(m3h(kTiny + opts + " --out r").status, 0);
+  const CliRun again = m3h("train --config r/config.txt --out r2");
+  EXPECT_EQ(again.status, 0) << again.err;
+  refused(kTiny + " --steps 2 --val-fraction 0.2 --out v", "--val-fraction is for --data");
+  write("text.txt", std::string(4096, 'a'));
+  refused("train --device cpu --d-model 8 --d-state 4 --headdim 4 --layers 1 --B 2 --T 16 "
+          "--data text.txt --task-opt n_min=2 --steps 2 --out d",
+          "--task-opt is for --task");
+  refused(kTiny + " --steps 2 --out no/such/r", "folder no/such does not exist");
+  refused("dump --device cpu --stage '*' --out no/such/d.h5", "folder no/such does not exist");
+}
+
+TEST_F(RunGuards, SighupCheckpointsLikeSigint) {
+  const std::string out = (dir_ / "h").string();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(M3H_PATH, M3H_PATH, "train", "--device", "cpu", "--task", "parity", "--d-model", "8",
+          "--d-state", "4", "--headdim", "4", "--layers", "1", "--B", "2", "--T", "16", "--steps",
+          "200000", "--warmup", "1", "--val-batches", "0", "--log-every", "100000", "--out",
+          out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const fs::path csv = dir_ / "h" / "metrics.csv";
+  int rows = 0;
+  for (int i = 0; i < 3000 && rows < 4; ++i) {
+    usleep(10000);
+    rows = static_cast<int>(file_lines(csv).size());
+  }
+  ASSERT_GE(rows, 4);
+  kill(pid, SIGHUP);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  bool ckpt = false;
+  for (const auto& e : fs::directory_iterator(dir_ / "h")) ckpt = ckpt || e.path().extension() == ".h5";
+  EXPECT_TRUE(ckpt);
+}
 #endif
 
 }  // namespace

@@ -196,7 +196,10 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       throw UsageError("config " + where + ": '" + echo(written) + "' is not allowed in a config file");
     if (!fields.find_nothrow(name, false))
       throw UsageError("config " + where + ": unknown key '" + echo(written) + "'");
-    if (!seen.insert(name).second)
+    // A repeatable option (--task-opt) is written once per value, as a run's config.txt does.
+    const po::option_description* field = fields.find_nothrow(name, false);
+    const bool repeatable = field && field->semantic()->is_composing();
+    if (!seen.insert(name).second && !repeatable)
       throw UsageError("config " + where + ": key '" + echo(written) + "' given twice");
     if (value.empty())
       throw UsageError("config " + where + ": key '" + echo(written) + "' has no value");
