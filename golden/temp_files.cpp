@@ -30,7 +30,7 @@ extern "C" void remove_temps_and_die(int sig) {
 void install_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
-    for (int sig : {SIGINT, SIGTERM}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
       struct sigaction old {};
       ::sigaction(sig, nullptr, &old);
       if (old.sa_handler == SIG_IGN) continue;  // e.g. a background job: leave it ignored

@@ -14,6 +14,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "backbone.hpp"  // capture_grads
@@ -469,12 +470,23 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
     }
   };
   std::vector<std::thread> threads;
-  const int jobs = std::max(1, opt.jobs);
-  if (jobs > 1)
-    for (int j = 0; j < jobs; ++j) threads.emplace_back(worker);
+  // More threads than problems would only wait: at most one per problem of the range.
+  const int jobs = static_cast<int>(std::min<std::uint64_t>(
+      static_cast<std::uint64_t>(std::max(1, opt.jobs)), n - first));
+  if (jobs > 1) {
+    try {
+      for (int j = 0; j < jobs; ++j) threads.emplace_back(worker);
+    } catch (const std::system_error& e) {
+      // The machine gave fewer threads: the started ones finish the range's problems
+      // (they take them in turn), nothing is lost; with none started the loop below runs
+      // them itself.
+      if (threads.empty())
+        throw Error("sweep", "cannot start a thread for --jobs " + std::to_string(opt.jobs), e.what());
+    }
+  }
   for (std::uint64_t i = first; i < n; ++i) {
     Slot slot;
-    if (jobs > 1) {
+    if (!threads.empty()) {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return slots[static_cast<size_t>(i - first)].done; });
       slot = std::move(slots[static_cast<size_t>(i - first)]);

@@ -619,9 +619,17 @@ TEST(RunDir, MetricsAreTruncatedOnResumeSoKPlusRestEqualsStraight) {
   EXPECT_EQ(straight.substr(0, straight.find('\n')), kMetricsHeader);
   {
     RunDir rd(tmp.file("resumed"), false, false);
+    rd.write_config("# run-id = " + rd.run_id() + "\n");  // what the trainer writes
     rd.open_metrics(0);
     for (Idx s = 1; s <= 8; ++s) rd.append(row(s));  // the run went past its checkpoint at 6
   }
+  // Each run has its own id in the last cell of every row: compare the rows without it.
+  auto without_ids = [](const std::string& text) {
+    std::string out, line;
+    std::istringstream in(text);
+    while (std::getline(in, line)) out += line.substr(0, line.rfind(',')) + "\n";
+    return out;
+  };
   // a torn row, as a killed process leaves it
   std::ofstream(tmp.file("resumed/metrics.csv"), std::ios::app) << "9,0.33";
   {
@@ -630,7 +638,7 @@ TEST(RunDir, MetricsAreTruncatedOnResumeSoKPlusRestEqualsStraight) {
     const std::string kept = slurp(rd.path("metrics.csv"));
     EXPECT_EQ(std::count(kept.begin(), kept.end(), '\n'), 7);  // header + rows 1..6
     for (Idx s = 7; s <= 10; ++s) rd.append(row(s));
-    EXPECT_EQ(slurp(rd.path("metrics.csv")), straight);
+    EXPECT_EQ(without_ids(slurp(rd.path("metrics.csv"))), without_ids(straight));
   }
   // a file that is not ours is refused, not rewritten
   touch(tmp.file("resumed/metrics.csv"), "a,b\n1,2\n");
@@ -653,7 +661,8 @@ TEST(RunDir, PruneKeepsTheNewestKAndTheFinal) {
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"ckpt-00000010.h5.tmp.5.0", "ckpt-00000020.h5",
                                             "ckpt-00000050.h5", "ckpt-00000060.h5",
-                                            "ckpt-best.h5"}));
+                                            "ckpt-best.h5", "run.lock"}))
+      << "run.lock: the live RunDir's lock, never a checkpoint";
   rd.prune_checkpoints(1, -1);
   EXPECT_FALSE(fs::exists(rd.checkpoint_path(20)));
   EXPECT_FALSE(fs::exists(rd.checkpoint_path(50)));
@@ -715,12 +724,14 @@ TEST(RunDir, StepTimesAreARowPerStepAndResumeKeepsTheStepsBefore) {
                   "\n1,2.5000,0.2500,4.2500,0.1250,7.0000,1\n2,2.6000,0.2600,4.3000,0.1100,7.1000,1\n"
                   "3,2.7000,0.2700,4.4000,0.1000,7.3000,0\n");
   }
-  RunDir resumed(out, true, false);  // from the checkpoint of step 1: steps 2 and 3 again
-  resumed.write_step_times({st(3, 5, 0.2, 8.5, true), st(3.1, 5.1, 0.2, 8.4, false)}, 2);
-  EXPECT_EQ(slurp(resumed.path("step_times.csv")),
-            std::string(m3::train::kStepTimesHeader) +
-                "\n1,2.5000,0.2500,4.2500,0.1250,7.0000,1\n2,3.0000,0.3000,5.0000,0.2000,8.5000,1\n"
-                "3,3.1000,0.3100,5.1000,0.2000,8.4000,0\n");
+  {
+    RunDir resumed(out, true, false);  // from the checkpoint of step 1: steps 2 and 3 again
+    resumed.write_step_times({st(3, 5, 0.2, 8.5, true), st(3.1, 5.1, 0.2, 8.4, false)}, 2);
+    EXPECT_EQ(slurp(resumed.path("step_times.csv")),
+              std::string(m3::train::kStepTimesHeader) +
+                  "\n1,2.5000,0.2500,4.2500,0.1250,7.0000,1\n2,3.0000,0.3000,5.0000,0.2000,8.5000,1\n"
+                  "3,3.1000,0.3100,5.1000,0.2000,8.4000,0\n");
+  }  // the resumed run ends (and gives its folder back) before the next one starts
   // A new run over the same folder with --force starts the file afresh.
   RunDir fresh(out, false, true);
   EXPECT_FALSE(fs::exists(fresh.path("step_times.csv")));

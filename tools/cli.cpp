@@ -19,6 +19,7 @@
 #include "golden.hpp"
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
+#include "resources.hpp"
 
 namespace m3::tools {
 
@@ -55,6 +56,12 @@ const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed"
                                       "expand",   "ngroups", "layers",     "rope-fraction",
                                       "outproj-norm", "chunk-size", "input-dim", "vocab-size",
                                       "input-proj-identity"};
+
+// Every option, of any command, whose value names a file the command reads. An output may
+// never be one of them (check_output_path), --force or not: replacing it would destroy the
+// input the output was made from.
+const char* const kInputOptions[] = {"config", "golden", "checkpoint", "resume",
+                                     "data",   "expect", "file",       "against"};
 
 std::string trim(const std::string& s) {
   const auto a = s.find_first_not_of(" \t\r");
@@ -106,9 +113,16 @@ void check_output_path(const po::variables_map& vm, const std::string& option, b
       throw UsageError(what + ": a dangling symbolic link (writing would create its target)");
     if (!fs::is_regular_file(target))
       throw UsageError(what + ": exists and is not a regular file; nothing is written there");
-    for (const char* input : {"config", "golden"})
-      if (vm.count(input) && fs::equivalent(p, vm[input].as<std::string>(), ec))
-        throw UsageError(what + ": is the run's --" + input + " file; choose another name");
+    for (const char* input : kInputOptions) {
+      if (!vm.count(input)) continue;
+      std::vector<std::string> paths;
+      if (const auto* one = boost::any_cast<std::string>(&vm[input].value())) paths.push_back(*one);
+      if (const auto* many = boost::any_cast<std::vector<std::string>>(&vm[input].value()))
+        paths = *many;
+      for (const std::string& in : paths)
+        if (fs::equivalent(p, in, ec))
+          throw UsageError(what + ": is the run's --" + input + " file; choose another name");
+    }
     if (!force) throw UsageError(what + ": exists (pass --force to replace it)");
   }
 }
@@ -182,7 +196,10 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       throw UsageError("config " + where + ": '" + echo(written) + "' is not allowed in a config file");
     if (!fields.find_nothrow(name, false))
       throw UsageError("config " + where + ": unknown key '" + echo(written) + "'");
-    if (!seen.insert(name).second)
+    // A repeatable option (--task-opt) is written once per value, as a run's config.txt does.
+    const po::option_description* field = fields.find_nothrow(name, false);
+    const bool repeatable = field && field->semantic()->is_composing();
+    if (!seen.insert(name).second && !repeatable)
       throw UsageError("config " + where + ": key '" + echo(written) + "' given twice");
     if (value.empty())
       throw UsageError("config " + where + ": key '" + echo(written) + "' has no value");
@@ -267,15 +284,7 @@ namespace {
 // baseline's captures, the comparison's copies).
 double host_bytes_estimate(const harness::RunSpec& spec) {
   double most = 0;
-  for (ScanMode m : spec.modes) {
-    double n = 0;
-    for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, m)) {
-      double e = 1;
-      for (Idx v : ks.shape) e *= static_cast<double>(v);
-      n += e;
-    }
-    most = std::max(most, n);
-  }
+  for (ScanMode m : spec.modes) most = std::max(most, harness::stage_elements(spec.cfg, spec.B, spec.T, m));
   return 5.0 * 8.0 * most;
 }
 
@@ -290,15 +299,12 @@ bool problem_options_given(const po::variables_map& vm) {
 
 void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec) {
   if (vm.count("allow-large") && vm["allow-large"].as<bool>()) return;
-  const double need = host_bytes_estimate(spec);
-  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-                      static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  if (have <= 0 || need <= have) return;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "needs about %.3g GiB of host memory, the machine has %.3g GiB",
-                need / (1024.0 * 1024.0 * 1024.0), have / (1024.0 * 1024.0 * 1024.0));
-  throw UsageError(std::string("the problem is too large: ") + buf +
-                   " (reduce B, T, the widths or the layers; --allow-large to try anyway)");
+  try {
+    harness::check_host_bytes(host_bytes_estimate(spec), "the problem is too large",
+                              "reduce B, T, the widths or the layers; --allow-large to try anyway");
+  } catch (const Error& e) {
+    throw UsageError(std::string("the problem is too large: ") + e.failed() + " (" + e.why() + ")");
+  }
 }
 
 ProblemSource load_problem(const po::variables_map& vm) {

@@ -81,8 +81,10 @@ std::string echo(const std::string& text, std::size_t max = 60);
 // checked before any work: its folder exists; an existing path is replaced only when it is a
 // regular file (or a link to one) and `force` is set — a device, FIFO, folder or socket never,
 // since the atomic rename would replace the node itself; a dangling symbolic link is refused
-// (writing would create its target silently); and it is never one of the run's own inputs
-// (--config, --golden), force or not. Each refusal is a UsageError of one line.
+// (writing would create its target silently); and it is never the same file as any input option
+// of the command (--config, --golden, --checkpoint, --resume, --data, --expect, --file,
+// --against: one list, kInputOptions in cli.cpp), force or not. Each refusal is a UsageError of
+// one line.
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force);
 
 // The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory

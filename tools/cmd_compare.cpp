@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include <thread>
+
 #include "cli.hpp"
 #include "commands.hpp"
 #include "gpu_lineup.hpp"
@@ -20,6 +22,8 @@
 #include "report.hpp"
 #include "position.hpp"
 #include "report_json.hpp"
+#include "error.hpp"
+#include "resources.hpp"
 #include "sweep.hpp"
 
 #include "device.hpp"
@@ -91,8 +95,10 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
                        " cannot be combined with it (reproduce one problem without --sweep)");
   for (const char* f : {"failures-only", "details", "wide"})
     if (vm[f].as<bool>()) throw UsageError(std::string("--") + f + ": not with --sweep");
-  const std::uint64_t n = vm["sweep"].as<std::uint64_t>();
-  if (n == 0) throw UsageError("--sweep 0: draw at least one problem");
+  const std::int64_t given_n = vm["sweep"].as<std::int64_t>();
+  if (given_n < 0) throw UsageError("--sweep " + std::to_string(given_n) + ": a count of problems cannot be negative");
+  if (given_n == 0) throw UsageError("--sweep 0: draw at least one problem");
+  const std::uint64_t n = static_cast<std::uint64_t>(given_n);
   harness::SweepOptions opt;
   opt.precisions = precisions;
   opt.modes = parse_scan_list(vm["scan"].as<std::string>());
@@ -108,13 +114,29 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
   opt.shrink = !vm["no-shrink"].as<bool>();
   opt.jobs = vm["jobs"].as<int>();
   if (opt.jobs < 1) throw UsageError("--jobs " + std::to_string(opt.jobs) + ": at least 1");
+  // Threads beyond the machine's only wait (and each holds a problem's memory): a bound of a
+  // few per hardware thread keeps an absurd count from exhausting the machine.
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (opt.jobs > 4 * hw)
+    throw UsageError("--jobs " + std::to_string(opt.jobs) + ": this machine has " + std::to_string(hw) +
+                     " hardware threads (at most " + std::to_string(4 * hw) + " jobs)");
   if (opt.jobs > 1 && device == "gpu")
     throw UsageError("--jobs: the GPU runs one problem at a time (one device context)");
   const std::uint64_t seed = vm.count("seed") ? parse_seed(vm["seed"].as<std::string>()) : 1;
-  const std::uint64_t first = vm.count("sweep-from") ? vm["sweep-from"].as<std::uint64_t>() : 0;
+  const std::int64_t given_first = vm.count("sweep-from") ? vm["sweep-from"].as<std::int64_t>() : 0;
+  if (given_first < 0)
+    throw UsageError("--sweep-from " + std::to_string(given_first) + ": a problem index cannot be negative");
+  const std::uint64_t first = static_cast<std::uint64_t>(given_first);
   if (first >= n)
     throw UsageError("--sweep-from " + std::to_string(first) + ": the sweep's problems are 0 … " +
                      std::to_string(n - 1));
+  // The sweep keeps a result slot per problem of its range.
+  try {
+    harness::check_host_bytes(256.0 * static_cast<double>(n - first), "--sweep " + std::to_string(n),
+                              "sweep fewer problems at a time, with --sweep-from");
+  } catch (const m3::Error& e) {
+    throw UsageError(e.what());
+  }
   const harness::SweepResult r = harness::run_sweep(seed, n, opt, std::cout, first);
   return r.pass() ? 0 : 1;
 }
@@ -138,9 +160,9 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
     ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget")
-    ("sweep", po::value<std::uint64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
+    ("sweep", po::value<std::int64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
     ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
-    ("sweep-from", po::value<std::uint64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
+    ("sweep-from", po::value<std::int64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
     ("jobs", po::value<int>()->default_value(1), "with --sweep on the CPU: problems run on N threads (the output is the same)");
   // clang-format on
   po::options_description all;

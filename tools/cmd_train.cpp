@@ -105,6 +105,7 @@ std::string config_text(const po::variables_map& vm, const po::options_descripti
   for (const auto& opt : fields.options()) {
     const std::string name = opt->long_name();
     if (!vm.count(name)) continue;
+    if (name == "val-fraction" && vm.count("task")) continue;  // text data only
     const boost::any& v = vm[name].value();
     if (const auto* s = boost::any_cast<std::string>(&v)) {
       os << name << " = " << *s << "\n";
@@ -164,6 +165,21 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!vm.count("out")) throw UsageError("train: --out DIR is required (the run directory)");
   if (vm.count("data") == vm.count("task"))
     throw UsageError("train: give exactly one of --data FILE and --task NAME");
+  if (vm.count("task") && option_given(vm, "val-fraction"))
+    throw UsageError("train: --val-fraction is for --data (a task's validation batches are drawn)");
+  if (vm.count("data") && vm.count("task-opt"))
+    throw UsageError("train: --task-opt is for --task (not --data)");
+  {
+    // One rule for every output of m3h: the folder that holds it must exist (train creates the
+    // run folder itself, not its parents).
+    std::string out = vm["out"].as<std::string>();
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+      throw UsageError("--out " + vm["out"].as<std::string>() + ": folder " + parent.string() +
+                       " does not exist");
+  }
   if (vm.count("resume") && vm["force"].as<bool>())
     throw UsageError("train: --resume and --force contradict each other");
   train::TrainOptions o;
@@ -345,7 +361,7 @@ int cmd_plot(const std::vector<std::string>& args) {
     return 0;
   }
   if (!vm.count("run")) throw UsageError("plot: --run DIR is required");
-  const train::RunDir dir(vm["run"].as<std::string>(), true, false);
+  const train::RunDir dir(vm["run"].as<std::string>(), true, false, false);
   // loss.png always; step_times.png where the run was timed (--step-times).
   std::vector<std::pair<std::string, std::string>> drawn = {{"loss.png", dir.plot_loss()}};
   std::error_code ec;

@@ -31,7 +31,7 @@ const std::set<std::string>& reserved_names() {
   static const std::set<std::string> names = {"kind",       "schema_version", "settings",
                                               "step",       "loss_scale",     "good_steps",
                                               "skipped",    "data_size",      "data_hash",
-                                              "git_revision"};
+                                              "git_revision",  "run_id"};
   return names;
 }
 
@@ -216,6 +216,7 @@ void write_checkpoint(const std::string& path, const Config& cfg, const Checkpoi
   w.attr(kMeta, "data_size", meta.data_size);
   w.attr(kMeta, "data_hash", harness::hex16(meta.data_hash));
   w.attr(kMeta, "git_revision", meta.git_revision);
+  if (!meta.run_id.empty()) w.attr(kMeta, "run_id", meta.run_id);
 
   for (const auto& [group, buf] : arrays(st)) {
     for (const ParamSlot& s : layout.slots) {
@@ -275,6 +276,7 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
     meta.data_hash = std::strtoull(h.c_str(), nullptr, 16);
   }
   meta.git_revision = r.attr_string(kMeta, "git_revision");
+  if (r.has_attr(kMeta, "run_id")) meta.run_id = r.attr_string(kMeta, "run_id");
 
   const ParamLayout layout = param_layout(cfg);
   TrainState st;

@@ -9,6 +9,9 @@
 //                           loss_scale                      f64 (exact)
 //                           data_hash = "0123456789abcdef"  16 lowercase hex digits (a uint64)
 //                           git_revision                    string
+//                           run_id                          string: the run that wrote it
+//                                                           (absent in a checkpoint written
+//                                                           before runs had ids)
 //   /weights/<p>          f32 masters, the names and shapes of a golden file's /weights
 //                         ("input_proj_w", "L0/in_proj_w", …, "norm_f_weight", "head_w")
 //   /optimizer/m/<p>      f32 first moments, same names and shapes
@@ -61,6 +64,7 @@ struct CheckpointMeta {
   Idx data_size = 0;   // text data: the file's size in bytes (0 for a task)
   std::uint64_t data_hash = 0;  // text data: the hash of its bytes (0 for a task)
   std::string git_revision;     // the writer's golden::git_revision()
+  std::string run_id;           // the run folder's id (RunDir::run_id); "" = none recorded
 };
 
 // Flat f32 buffers in param_layout(cfg) order, layout.total floats each.

@@ -109,11 +109,13 @@ void Progress::finish(const std::string& summary) {
 namespace {
 
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
-constexpr int kSignals[2] = {SIGINT, SIGTERM};
+// A closed terminal (SIGHUP) stops a run as Ctrl-C and SIGTERM do: with a checkpoint.
+constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kNumSignals = 3;
 std::atomic<int> g_received{0};  // signals received since install
 std::atomic<int> g_first{0};     // the first one's number
-std::atomic<bool> g_replaced[2];  // whether install() replaced kSignals[i]'s action
-struct sigaction g_previous[2];   // the actions install() replaced
+std::atomic<bool> g_replaced[kNumSignals];  // whether install() replaced kSignals[i]'s action
+struct sigaction g_previous[kNumSignals];   // the actions install() replaced
 std::mutex g_install_mutex;       // install / reset (never taken by the handler)
 
 extern "C" void stop_handler(int sig) {
@@ -123,7 +125,7 @@ extern "C" void stop_handler(int sig) {
   }
   // The second signal: the previous actions back (temp_files' cleanup, or the default), then
   // the signal again; it is blocked while this handler runs, so it arrives on return.
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kNumSignals; ++i)
     if (g_replaced[i].load()) ::sigaction(kSignals[i], &g_previous[i], nullptr);
   ::raise(sig);
 }
@@ -132,13 +134,14 @@ extern "C" void stop_handler(int sig) {
 
 void StopFlag::install() {
   std::lock_guard<std::mutex> lock(g_install_mutex);
-  if (g_replaced[0].load() || g_replaced[1].load()) return;
+  for (int i = 0; i < kNumSignals; ++i)
+    if (g_replaced[i].load()) return;
   // temp_files installs its SIGINT / SIGTERM handler once, on the first TempFile: make it do so
   // now (a registered empty path, unlink("") fails harmlessly), so that it sits under ours.
   { const tmp::TempFile force_install(""); }
   g_received.store(0);
   g_first.store(0);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kNumSignals; ++i) {
     struct sigaction old {};
     ::sigaction(kSignals[i], nullptr, &old);
     if (old.sa_handler == SIG_IGN) continue;  // e.g. a background job: leave it ignored
@@ -159,7 +162,7 @@ int StopFlag::signal_number() { return g_first.load(); }
 
 void StopFlag::reset_for_testing() {
   std::lock_guard<std::mutex> lock(g_install_mutex);
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kNumSignals; ++i)
     if (g_replaced[i].exchange(false)) ::sigaction(kSignals[i], &g_previous[i], nullptr);
   g_received.store(0);
   g_first.store(0);

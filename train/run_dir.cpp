@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -38,7 +41,8 @@ constexpr const char* kMetrics = "metrics.csv";
 constexpr const char* kPlot = "loss.png";
 constexpr const char* kStepTimes = "step_times.csv";
 constexpr const char* kStepPlot = "step_times.png";
-constexpr int kMetricsColumns = 10;
+constexpr int kMetricsColumns = 11;
+constexpr const char* kRunIdTag = "# run-id = ";
 constexpr int kStepTimesColumns = 7;
 
 bool all_digits(const std::string& s) {
@@ -206,6 +210,85 @@ int run_program(const std::string& program, const std::string& script, const std
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+std::string new_run_id() {
+  std::random_device rd;
+  const std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
+                          (static_cast<std::uint64_t>(::getpid()) << 16);
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The run id of a run folder's config.txt ("" when it has none).
+std::string config_run_id(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kConfig);
+  std::string line;
+  const std::string tag = kRunIdTag;
+  while (std::getline(in, line))
+    if (line.compare(0, tag.size(), tag) == 0) {
+      std::string id = line.substr(tag.size());
+      while (!id.empty() && (id.back() == '\r' || id.back() == ' ')) id.pop_back();
+      return id;
+    }
+  return "";
+}
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "an unknown host";
+  return host;
+}
+
+// Takes the flock of dir/run.lock and writes the holder's text into it; returns the fd. A lock
+// held by a live process: m3::Error naming the holder from the file's text. The file is
+// re-checked after the flock: a holder that unlinked it on exit between our open and our flock
+// leaves us a lock on a removed inode, which guards nothing; then we start over.
+int take_run_lock(const std::string& dir) {
+  const std::string p = (fs::path(dir) / kRunLock).string();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(kWhere, "cannot create the lock " + p, std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err != EWOULDBLOCK) throw Error(kWhere, "cannot lock " + p, std::strerror(err));
+      // The holder writes its name right after its flock: wait a moment for it.
+      std::string holder;
+      for (int wait = 0; wait < 200 && holder.empty(); ++wait) {
+        std::ifstream in(p);
+        std::getline(in, holder);
+        if (holder.empty()) ::usleep(5000);
+      }
+      throw Error(kWhere, "--out " + dir + " is in use by another run (" +
+                              (holder.empty() ? std::string("its holder is still starting") : holder) + ")",
+                  "wait for it to end, or choose another --out");
+    }
+    struct stat a {}, b {};
+    if (::fstat(fd, &a) != 0 || ::stat(p.c_str(), &b) != 0 || a.st_ino != b.st_ino ||
+        a.st_dev != b.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    const std::string text = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) !=
+                                       static_cast<ssize_t>(text.size())) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(kWhere, "cannot write the lock " + p, std::strerror(err));
+    }
+    return fd;
+  }
+  throw Error(kWhere, "cannot lock " + p, "the lock file keeps being replaced");
+}
+
+// The folder holds nothing but (perhaps) its lock file.
+bool empty_but_lock(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename() != kRunLock) return false;
+  return !ec;
+}
+
 }  // namespace
 
 bool is_run_file(const std::string& name) {
@@ -218,7 +301,21 @@ bool is_run_file(const std::string& name) {
   return is_final_run_file(base) || is_plot_temporary(base);
 }
 
-RunDir::RunDir(const std::string& dir, bool resume, bool force) : dir_(dir), resume_(resume) {
+RunDir::RunDir(const std::string& dir, bool resume, bool force, bool lock)
+    : dir_(dir), resume_(resume) {
+  try {
+    open(force, lock);
+  } catch (...) {
+    // No destructor runs for a constructor that throws: the lock is given back here.
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw;
+  }
+}
+
+void RunDir::open(bool force, bool lock) {
+  const std::string& dir = dir_;
+  const bool resume = resume_;
   M3_REQUIRE(!dir.empty(), kWhere, "--out needs a folder", "");
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
@@ -227,19 +324,27 @@ RunDir::RunDir(const std::string& dir, bool resume, bool force) : dir_(dir), res
     throw Error(kWhere, "--out " + dir + " exists and is not a directory", "name a folder");
   if (resume) {
     if (!exists) throw Error(kWhere, "--out " + dir + " does not exist", "resuming needs the run's folder");
+    if (lock) lock_fd_ = take_run_lock(dir);
     if (!holds_run(dir))
       throw Error(kWhere, "--out " + dir + " holds no run", "no config.txt or metrics.csv there");
+    run_id_ = config_run_id(dir);
     return;
   }
+  run_id_ = new_run_id();
   if (!exists) {
     fs::create_directories(dir, ec);
     if (ec) throw Error(kWhere, "cannot create --out " + dir, ec.message());
+    created_dir_ = true;
+    if (lock) lock_fd_ = take_run_lock(dir);
     return;
   }
+  // The lock first: a live run's folder is refused before anything in it is looked at or
+  // removed, --force or not.
+  if (lock) lock_fd_ = take_run_lock(dir);
   if (holds_run(dir) && !force)
     throw Error(kWhere, "--out " + dir + " holds another run",
                 "use --resume FILE to continue it or --force to start over");
-  const bool empty = fs::is_empty(dir, ec);
+  const bool empty = empty_but_lock(dir);
   if (!empty && !force)
     throw Error(kWhere, "--out " + dir + " is not empty",
                 "use a new or empty folder, or --force (it removes only a run's own files)");
@@ -256,9 +361,29 @@ RunDir::RunDir(const std::string& dir, bool resume, bool force) : dir_(dir), res
   }
 }
 
-RunDir::~RunDir() = default;
-RunDir::RunDir(RunDir&&) noexcept = default;
-RunDir& RunDir::operator=(RunDir&&) noexcept = default;
+RunDir::~RunDir() {
+  if (lock_fd_ < 0) return;
+  // Unlinked while still held: a process that opened the old file meanwhile re-checks the
+  // inode after its flock (take_run_lock) and starts over on a fresh file.
+  std::error_code ec;
+  fs::remove(path(kRunLock), ec);
+  ::close(lock_fd_);
+}
+
+void RunDir::discard_new_run() noexcept {
+  if (resume_) return;
+  metrics_.reset();
+  std::error_code ec;
+  for (const char* name : {kConfig, kMetrics}) fs::remove(path(name), ec);
+  if (created_dir_ && empty_but_lock(dir_)) {
+    if (lock_fd_ >= 0) {
+      fs::remove(path(kRunLock), ec);
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+    }
+    fs::remove(dir_, ec);
+  }
+}
 
 std::string RunDir::path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
 
@@ -268,8 +393,31 @@ void RunDir::open_metrics(Idx resume_step) {
   M3_REQUIRE(resume_step >= 0, kWhere, "open_metrics: resume step must be >= 0", resume_step);
   metrics_.reset();
   const std::string p = path(kMetrics);
-  harness::write_file_atomic(
-      p, rows_through(p, resume_, kMetricsHeader, kMetricsColumns, "metrics", resume_step));
+  std::string kept = std::string(kMetricsHeader) + "\n";
+  if (resume_) {
+    // The rows this run keeps must be its own steps 1 … resume_step, each exactly once.
+    std::error_code ec;
+    std::vector<CsvRow> rows;
+    if (fs::exists(p, ec) && fs::file_size(p, ec) > 0)
+      rows = read_rows(p, kMetricsHeader, kMetricsColumns, "metrics");
+    Idx expect = 1;
+    for (const CsvRow& r : rows) {
+      if (r.step > resume_step) break;
+      if (r.cells.back() != run_id_)
+        throw Error(p, why("the row of step ", r.step, " belongs to another run"),
+                    "run " + (r.cells.back().empty() ? std::string("without an id") : r.cells.back()) +
+                        ", this folder's run is " + (run_id_.empty() ? std::string("without an id") : run_id_));
+      if (r.step != expect)
+        throw Error(p, why("the rows skip from step ", expect - 1, " to step ", r.step),
+                    "a resume keeps steps 1 … " + std::to_string(resume_step) + " in order");
+      kept += r.line + "\n";
+      ++expect;
+    }
+    if (expect <= resume_step)
+      throw Error(p, why("the rows end at step ", expect - 1, " but the checkpoint is of step ", resume_step),
+                  "the loss log of the resumed steps is missing");
+  }
+  harness::write_file_atomic(p, kept);
   metrics_.reset(std::fopen(p.c_str(), "a"));
   if (!metrics_) throw Error(p, "cannot open for appending", std::strerror(errno));
 }
@@ -294,7 +442,7 @@ std::string RunDir::format_row(const Row& r) {
 void RunDir::append(const Row& r) {
   const std::string p = path(kMetrics);
   if (!metrics_) throw Error(p, "append before open_metrics", "");
-  const std::string line = format_row(r) + "\n";
+  const std::string line = format_row(r) + "," + run_id_ + "\n";
   if (std::fwrite(line.data(), 1, line.size(), metrics_.get()) != line.size() ||
       std::fflush(metrics_.get()) != 0)
     throw Error(p, "cannot append a row", std::strerror(errno));

@@ -23,6 +23,17 @@
 // Resume: metrics.csv keeps the rows of the steps the checkpoint has done (step <= k) and drops
 // the later ones, so k steps + resume + N−k steps give the same rows as N steps straight;
 // step_times.csv likewise keeps the rows of the steps before the resumed segment's first.
+//
+// Ownership: a run folder belongs to one writer for the run's life. The writer holds an
+// exclusive flock on "run.lock" in the folder, whose text names it ("pid <pid> on <host>"); a
+// second writer (a new run, --force or --resume) is refused naming that holder. The kernel drops
+// the flock when the process ends however it ends, so a lock file left by a crash is stale and
+// taken over. The file is removed on a clean exit.
+//
+// Identity: each new run draws a run id (16 hex digits). config.txt carries it as the comment
+// "# run-id = <id>" (so the file still loads with --config), every metrics.csv row ends with it
+// and every checkpoint records it, so a checkpoint resumes only into its own run and a row of
+// another run is never mixed into metrics.csv.
 #pragma once
 
 #include <cstdio>
@@ -38,7 +49,9 @@ namespace m3::train {
 struct StepTimes;  // backend.hpp
 
 constexpr const char* kMetricsHeader =
-    "step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,loss_scale,skipped,verify_pct";
+    "step,loss,val_loss,accuracy,lr,grad_norm,tokens_per_s,loss_scale,skipped,verify_pct,run_id";
+// The lock file of a run folder (not a run file: --force never removes a live run's lock).
+constexpr const char* kRunLock = "run.lock";
 // period_ms runs to the next step's start where to_next is 1, else to the step's own end.
 constexpr const char* kStepTimesHeader =
     "step,forward_ms,uploads_ms,backward_ms,optimizer_ms,period_ms,to_next";
@@ -56,11 +69,12 @@ class RunDir {
   //     an error too.
   //   resume = true: dir must exist and hold a run.
   //   A path that exists and is not a directory is an error either way.
-  RunDir(const std::string& dir, bool resume, bool force);
+  //   lock = true: the folder's lock is taken first (see Ownership above); a folder locked by a
+  //     live process is refused whatever resume and force say. lock = false (m3h plot, a reader
+  //     of a finished or running run): no lock, resume's rules.
+  RunDir(const std::string& dir, bool resume, bool force, bool lock = true);
   ~RunDir();
-  RunDir(RunDir&&) noexcept;
-  RunDir& operator=(RunDir&&) noexcept;
-  RunDir(const RunDir&) = delete;
+  RunDir(const RunDir&) = delete;  // it owns the folder's lock
   RunDir& operator=(const RunDir&) = delete;
 
   const std::string& dir() const { return dir_; }
@@ -68,10 +82,21 @@ class RunDir {
 
   void write_config(const std::string& text);  // config.txt, atomic
 
+  // The run's id: drawn for a new run; a resumed run's from its config.txt ("" for a run
+  // written before run ids).
+  const std::string& run_id() const { return run_id_; }
+
+  // A new run that failed before its first step: removes the files it wrote (config.txt,
+  // metrics.csv) and the folder when this RunDir created it and it is empty again, so that
+  // the same command can simply be run again. Never throws.
+  void discard_new_run() noexcept;
+
   // Opens metrics.csv for appending. A new run: a fresh file holding the header. Resuming at
   // step resume_step: the existing rows with step <= resume_step are kept and later ones
   // dropped (the file rewritten atomically; a torn last line without its newline is dropped
-  // too); no file yet: a fresh one. A header other than kMetricsHeader or a malformed row is an
+  // too). The kept rows must be steps 1 … resume_step, in order, each of this run's id: a gap
+  // (a missing file included, when resume_step > 0) or a row of another run is an m3::Error and
+  // the file is left as it was. A header other than kMetricsHeader or a malformed row is an
   // m3::Error naming the file and the line.
   void open_metrics(Idx resume_step);
   struct Row {
@@ -82,8 +107,8 @@ class RunDir {
     Idx skipped = 0;
     std::optional<double> verify_pct;
   };
-  void append(const Row& r);  // one line, flushed
-  static std::string format_row(const Row& r);  // the line append writes, without '\n'
+  void append(const Row& r);  // one line, flushed: format_row(r) and the run id
+  static std::string format_row(const Row& r);  // the line's cells before the run id
 
   // dir/ckpt-<step, 8 digits or more>.h5
   std::string checkpoint_path(Idx step) const;
@@ -109,8 +134,12 @@ class RunDir {
   std::string plot_step_times() const;
 
  private:
+  void open(bool force, bool lock);  // the constructor's rules
   std::string dir_;
   bool resume_ = false;
+  std::string run_id_;
+  int lock_fd_ = -1;        // the flock on run.lock, held for the object's life
+  bool created_dir_ = false;
   struct FileCloser {
     void operator()(std::FILE* f) const { std::fclose(f); }
   };

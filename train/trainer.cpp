@@ -18,6 +18,7 @@
 #include "lm.hpp"
 #include "problem.hpp"
 #include "progress.hpp"
+#include "resources.hpp"
 #include "run.hpp"
 #include "run_dir.hpp"
 
@@ -181,6 +182,53 @@ std::string fixed(double v, int digits) {
   return os.str();
 }
 
+// The first array of the state (in checkpoint order: weights, then moments, each in layout
+// order) holding a value that is not finite, as its checkpoint path ("weights/L0/in_proj_w");
+// "" when every value is finite.
+std::string first_nonfinite(const TrainState& st, const Config& cfg) {
+  const ParamLayout layout = param_layout(cfg);
+  const std::pair<const char*, const std::vector<float>*> arrays[] = {
+      {"weights", &st.params}, {"optimizer/m", &st.m}, {"optimizer/v", &st.v}};
+  for (const auto& [group, buf] : arrays)
+    for (const ParamSlot& slot : layout.slots)
+      for (Idx i = slot.offset; i < slot.offset + slot.size && i < static_cast<Idx>(buf->size()); ++i)
+        if (!std::isfinite((*buf)[static_cast<std::size_t>(i)]))
+          return std::string(group) + "/" + slot.name;
+  return "";
+}
+
+// Host bytes of a run, counted from every dimension that grows it: the f32 state (weights,
+// moments, gradients, the typed copies and the copy a checkpoint gathers: about six arrays of
+// the parameter count), the batches held at once (the step's grad-accum micro-batches and the
+// next step's, the validation batches; a token, a target and a weight per position), and on the
+// CPU reference the activations of a pass (its registry tensors in float, twice: forward and
+// gradients); the --eval-len model likewise.
+double training_host_bytes(const TrainOptions& o) {
+  const double bt = static_cast<double>(o.B) * static_cast<double>(o.T);
+  const double per_position = 12.0;
+  double bytes = 6.0 * 4.0 * harness::parameter_elements(o.cfg);
+  bytes += per_position * bt *
+           (2.0 * static_cast<double>(o.grad_accum) + static_cast<double>(o.val_batches));
+  const bool host_passes = o.device == "cpu";
+  if (host_passes) bytes += 2.0 * 4.0 * harness::stage_elements(o.cfg, o.B, o.T, o.mode);
+  if (o.eval_len > 0) {
+    const double bl = static_cast<double>(o.B) * static_cast<double>(o.eval_len);
+    bytes += per_position * bl * static_cast<double>(std::max<Idx>(1, o.val_batches));
+    if (host_passes) bytes += 2.0 * 4.0 * harness::stage_elements(o.cfg, o.B, o.eval_len, o.mode);
+  }
+  return bytes;
+}
+
+// config.txt's text: the options, with the run id as a comment after the first line (a comment,
+// so that the file still loads with --config).
+std::string with_run_id(const std::string& config_text, const std::string& run_id) {
+  const std::size_t nl = config_text.find('\n');
+  const std::size_t at = nl == std::string::npos ? config_text.size() : nl + 1;
+  std::string s = config_text.substr(0, at);
+  if (!s.empty() && s.back() != '\n') s += '\n';
+  return s + "# run-id = " + run_id + "\n" + config_text.substr(at);
+}
+
 }  // namespace
 
 std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step) {
@@ -274,7 +322,13 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   if (o.eval_len > 0) {
     M3_REQUIRE(!o.task.empty(), "train", "--eval-len is for the synthetic tasks", "");
     long_data = eval_dataset(o, o.eval_len);
+    validate_run(o.cfg, o.B, o.eval_len);
   }
+  // Every count that grows the run, against the machine, before anything is allocated or
+  // created: a run too large for it is refused in one line instead of growing until killed.
+  harness::check_host_bytes(training_host_bytes(o), "train: the run is too large",
+                            "reduce --B, --T, the widths, --layers, --grad-accum, --val-batches "
+                            "or --eval-len");
 
   CheckpointMeta now;
   now.settings = run_settings(o, *data);
@@ -287,6 +341,15 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   const bool lead = !o.par.multi_process() || o.par.rank == 0;
   std::unique_ptr<RunDir> dir;
   if (lead) dir = std::make_unique<RunDir>(o.out, !o.resume.empty(), o.force);
+  // A new run that fails before its first step (a refused checkpoint, a backend that cannot
+  // be built, memory) takes back what it created, so the same command can simply run again.
+  struct DiscardUnlessStarted {
+    RunDir* dir;
+    bool started = false;
+    ~DiscardUnlessStarted() {
+      if (!started && dir) dir->discard_new_run();
+    }
+  } discard{dir.get()};
   std::ostream quiet(nullptr);
   std::ostream& console = lead ? out : quiet;
   LossScaler scaler = LossScaler::for_precision(o.storage);
@@ -297,6 +360,15 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     const CheckpointMeta saved = read_checkpoint(o.resume, &ck_cfg, &st);
     const std::string why = resume_mismatch(saved, now);
     M3_REQUIRE(why.empty(), "train", why, "");
+    // A checkpoint continues only the run that wrote it: its settings may equal another run's
+    // (a copied folder, the same options), and resuming it there would mix two runs' logs.
+    if (dir && saved.run_id != dir->run_id())
+      throw Error("train",
+                  "--resume " + o.resume + " is a checkpoint of run " +
+                      (saved.run_id.empty() ? std::string("without an id") : saved.run_id) +
+                      ", but --out " + o.out + " holds run " +
+                      (dir->run_id().empty() ? std::string("without an id") : dir->run_id()),
+                  "resume it into its own folder");
     step0 = saved.step;
     scaler.scale = saved.loss_scale;
     scaler.good_steps = saved.good_steps;
@@ -319,7 +391,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   const Idx profile_from = step0 + (o.optim.steps - step0 > 3 ? 4 : 1);
   Idx profiled = 0;
   // Only now, so that a backend that cannot be built leaves at most an empty new folder.
-  if (dir && o.resume.empty()) dir->write_config(o.config_text);
+  if (dir && o.resume.empty()) dir->write_config(with_run_id(o.config_text, dir->run_id()));
   be->set_state(st);
   std::unique_ptr<Backend> long_be;  // one rank (the lead's device) evaluates the long length
   if (long_data && lead) {
@@ -341,18 +413,33 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
             (step0 ? "; resumed at step " + std::to_string(step0) : std::string()));
 
   // Every rank calls it (the state is gathered); the lead writes.
-  auto save = [&](Idx step) {
+  if (dir) now.run_id = dir->run_id();
+  // A checkpoint holds finite values only (write_checkpoint refuses others): save returns ""
+  // when it wrote one (or this rank writes none), else the first non-finite array, and then
+  // writes nothing, so the last checkpoint written stays the last finite one.
+  std::string last_ckpt = o.resume;  // the newest checkpoint of this run on disk ("" = none)
+  auto save = [&](Idx step) -> std::string {
     CheckpointMeta m = now;
     m.step = step;
     m.loss_scale = scaler.scale;
     m.good_steps = scaler.good_steps;
     m.skipped = scaler.skipped;
     const TrainState state = be->state();
-    if (!dir) return;
+    const std::string bad = first_nonfinite(state, o.cfg);
+    if (!bad.empty() || !dir) return bad;
     write_checkpoint(dir->checkpoint_path(step), o.cfg, m, state, true);
     dir->prune_checkpoints(o.keep, step == o.optim.steps ? step : -1);
+    last_ckpt = dir->checkpoint_path(step);
+    return "";
   };
-  auto ckpt_path = [&](Idx step) { return dir ? dir->checkpoint_path(step) : std::string(); };
+  // What a stopped run says about its checkpoints: the one it wrote now, or the last finite
+  // one kept instead (never a checkpoint it did not write).
+  auto kept = [&](const std::string& bad) {
+    if (bad.empty()) return "checkpoint " + last_ckpt;
+    return "first non-finite tensor: " + bad + " (so no checkpoint of this step); " +
+           (last_ckpt.empty() ? std::string("no finite checkpoint was written")
+                              : "the last finite checkpoint is " + last_ckpt);
+  };
   auto append = [&](const RunDir::Row& row) {
     if (dir) dir->append(row);
   };
@@ -421,17 +508,23 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     row.skipped = scaler.skipped;
     if (!std::isfinite(r.loss) || (!r.finite && !r.skipped)) {
       // Name the first non-finite stage: the harness on a slice of this batch.
+      // The step was not applied, so the state is that of step s − 1: no checkpoint of step s
+      // is written; the last one written stays.
       const VerifyResult v = verify(micro[0]);
       append(row);
+      discard.started = true;
+      const std::string bad = first_nonfinite(be->state(), o.cfg);
       prog.note("train: stopped at step " + std::to_string(s) + ": the " +
                 (std::isfinite(r.loss) ? std::string("gradient norm") : std::string("loss")) +
                 " is not finite (" + precision_name(o.storage) + "); " +
-                (v.first_nonfinite.empty()
+                (!bad.empty() ? "first non-finite tensor: " + bad
+                 : v.first_nonfinite.empty()
                      ? std::string("the slice the harness checks stays finite (the first "
                                    "non-finite value is elsewhere in the batch)")
                      : "first non-finite tensor: " + v.first_nonfinite) +
-                "; checkpoint " + ckpt_path(s));
-      save(s);
+                "; " +
+                (last_ckpt.empty() ? std::string("no finite checkpoint was written")
+                                   : "the last finite checkpoint is " + last_ckpt));
       status = 1;
       break;
     }
@@ -445,10 +538,11 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       }
       if (be->any_rank(!v.pass)) {
         append(row);
+        discard.started = true;
+        const std::string bad = save(s);
         prog.note("train: verification failed at step " + std::to_string(s) +
                   ": first failing tensor " + v.first_fail + " (" + exact_double(v.worst_pct) +
-                  " % of budget at worst); checkpoint " + ckpt_path(s));
-        save(s);
+                  " % of budget at worst); " + kept(bad));
         status = 1;
         break;
       }
@@ -464,14 +558,22 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       last_val = e.loss;
     }
     append(row);
+    discard.started = true;
     prog.update(s, r.loss, std::isfinite(last_val) ? std::optional<double>(last_val) : std::nullopt,
                 r.lr, row.tokens_per_s);
-    if ((o.ckpt_every > 0 && s % o.ckpt_every == 0) || last) save(s);
+    if ((o.ckpt_every > 0 && s % o.ckpt_every == 0) || last) {
+      const std::string bad = save(s);
+      if (!bad.empty()) {
+        prog.note("train: stopped at step " + std::to_string(s) + ": " + kept(bad));
+        status = 1;
+        break;
+      }
+    }
     if (be->any_rank(StopFlag::requested()) && !last) {
-      save(s);
-      prog.note("train: interrupted at step " + std::to_string(s) + "; checkpoint " +
-                ckpt_path(s) + " (continue with --resume)");
-      status = 130;
+      const std::string bad = save(s);
+      prog.note("train: interrupted at step " + std::to_string(s) + "; " + kept(bad) +
+                (bad.empty() ? " (continue with --resume)" : ""));
+      status = bad.empty() ? 130 : 1;
       break;
     }
   }

@@ -19,7 +19,7 @@
 // bit-exact: k steps + resume + N − k steps give the weights, moments and losses of N steps),
 // validation every --val-every steps over --val-batches fixed batches, a checkpoint every
 // --ckpt-every steps keeping the last --keep and the final one, Ctrl-C = checkpoint + exit 130,
-// a non-finite loss = checkpoint + exit 1.
+// a non-finite loss or state = exit 1 keeping the last finite checkpoint (none of that step).
 // Data-parallel (parallel.hpp): the same loop over a backend of G ranks; checkpoints hold the
 // gathered state (the format of one rank), so a run resumes with another rank count.
 #pragma once
