@@ -9,8 +9,7 @@
 #                             modes) and the typed chunked SSM tests (bf16/f16: the plane
 #                             kernels, short and long chunks)
 #   wgmma-probe               m3_wgmma_probe: chunk_bwd_tc's product set on mma.sync and on wgmma
-#                             (µs per official grid, TFLOP/s, registers, shared bytes;
-#                             docs/log/PERF-history.md "Stop 47")
+#                             (µs per official grid, TFLOP/s, registers, shared bytes)
 #   golden                    m3h golden check --all
 #   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
 #                             end-to-end and isolated, baseline = the reference at the same
@@ -47,8 +46,7 @@
 #                             (cuobjdump, or .sass-tools/bin's: scripts/fetch-sass-tools.sh)
 #                             through scripts/fp-forms.py sass — per function, which product
 #                             ptxas fused in a·b − c·d, in division dividends and in hi/lo
-#                             splits (docs/log/PERF-history.md "Stop 52"), for pinning a
-#                             form that every instantiation has
+#                             splits, for pinning a form that every instantiation has
 #   roofline                  only when GPU_CHECK_ONLY names it: scripts/ncu-layer.sh on one
 #                             official forward + backward, bf16 then f16 (ncu-<dtype>.csv and
 #                             ncu-<dtype>-roofline.txt): each of the layer's kernels with its

@@ -13,8 +13,8 @@
 # executions ("Instructions Executed"), also its five straight runs (consecutive instructions
 # executed equally often: in practice a block of straight-line code) with the most warp
 # instructions — rows, length × executions, their share of the kernel's warp instructions and of
-# its samples, and their five most frequent opcodes (docs/log/PERF-history.md "After v30" found
-# chunk_bwd_tc's per-slot address blocks so). Kernel names are written as scripts/ncu-csv.awk's
+# its samples, and their five most frequent opcodes (the view that finds, e.g., chunk_bwd_tc's
+# per-slot address blocks). Kernel names are written as scripts/ncu-csv.awk's
 # kernel_key. POSIX awk (mawk) only.
 # A missing file, a bad N, or a page without a samples column: a one-line error, exit 2.
 set -euo pipefail

@@ -17,9 +17,8 @@
 #             source text, no metrics (ncu on the H200 machine), so it is not exported.
 #     REGEX   the kernels (ncu -k regex:...), default the scan's plane kernels, the tail and
 #             the prep
-# docs/log/PERF-history.md v28 read its first table from it. A missing m3h, an existing
-# OUTDIR/source-sass.csv or no ncu: a one-line error, exit 2; a profile ncu cannot take: ncu's
-# status, its log in OUTDIR/profile.log.
+# A missing m3h, an existing OUTDIR/source-sass.csv or no ncu: a one-line error, exit 2; a
+# profile ncu cannot take: ncu's status, its log in OUTDIR/profile.log.
 set -euo pipefail
 
 die() {
