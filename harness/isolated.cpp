@@ -72,12 +72,7 @@ class Runner {
   }
 
   Capture run() {
-    chain_forward(*this, plan_);
-    if (plan_.lm) {
-      chain_lm_forward(*this);
-      chain_lm_backward(*this);
-    }
-    chain_backward(*this, plan_);
+    chain_step(*this, plan_);
     capture_grads(grads_, cfg_, cap_);
     return std::move(cap_);
   }

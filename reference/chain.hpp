@@ -180,4 +180,15 @@ void chain_backward(E& e, const ChainPlan& plan) {
   chain_detail::run_backbone<StageId::input_proj>(e, Dir::Backward);
 }
 
+// A whole step: the forward, a token model's ends (head, loss, head's backward), the backward.
+template <class E>
+void chain_step(E& e, const ChainPlan& plan) {
+  chain_forward(e, plan);
+  if (plan.lm) {
+    chain_lm_forward(e);
+    chain_lm_backward(e);
+  }
+  chain_backward(e, plan);
+}
+
 }  // namespace m3

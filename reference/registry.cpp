@@ -503,13 +503,7 @@ class KeyLister {
 
 std::vector<KeyedSpec> expected_stage_keys(const Config& cfg, Idx B, Idx T, ScanMode mode) {
   KeyLister k(cfg, B, T, mode);
-  const ChainPlan plan = ChainPlan::of(cfg, mode);
-  chain_forward(k, plan);
-  if (plan.lm) {
-    chain_lm_forward(k);
-    chain_lm_backward(k);
-  }
-  chain_backward(k, plan);
+  chain_step(k, ChainPlan::of(cfg, mode));
   return std::move(k.out);
 }
 

@@ -55,12 +55,7 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
     }
   } in_pass(*this, pass);
   plan_fusion();
-  chain_forward(*this, plan_);
-  if (plan_.lm) {  // the head and the loss; norm_f's dOut is the oracle's d_Out
-    chain_lm_forward(*this);
-    chain_lm_backward(*this);
-  }
-  chain_backward(*this, plan_);
+  chain_step(*this, plan_);  // a token model's norm_f reads the oracle's d_Out (isolated_after)
   capture_grads(grads(), cfg_, out);
   have_forward_ = false;  // the buffers hold a mix of oracle and GPU values now
   return out;
