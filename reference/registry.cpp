@@ -22,119 +22,161 @@ constexpr When ALW = When::Always;
 constexpr When ONRM = When::OutprojNorm;
 constexpr When ANG = When::HasAngles;
 constexpr When LM = When::Lm;
+constexpr bool TYP = true;   // stored typed (bf16/f16 in those runs)
+constexpr bool F32 = false;  // f32 in every run
+constexpr Life SV = Life::Saved;
+constexpr Life WS = Life::Workspace;
+constexpr Life VF = Life::Verify;
+constexpr Life CL = Life::Columns;
+constexpr Life VW = Life::View;
 
+// One row per tensor: scope, direction, scan modes, when it exists, stage, tensor, shape,
+// circular, storage and, for a layer tensor, its production lifetime {sequential, chunked[,
+// recomputed with Recompute::Scan]} (none given: workspace).
+//
+// Storage (MODEL.md §8): TYP for the activations at kernel boundaries and the activation
+// gradients that cross typed kernels; the raw logits dd_dt_raw … are f32 copies of typed proj
+// columns.
+//
+// Why each kept layer tensor is kept (the lifetime column, for the GPU's fused path):
+//   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
+//       rms_vals      B1;  post_norm  B2's weight gradient
+//   F2  proj          its typed columns: F3's z, x, b_raw, c_raw are Life::Columns of it, read
+//                     in place (z: F7, B7; x: F6, B6; b/c_raw: F4, B4c), so the split copies
+//                     only the f32 parts
+//   F3  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
+//       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
+//   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
+//                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
+//       b/c_biased    never stored in production (F4ef and B6 add the bias themselves)
+//   F5  angle_cumsum  B6 (RoPE backward)
+//   F4ef k, q         sequential B6 reads both; chunked: q by B6's state/chunk kernels, k only
+//                     at t = T − 1 by F6's state pass (→ workspace)
+//   F5b α, β, γ       sequential F6/B6; chunked: the prep forms γ itself (→ never stored)
+//   F6  seq: h/k_prev/v_prev_saved (B6).  chunked: Ks, qk·γ, scale, γ, the cumsums and the
+//       entering chunk states (B6) — recomputed instead with Recompute::Scan;
+//       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
+//   F7  gated_rms_vals B7;  gated  B8's weight gradient
+//   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
+//   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
+//                     writes only the f32 parts, and in fused runs B5b and B5a write those too,
+//                     so that no B3 kernel runs: gpu/stages/proj_cols.cuh)
+//   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
+// Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
 std::vector<TensorSpec> build_stage_registry() {
   return {
       // ---- backbone forward (MODEL.md §3, §10.1)
-      {BB, FW, BOTH, ALW, "input_proj", "input_proj_inputs", {S::BT, S::IN}, false},
-      {BB, FW, BOTH, ALW, "input_proj", "input_proj_outputs", {S::BT, S::DM}, false},
+      {BB, FW, BOTH, ALW, "input_proj", "input_proj_inputs", {S::BT, S::IN}, false, TYP},
+      {BB, FW, BOTH, ALW, "input_proj", "input_proj_outputs", {S::BT, S::DM}, false, TYP},
       // ---- layer forward (MODEL.md §4, §10.2)
-      {LY, FW, BOTH, ALW, "F1", "residual", {S::BT, S::DM}, false},
-      {LY, FW, BOTH, ALW, "F1", "rms_vals", {S::BT}, false},
-      {LY, FW, BOTH, ALW, "F1", "post_norm", {S::BT, S::DM}, false},
-      {LY, FW, BOTH, ALW, "F2", "proj", {S::BT, S::IP}, false},
-      {LY, FW, BOTH, ALW, "F3", "z", {S::BT, S::NH, S::HD}, false},
-      {LY, FW, BOTH, ALW, "F3", "x", {S::BT, S::NH, S::HD}, false},
-      {LY, FW, BOTH, ALW, "F3", "b_raw", {S::BT, S::NG, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F3", "c_raw", {S::BT, S::NG, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F3", "dd_dt_raw", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F3", "dd_a_raw", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F3", "trap_raw", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ANG, "F3", "angles_raw", {S::BT, S::NA}, false},
-      {LY, FW, BOTH, ALW, "F3", "dt", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F3", "a_val", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F3", "trap", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F4", "b_normed", {S::BT, S::NG, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F4", "c_normed", {S::BT, S::NG, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F4", "b_rms", {S::BT, S::NG}, false},
-      {LY, FW, BOTH, ALW, "F4", "c_rms", {S::BT, S::NG}, false},
-      {LY, FW, BOTH, ALW, "F4", "b_biased", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F4", "c_biased", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, BOTH, ANG, "F5", "angle_cumsum", {S::BT, S::NH, S::NA}, true},
-      {LY, FW, BOTH, ALW, "F4ef", "k", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F4ef", "q", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F5b", "alpha", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F5b", "beta", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F5b", "gamma", {S::BT, S::NH}, false},
-      {LY, FW, SEQ, ALW, "F6", "h_saved", {S::B, S::Tp1, S::DS, S::DI}, false},
-      {LY, FW, SEQ, ALW, "F6", "k_prev_saved", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, SEQ, ALW, "F6", "v_prev_saved", {S::BT, S::NH, S::HD}, false},
-      {LY, FW, CHK, ALW, "F6", "adt", {S::BT, S::NH}, false},
-      {LY, FW, CHK, ALW, "F6", "k_scaled_saved", {S::BT, S::NH, S::DS}, false},
-      {LY, FW, CHK, ALW, "F6", "qk_dot_saved", {S::BT, S::NH}, false},
-      {LY, FW, CHK, ALW, "F6", "scale_saved", {S::BT, S::NH}, false},
-      {LY, FW, CHK, ALW, "F6", "gamma_saved", {S::BT, S::NH}, false},
-      {LY, FW, CHK, ALW, "F6", "da_cumsum_saved", {S::B, S::NC, S::NH, S::CS}, false},
-      {LY, FW, CHK, ALW, "F6", "chunk_states", {S::B, S::NC, S::NH, S::HD, S::DS}, false},
-      {LY, FW, CHK, ALW, "F6", "chunk_states_saved", {S::B, S::NC, S::NH, S::HD, S::DS}, false},
-      {LY, FW, CHK, ALW, "F6", "final_states", {S::B, S::NH, S::HD, S::DS}, false},
-      {LY, FW, BOTH, ALW, "F6", "y", {S::BT, S::NH, S::HD}, false},
-      {LY, FW, BOTH, ONRM, "F7", "gated_rms_vals", {S::BT, S::NH}, false},
-      {LY, FW, BOTH, ALW, "F7", "gated", {S::BT, S::DI}, false},
-      {LY, FW, BOTH, ALW, "F8", "out_flat", {S::BT, S::DM}, false},
-      {LY, FW, BOTH, ALW, "F8", "layer_output", {S::BT, S::DM}, false},
-      {LY, FW, BOTH, ALW, "states", "ssm_state", {S::B, S::NH, S::HD, S::DS}, false},
-      {LY, FW, BOTH, ALW, "states", "k_state", {S::B, S::NH, S::DS}, false},
-      {LY, FW, BOTH, ALW, "states", "v_state", {S::B, S::NH, S::HD}, false},
-      {LY, FW, BOTH, ANG, "states", "angle_state", {S::B, S::NH, S::NA}, true},
+      {LY, FW, BOTH, ALW, "F1", "residual", {S::BT, S::DM}, false, F32, {VW, VW}},
+      {LY, FW, BOTH, ALW, "F1", "rms_vals", {S::BT}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F1", "post_norm", {S::BT, S::DM}, false, TYP, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F2", "proj", {S::BT, S::IP}, false, TYP, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "z", {S::BT, S::NH, S::HD}, false, TYP, {CL, CL}},
+      {LY, FW, BOTH, ALW, "F3", "x", {S::BT, S::NH, S::HD}, false, TYP, {CL, CL}},
+      {LY, FW, BOTH, ALW, "F3", "b_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
+      {LY, FW, BOTH, ALW, "F3", "c_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
+      {LY, FW, BOTH, ALW, "F3", "dd_dt_raw", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "dd_a_raw", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "trap_raw", {S::BT, S::NH}, false, F32},
+      {LY, FW, BOTH, ANG, "F3", "angles_raw", {S::BT, S::NA}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "dt", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "a_val", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F3", "trap", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F4", "b_normed", {S::BT, S::NG, S::DS}, false, TYP, {WS, SV}},
+      {LY, FW, BOTH, ALW, "F4", "c_normed", {S::BT, S::NG, S::DS}, false, TYP, {WS, SV}},
+      {LY, FW, BOTH, ALW, "F4", "b_rms", {S::BT, S::NG}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F4", "c_rms", {S::BT, S::NG}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F4", "b_biased", {S::BT, S::NH, S::DS}, false, TYP, {VF, VF}},
+      {LY, FW, BOTH, ALW, "F4", "c_biased", {S::BT, S::NH, S::DS}, false, TYP, {VF, VF}},
+      {LY, FW, BOTH, ANG, "F5", "angle_cumsum", {S::BT, S::NH, S::NA}, true, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F4ef", "k", {S::BT, S::NH, S::DS}, false, TYP, {SV, WS}},
+      {LY, FW, BOTH, ALW, "F4ef", "q", {S::BT, S::NH, S::DS}, false, TYP, {SV, SV, true}},
+      {LY, FW, BOTH, ALW, "F5b", "alpha", {S::BT, S::NH}, false, F32, {SV, VF}},
+      {LY, FW, BOTH, ALW, "F5b", "beta", {S::BT, S::NH}, false, F32, {SV, VF}},
+      {LY, FW, BOTH, ALW, "F5b", "gamma", {S::BT, S::NH}, false, F32, {SV, VF}},
+      {LY, FW, SEQ, ALW, "F6", "h_saved", {S::B, S::Tp1, S::DS, S::DI}, false, F32, {SV, SV}},
+      {LY, FW, SEQ, ALW, "F6", "k_prev_saved", {S::BT, S::NH, S::DS}, false, F32, {SV, SV}},
+      {LY, FW, SEQ, ALW, "F6", "v_prev_saved", {S::BT, S::NH, S::HD}, false, F32, {SV, SV}},
+      {LY, FW, CHK, ALW, "F6", "adt", {S::BT, S::NH}, false, F32},
+      {LY, FW, CHK, ALW, "F6", "k_scaled_saved", {S::BT, S::NH, S::DS}, false, TYP, {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "qk_dot_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "scale_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "gamma_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "da_cumsum_saved", {S::B, S::NC, S::NH, S::CS}, false, F32,
+       {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "chunk_states", {S::B, S::NC, S::NH, S::HD, S::DS}, false, F32},
+      {LY, FW, CHK, ALW, "F6", "chunk_states_saved", {S::B, S::NC, S::NH, S::HD, S::DS}, false,
+       F32, {SV, SV, true}},
+      {LY, FW, CHK, ALW, "F6", "final_states", {S::B, S::NH, S::HD, S::DS}, false, F32},
+      {LY, FW, BOTH, ALW, "F6", "y", {S::BT, S::NH, S::HD}, false, TYP, {SV, SV}},
+      {LY, FW, BOTH, ONRM, "F7", "gated_rms_vals", {S::BT, S::NH}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F7", "gated", {S::BT, S::DI}, false, TYP, {SV, SV}},
+      {LY, FW, BOTH, ALW, "F8", "out_flat", {S::BT, S::DM}, false, TYP},
+      {LY, FW, BOTH, ALW, "F8", "layer_output", {S::BT, S::DM}, false, F32, {SV, SV}},
+      {LY, FW, BOTH, ALW, "states", "ssm_state", {S::B, S::NH, S::HD, S::DS}, false, F32},
+      {LY, FW, BOTH, ALW, "states", "k_state", {S::B, S::NH, S::DS}, false, F32},
+      {LY, FW, BOTH, ALW, "states", "v_state", {S::B, S::NH, S::HD}, false, F32},
+      {LY, FW, BOTH, ANG, "states", "angle_state", {S::B, S::NH, S::NA}, true, F32},
       // ---- backbone forward end
-      {BB, FW, BOTH, ALW, "norm_f", "norm_f_input", {S::BT, S::DM}, false},
-      {BB, FW, BOTH, ALW, "norm_f", "norm_f_rms", {S::BT}, false},
-      {BB, FW, BOTH, ALW, "norm_f", "Out", {S::BT, S::DM}, false},
+      {BB, FW, BOTH, ALW, "norm_f", "norm_f_input", {S::BT, S::DM}, false, F32},
+      {BB, FW, BOTH, ALW, "norm_f", "norm_f_rms", {S::BT}, false, F32},
+      {BB, FW, BOTH, ALW, "norm_f", "Out", {S::BT, S::DM}, false, TYP},
       // ---- the language-model ends, token models only (TRAINING.md §1)
-      {BB, FW, BOTH, LM, "head", "logits", {S::BT, S::V}, false},
-      {BB, FW, BOTH, LM, "loss", "lse", {S::BT}, false},
-      {BB, FW, BOTH, LM, "loss", "value", {}, false},
-      {BB, BW, BOTH, LM, "head", "d_logits", {S::BT, S::V}, false},
-      {BB, BW, BOTH, LM, "head", "d_Out", {S::BT, S::DM}, false},
+      {BB, FW, BOTH, LM, "head", "logits", {S::BT, S::V}, false, TYP},
+      {BB, FW, BOTH, LM, "loss", "lse", {S::BT}, false, F32},
+      {BB, FW, BOTH, LM, "loss", "value", {}, false, F32},
+      {BB, BW, BOTH, LM, "head", "d_logits", {S::BT, S::V}, false, TYP},
+      {BB, BW, BOTH, LM, "head", "d_Out", {S::BT, S::DM}, false, F32},
       // ---- backbone backward start (MODEL.md §6.1)
-      {BB, BW, BOTH, ALW, "norm_f", "d_norm", {S::BT, S::DM}, false},
+      {BB, BW, BOTH, ALW, "norm_f", "d_norm", {S::BT, S::DM}, false, F32},
       // ---- layer backward (MODEL.md §6.2–§6.4, §10.3)
-      {LY, BW, BOTH, ALW, "B8", "d_gated", {S::BT, S::DI}, false},
-      {LY, BW, BOTH, ALW, "B7", "d_y", {S::BT, S::DI}, false},
-      {LY, BW, BOTH, ALW, "B7", "d_z", {S::BT, S::DI}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_q", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_k", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_alpha", {S::BT, S::NH}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_beta", {S::BT, S::NH}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_gamma", {S::BT, S::NH}, false},
-      {LY, BW, SEQ, ALW, "B6", "d_d_local", {S::B, S::DI}, false},
-      {LY, BW, CHK, ALW, "B6", "da_cs_sum", {S::B, S::NC, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dQ_mid", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, CHK, ALW, "B6", "dK_mid", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, CHK, ALW, "B6", "dADT", {S::BT, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dQK_dot", {S::BT, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dD_partials", {S::B, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dScale", {S::BT, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dGamma", {S::BT, S::NH}, false},
-      {LY, BW, CHK, ALW, "B6", "dDT", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B6", "d_x", {S::BT, S::DI}, false},
-      {LY, BW, BOTH, ALW, "B6", "d_b_pre_rope", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, BOTH, ALW, "B6", "d_c_pre_rope", {S::BT, S::NH, S::DS}, false},
-      {LY, BW, BOTH, ANG, "B6", "d_angle_cumsum", {S::BT, S::NH, S::NA}, false},
+      {LY, BW, BOTH, ALW, "B8", "d_gated", {S::BT, S::DI}, false, TYP},
+      {LY, BW, BOTH, ALW, "B7", "d_y", {S::BT, S::DI}, false, TYP},
+      {LY, BW, BOTH, ALW, "B7", "d_z", {S::BT, S::DI}, false, TYP, {CL, CL}},
+      {LY, BW, SEQ, ALW, "B6", "d_q", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, SEQ, ALW, "B6", "d_k", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, SEQ, ALW, "B6", "d_alpha", {S::BT, S::NH}, false, F32},
+      {LY, BW, SEQ, ALW, "B6", "d_beta", {S::BT, S::NH}, false, F32},
+      {LY, BW, SEQ, ALW, "B6", "d_gamma", {S::BT, S::NH}, false, F32},
+      {LY, BW, SEQ, ALW, "B6", "d_d_local", {S::B, S::DI}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "da_cs_sum", {S::B, S::NC, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dQ_mid", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dK_mid", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dADT", {S::BT, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dQK_dot", {S::BT, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dD_partials", {S::B, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dScale", {S::BT, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dGamma", {S::BT, S::NH}, false, F32},
+      {LY, BW, CHK, ALW, "B6", "dDT", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B6", "d_x", {S::BT, S::DI}, false, TYP, {CL, CL}},
+      {LY, BW, BOTH, ALW, "B6", "d_b_pre_rope", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, BOTH, ALW, "B6", "d_c_pre_rope", {S::BT, S::NH, S::DS}, false, F32},
+      {LY, BW, BOTH, ANG, "B6", "d_angle_cumsum", {S::BT, S::NH, S::NA}, false, F32},
       // What B5b consumes from either B6 variant: ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (σ out)
-      {LY, BW, BOTH, ALW, "B6", "d_adt_total", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B6", "d_dt_direct", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B6", "d_trap_sig", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ANG, "B5a", "d_angles_raw", {S::BT, S::NA}, false},
-      {LY, BW, BOTH, ALW, "B5a", "d_dt_angle", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B5b", "d_dd_dt", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B5b", "d_dd_a", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B5b", "d_trap_raw", {S::BT, S::NH}, false},
-      {LY, BW, BOTH, ALW, "B4b", "d_b_normed", {S::BT, S::NG, S::DS}, false},
-      {LY, BW, BOTH, ALW, "B4b", "d_c_normed", {S::BT, S::NG, S::DS}, false},
-      {LY, BW, BOTH, ALW, "B4c", "d_b_raw", {S::BT, S::NG, S::DS}, false},
-      {LY, BW, BOTH, ALW, "B4c", "d_c_raw", {S::BT, S::NG, S::DS}, false},
-      {LY, BW, BOTH, ALW, "B3", "d_proj", {S::BT, S::IP}, false},
-      {LY, BW, BOTH, ALW, "B2", "d_norm", {S::BT, S::DM}, false},
-      {LY, BW, BOTH, ALW, "B1", "d_pre_norm", {S::BT, S::DM}, false},
-      {LY, BW, BOTH, ALW, "B1", "d_temporal", {S::BT, S::DM}, false},
-      {LY, BW, BOTH, ALW, "d_states", "d_ssm_state", {S::B, S::NH, S::HD, S::DS}, false},
-      {LY, BW, BOTH, ALW, "d_states", "d_k_state", {S::B, S::NH, S::DS}, false},
-      {LY, BW, BOTH, ALW, "d_states", "d_v_state", {S::B, S::NH, S::HD}, false},
-      {LY, BW, BOTH, ANG, "d_states", "d_angle_state", {S::B, S::NH, S::NA}, false},
+      {LY, BW, BOTH, ALW, "B6", "d_adt_total", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B6", "d_dt_direct", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B6", "d_trap_sig", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ANG, "B5a", "d_angles_raw", {S::BT, S::NA}, false, F32},
+      {LY, BW, BOTH, ALW, "B5a", "d_dt_angle", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B5b", "d_dd_dt", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B5b", "d_dd_a", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B5b", "d_trap_raw", {S::BT, S::NH}, false, F32},
+      {LY, BW, BOTH, ALW, "B4b", "d_b_normed", {S::BT, S::NG, S::DS}, false, TYP},
+      {LY, BW, BOTH, ALW, "B4b", "d_c_normed", {S::BT, S::NG, S::DS}, false, TYP},
+      {LY, BW, BOTH, ALW, "B4c", "d_b_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
+      {LY, BW, BOTH, ALW, "B4c", "d_c_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
+      {LY, BW, BOTH, ALW, "B3", "d_proj", {S::BT, S::IP}, false, TYP},
+      {LY, BW, BOTH, ALW, "B2", "d_norm", {S::BT, S::DM}, false, TYP},
+      {LY, BW, BOTH, ALW, "B1", "d_pre_norm", {S::BT, S::DM}, false, F32, {VF, VF}},
+      {LY, BW, BOTH, ALW, "B1", "d_temporal", {S::BT, S::DM}, false, F32},
+      {LY, BW, BOTH, ALW, "d_states", "d_ssm_state", {S::B, S::NH, S::HD, S::DS}, false, F32},
+      {LY, BW, BOTH, ALW, "d_states", "d_k_state", {S::B, S::NH, S::DS}, false, F32},
+      {LY, BW, BOTH, ALW, "d_states", "d_v_state", {S::B, S::NH, S::HD}, false, F32},
+      {LY, BW, BOTH, ANG, "d_states", "d_angle_state", {S::B, S::NH, S::NA}, false, F32},
       // ---- backbone backward end
-      {BB, BW, BOTH, ALW, "input_proj", "d_input_proj_dx", {S::BT, S::IN}, false},
+      {BB, BW, BOTH, ALW, "input_proj", "d_input_proj_dx", {S::BT, S::IN}, false, TYP},
   };
 }
 
@@ -157,117 +199,10 @@ std::vector<ParamSpec> build_param_registry() {
   };
 }
 
-// MODEL.md §8, typed storage: activations at kernel boundaries and the activation gradients
-// that cross typed kernels. (The raw logits dd_dt_raw … are f32 copies of typed proj columns.)
-bool is_typed_tensor(const std::string& stage, const std::string& tensor) {
-  static const char* const kTyped[][2] = {
-      {"input_proj", "input_proj_inputs"}, {"input_proj", "input_proj_outputs"},
-      {"F1", "post_norm"},   {"F2", "proj"},         {"F3", "z"},          {"F3", "x"},
-      {"F3", "b_raw"},       {"F3", "c_raw"},        {"F4", "b_normed"},   {"F4", "c_normed"},
-      {"F4", "b_biased"},    {"F4", "c_biased"},     {"F4ef", "k"},        {"F4ef", "q"},
-      {"F6", "k_scaled_saved"}, {"F6", "y"},         {"F7", "gated"},      {"F8", "out_flat"},
-      {"norm_f", "Out"},     {"B8", "d_gated"},      {"B7", "d_y"},        {"B7", "d_z"},
-      {"B6", "d_x"},         {"B4b", "d_b_normed"},  {"B4b", "d_c_normed"}, {"B4c", "d_b_raw"},
-      {"B4c", "d_c_raw"},    {"B3", "d_proj"},       {"B2", "d_norm"},
-      {"input_proj", "d_input_proj_dx"}, {"head", "logits"}, {"head", "d_logits"},
-  };
-  for (const auto& t : kTyped)
-    if (stage == t[0] && tensor == t[1]) return true;
-  return false;
-}
-
-std::vector<TensorSpec> typed_marked(std::vector<TensorSpec> reg) {
-  for (auto& s : reg) s.typed = is_typed_tensor(s.stage, s.tensor);
-  return reg;
-}
-
-// The production lifetimes (registry.hpp Life) of the layer tensors that are not workspace,
-// per scan mode, for the GPU's fused path. Why each is kept:
-//   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
-//       rms_vals      B1;  post_norm  B2's weight gradient
-//   F2  proj          its typed columns: F3's z, x, b_raw, c_raw are Life::Columns of it, read
-//                     in place (z: F7, B7; x: F6, B6; b/c_raw: F4, B4c), so the split copies
-//                     only the f32 parts
-//   F3  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
-//       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
-//   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
-//                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
-//       b/c_biased    never stored in production (F4ef and B6 add the bias themselves)
-//   F5  angle_cumsum  B6 (RoPE backward)
-//   F4ef k, q         sequential B6 reads both; chunked: q by B6's state/chunk kernels, k only
-//                     at t = T − 1 by F6's state pass (→ workspace)
-//   F5b α, β, γ       sequential F6/B6; chunked: the prep forms γ itself (→ never stored)
-//   F6  seq: h/k_prev/v_prev_saved (B6).  chunked: Ks, qk·γ, scale, γ, the cumsums and the
-//       entering chunk states (B6) — recomputed instead with Recompute::Scan (kScan below);
-//       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
-//   F7  gated_rms_vals B7;  gated  B8's weight gradient
-//   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
-//   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
-//                     writes only the f32 parts, and in fused runs B5b and B5a write those too,
-//                     so that no B3 kernel runs: gpu/stages/proj_cols.cuh)
-//   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
-// Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
-struct LifeRow {
-  const char* stage;
-  const char* tensor;
-  Life seq, chunked;
-  bool scan;  // chunked: Saved, or Workspace with Recompute::Scan
-};
-constexpr Life SV = Life::Saved;
-constexpr Life WS = Life::Workspace;
-constexpr Life VF = Life::Verify;
-constexpr Life CL = Life::Columns;
-constexpr LifeRow kLife[] = {
-    {"F1", "residual", Life::View, Life::View, false},
-    {"F1", "rms_vals", SV, SV, false},
-    {"F1", "post_norm", SV, SV, false},
-    {"F2", "proj", SV, SV, false},
-    {"F3", "z", CL, CL, false},
-    {"F3", "x", CL, CL, false},
-    {"F3", "b_raw", CL, CL, false},
-    {"F3", "c_raw", CL, CL, false},
-    {"F3", "dd_dt_raw", SV, SV, false},
-    {"F3", "dd_a_raw", SV, SV, false},
-    {"F3", "angles_raw", SV, SV, false},
-    {"F3", "dt", SV, SV, false},
-    {"F3", "a_val", SV, SV, false},
-    {"F3", "trap", SV, SV, false},
-    {"F4", "b_normed", WS, SV, false},
-    {"F4", "c_normed", WS, SV, false},
-    {"F4", "b_rms", SV, SV, false},
-    {"F4", "c_rms", SV, SV, false},
-    {"F4", "b_biased", VF, VF, false},
-    {"F4", "c_biased", VF, VF, false},
-    {"F5", "angle_cumsum", SV, SV, false},
-    {"F4ef", "k", SV, WS, false},
-    {"F4ef", "q", SV, SV, true},
-    {"F5b", "alpha", SV, VF, false},
-    {"F5b", "beta", SV, VF, false},
-    {"F5b", "gamma", SV, VF, false},
-    {"F6", "h_saved", SV, SV, false},
-    {"F6", "k_prev_saved", SV, SV, false},
-    {"F6", "v_prev_saved", SV, SV, false},
-    {"F6", "k_scaled_saved", SV, SV, true},
-    {"F6", "qk_dot_saved", SV, SV, true},
-    {"F6", "scale_saved", SV, SV, true},
-    {"F6", "gamma_saved", SV, SV, true},
-    {"F6", "da_cumsum_saved", SV, SV, true},
-    {"F6", "chunk_states_saved", SV, SV, true},
-    {"F6", "y", SV, SV, false},
-    {"F7", "gated_rms_vals", SV, SV, false},
-    {"F7", "gated", SV, SV, false},
-    {"F8", "layer_output", SV, SV, false},
-    {"B7", "d_z", CL, CL, false},
-    {"B6", "d_x", CL, CL, false},
-    {"B4c", "d_b_raw", CL, CL, false},
-    {"B4c", "d_c_raw", CL, CL, false},
-    {"B1", "d_pre_norm", VF, VF, false},
-};
-
 }  // namespace
 
 const std::vector<TensorSpec>& stage_registry() {
-  static const std::vector<TensorSpec> reg = typed_marked(build_stage_registry());
+  static const std::vector<TensorSpec> reg = build_stage_registry();
   return reg;
 }
 
@@ -296,29 +231,26 @@ Recompute parse_recompute(const std::string& s) {
   throw Error("registry", "unknown recompute policy '" + s + "'", "expected none or scan");
 }
 
-// kLife's row of stage/tensor, null when it has none (workspace).
-static const LifeRow* life_row(const std::string& stage, const std::string& tensor) {
-  for (const LifeRow& r : kLife)
-    if (stage == r.stage && tensor == r.tensor) return &r;
-  return nullptr;
-}
-
-// Every row of kLife names a layer tensor of the stage registry, and only a forward tensor can
-// be saved or a view (a backward tensor never outlives its layer's backward). Checked once.
-void check_life_table() {
-  for (const LifeRow& r : kLife) {
-    const TensorSpec& s = find_spec(r.stage, r.tensor);  // throws for an unknown name
+// Only a layer tensor has a lifetime, only a forward tensor can be saved or a view (a backward
+// tensor never outlives its layer's backward), only a saved chunked tensor can be recomputed,
+// and a column view lives in a tensor of its direction that is kept as long as it is read.
+// Checked once, over every row.
+void check_lifetimes() {
+  for (const TensorSpec& s : stage_registry()) {
+    const LifeRule& r = s.life;
+    const bool workspace = r.seq == Life::Workspace && r.chunked == Life::Workspace && !r.scan;
+    if (workspace) continue;
+    const std::string name = std::string(s.stage) + "/" + s.tensor;
     M3_REQUIRE(s.scope == Scope::Layer, "registry::lifetime",
-               std::string("lifetime row '") + r.stage + "/" + r.tensor + "' is a backbone tensor",
+               "lifetime of '" + name + "', a backbone tensor",
                "only layer tensors have lifetimes");
     const bool kept = r.seq == Life::Saved || r.seq == Life::View || r.chunked == Life::Saved ||
                       r.chunked == Life::View;
     M3_REQUIRE(!kept || s.dir == Dir::Forward, "registry::lifetime",
-               std::string("backward tensor '") + r.stage + "/" + r.tensor +
-                   "' is listed as saved",
+               "backward tensor '" + name + "' is listed as saved",
                "only a forward tensor lives from forward to backward");
     M3_REQUIRE(!r.scan || r.chunked == Life::Saved, "registry::lifetime",
-               std::string("'") + r.stage + "/" + r.tensor + "' is recomputed but not saved",
+               "'" + name + "' is recomputed but not saved",
                "Recompute::Scan turns a saved chunked tensor into workspace");
     if (r.seq == Life::Columns || r.chunked == Life::Columns) {
       // The tensor it lives in: of the same direction, and kept as long as the view is read
@@ -327,16 +259,14 @@ void check_life_table() {
       const ColumnView cv = column_view(s, any);
       const TensorSpec& of = find_spec(cv.stage, cv.tensor);
       M3_REQUIRE(of.dir == s.dir && r.seq == r.chunked, "registry::lifetime",
-                 std::string("column view '") + r.stage + "/" + r.tensor + "' of '" + cv.stage +
-                     "/" + cv.tensor + "'",
+                 "column view '" + name + "' of '" + cv.stage + "/" + cv.tensor + "'",
                  "a column view is one in both scan modes, of a tensor of its direction");
-      const LifeRow* orow = life_row(cv.stage, cv.tensor);
       for (ScanMode m : {ScanMode::Sequential, ScanMode::Chunked}) {
-        const Life lo = !orow ? Life::Workspace : m == ScanMode::Sequential ? orow->seq : orow->chunked;
+        const Life lo = m == ScanMode::Sequential ? of.life.seq : of.life.chunked;
         M3_REQUIRE(s.dir == Dir::Forward ? lo == Life::Saved : lo == Life::Workspace,
                    "registry::lifetime",
-                   std::string("column view '") + r.stage + "/" + r.tensor + "' of '" +
-                       cv.stage + "/" + cv.tensor + "', which is " + life_name(lo),
+                   "column view '" + name + "' of '" + cv.stage + "/" + cv.tensor +
+                       "', which is " + life_name(lo),
                    "a forward view needs its tensor saved, a backward one in the workspace");
       }
     }
@@ -357,20 +287,19 @@ ColumnView column_view(const TensorSpec& spec, const Config& cfg) {
   if (t == "d_c_raw") return {"B3", "d_proj", 2 * di + bc};
   throw Error("registry::column_view",
               std::string("'") + spec.stage + "/" + spec.tensor + "' is not a column view",
-              "only the split's typed parts z, x, b_raw, c_raw and their gradients are (kLife)");
+              "only the split's typed parts z, x, b_raw, c_raw and their gradients are");
 }
 
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {
-  static const bool checked = (check_life_table(), true);
+  static const bool checked = (check_lifetimes(), true);
   (void)checked;
   M3_REQUIRE(spec.scope == Scope::Layer, "registry::lifetime",
              std::string("backbone tensor '") + spec.stage + "/" + spec.tensor +
                  "' has no per-layer lifetime",
              "backbone tensors exist once per run");
-  const LifeRow* r = life_row(spec.stage, spec.tensor);
-  if (!r) return Life::Workspace;
-  if (mode == ScanMode::Sequential) return r->seq;
-  return r->scan && rc == Recompute::Scan ? Life::Workspace : r->chunked;
+  const LifeRule& r = spec.life;
+  if (mode == ScanMode::Sequential) return r.seq;
+  return r.scan && rc == Recompute::Scan ? Life::Workspace : r.chunked;
 }
 
 LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,

@@ -50,6 +50,12 @@ enum class When { Always, OutprojNorm, HasAngles, Lm };
 //   Verify     not written in production (a fused kernel keeps it in registers, or nothing
 //              reads it): allocated only for a Capture or the isolated mode.
 enum class Life { Saved, View, Columns, Workspace, Verify };
+// The lifetime of one layer tensor in each scan mode; `scan`: a saved chunked tensor that
+// Recompute::Scan makes workspace instead. Unlisted tensors are workspace in both.
+struct LifeRule {
+  Life seq = Life::Workspace, chunked = Life::Workspace;
+  bool scan = false;
+};
 const char* life_name(Life l);  // "saved" | "view" | "columns" | "workspace" | "verify"
 
 // The production path's recompute policy. None: every tensor the backward reads is saved by
@@ -75,6 +81,9 @@ struct TensorSpec {
   // ("activations at kernel I/O" and "activation grads crossing typed kernels"); every other
   // tensor is f32 in every mode. The reference emulation rounds exactly these.
   bool typed = false;
+  // A layer tensor's production lifetime (lifetime() reads it; the reasons are beside the rows
+  // in registry.cpp).
+  LifeRule life = {};
 };
 
 // Every stage tensor, in execution order within each scope (see the file comment).
@@ -121,7 +130,7 @@ std::vector<StageEntry> stage_table(const Config& cfg, ScanMode mode);
 std::string writing_stage(const TensorSpec& s);
 
 // The production lifetime of a tensor (Scope::Layer; backbone tensors exist once per run and
-// are all allocated). The table is in registry.cpp, beside the stage rows.
+// are all allocated): its row's LifeRule (registry.cpp, with the reason for each).
 Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc);
 
 // Where a Life::Columns tensor lives: columns [first, first + its width) of every row of the
