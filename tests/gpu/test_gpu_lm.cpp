@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <filesystem>
@@ -485,9 +486,22 @@ TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsS
     std::ifstream in(fs::path(o.out) / "metrics.csv");
     std::string line;
     int verified = 0;
+    // The verify_pct column, found by its name in the header.
+    auto cells = [](const std::string& row) {
+      std::vector<std::string> c;
+      std::stringstream ss(row);
+      for (std::string cell; std::getline(ss, cell, ',');) c.push_back(cell);
+      if (!row.empty() && row.back() == ',') c.push_back("");
+      return c;
+    };
     std::getline(in, line);
+    const std::vector<std::string> header = cells(line);
+    const auto col = std::find(header.begin(), header.end(), "verify_pct") - header.begin();
+    ASSERT_LT(col, static_cast<std::ptrdiff_t>(header.size())) << line;
     while (std::getline(in, line)) {
-      const std::string pct = line.substr(line.rfind(',') + 1);
+      const std::vector<std::string> row = cells(line);
+      ASSERT_EQ(row.size(), header.size()) << line;
+      const std::string pct = row[static_cast<size_t>(col)];
       if (!pct.empty()) {
         ++verified;
         EXPECT_LT(std::stod(pct), 100.0) << line;
