@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -210,6 +211,94 @@ TEST_F(RunGuards, ANonFiniteStopExitsOneNamesTheTensorAndKeepsTheLastFiniteCheck
   } else {
     EXPECT_NE(r.out.find("no finite checkpoint was written"), std::string::npos) << r.out;
     EXPECT_TRUE(ckpts.empty());
+  }
+}
+
+// ---- 6: a full disk ----------------------------------------------------------------------------
+
+// A small tmpfs mounted for the test and unmounted however the test ends; `ok` is false (with
+// the reason) where it cannot be mounted: no permission, no mount program.
+struct SmallDisk {
+  fs::path dir;
+  bool ok = false;
+  std::string why;
+  SmallDisk(const fs::path& at, const char* size) : dir(at) {
+    fs::create_directories(dir);
+    if (::geteuid() != 0) {
+      why = "mounting a tmpfs needs root";
+      return;
+    }
+    const std::string cmd =
+        std::string("mount -t tmpfs -o size=") + size + " tmpfs '" + dir.string() + "' 2>/dev/null";
+    ok = std::system(cmd.c_str()) == 0;
+    if (!ok) why = "cannot mount a tmpfs here (no mount program, or not allowed)";
+  }
+  ~SmallDisk() {
+    if (ok) (void)!std::system(("umount '" + dir.string() + "' 2>/dev/null").c_str());
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  // Fills the disk up to `free_kb` KiB with one file, `fill`.
+  void leave(int free_kb) const {
+    fs::remove(dir / "fill");
+    struct statvfs v {};
+    ASSERT_EQ(::statvfs(dir.c_str(), &v), 0);
+    const unsigned long long avail = static_cast<unsigned long long>(v.f_bavail) * v.f_frsize;
+    const unsigned long long want = static_cast<unsigned long long>(free_kb) * 1024;
+    std::ofstream f(dir / "fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (unsigned long long n = 0; n + 4096 <= (avail > want ? avail - want : 0); n += 4096)
+      f.write(block.data(), static_cast<std::streamsize>(block.size()));
+  }
+  // What the disk holds besides the filler and the files named in `keep`.
+  std::vector<std::string> others(const std::vector<std::string>& keep = {}) const {
+    std::vector<std::string> v;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      const std::string rel = fs::relative(e.path(), dir).string();
+      if (rel != "fill" && !e.is_directory() &&
+          std::find(keep.begin(), keep.end(), rel) == keep.end())
+        v.push_back(rel);
+    }
+    return v;
+  }
+};
+
+// Every amount of room left, the one too small for HDF5's own bookkeeping included: exit 2 with
+// one line naming the cause (never a crash in the HDF5 library's shutdown, 139), no temporary
+// left, and what was there before stays.
+TEST_F(RunGuards, AFullDiskFailsAnHdf5WriteWithOneLineAndNoCrash) {
+  SmallDisk disk(dir_ / "small", "1m");
+  if (!disk.ok) GTEST_SKIP() << disk.why;
+  const std::string at = (dir_ / "small").string();
+  for (int free_kb : {0, 4, 8, 16, 64}) {
+    for (const std::string& args :
+         {"dump --device cpu --stage '*' --layers 2 --T 64 --out '" + at + "/d.h5'",
+          "golden regen --case default --dir '" + at + "'"}) {
+      disk.leave(free_kb);
+      const CliRun r = m3h(args);
+      EXPECT_EQ(r.status, 2) << free_kb << " KiB free: " << args << " (139 = a crash)\n" << r.err;
+      EXPECT_EQ(lines(r.err), 1) << r.err;
+      EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+      EXPECT_EQ(disk.others(), std::vector<std::string>{}) << free_kb << " KiB free: " << args;
+    }
+  }
+}
+
+// A training run whose checkpoint meets a full disk: exit 2 with one line, no crash at exit;
+// the run's earlier files stay and no temporary is left.
+TEST_F(RunGuards, AFullDiskAtACheckpointStopsTrainingWithOneLineAndNoCrash) {
+  SmallDisk disk(dir_ / "small", "1m");
+  if (!disk.ok) GTEST_SKIP() << disk.why;
+  const std::string run = kTiny + " --steps 3 --ckpt-every 1 --out '" + (dir_ / "small" / "r").string() + "'";
+  for (int free_kb : {8, 12, 16, 24}) {
+    fs::remove_all(dir_ / "small" / "r");
+    disk.leave(free_kb);
+    const CliRun r = m3h(run);
+    EXPECT_EQ(r.status, 2) << free_kb << " KiB free (139 = a crash)\n" << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+    for (const std::string& f : disk.others())
+      EXPECT_EQ(f.find(".tmp."), std::string::npos) << free_kb << " KiB free: left " << f;
   }
 }
 
