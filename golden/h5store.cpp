@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,7 +73,20 @@ using ObjectId = Handle<H5Oclose>;
 
 // --- errors -------------------------------------------------------------------------------------
 
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+// Before the library's first use: no automatic error printing, and no library shutdown at exit.
+// That shutdown would close the files still open, and the only one that can be is a discarded
+// temporary whose flush failed (a full disk at commit): the library keeps such a file with its
+// metadata cache half-flushed even after the descriptor is redirected, and crashes closing it.
+// Skipping the shutdown loses nothing: a committed file is closed and synced by commit(), a
+// Reader's by its handle, and the discarded temporary's path is removed by ~Writer.
+void quiet_hdf5() {
+  static const bool once = [] {
+    H5dont_atexit();
+    return true;
+  }();
+  (void)once;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -468,24 +482,40 @@ Writer::Writer(std::string final_path, bool overwrite) : impl_(std::make_unique<
       checked<PlistId>(H5Pcreate(H5P_FILE_ACCESS), c, "cannot create file access list");
   check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), c, "cannot set close degree");
   const hid_t f = H5Fcreate(w.temp_path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get());
-  if (f < 0) fail_hdf5(c, "cannot create the temporary file '" + w.temp_path + "'");
+  if (f < 0) {
+    // A create that fails writing the superblock (a full disk) has made the file already.
+    const std::string why = hdf5_why();
+    fs::remove(w.temp_path, ec);
+    fail(c, "cannot create the temporary file '" + w.temp_path + "'", why);
+  }
   w.file = FileId(f);
 }
 
-// A discarded temporary: its bytes are released first (truncated to zero), so that the library's
-// close, which flushes its metadata, has room even when a full disk made the write fail — a
-// failed close would leave the file registered in the library and crash its shutdown at exit.
-Writer::~Writer() {
-  if (!impl_ || impl_->committed) return;
-  if (impl_->file.get() >= 0) {
-    const int fd = ::open(impl_->temp_path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      const bool released = ::ftruncate(fd, 0) == 0;  // if not, the close may still fail
-      (void)released;
-      ::close(fd);
+// A discarded temporary is closed with its writes sent to memory: the library's close flushes
+// its metadata, and on a full disk that flush would fail, leave the file open inside the library
+// with dirty metadata, and crash the library's shutdown at exit. Its descriptor is replaced
+// (dup2) by an anonymous in-memory file, so the flush cannot fail; the bytes were to be thrown
+// away anyway. The temporary's path is removed after.
+namespace {
+void close_discarded(FileId& file) {
+  if (!file) return;
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file.get(), H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
+    const int sink = ::memfd_create("m3-discarded-h5", MFD_CLOEXEC);
+    if (sink >= 0) {
+      (void)::dup2(sink, *static_cast<int*>(handle));
+      ::close(sink);
     }
   }
-  impl_->file.reset();
+  H5Eclear2(H5E_DEFAULT);
+  file.reset();
+  H5Eclear2(H5E_DEFAULT);
+}
+}  // namespace
+
+Writer::~Writer() {
+  if (!impl_ || impl_->committed) return;
+  close_discarded(impl_->file);
   std::error_code ec;
   fs::remove(impl_->temp_path, ec);
 }
@@ -675,7 +705,10 @@ void Writer::commit() {
     fail(c, "file exists", "it appeared while writing; pass --force to replace it");
   check(H5Fflush(w.file.get(), H5F_SCOPE_GLOBAL), c,
         "cannot flush the temporary file '" + w.temp_path + "'");
-  check(H5Fclose(w.file.release()), c, "cannot close the temporary file '" + w.temp_path + "'");
+  // A close that fails keeps the file open in the library (its id stays valid): the handle is
+  // kept, so that the destructor discards it and nothing is left for the library's shutdown.
+  check(H5Fclose(w.file.get()), c, "cannot close the temporary file '" + w.temp_path + "'");
+  w.file.release();
   if (!fsync_path(w.temp_path, false))
     fail(c, "cannot sync the temporary file '" + w.temp_path + "'", std::strerror(errno));
   fs::rename(w.temp_path, c.file, ec);

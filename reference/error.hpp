@@ -42,25 +42,44 @@ std::string why(const Args&... args) {
   return os.str();
 }
 
-// User text for a one-line message: control characters as \xNN, at most `max` characters,
-// then "... (N bytes)" — so a name or a line read from a file never breaks or floods the line.
+// One byte of user text for a terminal: a control character (C0 or DEL) as \xNN, since it
+// could move the cursor, recolour or clear the screen, or break a one-line message.
+inline void append_escaped(std::string& out, unsigned char c) {
+  if (c < 0x20 || c == 0x7f) {
+    static const char* const kHex = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  } else {
+    out += static_cast<char>(c);
+  }
+}
+
+// User text for a one-line message: control characters as \xNN; text longer than `max`
+// characters keeps its first and last max/2 with "…(N bytes)…" between them — so a name or a
+// line read from a file never breaks or floods the line, and what follows a long name in a
+// message (the reason) stays visible.
 inline std::string escape_for_message(const std::string& text, std::size_t max) {
   std::string out;
-  std::size_t shown = 0;
+  if (text.size() <= max) {
+    for (unsigned char c : text) append_escaped(out, c);
+    return out;
+  }
+  const std::size_t head = max - max / 2, tail = max / 2;
+  for (std::size_t i = 0; i < head; ++i) append_escaped(out, static_cast<unsigned char>(text[i]));
+  out += "\u2026(" + std::to_string(text.size()) + " bytes)\u2026";
+  for (std::size_t i = text.size() - tail; i < text.size(); ++i)
+    append_escaped(out, static_cast<unsigned char>(text[i]));
+  return out;
+}
+
+// Text of many lines for a terminal (generated text): as escape_for_message, but newlines and
+// tabs kept and nothing cut.
+inline std::string escape_for_terminal(const std::string& text) {
+  std::string out;
   for (unsigned char c : text) {
-    if (shown == max) {
-      out += "... (" + std::to_string(text.size()) + " bytes)";
-      break;
-    }
-    if (c < 0x20 || c == 0x7f) {
-      static const char* const kHex = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-    ++shown;
+    if (c == '\n' || c == '\t') out += static_cast<char>(c);
+    else append_escaped(out, c);
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "error.hpp"
 #include "run_dir.hpp"
 #include "test_io.hpp"
 
@@ -213,6 +215,94 @@ TEST_F(RunGuards, ANonFiniteStopExitsOneNamesTheTensorAndKeepsTheLastFiniteCheck
   }
 }
 
+// ---- 6: a full disk ----------------------------------------------------------------------------
+
+// A small tmpfs mounted for the test and unmounted however the test ends; `ok` is false (with
+// the reason) where it cannot be mounted: no permission, no mount program.
+struct SmallDisk {
+  fs::path dir;
+  bool ok = false;
+  std::string why;
+  SmallDisk(const fs::path& at, const char* size) : dir(at) {
+    fs::create_directories(dir);
+    if (::geteuid() != 0) {
+      why = "mounting a tmpfs needs root";
+      return;
+    }
+    const std::string cmd =
+        std::string("mount -t tmpfs -o size=") + size + " tmpfs '" + dir.string() + "' 2>/dev/null";
+    ok = std::system(cmd.c_str()) == 0;
+    if (!ok) why = "cannot mount a tmpfs here (no mount program, or not allowed)";
+  }
+  ~SmallDisk() {
+    if (ok) (void)!std::system(("umount '" + dir.string() + "' 2>/dev/null").c_str());
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  // Fills the disk up to `free_kb` KiB with one file, `fill`.
+  void leave(int free_kb) const {
+    fs::remove(dir / "fill");
+    struct statvfs v {};
+    ASSERT_EQ(::statvfs(dir.c_str(), &v), 0);
+    const unsigned long long avail = static_cast<unsigned long long>(v.f_bavail) * v.f_frsize;
+    const unsigned long long want = static_cast<unsigned long long>(free_kb) * 1024;
+    std::ofstream f(dir / "fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (unsigned long long n = 0; n + 4096 <= (avail > want ? avail - want : 0); n += 4096)
+      f.write(block.data(), static_cast<std::streamsize>(block.size()));
+  }
+  // What the disk holds besides the filler and the files named in `keep`.
+  std::vector<std::string> others(const std::vector<std::string>& keep = {}) const {
+    std::vector<std::string> v;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      const std::string rel = fs::relative(e.path(), dir).string();
+      if (rel != "fill" && !e.is_directory() &&
+          std::find(keep.begin(), keep.end(), rel) == keep.end())
+        v.push_back(rel);
+    }
+    return v;
+  }
+};
+
+// Every amount of room left, the one too small for HDF5's own bookkeeping included: exit 2 with
+// one line naming the cause (never a crash in the HDF5 library's shutdown, 139), no temporary
+// left, and what was there before stays.
+TEST_F(RunGuards, AFullDiskFailsAnHdf5WriteWithOneLineAndNoCrash) {
+  SmallDisk disk(dir_ / "small", "1m");
+  if (!disk.ok) GTEST_SKIP() << disk.why;
+  const std::string at = (dir_ / "small").string();
+  for (int free_kb : {0, 4, 8, 16, 64}) {
+    for (const std::string& args :
+         {"dump --device cpu --stage '*' --layers 2 --T 64 --out '" + at + "/d.h5'",
+          "golden regen --case default --dir '" + at + "'"}) {
+      disk.leave(free_kb);
+      const CliRun r = m3h(args);
+      EXPECT_EQ(r.status, 2) << free_kb << " KiB free: " << args << " (139 = a crash)\n" << r.err;
+      EXPECT_EQ(lines(r.err), 1) << r.err;
+      EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+      EXPECT_EQ(disk.others(), std::vector<std::string>{}) << free_kb << " KiB free: " << args;
+    }
+  }
+}
+
+// A training run whose checkpoint meets a full disk: exit 2 with one line, no crash at exit;
+// the run's earlier files stay and no temporary is left.
+TEST_F(RunGuards, AFullDiskAtACheckpointStopsTrainingWithOneLineAndNoCrash) {
+  SmallDisk disk(dir_ / "small", "1m");
+  if (!disk.ok) GTEST_SKIP() << disk.why;
+  const std::string run = kTiny + " --steps 3 --ckpt-every 1 --out '" + (dir_ / "small" / "r").string() + "'";
+  for (int free_kb : {8, 12, 16, 24}) {
+    fs::remove_all(dir_ / "small" / "r");
+    disk.leave(free_kb);
+    const CliRun r = m3h(run);
+    EXPECT_EQ(r.status, 2) << free_kb << " KiB free (139 = a crash)\n" << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+    for (const std::string& f : disk.others())
+      EXPECT_EQ(f.find(".tmp."), std::string::npos) << free_kb << " KiB free: left " << f;
+  }
+}
+
 // ---- 7: absurd counts are refused before any allocation ---------------------------------------
 
 TEST_F(RunGuards, AbsurdCountsAreRefusedAtOnceAndNegativeOnesAsNegative) {
@@ -229,6 +319,106 @@ TEST_F(RunGuards, AbsurdCountsAreRefusedAtOnceAndNegativeOnesAsNegative) {
   const CliRun one = m3h("compare --device cpu --sweep 1 --jobs 2 --dtype f32 --scan seq --mode e2e");
   EXPECT_TRUE(one.status == 0 || one.status == 1) << one.out << one.err;
   EXPECT_EQ(one.err.find("terminate"), std::string::npos) << one.err;
+}
+
+// ---- 8: one line, no internals -----------------------------------------------------------------
+
+TEST_F(RunGuards, ACheckpointsBadSettingIsNamedWithItsAttributeAndValue) {
+  ASSERT_EQ(m3h(std::string(kTiny) + " --steps 2 --out r").status, 0);
+  m3::Config cfg;
+  m3::train::TrainState st;
+  m3::train::CheckpointMeta meta =
+      m3::train::read_checkpoint((dir_ / "r" / "ckpt-00000002.h5").string(), &cfg, &st);
+  for (auto& kv : meta.settings)
+    if (kv.first == "T") kv.second = "abc";
+  m3::train::write_checkpoint((dir_ / "bad.h5").string(), cfg, meta, st, false);
+  const std::string said = "bad.h5: /meta attribute 'T' is not a non-negative integer ('abc')";
+  refused("dump --device cpu --checkpoint bad.h5 --stage '*' --out d.h5", said);
+  refused("compare --device cpu --checkpoint bad.h5", said);
+  refused("sample --device cpu --checkpoint bad.h5 --tokens 2", said);
+  EXPECT_FALSE(fs::exists(dir_ / "d.h5"));
+}
+
+TEST_F(RunGuards, AnEmptyPathIsRefusedNamingItsOption) {
+  for (const auto& [args, option] : std::vector<std::pair<std::string, std::string>>{
+           {"dump --device cpu --stage '*' --checkpoint '' --out d.h5", "--checkpoint"},
+           {"compare --device cpu --checkpoint ''", "--checkpoint"},
+           {"sample --device cpu --checkpoint ''", "--checkpoint"},
+           {kTiny + " --steps 2 --out r --resume ''", "--resume"},
+           {kTiny + " --steps 2 --out ''", "--out"},
+           {"plot --run ''", "--run"},
+           {"determinism --device cpu --runs 2 --record ''", "--record"},
+           {"determinism --device cpu --runs 2 --expect ''", "--expect"},
+       })
+    refused(args, option + ": an empty path");
+}
+
+TEST_F(RunGuards, PlotOfAMissingRunSaysTheFolderDoesNotExist) {
+  const CliRun r = refused("plot --run missing", "--run missing: the run folder does not exist");
+  EXPECT_EQ(r.err.find("--out"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("resum"), std::string::npos) << r.err;
+}
+
+TEST_F(RunGuards, AConfigLineWithoutAKeyIsNamedByFileAndLine) {
+  write("c.txt", "d_model = 8\n= 8\n");
+  const CliRun r = refused("compare --device cpu --config c.txt", "config c.txt:2: a value without a key ('= 8')");
+  EXPECT_EQ(r.err.find("ambiguous"), std::string::npos) << r.err;
+}
+
+TEST_F(RunGuards, AConfigFileWithAByteOrderMarkLoads) {
+  write("bom.txt", "\xEF\xBB\xBFT = 8\nB = 1\nd_model = 8\nd_state = 4\nheaddim = 4\nlayers = 1\n");
+  const CliRun r = m3h("compare --device cpu --config bom.txt --dtype f32 --scan seq --mode e2e");
+  EXPECT_TRUE(r.status == 0 || r.status == 1) << r.out << r.err;
+  EXPECT_EQ(r.err.find("unknown key"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("T=8"), std::string::npos) << r.out;
+}
+
+TEST_F(RunGuards, ATooLongOutputNameKeepsTheReasonOnItsOneLine) {
+  const std::string name(300, 'a');
+  const CliRun r = refused("dump --device cpu --stage '*' --T 8 --out " + name + ".h5", "File name too long");
+  EXPECT_LT(r.err.size(), 600u) << r.err;
+  EXPECT_NE(r.err.find("bytes)"), std::string::npos) << "the name is shortened in the middle: " << r.err;
+}
+
+TEST_F(RunGuards, GoldenCheckOfAMissingFolderIsOneLine) {
+  refused("golden check --all --dir nowhere", "nowhere: golden folder does not exist");
+  refused("golden check --case default --dir nowhere", "golden folder does not exist");
+}
+
+TEST_F(RunGuards, GpuOnlyBenchOptionsWithoutAGpuExitTwoAsCeilingsDoes) {
+  const CliRun ceilings = m3h("bench --ceilings");
+  if (ceilings.status == 0) GTEST_SKIP() << "a GPU is present";
+  ASSERT_EQ(ceilings.status, 2) << ceilings.err;
+  ASSERT_NE(ceilings.err.find("no GPU"), std::string::npos) << ceilings.err;
+  refused("bench --profile", "bench --profile: no GPU");
+  refused("bench --graph", "bench --graph: no GPU");
+}
+
+TEST(MessageEscaping, ControlCharactersAreEscapedAndLongTextKeepsBothEnds) {
+  EXPECT_EQ(m3::escape_for_message("a\x1b[31mb\n\x7f", 60), "a\\x1b[31mb\\x0a\\x7f");
+  const std::string long_text = std::string(100, 'a') + "TAIL";
+  const std::string shown = m3::escape_for_message(long_text, 20);
+  EXPECT_EQ(shown.substr(0, 10), std::string(10, 'a'));
+  EXPECT_NE(shown.find("(104 bytes)"), std::string::npos) << shown;
+  EXPECT_EQ(shown.substr(shown.size() - 4), "TAIL") << shown;
+  EXPECT_EQ(m3::escape_for_terminal("line\x1b]0;x\x07\n\tnext"), "line\\x1b]0;x\\x07\n\tnext");
+}
+
+TEST_F(RunGuards, NamesAreEscapedOnStdoutAndSampleKeepsRawBytesForAPipe) {
+  const CliRun d = m3h("dump --device cpu --stage '*' --T 8 --out \"$(printf 'e\\033[31m.h5')\"");
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_EQ(d.out.find('\x1b'), std::string::npos) << "a raw escape reached stdout";
+  EXPECT_NE(d.out.find("e\\x1b[31m.h5"), std::string::npos) << d.out;
+
+  write("text.txt", std::string(4096, 'a'));
+  ASSERT_EQ(m3h("train --device cpu --d-model 8 --d-state 4 --headdim 4 --layers 1 --B 2 --T 16 "
+                "--data text.txt --steps 2 --warmup 1 --val-batches 1 --out t")
+                .status,
+            0);
+  // Not a terminal: the bytes as they are, the prompt's escape included.
+  const CliRun s = m3h("sample --device cpu --checkpoint t/ckpt-00000002.h5 --tokens 4 --prompt \"$(printf '<\\033[31m>')\"");
+  ASSERT_EQ(s.status, 0) << s.err;
+  EXPECT_EQ(s.out.rfind("<\x1b[31m>", 0), 0u) << s.out;
 }
 
 // ---- 9: a run's own config.txt, data options, parents of --out, SIGHUP -------------------------

@@ -63,6 +63,13 @@ const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed"
 const char* const kInputOptions[] = {"config", "golden", "checkpoint", "resume",
                                      "data",   "expect", "file",       "against"};
 
+// Every option of any command whose value is a path: the inputs above, the outputs, the run
+// folder of plot and the id file of a multi-process job. An empty value is refused naming the
+// option (parse_args), before it can reach a reader or a writer as a nameless file.
+const char* const kPathOptions[] = {"config", "golden", "checkpoint", "resume", "data",
+                                    "expect", "file",   "against",    "json",   "out",
+                                    "dir",    "record", "run",        "nccl-id-file"};
+
 std::string trim(const std::string& s) {
   const auto a = s.find_first_not_of(" \t\r");
   if (a == std::string::npos) return "";
@@ -179,6 +186,8 @@ void store_config_file(const std::string& path, po::variables_map& vm,
   int lineno = 0;
   while (std::getline(in, raw)) {
     ++lineno;
+    // A UTF-8 byte-order mark (what some editors put first) is no part of the first key.
+    if (lineno == 1 && raw.compare(0, 3, "\xEF\xBB\xBF") == 0) raw.erase(0, 3);
     const std::string where = path + ":" + std::to_string(lineno);
     const std::string line = trim(raw.substr(0, raw.find('#')));
     if (line.empty()) continue;
@@ -189,6 +198,9 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       throw UsageError("config " + where + ": expected 'name = value', got '" + echo(line) + "'");
     const std::string written = trim(line.substr(0, eq));
     const std::string value = trim(line.substr(eq + 1));
+    if (written.empty())
+      throw UsageError("config " + where + ": a value without a key ('" + echo(line) +
+                       "'); write 'name = value'");
     std::string name = written;
     for (char& c : name)
       if (c == '_') c = '-';
@@ -324,9 +336,7 @@ ProblemSource load_problem(const po::variables_map& vm) {
     Config cfg;
     train::TrainState st;
     const train::CheckpointMeta meta = train::read_checkpoint(path, &cfg, &st);
-    Idx run_T = 256;
-    for (const auto& kv : meta.settings)
-      if (kv.first == "T") run_T = std::stoll(kv.second);
+    const Idx run_T = train::int_setting(meta, "T", 256);
     harness::RunSpec spec;
     spec.preset = "";
     spec.source = "checkpoint " + path + " (step " + std::to_string(meta.step) + ")";
@@ -452,8 +462,8 @@ po::variables_map parse_args(const std::vector<std::string>& args,
       throw UsageError(std::string(command) + ": unexpected argument '" + echo(o.value.front()) +
                        "' (see m3h " + command + " --help)");
     // A path option given an empty value would surface later as a message that starts with
-    // an empty name (": golden folder does not exist").
-    for (const char* path_option : {"config", "golden", "json", "out", "dir", "file"})
+    // an empty name (": golden folder does not exist") or in the words of the file layer.
+    for (const char* path_option : kPathOptions)
       if (o.string_key == path_option)
         for (const auto& v : o.value)
           if (v.empty()) throw UsageError("--" + o.string_key + ": an empty path");

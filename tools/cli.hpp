@@ -63,8 +63,9 @@ ProblemSource load_problem(const po::variables_map& vm);
 
 // A config file (Boost.Program_options config-file syntax): one "name = value" per line, '#'
 // starts a comment, names are the problem options' (d_model or d-model, B, T, seed, preset, …;
-// '_' and '-' are the same). Unknown names, a name given twice, a line without '=' and a bad
-// value are UsageErrors of one line naming the file, the line and the name. Values already set
+// '_' and '-' are the same); a UTF-8 byte-order mark before the first line is skipped. Unknown
+// names, a name given twice, a line without '=' or without a name, and a bad value are
+// UsageErrors of one line naming the file, the line and the name. Values already set
 // on the command line win. Not allowed in a file: config, golden.
 // `file_fields`: the names a file may set instead of the problem options (m3h train's).
 void store_config_file(const std::string& path, po::variables_map& vm,
@@ -73,8 +74,9 @@ void store_config_file(const std::string& path, po::variables_map& vm,
 // A seed: decimal or 0x-hex, 0 … 2^64−1; anything else (a sign, garbage, overflow) is a UsageError.
 std::uint64_t parse_seed(const std::string& text);
 
-// User text for a message: control characters as \xNN, at most `max` characters, then
-// "... (N bytes)" — so a line read from a file never breaks or floods the one error line.
+// User text for a message (m3::escape_for_message): control characters as \xNN; longer than
+// `max` characters, its start and end with "…(N bytes)…" between — so a line read from a file
+// never breaks or floods the one error line, and the reason after a long name stays on it.
 std::string echo(const std::string& text, std::size_t max = 60);
 
 // The one rule for every file m3h writes (the value of `option`, e.g. "json" or "out"),
@@ -113,7 +115,8 @@ std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
 // "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
 std::string resolve_device(const std::string& device, const char* fallback);
 
-// Parses args against `desc`; any positional argument is a UsageError naming the command.
+// Parses args against `desc`; any positional argument, and an empty value of any option that
+// names a path, is a UsageError naming the command or the option.
 // When desc has --config and it is given, the file's values are stored too (store_config_file).
 // `config_fields`: what a --config file may set (default: the problem options).
 po::variables_map parse_args(const std::vector<std::string>& args,

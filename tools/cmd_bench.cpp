@@ -378,6 +378,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (!reference_only) {
     const std::string absent = harness::gpu_absent_reason();
+    // What only the GPU rows do cannot fall back to the reference: asked for, it needs a GPU,
+    // as --ceilings does.
+    if (!absent.empty())
+      for (const char* gpu_only : {"profile", "graph", "cluster-tail"})
+        if (vm[gpu_only].as<bool>())
+          throw Error(std::string("m3h bench --") + gpu_only, "no GPU", absent);
     if (absent.empty()) {
       bench_gpu_shapes(shapes, modes, precisions, recomputes, warmup, repeats,
                        !vm["no-reference"].as<bool>(),

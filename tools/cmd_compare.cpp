@@ -245,7 +245,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     info.cuda = gpu::cuda_compiled();
     const std::string path = vm["json"].as<std::string>();
     harness::write_file_atomic(path, harness::comparison_json(c, info));
-    std::cout << "json: " << path << " (" << c.n_checks() << " cells)\n";
+    std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
   }
   return c.pass() ? 0 : 1;
 }

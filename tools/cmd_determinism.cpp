@@ -155,7 +155,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
     harness::write_file_atomic(vm["record"].as<std::string>(),
                                harness::format_digest_record(written));
     std::cout << "recorded " << written.cells.size() << " cell(s) in "
-              << vm["record"].as<std::string>() << "\n";
+              << echo(vm["record"].as<std::string>(), 400) << "\n";
   }
   return all_identical && as_recorded ? 0 : 1;
 }

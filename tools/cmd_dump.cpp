@@ -75,7 +75,7 @@ int cmd_dump(const std::vector<std::string>& args) {
       harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,
                           harness::judged_lineups(device, precisions), dopt);
   std::cout << "m3h dump: wrote " << r.n_keys << " key group(s) (" << r.n_datasets
-            << " datasets) to " << out << " under /dump/<mode>/<precision>/<key>/\n";
+            << " datasets) to " << echo(out, 400) << " under /dump/<mode>/<precision>/<key>/\n";
   for (const auto& c : r.cells)
     std::cout << "  " << harness::cell_name(c) << ": " << c.rows.size() << " keys, " << c.n_fail()
               << " over budget\n";

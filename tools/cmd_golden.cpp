@@ -98,7 +98,7 @@ int regen_user(const po::variables_map& vm) {
   golden::write_golden(out, gc, force);
   size_t n_tensors = 0;
   for (const auto& [mode, cap] : gc.oracle) n_tensors += cap.keys().size();
-  std::cout << name << ": wrote " << out << " (" << size_str(out) << ", " << n_tensors
+  std::cout << echo(name) << ": wrote " << echo(out, 400) << " (" << size_str(out) << ", " << n_tensors
             << " oracle tensors; " << spec.cfg.describe() << ", B=" << spec.B
             << " T=" << spec.T << " seed=" << spec.seed << ")\n";
   return 0;
@@ -130,19 +130,19 @@ int regen(const po::variables_map& vm, const std::string& dir) {
     const std::string path = golden::case_path(dir, n);
     const golden::GoldenCase now = golden::make_case(golden::find_case(n));
     if (fs::exists(path)) {
-      std::cout << n << ": replacing " << path << "\n";
+      std::cout << n << ": replacing " << echo(path, 400) << "\n";
       try {
         const golden::GoldenCase old = golden::read_golden(path);
         for (const auto& line : golden::summarize(golden::diff_cases(old, now)))
           std::cout << "  " << line << "\n";
       } catch (const Error& e) {
-        std::cout << "  the old file is unreadable, nothing to compare: " << e.what() << "\n";
+        std::cout << "  the old file is unreadable, nothing to compare: " << echo(e.what(), 400) << "\n";
       }
     }
     golden::write_golden(path, now, force);
     size_t n_tensors = 0;
     for (const auto& [mode, cap] : now.oracle) n_tensors += cap.keys().size();
-    std::cout << n << ": wrote " << path << " (" << size_str(path) << ", " << n_tensors
+    std::cout << n << ": wrote " << echo(path, 400) << " (" << size_str(path) << ", " << n_tensors
               << " oracle tensors)\n";
   }
   return 0;
@@ -156,7 +156,10 @@ int check(const po::variables_map& vm, const std::string& dir) {
     for (const auto& p : vm["file"].as<std::vector<std::string>>()) paths.push_back(p);
   if (!all && !vm.count("case") && paths.empty()) all = true;
   std::set<std::string> seen(paths.begin(), paths.end());
-  for (const auto& n : selected_cases(vm, all))
+  const std::vector<std::string> names = selected_cases(vm, all);
+  // A missing case folder is one error, not one per case it should hold.
+  if (!names.empty() && !fs::is_directory(dir)) throw Error(dir, "golden folder does not exist", "see --dir");
+  for (const auto& n : names)
     if (seen.insert(golden::case_path(dir, n)).second) paths.push_back(golden::case_path(dir, n));
   if (all && fs::is_directory(dir)) {
     std::vector<std::string> extra;
@@ -170,10 +173,10 @@ int check(const po::variables_map& vm, const std::string& dir) {
   for (const auto& p : paths) {
     try {
       const golden::CheckResult r = golden::check_file(p);
-      std::cout << r.line() << std::endl;
+      std::cout << echo(r.line(), 400) << std::endl;
       if (!r.pass()) status = std::max(status, 1);
     } catch (const std::exception& e) {
-      std::cerr << "m3h: error: " << e.what() << std::endl;
+      std::cerr << "m3h: error: " << echo(e.what(), 400) << std::endl;
       status = 2;
     }
   }

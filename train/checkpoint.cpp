@@ -43,6 +43,11 @@ auto arrays(St& st) {
       {kWeights, &st.params}, {kMoment1, &st.m}, {kMoment2, &st.v}};
 }
 
+// Run settings of integer and of real value (see the trainer's run_settings).
+const std::set<std::string> kIntegerSettings = {"B", "T", "steps", "warmup", "grad_accum", "eval_len"};
+const std::set<std::string> kRealSettings = {"lr",  "min_lr_ratio", "beta1", "beta2",
+                                             "eps", "wd",           "clip",  "val_fraction"};
+
 bool parse_int(const std::string& s, Idx* out) {
   if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
   errno = 0;
@@ -257,6 +262,21 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
     fail("/meta settings are invalid", e.what());
   }
   const Config cfg = config_from_settings(meta.settings, path);
+  // The run settings a reader of the file parses (the sequence length, the precision, the scan
+  // mode, …): a bad value is named here, with the attribute, not by whoever parses it later.
+  for (const auto& [name, value] : meta.settings) {
+    const std::string attr = "/meta attribute '" + name + "'";
+    const std::string shown = "'" + escape_for_message(value, 60) + "'";
+    Idx i = 0;
+    double d = 0;
+    if (kIntegerSettings.count(name) && (!parse_int(value, &i) || i < 0))
+      fail(attr + " is not a non-negative integer", shown);
+    if (kRealSettings.count(name) && !parse_double(value, &d)) fail(attr + " is not a number", shown);
+    if (name == "precision" && value != "f32" && value != "bf16" && value != "f16")
+      fail(attr + " is not a training precision (f32, bf16, f16)", shown);
+    if (name == "scan" && value != "seq" && value != "chunked")
+      fail(attr + " is not a scan mode (seq, chunked)", shown);
+  }
   auto count = [&](const char* name) {
     const std::int64_t v = r.attr_int(kMeta, name);
     if (v < 0) fail(std::string("/meta ") + name + " is negative", why("got ", v));
@@ -308,6 +328,13 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
   if (cfg_out) *cfg_out = cfg;
   if (st_out) *st_out = std::move(st);
   return meta;
+}
+
+Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallback) {
+  const std::string* v = find_setting(meta.settings, name);
+  Idx out = fallback;
+  if (v && !parse_int(*v, &out)) out = fallback;
+  return out;
 }
 
 std::string resume_mismatch(const CheckpointMeta& saved, const CheckpointMeta& now) {

@@ -87,6 +87,11 @@ void write_checkpoint(const std::string& path, const Config& cfg, const Checkpoi
 // settings) and *st (each buffer layout.total floats, the gaps zero). cfg / st may be null.
 CheckpointMeta read_checkpoint(const std::string& path, Config* cfg, TrainState* st);
 
+// An integer run setting of a checkpoint read by read_checkpoint (which refuses a file whose B,
+// T, steps, warmup, grad_accum or eval_len is not a non-negative integer, naming the attribute
+// and the value); `fallback` when the checkpoint has no such setting.
+Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallback);
+
 // "" when a run with `now` may resume from `saved`; otherwise one line naming the FIRST setting
 // (in saved's order, then those only `now` has) that differs, with both values:
 //   "resume: setting 'lr' differs: checkpoint 0.001, now 0.002"

@@ -320,13 +320,17 @@ void RunDir::open(bool force, bool lock) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   const bool exists = fs::exists(st);
+  // A writer names its folder by train's --out; a reader (no lock) by plot's --run.
+  const std::string named = (lock ? "--out " : "--run ") + dir;
   if (exists && !fs::is_directory(st))
-    throw Error(kWhere, "--out " + dir + " exists and is not a directory", "name a folder");
+    throw Error(kWhere, named + " exists and is not a directory", "name a folder");
   if (resume) {
-    if (!exists) throw Error(kWhere, "--out " + dir + " does not exist", "resuming needs the run's folder");
+    if (!exists)
+      throw Error(kWhere, named + ": the run folder does not exist",
+                  lock ? "resuming needs the run's folder" : "");
     if (lock) lock_fd_ = take_run_lock(dir);
     if (!holds_run(dir))
-      throw Error(kWhere, "--out " + dir + " holds no run", "no config.txt or metrics.csv there");
+      throw Error(kWhere, named + " holds no run", "no config.txt or metrics.csv there");
     run_id_ = config_run_id(dir);
     return;
   }

@@ -435,10 +435,11 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   // What a stopped run says about its checkpoints: the one it wrote now, or the last finite
   // one kept instead (never a checkpoint it did not write).
   auto kept = [&](const std::string& bad) {
-    if (bad.empty()) return "checkpoint " + last_ckpt;
+    const std::string shown = escape_for_message(last_ckpt, 400);
+    if (bad.empty()) return "checkpoint " + shown;
     return "first non-finite tensor: " + bad + " (so no checkpoint of this step); " +
            (last_ckpt.empty() ? std::string("no finite checkpoint was written")
-                              : "the last finite checkpoint is " + last_ckpt);
+                              : "the last finite checkpoint is " + shown);
   };
   auto append = [&](const RunDir::Row& row) {
     if (dir) dir->append(row);
@@ -524,7 +525,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                      : "first non-finite tensor: " + v.first_nonfinite) +
                 "; " +
                 (last_ckpt.empty() ? std::string("no finite checkpoint was written")
-                                   : "the last finite checkpoint is " + last_ckpt));
+                                   : "the last finite checkpoint is " +
+                                         escape_for_message(last_ckpt, 400)));
       status = 1;
       break;
     }
