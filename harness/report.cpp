@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "error.hpp"
+
 namespace m3::harness {
 
 namespace {
@@ -197,7 +199,9 @@ void print_compare_header(std::ostream& os, const Comparison& c) {
     os << "  " << pad_right(precision_name(l.precision), 5) << "subject=" << l.subject.name
        << " baseline=" << (l.baseline ? l.baseline->name : "none") << "\n";
   os << "config: " << s.cfg.describe() << "\n";
-  os << "run: source=" << s.source << " B=" << s.B << " T=" << s.T << " seed=" << s.seed
+  // The source names a file (a checkpoint's or a golden file's path): escaped for the terminal.
+  os << "run: source=" << escape_for_message(s.source, 1000) << " B=" << s.B << " T=" << s.T
+     << " seed=" << s.seed
      << " entering_states=" << (s.random_states ? "random" : "zero")
      << " modes=" << join(s.modes, ",", scan_mode_name)
      << " precisions=" << join(c.lineups, ",", [](const Lineup& l) {

@@ -415,6 +415,15 @@ TEST_F(RunGuards, NamesAreEscapedOnStdoutAndSampleKeepsRawBytesForAPipe) {
                 "--data text.txt --steps 2 --warmup 1 --val-batches 1 --out t")
                 .status,
             0);
+  // A checkpoint's path in compare's report header.
+  std::error_code ec;
+  fs::copy_file(dir_ / "t" / "ckpt-00000002.h5", dir_ / "c\033[31m.h5", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  const CliRun c = m3h("compare --device cpu --dtype f32 --scan seq --stage 'norm_f/*' "
+                       "--checkpoint \"$(printf 'c\\033[31m.h5')\"");
+  EXPECT_EQ(c.out.find('\x1b'), std::string::npos) << "a raw escape reached stdout: " << c.out;
+  EXPECT_NE(c.out.find("c\\x1b[31m.h5"), std::string::npos) << c.out;
+
   // Not a terminal: the bytes as they are, the prompt's escape included.
   const CliRun s = m3h("sample --device cpu --checkpoint t/ckpt-00000002.h5 --tokens 4 --prompt \"$(printf '<\\033[31m>')\"");
   ASSERT_EQ(s.status, 0) << s.err;

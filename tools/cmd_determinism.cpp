@@ -130,7 +130,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
         const harness::DigestCell* rec = expected.find(cell.precision, cell.scan);
         if (!rec) {
           as_recorded = false;
-          std::cout << "  NOT RECORDED: " << vm["expect"].as<std::string>() << " has no "
+          std::cout << "  NOT RECORDED: " << echo(vm["expect"].as<std::string>()) << " has no "
                     << cell.precision << " " << cell.scan << " cell\n";
         } else if (const harness::DigestDiff d = harness::diff_digests(*rec, cell); d.same()) {
           std::cout << "  as recorded (" << cell.keys.size() << " tensors)\n";
