@@ -241,6 +241,19 @@ TEST_F(CliTest, StageFilterThatMatchesNothingIsBadUsage) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
 
+// A misspelt option is unknown, never the option it happens to begin (no prefix guessing), in
+// every command.
+TEST_F(CliTest, AMisspeltOptionIsUnknownNotGuessed) {
+  for (const char* cmd : {"compare --device cpu --dtyp f32", "dump --device cpu --stag '*'",
+                          "determinism --device cpu --run 2", "golden check --al",
+                          "train --device cpu --task parity --step 2"}) {
+    const RunResult r = m3h(cmd);
+    EXPECT_EQ(r.status, 2) << cmd << "\n" << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find("unrecognised option"), std::string::npos) << cmd << "\n" << r.err;
+  }
+}
+
 // ---- bench (without a GPU only its arguments and help are testable here) ----------------------
 
 TEST_F(CliTest, BenchHelpNamesGraphReplaysAndTheMarginalLayer) {

@@ -456,7 +456,13 @@ po::variables_map parse_args(const std::vector<std::string>& args,
                              const po::options_description& desc, const char* command,
                              const po::options_description* config_fields) {
   po::variables_map vm;
-  po::parsed_options parsed = po::command_line_parser(args).options(desc).run();
+  // No prefix guessing: a misspelt option (--dtyp) is an unknown option, never the one it
+  // happens to begin.
+  po::parsed_options parsed =
+      po::command_line_parser(args)
+          .options(desc)
+          .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+          .run();
   for (const auto& o : parsed.options) {
     if (o.position_key >= 0)
       throw UsageError(std::string(command) + ": unexpected argument '" + echo(o.value.front()) +
