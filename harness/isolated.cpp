@@ -131,9 +131,9 @@ class Runner {
   bool faulted(int l, gpu::Fault f) const { return l == 0 && fault_ == f; }
   // The registry tensors layer stage s wrote (its own and its pseudo-stages'), from `fields`.
   void put_written(StageId s, int l, const std::vector<Field>& fields) {
-    for (const TensorSpec* spec : plan_.written_by(s))
-      for (const Field& f : fields)
-        if (f.is(*spec)) put(l, spec->stage, spec->tensor, *f.v);
+    ref::for_each_buffer(plan_.written_by(s), fields, [&](const TensorSpec& spec, const Vec& v) {
+      put(l, spec.stage, spec.tensor, v);
+    });
   }
 
   // ---- the executor of chain.hpp: every stage on the oracle's values -----------------------
@@ -216,8 +216,8 @@ class Runner {
     const Idx BT = d_.BT, V = cfg_.vocab_size;
     Vec out(static_cast<size_t>(BT * d_.dm)), logits(static_cast<size_t>(BT * V));
     load("norm_f/Out", out, true);
-    ref::linear_forward(BT, d_.dm, V, out.data(), w_head_.data(), static_cast<const float*>(nullptr),
-                        logits.data());
+    ref::linear_forward(BT, d_.dm, V, out.data(), w_head_.data(),
+                        static_cast<const float*>(nullptr), logits.data());
     ref::store_typed(d_, logits);
     put(-1, "head", "logits", logits);
   }
@@ -226,7 +226,8 @@ class Runner {
     Vec logits(static_cast<size_t>(BT * V)), lse(static_cast<size_t>(BT));
     load("head/logits", logits, true);
     const float value = static_cast<float>(
-        ref::loss_forward(BT, V, logits.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(), lse.data()));
+        ref::loss_forward(BT, V, logits.data(), pb_.tgt.data(), pb_.w.data(), pb_.scored(),
+                          lse.data()));
     put(-1, "loss", "lse", lse);
     put(-1, "loss", "value", Vec{value});
   }

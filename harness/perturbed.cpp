@@ -262,9 +262,9 @@ class PerturbedRun {
     for (const auto& f : fields)
       if (wrote(s, f) && std::strcmp(f.tensor, "residual") != 0)
         perturb(*f.v, stage_name(f.stage), f.tensor);
-    for (const TensorSpec* spec : plan_.written_by(s))
-      for (const auto& f : fields)
-        if (f.is(*spec)) put(l, spec->stage, spec->tensor, *f.v);
+    ref::for_each_buffer(plan_.written_by(s), fields, [&](const TensorSpec& spec, const Vec& v) {
+      put(l, spec.stage, spec.tensor, v);
+    });
   }
 
   // ---- the teacher's values (the isolated mode) -------------------------------------------

@@ -137,57 +137,62 @@ void LayerGrads<S>::allocate(const Dims& d, ScanMode mode) {
 // Every per-layer registry tensor of the forward, and the buffer holding it.
 template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a) {
-  return {{StageId::F1, "residual", &a.residual},       {StageId::F1, "rms_vals", &a.rms_vals},
-          {StageId::F1, "post_norm", &a.post_norm},     {StageId::F2, "proj", &a.proj},
-          {StageId::F3, "z", &a.z},                     {StageId::F3, "x", &a.x},
-          {StageId::F3, "b_raw", &a.b_raw},             {StageId::F3, "c_raw", &a.c_raw},
-          {StageId::F3, "dd_dt_raw", &a.dd_dt_raw},     {StageId::F3, "dd_a_raw", &a.dd_a_raw},
-          {StageId::F3, "trap_raw", &a.trap_raw},       {StageId::F3, "angles_raw", &a.angles_raw},
-          {StageId::F3, "dt", &a.dt},                   {StageId::F3, "a_val", &a.a_val},
-          {StageId::F3, "trap", &a.trap},               {StageId::F4, "b_normed", &a.b_normed},
-          {StageId::F4, "c_normed", &a.c_normed},       {StageId::F4, "b_rms", &a.b_rms},
-          {StageId::F4, "c_rms", &a.c_rms},             {StageId::F4, "b_biased", &a.b_biased},
-          {StageId::F4, "c_biased", &a.c_biased},       {StageId::F5, "angle_cumsum", &a.angle_cumsum},
-          {StageId::F4ef, "k", &a.k},                   {StageId::F4ef, "q", &a.q},
-          {StageId::F5b, "alpha", &a.alpha},            {StageId::F5b, "beta", &a.beta},
-          {StageId::F5b, "gamma", &a.gamma},            {StageId::F6, "h_saved", &a.h_saved},
-          {StageId::F6, "k_prev_saved", &a.k_prev_saved}, {StageId::F6, "v_prev_saved", &a.v_prev_saved},
-          {StageId::F6, "adt", &a.adt},                 {StageId::F6, "k_scaled_saved", &a.k_scaled_saved},
-          {StageId::F6, "qk_dot_saved", &a.qk_dot_saved}, {StageId::F6, "scale_saved", &a.scale_saved},
-          {StageId::F6, "gamma_saved", &a.gamma_saved}, {StageId::F6, "da_cumsum_saved", &a.da_cumsum_saved},
+  return {{StageId::F1, "residual", &a.residual}, {StageId::F1, "rms_vals", &a.rms_vals},
+          {StageId::F1, "post_norm", &a.post_norm}, {StageId::F2, "proj", &a.proj},
+          {StageId::F3, "z", &a.z}, {StageId::F3, "x", &a.x}, {StageId::F3, "b_raw", &a.b_raw},
+          {StageId::F3, "c_raw", &a.c_raw}, {StageId::F3, "dd_dt_raw", &a.dd_dt_raw},
+          {StageId::F3, "dd_a_raw", &a.dd_a_raw}, {StageId::F3, "trap_raw", &a.trap_raw},
+          {StageId::F3, "angles_raw", &a.angles_raw}, {StageId::F3, "dt", &a.dt},
+          {StageId::F3, "a_val", &a.a_val}, {StageId::F3, "trap", &a.trap},
+          {StageId::F4, "b_normed", &a.b_normed}, {StageId::F4, "c_normed", &a.c_normed},
+          {StageId::F4, "b_rms", &a.b_rms}, {StageId::F4, "c_rms", &a.c_rms},
+          {StageId::F4, "b_biased", &a.b_biased}, {StageId::F4, "c_biased", &a.c_biased},
+          {StageId::F5, "angle_cumsum", &a.angle_cumsum}, {StageId::F4ef, "k", &a.k},
+          {StageId::F4ef, "q", &a.q}, {StageId::F5b, "alpha", &a.alpha},
+          {StageId::F5b, "beta", &a.beta}, {StageId::F5b, "gamma", &a.gamma},
+          {StageId::F6, "h_saved", &a.h_saved}, {StageId::F6, "k_prev_saved", &a.k_prev_saved},
+          {StageId::F6, "v_prev_saved", &a.v_prev_saved}, {StageId::F6, "adt", &a.adt},
+          {StageId::F6, "k_scaled_saved", &a.k_scaled_saved},
+          {StageId::F6, "qk_dot_saved", &a.qk_dot_saved},
+          {StageId::F6, "scale_saved", &a.scale_saved},
+          {StageId::F6, "gamma_saved", &a.gamma_saved},
+          {StageId::F6, "da_cumsum_saved", &a.da_cumsum_saved},
           {StageId::F6, "chunk_states", &a.chunk_states},
           {StageId::F6, "chunk_states_saved", &a.chunk_states_saved},
           {StageId::F6, "final_states", &a.final_states}, {StageId::F6, "y", &a.y},
           {StageId::F7, "gated_rms_vals", &a.gated_rms_vals}, {StageId::F7, "gated", &a.gated},
-          {StageId::F8, "out_flat", &a.out_flat},       {StageId::F8, "layer_output", &a.layer_output},
-          {StageId::states, "ssm_state", &a.ssm_out},   {StageId::states, "k_state", &a.k_out},
-          {StageId::states, "v_state", &a.v_out},       {StageId::states, "angle_state", &a.angle_out}};
+          {StageId::F8, "out_flat", &a.out_flat}, {StageId::F8, "layer_output", &a.layer_output},
+          {StageId::states, "ssm_state", &a.ssm_out}, {StageId::states, "k_state", &a.k_out},
+          {StageId::states, "v_state", &a.v_out}, {StageId::states, "angle_state", &a.angle_out}};
 }
 
 // Every per-layer registry tensor of the backward.
 template <class S>
 std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g) {
-  return {{StageId::B8, "d_gated", &g.d_gated},          {StageId::B7, "d_y", &g.d_y},
-          {StageId::B7, "d_z", &g.d_z},                  {StageId::B6, "d_q", &g.d_q},
-          {StageId::B6, "d_k", &g.d_k},                  {StageId::B6, "d_alpha", &g.d_alpha},
-          {StageId::B6, "d_beta", &g.d_beta},            {StageId::B6, "d_gamma", &g.d_gamma},
-          {StageId::B6, "d_d_local", &g.d_d_local},      {StageId::B6, "da_cs_sum", &g.da_cs_sum},
-          {StageId::B6, "dQ_mid", &g.dQ_mid},            {StageId::B6, "dK_mid", &g.dK_mid},
-          {StageId::B6, "dADT", &g.dADT},                {StageId::B6, "dQK_dot", &g.dQK_dot},
-          {StageId::B6, "dD_partials", &g.dD_partials},  {StageId::B6, "dScale", &g.dScale},
-          {StageId::B6, "dGamma", &g.dGamma},            {StageId::B6, "dDT", &g.dDT},
-          {StageId::B6, "d_x", &g.d_x},                  {StageId::B6, "d_b_pre_rope", &g.d_b_pre_rope},
-          {StageId::B6, "d_c_pre_rope", &g.d_c_pre_rope}, {StageId::B6, "d_angle_cumsum", &g.d_angle_cumsum},
-          {StageId::B6, "d_adt_total", &g.d_adt_total},  {StageId::B6, "d_dt_direct", &g.d_dt_direct},
-          {StageId::B6, "d_trap_sig", &g.d_trap_sig},    {StageId::B5a, "d_angles_raw", &g.d_angles_raw},
-          {StageId::B5a, "d_dt_angle", &g.d_dt_angle},   {StageId::B5b, "d_dd_dt", &g.d_dd_dt},
-          {StageId::B5b, "d_dd_a", &g.d_dd_a},           {StageId::B5b, "d_trap_raw", &g.d_trap_raw},
-          {StageId::B4b, "d_b_normed", &g.d_b_normed},   {StageId::B4b, "d_c_normed", &g.d_c_normed},
-          {StageId::B4c, "d_b_raw", &g.d_b_raw},         {StageId::B4c, "d_c_raw", &g.d_c_raw},
-          {StageId::B3, "d_proj", &g.d_proj},            {StageId::B2, "d_norm", &g.d_norm},
-          {StageId::B1, "d_pre_norm", &g.d_pre_norm},    {StageId::B1, "d_temporal", &g.d_temporal},
-          {StageId::d_states, "d_ssm_state", &g.d_ssm_in}, {StageId::d_states, "d_k_state", &g.d_k_in},
-          {StageId::d_states, "d_v_state", &g.d_v_in},   {StageId::d_states, "d_angle_state", &g.d_angle_in}};
+  return {{StageId::B8, "d_gated", &g.d_gated}, {StageId::B7, "d_y", &g.d_y},
+          {StageId::B7, "d_z", &g.d_z}, {StageId::B6, "d_q", &g.d_q}, {StageId::B6, "d_k", &g.d_k},
+          {StageId::B6, "d_alpha", &g.d_alpha}, {StageId::B6, "d_beta", &g.d_beta},
+          {StageId::B6, "d_gamma", &g.d_gamma}, {StageId::B6, "d_d_local", &g.d_d_local},
+          {StageId::B6, "da_cs_sum", &g.da_cs_sum}, {StageId::B6, "dQ_mid", &g.dQ_mid},
+          {StageId::B6, "dK_mid", &g.dK_mid}, {StageId::B6, "dADT", &g.dADT},
+          {StageId::B6, "dQK_dot", &g.dQK_dot}, {StageId::B6, "dD_partials", &g.dD_partials},
+          {StageId::B6, "dScale", &g.dScale}, {StageId::B6, "dGamma", &g.dGamma},
+          {StageId::B6, "dDT", &g.dDT}, {StageId::B6, "d_x", &g.d_x},
+          {StageId::B6, "d_b_pre_rope", &g.d_b_pre_rope},
+          {StageId::B6, "d_c_pre_rope", &g.d_c_pre_rope},
+          {StageId::B6, "d_angle_cumsum", &g.d_angle_cumsum},
+          {StageId::B6, "d_adt_total", &g.d_adt_total},
+          {StageId::B6, "d_dt_direct", &g.d_dt_direct}, {StageId::B6, "d_trap_sig", &g.d_trap_sig},
+          {StageId::B5a, "d_angles_raw", &g.d_angles_raw},
+          {StageId::B5a, "d_dt_angle", &g.d_dt_angle}, {StageId::B5b, "d_dd_dt", &g.d_dd_dt},
+          {StageId::B5b, "d_dd_a", &g.d_dd_a}, {StageId::B5b, "d_trap_raw", &g.d_trap_raw},
+          {StageId::B4b, "d_b_normed", &g.d_b_normed}, {StageId::B4b, "d_c_normed", &g.d_c_normed},
+          {StageId::B4c, "d_b_raw", &g.d_b_raw}, {StageId::B4c, "d_c_raw", &g.d_c_raw},
+          {StageId::B3, "d_proj", &g.d_proj}, {StageId::B2, "d_norm", &g.d_norm},
+          {StageId::B1, "d_pre_norm", &g.d_pre_norm}, {StageId::B1, "d_temporal", &g.d_temporal},
+          {StageId::d_states, "d_ssm_state", &g.d_ssm_in},
+          {StageId::d_states, "d_k_state", &g.d_k_in}, {StageId::d_states, "d_v_state", &g.d_v_in},
+          {StageId::d_states, "d_angle_state", &g.d_angle_in}};
 }
 
 template <class S>
@@ -435,7 +440,8 @@ struct Backbone<S>::Impl {
                 slice.begin());
   }
   static void give(const std::vector<S>& slice, int l, std::vector<S>& all) {
-    std::copy(slice.begin(), slice.end(), all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()));
+    std::copy(slice.begin(), slice.end(),
+              all.begin() + static_cast<std::ptrdiff_t>(l * slice.size()));
   }
 
   // ---- the executor of chain.hpp ------------------------------------------------------------
@@ -446,10 +452,11 @@ struct Backbone<S>::Impl {
   void after(StageId s, int l, Dir dir) {
     if (!cap || l < 0) return;
     const auto fields = dir == Dir::Forward ? ref::act_fields(acts[l]) : ref::grad_fields(lg);
-    for (const TensorSpec* spec : plan.rows_of(s))
-      for (const auto& f : fields)
-        if (f.is(*spec))
-          cap->put_stage(l, spec->stage, spec->tensor, f.v->data(), static_cast<Idx>(f.v->size()));
+    ref::for_each_buffer(plan.rows_of(s), fields,
+                         [&](const TensorSpec& spec, const std::vector<S>& v) {
+                           cap->put_stage(l, spec.stage, spec.tensor, v.data(),
+                                          static_cast<Idx>(v.size()));
+                         });
   }
   void pseudo(StageId s, int l, Dir dir) { after(s, l, dir); }
 

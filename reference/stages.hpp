@@ -100,6 +100,15 @@ struct TensorField {
            std::string_view(tensor) == spec.tensor;
   }
 };
+// Calls f(spec, buffer) for each of `specs` (registry rows, in their order) that `fields`
+// holds: the capture of a stage's tensors from the buffers that hold them.
+template <class S, class Spec, class F>
+void for_each_buffer(const std::vector<const Spec*>& specs,
+                     const std::vector<TensorField<S>>& fields, F&& f) {
+  for (const Spec* spec : specs)
+    for (const TensorField<S>& field : fields)
+      if (field.is(*spec)) f(*spec, *field.v);
+}
 template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a);
 template <class S>
