@@ -182,20 +182,12 @@ class Runner {
   }
 
   void forward(Stage<StageId::input_proj>, int) {
-    const Idx BT = d_.BT;
-    Vec x_in = input();
-    Vec h0(static_cast<size_t>(BT * d_.dm));
-    if (pb_.token_model()) {  // the embedding: the one-hot GEMM as a row gather (same bits)
-      ref::embed_forward(BT, d_.in, d_.dm, pb_.tok.data(), w_input_.data(), p_.input_proj_b.data(),
-                         h0.data());
-      ref::store_typed(d_, h0);
-    } else if (cfg_.input_proj_identity) {
-      h0 = x_in;
-    } else {
-      ref::linear_forward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), p_.input_proj_b.data(),
-                          h0.data());
-      ref::store_typed(d_, h0);
-    }
+    const Vec x_in = input();
+    const std::int32_t* tok = pb_.token_model() ? pb_.tok.data() : nullptr;
+    Vec h0(static_cast<size_t>(d_.BT * d_.dm));
+    ref::input_proj_forward(d_.BT, d_.in, d_.dm, cfg_.input_proj_identity, tok, x_in.data(),
+                            w_input_.data(), p_.input_proj_b.data(), h0.data());
+    if (tok || !cfg_.input_proj_identity) ref::store_typed(d_, h0);
     put(-1, "input_proj", "input_proj_inputs", x_in);
     put(-1, "input_proj", "input_proj_outputs", h0);
   }
@@ -234,11 +226,8 @@ class Runner {
 
   // X as the backbone reads it: the problem's input, or a token model's one-hot (typed).
   Vec input() const {
-    Vec x_in(pb_.x.begin(), pb_.x.end());
-    if (pb_.token_model()) {
-      x_in.assign(static_cast<size_t>(d_.BT * d_.in), 0.0f);
-      for (Idx r = 0; r < d_.BT; ++r) x_in[static_cast<size_t>(r * d_.in + pb_.tok[r])] = 1.0f;
-    }
+    Vec x_in = pb_.token_model() ? ref::one_hot<float>(pb_.tok.data(), d_.BT, d_.in)
+                                 : Vec(pb_.x.begin(), pb_.x.end());
     ref::store_typed(d_, x_in);
     return x_in;
   }
@@ -274,30 +263,17 @@ class Runner {
                           d_out_.data(), d_norm_f.data(), grads_.norm_f_weight.data());
     put(-1, "norm_f", "d_norm", d_norm_f);
   }
-  // input_proj's backward: dX = δ⁰·W_inᵀ from the typed copy of δ⁰; the bias gradient is a
-  // reduction of the f32 δ⁰ (as the backbone).
+  // input_proj's backward on the oracle's δ⁰ (ref::input_proj_backward, as the backbone).
   void backward(Stage<StageId::input_proj>, int) {
-    const Idx BT = d_.BT;
-    delta_.resize(static_cast<size_t>(BT * d_.dm));
+    delta_.resize(static_cast<size_t>(d_.BT * d_.dm));
     load(entering_gradient(-1, plan_.n_layers).key(), delta_, false);
-    Vec d_x(static_cast<size_t>(BT * d_.in), 0.0f);
-    if (cfg_.input_proj_identity) {
-      d_x = delta_;
-    } else {
-      const Vec x_in = input();
-      delta_typed_ = typed(delta_);
-      if (pb_.token_model()) {  // dW: the per-token fixed-order sum; dX for the capture
-        Vec unused(grads_.input_proj_w.size(), 0.0f);
-        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed_.data(),
-                             d_x.data(), unused.data(), static_cast<float*>(nullptr));
-        ref::embed_backward(BT, d_.in, d_.dm, pb_.tok.data(), delta_typed_.data(),
-                            grads_.input_proj_w.data(), static_cast<float*>(nullptr));
-      } else {
-        ref::linear_backward(BT, d_.in, d_.dm, x_in.data(), w_input_.data(), delta_typed_.data(),
-                             d_x.data(), grads_.input_proj_w.data(), static_cast<float*>(nullptr));
-      }
-      ref::add_bias_grad(BT, d_.dm, delta_.data(), grads_.input_proj_b.data());
-    }
+    const std::int32_t* tok = pb_.token_model() ? pb_.tok.data() : nullptr;
+    const Vec x_in = input();
+    delta_typed_ = typed(delta_);
+    Vec d_x(static_cast<size_t>(d_.BT * d_.in), 0.0f);
+    ref::input_proj_backward(d_.BT, d_.in, d_.dm, cfg_.input_proj_identity, tok, x_in.data(),
+                             w_input_.data(), delta_.data(), delta_typed_.data(),
+                             grads_.input_proj_w.data(), grads_.input_proj_b.data(), d_x.data());
     ref::store_typed(d_, d_x);
     put(-1, "input_proj", "d_input_proj_dx", d_x);
   }

@@ -86,22 +86,10 @@ class PerturbedRun {
 
   // input_proj (or the embedding), on the problem's (perturbed) X in both modes.
   void forward(Stage<StageId::input_proj>, int) {
-    const Params<double>& p = p_;
-    const Idx BT = d_.BT, dm = d_.dm, in = d_.in;
-    if (pb_.token_model()) {
-      ref::embed_forward(BT, in, dm, pb_.tok.data(), p.input_proj_w.data(), p.input_proj_b.data(),
-                         h0_.data());
-      x_in_.assign(static_cast<size_t>(BT * in), 0.0);
-      for (Idx r = 0; r < BT; ++r) x_in_[static_cast<size_t>(r * in + pb_.tok[r])] = 1.0;
-    } else {
-      x_in_ = pb_.x;
-      if (cfg_.input_proj_identity) {
-        h0_ = x_in_;
-      } else {
-        ref::linear_forward(BT, in, dm, x_in_.data(), p.input_proj_w.data(),
-                            p.input_proj_b.data(), h0_.data());
-      }
-    }
+    const std::int32_t* tok = pb_.token_model() ? pb_.tok.data() : nullptr;
+    x_in_ = tok ? ref::one_hot<double>(tok, d_.BT, d_.in) : pb_.x;
+    ref::input_proj_forward(d_.BT, d_.in, d_.dm, cfg_.input_proj_identity, tok, x_in_.data(),
+                            p_.input_proj_w.data(), p_.input_proj_b.data(), h0_.data());
     if (!cfg_.input_proj_identity) perturb(h0_, "input_proj", "input_proj_outputs");
     put(-1, "input_proj", "input_proj_inputs", x_in_);
     put(-1, "input_proj", "input_proj_outputs", h0_);
@@ -206,28 +194,16 @@ class PerturbedRun {
                              grads_.layers[static_cast<size_t>(l)]);
   }
   void leave_layer_backward(int) { delta_ = g_.d_temporal; }
-  // input_proj's backward (the bias gradient sums δ⁰ in row order, as the backbone does).
+  // input_proj's backward (ref::input_proj_backward, as the backbone; the typed copy of δ⁰
+  // perturbed where the backbone rounds it).
   void backward(Stage<StageId::input_proj>, int) {
-    const Idx BT = d_.BT, dm = d_.dm, in = d_.in;
-    const Params<double>& p = p_;
     load_if_teacher(entering_gradient(-1, plan_.n_layers).key(), delta_, false);
-    Vec d_x(static_cast<size_t>(BT * in), 0.0);
-    if (pb_.token_model()) {
-      const Vec dt = typed_copy(delta_);
-      ref::embed_backward(BT, in, dm, pb_.tok.data(), dt.data(), grads_.input_proj_w.data(),
-                          static_cast<double*>(nullptr));
-      ref::add_bias_grad(BT, dm, delta_.data(), grads_.input_proj_b.data());
-      Vec unused(static_cast<size_t>(in * dm), 0.0);
-      ref::linear_backward(BT, in, dm, x_in_.data(), p.input_proj_w.data(), dt.data(),
-                           d_x.data(), unused.data(), static_cast<double*>(nullptr));
-    } else if (cfg_.input_proj_identity) {
-      d_x = delta_;
-    } else {
-      const Vec dt = typed_copy(delta_);
-      ref::linear_backward(BT, in, dm, x_in_.data(), p.input_proj_w.data(), dt.data(),
-                           d_x.data(), grads_.input_proj_w.data(), static_cast<double*>(nullptr));
-      ref::add_bias_grad(BT, dm, delta_.data(), grads_.input_proj_b.data());
-    }
+    const std::int32_t* tok = pb_.token_model() ? pb_.tok.data() : nullptr;
+    const Vec dt = tok || !cfg_.input_proj_identity ? typed_copy(delta_) : Vec();
+    Vec d_x(static_cast<size_t>(d_.BT * d_.in), 0.0);
+    ref::input_proj_backward(d_.BT, d_.in, d_.dm, cfg_.input_proj_identity, tok, x_in_.data(),
+                             p_.input_proj_w.data(), delta_.data(), dt.data(),
+                             grads_.input_proj_w.data(), grads_.input_proj_b.data(), d_x.data());
     if (!cfg_.input_proj_identity) perturb(d_x, "input_proj", "d_input_proj_dx");
     put(-1, "input_proj", "d_input_proj_dx", d_x);
   }

@@ -17,6 +17,7 @@
 
 #include "chain.hpp"
 #include "error.hpp"
+#include "layer_tensors.hpp"
 #include "registry.hpp"
 #include "stages.hpp"
 
@@ -134,66 +135,20 @@ void LayerGrads<S>::allocate(const Dims& d, ScanMode mode) {
   }
 }
 
-// Every per-layer registry tensor of the forward, and the buffer holding it.
+// Every per-layer registry tensor of the forward (the backward), and the buffer holding it: the
+// rows of layer_tensors.hpp with their member column.
+#define M3_ACT_FIELD(modes, when, stage, tensor, member, ...) {StageId::stage, #tensor, &a.member},
+#define M3_GRAD_FIELD(modes, when, stage, tensor, member, ...) {StageId::stage, #tensor, &g.member},
 template <class S>
 std::vector<TensorField<S>> act_fields(LayerActs<S>& a) {
-  return {{StageId::F1, "residual", &a.residual}, {StageId::F1, "rms_vals", &a.rms_vals},
-          {StageId::F1, "post_norm", &a.post_norm}, {StageId::F2, "proj", &a.proj},
-          {StageId::F3, "z", &a.z}, {StageId::F3, "x", &a.x}, {StageId::F3, "b_raw", &a.b_raw},
-          {StageId::F3, "c_raw", &a.c_raw}, {StageId::F3, "dd_dt_raw", &a.dd_dt_raw},
-          {StageId::F3, "dd_a_raw", &a.dd_a_raw}, {StageId::F3, "trap_raw", &a.trap_raw},
-          {StageId::F3, "angles_raw", &a.angles_raw}, {StageId::F3, "dt", &a.dt},
-          {StageId::F3, "a_val", &a.a_val}, {StageId::F3, "trap", &a.trap},
-          {StageId::F4, "b_normed", &a.b_normed}, {StageId::F4, "c_normed", &a.c_normed},
-          {StageId::F4, "b_rms", &a.b_rms}, {StageId::F4, "c_rms", &a.c_rms},
-          {StageId::F4, "b_biased", &a.b_biased}, {StageId::F4, "c_biased", &a.c_biased},
-          {StageId::F5, "angle_cumsum", &a.angle_cumsum}, {StageId::F4ef, "k", &a.k},
-          {StageId::F4ef, "q", &a.q}, {StageId::F5b, "alpha", &a.alpha},
-          {StageId::F5b, "beta", &a.beta}, {StageId::F5b, "gamma", &a.gamma},
-          {StageId::F6, "h_saved", &a.h_saved}, {StageId::F6, "k_prev_saved", &a.k_prev_saved},
-          {StageId::F6, "v_prev_saved", &a.v_prev_saved}, {StageId::F6, "adt", &a.adt},
-          {StageId::F6, "k_scaled_saved", &a.k_scaled_saved},
-          {StageId::F6, "qk_dot_saved", &a.qk_dot_saved},
-          {StageId::F6, "scale_saved", &a.scale_saved},
-          {StageId::F6, "gamma_saved", &a.gamma_saved},
-          {StageId::F6, "da_cumsum_saved", &a.da_cumsum_saved},
-          {StageId::F6, "chunk_states", &a.chunk_states},
-          {StageId::F6, "chunk_states_saved", &a.chunk_states_saved},
-          {StageId::F6, "final_states", &a.final_states}, {StageId::F6, "y", &a.y},
-          {StageId::F7, "gated_rms_vals", &a.gated_rms_vals}, {StageId::F7, "gated", &a.gated},
-          {StageId::F8, "out_flat", &a.out_flat}, {StageId::F8, "layer_output", &a.layer_output},
-          {StageId::states, "ssm_state", &a.ssm_out}, {StageId::states, "k_state", &a.k_out},
-          {StageId::states, "v_state", &a.v_out}, {StageId::states, "angle_state", &a.angle_out}};
+  return {M3_LAYER_FWD_TENSORS(M3_ACT_FIELD)};
 }
-
-// Every per-layer registry tensor of the backward.
 template <class S>
 std::vector<TensorField<S>> grad_fields(LayerGrads<S>& g) {
-  return {{StageId::B8, "d_gated", &g.d_gated}, {StageId::B7, "d_y", &g.d_y},
-          {StageId::B7, "d_z", &g.d_z}, {StageId::B6, "d_q", &g.d_q}, {StageId::B6, "d_k", &g.d_k},
-          {StageId::B6, "d_alpha", &g.d_alpha}, {StageId::B6, "d_beta", &g.d_beta},
-          {StageId::B6, "d_gamma", &g.d_gamma}, {StageId::B6, "d_d_local", &g.d_d_local},
-          {StageId::B6, "da_cs_sum", &g.da_cs_sum}, {StageId::B6, "dQ_mid", &g.dQ_mid},
-          {StageId::B6, "dK_mid", &g.dK_mid}, {StageId::B6, "dADT", &g.dADT},
-          {StageId::B6, "dQK_dot", &g.dQK_dot}, {StageId::B6, "dD_partials", &g.dD_partials},
-          {StageId::B6, "dScale", &g.dScale}, {StageId::B6, "dGamma", &g.dGamma},
-          {StageId::B6, "dDT", &g.dDT}, {StageId::B6, "d_x", &g.d_x},
-          {StageId::B6, "d_b_pre_rope", &g.d_b_pre_rope},
-          {StageId::B6, "d_c_pre_rope", &g.d_c_pre_rope},
-          {StageId::B6, "d_angle_cumsum", &g.d_angle_cumsum},
-          {StageId::B6, "d_adt_total", &g.d_adt_total},
-          {StageId::B6, "d_dt_direct", &g.d_dt_direct}, {StageId::B6, "d_trap_sig", &g.d_trap_sig},
-          {StageId::B5a, "d_angles_raw", &g.d_angles_raw},
-          {StageId::B5a, "d_dt_angle", &g.d_dt_angle}, {StageId::B5b, "d_dd_dt", &g.d_dd_dt},
-          {StageId::B5b, "d_dd_a", &g.d_dd_a}, {StageId::B5b, "d_trap_raw", &g.d_trap_raw},
-          {StageId::B4b, "d_b_normed", &g.d_b_normed}, {StageId::B4b, "d_c_normed", &g.d_c_normed},
-          {StageId::B4c, "d_b_raw", &g.d_b_raw}, {StageId::B4c, "d_c_raw", &g.d_c_raw},
-          {StageId::B3, "d_proj", &g.d_proj}, {StageId::B2, "d_norm", &g.d_norm},
-          {StageId::B1, "d_pre_norm", &g.d_pre_norm}, {StageId::B1, "d_temporal", &g.d_temporal},
-          {StageId::d_states, "d_ssm_state", &g.d_ssm_in},
-          {StageId::d_states, "d_k_state", &g.d_k_in}, {StageId::d_states, "d_v_state", &g.d_v_in},
-          {StageId::d_states, "d_angle_state", &g.d_angle_in}};
+  return {M3_LAYER_BWD_TENSORS(M3_GRAD_FIELD)};
 }
+#undef M3_GRAD_FIELD
+#undef M3_ACT_FIELD
 
 template <class S>
 void layer_forward_step(const Dims& d, ScanMode mode, StageId st, const LayerParams<S>& p,
@@ -320,6 +275,46 @@ void add_bias_grad(Idx rows, Idx dim, const S* delta, S* db_acc) {
   for (Idx j = 0; j < dim; ++j) db_acc[j] += db[j];
 }
 
+template <class S>
+void input_proj_forward(Idx BT, Idx in, Idx dm, bool identity, const std::int32_t* tok,
+                        const S* x, const S* w, const S* b, S* h0) {
+  if (tok) {
+    embed_forward(BT, in, dm, tok, w, b, h0);
+  } else if (identity) {
+    std::copy_n(x, static_cast<size_t>(BT * dm), h0);
+  } else {
+    linear_forward(BT, in, dm, x, w, b, h0);
+  }
+}
+
+template <class S>
+void input_proj_backward(Idx BT, Idx in, Idx dm, bool identity, const std::int32_t* tok,
+                         const S* x, const S* w, const S* delta, const S* delta_typed, S* dw,
+                         S* db, S* d_x) {
+  if (identity && !tok) {
+    if (d_x) std::copy_n(delta, static_cast<size_t>(BT * dm), d_x);
+    return;
+  }
+  if (tok) {
+    embed_backward(BT, in, dm, tok, delta_typed, dw, static_cast<S*>(nullptr));
+    if (d_x) {  // dX alone: linear_backward's dW goes to a scratch
+      std::vector<S> unused_dw(static_cast<size_t>(in * dm), S(0));
+      linear_backward(BT, in, dm, x, w, delta_typed, d_x, unused_dw.data(),
+                      static_cast<S*>(nullptr));
+    }
+  } else {
+    linear_backward(BT, in, dm, x, w, delta_typed, d_x, dw, static_cast<S*>(nullptr));
+  }
+  add_bias_grad(BT, dm, delta, db);
+}
+
+template <class S>
+std::vector<S> one_hot(const std::int32_t* tok, Idx BT, Idx V) {
+  std::vector<S> x(static_cast<size_t>(BT * V), S(0));
+  for (Idx r = 0; r < BT; ++r) x[static_cast<size_t>(r * V + tok[r])] = S(1);
+  return x;
+}
+
 template void layer_forward_step<double>(const Dims&, ScanMode, StageId,
                                          const LayerParams<double>&, const double*,
                                          const double*, LayerActs<double>&);
@@ -339,6 +334,15 @@ template void layer_backward_step<float>(const Dims&, ScanMode, StageId,
 
 template void add_bias_grad<double>(Idx, Idx, const double*, double*);
 template void add_bias_grad<float>(Idx, Idx, const float*, float*);
+#define M3_INPUT_PROJ(S)                                                                        \
+  template void input_proj_forward<S>(Idx, Idx, Idx, bool, const std::int32_t*, const S*,       \
+                                      const S*, const S*, S*);                                  \
+  template void input_proj_backward<S>(Idx, Idx, Idx, bool, const std::int32_t*, const S*,      \
+                                       const S*, const S*, const S*, S*, S*, S*);               \
+  template std::vector<S> one_hot<S>(const std::int32_t*, Idx, Idx);
+M3_INPUT_PROJ(double)
+M3_INPUT_PROJ(float)
+#undef M3_INPUT_PROJ
 
 template std::vector<TensorField<double>> act_fields(LayerActs<double>&);
 template std::vector<TensorField<float>> act_fields(LayerActs<float>&);
@@ -484,26 +488,16 @@ struct Backbone<S>::Impl {
   // input_proj: H⁰ = X·W_in + b_in (or X), or a token model's embedding (a row gather; the
   // one-hot X only for a capture).
   void forward(Stage<StageId::input_proj>, int) {
-    if (!tokens.empty()) {
-      ref::embed_forward(d.BT, d.in, d.dm, tokens.data(), w_input(), p->input_proj_b.data(),
-                         h0.data());
-      ref::store_typed(d, h0);
-      if (cap) {
-        x_in.assign(static_cast<size_t>(d.BT * d.in), S(0));
-        for (Idx r = 0; r < d.BT; ++r) x_in[r * d.in + tokens[r]] = S(1);
-        put(-1, "input_proj", "input_proj_inputs", x_in);
-      }
-    } else {
+    const std::int32_t* tok = tokens.empty() ? nullptr : tokens.data();
+    if (!tok) {
       ref::store_typed(d, x_in);
-      if (cfg.input_proj_identity) {
-        h0 = x_in;
-      } else {
-        ref::linear_forward(d.BT, d.in, d.dm, x_in.data(), w_input(), p->input_proj_b.data(),
-                            h0.data());
-        ref::store_typed(d, h0);
-      }
-      put(-1, "input_proj", "input_proj_inputs", x_in);
+    } else if (cap) {
+      x_in = ref::one_hot<S>(tok, d.BT, d.in);
     }
+    ref::input_proj_forward(d.BT, d.in, d.dm, cfg.input_proj_identity, tok, x_in.data(),
+                            w_input(), p->input_proj_b.data(), h0.data());
+    if (tok || !cfg.input_proj_identity) ref::store_typed(d, h0);
+    if (!tok || cap) put(-1, "input_proj", "input_proj_inputs", x_in);
     put(-1, "input_proj", "input_proj_outputs", h0);
   }
   void forward(Stage<StageId::norm_f>, int) {
@@ -554,30 +548,18 @@ struct Backbone<S>::Impl {
   // of the f32 δ⁰ itself (a reduction save, MODEL.md §8). A token model's dW is the embedding's
   // per-token sum of the typed δ⁰ rows, and its dX (∂L/∂ one-hot) exists only for a capture.
   void backward(Stage<StageId::input_proj>, int) {
-    if (!tokens.empty()) {
-      const S* dt = typed_copy(delta);
-      ref::embed_backward(d.BT, d.in, d.dm, tokens.data(), dt, grads->input_proj_w.data(),
-                          static_cast<S*>(nullptr));
-      ref::add_bias_grad(d.BT, d.dm, delta.data(), grads->input_proj_b.data());
-      d_x->clear();
-      if (cap) {
-        d_x->assign(static_cast<size_t>(d.BT * d.in), S(0));
-        std::vector<S> unused_dw(static_cast<size_t>(d.in * d.dm), S(0));  // linear_backward's dW
-        ref::linear_backward(d.BT, d.in, d.dm, x_in.data(), w_input(), dt, d_x->data(),
-                             unused_dw.data(), static_cast<S*>(nullptr));
-        ref::store_typed(d, *d_x);
-        put(-1, "input_proj", "d_input_proj_dx", *d_x);
-      }
-      return;
-    }
-    d_x->assign(static_cast<size_t>(d.BT * d.in), S(0));
-    if (cfg.input_proj_identity) {
-      *d_x = delta;
+    const std::int32_t* tok = tokens.empty() ? nullptr : tokens.data();
+    const S* dt = tok || !cfg.input_proj_identity ? typed_copy(delta) : nullptr;
+    const bool want_dx = !tok || cap;
+    if (want_dx) {
+      d_x->assign(static_cast<size_t>(d.BT * d.in), S(0));
     } else {
-      ref::linear_backward(d.BT, d.in, d.dm, x_in.data(), w_input(), typed_copy(delta),
-                           d_x->data(), grads->input_proj_w.data(), static_cast<S*>(nullptr));
-      ref::add_bias_grad(d.BT, d.dm, delta.data(), grads->input_proj_b.data());
+      d_x->clear();
     }
+    ref::input_proj_backward(d.BT, d.in, d.dm, cfg.input_proj_identity, tok, x_in.data(),
+                             w_input(), delta.data(), dt, grads->input_proj_w.data(),
+                             grads->input_proj_b.data(), want_dx ? d_x->data() : nullptr);
+    if (!want_dx) return;
     ref::store_typed(d, *d_x);
     put(-1, "input_proj", "d_input_proj_dx", *d_x);
   }

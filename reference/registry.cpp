@@ -5,6 +5,7 @@
 
 #include "chain.hpp"
 #include "error.hpp"
+#include "layer_tensors.hpp"
 
 namespace m3 {
 
@@ -29,96 +30,29 @@ constexpr Life WS = Life::Workspace;
 constexpr Life VF = Life::Verify;
 constexpr Life CL = Life::Columns;
 constexpr Life VW = Life::View;
+// The shape symbols, unqualified for the rows of layer_tensors.hpp.
+namespace sym {
+constexpr Sym B = Sym::B, T = Sym::T, BT = Sym::BT, Tp1 = Sym::Tp1, DM = Sym::DM, DI = Sym::DI,
+              IP = Sym::IP, NH = Sym::NH, HD = Sym::HD, DS = Sym::DS, NG = Sym::NG, NA = Sym::NA,
+              NC = Sym::NC, CS = Sym::CS, IN = Sym::IN, V = Sym::V;
+}  // namespace sym
 
 // One row per tensor: scope, direction, scan modes, when it exists, stage, tensor, shape,
-// circular, storage and, for a layer tensor, its production lifetime {sequential, chunked[,
-// recomputed with Recompute::Scan]} (none given: workspace).
-//
-// Storage (MODEL.md §8): TYP for the activations at kernel boundaries and the activation
-// gradients that cross typed kernels; the raw logits dd_dt_raw … are f32 copies of typed proj
-// columns.
-//
-// Why each kept layer tensor is kept (the lifetime column, for the GPU's fused path):
-//   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
-//       rms_vals      B1;  post_norm  B2's weight gradient
-//   F2  proj          its typed columns: F3's z, x, b_raw, c_raw are Life::Columns of it, read
-//                     in place (z: F7, B7; x: F6, B6; b/c_raw: F4, B4c), so the split copies
-//                     only the f32 parts
-//   F3  dd_dt_raw, dd_a_raw  B5b;  angles_raw  B5a;
-//       dt, a_val, trap   B5b, B6, B5a  (trap_raw: nothing reads it after F3 → workspace)
-//   F4  b/c_normed    chunked B6's tail recomputes the biased and rotated B, C from them
-//                     (sequential: F4ef's input only → workspace); b/c_rms  B4c;
-//       b/c_biased    never stored in production (F4ef and B6 add the bias themselves)
-//   F5  angle_cumsum  B6 (RoPE backward)
-//   F4ef k, q         sequential B6 reads both; chunked: q by B6's state/chunk kernels, k only
-//                     at t = T − 1 by F6's state pass (→ workspace)
-//   F5b α, β, γ       sequential F6/B6; chunked: the prep forms γ itself (→ never stored)
-//   F6  seq: h/k_prev/v_prev_saved (B6).  chunked: Ks, qk·γ, scale, γ, the cumsums and the
-//       entering chunk states (B6) — recomputed instead with Recompute::Scan;
-//       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
-//   F7  gated_rms_vals B7;  gated  B8's weight gradient
-//   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
-//   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
-//                     writes only the f32 parts, and in fused runs B5b and B5a write those too,
-//                     so that no B3 kernel runs: gpu/stages/proj_cols.cuh)
-//   B1  d_pre_norm    summed into d_temporal in B1's kernel; stored for a Capture only
-// Everything else (out_flat, the leaving states, every other backward tensor) is workspace.
+// circular, storage and, for a layer tensor, its production lifetime. The layer rows, and why
+// each kept layer tensor is kept, are in layer_tensors.hpp; the backbone rows are here.
+#define M3_UNPAREN(...) __VA_ARGS__
+#define M3_LAYER_ROW(dir, modes, when, stage, tensor, member, shape, circular, storage, life) \
+  {LY, dir, modes, when, #stage, #tensor, {M3_UNPAREN shape}, circular, storage, {M3_UNPAREN life}},
+#define M3_LAYER_ROW_FW(...) M3_LAYER_ROW(FW, __VA_ARGS__)
+#define M3_LAYER_ROW_BW(...) M3_LAYER_ROW(BW, __VA_ARGS__)
 std::vector<TensorSpec> build_stage_registry() {
+  using namespace sym;
   return {
       // ---- backbone forward (MODEL.md §3, §10.1)
       {BB, FW, BOTH, ALW, "input_proj", "input_proj_inputs", {S::BT, S::IN}, false, TYP},
       {BB, FW, BOTH, ALW, "input_proj", "input_proj_outputs", {S::BT, S::DM}, false, TYP},
       // ---- layer forward (MODEL.md §4, §10.2)
-      {LY, FW, BOTH, ALW, "F1", "residual", {S::BT, S::DM}, false, F32, {VW, VW}},
-      {LY, FW, BOTH, ALW, "F1", "rms_vals", {S::BT}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F1", "post_norm", {S::BT, S::DM}, false, TYP, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F2", "proj", {S::BT, S::IP}, false, TYP, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "z", {S::BT, S::NH, S::HD}, false, TYP, {CL, CL}},
-      {LY, FW, BOTH, ALW, "F3", "x", {S::BT, S::NH, S::HD}, false, TYP, {CL, CL}},
-      {LY, FW, BOTH, ALW, "F3", "b_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
-      {LY, FW, BOTH, ALW, "F3", "c_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
-      {LY, FW, BOTH, ALW, "F3", "dd_dt_raw", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "dd_a_raw", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "trap_raw", {S::BT, S::NH}, false, F32},
-      {LY, FW, BOTH, ANG, "F3", "angles_raw", {S::BT, S::NA}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "dt", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "a_val", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F3", "trap", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F4", "b_normed", {S::BT, S::NG, S::DS}, false, TYP, {WS, SV}},
-      {LY, FW, BOTH, ALW, "F4", "c_normed", {S::BT, S::NG, S::DS}, false, TYP, {WS, SV}},
-      {LY, FW, BOTH, ALW, "F4", "b_rms", {S::BT, S::NG}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F4", "c_rms", {S::BT, S::NG}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F4", "b_biased", {S::BT, S::NH, S::DS}, false, TYP, {VF, VF}},
-      {LY, FW, BOTH, ALW, "F4", "c_biased", {S::BT, S::NH, S::DS}, false, TYP, {VF, VF}},
-      {LY, FW, BOTH, ANG, "F5", "angle_cumsum", {S::BT, S::NH, S::NA}, true, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F4ef", "k", {S::BT, S::NH, S::DS}, false, TYP, {SV, WS}},
-      {LY, FW, BOTH, ALW, "F4ef", "q", {S::BT, S::NH, S::DS}, false, TYP, {SV, SV, true}},
-      {LY, FW, BOTH, ALW, "F5b", "alpha", {S::BT, S::NH}, false, F32, {SV, VF}},
-      {LY, FW, BOTH, ALW, "F5b", "beta", {S::BT, S::NH}, false, F32, {SV, VF}},
-      {LY, FW, BOTH, ALW, "F5b", "gamma", {S::BT, S::NH}, false, F32, {SV, VF}},
-      {LY, FW, SEQ, ALW, "F6", "h_saved", {S::B, S::Tp1, S::DS, S::DI}, false, F32, {SV, SV}},
-      {LY, FW, SEQ, ALW, "F6", "k_prev_saved", {S::BT, S::NH, S::DS}, false, F32, {SV, SV}},
-      {LY, FW, SEQ, ALW, "F6", "v_prev_saved", {S::BT, S::NH, S::HD}, false, F32, {SV, SV}},
-      {LY, FW, CHK, ALW, "F6", "adt", {S::BT, S::NH}, false, F32},
-      {LY, FW, CHK, ALW, "F6", "k_scaled_saved", {S::BT, S::NH, S::DS}, false, TYP, {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "qk_dot_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "scale_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "gamma_saved", {S::BT, S::NH}, false, F32, {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "da_cumsum_saved", {S::B, S::NC, S::NH, S::CS}, false, F32,
-       {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "chunk_states", {S::B, S::NC, S::NH, S::HD, S::DS}, false, F32},
-      {LY, FW, CHK, ALW, "F6", "chunk_states_saved", {S::B, S::NC, S::NH, S::HD, S::DS}, false,
-       F32, {SV, SV, true}},
-      {LY, FW, CHK, ALW, "F6", "final_states", {S::B, S::NH, S::HD, S::DS}, false, F32},
-      {LY, FW, BOTH, ALW, "F6", "y", {S::BT, S::NH, S::HD}, false, TYP, {SV, SV}},
-      {LY, FW, BOTH, ONRM, "F7", "gated_rms_vals", {S::BT, S::NH}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F7", "gated", {S::BT, S::DI}, false, TYP, {SV, SV}},
-      {LY, FW, BOTH, ALW, "F8", "out_flat", {S::BT, S::DM}, false, TYP},
-      {LY, FW, BOTH, ALW, "F8", "layer_output", {S::BT, S::DM}, false, F32, {SV, SV}},
-      {LY, FW, BOTH, ALW, "states", "ssm_state", {S::B, S::NH, S::HD, S::DS}, false, F32},
-      {LY, FW, BOTH, ALW, "states", "k_state", {S::B, S::NH, S::DS}, false, F32},
-      {LY, FW, BOTH, ALW, "states", "v_state", {S::B, S::NH, S::HD}, false, F32},
-      {LY, FW, BOTH, ANG, "states", "angle_state", {S::B, S::NH, S::NA}, true, F32},
+      M3_LAYER_FWD_TENSORS(M3_LAYER_ROW_FW)
       // ---- backbone forward end
       {BB, FW, BOTH, ALW, "norm_f", "norm_f_input", {S::BT, S::DM}, false, F32},
       {BB, FW, BOTH, ALW, "norm_f", "norm_f_rms", {S::BT}, false, F32},
@@ -132,53 +66,15 @@ std::vector<TensorSpec> build_stage_registry() {
       // ---- backbone backward start (MODEL.md §6.1)
       {BB, BW, BOTH, ALW, "norm_f", "d_norm", {S::BT, S::DM}, false, F32},
       // ---- layer backward (MODEL.md §6.2–§6.4, §10.3)
-      {LY, BW, BOTH, ALW, "B8", "d_gated", {S::BT, S::DI}, false, TYP},
-      {LY, BW, BOTH, ALW, "B7", "d_y", {S::BT, S::DI}, false, TYP},
-      {LY, BW, BOTH, ALW, "B7", "d_z", {S::BT, S::DI}, false, TYP, {CL, CL}},
-      {LY, BW, SEQ, ALW, "B6", "d_q", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, SEQ, ALW, "B6", "d_k", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, SEQ, ALW, "B6", "d_alpha", {S::BT, S::NH}, false, F32},
-      {LY, BW, SEQ, ALW, "B6", "d_beta", {S::BT, S::NH}, false, F32},
-      {LY, BW, SEQ, ALW, "B6", "d_gamma", {S::BT, S::NH}, false, F32},
-      {LY, BW, SEQ, ALW, "B6", "d_d_local", {S::B, S::DI}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "da_cs_sum", {S::B, S::NC, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dQ_mid", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dK_mid", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dADT", {S::BT, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dQK_dot", {S::BT, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dD_partials", {S::B, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dScale", {S::BT, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dGamma", {S::BT, S::NH}, false, F32},
-      {LY, BW, CHK, ALW, "B6", "dDT", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B6", "d_x", {S::BT, S::DI}, false, TYP, {CL, CL}},
-      {LY, BW, BOTH, ALW, "B6", "d_b_pre_rope", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, BOTH, ALW, "B6", "d_c_pre_rope", {S::BT, S::NH, S::DS}, false, F32},
-      {LY, BW, BOTH, ANG, "B6", "d_angle_cumsum", {S::BT, S::NH, S::NA}, false, F32},
-      // What B5b consumes from either B6 variant: ∂L/∂adt, the direct ∂L/∂dt, ∂L/∂trap (σ out)
-      {LY, BW, BOTH, ALW, "B6", "d_adt_total", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B6", "d_dt_direct", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B6", "d_trap_sig", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ANG, "B5a", "d_angles_raw", {S::BT, S::NA}, false, F32},
-      {LY, BW, BOTH, ALW, "B5a", "d_dt_angle", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B5b", "d_dd_dt", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B5b", "d_dd_a", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B5b", "d_trap_raw", {S::BT, S::NH}, false, F32},
-      {LY, BW, BOTH, ALW, "B4b", "d_b_normed", {S::BT, S::NG, S::DS}, false, TYP},
-      {LY, BW, BOTH, ALW, "B4b", "d_c_normed", {S::BT, S::NG, S::DS}, false, TYP},
-      {LY, BW, BOTH, ALW, "B4c", "d_b_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
-      {LY, BW, BOTH, ALW, "B4c", "d_c_raw", {S::BT, S::NG, S::DS}, false, TYP, {CL, CL}},
-      {LY, BW, BOTH, ALW, "B3", "d_proj", {S::BT, S::IP}, false, TYP},
-      {LY, BW, BOTH, ALW, "B2", "d_norm", {S::BT, S::DM}, false, TYP},
-      {LY, BW, BOTH, ALW, "B1", "d_pre_norm", {S::BT, S::DM}, false, F32, {VF, VF}},
-      {LY, BW, BOTH, ALW, "B1", "d_temporal", {S::BT, S::DM}, false, F32},
-      {LY, BW, BOTH, ALW, "d_states", "d_ssm_state", {S::B, S::NH, S::HD, S::DS}, false, F32},
-      {LY, BW, BOTH, ALW, "d_states", "d_k_state", {S::B, S::NH, S::DS}, false, F32},
-      {LY, BW, BOTH, ALW, "d_states", "d_v_state", {S::B, S::NH, S::HD}, false, F32},
-      {LY, BW, BOTH, ANG, "d_states", "d_angle_state", {S::B, S::NH, S::NA}, false, F32},
+      M3_LAYER_BWD_TENSORS(M3_LAYER_ROW_BW)
       // ---- backbone backward end
       {BB, BW, BOTH, ALW, "input_proj", "d_input_proj_dx", {S::BT, S::IN}, false, TYP},
   };
 }
+#undef M3_LAYER_ROW_BW
+#undef M3_LAYER_ROW_FW
+#undef M3_LAYER_ROW
+#undef M3_UNPAREN
 
 std::vector<ParamSpec> build_param_registry() {
   return {

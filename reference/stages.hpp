@@ -129,6 +129,26 @@ void layer_backward_step(const Dims& d, ScanMode mode, StageId stage, const Laye
                          const std::vector<S>& delta, const S* delta_typed, LayerGrads<S>& g,
                          LayerParams<S>& pg);
 
+// input_proj (MODEL.md §3), or a token model's embedding (TRAINING.md §1) when tok != nullptr:
+//   h0 = x·w + b  [BT, dm] (x [BT, in], w [in, dm]), h0 = x when identity, or
+//   h0[r, :] = w[tok[r], :] + b  (the one-hot product as a row gather; x is not read).
+// h0 before its typed store (the executor rounds or perturbs it).
+template <class S>
+void input_proj_forward(Idx BT, Idx in, Idx dm, bool identity, const std::int32_t* tok,
+                        const S* x, const S* w, const S* b, S* h0);
+// Its backward from δ⁰ [BT, dm] (f32) and δ⁰'s staged typed copy (the GEMMs' operand):
+//   dw += xᵀ·δ⁰_typed, or a token model's per-token sum of δ⁰_typed rows (embed_backward);
+//   db += Σ_r δ⁰ (from the f32 δ⁰: a reduction save, MODEL.md §8);
+//   d_x = δ⁰_typed·wᵀ [BT, in], or δ⁰ when identity (no dw, db); not formed when nullptr.
+// A token model's x is the one-hot of tok (read only for d_x). d_x before its typed store.
+template <class S>
+void input_proj_backward(Idx BT, Idx in, Idx dm, bool identity, const std::int32_t* tok,
+                         const S* x, const S* w, const S* delta, const S* delta_typed, S* dw,
+                         S* db, S* d_x);
+// The one-hot rows of tok [BT] over V classes: [BT, V].
+template <class S>
+std::vector<S> one_hot(const std::int32_t* tok, Idx BT, Idx V);
+
 // db += Σ_r delta[r, :] over the rows in order (the bias gradient of a linear map whose output
 // gradient is delta [rows, dim]; summed into a zeroed row first, then added, as every
 // implementation of input_proj's backward does).
