@@ -122,7 +122,8 @@ class PerturbedRun {
     put(-1, "norm_f", "norm_f_rms", rms_);
     put(-1, "norm_f", "Out", out_);
   }
-  // LmModel's ends: logits = Out·head_w, the loss, d_logits, d_Out = d_logits·head_wᵀ.
+  // The LM ends (Backbone::forward_lm / backward_lm): logits = Out·head_w, the loss, d_logits,
+  // d_Out = d_logits·head_wᵀ.
   void forward(Stage<StageId::head>, int) {
     const Idx BT = d_.BT, V = cfg_.vocab_size, dm = d_.dm;
     logits_.assign(static_cast<size_t>(BT * V), 0.0);

@@ -45,7 +45,7 @@ Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw);
 // The stream of (problem seed, u, draw, role): role 0 the problem's perturbation, 1 the stages'.
 std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role);
 // The double reference on perturbed_problem(pb, pt, draw), run stage by stage in the registry's
-// stage table as Backbone<double> / LmModel<double> chain them, with EVERY tensor a stage
+// stage table by the chain driver, as Backbone<double> runs it, with EVERY tensor a stage
 // writes (activations, saved tensors, states, gradients) perturbed as above right after the
 // stage (stream role 1). Same keys as run_reference<double>; with a zero Perturbation equal to
 // it bit for bit.

@@ -386,6 +386,7 @@ struct Backbone<S>::Impl {
   std::vector<S>* d_x = nullptr;               // backward: overwritten
   Capture* cap = nullptr;
   const S* dlt_typed = nullptr;                // the GEMMs' operand of the layer's B8
+  LmEnds<S>* lm = nullptr;                     // a token model's step: its head and loss
 
   Impl(const Config& c, Idx B, Idx T, ScanMode m, Precision storage)
       : cfg(c), d(Dims::of(c, B, T, storage)), mode(m), plan(ChainPlan::of(c, m)) {
@@ -510,6 +511,41 @@ struct Backbone<S>::Impl {
     put(-1, "norm_f", "Out", out);
   }
 
+  // head: logits = Out · head_w (its typed copy), rounded to the storage type.
+  void forward(Stage<StageId::head>, int) {
+    const Idx V = cfg.vocab_size;
+    lm->head_w_typed = p->head_w;
+    ref::store_typed(d, lm->head_w_typed);
+    lm->logits.assign(static_cast<size_t>(d.BT * V), S(0));
+    ref::linear_forward(d.BT, d.dm, V, out.data(), lm->head_w_typed.data(),
+                        static_cast<const S*>(nullptr), lm->logits.data());
+    ref::store_typed(d, lm->logits);
+    put(-1, "head", "logits", lm->logits);
+  }
+  void forward(Stage<StageId::loss>, int) {
+    lm->lse.assign(static_cast<size_t>(d.BT), S(0));
+    lm->loss = ref::loss_forward(d.BT, cfg.vocab_size, lm->logits.data(), lm->tgt.data(),
+                                 lm->w.data(), lm->n_norm, lm->lse.data());
+    put(-1, "loss", "lse", lm->lse);
+    put(-1, "loss", "value", std::vector<S>{static_cast<S>(lm->loss)});
+  }
+  // The head's backward: d_logits of scale·loss (typed), d_Out = d_logits · head_wᵀ (f32:
+  // norm_f's dOut), head_w's gradient += Outᵀ · d_logits.
+  void backward(Stage<StageId::head>, int) {
+    const Idx V = cfg.vocab_size;
+    lm->d_logits.assign(lm->logits.size(), S(0));
+    ref::loss_backward(d.BT, V, lm->logits.data(), lm->lse.data(), lm->tgt.data(), lm->w.data(),
+                       lm->n_norm, lm->scale, lm->d_logits.data());
+    ref::store_typed(d, lm->d_logits);
+    lm->d_out.assign(static_cast<size_t>(d.BT * d.dm), S(0));
+    ref::linear_backward(d.BT, d.dm, V, out.data(), lm->head_w_typed.data(),
+                         lm->d_logits.data(), lm->d_out.data(), grads->head_w.data(),
+                         static_cast<S*>(nullptr));
+    put(-1, "head", "d_logits", lm->d_logits);
+    put(-1, "head", "d_Out", lm->d_out);
+    d_out = &lm->d_out;
+  }
+
   void backward(Stage<StageId::norm_f>, int) {
     ref::rmsnorm_backward(d.BT, d.dm, norm_f_input.data(), p->norm_f_weight.data(),
                           norm_f_rms.data(), d_out->data(), d_norm_f.data(),
@@ -564,13 +600,32 @@ struct Backbone<S>::Impl {
     put(-1, "input_proj", "d_input_proj_dx", *d_x);
   }
 
-  const std::vector<S>& run_forward(const Params<S>& prm, States<S>& st, Capture* c) {
+  const std::vector<S>& run_forward(const Params<S>& prm, States<S>& st, Capture* c,
+                                    LmEnds<S>* ends) {
     p = &prm;
     states = &st;
     cap = c;
+    lm = ends;
     chain_forward(*this, plan);
+    if (lm) chain_lm_forward(*this);
     have_forward = true;
     return out;
+  }
+  // The backward of the last forward (with a token model's ends: the head's backward first).
+  void run_backward(const Params<S>& prm, Params<S>& g, const std::vector<S>* dout,
+                    const States<S>* d_leave, std::vector<S>& dx, States<S>& d_enter,
+                    Capture* c, LmEnds<S>* ends) {
+    d_enter = zero_states<S>(cfg, d.B);
+    p = &prm;
+    grads = &g;
+    d_out = dout;
+    d_leaving = d_leave;
+    d_entering = &d_enter;
+    d_x = &dx;
+    cap = c;
+    lm = ends;
+    if (lm) chain_lm_backward(*this);
+    chain_backward(*this, plan);
   }
 };
 
@@ -637,16 +692,14 @@ const std::vector<S>& Backbone<S>::forward(const Params<S>& p, const std::vector
   m.refresh_typed_weights(p);
   m.tokens.clear();
   m.x_in = X;
-  return m.run_forward(p, states, cap);
+  return m.run_forward(p, states, cap, nullptr);
 }
 
 template <class S>
-const std::vector<S>& Backbone<S>::forward_tokens(const Params<S>& p,
-                                                  const std::vector<std::int32_t>& tok,
-                                                  States<S>& states, Capture* cap) {
+void Backbone<S>::prepare_tokens(const Params<S>& p, const std::vector<std::int32_t>& tok,
+                                 const States<S>& states, const char* where) {
   Impl& m = *impl_;
   const Dims& d = m.d;
-  const char* where = "Backbone::forward_tokens";
   M3_REQUIRE(m.cfg.vocab_size > 0, where, "the config is no token model (vocab_size = 0)", "");
   check_params(p, m.cfg, where);
   check_states(states, m.cfg, d.B, where, "entering");
@@ -654,7 +707,14 @@ const std::vector<S>& Backbone<S>::forward_tokens(const Params<S>& p,
              tok.size(), ", expected B*T = ", d.BT);
   m.refresh_typed_weights(p);
   m.tokens = tok;
-  return m.run_forward(p, states, cap);
+}
+
+template <class S>
+const std::vector<S>& Backbone<S>::forward_tokens(const Params<S>& p,
+                                                  const std::vector<std::int32_t>& tok,
+                                                  States<S>& states, Capture* cap) {
+  prepare_tokens(p, tok, states, "Backbone::forward_tokens");
+  return impl_->run_forward(p, states, cap, nullptr);
 }
 
 template <class S>
@@ -670,15 +730,33 @@ void Backbone<S>::backward(const Params<S>& p, const std::vector<S>& d_out,
   M3_REQUIRE(static_cast<Idx>(d_out.size()) == d.BT * d.dm, where, "dOut has the wrong size",
              "got ", d_out.size(), ", expected B*T*d_model = ", d.BT * d.dm);
   if (d_leaving) check_states(*d_leaving, m.cfg, d.B, where, "leaving-state gradient");
-  d_entering = zero_states<S>(m.cfg, d.B);
-  m.p = &p;
-  m.grads = &grads;
-  m.d_out = &d_out;
-  m.d_leaving = d_leaving;
-  m.d_entering = &d_entering;
-  m.d_x = &d_x;
-  m.cap = cap;
-  chain_backward(m, m.plan);
+  m.run_backward(p, grads, &d_out, d_leaving, d_x, d_entering, cap, nullptr);
+}
+
+template <class S>
+double Backbone<S>::forward_lm(const Params<S>& p, const std::vector<std::int32_t>& tok,
+                               States<S>& states, LmEnds<S>& ends, Capture* cap) {
+  Impl& m = *impl_;
+  const Idx BT = m.d.BT;
+  const char* where = "Backbone::forward_lm";
+  M3_REQUIRE(static_cast<Idx>(ends.tgt.size()) == BT && static_cast<Idx>(ends.w.size()) == BT,
+             where, "targets and weights must have B*T entries", "got ", ends.tgt.size(),
+             " and ", ends.w.size(), ", expected ", BT);
+  prepare_tokens(p, tok, states, where);
+  m.run_forward(p, states, cap, &ends);
+  return ends.loss;
+}
+
+template <class S>
+void Backbone<S>::backward_lm(const Params<S>& p, LmEnds<S>& ends, Params<S>& grads,
+                              std::vector<S>& d_x, States<S>& d_entering, Capture* cap) {
+  Impl& m = *impl_;
+  const char* where = "Backbone::backward_lm";
+  M3_REQUIRE(m.have_forward && m.lm == &ends, where,
+             "backward_lm called without a preceding forward_lm on these ends", "");
+  check_params(p, m.cfg, where);
+  check_params(grads, m.cfg, where);
+  m.run_backward(p, grads, nullptr, nullptr, d_x, d_entering, cap, &ends);
 }
 
 template <class S>

@@ -25,6 +25,9 @@
 namespace m3 {
 
 template <class S>
+struct LmEnds;  // lm.hpp
+
+template <class S>
 class Backbone {
  public:
   // `storage`: F64 (double) / F32 (float) store every tensor exactly; BF16 / F16 (float
@@ -53,6 +56,15 @@ class Backbone {
                 Params<S>& grads, std::vector<S>& d_x, States<S>& d_entering,
                 Capture* cap = nullptr);
 
+  // A token model's step, the head and the loss on `ends` (lm.hpp) after the backbone:
+  // forward_tokens, then logits and the loss of (ends.tgt, ends.w, ends.n_norm), returned;
+  // backward_lm: the head's backward from the d logits of ends.scale·loss, then backward()
+  // from its d_Out, with zero gradients wrt the leaving states.
+  double forward_lm(const Params<S>& p, const std::vector<std::int32_t>& tok, States<S>& states,
+                    LmEnds<S>& ends, Capture* cap = nullptr);
+  void backward_lm(const Params<S>& p, LmEnds<S>& ends, Params<S>& grads, std::vector<S>& d_x,
+                   States<S>& d_entering, Capture* cap = nullptr);
+
   const std::vector<S>& output() const;  // Out of the last forward
   const Config& config() const;
   Idx batch() const;
@@ -61,6 +73,9 @@ class Backbone {
   Precision storage() const;
 
  private:
+  // forward_tokens' checks (named `where`) and its token input.
+  void prepare_tokens(const Params<S>& p, const std::vector<std::int32_t>& tok,
+                      const States<S>& states, const char* where);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

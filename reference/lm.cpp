@@ -1,6 +1,6 @@
 // The language-model ends of the reference (lm.hpp has the math): the embedding's gather and
-// its fixed-order backward, softmax cross-entropy, and LmModel, which chains
-// embed → Backbone → head → loss for one training step.
+// its fixed-order backward, softmax cross-entropy, and LmModel, one training step's model over
+// Backbone::forward_lm / backward_lm (the chain driver runs embed → layers → head → loss).
 #include "lm.hpp"
 
 #include <algorithm>
@@ -126,14 +126,9 @@ M3_INSTANTIATE(float)
 
 template <class S>
 LmModel<S>::LmModel(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage)
-    : cfg_(cfg), B_(B), T_(T), storage_(storage), net_(cfg, B, T, mode, storage) {
+    : cfg_(cfg), B_(B), T_(T), net_(cfg, B, T, mode, storage) {
   M3_REQUIRE(cfg.vocab_size > 0, "LmModel", "the config has no vocabulary (vocab_size = 0)",
              "a language model needs vocab_size > 0");
-  const size_t BT = static_cast<size_t>(B * T);
-  logits_.assign(BT * static_cast<size_t>(cfg.vocab_size), S(0));
-  d_logits_.assign(logits_.size(), S(0));
-  lse_.assign(BT, S(0));
-  d_out_.assign(BT * static_cast<size_t>(cfg.d_model), S(0));
   zero_states_ = zero_states<S>(cfg, B);
 }
 
@@ -141,32 +136,16 @@ template <class S>
 double LmModel<S>::forward(const Params<S>& p, const std::vector<std::int32_t>& tok,
                            const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                            double n_norm, States<S>* states, Capture* cap) {
-  const char* where = "LmModel::forward";
-  const Idx BT = B_ * T_, V = cfg_.vocab_size, dm = cfg_.d_model;
-  M3_REQUIRE(static_cast<Idx>(tgt.size()) == BT && static_cast<Idx>(w.size()) == BT, where,
-             "targets and weights must have B*T entries", "got ", tgt.size(), " and ", w.size(),
-             ", expected ", BT);
-  const ref::Dims d = ref::Dims::of(cfg_, B_, T_, storage_);
+  const Idx BT = B_ * T_;
+  M3_REQUIRE(static_cast<Idx>(tgt.size()) == BT && static_cast<Idx>(w.size()) == BT,
+             "LmModel::forward", "targets and weights must have B*T entries", "got ", tgt.size(),
+             " and ", w.size(), ", expected ", BT);
+  ends_.tgt = tgt;
+  ends_.w = w;
+  ends_.n_norm = n_norm;
   States<S> zero;
   if (!states) zero = zero_states_;
-  const std::vector<S>& out = net_.forward_tokens(p, tok, states ? *states : zero, cap);
-  // head: logits = Out · head_w (the typed copy), rounded to the storage type.
-  head_w_typed_ = p.head_w;
-  ref::store_typed(d, head_w_typed_);
-  ref::linear_forward(BT, dm, V, out.data(), head_w_typed_.data(), static_cast<const S*>(nullptr),
-                      logits_.data());
-  ref::store_typed(d, logits_);
-  tgt_ = tgt;
-  w_ = w;
-  n_norm_ = n_norm;
-  const double loss = ref::loss_forward(BT, V, logits_.data(), tgt.data(), w.data(), n_norm,
-                                        lse_.data());
-  if (cap) {
-    cap->put_stage(-1, "head", "logits", logits_.data(), static_cast<Idx>(logits_.size()));
-    cap->put_stage(-1, "loss", "lse", lse_.data(), BT);
-    const S value = static_cast<S>(loss);
-    cap->put_stage(-1, "loss", "value", &value, 1);
-  }
+  const double loss = net_.forward_lm(p, tok, states ? *states : zero, ends_, cap);
   have_forward_ = true;
   return loss;
 }
@@ -174,30 +153,19 @@ double LmModel<S>::forward(const Params<S>& p, const std::vector<std::int32_t>& 
 template <class S>
 void LmModel<S>::backward(const Params<S>& p, double scale, Params<S>& grads, Capture* cap) {
   M3_REQUIRE(have_forward_, "LmModel::backward", "backward called before forward", "");
-  const Idx BT = B_ * T_, V = cfg_.vocab_size, dm = cfg_.d_model;
-  const ref::Dims d = ref::Dims::of(cfg_, B_, T_, storage_);
-  ref::loss_backward(BT, V, logits_.data(), lse_.data(), tgt_.data(), w_.data(), n_norm_, scale,
-                     d_logits_.data());
-  ref::store_typed(d, d_logits_);
-  // head backward: d_Out = d_logits · head_wᵀ (f32: norm_f's dOut), d head_w += Outᵀ · d_logits.
-  ref::linear_backward(BT, dm, V, net_.output().data(), head_w_typed_.data(), d_logits_.data(),
-                       d_out_.data(), grads.head_w.data(), static_cast<S*>(nullptr));
-  if (cap) {
-    cap->put_stage(-1, "head", "d_logits", d_logits_.data(), static_cast<Idx>(d_logits_.size()));
-    cap->put_stage(-1, "head", "d_Out", d_out_.data(), static_cast<Idx>(d_out_.size()));
-  }
-  net_.backward(p, d_out_, nullptr, grads, d_x_, d_entering_, cap);
+  ends_.scale = scale;
+  net_.backward_lm(p, ends_, grads, d_x_, d_entering_, cap);
 }
 
 template <class S>
 const std::vector<S>& LmModel<S>::logits() const {
-  return logits_;
+  return ends_.logits;
 }
 
 template <class S>
 std::vector<std::int32_t> LmModel<S>::argmax() const {
   std::vector<std::int32_t> a(static_cast<size_t>(B_ * T_));
-  ref::argmax_rows(B_ * T_, cfg_.vocab_size, logits_.data(), a.data());
+  ref::argmax_rows(B_ * T_, cfg_.vocab_size, ends_.logits.data(), a.data());
   return a;
 }
 

@@ -62,6 +62,17 @@ void argmax_rows(Idx BT, Idx V, const S* logits, std::int32_t* argmax);
 
 }  // namespace ref
 
+// The language-model ends of one step, as Backbone<S>::forward_lm / backward_lm run them
+// (the head and the loss stages of the chain, chain.hpp). In: tgt, w, n_norm (forward), scale
+// (backward). Out: logits, lse, loss; d_logits and d_out (the head's d_Out, norm_f's dOut).
+template <class S>
+struct LmEnds {
+  std::vector<std::int32_t> tgt;
+  std::vector<float> w;
+  double n_norm = 0, scale = 1, loss = 0;
+  std::vector<S> logits, lse, d_logits, d_out, head_w_typed;
+};
+
 // One training step's model: tokens → embed → the backbone (MODEL.md §3) → head → loss, and
 // its backward. The backbone runs with zero entering states per call unless `states` are given.
 template <class S>
@@ -85,12 +96,9 @@ class LmModel {
  private:
   Config cfg_;
   Idx B_, T_;
-  Precision storage_;
   Backbone<S> net_;
-  std::vector<std::int32_t> tgt_;
-  std::vector<float> w_;
-  double n_norm_ = 0;
-  std::vector<S> logits_, lse_, d_logits_, d_out_, head_w_typed_, d_x_;
+  LmEnds<S> ends_;
+  std::vector<S> d_x_;
   States<S> zero_states_, d_entering_;
   bool have_forward_ = false;
 };
