@@ -32,6 +32,7 @@
 #include "common.cuh"
 #include "convert.cuh"
 #include "error.hpp"
+#include "layer_tensors.hpp"
 #include "registry.hpp"
 #include "stage_profiler.hpp"
 #include "stages.cuh"
@@ -103,9 +104,72 @@ inline void download_floats(const NamedBuf& b, float* host, Precision storage, c
     host[i] = storage == Precision::BF16 ? bf16_bits_to_float(bits[i]) : f16_bits_to_float(bits[i]);
 }
 
-// Device buffers of one scope (a layer, or the backbone), by tensor name. Every name a stage
-// may ask for is added (with n = 0 when the run has no such tensor), so an unknown name is a
-// programming error and throws instead of reading as a null pointer.
+// The buffer ids the launchers use (a misspelt one does not compile; no name is looked up on
+// the hot path). A layer's: every layer row of reference/layer_tensors.hpp, then what the GPU
+// keeps per layer beyond the registry: the entering states (the backward reads k_in, v_in) and
+// the gradients wrt the leaving states.
+#define M3_GPU_LAYER_EXTRA(X) \
+  X(ssm_in) X(d_ssm_out) X(k_in) X(d_k_out) X(v_in) X(d_v_out) X(angle_in) X(d_angle_out)
+// The backbone's: its registry rows (stage/tensor), then the backbone's output gradient d_out
+// (the head's d_Out in a token model), δ (a view of the buffer that made it) and δ's typed copy.
+#define M3_GPU_BACKBONE_BUFS(X)                                                           \
+  X(input_proj_inputs, "input_proj/input_proj_inputs")                                    \
+  X(input_proj_outputs, "input_proj/input_proj_outputs")                                  \
+  X(norm_f_input, "norm_f/norm_f_input") X(norm_f_rms, "norm_f/norm_f_rms")                \
+  X(Out, "norm_f/Out") X(logits, "head/logits") X(lse, "loss/lse") X(value, "loss/value")  \
+  X(d_logits, "head/d_logits") X(d_Out, "head/d_Out") X(d_norm, "norm_f/d_norm")          \
+  X(d_input_proj_dx, "input_proj/d_input_proj_dx") X(d_out, "d_out") X(delta, "delta")    \
+  X(delta_typed, "delta_typed")
+
+#define M3_LBUF_ROW(modes, when, stage, tensor, ...) tensor,
+#define M3_LBUF_NAME_ROW(modes, when, stage, tensor, ...) #tensor,
+#define M3_BUF_ID(id, ...) id,
+#define M3_BUF_NAME(id) #id,
+#define M3_BUF_PATH(id, path) path,
+enum class LBuf : int {
+  M3_LAYER_FWD_TENSORS(M3_LBUF_ROW) M3_LAYER_BWD_TENSORS(M3_LBUF_ROW)
+  M3_GPU_LAYER_EXTRA(M3_BUF_ID) kCount
+};
+enum class BBuf : int { M3_GPU_BACKBONE_BUFS(M3_BUF_ID) kCount };
+inline constexpr const char* kLBufNames[] = {M3_LAYER_FWD_TENSORS(M3_LBUF_NAME_ROW)
+                                                 M3_LAYER_BWD_TENSORS(M3_LBUF_NAME_ROW)
+                                                     M3_GPU_LAYER_EXTRA(M3_BUF_NAME)};
+inline constexpr const char* kBBufNames[] = {M3_GPU_BACKBONE_BUFS(M3_BUF_PATH)};
+#undef M3_BUF_PATH
+#undef M3_BUF_NAME
+#undef M3_BUF_ID
+#undef M3_LBUF_NAME_ROW
+#undef M3_LBUF_ROW
+inline const char* buf_name(LBuf id) { return kLBufNames[static_cast<int>(id)]; }
+inline const char* buf_name(BBuf id) { return kBBufNames[static_cast<int>(id)]; }
+// The id of a buffer name (the layout's and the verification paths' lookups); m3::Error when
+// no id has it.
+template <class Id>
+Id buf_id(const std::string& name) {
+  for (int i = 0; i < static_cast<int>(Id::kCount); ++i)
+    if (name == buf_name(static_cast<Id>(i))) return static_cast<Id>(i);
+  throw Error("GpuBackbone", "no device buffer id for '" + name + "'",
+              "a registry tensor without an id in backbone_t.cuh (M3_GPU_BACKBONE_BUFS)");
+}
+
+// The parameters by id (the launchers' P and G), in the param registry's names.
+#define M3_GPU_PARAMS(X)                                                                     \
+  X(input_proj_w) X(input_proj_b) X(norm_weight) X(in_proj_w) X(dt_bias) X(b_norm_weight)    \
+  X(c_norm_weight) X(b_bias) X(c_bias) X(d_param) X(norm_gate_weight) X(out_proj_w)         \
+  X(norm_f_weight) X(head_w)
+#define M3_PRM_ID(id) id,
+#define M3_PRM_NAME(id) #id,
+enum class Prm : int { M3_GPU_PARAMS(M3_PRM_ID) kCount };
+inline constexpr const char* kPrmNames[] = {M3_GPU_PARAMS(M3_PRM_NAME)};
+#undef M3_PRM_NAME
+#undef M3_PRM_ID
+
+// Device buffers of one scope (a layer: Id = LBuf, or the backbone: BBuf). The launchers reach
+// them by id (an array index); the layout and the verification paths also by name. Every id
+// the run may ask for is added (with n = 0 when the run has no such tensor), so an id without
+// a buffer is a programming error and throws instead of reading as a null pointer. Iteration
+// (all()) is in name order.
+template <class Id>
 class Buffers {
  public:
   NamedBuf& add(const std::string& name, Idx n, std::size_t elem, Life life = Life::Saved) {
@@ -113,45 +177,52 @@ class Buffers {
     b.elem = elem;
     b.n = n;
     b.life = life;
+    by_id_[static_cast<size_t>(buf_id<Id>(name))] = &b;
     return b;
   }
   // nullptr when the run has no such tensor. Asking for the wrong element type (a typed tensor
   // as float, or the reverse), or for a tensor without a buffer in this layout, is an m3::Error.
   template <class U>
-  U* get(const std::string& name) {
-    NamedBuf& b = at(name);
+  U* get(Id id) {
+    NamedBuf& b = at(id);
     if (b.n == 0) return nullptr;
     M3_REQUIRE(b.elem == sizeof(U), "GpuBackbone",
-               "buffer '" + name + "' accessed with the wrong storage type",
+               std::string("buffer '") + buf_name(id) + "' accessed with the wrong storage type",
                "element size ", b.elem, ", asked ", sizeof(U));
     M3_REQUIRE(b.data() != nullptr, "GpuBackbone",
-               "tensor '" + name + "' has no buffer in the production layout",
+               std::string("tensor '") + buf_name(id) + "' has no buffer in the production layout",
                "its lifetime is '", life_name(b.life),
                "' but a production stage uses it: list it as saved or workspace in "
-               "reference/registry.cpp (kLife)");
+               "reference/layer_tensors.hpp (the lifetime column)");
     return reinterpret_cast<U*>(b.data());
   }
-  float* f(const std::string& name) { return get<float>(name); }
-  // `name` reads and writes `target`'s storage (same element size and count) until unview.
-  void view(const std::string& name, NamedBuf& target) {
-    NamedBuf& b = at(name);
+  float* f(Id id) { return get<float>(id); }
+  // `id` reads and writes `target`'s storage (same element size and count) until unview.
+  void view(Id id, NamedBuf& target) {
+    NamedBuf& b = at(id);
     M3_REQUIRE(b.elem == target.elem && b.n == target.n, "GpuBackbone",
-               "buffer '" + name + "' cannot view a buffer of another shape", "");
+               std::string("buffer '") + buf_name(id) + "' cannot view a buffer of another shape",
+               "");
     b.viewed = target.data();
   }
-  void unview(const std::string& name) { at(name).viewed = nullptr; }
-  NamedBuf& at(const std::string& name) {
-    auto it = m_.find(name);
-    M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'",
-               "not a registry tensor of this scope");
-    return it->second;
+  void unview(Id id) { at(id).viewed = nullptr; }
+  NamedBuf& at(Id id) {
+    NamedBuf* b = by_id_[static_cast<size_t>(id)];
+    M3_REQUIRE(b != nullptr, "GpuBackbone", std::string("no device buffer '") + buf_name(id) + "'",
+               "not added by the layout");
+    return *b;
   }
+  NamedBuf& at(const std::string& name) { return at(buf_id<Id>(name)); }
   std::map<std::string, NamedBuf>& all() { return m_; }
   const std::map<std::string, NamedBuf>& all() const { return m_; }
 
  private:
   std::map<std::string, NamedBuf> m_;
+  std::array<NamedBuf*, static_cast<size_t>(Id::kCount)> by_id_{};
 };
+
+using LayerBufs = Buffers<LBuf>;
+using BackboneBufs = Buffers<BBuf>;
 
 template <class U>
 inline void copy_d2d(cudaStream_t s, U* dst, const U* src, Idx n) {
@@ -244,15 +315,15 @@ class BackboneT final : public GpuBackbone::Impl {
   static const TensorSpec& layer_spec(const std::string& name);
   // A layer tensor's row stride for the kernels: its tensor's row width when it is a column view
   // in this layout (ld), else 0 (contiguous rows).
-  Idx ld_of(int l, const char* name) { return layers_[l].at(name).ld; }
-  bool column_views(int l) { return ld_of(l, "x") != 0; }
+  Idx ld_of(int l, LBuf id) { return layers_[l].at(id).ld; }
+  bool column_views(int l) { return ld_of(l, LBuf::x) != 0; }
   // Fused runs in the production layout: B5b and B5a write d_proj's f32 columns themselves
   // (split_f32_cols), so that B3 has nothing left to move and is not launched. Isolated runs
   // keep B3, which then moves the f32 parts the oracle restored.
   bool proj_grads_direct(int l) { return fused() && column_views(l); }
   // The one row stride a kernel takes for a tensor and its gradient (x and d_x, z and d_z:
   // proj and d_proj have the same rows).
-  Idx shared_ld(int l, const char* name, const char* grad);
+  Idx shared_ld(int l, LBuf id, LBuf grad);
   // b/c_raw and d_b/c_raw share one row stride in the BCNorm kernels.
   Idx raw_ld(int l);
   // Before allocating: the production layout's bytes (registry plan, the arenas, the scratch,
@@ -323,7 +394,7 @@ class BackboneT final : public GpuBackbone::Impl {
 
   void set_input(const std::vector<float>& X) override {
     tokens_ = false;
-    NamedBuf& b = bb_.at("input_proj/input_proj_inputs");
+    NamedBuf& b = bb_.at(BBuf::input_proj_inputs);
     M3_REQUIRE(static_cast<Idx>(X.size()) == b.n, "GpuBackbone::set_input",
                "input X has the wrong size", "got ", X.size(), ", expected ", b.n);
     upload_floats(b, X.data(), storage(), s_);
@@ -390,10 +461,10 @@ class BackboneT final : public GpuBackbone::Impl {
                "the loss scale must be finite and > 0", "scale=", scale);
     loss_scale_ = scale;
   }
-  std::vector<float> logits() override { return download(bb_.at("head/logits")); }
+  std::vector<float> logits() override { return download(bb_.at(BBuf::logits)); }
   std::vector<std::int32_t> argmax() override {
     M3_REQUIRE(have_loss_, "GpuBackbone::argmax", "argmax called before forward_loss", "");
-    argmax_rows<T>(s_, d_.BT, cfg_.vocab_size, bb_.get<T>("head/logits"), argmax_.data());
+    argmax_rows<T>(s_, d_.BT, cfg_.vocab_size, bb_.get<T>(BBuf::logits), argmax_.data());
     std::vector<std::int32_t> host(static_cast<size_t>(d_.BT));
     argmax_.download(host.data(), s_);
     M3_CUDA_CHECK(cudaStreamSynchronize(s_));
@@ -406,7 +477,7 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   void set_dout(const std::vector<float>& d) override {
-    NamedBuf& b = bb_.at("d_out");
+    NamedBuf& b = bb_.at(BBuf::d_out);
     M3_REQUIRE(static_cast<Idx>(d.size()) == b.n, "GpuBackbone::set_dout",
                "dOut has the wrong size", "got ", d.size(), ", expected ", b.n);
     upload_floats(b, d.data(), Precision::F32, s_);
@@ -430,8 +501,8 @@ class BackboneT final : public GpuBackbone::Impl {
     if (f != Fault::None) ensure_full();  // a fault corrupts tensors the harness compares
   }
 
-  std::vector<float> output() override { return download(bb_.at("norm_f/Out")); }
-  std::vector<float> d_x() override { return download(bb_.at("input_proj/d_input_proj_dx")); }
+  std::vector<float> output() override { return download(bb_.at(BBuf::Out)); }
+  std::vector<float> d_x() override { return download(bb_.at(BBuf::d_input_proj_dx)); }
   States<float> states() override { return download_states(st_); }
   States<float> d_entering() override { return download_states(de_); }
   Params<float> grads() override {
@@ -529,22 +600,32 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   Scratch scr() { return {scratch_.data(), scratch_.size()}; }
-  float* P(int l, const char* name) { return params_.data() + layout_.at(l, name).offset; }
-  float* G(int l, const char* name) { return grads_.data() + layout_.at(l, name).offset; }
+  // A parameter's (its gradient's) place in the flat arenas: an index into param_off_, the
+  // layout's offsets by (layer, Prm) made once per run.
+  Idx param_offset(int l, Prm id) const {
+    const Idx off = param_off_[static_cast<size_t>((l + 1) * static_cast<int>(Prm::kCount) +
+                                                   static_cast<int>(id))];
+    M3_REQUIRE(off >= 0, "GpuBackbone", std::string("no parameter '") +
+                   kPrmNames[static_cast<int>(id)] + "' in layer " + std::to_string(l),
+               "not in this run's flat layout");
+    return off;
+  }
+  float* P(int l, Prm id) { return params_.data() + param_offset(l, id); }
+  float* G(int l, Prm id) { return grads_.data() + param_offset(l, id); }
   const T* w_in(int l) {
-    if constexpr (std::is_same_v<T, float>) return P(l, "in_proj_w");
+    if constexpr (std::is_same_v<T, float>) return P(l, Prm::in_proj_w);
     else return typed_.data() + w_in_off_[l];
   }
   const T* w_out(int l) {
-    if constexpr (std::is_same_v<T, float>) return P(l, "out_proj_w");
+    if constexpr (std::is_same_v<T, float>) return P(l, Prm::out_proj_w);
     else return typed_.data() + w_out_off_[l];
   }
   const T* w_input() {
-    if constexpr (std::is_same_v<T, float>) return P(-1, "input_proj_w");
+    if constexpr (std::is_same_v<T, float>) return P(-1, Prm::input_proj_w);
     else return typed_.data() + w_input_off_;
   }
   const T* w_head() {
-    if constexpr (std::is_same_v<T, float>) return P(-1, "head_w");
+    if constexpr (std::is_same_v<T, float>) return P(-1, Prm::head_w);
     else return typed_.data() + w_head_off_;
   }
   // The staged typed copy of δ for the GEMMs that read it (the reference's typed_copy): made
@@ -552,11 +633,11 @@ class BackboneT final : public GpuBackbone::Impl {
   // B1's copy was made from, the same bits).
   const T* delta_typed() {
     if constexpr (std::is_same_v<T, float>) {
-      return bb_.f("delta");
+      return bb_.f(BBuf::delta);
     } else {
-      T* t = bb_.get<T>("delta_typed");
-      if (delta_typed_of_ != bb_.f("delta"))
-        convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), t);
+      T* t = bb_.get<T>(BBuf::delta_typed);
+      if (delta_typed_of_ != bb_.f(BBuf::delta))
+        convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), t);
       return t;
     }
   }
@@ -567,9 +648,9 @@ class BackboneT final : public GpuBackbone::Impl {
   };
   // Copies layer l's [B, …] slices between a StateArrays and the layer's four buffers named
   // `names` (ssm, k, v, angle order): into the layer (to_layer) or out of it.
-  void copy_states(int l, StateArrays& all, const std::array<const char*, 4>& names,
+  void copy_states(int l, StateArrays& all, const std::array<LBuf, 4>& names,
                    bool to_layer) {
-    Buffers& L = layers_[l];
+    LayerBufs& L = layers_[l];
     const StateSizes z = state_sizes(cfg_);
     DeviceArray<float>* arrays[4] = {&all.ssm, &all.k, &all.v, &all.angle};
     const Idx per[4] = {d_.B * z.ssm, d_.B * z.k, d_.B * z.v, d_.B * z.angle};
@@ -580,7 +661,7 @@ class BackboneT final : public GpuBackbone::Impl {
     }
   }
   void load_entering_states(int l) {
-    copy_states(l, st_, {"ssm_in", "k_in", "v_in", "angle_in"}, true);
+    copy_states(l, st_, {LBuf::ssm_in, LBuf::k_in, LBuf::v_in, LBuf::angle_in}, true);
   }
   // ---- the executor of the stage chain (reference/chain.hpp) --------------------------------
   // Layer l's input (residual): a view of layer l−1's output, or H⁰ (typed) widened to f32
@@ -591,20 +672,21 @@ class BackboneT final : public GpuBackbone::Impl {
       load_entering_states(l);
       return;
     }
-    Buffers& L = layers_[l];
+    LayerBufs& L = layers_[l];
     if (l > 0) {
-      L.view("residual", layers_[l - 1].at("layer_output"));
+      L.view(LBuf::residual, layers_[l - 1].at(LBuf::layer_output));
     } else {
-      convert<T, float>(s_, d_.BT * d_.dm, bb_.get<T>("input_proj/input_proj_outputs"),
-                        L.f("residual"));
+      convert<T, float>(s_, d_.BT * d_.dm, bb_.get<T>(BBuf::input_proj_outputs),
+                        L.f(LBuf::residual));
     }
     load_entering_states(l);
   }
   // The leaving states to their slices; norm_f reads the last layer's output in place.
   void leave_layer(int l) {
     if (iso_) return;
-    copy_states(l, st_, {"ssm_state", "k_state", "v_state", "angle_state"}, false);
-    if (l + 1 == plan_.n_layers) bb_.view("norm_f/norm_f_input", layers_[l].at("layer_output"));
+    copy_states(l, st_, {LBuf::ssm_state, LBuf::k_state, LBuf::v_state, LBuf::angle_state},
+                false);
+    if (l + 1 == plan_.n_layers) bb_.view(BBuf::norm_f_input, layers_[l].at(LBuf::layer_output));
   }
   // δ, the gradient wrt the residual stream entering each layer's backward from above, is a
   // view of the buffer its producer wrote (norm_f's d_norm, then layer l's d_temporal); the
@@ -616,13 +698,14 @@ class BackboneT final : public GpuBackbone::Impl {
   void leave_layer_backward(int l) {
     if (iso_) return;
     store_entering_grads(l);
-    bb_.view("delta", layers_[l].at("d_temporal"));
+    bb_.view(BBuf::delta, layers_[l].at(LBuf::d_temporal));
   }
   void load_leaving_grads(int l) {
-    copy_states(l, dl_, {"d_ssm_out", "d_k_out", "d_v_out", "d_angle_out"}, true);
+    copy_states(l, dl_, {LBuf::d_ssm_out, LBuf::d_k_out, LBuf::d_v_out, LBuf::d_angle_out}, true);
   }
   void store_entering_grads(int l) {
-    copy_states(l, de_, {"d_ssm_state", "d_k_state", "d_v_state", "d_angle_state"}, false);
+    copy_states(l, de_,
+                {LBuf::d_ssm_state, LBuf::d_k_state, LBuf::d_v_state, LBuf::d_angle_state}, false);
   }
 
   // ---- one stage ----------------------------------------------------------------------------
@@ -663,7 +746,7 @@ class BackboneT final : public GpuBackbone::Impl {
   void forward(Stage<StageId::norm_f>, int) { norm_f_forward(); }
   void backward(Stage<StageId::norm_f>, int) {
     norm_f_backward();
-    if (!iso_) bb_.view("delta", bb_.at("norm_f/d_norm"));
+    if (!iso_) bb_.view(BBuf::delta, bb_.at(BBuf::d_norm));
   }
   void forward(Stage<StageId::head>, int) { head_forward(); }
   void backward(Stage<StageId::head>, int) { head_backward(); }
@@ -809,8 +892,9 @@ class BackboneT final : public GpuBackbone::Impl {
                      const std::int32_t* token_chunks, Idx n_chunks);
   void upload_targets(const std::int32_t* tgt, const float* w, double n_norm);
 
-  std::vector<Buffers> layers_;
-  Buffers bb_;
+  std::vector<LayerBufs> layers_;
+  BackboneBufs bb_;
+  std::vector<Idx> param_off_;  // [(layer + 1) · Prm::kCount + Prm]: the offset, −1 if none
   bool full_ = false;  // the verification layout (every tensor its own buffer in every layer)
   std::map<std::string, DeviceArray<unsigned char>> ws_;  // the shared workspace buffers
   ParamLayout layout_;

@@ -8,45 +8,45 @@ namespace m3::gpu::detail {
 template <class T>
 void BackboneT<T>::head_backward() {
   const Idx V = cfg_.vocab_size;
-  T* d_logits = bb_.get<T>("head/d_logits");
-  loss_backward<T>(s_, d_.BT, V, bb_.get<T>("head/logits"), bb_.f("loss/lse"), tgt_.data(),
+  T* d_logits = bb_.get<T>(BBuf::d_logits);
+  loss_backward<T>(s_, d_.BT, V, bb_.get<T>(BBuf::logits), bb_.f(BBuf::lse), tgt_.data(),
                    tw_.data(), loss_scale_ / n_norm_, d_logits);
-  if (!full_) bb_.view("head/d_Out", bb_.at("d_out"));
-  float* d_head = bb_.f("head/d_Out");
+  if (!full_) bb_.view(BBuf::d_Out, bb_.at(BBuf::d_out));
+  float* d_head = bb_.f(BBuf::d_Out);
   gemm_backward_dx_f32<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), d_head);
-  gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>("norm_f/Out"), d_logits,
-                      G(-1, "head_w"));
-  if (d_head != bb_.f("d_out")) copy_d2d(s_, bb_.f("d_out"), d_head, d_.BT * d_.dm);
+  gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>(BBuf::Out), d_logits,
+                      G(-1, Prm::head_w));
+  if (d_head != bb_.f(BBuf::d_out)) copy_d2d(s_, bb_.f(BBuf::d_out), d_head, d_.BT * d_.dm);
 }
 
 template <class T>
 void BackboneT<T>::norm_f_backward() {
-  rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f("norm_f/norm_f_input"),
-                          P(-1, "norm_f_weight"), bb_.f("norm_f/norm_f_rms"), bb_.f("d_out"),
-                          bb_.f("norm_f/d_norm"), G(-1, "norm_f_weight"), scr());
+  rmsnorm_backward<float>(s_, d_.BT, d_.dm, bb_.f(BBuf::norm_f_input),
+                          P(-1, Prm::norm_f_weight), bb_.f(BBuf::norm_f_rms), bb_.f(BBuf::d_out),
+                          bb_.f(BBuf::d_norm), G(-1, Prm::norm_f_weight), scr());
 }
 
 template <class T>
 void BackboneT<T>::input_proj_backward() {
-  T* dx = bb_.get<T>("input_proj/d_input_proj_dx");
+  T* dx = bb_.get<T>(BBuf::d_input_proj_dx);
   if (tokens_) {  // the GEMM's dW of a one-hot X: δ⁰'s typed rows summed per token
     const T* dt = delta_typed();
     embed_backward<T>(s_, cfg_.vocab_size, d_.dm, dt, perm_.data(),
                       reinterpret_cast<const EmbedChunk*>(chunks_.data()), n_chunks_,
-                      token_chunks_.data(), embed_partial_.data(), G(-1, "input_proj_w"));
-    colsum(s_, d_.BT, d_.dm, bb_.f("delta"), G(-1, "input_proj_b"), true, scr());
+                      token_chunks_.data(), embed_partial_.data(), G(-1, Prm::input_proj_w));
+    colsum(s_, d_.BT, d_.dm, bb_.f(BBuf::delta), G(-1, Prm::input_proj_b), true, scr());
     // ∂L/∂(one-hot): nothing reads it; made for a capture only.
     if (full_) gemm_backward_dx<T>(ctx_, d_.BT, d_.in, d_.dm, dt, w_input(), dx);
     return;
   }
   if (cfg_.input_proj_identity) {
-    convert<float, T>(s_, d_.BT * d_.dm, bb_.f("delta"), dx);
+    convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), dx);
   } else {
     const T* dt = delta_typed();
     gemm_backward_dx<T>(ctx_, d_.BT, d_.in, d_.dm, dt, w_input(), dx);
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.in, d_.dm, bb_.get<T>("input_proj/input_proj_inputs"),
-                        dt, G(-1, "input_proj_w"));
-    colsum(s_, d_.BT, d_.dm, bb_.f("delta"), G(-1, "input_proj_b"), true, scr());
+    gemm_backward_dw<T>(ctx_, d_.BT, d_.in, d_.dm, bb_.get<T>(BBuf::input_proj_inputs),
+                        dt, G(-1, Prm::input_proj_w));
+    colsum(s_, d_.BT, d_.dm, bb_.f(BBuf::delta), G(-1, Prm::input_proj_b), true, scr());
   }
 }
 
@@ -58,157 +58,157 @@ void BackboneT<T>::recompute_scan(int l) {
 
 template <class T>
 void BackboneT<T>::seq_b6(int l) {
-  Buffers& L = layers_[l];
-  auto t = [&](const char* n) { return L.get<T>(n); };
-  auto f = [&](const char* n) { return L.f(n); };
+  LayerBufs& L = layers_[l];
+  auto t = [&](LBuf n) { return L.get<T>(n); };
+  auto f = [&](LBuf n) { return L.f(n); };
   SsmSeqBwd<T> a{};
-  a.x = t("x");
-  a.k = t("k");
-  a.q = t("q");
-  a.d_y = t("d_y");
-  a.alpha = f("alpha");
-  a.beta = f("beta");
-  a.gamma = f("gamma");
-  a.d_param = P(l, "d_param");
-  a.h_saved = f("h_saved");
-  a.k_prev_saved = f("k_prev_saved");
-  a.v_prev_saved = f("v_prev_saved");
-  a.d_ssm_out = f("d_ssm_out");
-  a.d_k_out = f("d_k_out");
-  a.d_v_out = f("d_v_out");
-  a.d_x = t("d_x");
-  a.d_k = f("d_k");
-  a.d_q = f("d_q");
-  a.d_alpha = f("d_alpha");
-  a.d_beta = f("d_beta");
-  a.d_gamma = f("d_gamma");
-  a.d_d_local = f("d_d_local");
-  a.d_ssm_in = f("d_ssm_state");
-  a.d_k_in = f("d_k_state");
-  a.d_v_in = f("d_v_state");
-  a.d_d_param = G(l, "d_param");
-  a.ldx = shared_ld(l, "x", "d_x");
+  a.x = t(LBuf::x);
+  a.k = t(LBuf::k);
+  a.q = t(LBuf::q);
+  a.d_y = t(LBuf::d_y);
+  a.alpha = f(LBuf::alpha);
+  a.beta = f(LBuf::beta);
+  a.gamma = f(LBuf::gamma);
+  a.d_param = P(l, Prm::d_param);
+  a.h_saved = f(LBuf::h_saved);
+  a.k_prev_saved = f(LBuf::k_prev_saved);
+  a.v_prev_saved = f(LBuf::v_prev_saved);
+  a.d_ssm_out = f(LBuf::d_ssm_out);
+  a.d_k_out = f(LBuf::d_k_out);
+  a.d_v_out = f(LBuf::d_v_out);
+  a.d_x = t(LBuf::d_x);
+  a.d_k = f(LBuf::d_k);
+  a.d_q = f(LBuf::d_q);
+  a.d_alpha = f(LBuf::d_alpha);
+  a.d_beta = f(LBuf::d_beta);
+  a.d_gamma = f(LBuf::d_gamma);
+  a.d_d_local = f(LBuf::d_d_local);
+  a.d_ssm_in = f(LBuf::d_ssm_state);
+  a.d_k_in = f(LBuf::d_k_state);
+  a.d_v_in = f(LBuf::d_v_state);
+  a.d_d_param = G(l, Prm::d_param);
+  a.ldx = shared_ld(l, LBuf::x, LBuf::d_x);
   ssm_seq_backward<T>(s_, d_, a, scr());
   RopeBwd<T> r{};
-  r.theta = f("angle_cumsum");
-  r.dv1 = f("d_k");
-  r.dv2 = f("d_q");
-  r.rot1 = t("k");
-  r.rot2 = t("q");
-  r.dpre1 = f("d_b_pre_rope");
-  r.dpre2 = f("d_c_pre_rope");
-  r.dtheta = f("d_angle_cumsum");
+  r.theta = f(LBuf::angle_cumsum);
+  r.dv1 = f(LBuf::d_k);
+  r.dv2 = f(LBuf::d_q);
+  r.rot1 = t(LBuf::k);
+  r.rot2 = t(LBuf::q);
+  r.dpre1 = f(LBuf::d_b_pre_rope);
+  r.dpre2 = f(LBuf::d_c_pre_rope);
+  r.dtheta = f(LBuf::d_angle_cumsum);
   rope_backward<T>(s_, d_, r);
   AbgBwd g{};
-  g.alpha = f("alpha");
-  g.beta = f("beta");
-  g.dt = f("dt");
-  g.trap = f("trap");
-  g.d_alpha = f("d_alpha");
-  g.d_beta = f("d_beta");
-  g.d_gamma = f("d_gamma");
-  g.d_adt_total = f("d_adt_total");
-  g.d_dt_direct = f("d_dt_direct");
-  g.d_trap_sig = f("d_trap_sig");
+  g.alpha = f(LBuf::alpha);
+  g.beta = f(LBuf::beta);
+  g.dt = f(LBuf::dt);
+  g.trap = f(LBuf::trap);
+  g.d_alpha = f(LBuf::d_alpha);
+  g.d_beta = f(LBuf::d_beta);
+  g.d_gamma = f(LBuf::d_gamma);
+  g.d_adt_total = f(LBuf::d_adt_total);
+  g.d_dt_direct = f(LBuf::d_dt_direct);
+  g.d_trap_sig = f(LBuf::d_trap_sig);
   abg_backward(s_, d_, g);
 }
 
 template <class T>
 void BackboneT<T>::chunked_b6(int l, bool capturing) {
-  Buffers& L = layers_[l];
-  auto t = [&](const char* n) { return L.get<T>(n); };
-  auto f = [&](const char* n) { return L.f(n); };
+  LayerBufs& L = layers_[l];
+  auto t = [&](LBuf n) { return L.get<T>(n); };
+  auto f = [&](LBuf n) { return L.f(n); };
   if (lean() && rc_ == Recompute::Scan) recompute_scan(l);
   const bool tail = fused();
   const bool store_pre = !tail || capturing;
   SsmChunkBwd<T> a{};
   a.fuse_states = fused();  // B1 + B2 as one chunk walk (their bits)
-  a.ldx = shared_ld(l, "x", "d_x");
-  a.x = t("x");
-  a.k = t("k");
-  a.q = t("q");
-  a.k_scaled_saved = t("k_scaled_saved");
-  a.d_y = t("d_y");
-  a.theta = f("angle_cumsum");
-  a.dt = f("dt");
-  a.trap = f("trap");
-  a.a_val = f("a_val");
-  a.d_param = P(l, "d_param");
-  a.qk_dot_saved = f("qk_dot_saved");
-  a.scale_saved = f("scale_saved");
-  a.gamma_saved = f("gamma_saved");
-  a.da_cumsum_saved = f("da_cumsum_saved");
-  a.chunk_states_saved = f("chunk_states_saved");
-  a.k_in = f("k_in");
-  a.v_in = f("v_in");
-  a.d_ssm_out = f("d_ssm_out");
-  a.d_k_out = f("d_k_out");
-  a.d_v_out = f("d_v_out");
-  a.da_cs_sum = f("da_cs_sum");
+  a.ldx = shared_ld(l, LBuf::x, LBuf::d_x);
+  a.x = t(LBuf::x);
+  a.k = t(LBuf::k);
+  a.q = t(LBuf::q);
+  a.k_scaled_saved = t(LBuf::k_scaled_saved);
+  a.d_y = t(LBuf::d_y);
+  a.theta = f(LBuf::angle_cumsum);
+  a.dt = f(LBuf::dt);
+  a.trap = f(LBuf::trap);
+  a.a_val = f(LBuf::a_val);
+  a.d_param = P(l, Prm::d_param);
+  a.qk_dot_saved = f(LBuf::qk_dot_saved);
+  a.scale_saved = f(LBuf::scale_saved);
+  a.gamma_saved = f(LBuf::gamma_saved);
+  a.da_cumsum_saved = f(LBuf::da_cumsum_saved);
+  a.chunk_states_saved = f(LBuf::chunk_states_saved);
+  a.k_in = f(LBuf::k_in);
+  a.v_in = f(LBuf::v_in);
+  a.d_ssm_out = f(LBuf::d_ssm_out);
+  a.d_k_out = f(LBuf::d_k_out);
+  a.d_v_out = f(LBuf::d_v_out);
+  a.da_cs_sum = f(LBuf::da_cs_sum);
   // The cluster tail writes dQ_mid and dK_mid only for a capture (they are verification-only
   // in the production layout then).
   a.cluster_tail = fused() && cluster_tail();
   const bool mid = capturing || !a.cluster_tail;
-  a.dQ_mid = mid ? f("dQ_mid") : nullptr;
-  a.dK_mid = mid ? f("dK_mid") : nullptr;
-  a.dADT = f("dADT");
-  a.dQK_dot = f("dQK_dot");
-  a.dD_partials = f("dD_partials");
-  a.dScale = f("dScale");
-  a.dGamma = f("dGamma");
-  a.dDT = f("dDT");
-  a.d_x = t("d_x");
-  a.d_b_pre_rope = store_pre ? f("d_b_pre_rope") : nullptr;
-  a.d_c_pre_rope = store_pre ? f("d_c_pre_rope") : nullptr;
-  a.d_angle_cumsum = f("d_angle_cumsum");
-  a.d_adt_total = f("d_adt_total");
-  a.d_dt_direct = f("d_dt_direct");
-  a.d_trap_sig = f("d_trap_sig");
-  a.d_ssm_in = f("d_ssm_state");
-  a.d_k_in = f("d_k_state");
-  a.d_v_in = f("d_v_state");
-  a.d_d_param = G(l, "d_param");
+  a.dQ_mid = mid ? f(LBuf::dQ_mid) : nullptr;
+  a.dK_mid = mid ? f(LBuf::dK_mid) : nullptr;
+  a.dADT = f(LBuf::dADT);
+  a.dQK_dot = f(LBuf::dQK_dot);
+  a.dD_partials = f(LBuf::dD_partials);
+  a.dScale = f(LBuf::dScale);
+  a.dGamma = f(LBuf::dGamma);
+  a.dDT = f(LBuf::dDT);
+  a.d_x = t(LBuf::d_x);
+  a.d_b_pre_rope = store_pre ? f(LBuf::d_b_pre_rope) : nullptr;
+  a.d_c_pre_rope = store_pre ? f(LBuf::d_c_pre_rope) : nullptr;
+  a.d_angle_cumsum = f(LBuf::d_angle_cumsum);
+  a.d_adt_total = f(LBuf::d_adt_total);
+  a.d_dt_direct = f(LBuf::d_dt_direct);
+  a.d_trap_sig = f(LBuf::d_trap_sig);
+  a.d_ssm_in = f(LBuf::d_ssm_state);
+  a.d_k_in = f(LBuf::d_k_state);
+  a.d_v_in = f(LBuf::d_v_state);
+  a.d_d_param = G(l, Prm::d_param);
   if (fused()) {  // the tail recomputes the biased and rotated B, C from b/c_normed
-    a.b_normed = t("b_normed");
-    a.c_normed = t("c_normed");
-    a.b_bias = P(l, "b_bias");
-    a.c_bias = P(l, "c_bias");
+    a.b_normed = t(LBuf::b_normed);
+    a.c_normed = t(LBuf::c_normed);
+    a.b_bias = P(l, Prm::b_bias);
+    a.c_bias = P(l, Prm::c_bias);
   } else {
-    a.b_biased = t("b_biased");
-    a.c_biased = t("c_biased");
+    a.b_biased = t(LBuf::b_biased);
+    a.c_biased = t(LBuf::c_biased);
   }
   if (tail) {
-    a.d_b_normed = t("d_b_normed");
-    a.d_c_normed = t("d_c_normed");
-    a.d_b_bias = G(l, "b_bias");
-    a.d_c_bias = G(l, "c_bias");
+    a.d_b_normed = t(LBuf::d_b_normed);
+    a.d_c_normed = t(LBuf::d_c_normed);
+    a.d_b_bias = G(l, Prm::b_bias);
+    a.d_c_bias = G(l, Prm::c_bias);
   }
   ssm_chunked_backward<T>(s_, d_, a, scr());
 }
 
 template <class T>
 void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
-  Buffers& L = layers_[l];
-  auto t = [&](const char* n) { return L.get<T>(n); };
-  auto f = [&](const char* n) { return L.f(n); };
+  LayerBufs& L = layers_[l];
+  auto t = [&](LBuf n) { return L.get<T>(n); };
+  auto f = [&](LBuf n) { return L.f(n); };
   switch (st) {
   case StageId::B8: {
     const T* dt = delta_typed();
-    gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t("d_gated"));
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t("gated"), dt, G(l, "out_proj_w"));
+    gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t(LBuf::d_gated));
+    gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t(LBuf::gated), dt, G(l, Prm::out_proj_w));
     break;
   }
   case StageId::B7: {
     GatingBwd<T> a{};
-    a.y = t("y");
-    a.z = t("z");
-    a.d_gated = t("d_gated");
-    a.norm_gate_weight = P(l, "norm_gate_weight");
-    a.gated_rms_vals = f("gated_rms_vals");
-    a.d_y = t("d_y");
-    a.d_z = t("d_z");
-    a.d_norm_gate_weight = G(l, "norm_gate_weight");
-    a.ldz = shared_ld(l, "z", "d_z");
+    a.y = t(LBuf::y);
+    a.z = t(LBuf::z);
+    a.d_gated = t(LBuf::d_gated);
+    a.norm_gate_weight = P(l, Prm::norm_gate_weight);
+    a.gated_rms_vals = f(LBuf::gated_rms_vals);
+    a.d_y = t(LBuf::d_y);
+    a.d_z = t(LBuf::d_z);
+    a.d_norm_gate_weight = G(l, Prm::norm_gate_weight);
+    a.ldz = shared_ld(l, LBuf::z, LBuf::d_z);
     gating_backward<T>(s_, d_, a, scr());
     break;
   }
@@ -218,58 +218,58 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
   }
   case StageId::B5a: {
     AngleBwd a{};
-    a.angles_raw = f("angles_raw");
-    a.dt = f("dt");
-    a.d_angle_cumsum = f("d_angle_cumsum");
-    a.d_angle_out = f("d_angle_out");
-    a.d_angles_raw = f("d_angles_raw");
-    a.d_dt_angle = f("d_dt_angle");
-    a.d_angle_in = f("d_angle_state");
-    if (proj_grads_direct(l)) a.d_angles_raw_cols = split_f32_cols(d_, t("d_proj")).d_angles_raw;
+    a.angles_raw = f(LBuf::angles_raw);
+    a.dt = f(LBuf::dt);
+    a.d_angle_cumsum = f(LBuf::d_angle_cumsum);
+    a.d_angle_out = f(LBuf::d_angle_out);
+    a.d_angles_raw = f(LBuf::d_angles_raw);
+    a.d_dt_angle = f(LBuf::d_dt_angle);
+    a.d_angle_in = f(LBuf::d_angle_state);
+    if (proj_grads_direct(l)) a.d_angles_raw_cols = split_f32_cols(d_, t(LBuf::d_proj)).d_angles_raw;
     angle_backward(s_, d_, a, scr());
     break;
   }
   case StageId::B5b: {
     ActBwd a{};
-    a.dd_dt_raw = f("dd_dt_raw");
-    a.dd_a_raw = f("dd_a_raw");
-    a.dt_bias = P(l, "dt_bias");
-    a.dt = f("dt");
-    a.a_val = f("a_val");
-    a.trap = f("trap");
-    a.d_adt_total = f("d_adt_total");
-    a.d_dt_direct = f("d_dt_direct");
-    a.d_dt_angle = f("d_dt_angle");
-    a.d_trap_sig = f("d_trap_sig");
-    a.d_dd_dt = f("d_dd_dt");
-    a.d_dd_a = f("d_dd_a");
-    a.d_trap_raw = f("d_trap_raw");
-    a.d_dt_bias = G(l, "dt_bias");
+    a.dd_dt_raw = f(LBuf::dd_dt_raw);
+    a.dd_a_raw = f(LBuf::dd_a_raw);
+    a.dt_bias = P(l, Prm::dt_bias);
+    a.dt = f(LBuf::dt);
+    a.a_val = f(LBuf::a_val);
+    a.trap = f(LBuf::trap);
+    a.d_adt_total = f(LBuf::d_adt_total);
+    a.d_dt_direct = f(LBuf::d_dt_direct);
+    a.d_dt_angle = f(LBuf::d_dt_angle);
+    a.d_trap_sig = f(LBuf::d_trap_sig);
+    a.d_dd_dt = f(LBuf::d_dd_dt);
+    a.d_dd_a = f(LBuf::d_dd_a);
+    a.d_trap_raw = f(LBuf::d_trap_raw);
+    a.d_dt_bias = G(l, Prm::dt_bias);
     a.a_floor = cfg_.a_floor;
-    if (proj_grads_direct(l)) a.into_proj(split_f32_cols(d_, t("d_proj")));
+    if (proj_grads_direct(l)) a.into_proj(split_f32_cols(d_, t(LBuf::d_proj)));
     activations_backward(s_, d_, a, scr());
     break;
   }
   case StageId::B4b: {  // B4b and B4c are one launcher (bias/heads→groups + BCNorm)
     const bool done = fuse_.tail_in_b6;  // B4b ran in B6's tail: B4c alone
     BcnormBwd<T> a{};
-    a.b_raw = t("b_raw");
-    a.c_raw = t("c_raw");
+    a.b_raw = t(LBuf::b_raw);
+    a.c_raw = t(LBuf::c_raw);
     a.ldr = raw_ld(l);
-    a.b_norm_weight = P(l, "b_norm_weight");
-    a.c_norm_weight = P(l, "c_norm_weight");
-    a.b_rms = f("b_rms");
-    a.c_rms = f("c_rms");
-    a.d_b_pre_rope = done ? nullptr : f("d_b_pre_rope");
-    a.d_c_pre_rope = done ? nullptr : f("d_c_pre_rope");
-    a.d_b_normed = t("d_b_normed");
-    a.d_c_normed = t("d_c_normed");
-    a.d_b_raw = t("d_b_raw");
-    a.d_c_raw = t("d_c_raw");
-    a.d_b_norm_weight = G(l, "b_norm_weight");
-    a.d_c_norm_weight = G(l, "c_norm_weight");
-    a.d_b_bias = G(l, "b_bias");
-    a.d_c_bias = G(l, "c_bias");
+    a.b_norm_weight = P(l, Prm::b_norm_weight);
+    a.c_norm_weight = P(l, Prm::c_norm_weight);
+    a.b_rms = f(LBuf::b_rms);
+    a.c_rms = f(LBuf::c_rms);
+    a.d_b_pre_rope = done ? nullptr : f(LBuf::d_b_pre_rope);
+    a.d_c_pre_rope = done ? nullptr : f(LBuf::d_c_pre_rope);
+    a.d_b_normed = t(LBuf::d_b_normed);
+    a.d_c_normed = t(LBuf::d_c_normed);
+    a.d_b_raw = t(LBuf::d_b_raw);
+    a.d_c_raw = t(LBuf::d_c_raw);
+    a.d_b_norm_weight = G(l, Prm::b_norm_weight);
+    a.d_c_norm_weight = G(l, Prm::c_norm_weight);
+    a.d_b_bias = G(l, Prm::b_bias);
+    a.d_c_bias = G(l, Prm::c_bias);
     bcnorm_backward<T>(s_, d_, a, scr());
     break;
   }
@@ -278,22 +278,22 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
     SplitBwd<T> a{};
     // Column views (production): B7, B6 and B4c wrote the typed parts into d_proj already.
     const bool views = column_views(l);
-    a.d_z = views ? nullptr : t("d_z");
-    a.d_x = views ? nullptr : t("d_x");
-    a.d_b_raw = views ? nullptr : t("d_b_raw");
-    a.d_c_raw = views ? nullptr : t("d_c_raw");
-    a.d_dd_dt = f("d_dd_dt");
-    a.d_dd_a = f("d_dd_a");
-    a.d_trap_raw = f("d_trap_raw");
-    a.d_angles_raw = f("d_angles_raw");
-    a.d_proj = t("d_proj");
+    a.d_z = views ? nullptr : t(LBuf::d_z);
+    a.d_x = views ? nullptr : t(LBuf::d_x);
+    a.d_b_raw = views ? nullptr : t(LBuf::d_b_raw);
+    a.d_c_raw = views ? nullptr : t(LBuf::d_c_raw);
+    a.d_dd_dt = f(LBuf::d_dd_dt);
+    a.d_dd_a = f(LBuf::d_dd_a);
+    a.d_trap_raw = f(LBuf::d_trap_raw);
+    a.d_angles_raw = f(LBuf::d_angles_raw);
+    a.d_proj = t(LBuf::d_proj);
     split_backward<T>(s_, d_, a);
     break;
   }
   case StageId::B2: {
-    gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t("d_proj"), w_in(l), t("d_norm"));
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t("post_norm"), t("d_proj"),
-                        G(l, "in_proj_w"));
+    gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t(LBuf::d_proj), w_in(l), t(LBuf::d_norm));
+    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t(LBuf::post_norm), t(LBuf::d_proj),
+                        G(l, Prm::in_proj_w));
     break;
   }
   case StageId::B1: {
@@ -303,11 +303,11 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
     // nothing; the isolated mode restores δ from the oracle between stages, so it converts).
     T* typed = nullptr;
     if constexpr (!std::is_same_v<T, float>)
-      if (fused()) typed = bb_.get<T>("delta_typed");
-    rmsnorm_backward<T>(s_, d_.BT, d_.dm, f("residual"), P(l, "norm_weight"), f("rms_vals"),
-                        t("d_norm"), capturing ? f("d_pre_norm") : nullptr,
-                        G(l, "norm_weight"), scr(), bb_.f("delta"), f("d_temporal"), typed);
-    delta_typed_of_ = typed ? f("d_temporal") : nullptr;
+      if (fused()) typed = bb_.get<T>(BBuf::delta_typed);
+    rmsnorm_backward<T>(s_, d_.BT, d_.dm, f(LBuf::residual), P(l, Prm::norm_weight), f(LBuf::rms_vals),
+                        t(LBuf::d_norm), capturing ? f(LBuf::d_pre_norm) : nullptr,
+                        G(l, Prm::norm_weight), scr(), bb_.f(BBuf::delta), f(LBuf::d_temporal), typed);
+    delta_typed_of_ = typed ? f(LBuf::d_temporal) : nullptr;
     break;
   }
   case StageId::input_proj: case StageId::F1: case StageId::F2: case StageId::F3:

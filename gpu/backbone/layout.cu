@@ -44,6 +44,12 @@ BackboneT<T>::BackboneT(GpuContext& c, const Config& cf, Idx B, Idx T_, ScanMode
   // The flat arenas: f32 masters and gradients in param_layout order; the typed GEMM weight
   // copies in one buffer of T, one segment per weight (refresh_typed_copies: one launch).
   layout_ = m3::param_layout(cf);
+  const int n_prm = static_cast<int>(Prm::kCount);
+  param_off_.assign(static_cast<size_t>((cf.n_layers + 1) * n_prm), -1);
+  for (const ParamSlot& sl : layout_.slots)
+    for (int i = 0; i < n_prm; ++i)
+      if (std::string(sl.spec->name) == kPrmNames[i])
+        param_off_[static_cast<size_t>((sl.layer + 1) * n_prm + i)] = sl.offset;
   check_fits();
   lay_out();
   params_.resize(layout_.total);
@@ -118,17 +124,17 @@ const TensorSpec& BackboneT<T>::layer_spec(const std::string& name) {
 }
 
 template <class T>
-Idx BackboneT<T>::shared_ld(int l, const char* name, const char* grad) {
-  const Idx ld = ld_of(l, name);
+Idx BackboneT<T>::shared_ld(int l, LBuf id, LBuf grad) {
+  const Idx ld = ld_of(l, id);
   M3_REQUIRE(ld_of(l, grad) == ld, "GpuBackbone",
-             std::string(name) + " and " + grad + " differ in layout", "");
+             std::string(buf_name(id)) + " and " + buf_name(grad) + " differ in layout", "");
   return ld;
 }
 
 template <class T>
 Idx BackboneT<T>::raw_ld(int l) {
-  const Idx ld = shared_ld(l, "b_raw", "d_b_raw");
-  M3_REQUIRE(shared_ld(l, "c_raw", "d_c_raw") == ld, "GpuBackbone",
+  const Idx ld = shared_ld(l, LBuf::b_raw, LBuf::d_b_raw);
+  M3_REQUIRE(shared_ld(l, LBuf::c_raw, LBuf::d_c_raw) == ld, "GpuBackbone",
              "b_raw and c_raw differ in layout", "");
   return ld;
 }
@@ -175,7 +181,7 @@ void BackboneT<T>::lay_out() {
       b.ld = 0;
       if (b.n == 0 || own || b.life != Life::Workspace) continue;
       const bool on_d_norm = name == "d_temporal" && (L - 1 - l) % 2 == 1;
-      b.shared = on_d_norm ? bb_.at("norm_f/d_norm").data() : workspace(name, b.nbytes());
+      b.shared = on_d_norm ? bb_.at(BBuf::d_norm).data() : workspace(name, b.nbytes());
     }
   // Column views (production layout), once their tensors have storage: z, x at proj's
   // columns 0 and di, d_z, d_x at d_proj's (registry column_view), read with its row stride.
@@ -261,7 +267,7 @@ BackboneMemory BackboneT<T>::memory() const {
                                    Recompute rc); \
   template Life BackboneT<T>::layer_life(const TensorSpec& spec) const; \
   template const TensorSpec& BackboneT<T>::layer_spec(const std::string& name); \
-  template Idx BackboneT<T>::shared_ld(int l, const char* name, const char* grad); \
+  template Idx BackboneT<T>::shared_ld(int l, LBuf id, LBuf grad); \
   template Idx BackboneT<T>::raw_ld(int l); \
   template void BackboneT<T>::check_fits() const; \
   template void BackboneT<T>::lay_out(); \

@@ -35,9 +35,9 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
   Capture out(cfg_, d_.B, d_.T);
   // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
   // be the GPU's value of the previous layer's output.
-  for (auto& L : layers_) L.unview("residual");
-  bb_.unview("norm_f/norm_f_input");
-  bb_.unview("delta");
+  for (auto& L : layers_) L.unview(LBuf::residual);
+  bb_.unview(BBuf::norm_f_input);
+  bb_.unview(BBuf::delta);
   zero_grads();
   zero_states(dl_);
   // Everything the oracle holds goes into the buffers of the same name.
@@ -86,14 +86,14 @@ void BackboneT<T>::isolated_after(StageId s, int l, Dir dir) {
     for (const auto& ks : p.keys)
       if (!captured_later(*ks.spec)) restore(p.oracle, ks);
   if (s == StageId::head && dir == Dir::Backward)
-    upload_floats(bb_.at("d_out"), oracle_data(p.oracle, stage_key(-1, "head", "d_Out")),
+    upload_floats(bb_.at(BBuf::d_out), oracle_data(p.oracle, stage_key(-1, "head", "d_Out")),
                   Precision::F32, s_);
 }
 
 // δ entering layer l's backward (l = −1: input_proj's), the oracle's ∂L/∂(layer output).
 template <class T>
 void BackboneT<T>::upload_oracle_delta(int l) {
-  upload_floats(bb_.at("delta"),
+  upload_floats(bb_.at(BBuf::delta),
                 oracle_data(iso_->oracle,
                             entering_gradient(l, static_cast<int>(cfg_.n_layers)).key()),
                 Precision::F32, s_);
@@ -131,19 +131,19 @@ void BackboneT<T>::poison_unread_by(const StageEntry& e, int layer, const std::v
 
 template <class T>
 void BackboneT<T>::apply_fault(int l) {  // the corruptions live in verify/fault_kernels.cu
-  Buffers& L = layers_[l];
+  LayerBufs& L = layers_[l];
   switch (fault_) {
     case Fault::DropBeta:
-      L.at("beta").bytes.zero(s_);
+      L.at(LBuf::beta).bytes.zero(s_);
       break;
     case Fault::FlipAngleSign:
-      fault_flip_angle(s_, L.at("angle_cumsum").n, L.f("angle_cumsum"));
+      fault_flip_angle(s_, L.at(LBuf::angle_cumsum).n, L.f(LBuf::angle_cumsum));
       break;
     case Fault::ChunkBoundaryOff:
-      fault_chunk_boundary<T>(s_, d_.B, d_.T, d_.cs, d_.di, L.get<T>("y"));
+      fault_chunk_boundary<T>(s_, d_.B, d_.T, d_.cs, d_.di, L.get<T>(LBuf::y));
       break;
     case Fault::RoundTwice:
-      fault_round_twice<T>(s_, d_.BT * d_.di, L.get<T>("y"));
+      fault_round_twice<T>(s_, d_.BT * d_.di, L.get<T>(LBuf::y));
       break;
     case Fault::None:
       break;
