@@ -217,6 +217,26 @@ TEST(JudgeLayout, APerTensorDeclarationOverridesTheFileWideOne) {
   EXPECT_EQ(j.transposed.size(), 2u);
 }
 
+TEST(JudgeLayout, ATokenModelsEmbeddingKeepsOurLayoutUnderAFileWideOutIn) {
+  // nn.Embedding.weight is [V, d_model], our input_proj_w's layout: the file-wide out_in
+  // applies to the Linear weights (in_proj, out_proj, head) and not to it.
+  const golden::GoldenCase lm = golden::make_case(golden::find_case("lm_step"));
+  const Capture cap = run_reference<float>(lm.problem, ScanMode::Chunked, Precision::BF16);
+  Subject s;
+  s.source = "lm subject";
+  s.precision = Precision::BF16;
+  s.mode = ScanMode::Chunked;
+  s.linear_layout = LinearLayout::OutIn;
+  for (const char* k : {"grad/input_proj_w", "grad/L1/in_proj_w", "grad/L1/out_proj_w", "grad/head_w"}) {
+    s.keys.push_back(k);
+    s.tensors[k] = cap.at(k);
+    if (std::string(k) != "grad/input_proj_w") transpose_into(s.tensors[k]);
+  }
+  const Judgement j = harness::judge_subject(lm, "lm_step.h5", s);
+  EXPECT_TRUE(j.pass()) << first_fail(j);
+  EXPECT_EQ(j.transposed, (std::vector<std::string>{"grad/L1/in_proj_w", "grad/L1/out_proj_w", "grad/head_w"}));
+}
+
 TEST(JudgeLayout, UndeclaredTransposedGradientIsAShapeErrorNamingBothShapes) {
   Subject s = own_subject(Precision::F32, ScanMode::Chunked);
   transpose_into(s.tensors.at("grad/L0/in_proj_w"));  // [8, 62] stored as [62, 8]
