@@ -173,6 +173,14 @@ void write_folder_atomic(const std::string& final_dir, const char* marker, const
   }
 }
 
+// Whether any entering state of the problem is not zero (the reports' "entering_states").
+bool nonzero_states(const Problem& pb) {
+  for (const auto* v : {&pb.states.ssm, &pb.states.k, &pb.states.v, &pb.states.angle})
+    for (double x : *v)
+      if (x != 0.0) return true;
+  return false;
+}
+
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out << text;
@@ -435,9 +443,7 @@ Judgement judge_subject(const golden::GoldenCase& g, const std::string& golden_p
   spec.B = pb.B;
   spec.T = pb.T;
   spec.seed = pb.seed;
-  spec.random_states = false;
-  for (const auto* v : {&pb.states.ssm, &pb.states.k, &pb.states.v, &pb.states.angle})
-    for (double x : *v) spec.random_states = spec.random_states || x != 0.0;
+  spec.random_states = nonzero_states(pb);
   spec.modes = {s.mode};
   spec.compare_modes = {CompareMode::EndToEnd};
   spec.device = "file";
@@ -608,10 +614,7 @@ void export_problem(const golden::GoldenCase& g, const std::string& golden_path,
   std::vector<std::string> modes;
   for (ScanMode m : g.modes) modes.push_back(scan_mode_name(m));
   j["scan_modes"] = modes;
-  bool nonzero = false;
-  for (const auto* v : {&pb.states.ssm, &pb.states.k, &pb.states.v, &pb.states.angle})
-    for (double x : *v) nonzero = nonzero || x != 0.0;
-  j["entering_states"] = nonzero ? "nonzero" : "zero";
+  j["entering_states"] = nonzero_states(pb) ? "nonzero" : "zero";
   j["gradients_of"] =
       pb.token_model()
           ? "S * loss, S = " + std::to_string(pb.loss_scale()) +
