@@ -977,6 +977,27 @@ bool Reader::has_attr(const std::string& path, const std::string& name) const {
   return e > 0;
 }
 
+namespace {
+herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> Reader::attr_names(const std::string& path) const {
+  const Impl& r = impl();
+  const std::string p = norm_path(r.ctx, path);
+  const Lookup lk = lookup(r.file.get(), r.ctx, p);
+  if (lk.kind == Kind::None) fail(r.ctx, "'" + p + "' does not exist", missing_why(lk));
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  if (H5Aiterate_by_name(r.file.get(), p.c_str(), H5_INDEX_NAME, H5_ITER_INC, &idx,
+                         collect_attr_name, &names, H5P_DEFAULT) < 0)
+    fail_hdf5(r.ctx, "attributes of '" + p + "': cannot be listed");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::string Reader::attr_string(const std::string& path, const std::string& name) const {
   const Impl& r = impl();
   std::string obj;

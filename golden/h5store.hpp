@@ -143,6 +143,8 @@ class Reader {
   std::vector<std::uint16_t> read_raw_u16(const std::string& path) const;
 
   bool has_attr(const std::string& path, const std::string& name) const;
+  // The names of every attribute of a group or dataset, sorted.
+  std::vector<std::string> attr_names(const std::string& path) const;
   // Each throws naming the object and the attribute when it is missing or of another kind.
   std::string attr_string(const std::string& path, const std::string& name) const;
   std::int64_t attr_int(const std::string& path, const std::string& name) const;

@@ -35,6 +35,8 @@ const std::vector<Command>& commands() {
        m3::tools::cmd_train},
       {"sample", "generate tokens from a checkpoint of m3h train", m3::tools::cmd_sample},
       {"plot", "draw a training run's loss.png from its metrics.csv", m3::tools::cmd_plot},
+      {"judge", "judge another implementation's tensors on a golden case, stage by stage",
+       m3::tools::cmd_judge},
   };
   return table;
 }
