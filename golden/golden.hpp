@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -105,14 +106,17 @@ struct CaseDiff {
   bool inputs_changed = false;      // config, B, T, weights, x, dOut or states differ
   std::string inputs_note;          // what differs first, when inputs_changed
   bool modes_changed = false;
+  int not_compared = 0;             // reference tensors a subset candidate does not provide
   int count(DiffStatus s) const;
   const TensorDiff* first_mismatch() const;  // first non-Unchanged tensor, or null
 };
 
 // `reference` is the stored (old) case, `candidate` the new one. Tensors of a mode that only
-// one side has are New/Removed.
+// one side has are New/Removed. `candidate_subset`: the candidate computes only some of the
+// tensors (the GPU oracle: the registry tensors of both scan modes); a reference tensor it lacks
+// is left out and counted in not_compared instead of being Removed.
 CaseDiff diff_cases(const GoldenCase& reference, const GoldenCase& candidate,
-                    const Tolerance& tol = {});
+                    const Tolerance& tol = {}, bool candidate_subset = false);
 
 // One line per tensor diff: "seq/L0/F3/dt max_abs 1.2e-12 (scale 3.4, rel_l2 5e-13) at
 // [12, 3]: <old> → <new>".
@@ -127,14 +131,28 @@ std::vector<std::string> summarize(const CaseDiff& d, int max_lines = 20);
 struct CheckResult {
   std::string name;       // case name stored in the file
   std::string path;
+  std::string by;         // the recomputing implementation (Recomputer::name); "" = the oracle
   CaseDiff diff;          // stored (reference) vs recomputed (candidate)
   bool pass() const { return diff.first_mismatch() == nullptr && !diff.modes_changed; }
-  std::string line() const;  // "PASS default (seq,chunked: 734 tensors) …" / "FAIL …"
+  // "PASS default (seq,chunked: 734 tensors) …" / "FAIL …"; with another implementation it
+  // ends "; by <by>, N stored tensors it does not provide not compared".
+  std::string line() const;
+  std::string by_note() const;  // the ending of line() for another implementation ("" if none)
 };
 
 // read_golden(path), recompute every stored mode with run_reference<double> on the stored
 // Problem, compare. Throws m3::Error (one line) for a bad file.
 CheckResult check_file(const std::string& path, const Tolerance& tol = {});
+
+// Another implementation in the double oracle's place (m3h golden check --device gpu-oracle):
+// `run` computes a stored problem's tensors once, and that one Capture is compared with every
+// stored scan mode (the implementation has no scan modes of its own); it may provide a subset
+// of the keys (diff_cases' candidate_subset), and the line names the stored tensors left out.
+struct Recomputer {
+  std::string name;  // "the GPU oracle", for the line
+  std::function<Capture(const Problem&)> run;
+};
+CheckResult check_file(const std::string& path, const Recomputer& how, const Tolerance& tol);
 
 // ---- built-in cases (golden/cases.cpp) ----------------------------------------------------
 

@@ -11,6 +11,10 @@
 #   wgmma-probe               m3_wgmma_probe: chunk_bwd_tc's product set on mma.sync and on wgmma
 #                             (µs per official grid, TFLOP/s, registers, shared bytes)
 #   golden                    m3h golden check --all
+#   golden-oracle             m3h golden check --all --device gpu-oracle: the GPU oracle in f64
+#                             against every golden case (its full proof against the Eigen
+#                             oracle, the golden cases and a random sweep, is ctest's
+#                             m3_gpu_oracle_tests)
 #   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
 #                             end-to-end and isolated, baseline = the reference at the same
 #                             storage precision
@@ -23,6 +27,9 @@
 #                             build's own record written to digests-default.txt (--runs 2
 #                             --record): the file to commit when a change moves the bits on
 #                             purpose
+#   oracle-bench              m3_oracle_bench: the GPU oracle's forward and backward times and
+#                             device memory at B 8, T 4096, the official widths, 2 layers (both
+#                             keep policies) and at 24 layers, B 1
 #   bench                     m3h bench --profile (the measured copy/GEMM ceilings; default and
 #                             official shapes, f32 and bf16, per-stage time, bytes, FLOPs and
 #                             achieved rates; the reference time on the f32 rows)
@@ -227,6 +234,7 @@ tests_lane() {
 compare_lane() {
   [[ -x "$m3h" ]] || return 0
   step golden "$m3h" golden check --all
+  step golden-oracle "$m3h" golden check --all --device gpu-oracle
   step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
   step compare-presets compare_presets "$m3h"
   step compare-golden compare_golden "$m3h"
@@ -254,6 +262,8 @@ sweep_lane() {
 timing_group() {
   probe="$BUILD_DIR/bench/m3_wgmma_probe"
   if [[ -x "$probe" ]]; then step wgmma-probe "$probe"; fi
+  oracle_bench="$BUILD_DIR/bench/m3_oracle_bench"
+  if [[ -x "$oracle_bench" ]]; then step oracle-bench "$oracle_bench"; fi
   [[ -x "$m3h" ]] || return 0
   step bench "$m3h" bench --profile
   step memory "$m3h" bench --no-reference --shapes official,official2 --dtype bf16 \

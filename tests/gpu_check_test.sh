@@ -40,11 +40,14 @@ standin "$work/bin/compute-sanitizer" sanitizer
 standin "$work/build/tools/m3h" m3h
 standin "$work/build/tests/m3_gpu_tests" gpu_tests
 standin "$work/build/bench/m3_wgmma_probe" probe
+standin "$work/build/bench/m3_oracle_bench" oracle_bench
 export PATH="$work/bin:$PATH" GPU_CHECK_BUILD_DIR="$work/build"
-GPU_CHECK_ONLY="ctest memcheck racecheck wgmma-probe golden compare-gpu compare-presets"
-export GPU_CHECK_ONLY+=" compare-golden determinism compare-lm positions bench memory sweep-gpu sweep-cpu"
-steps=(configure build ctest memcheck racecheck golden compare-gpu compare-presets compare-golden
-  determinism digests-record compare-lm positions wgmma-probe bench memory sweep-gpu sweep-cpu)
+GPU_CHECK_ONLY="ctest memcheck racecheck wgmma-probe oracle-bench golden golden-oracle compare-gpu"
+export GPU_CHECK_ONLY+=" compare-presets compare-golden determinism compare-lm positions bench memory"
+export GPU_CHECK_ONLY+=" sweep-gpu sweep-cpu"
+steps=(configure build ctest memcheck racecheck golden golden-oracle compare-gpu compare-presets
+  compare-golden determinism digests-record compare-lm positions wgmma-probe oracle-bench bench
+  memory sweep-gpu sweep-cpu)
 
 check() {  # check MODE EXPECTED_EXIT [ENV...]: runs gpu-check.sh, leaves its output in $out
   local mode="$1" want="$2" rc=0
@@ -73,8 +76,8 @@ for line in open(sys.argv[1]):
         t0, what = start.pop(f[2])
         calls.append((t0, float(f[1]), what))
 n = sum(1 for i, a in enumerate(calls) for b in calls[i + 1:] if a[0] < b[1] and b[0] < a[1])
-timing = [c for c in calls if c[2].startswith(("m3h bench", "probe"))]
-lanes = [c for c in calls if not c[2].startswith(("m3h bench", "probe", "cmake"))
+timing = [c for c in calls if c[2].startswith(("m3h bench", "probe", "oracle_bench"))]
+lanes = [c for c in calls if not c[2].startswith(("m3h bench", "probe", "oracle_bench", "cmake"))
          and "--sweep" not in c[2]]
 print(n, int(all(t[0] >= max(c[1] for c in lanes) for t in timing)))
 EOF

@@ -8,7 +8,8 @@
 //                     / w instead of x / d_out, the head and loss tensors, grad/head_w)
 //   GoldenCheck       one value of one stored tensor changed → check fails naming exactly that
 //                     tensor (the first in execution order when several differ); angles compare
-//                     by circular distance
+//                     by circular distance; another implementation that provides a subset of
+//                     the tensors (the GPU oracle's path) is compared on those, the rest counted
 //   GoldenDiff        regen's comparison: new / removed tensors, changed inputs (tokens too),
 //                     a tensor's change judged against rtol times its own scale
 //   GoldenReader      schema-version mismatch, /meta precision other than f64, generator
@@ -18,7 +19,8 @@
 //                     out-of-range tokens and targets and bad weights, naming the dataset
 //   GoldenCli         the m3h binary: bad files exit 2 with one stderr line; a perturbed file
 //                     exits 1 naming the tensor; regen without --force exits 2 and leaves the
-//                     file byte-identical; regen --force on an unchanged case reports 0 changed
+//                     file byte-identical; regen --force on an unchanged case reports 0 changed;
+//                     check --device gpu-oracle passes, or says in one line why it cannot run
 //
 // Files are edited by copying them through m3::h5::Reader / Writer (copy_golden below), so the
 // tests depend on the store's API only, never on HDF5 itself.
@@ -43,6 +45,7 @@
 #include "test_io.hpp"
 #include "golden.hpp"
 #include "h5store.hpp"
+#include "problem.hpp"
 #include "registry.hpp"
 
 #ifndef M3_GOLDEN_CASES_DIR
@@ -380,6 +383,52 @@ TEST(GoldenCheck, RoundOffWithinToleranceAndAnglesWrap) {
   int not_identical = 0;
   for (const auto& t : d.tensors) not_identical += !t.identical;
   EXPECT_EQ(not_identical, 2);
+}
+
+// Another implementation in the oracle's place (check_file with a Recomputer; the GPU oracle's
+// path): one Capture against every stored mode, the stored tensors it lacks counted, not failed,
+// and a perturbed tensor it does provide still named. The stand-in provides what the GPU oracle
+// does: the sequential run's tensors of both scan modes, and every gradient.
+TEST(GoldenCheck, ARecomputerOfASubsetComparesWhatItProvides) {
+  TempDir tmp;
+  int calls = 0;
+  const golden::Recomputer both_modes{"the stand-in", [&](const m3::Problem& pb) {
+                                        ++calls;
+                                        const m3::Capture seq =
+                                            m3::run_reference<double>(pb, ScanMode::Sequential);
+                                        m3::Capture out;
+                                        for (const auto& k : seq.keys()) {
+                                          bool keep = k.rfind("grad/", 0) == 0;
+                                          for (const auto& ks : m3::expected_stage_keys(
+                                                   pb.cfg, pb.B, pb.T, ScanMode::Sequential))
+                                            if (ks.key == k) keep = ks.spec->modes == m3::Modes::Both;
+                                          if (keep) out.put(k, seq.at(k).shape, seq.at(k).data.data());
+                                        }
+                                        return out;
+                                      }};
+  const std::string path = committed("ragged_chunks");
+  const golden::GoldenCase gc = golden::read_golden(path);
+  golden::CheckResult r = golden::check_file(path, both_modes, golden::Tolerance{});
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(r.pass()) << r.line();
+  int specific = 0;  // the stored tensors of one scan mode only
+  for (ScanMode m : gc.modes)
+    for (const auto& ks : m3::expected_stage_keys(gc.problem.cfg, gc.problem.B, gc.problem.T, m))
+      specific += ks.spec->modes != m3::Modes::Both;
+  EXPECT_EQ(r.diff.not_compared, specific);
+  EXPECT_NE(r.line().find("; by the stand-in, " + std::to_string(specific) +
+                          " stored tensors it does not provide not compared"),
+            std::string::npos)
+      << r.line();
+
+  golden::GoldenCase bad = gc;
+  bad.oracle[ScanMode::Chunked] = with_change(bad.oracle.at(ScanMode::Chunked), "L0/B6/d_x",
+                                              [](Tensor& t) { t.data[4] += 1e-6; });
+  golden::write_golden(tmp.file("bad.h5"), bad, false);
+  r = golden::check_file(tmp.file("bad.h5"), both_modes, golden::Tolerance{});
+  ASSERT_FALSE(r.pass());
+  EXPECT_EQ(r.diff.first_mismatch()->path(), "chunked/L0/B6/d_x");
+  EXPECT_EQ(count_lines(r.line()), 0);
 }
 
 TEST(GoldenDiff, NewRemovedAndInputs) {
@@ -859,6 +908,31 @@ TEST_F(GoldenCli, CheckAllOnACopyPassesAndAMissingCaseIsExit2) {
   r = run_m3h("golden check --case no_rope --case ngroups2 --dir '" + tmp.str() + "'", tmp);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_EQ(r.out.rfind("PASS no_rope", 0), 0u) << r.out;
+}
+
+// --device gpu-oracle: every line a PASS by the GPU oracle where a device is present, else one
+// stderr line saying why (exit 2); a device other than cpu or gpu-oracle, or --device on
+// another action, is bad usage.
+TEST_F(GoldenCli, DeviceGpuOracleChecksOrSaysWhyNot) {
+  CliResult r = run_m3h("golden check --case no_rope --case lm_step --device gpu-oracle", tmp);
+  if (r.status == 0) {
+    EXPECT_EQ(count_lines(r.out), 2) << r.out;
+    EXPECT_EQ(r.out.rfind("PASS no_rope", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find("by the GPU oracle"), std::string::npos) << r.out;
+  } else {
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("m3h: error: golden check --device gpu-oracle: no usable GPU"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  r = run_m3h("golden check --case no_rope --device gpu", tmp);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("expected cpu or gpu-oracle"), std::string::npos) << r.err;
+  r = run_m3h("golden list --device gpu-oracle", tmp);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--device is for check"), std::string::npos) << r.err;
 }
 
 TEST_F(GoldenCli, RegenWithoutForceRefusesAndLeavesTheFileAlone) {

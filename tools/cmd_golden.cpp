@@ -5,11 +5,15 @@
 //       An existing file is replaced only with --force, which first prints what changed
 //       versus the old file, tensor by tensor. Without --force nothing is written when any
 //       selected file exists (exit 2, one line).
-//   m3h golden check [--case NAME ... | --all] [--dir DIR] [--file PATH ...]
+//   m3h golden check [--case NAME ... | --all] [--dir DIR] [--file PATH ...] [--device D]
 //       reads each file, recomputes every stored scan mode with run_reference<double> on the
 //       stored problem and compares every stored tensor (tolerance: SCHEMA.md). One line per
 //       file: PASS, or FAIL with the first mismatching tensor in execution order. Without a
 //       selection: --all. --all = every built-in case plus any other *.h5 in DIR.
+//       --device gpu-oracle recomputes with the GPU oracle in f64 instead (gpu/oracle_gpu.hpp):
+//       one run per file, compared with every stored scan mode on the tensors it provides
+//       (those both scan modes share, and every gradient) with the same tolerance; the line
+//       counts the stored tensors it does not provide.
 //   m3h golden regen --out FILE.h5 [--config FILE] [--B … --T … --seed … --d-model …] [--scan …]
 //       [--name NAME] [--force]
 //       a golden file for your own problem: the same schema, the same atomic write, the
@@ -29,6 +33,7 @@
 #include "commands.hpp"
 #include "error.hpp"
 #include "golden.hpp"
+#include "oracle_gpu.hpp"
 #include "run.hpp"
 
 namespace m3::tools {
@@ -42,7 +47,9 @@ const char* kSummary =
     "  regen  compute and write; an existing file is replaced only with --force, which prints\n"
     "         what changed versus the old file\n"
     "  check  recompute every stored scan mode from the stored problem and compare every\n"
-    "         stored tensor (max_abs and rel_l2 within 1e-10 of the tensor's scale)\n"
+    "         stored tensor (max_abs and rel_l2 within 1e-10 of the tensor's scale);\n"
+    "         --device gpu-oracle: recompute with the GPU oracle in f64 instead, on the\n"
+    "         tensors both scan modes share and every gradient, with the same tolerance\n"
     "  list   the built-in cases\n"
     "Your own problem: regen --out FILE.h5 with the problem options (--config FILE, --B, --T,\n"
     "--seed, --d-model, ...; --scan, --name) writes the same schema, config in /meta; then\n"
@@ -169,10 +176,20 @@ int check(const po::variables_map& vm, const std::string& dir) {
     std::sort(extra.begin(), extra.end());
     paths.insert(paths.end(), extra.begin(), extra.end());
   }
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "gpu-oracle")
+    throw UsageError("golden check --device " + device + ": expected cpu or gpu-oracle");
+  const bool on_gpu = device == "gpu-oracle";
+  if (on_gpu && !gpu::oracle_unavailable().empty())
+    throw UsageError("golden check --device gpu-oracle: no usable GPU (" +
+                     gpu::oracle_unavailable() + ")");
+  const golden::Recomputer gpu_oracle{
+      "the GPU oracle", [](const Problem& pb) { return gpu::run_gpu_oracle(pb); }};
   int status = 0;
   for (const auto& p : paths) {
     try {
-      const golden::CheckResult r = golden::check_file(p);
+      const golden::CheckResult r =
+          on_gpu ? golden::check_file(p, gpu_oracle, golden::Tolerance{}) : golden::check_file(p);
       std::cout << echo(r.line(), 400) << std::endl;
       if (!r.pass()) status = std::max(status, 1);
     } catch (const std::exception& e) {
@@ -206,6 +223,7 @@ int cmd_golden(const std::vector<std::string>& args) {
     ("force", po::bool_switch(), "regen: replace existing files, printing what changed")
     ("dir", po::value<std::string>(), "case folder (default: $M3_GOLDEN_DIR, else the source tree's golden/cases)")
     ("file", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable)")
+    ("device", po::value<std::string>()->default_value("cpu"), "check: recompute with cpu (the Eigen double oracle) or gpu-oracle (the GPU oracle in f64)")
     ("out", po::value<std::string>(), "regen: write a golden file of your own problem (the problem options below) to FILE.h5")
     ("name", po::value<std::string>(), "regen --out: the case name in /meta (default: the file's stem)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "regen --out: the scan modes to store (seq, chunked, or both)");
@@ -228,7 +246,8 @@ int cmd_golden(const std::vector<std::string>& args) {
   // An option the action does not use is bad usage, never silently ignored.
   const std::pair<const char*, const char*> used_by[] = {
       {"case", "regen and check"}, {"all", "regen and check"}, {"force", "regen"},
-      {"file", "check"}, {"dir", "regen, check and list"}, {"out", "regen"}, {"name", "regen"}};
+      {"file", "check"}, {"dir", "regen, check and list"}, {"out", "regen"}, {"name", "regen"},
+      {"device", "check"}};
   // (A bool switch given on the command line is not defaulted; one not given is.)
   for (const auto& [opt, actions] : used_by)
     if (option_given(vm, opt) && std::string(actions).find(action) == std::string::npos)
