@@ -14,5 +14,8 @@ int cmd_determinism(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
+int cmd_import(const std::vector<std::string>& args);
+int cmd_logits(const std::vector<std::string>& args);
 
 }  // namespace m3::tools
