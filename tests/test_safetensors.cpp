@@ -23,6 +23,10 @@
 //   CLI        export → import → export byte-identical through files; malformed files, a
 //              missing tensor, an existing --out without --force and --out = the input are
 //              one line "m3h: error: <command>: …", exit 2, nothing written; logits file
+//   Init       `m3h train --init C` where C holds the fresh weights of seed s equals the fresh
+//              run of seed s bit for bit (so only the weights differ: moments zero, step 0);
+//              other weights in C give another run; a given model option that differs from
+//              C's is refused naming the option
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -608,4 +612,39 @@ TEST_F(InteropCli, LogitsFileHoldsTokensLogitsAndBudgets) {
   EXPECT_FALSE(fs::exists(tmp.file("m.safetensors")));
 }
 
+TEST_F(InteropCli, TrainInitStartsFromTheWeightsWithFreshMoments) {
+  const std::string run =
+      "train --device cpu --task parity --d-model 8 --d-state 8 --headdim 4 --layers 1 "
+      "--B 2 --T 16 --steps 2 --warmup 1 --val-batches 1 --dtype f32 --seed 3";
+  ASSERT_EQ(m3h(run + " --out fresh").status, 0);
+  Config c;
+  TrainState fresh;
+  read_checkpoint(tmp.file("fresh/ckpt-00000002.h5"), &c, &fresh);
+  // C holds the fresh run's own starting weights (seed 3), with moments that must be ignored.
+  write_ckpt("init3.h5", c, initial_state(c, 3).params);
+  const m3::test::CliRun r = m3h(run + " --out from3 --init init3.h5");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("weights from init3.h5 (AdamW moments zero, step 0)"), std::string::npos);
+  TrainState from3;
+  const CheckpointMeta m3meta = read_checkpoint(tmp.file("from3/ckpt-00000002.h5"), nullptr, &from3);
+  EXPECT_EQ(m3meta.step, 2);
+  for (std::size_t i = 0; i < fresh.params.size(); ++i) {
+    ASSERT_EQ(bits(from3.params[i]), bits(fresh.params[i])) << i;
+    ASSERT_EQ(bits(from3.m[i]), bits(fresh.m[i])) << i;
+    ASSERT_EQ(bits(from3.v[i]), bits(fresh.v[i])) << i;
+  }
+  // Other weights: another run.
+  write_ckpt("init4.h5", c, initial_state(c, 4).params);
+  ASSERT_EQ(m3h(run + " --out from4 --init init4.h5").status, 0);
+  TrainState from4;
+  read_checkpoint(tmp.file("from4/ckpt-00000002.h5"), nullptr, &from4);
+  EXPECT_NE(from4.params, fresh.params);
+  // The model options default to the checkpoint's; one given must agree with it.
+  const std::string bare =
+      "train --device cpu --task parity --B 2 --T 16 --steps 1 --warmup 1 --val-batches 1";
+  ASSERT_EQ(m3h(bare + " --out bare --init init4.h5").status, 0);
+  expect_error(bare + " --out x --init init4.h5 --headdim 8 --d-model 16",
+               "--d-model 16 differs from the --init checkpoint's 8");
+  expect_error(run + " --out x --init init4.h5 --resume fresh/ckpt-00000002.h5", "give one of them");
+}
 #endif
