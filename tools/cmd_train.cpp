@@ -122,6 +122,37 @@ std::string config_text(const po::variables_map& vm, const po::options_descripti
   return os.str();
 }
 
+// --init: the model options not given take the checkpoint's values; one given must agree.
+void init_model_options(const po::variables_map& vm, const std::string& path, Config& c) {
+  Config ck;
+  train::read_checkpoint(path, &ck, nullptr);
+  const Settings mine = train::config_settings(c), theirs = train::config_settings(ck);
+  const std::pair<const char*, const char*> options[] = {
+      {"d-model", "d_model"}, {"d-state", "d_state"},     {"headdim", "headdim"},
+      {"expand", "expand"},   {"ngroups", "ngroups"},     {"layers", "n_layers"},
+      {"rope-fraction", "rope_fraction"}, {"outproj-norm", "is_outproj_norm"},
+      {"chunk-size", "chunk_size"}};
+  for (const auto& [option, field] : options) {
+    if (!option_given(vm, option)) continue;
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (mine[i].first == field && mine[i].second != theirs[i].second)
+        throw UsageError("train: --" + std::string(option) + " " + mine[i].second +
+                         " differs from the --init checkpoint's " + theirs[i].second);
+  }
+  auto keep = [&](const char* option, auto& member, const auto& value) {
+    if (!option_given(vm, option)) member = value;
+  };
+  keep("d-model", c.d_model, ck.d_model);
+  keep("d-state", c.d_state, ck.d_state);
+  keep("headdim", c.headdim, ck.headdim);
+  keep("expand", c.expand, ck.expand);
+  keep("ngroups", c.ngroups, ck.ngroups);
+  keep("layers", c.n_layers, ck.n_layers);
+  keep("rope-fraction", c.rope_fraction, ck.rope_fraction);
+  keep("outproj-norm", c.is_outproj_norm, ck.is_outproj_norm);
+  keep("chunk-size", c.chunk_size, ck.chunk_size);
+}
+
 Settings task_options(const po::variables_map& vm) {
   Settings out;
   if (!vm.count("task-opt")) return out;
@@ -145,6 +176,7 @@ int cmd_train(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("config", po::value<std::string>(), "a config file of the options above (a run's config.txt)")
     ("resume", po::value<std::string>(), "continue from this checkpoint (every setting must match)")
+    ("init", po::value<std::string>(), "start a new run from this checkpoint's weights (e.g. one of m3h import): fresh AdamW moments, step 0, the schedule from its start; the model options default to the checkpoint's")
     ("force", po::bool_switch(), "start over in an --out that holds another run");
   po::options_description par("Data parallelism (TRAINING.md §8; not part of a run's settings: a checkpoint resumes with any rank count)");
   par.add_options()
@@ -182,6 +214,9 @@ int cmd_train(const std::vector<std::string>& args) {
   }
   if (vm.count("resume") && vm["force"].as<bool>())
     throw UsageError("train: --resume and --force contradict each other");
+  if (vm.count("resume") && vm.count("init"))
+    throw UsageError("train: --resume continues a run, --init starts one from a checkpoint's "
+                     "weights: give one of them");
   train::TrainOptions o;
   Config& c = o.cfg;
   c.d_model = positive(vm, "d-model", 1);
@@ -193,6 +228,7 @@ int cmd_train(const std::vector<std::string>& args) {
   c.rope_fraction = vm["rope-fraction"].as<double>();
   c.is_outproj_norm = vm["outproj-norm"].as<bool>();
   c.chunk_size = positive(vm, "chunk-size", 1);
+  if (vm.count("init")) init_model_options(vm, vm["init"].as<std::string>(), c);
   if (vm.count("data")) o.data = vm["data"].as<std::string>();
   o.val_fraction = vm["val-fraction"].as<double>();
   if (vm.count("task")) o.task = vm["task"].as<std::string>();
@@ -226,6 +262,7 @@ int cmd_train(const std::vector<std::string>& args) {
   o.out = vm["out"].as<std::string>();
   o.force = vm["force"].as<bool>();
   if (vm.count("resume")) o.resume = vm["resume"].as<std::string>();
+  if (vm.count("init")) o.init = vm["init"].as<std::string>();
   o.ckpt_every = positive(vm, "ckpt-every", 0);
   o.keep = positive(vm, "keep", 1);
   o.val_every = positive(vm, "val-every", 0);
@@ -235,6 +272,8 @@ int cmd_train(const std::vector<std::string>& args) {
   o.step_times = vm["step-times"].as<bool>();
   o.stage_times = vm["stage-times"].as<bool>();
   o.config_text = config_text(vm, fields);
+  if (vm.count("init"))  // not an option of the file: the run's record of where it started
+    o.config_text += "# started from the weights of --init " + o.init + "\n";
   o.tty = isatty(1) != 0;
   o.par.gpus = vm["gpus"].as<int>();
   if (o.par.gpus < 1)

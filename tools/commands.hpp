@@ -15,5 +15,8 @@ int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);
 int cmd_judge(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
+int cmd_import(const std::vector<std::string>& args);
+int cmd_logits(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

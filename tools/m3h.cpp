@@ -37,6 +37,12 @@ const std::vector<Command>& commands() {
       {"plot", "draw a training run's loss.png from its metrics.csv", m3::tools::cmd_plot},
       {"judge", "judge another implementation's tensors on a golden case, stage by stage",
        m3::tools::cmd_judge},
+      {"export", "write a checkpoint's weights as safetensors (official Mamba-3 names)",
+       m3::tools::cmd_export},
+      {"import", "write a checkpoint from a safetensors file of export's naming",
+       m3::tools::cmd_import},
+      {"logits", "a checkpoint's reference logits on given tokens, with their budgets",
+       m3::tools::cmd_logits},
   };
   return table;
 }

@@ -109,6 +109,23 @@ void collect_datasets(const h5::Reader& r, const std::string& group,
 
 }  // namespace
 
+void check_run_settings(const Settings& settings, const std::string& where) {
+  for (const auto& [name, value] : settings) {
+    const std::string attr = "/meta attribute '" + name + "'";
+    const std::string shown = "'" + escape_for_message(value, 60) + "'";
+    Idx i = 0;
+    double d = 0;
+    if (kIntegerSettings.count(name) && (!parse_int(value, &i) || i < 0))
+      throw Error(where, attr + " is not a non-negative integer", shown);
+    if (kRealSettings.count(name) && !parse_double(value, &d))
+      throw Error(where, attr + " is not a number", shown);
+    if (name == "precision" && value != "f32" && value != "bf16" && value != "f16")
+      throw Error(where, attr + " is not a training precision (f32, bf16, f16)", shown);
+    if (name == "scan" && value != "seq" && value != "chunked")
+      throw Error(where, attr + " is not a scan mode (seq, chunked)", shown);
+  }
+}
+
 std::string exact_double(double v) {
   char buf[64];
   const auto res = std::to_chars(buf, buf + sizeof buf, v);
@@ -262,21 +279,8 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
     fail("/meta settings are invalid", e.what());
   }
   const Config cfg = config_from_settings(meta.settings, path);
-  // The run settings a reader of the file parses (the sequence length, the precision, the scan
-  // mode, …): a bad value is named here, with the attribute, not by whoever parses it later.
-  for (const auto& [name, value] : meta.settings) {
-    const std::string attr = "/meta attribute '" + name + "'";
-    const std::string shown = "'" + escape_for_message(value, 60) + "'";
-    Idx i = 0;
-    double d = 0;
-    if (kIntegerSettings.count(name) && (!parse_int(value, &i) || i < 0))
-      fail(attr + " is not a non-negative integer", shown);
-    if (kRealSettings.count(name) && !parse_double(value, &d)) fail(attr + " is not a number", shown);
-    if (name == "precision" && value != "f32" && value != "bf16" && value != "f16")
-      fail(attr + " is not a training precision (f32, bf16, f16)", shown);
-    if (name == "scan" && value != "seq" && value != "chunked")
-      fail(attr + " is not a scan mode (seq, chunked)", shown);
-  }
+  // Named here, with their attribute, not by whoever parses them later.
+  check_run_settings(meta.settings, path);
   auto count = [&](const char* name) {
     const std::int64_t v = r.attr_int(kMeta, name);
     if (v < 0) fail(std::string("/meta ") + name + " is negative", why("got ", v));

@@ -80,6 +80,13 @@ struct TrainState {
 void write_checkpoint(const std::string& path, const Config& cfg, const CheckpointMeta& meta,
                       const TrainState& st, bool overwrite);
 
+// The run settings a reader of a checkpoint parses: B, T, steps, warmup, grad_accum, eval_len
+// non-negative integers; lr, min_lr_ratio, beta1, beta2, eps, wd, clip, val_fraction numbers;
+// precision f32 | bf16 | f16; scan seq | chunked. Throws m3::Error (led by `where`) naming the
+// first bad one as "/meta attribute 'T' is not a non-negative integer ('abc')". read_checkpoint
+// applies it; so does m3h import before it writes a checkpoint of a file's settings.
+void check_run_settings(const Settings& settings, const std::string& where);
+
 // Reads and checks a checkpoint: kind, schema version, the settings (the config they describe
 // must be valid), every dataset present as f32 with the shape that config gives and nothing
 // else under /weights and /optimizer, every value finite. Every error is one m3::Error line

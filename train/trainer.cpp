@@ -297,6 +297,9 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
              "B=", o.B, " T=", o.T, " grad_accum=", o.grad_accum);
   M3_REQUIRE(o.optim.steps >= 1, "train", "--steps must be >= 1", "steps=", o.optim.steps);
   M3_REQUIRE(o.keep >= 1, "train", "--keep must be >= 1", "keep=", o.keep);
+  M3_REQUIRE(o.resume.empty() || o.init.empty(), "train",
+             "--resume continues a run, --init starts one from a checkpoint's weights",
+             "give one of them");
   M3_REQUIRE(o.val_batches >= 0 && o.val_every >= 0 && o.ckpt_every >= 0 && o.log_every >= 1,
              "train", "--val-every, --val-batches and --ckpt-every must be >= 0, --log-every >= 1",
              "");
@@ -375,6 +378,19 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     scaler.skipped = saved.skipped;
     M3_REQUIRE(step0 <= o.optim.steps, "train", "the checkpoint is past --steps",
                "checkpoint step ", step0, ", --steps ", o.optim.steps);
+  } else if (!o.init.empty()) {
+    // A new run from another model's weights: only the weights carry over (an imported model
+    // has no optimizer state), so AdamW starts from zero moments at step 0.
+    Config ck_cfg;
+    read_checkpoint(o.init, &ck_cfg, &st);
+    const Settings want = config_settings(o.cfg), got = config_settings(ck_cfg);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      M3_REQUIRE(got[i].second == want[i].second, "train",
+                 "--init " + o.init + ": the checkpoint's " + want[i].first + " is " +
+                     got[i].second + ", this run's " + want[i].second,
+                 "the weights must fit the model");
+    std::fill(st.m.begin(), st.m.end(), 0.0f);
+    std::fill(st.v.begin(), st.v.end(), 0.0f);
   } else {
     st = initial_state(o.cfg, o.seed);
   }
@@ -410,7 +426,10 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
             " tokens (global batch) on " + be->name() + " (" + precision_name(o.storage) + ", " +
             scan_mode_name(o.mode) + "), " + std::to_string(be->layout().total) +
             " parameter floats; " + o.cfg.describe() +
-            (step0 ? "; resumed at step " + std::to_string(step0) : std::string()));
+            (step0 ? "; resumed at step " + std::to_string(step0) : std::string()) +
+            (o.init.empty() ? std::string()
+                            : "; weights from " + escape_for_message(o.init, 200) +
+                                  " (AdamW moments zero, step 0)"));
 
   // Every rank calls it (the state is gathered); the lead writes.
   if (dir) now.run_id = dir->run_id();

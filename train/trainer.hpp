@@ -109,6 +109,7 @@ struct TrainOptions {
   std::string out;
   bool force = false;
   std::string resume;         // a checkpoint file
+  std::string init;           // a checkpoint whose weights start a new run (moments zero, step 0)
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
   Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
   bool step_times = false;     // time each step's parts on the device; their medians at the end
