@@ -145,6 +145,50 @@ TEST_F(CliTest, CompareAllThreePrecisionsOnASmallPresetExitsZero) {
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
+// Every line of a report fits the terminal: COLUMNS when set, else 100 columns (a log). The
+// table comes in blocks of whole (precision, scan mode) groups, each repeating the key column;
+// --wide gives the one unbroken table (a key per line, however wide).
+TEST_F(CliTest, TheReportFitsTheTerminalInBlocksAndWideKeepsOneLinePerKey) {
+  auto longest = [](const std::string& text) {
+    std::size_t most = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) most = std::max(most, line.size());
+    return most;
+  };
+  auto rows_of = [](const std::string& text, const std::string& key) {
+    int n = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) n += line.rfind(key + " ", 0) == 0;
+    return n;
+  };
+  const std::string run =
+      std::string("compare --device cpu --dtype f32,bf16 --mode both --stage 'L0/F3/*' ") + kSmall;
+  RunResult r = m3h(run);  // no terminal, no COLUMNS: 100
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_LE(longest(r.out), 100u) << r.out;
+  EXPECT_EQ(rows_of(r.out, "L0/F3/dt"), 4) << "one row per block of one group: " << r.out;
+  ::setenv("COLUMNS", "72", 1);
+  r = m3h(run);
+  const RunResult wide = m3h(run + " --wide");
+  ::unsetenv("COLUMNS");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_LE(longest(r.out), 72u) << r.out;
+  EXPECT_NE(r.out.find("config: d_model=128"), std::string::npos) << r.out;
+  ASSERT_EQ(wide.status, 0) << wide.err;
+  EXPECT_EQ(rows_of(wide.out, "L0/F3/dt"), 1) << wide.out;
+  EXPECT_GT(longest(wide.out), 300u) << wide.out;
+}
+
+// --failures-only with nothing failing says so instead of printing an empty table.
+TEST_F(CliTest, FailuresOnlyWithoutAFailureSaysNoFailures) {
+  const RunResult r =
+      m3h(std::string("compare --device cpu --dtype f32 --scan seq --failures-only ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\nno failures (--failures-only: no row to show)\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rel_l2  %budget"), std::string::npos) << "an empty table header: " << r.out;
+  EXPECT_NE(r.out.find("summary: PASS"), std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
   const RunResult r = m3h(std::string("compare --device cpu --scan seq --stage 'L0/F3/*' ") + kSmall);
   EXPECT_EQ(r.status, 0) << r.err;
@@ -333,7 +377,7 @@ TEST_F(CliTest, SizesWhoseProductsOverflowAreRefusedNamingTheProduct) {
       {"compare --device cpu --expand 2305843009213693952", "d_inner"},
       {"compare --device cpu --T 4 --chunk-size 9223372036854775807", "chunk_size"},
       {"determinism --device cpu --B 4611686018427387904 --T 4 --layers 1", "B*T"},
-      {"dump --stage '*' --out OUT --B 4611686018427387904 --T 4", "B*T"},
+      {"dump --device cpu --stage '*' --out OUT --B 4611686018427387904 --T 4", "B*T"},
   };
   for (const auto& [args, named] : cases) {
     std::string a = args;
@@ -541,9 +585,12 @@ TEST_F(CliTest, ExplicitGpuWithoutAGpuIsBadUsage) {
     EXPECT_NE(r.err.find("--device gpu"), std::string::npos) << r.err;
   }
   EXPECT_FALSE(fs::exists(path("g.h5")));
+  // The note is one line on stderr, headed by what it means; stdout stays the report.
   const RunResult r = m3h(std::string("compare --dtype f32 --scan seq ") + kSmall + " --device auto");
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("no GPU"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("m3h: no GPU found: running the CPU rows only ("), 0u) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.out.find("no GPU"), std::string::npos) << r.out;
 }
 
 // golden: an option the action does not use is bad usage (list --file was silently ignored),

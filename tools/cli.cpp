@@ -422,9 +422,11 @@ std::string resolve_device(const std::string& device, const char* fallback) {
   if (device == "cpu") return "cpu";
   const std::string absent = harness::gpu_absent_reason();
   if (absent.empty()) return "gpu";
-  // Asked for by name, the GPU is never silently replaced by the CPU; auto says what it took.
-  if (device == "gpu") throw UsageError("--device gpu: no usable GPU (" + absent + ")");
-  std::cout << "m3h: no GPU (" << absent << "): " << fallback << "\n";
+  // Asked for by name, the GPU is never silently replaced by the CPU; auto says what it took,
+  // on stderr (stdout may be the command's product: `m3h sample > out.txt`), headed by what it
+  // means for the user; the driver's or the build's own words follow as the detail.
+  if (device == "gpu") throw UsageError("--device gpu: no GPU found (" + absent + ")");
+  std::cerr << "m3h: no GPU found: " << fallback << " (" << absent << ")\n";
   return "cpu";
 }
 

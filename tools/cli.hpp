@@ -109,10 +109,10 @@ std::vector<Precision> parse_dtype_list(const std::string& s);
 // UsageError.
 std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
 
-// --device of compare, dump and determinism: "gpu", "cpu" or "auto" (the default: gpu when a
-// usable GPU is present). Returns "gpu" or "cpu"; with auto and no GPU, prints ONE line on
-// stdout saying why and what runs instead ("m3h: no GPU (<why>): <fallback>") and returns
-// "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
+// --device of every command that runs the model: "gpu", "cpu" or "auto" (the default: gpu
+// when a usable GPU is present). Returns "gpu" or "cpu"; with auto and no GPU, prints ONE line
+// on stderr saying so and what runs instead ("m3h: no GPU found: <fallback> (<why>)") and
+// returns "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
 std::string resolve_device(const std::string& device, const char* fallback);
 
 // Parses args against `desc`; any positional argument, and an empty value of any option that

@@ -25,6 +25,7 @@
 #include "error.hpp"
 #include "resources.hpp"
 #include "sweep.hpp"
+#include "terminal.hpp"
 
 #include "device.hpp"
 
@@ -159,7 +160,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
-    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget")
+    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget, and the table unbroken: one line per key however wide (by default the report fits the terminal's width, COLUMNS, or 100 columns in a log: the table in blocks of columns)")
     ("sweep", po::value<std::int64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
     ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
     ("sweep-from", po::value<std::int64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
@@ -228,6 +229,8 @@ int cmd_compare(const std::vector<std::string>& args) {
   ropt.failures_only = vm["failures-only"].as<bool>();
   ropt.details = vm["details"].as<bool>();
   ropt.wide = vm["wide"].as<bool>();
+  // The report fits the terminal (or 100 columns in a log); --wide asks for the unbroken table.
+  ropt.width = ropt.wide ? 0 : harness::terminal_columns(1);
   harness::print_compare(std::cout, c, ropt);
   for (const harness::CompareResult& cell : c.cells)
     for (const harness::TensorResult& row : cell.rows)

@@ -26,6 +26,7 @@
 #include "digest_record.hpp"
 #include "gpu_lineup.hpp"  // gpu_subject
 #include "json.hpp"        // write_file_atomic
+#include "terminal.hpp"
 
 namespace m3::tools {
 
@@ -99,7 +100,9 @@ int cmd_determinism(const std::vector<std::string>& args) {
   }
   std::cout << "m3h determinism: device=" << device << " runs=" << runs << " seed=" << src.spec.seed
             << " B=" << src.spec.B << " T=" << src.spec.T << "\n"
-            << "config: " << src.spec.cfg.describe() << "\n";
+            << harness::wrap_words("config: " + src.spec.cfg.describe(),
+                                   harness::terminal_columns(1), 2)
+            << "\n";
   bool all_identical = true, as_recorded = true;
   for (Precision p : precisions) {
     const harness::Implementation impl =
