@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -45,6 +46,9 @@
 
 #ifndef M3H_PATH
 #error "M3H_PATH must name the m3h executable"
+#endif
+#ifndef M3_EXAMPLES_DIR
+#error "M3_EXAMPLES_DIR must name docs/examples"
 #endif
 
 namespace m3 {
@@ -187,6 +191,94 @@ TEST_F(CliTest, FailuresOnlyWithoutAFailureSaysNoFailures) {
   EXPECT_NE(r.out.find("\nno failures (--failures-only: no row to show)\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rel_l2  %budget"), std::string::npos) << "an empty table header: " << r.out;
   EXPECT_NE(r.out.find("summary: PASS"), std::string::npos) << r.out;
+}
+
+// ---- names round-trip: what a report, --json, /meta or a run prints is read back ----------
+
+// The config as --json writes it (n_layers, is_outproj_norm as a JSON bool, a_floor, the derived
+// d_inner …), with B, T, seed and entering_states, is a config file giving the same problem; so
+// are the report's "config:" line's key=value pairs. A derived value that disagrees is refused
+// naming it.
+TEST_F(CliTest, TheNamesReportsAndJsonPrintAreReadBackFromAConfigFile) {
+  const std::string run = "compare --device cpu --dtype f32 --scan seq --wide --stage 'L0/F3/*' ";
+  RunResult r = m3h(run + "--d-model 32 --headdim 8 --layers 1 --B 1 --T 16 --seed 9 --zero-states "
+                          "--outproj-norm --a-floor 0.001 --json '" + path("a.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::ordered_json a = nlohmann::ordered_json::parse(read_file(path("a.json")));
+  std::string cfg;
+  for (const auto& [k, v] : a["config"].items())
+    cfg += k + " = " + (v.is_boolean() ? (v.get<bool>() ? "true" : "false") : v.dump()) + "\n";
+  cfg += "B = " + a["B"].dump() + "\nT = " + a["T"].dump() + "\nseed = " + a["seed"].dump() +
+         "\nentering_states = " + a["entering_states"].get<std::string>() + "\n";
+  write("from_json.cfg", cfg);
+  r = m3h(run + "--config '" + path("from_json.cfg").string() + "' --json '" +
+          path("b.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << cfg << r.err;
+  const nlohmann::ordered_json b = nlohmann::ordered_json::parse(read_file(path("b.json")));
+  EXPECT_EQ(a["config"], b["config"]);
+  for (const char* k : {"B", "T", "seed", "entering_states"}) EXPECT_EQ(a[k], b[k]) << k;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  // The report's config line: "config: d_model=32 … (d_inner=64 …)".
+  const std::string line = r.out.substr(r.out.find("config: ") + 8,
+                                        r.out.find('\n', r.out.find("config: ")) - r.out.find("config: ") - 8);
+  std::string from_line;
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    w.erase(std::remove(w.begin(), w.end(), '('), w.end());
+    w.erase(std::remove(w.begin(), w.end(), ')'), w.end());
+    from_line += w.substr(0, w.find('=')) + " = " + w.substr(w.find('=') + 1) + "\n";
+  }
+  write("from_line.cfg", from_line + "B = 1\nT = 16\nseed = 9\nentering_states = zero\n");
+  r = m3h(run + "--config '" + path("from_line.cfg").string() + "' --json '" +
+          path("c.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << from_line << r.err;
+  EXPECT_EQ(a["config"], nlohmann::ordered_json::parse(read_file(path("c.json")))["config"]);
+
+  write("derived.cfg", "d_model = 32\nd_inner = 100\n");
+  r = m3h("compare --device cpu --config '" + path("derived.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("d_inner = 100 disagrees with the config, which gives 64"), std::string::npos)
+      << r.err;
+}
+
+// A run's own config.txt (m3h train's keys) is a problem for compare: the model's widths, B, T
+// and the seed are read; the training keys are named in one note on stderr and skipped.
+TEST_F(CliTest, ARunsConfigTxtIsReadByCompareWithItsTrainingKeysNamedAndSkipped) {
+  RunResult r = m3h("train --device cpu --task parity --d-model 8 --d-state 4 --headdim 4 "
+                    "--layers 1 --B 2 --T 16 --steps 2 --warmup 1 --val-batches 1 --out '" +
+                    path("run").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = m3h("compare --device cpu --dtype f32 --scan seq --wide --config '" +
+          (path("run") / "config.txt").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("m3h train's keys ignored here: task, eval-len, steps"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("config: d_model=8 d_state=4 expand=2 headdim=4 ngroups=1 n_layers=1"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" B=2 T=16 seed=0 "), std::string::npos) << r.out;
+  // Keys neither a problem nor a training option are still refused.
+  write("typo.cfg", "d_modle = 8\n");
+  r = m3h("compare --device cpu --config '" + path("typo.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("unknown key 'd_modle'"), std::string::npos) << r.err;
+}
+
+// The example configs of docs/examples run as documented; train's reads the checkpoint /meta's
+// names (n_layers, precision).
+TEST_F(CliTest, TheShippedExampleConfigsRun) {
+  const std::string dir = M3_EXAMPLES_DIR;
+  RunResult r = m3h("compare --device cpu --dtype f32 --scan seq --config '" + dir + "/small-problem.cfg'");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("n_layers=2"), std::string::npos) << r.out;
+  r = m3h("train --device cpu --config '" + dir + "/train-parity.cfg' --steps 3 --warmup 1 --out '" +
+          path("parity").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const m3::h5::Reader ck((path("parity") / "ckpt-00000003.h5").string());
+  EXPECT_EQ(ck.attr_string("/meta", "precision"), "f32");
+  EXPECT_EQ(ck.attr_string("/meta", "n_layers"), "2");
 }
 
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {

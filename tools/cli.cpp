@@ -43,6 +43,7 @@ void add_problem_fields(po::options_description& d) {
     ("ngroups", po::value<Idx>(), "ngroups (B/C groups; must divide nheads)")
     ("layers", po::value<Idx>(), "n_layers")
     ("rope-fraction", po::value<double>(), "rope_fraction (0.5 or 1.0)")
+    ("a-floor", po::value<double>(), "a_floor: A is clamped to A <= -a_floor (default 1e-4)")
     ("outproj-norm", po::value<bool>()->implicit_value(true), "gated RMSNorm before out_proj (is_outproj_norm)")
     ("chunk-size", po::value<Idx>(), "chunk size of the chunked scan")
     ("input-dim", po::value<Idx>(), "width of the backbone input X")
@@ -54,8 +55,23 @@ void add_problem_fields(po::options_description& d) {
 const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed",
                                       "zero-states", "d-model", "d-state", "headdim",
                                       "expand",   "ngroups", "layers",     "rope-fraction",
-                                      "outproj-norm", "chunk-size", "input-dim", "vocab-size",
-                                      "input-proj-identity"};
+                                      "a-floor",  "outproj-norm", "chunk-size", "input-dim",
+                                      "vocab-size", "input-proj-identity"};
+
+// The values a config derives rather than sets, as reports, JSON and /meta print them: a
+// config file may hold them (a report's keys pasted back), and problem_from requires each to
+// be what the config gives.
+const char* const kDerivedFields[] = {"d-inner", "nheads", "num-rope-angles", "in-proj-dim",
+                                      "n-chunks"};
+
+void add_derived_fields(po::options_description& d) {
+  for (const char* name : kDerivedFields) d.add_options()(name, po::value<Idx>(), "derived");
+}
+
+// Other names of fields, as reports, JSON, golden /meta and checkpoints print them
+// (underscores already read as '-'): a file may use either.
+const std::pair<const char*, const char*> kFieldAliases[] = {
+    {"n-layers", "layers"}, {"is-outproj-norm", "outproj-norm"}, {"precision", "dtype"}};
 
 // Every option, of any command, whose value names a file the command reads. An output may
 // never be one of them (check_output_path), --force or not: replacing it would destroy the
@@ -180,7 +196,12 @@ void store_config_file(const std::string& path, po::variables_map& vm,
   if (!in) throw UsageError("--config " + path + ": cannot open (" + std::strerror(errno) + ")");
   po::options_description problem_fields;
   add_problem_fields(problem_fields);
+  add_derived_fields(problem_fields);
   const po::options_description& fields = file_fields ? *file_fields : problem_fields;
+  // A run's config.txt read for a problem (compare --config RUN/config.txt): m3h train's keys
+  // that are no problem option are skipped, named in one note.
+  const po::options_description training = file_fields ? po::options_description() : train_fields();
+  std::vector<std::string> skipped;
   std::set<std::string> seen;
   std::string raw;
   int lineno = 0;
@@ -197,17 +218,37 @@ void store_config_file(const std::string& path, po::variables_map& vm,
     if (eq == std::string::npos)
       throw UsageError("config " + where + ": expected 'name = value', got '" + echo(line) + "'");
     const std::string written = trim(line.substr(0, eq));
-    const std::string value = trim(line.substr(eq + 1));
+    const std::string raw_value = trim(line.substr(eq + 1));
     if (written.empty())
       throw UsageError("config " + where + ": a value without a key ('" + echo(line) +
                        "'); write 'name = value'");
     std::string name = written;
+    std::string value = raw_value;
     for (char& c : name)
       if (c == '_') c = '-';
     if (name == "config" || name == "golden")
       throw UsageError("config " + where + ": '" + echo(written) + "' is not allowed in a config file");
-    if (!fields.find_nothrow(name, false))
+    for (const auto& [alias, field] : kFieldAliases)
+      if (name == alias && fields.find_nothrow(field, false)) name = field;
+    // The report's "entering_states=random|zero" is the zero-states switch.
+    if (name == "entering-states" && fields.find_nothrow("zero-states", false)) {
+      if (value != "random" && value != "zero")
+        throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" +
+                         echo(written) + "' (expected random or zero)");
+      name = "zero-states";
+      value = value == "zero" ? "true" : "false";
+    }
+    if (!fields.find_nothrow(name, false)) {
+      std::string as_trained = name;
+      for (const auto& [alias, field] : kFieldAliases)
+        if (name == alias) as_trained = field;
+      if (training.find_nothrow(as_trained, false)) {
+        if (std::find(skipped.begin(), skipped.end(), written) == skipped.end())
+          skipped.push_back(written);
+        continue;
+      }
       throw UsageError("config " + where + ": unknown key '" + echo(written) + "'");
+    }
     // A repeatable option (--task-opt) is written once per value, as a run's config.txt does.
     const po::option_description* field = fields.find_nothrow(name, false);
     const bool repeatable = field && field->semantic()->is_composing();
@@ -242,6 +283,12 @@ void store_config_file(const std::string& path, po::variables_map& vm,
     }
   }
   if (in.bad()) throw UsageError("--config " + path + ": read error");
+  if (!skipped.empty()) {
+    std::string names;
+    for (const std::string& k : skipped) names += (names.empty() ? "" : ", ") + k;
+    std::cerr << "m3h: config " << echo(path, 200) << ": m3h train's keys ignored here: "
+              << echo(names, 400) << "\n";
+  }
 }
 
 harness::RunSpec problem_from(const po::variables_map& vm) {
@@ -270,6 +317,7 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   idx("layers", s.cfg.n_layers);
   idx("chunk-size", s.cfg.chunk_size);
   if (vm.count("rope-fraction")) s.cfg.rope_fraction = vm["rope-fraction"].as<double>();
+  if (vm.count("a-floor")) s.cfg.a_floor = vm["a-floor"].as<double>();
   if (vm.count("outproj-norm")) s.cfg.is_outproj_norm = vm["outproj-norm"].as<bool>();
   // X keeps the model width unless told otherwise (every preset has input_dim = d_model).
   if (vm.count("input-dim")) s.cfg.input_dim = vm["input-dim"].as<Idx>();
@@ -286,6 +334,21 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
     s.cfg.input_dim = s.cfg.vocab_size;
   }
   validate_run(s.cfg, s.B, s.T);
+  // Derived values a config file may carry must be the config's.
+  const std::pair<const char*, Idx> derived[] = {{"d-inner", s.cfg.d_inner()},
+                                                 {"nheads", s.cfg.nheads()},
+                                                 {"num-rope-angles", s.cfg.num_rope_angles()},
+                                                 {"in-proj-dim", s.cfg.in_proj_dim()},
+                                                 {"n-chunks", s.cfg.n_chunks(s.T)}};
+  for (const auto& [name, value] : derived)
+    if (vm.count(name) && vm[name].as<Idx>() != value) {
+      std::string key = name;
+      for (char& c : key)
+        if (c == '-') c = '_';
+      throw UsageError("config: " + key + " = " + std::to_string(vm[name].as<Idx>()) +
+                       " disagrees with the config, which gives " + std::to_string(value) +
+                       " (" + key + " is derived, not set)");
+    }
   return s;
 }
 

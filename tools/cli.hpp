@@ -33,10 +33,13 @@ struct Command {
 };
 
 // --preset, --config, --B, --T, --seed, --zero-states and the Config overrides (--d-model,
-// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --outproj-norm,
-// --chunk-size, --input-dim, --input-proj-identity, --vocab-size). With golden = true also
-// --golden FILE.
+// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --a-floor,
+// --outproj-norm, --chunk-size, --input-dim, --input-proj-identity, --vocab-size). With
+// golden = true also --golden FILE.
 po::options_description problem_options(bool golden = false);
+
+// The options of m3h train a config file may set (its config.txt's keys; cmd_train.cpp).
+po::options_description train_fields();
 
 // The preset named by --preset (or by the config file) with every given override applied;
 // validated (throws m3::Error). Precedence: command line, then --config file, then preset.
@@ -63,10 +66,16 @@ ProblemSource load_problem(const po::variables_map& vm);
 
 // A config file (Boost.Program_options config-file syntax): one "name = value" per line, '#'
 // starts a comment, names are the problem options' (d_model or d-model, B, T, seed, preset, …;
-// '_' and '-' are the same); a UTF-8 byte-order mark before the first line is skipped. Unknown
-// names, a name given twice, a line without '=' or without a name, and a bad value are
-// UsageErrors of one line naming the file, the line and the name. Values already set
-// on the command line win. Not allowed in a file: config, golden.
+// '_' and '-' are the same); a UTF-8 byte-order mark before the first line is skipped.
+// Every name reports, JSON, golden /meta and checkpoints print is read too: n_layers
+// (layers), is_outproj_norm (outproj-norm), precision (m3h train's dtype), entering_states =
+// random|zero (zero-states), and the derived d_inner, nheads, num_rope_angles, in_proj_dim,
+// n_chunks, which must be what the config gives (problem_from checks them). Read for a problem,
+// a run's config.txt works too: m3h train's keys that are no problem option (data, steps, lr,
+// dtype, …) are skipped, named in one note on stderr. Unknown names, a name given twice, a
+// line without '=' or without a name, and a bad value are UsageErrors of one line naming the
+// file, the line and the name. Values already set on the command line win. Not allowed in a
+// file: config, golden.
 // `file_fields`: the names a file may set instead of the problem options (m3h train's).
 void store_config_file(const std::string& path, po::variables_map& vm,
                        const po::options_description* file_fields = nullptr);

@@ -88,7 +88,7 @@ std::string summary_text() {
 int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisions,
               const std::string& device, gpu::Fault fault) {
   for (const char* f : {"preset", "B", "T", "zero-states", "d-model", "d-state", "headdim",
-                        "expand", "ngroups", "layers", "rope-fraction", "outproj-norm",
+                        "expand", "ngroups", "layers", "rope-fraction", "a-floor", "outproj-norm",
                         "chunk-size", "input-dim", "input-proj-identity", "vocab-size", "config",
                         "golden", "checkpoint", "stage", "by-position", "json"})
     if (option_given(vm, f))

@@ -93,6 +93,16 @@ void add_train_fields(po::options_description& d) {
   // clang-format on
 }
 
+}  // namespace
+
+po::options_description train_fields() {
+  po::options_description d("Training (also in a --config file)");
+  add_train_fields(d);
+  return d;
+}
+
+namespace {
+
 Idx positive(const po::variables_map& vm, const char* name, Idx min) {
   const Idx v = vm[name].as<Idx>();
   if (v < min)
@@ -165,8 +175,7 @@ ResumeTarget resume_target(const std::string& given) {
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& given_args) {
-  po::options_description fields("Training (also in a --config file)");
-  add_train_fields(fields);
+  const po::options_description fields = train_fields();
   po::options_description run("Run");
   // clang-format off
   run.add_options()
