@@ -41,6 +41,7 @@
 #include "json.hpp"
 #include "metrics.hpp"
 #include "precision.hpp"
+#include "presets.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
 
@@ -279,6 +280,60 @@ TEST_F(CliTest, TheShippedExampleConfigsRun) {
   const m3::h5::Reader ck((path("parity") / "ckpt-00000003.h5").string());
   EXPECT_EQ(ck.attr_string("/meta", "precision"), "f32");
   EXPECT_EQ(ck.attr_string("/meta", "n_layers"), "2");
+}
+
+// ---- dump: its size first, the keys listed, near keys for a pattern that matches nothing ----
+
+// '*' on the default problem is over a gigabyte: refused before any work, saying the size,
+// unless --force; a small dump says its size before writing it.
+TEST_F(CliTest, DumpSaysItsSizeAndALargeOneNeedsForce) {
+  const std::string out = path("all.h5").string();
+  RunResult r = m3h("dump --device cpu --stage '*' --out '" + out + "'");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("dump: about "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" MiB to write"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = m3h(std::string("dump --device cpu --stage 'L0/F3/*' --scan seq --out '") + out + "' " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("m3h dump: about "), 0u) << "the size comes first: " << r.out;
+  EXPECT_LT(r.out.find("KiB"), r.out.find("wrote")) << r.out;
+}
+
+TEST_F(CliTest, DumpListKeysListsEveryKeyWithItsShapeAndWritesNothing) {
+  RunResult r = m3h(std::string("dump --list-keys --scan chunked ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  Config cfg = harness::find_preset("default").cfg;
+  cfg.n_layers = 1;
+  const auto want = harness::expected_keys(cfg, 1, 48, ScanMode::Chunked);
+  EXPECT_EQ(count_lines(r.out), static_cast<int>(want.size()) + 1) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(want.size()) + " key(s)\n"), std::string::npos) << r.out;
+  for (const std::string& k : {std::string("L0/F6/y "), std::string("grad/L0/in_proj_w ")})
+    EXPECT_NE(r.out.find("\n" + k), std::string::npos) << k << r.out;
+  EXPECT_NE(r.out.find("[48, 16, 16]  chunked"), std::string::npos) << r.out;  // L0/F6/y's shape
+  r = m3h(std::string("dump --list-keys --stage 'L0/F3/dt' ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("L0/F3/dt ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("seq,chunked"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 key(s)"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_NE(e.path().extension(), ".h5") << "--list-keys wrote " << e.path();
+}
+
+// A pattern that matches nothing names the nearest keys by edit distance (dump and compare).
+TEST_F(CliTest, AStagePatternThatMatchesNothingSuggestsTheNearestKeys) {
+  for (const std::string& cmd :
+       {"dump --device cpu --stage L0/F3/dtt --out '" + path("x.h5").string() + "' ",
+        std::string("compare --device cpu --stage L0/F3/dtt ")}) {
+    const RunResult r = m3h(cmd + kSmall);
+    EXPECT_EQ(r.status, 2) << cmd;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("matches no tensor of this run; nearest: L0/F3/dt, "), std::string::npos)
+        << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--list-keys"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("x.h5")));
 }
 
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {

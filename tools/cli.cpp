@@ -167,6 +167,47 @@ std::string stage_pattern(const po::variables_map& vm) {
   return pattern;
 }
 
+namespace {
+
+// The Levenshtein distance of a and b: insertions, deletions and substitutions of one
+// character each cost 1.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string near_keys_note(const std::string& pattern, const std::vector<std::string>& keys) {
+  if (keys.empty()) return "";
+  std::vector<std::string> items;
+  std::stringstream ss(pattern);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!trim(item).empty()) items.push_back(trim(item));
+  std::vector<std::pair<size_t, size_t>> ranked;  // (distance, index)
+  for (size_t k = 0; k < keys.size(); ++k) {
+    size_t best = std::string::npos;
+    for (const std::string& item : items) best = std::min(best, edit_distance(item, keys[k]));
+    ranked.emplace_back(best, k);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string note = "; nearest: ";
+  for (size_t i = 0; i < std::min<size_t>(3, ranked.size()); ++i)
+    note += (i ? ", " : "") + keys[ranked[i].second];
+  return note;
+}
+
 po::options_description problem_options(bool golden) {
   po::options_description d("Problem (a preset, then a --config file, then overrides)");
   add_problem_fields(d);

@@ -107,6 +107,11 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
 // empty comma-separated item is a UsageError (it would match every key, or nothing named).
 std::string stage_pattern(const po::variables_map& vm);
 
+// For a --stage pattern that matches no key: "; nearest: K1, K2, K3" — the keys closest to
+// the pattern's items by edit distance (Levenshtein, over the characters), at most three, in
+// execution order among equals — or "" when there is no key.
+std::string near_keys_note(const std::string& pattern, const std::vector<std::string>& keys);
+
 // "seq,chunked" | "seq" | "chunked" | "both" → scan modes, in the given order, no duplicates.
 std::vector<ScanMode> parse_scan_list(const std::string& s);
 

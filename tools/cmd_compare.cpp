@@ -202,10 +202,15 @@ int cmd_compare(const std::vector<std::string>& args) {
   spec.compare_modes = compare_modes;
 
   bool any = false;
+  std::vector<std::string> keys;
   for (ScanMode m : spec.modes)
-    for (const auto& k : harness::expected_keys(spec.cfg, spec.B, spec.T, m))
+    for (const auto& k : harness::expected_keys(spec.cfg, spec.B, spec.T, m)) {
       any = any || harness::key_matches(k, spec.filter);
-  if (!any) throw UsageError("--stage '" + spec.filter + "' matches no tensor of this run");
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+  if (!any)
+    throw UsageError("--stage '" + echo(spec.filter) + "' matches no tensor of this run" +
+                     near_keys_note(spec.filter, keys) + " (m3h dump --list-keys lists them)");
   if (vm.count("by-position")) {
     spec.by_position = vm["by-position"].as<std::string>();
     bool has = false;
