@@ -336,6 +336,29 @@ TEST_F(CliTest, AStagePatternThatMatchesNothingSuggestsTheNearestKeys) {
   EXPECT_FALSE(fs::exists(path("x.h5")));
 }
 
+// m3h --version: the version, the source's git describe and the build, on one line.
+TEST_F(CliTest, VersionNamesTheRevisionTheBuildAndCuda) {
+  const RunResult r = m3h("--version");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_EQ(r.out.rfind("m3h 0.1 (git ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("(git unknown)"), std::string::npos) << "built from a git checkout: " << r.out;
+  EXPECT_NE(r.out.find(" build, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(m3::gpu::cuda_compiled() ? "CUDA yes\n" : "CUDA no\n"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(m3h("--version extra").status, 2);
+}
+
+// --json -: the JSON document alone on stdout (it parses), the report on stderr.
+TEST_F(CliTest, JsonDashWritesTheDocumentToStdoutAndTheReportToStderr) {
+  const RunResult r = m3h(std::string("compare --device cpu --dtype f32 --scan seq --stage 'L0/F3/*' --json - ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(r.out);
+  EXPECT_EQ(j["schema"], "m3h-compare/1");
+  EXPECT_NE(r.err.find("summary: PASS"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("-")));
+}
+
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
   const RunResult r = m3h(std::string("compare --device cpu --scan seq --stage 'L0/F3/*' ") + kSmall);
   EXPECT_EQ(r.status, 0) << r.err;

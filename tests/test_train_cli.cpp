@@ -11,7 +11,10 @@
 //            human units; the config line fits COLUMNS; the run's elapsed time goes on after a
 //            resume;
 //   sample   --checkpoint RUN takes its latest checkpoint, the default prompt works on a task
-//            checkpoint, and --help has no raw line break.
+//            checkpoint, and --help has no raw line break;
+//   eval     a checkpoint's loss on its run's validation batches is the run's validation loss,
+//            --json - writes it to stdout, another vocabulary is refused;
+//   data     several --data files are one text in the order given.
 // Each run is tiny (d_model 8, T 16): seconds on two cores.
 #include <gtest/gtest.h>
 
@@ -219,6 +222,72 @@ TEST_F(TrainCliUse, SampleTakesARunFolderAndItsDefaultPromptWorksOnATask) {
   const CliRun none = m3h("sample --device cpu --checkpoint empty");
   EXPECT_EQ(none.status, 2);
   EXPECT_NE(none.err.find("no checkpoint"), std::string::npos) << none.err;
+}
+
+// m3h eval on the run's own data, B, T and batch count gives the run's last validation loss
+// bit for bit (the same weights, batches and forward); --json - is the same as JSON on stdout.
+TEST_F(TrainCliUse, EvalOfACheckpointIsItsRunsValidationLoss) {
+  ASSERT_EQ(m3h(model("--steps 4 --warmup 1 --out r")).status, 0);
+  std::ifstream in(path("r") / "metrics.csv");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  std::stringstream cells(last);
+  std::string step, loss, val;
+  std::getline(cells, step, ',');
+  std::getline(cells, loss, ',');
+  std::getline(cells, val, ',');
+  ASSERT_EQ(step, "4");
+  const CliRun r = m3h("eval --device cpu --checkpoint r --batches 1 --json -");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("m3h eval: r/ckpt-00000004.h5 (step 4) on task parity (the checkpoint's), "
+                       "1 batches of 2x16 (cpu, bf16, chunked): loss "),
+            std::string::npos) << r.err;
+  const std::string key = "\"loss\": ";
+  const auto at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(std::stod(r.out.substr(at + key.size())), std::stod(val)) << r.out;
+  EXPECT_NE(r.out.find("\"sequence_accuracy\": "), std::string::npos) << r.out;
+  // Another task of the same vocabulary evaluates; a different vocabulary is refused.
+  const CliRun other = m3h("eval --device cpu --checkpoint r --task parity --task-opt n_max=8 --T 8");
+  EXPECT_EQ(other.status, 0) << other.err;
+  EXPECT_NE(other.out.find("on task parity, 8 batches of 2x8"), std::string::npos) << other.out;
+  const CliRun vocab = m3h("eval --device cpu --checkpoint r --task modular");
+  EXPECT_EQ(vocab.status, 2);
+  EXPECT_NE(vocab.err.find("the data's vocabulary is not the model's"), std::string::npos) << vocab.err;
+}
+
+// --data A --data B trains on A's bytes then B's, as one text: the checkpoint records the
+// concatenation (size and hash), so a resume with the files swapped is refused, and eval on the
+// two files equals eval on one file holding both.
+TEST_F(TrainCliUse, SeveralDataFilesAreOneTextInTheOrderGiven) {
+  std::string a, b;
+  for (int i = 0; i < 60; ++i) a += "the quick brown fox jumps over the lazy dog. ";
+  for (int i = 0; i < 40; ++i) b += "pack my box with five dozen liquor jugs! ";
+  std::ofstream(path("a.txt")) << a;
+  std::ofstream(path("b.txt")) << b;
+  std::ofstream(path("ab.txt")) << a + b;
+  const std::string text =
+      "train --device cpu --d-model 8 --d-state 4 --headdim 4 --layers 1 --B 2 --T 16 "
+      "--val-batches 1 --warmup 1 ";
+  ASSERT_EQ(m3h(text + "--data a.txt --data b.txt --steps 4 --ckpt-every 2 --out r").status, 0);
+  const m3::train::CheckpointMeta m =
+      m3::train::read_checkpoint(path("r/ckpt-00000004.h5"), nullptr, nullptr);
+  EXPECT_EQ(m.data_size, static_cast<Idx>(a.size() + b.size()));
+  EXPECT_NE(slurp(path("r") / "config.txt").find("data = a.txt\ndata = b.txt\n"), std::string::npos);
+  const CliRun swapped =
+      m3h("train --resume r/ckpt-00000002.h5 --config r/config.txt --data b.txt --data a.txt");
+  EXPECT_EQ(swapped.status, 2);
+  EXPECT_NE(swapped.err.find("the data file differs"), std::string::npos) << swapped.err;
+  // The command line's files replace the config's (not added to them): the same bytes in
+  // another order.
+  const std::string size = std::to_string(a.size() + b.size()) + " bytes";
+  EXPECT_NE(swapped.err.find("checkpoint " + size), std::string::npos) << swapped.err;
+  EXPECT_NE(swapped.err.find("now " + size), std::string::npos) << swapped.err;
+  const CliRun two = m3h("eval --device cpu --checkpoint r --data a.txt --data b.txt");
+  const CliRun one = m3h("eval --device cpu --checkpoint r --data ab.txt");
+  ASSERT_EQ(two.status, 0) << two.err;
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_EQ(two.out.substr(two.out.find("): loss")), one.out.substr(one.out.find("): loss")));
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ std::uint64_t parse_seed(const std::string& text) {
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force) {
   namespace fs = std::filesystem;
   const std::string path = vm[option].as<std::string>();
+  if (option == "json" && path == "-") return;  // stdout
   const std::string what = "--" + option + " " + path;
   if (path.empty()) throw UsageError("--" + option + ": an empty file name");
   const fs::path p(path);
@@ -243,6 +244,11 @@ void store_config_file(const std::string& path, po::variables_map& vm,
   // that are no problem option are skipped, named in one note.
   const po::options_description training = file_fields ? po::options_description() : train_fields();
   std::vector<std::string> skipped;
+  // The options the command line gave: they win, a repeatable one too (its values are not
+  // added to the file's).
+  std::set<std::string> on_command_line;
+  for (const auto& kv : vm)
+    if (!kv.second.defaulted()) on_command_line.insert(kv.first);
   std::set<std::string> seen;
   std::string raw;
   int lineno = 0;
@@ -312,7 +318,7 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       po::variables_map scratch;
       po::store(parsed, scratch);
       po::notify(scratch);
-      po::store(parsed, vm);
+      if (!(repeatable && on_command_line.count(name))) po::store(parsed, vm);
     } catch (const po::error&) {
       const char* expected = !file_fields && name == "rope-fraction"       ? "a number"
                              : name == "outproj-norm" || name == "zero-states" ||

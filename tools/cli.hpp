@@ -95,7 +95,7 @@ std::string echo(const std::string& text, std::size_t max = 60);
 // (writing would create its target silently); and it is never the same file as any input option
 // of the command (--config, --golden, --checkpoint, --resume, --data, --expect, --file,
 // --against: one list, kInputOptions in cli.cpp), force or not. Each refusal is a UsageError of
-// one line.
+// one line. "--json -" is stdout: nothing to check.
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force);
 
 // The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory

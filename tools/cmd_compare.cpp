@@ -156,7 +156,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors + k x the perturbed oracle's teacher-forced error), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
     ("by-position", po::value<std::string>(), "print the error against position t (per chunk, chunk boundaries marked) of the [B*T, ...] tensors matching PATTERN, e.g. 'L0/F6/y'")
-    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force)")
+    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force); '-': the JSON to stdout and the report to stderr")
     ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
@@ -236,12 +236,15 @@ int cmd_compare(const std::vector<std::string>& args) {
   ropt.wide = vm["wide"].as<bool>();
   // The report fits the terminal (or 100 columns in a log); --wide asks for the unbroken table.
   ropt.width = ropt.wide ? 0 : harness::terminal_columns(1);
-  harness::print_compare(std::cout, c, ropt);
+  // --json -: stdout is the JSON document alone, the report goes to stderr.
+  const bool json_stdout = vm.count("json") && vm["json"].as<std::string>() == "-";
+  std::ostream& report = json_stdout ? std::cerr : std::cout;
+  harness::print_compare(report, c, ropt);
   for (const harness::CompareResult& cell : c.cells)
     for (const harness::TensorResult& row : cell.rows)
       if (!row.by_position.empty()) {
-        std::cout << "\n";
-        harness::print_position_profile(std::cout, harness::cell_name(cell) + " " + row.key,
+        report << "\n";
+        harness::print_position_profile(report, harness::cell_name(cell) + " " + row.key,
                                         row.by_position, spec.cfg.chunk_size);
       }
 
@@ -252,8 +255,12 @@ int cmd_compare(const std::vector<std::string>& args) {
     info.gpu = gpu::describe(gpu::query_device());
     info.cuda = gpu::cuda_compiled();
     const std::string path = vm["json"].as<std::string>();
-    harness::write_file_atomic(path, harness::comparison_json(c, info));
-    std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
+    if (json_stdout) {
+      std::cout << harness::comparison_json(c, info) << "\n";
+    } else {
+      harness::write_file_atomic(path, harness::comparison_json(c, info));
+      std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
+    }
   }
   return c.pass() ? 0 : 1;
 }

@@ -59,7 +59,7 @@ void add_train_fields(po::options_description& d) {
     ("rope-fraction", po::value<double>()->default_value(0.5, "0.5"), "rope_fraction (0.5 or 1.0); num_rope_angles = floor(floor(d_state*rope_fraction)/2), so e.g. d_state 3 gives 1 angle with 1.0 and none (a real-valued state) with 0.5")
     ("outproj-norm", po::value<bool>()->default_value(false)->implicit_value(true), "gated RMSNorm before out_proj")
     ("chunk-size", po::value<Idx>()->default_value(64), "chunk size of the chunked scan")
-    ("data", po::value<std::string>(), "byte-level text file (V = 256)")
+    ("data", po::value<std::vector<std::string>>()->composing(), "byte-level text file (V = 256); repeatable: the files are concatenated in the order given, nothing between them (the validation part is the end of the last)")
     ("val-fraction", po::value<double>()->default_value(0.05, "0.05"), "the last fraction of --data held out for validation")
     ("task", po::value<std::string>(), "synthetic task: parity, modular, selective-copy")
     ("task-opt", po::value<std::vector<std::string>>()->composing(), "a task option key=value (parity: n_min, n_max; modular: m, n_min, n_max; selective-copy: K, alphabet); repeatable")
@@ -255,7 +255,7 @@ int cmd_train(const std::vector<std::string>& given_args) {
   c.rope_fraction = vm["rope-fraction"].as<double>();
   c.is_outproj_norm = vm["outproj-norm"].as<bool>();
   c.chunk_size = positive(vm, "chunk-size", 1);
-  if (vm.count("data")) o.data = vm["data"].as<std::string>();
+  if (vm.count("data")) o.data = vm["data"].as<std::vector<std::string>>();
   o.val_fraction = vm["val-fraction"].as<double>();
   if (vm.count("task")) o.task = vm["task"].as<std::string>();
   o.task_options = task_options(vm);
@@ -397,20 +397,7 @@ int cmd_sample(const std::vector<std::string>& args) {
     throw Error("sample", o.checkpoint + ": the checkpoint has no setting '" + k + "'", "");
   };
   // The data's spelling: text is bytes; a task is rebuilt from its settings.
-  std::unique_ptr<train::Dataset> spell;
-  std::string task;
-  for (const auto& kv : meta.settings)
-    if (kv.first == "task") task = kv.second;
-  if (!task.empty()) {
-    Settings opts;
-    bool in_task = false;
-    for (const auto& kv : meta.settings) {
-      if (kv.first == "task") { in_task = true; continue; }
-      if (in_task && kv.first == "eval_len") break;
-      if (in_task) opts.push_back(kv);
-    }
-    spell = train::make_task(task, opts, train::int_setting(meta, "T", 0));
-  }
+  const std::unique_ptr<train::Dataset> spell = train::checkpoint_task(meta);
   // The default prompt is one the data can spell: a newline for text; for a task, the start of
   // a sequence as the task draws it (its first validation row's first token).
   std::string prompt = "\n";

@@ -14,5 +14,6 @@ int cmd_determinism(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

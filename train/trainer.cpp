@@ -158,6 +158,23 @@ Settings run_settings(const TrainOptions& o, const Dataset& data) {
   return s;
 }
 
+std::unique_ptr<Dataset> checkpoint_task(const CheckpointMeta& meta) {
+  std::string task;
+  Settings opts;
+  bool in_task = false;
+  for (const auto& kv : meta.settings) {
+    if (kv.first == "task") {
+      task = kv.second;
+      in_task = true;
+      continue;
+    }
+    if (in_task && kv.first == "eval_len") break;
+    if (in_task) opts.push_back(kv);
+  }
+  if (task.empty()) return nullptr;
+  return make_task(task, opts, int_setting(meta, "T", 0));
+}
+
 namespace {
 
 // The longer-length evaluation of a task: the same task with every sequence of length L.

@@ -102,7 +102,7 @@ struct TrainOptions {
   Idx B = 8, T = 256, steps = 1000, grad_accum = 1;
   OptimConfig optim;
   std::uint64_t seed = 0;
-  std::string data;           // --data FILE (text), or
+  std::vector<std::string> data;  // --data FILE... (text, the files concatenated), or
   double val_fraction = 0.05;
   std::string task;           // --task NAME
   Settings task_options;      // its options
@@ -136,6 +136,10 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T);
 
 // The settings a checkpoint records and a resume compares, in order.
 Settings run_settings(const TrainOptions& o, const Dataset& data);
+
+// The task a checkpoint was trained on, rebuilt from its settings (run_settings' "task" and the
+// task's options after it) at the run's T; null for a text run (its file is not recorded).
+std::unique_ptr<Dataset> checkpoint_task(const CheckpointMeta& meta);
 
 // The --step-times line of a run's timed steps, the k-th being step first_step + k: the
 // medians of period, forward, backward, optimizer and of each step's period minus its parts
