@@ -359,6 +359,21 @@ TEST_F(CliTest, JsonDashWritesTheDocumentToStdoutAndTheReportToStderr) {
   EXPECT_FALSE(fs::exists(path("-")));
 }
 
+// --dtype says its real default: determinism on the CPU runs (and its header names) f32
+// alone, and its help does not claim f32,bf16,f16 as the default; the other commands' helps
+// name theirs too.
+TEST_F(CliTest, DtypeDefaultsAreTheOnesThatRun) {
+  const RunResult r = m3h(std::string("determinism --device cpu --runs 2 --scan seq ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("m3h determinism: device=cpu precisions=f32 runs=2"), std::string::npos) << r.out;
+  const RunResult help = m3h("determinism --help");
+  EXPECT_EQ(help.out.find("(=f32,bf16,f16)"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--dtype arg  "), std::string::npos) << "no '(=…)' default: " << help.out;
+  EXPECT_NE(help.out.find("(default: all on the GPU;"), std::string::npos) << help.out;
+  EXPECT_NE(m3h("compare --help").out.find("--dtype arg (=all)"), std::string::npos);
+  EXPECT_NE(m3h("dump --help").out.find("--dtype arg (=f32)"), std::string::npos);
+}
+
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
   const RunResult r = m3h(std::string("compare --device cpu --scan seq --stage 'L0/F3/*' ") + kSmall);
   EXPECT_EQ(r.status, 0) << r.err;
@@ -874,6 +889,13 @@ TEST_F(CliTest, GoldenRegenWritesAndChecksAUsersOwnConfig) {
   r = m3h("golden check --file '" + out + "'");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("PASS mine"), std::string::npos) << r.out;
+  // --golden names a golden file in check as in compare (--file is its other name there).
+  r = m3h("golden check --golden '" + out + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PASS mine"), std::string::npos) << r.out;
+  r = m3h("golden regen --case default --golden '" + out + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--golden is for check"), std::string::npos) << r.err;
   // The output rule: no silent replacement; --force replaces.
   r = m3h("golden regen --d-model 16 --headdim 16 --out '" + out + "'");
   EXPECT_EQ(r.status, 2);

@@ -762,6 +762,10 @@ TEST_F(TrainCli, CompareOnACheckpointsTrainedWeights) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("grad/head_w"), std::string::npos);
   EXPECT_NE(r.out.find("checkpoint r/ckpt-00000003.h5"), std::string::npos) << r.out;
+  // A run folder means its latest checkpoint, as in sample, eval and train --resume.
+  const Result run = m3h("compare --device cpu --checkpoint r --T 24 --dtype f32 --scan seq");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("checkpoint r/ckpt-00000003.h5 (step 3)"), std::string::npos) << run.out;
   expect_usage_error("compare --device cpu --checkpoint r/ckpt-00000003.h5 --d-model 8", "--d-model");
 }
 

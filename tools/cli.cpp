@@ -20,6 +20,7 @@
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
 #include "resources.hpp"
+#include "run_dir.hpp"  // resolve_checkpoint
 
 namespace m3::tools {
 
@@ -219,7 +220,7 @@ po::options_description problem_options(bool golden) {
   if (golden)
     d.add_options()
       ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option")
-      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
+      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train, or a run folder's latest (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
   // clang-format on
   return d;
 }
@@ -445,11 +446,12 @@ ProblemSource load_problem(const po::variables_map& vm) {
     }
     Config cfg;
     train::TrainState st;
-    const train::CheckpointMeta meta = train::read_checkpoint(path, &cfg, &st);
+    const std::string file = train::resolve_checkpoint(path, "--checkpoint");
+    const train::CheckpointMeta meta = train::read_checkpoint(file, &cfg, &st);
     const Idx run_T = train::int_setting(meta, "T", 256);
     harness::RunSpec spec;
     spec.preset = "";
-    spec.source = "checkpoint " + path + " (step " + std::to_string(meta.step) + ")";
+    spec.source = "checkpoint " + file + " (step " + std::to_string(meta.step) + ")";
     spec.cfg = cfg;
     spec.B = vm.count("B") ? vm["B"].as<Idx>() : 2;
     spec.T = vm.count("T") ? vm["T"].as<Idx>() : std::min<Idx>(256, run_T);

@@ -151,7 +151,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
-    ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "subject storage precisions (comma list of f32, bf16, f16)")
+    ("dtype", po::value<std::string>()->default_value("all"), "subject storage precisions: a comma list of f32, bf16, f16, or all (= f32,bf16,f16)")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors + k x the perturbed oracle's teacher-forced error), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")

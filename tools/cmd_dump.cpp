@@ -113,7 +113,7 @@ int cmd_dump(const std::vector<std::string>& args) {
     ("force", po::bool_switch(), "replace an existing file; write a file larger than 256 MiB")
     ("list-keys", po::bool_switch(), "list the problem's keys (matching --stage when given) with axes, shape and scan modes; write nothing")
     ("profiles-only", po::bool_switch(), "write only the error-against-position profiles (by_position) of the matching [B*T, ...] tensors, not their arrays: O(T) per key")
-    ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions (comma list of f32, bf16, f16)")
+    ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions: a comma list of f32, bf16, f16, or all (default f32: each precision adds a file's worth)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)");
   // clang-format on

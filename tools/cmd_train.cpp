@@ -76,7 +76,7 @@ void add_train_fields(po::options_description& d) {
     ("beta2", po::value<double>()->default_value(0.95, "0.95"), "AdamW beta2")
     ("eps", po::value<double>()->default_value(1e-8, "1e-8"), "AdamW epsilon")
     ("clip", po::value<double>()->default_value(1.0, "1.0"), "global gradient-norm clip (0 = off)")
-    ("dtype", po::value<std::string>()->default_value("bf16"), "storage precision: f32, bf16, f16 (f16: dynamic loss scaling)")
+    ("dtype", po::value<std::string>()->default_value("bf16"), "storage precision, one of f32, bf16, f16 (f16: dynamic loss scaling)")
     ("scan", po::value<std::string>()->default_value("chunked"), "scan mode: seq or chunked")
     ("recompute", po::value<std::string>()->default_value("none"), "GPU memory policy: none or scan")
     ("device", po::value<std::string>()->default_value("auto"), "gpu, cpu (the float reference: small models, CI), or auto (gpu when present, else cpu with a note on stderr)")
