@@ -99,7 +99,7 @@ int regen_user(const po::variables_map& vm) {
   golden::write_golden(out, gc, force);
   size_t n_tensors = 0;
   for (const auto& [mode, cap] : gc.oracle) n_tensors += cap.keys().size();
-  std::cout << echo(name) << ": wrote " << echo(out, 400) << " (" << size_str(out) << ", " << n_tensors
+  std::cout << "m3h golden: " << echo(name) << ": wrote " << echo(out, 400) << " (" << size_str(out) << ", " << n_tensors
             << " oracle tensors; " << spec.cfg.describe() << ", B=" << spec.B
             << " T=" << spec.T << " seed=" << spec.seed << ")\n";
   return 0;
@@ -130,20 +130,22 @@ int regen(const po::variables_map& vm, const std::string& dir) {
   for (const auto& n : names) {
     const std::string path = golden::case_path(dir, n);
     const golden::GoldenCase now = golden::make_case(golden::find_case(n));
+    // Every line names the tool and the case: a log of several cases reads line by line.
+    const std::string head = "m3h golden: " + n + ": ";
     if (fs::exists(path)) {
-      std::cout << n << ": replacing " << echo(path, 400) << "\n";
+      std::cout << head << "replacing " << echo(path, 400) << "\n";
       try {
         const golden::GoldenCase old = golden::read_golden(path);
         for (const auto& line : golden::summarize(golden::diff_cases(old, now)))
-          std::cout << "  " << line << "\n";
+          std::cout << head << line << "\n";
       } catch (const Error& e) {
-        std::cout << "  the old file is unreadable, nothing to compare: " << echo(e.what(), 400) << "\n";
+        std::cout << head << "the old file is unreadable, nothing to compare: " << echo(e.what(), 400) << "\n";
       }
     }
     golden::write_golden(path, now, force);
     size_t n_tensors = 0;
     for (const auto& [mode, cap] : now.oracle) n_tensors += cap.keys().size();
-    std::cout << n << ": wrote " << echo(path, 400) << " (" << size_str(path) << ", " << n_tensors
+    std::cout << head << "wrote " << echo(path, 400) << " (" << size_str(path) << ", " << n_tensors
               << " oracle tensors)\n";
   }
   return 0;
