@@ -162,9 +162,6 @@ struct ResumeTarget {
   std::string checkpoint, run;
 };
 ResumeTarget resume_target(const std::string& given) {
-  std::error_code ec;
-  if (!std::filesystem::exists(given, ec))
-    throw UsageError("--resume " + echo(given, 200) + ": no such checkpoint or run folder");
   ResumeTarget t;
   t.checkpoint = train::resolve_checkpoint(given, "--resume");
   t.run = std::filesystem::path(t.checkpoint).parent_path().string();
@@ -206,16 +203,23 @@ int cmd_train(const std::vector<std::string>& given_args) {
                          ~po::command_line_style::allow_guessing)
                   .run(),
               line);
-    if (line.count("resume") && !line.count("help") && !line["resume"].as<std::string>().empty()) {
-      resume = resume_target(line["resume"].as<std::string>());
+    const std::string given = line.count("resume") ? line["resume"].as<std::string>() : "";
+    const bool wanted = !given.empty() && !line.count("help");
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(given, ec);
+    // A path that does not exist: with --out the run folder's own checks come first (a live
+    // run's lock, then the missing file); without --out nothing names the run.
+    if (wanted && !exists && !line.count("out"))
+      throw UsageError("--resume " + echo(given, 200) + ": no such checkpoint or run folder");
+    if (wanted && !exists) resume.checkpoint = given;
+    if (wanted && exists) {
+      resume = resume_target(given);
       const std::string config = (std::filesystem::path(resume.run) / "config.txt").string();
-      std::error_code ec;
       if (!line.count("config") && std::filesystem::is_regular_file(config, ec))
         args.insert(args.end(), {"--config", config});
       else if (!line.count("config") && !line.count("data") && !line.count("task"))
-        throw UsageError("--resume " + echo(line["resume"].as<std::string>(), 200) +
-                         ": the run's options are unknown (no config.txt in " +
-                         echo(resume.run, 200) + "); give them, or --config FILE");
+        throw UsageError("--resume " + echo(given, 200) + ": the run's options are unknown (no " +
+                         "config.txt in " + echo(resume.run, 200) + "); give them, or --config FILE");
       if (!line.count("out")) args.insert(args.end(), {"--out", resume.run});
     }
   }
