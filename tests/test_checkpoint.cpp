@@ -932,6 +932,21 @@ TEST(Progress, ANarrowTerminalDropsFieldsInOrderAndALogKeepsThemAll) {
   EXPECT_EQ(line(20, false), full);
 }
 
+// A tty's notes and summary are broken at spaces to its width; a log's stay whole.
+TEST(Progress, ATerminalsNotesAreBrokenToItsWidthALogsAreNot) {
+  const std::string note = "train: a note of some length that a narrow terminal cannot hold";
+  std::ostringstream tty, log;
+  Progress t(3, 1, true, tty, [] { return 0.0; }), l(3, 1, false, log, [] { return 0.0; });
+  t.set_width(30);
+  l.set_width(30);
+  t.note(note);
+  t.finish(note);
+  l.note(note);
+  EXPECT_EQ(tty.str(), "train: a note of some length\n  that a narrow terminal\n  cannot hold\n"
+                       "train: a note of some length\n  that a narrow terminal\n  cannot hold\n");
+  EXPECT_EQ(log.str(), note + "\n");
+}
+
 TEST(Progress, Hms) {
   EXPECT_EQ(Progress::hms(0), "0:00:00");
   EXPECT_EQ(Progress::hms(3725.4), "1:02:05");

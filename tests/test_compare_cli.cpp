@@ -179,6 +179,8 @@ TEST_F(CliTest, TheReportFitsTheTerminalInBlocksAndWideKeepsOneLinePerKey) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_LE(longest(r.out), 72u) << r.out;
   EXPECT_NE(r.out.find("config: d_model=128"), std::string::npos) << r.out;
+  // A broken line keeps its aligned spaces: only the spaces of a break go.
+  EXPECT_NE(r.out.find("\ncell f32 seq iso     : "), std::string::npos) << r.out;
   ASSERT_EQ(wide.status, 0) << wide.err;
   EXPECT_EQ(rows_of(wide.out, "L0/F3/dt"), 1) << wide.out;
   EXPECT_GT(longest(wide.out), 300u) << wide.out;

@@ -178,7 +178,7 @@ int cmd_train(const std::vector<std::string>& given_args) {
   run.add_options()
     ("help,h", "this help")
     ("config", po::value<std::string>(), "a config file of the options above (a run's config.txt)")
-    ("resume", po::value<std::string>(), "continue from this checkpoint (every setting must match)")
+    ("resume", po::value<std::string>(), "continue a run: RUN (a run folder: its latest checkpoint) or a checkpoint file; the run's config.txt gives every option not on the command line, its folder is --out; every setting must match, but a larger --steps extends the run")
     ("force", po::bool_switch(), "start over in an --out that holds another run");
   po::options_description par("Data parallelism (TRAINING.md §8; not part of a run's settings: a checkpoint resumes with any rank count)");
   par.add_options()
@@ -284,7 +284,7 @@ int cmd_train(const std::vector<std::string>& given_args) {
       o.optim.warmup = std::max<Idx>(1, o.optim.steps / 10);
       warmup_note = "train: warmup " + std::to_string(o.optim.warmup) +
                     " step(s), a tenth of the run: the default --warmup 100 is longer than --steps " +
-                    std::to_string(o.optim.steps) + " (give --warmup to choose)";
+                    std::to_string(o.optim.steps);
     }
   }
   o.optim.min_lr_ratio = vm["min-lr-ratio"].as<double>();
@@ -342,7 +342,8 @@ int cmd_train(const std::vector<std::string>& given_args) {
                        std::to_string(o.par.world - 1) +
                        ": --rank, or a launcher's RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID");
   }
-  if (!warmup_note.empty()) std::cout << warmup_note << "\n";
+  if (!warmup_note.empty())
+    std::cout << (o.tty ? harness::wrap_words(warmup_note, o.width, 2) : warmup_note) << "\n";
   try {
     return train::run_training(o, std::cout);
   } catch (const train::RunFinished& e) {

@@ -13,6 +13,7 @@
 
 #include "error.hpp"
 #include "temp_files.hpp"
+#include "terminal.hpp"
 
 namespace m3::train {
 
@@ -116,7 +117,8 @@ void Progress::draw() {
   pending_ = false;
 }
 
-void Progress::note(const std::string& line) {
+void Progress::note(const std::string& text) {
+  const std::string line = tty_ ? harness::wrap_words(text, width_, 2) : text;
   if (tty_ && line_active_) {
     out_ << "\r" << kClearToEol << line << "\n";
     draw();
@@ -142,7 +144,7 @@ void Progress::finish(const std::string& summary) {
     if (line_active_) out_ << "\n";
     line_active_ = false;
   }
-  if (!summary.empty()) out_ << summary << "\n";
+  if (!summary.empty()) out_ << (tty_ ? harness::wrap_words(summary, width_, 2) : summary) << "\n";
   out_ << std::flush;
 }
 

@@ -10,8 +10,9 @@
 // update, so a resumed run estimates from its own steps.)
 // A terminal narrower than the text (set_width) gets the fields that fit, the others dropped
 // in this order: tok/s, lr, elapsed, avg; then the fields one space apart; then the text cut
-// to width − 1 columns (a full-width line would wrap on some terminals). A log gets every
-// field whatever the width.
+// to width − 1 columns (a full-width line would wrap on some terminals); its notes and the
+// summary are broken at spaces to the width. A log gets every field and every line whole,
+// whatever the width.
 //   tty      one updating line: "\r" + text + "\x1b[K" (clear to the end of the line), redrawn at
 //            most every 0.1 s and always at the last step; note() clears it, prints the note on
 //            a line of its own and redraws it below; busy(what) shows "  [what]" after the
