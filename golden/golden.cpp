@@ -221,6 +221,20 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
 
 // ---- reading helpers ------------------------------------------------------------------------
 
+// How to make the file again, for a message about what is wrong with it: a built-in case's
+// regen command; for an m3h dump (kind = "dump"), that it is no golden file; else the command
+// that writes a golden file of one's own problem. Never a command that would fail (regen
+// --case of a name that is no built-in case).
+std::string regen_hint(const h5::Reader& r, const std::string& name) {
+  for (const CaseDef& d : builtin_cases())
+    if (d.name == name) return "regenerate with m3h golden regen --case " + name + " --force";
+  if (r.is_group(kMeta) && r.has_attr(kMeta, "kind") && r.attr_string(kMeta, "kind") == "dump")
+    return "an m3h dump, not a golden file; m3h golden regen --out FILE.h5 writes a golden file "
+           "of a problem of your own";
+  return "not a built-in case; m3h golden regen --out " + r.path() +
+         " --force with its problem options writes it again";
+}
+
 struct FileReader {
   const h5::Reader& r;
   std::string name;  // case name, for the regen hint
@@ -242,8 +256,7 @@ struct FileReader {
   Tensor dataset(const std::string& path, const std::vector<Idx>& shape) const {
     if (!r.has(path) || r.is_group(path))
       fail("missing dataset '" + path + "'",
-           "the registry expects it, shape " + shape_str(shape) + "; regenerate with m3h golden "
-           "regen --case " + name + " --force");
+           "the registry expects it, shape " + shape_str(shape) + "; " + regen_hint(r, name));
     if (r.dtype(path) != h5::DType::F64)
       fail("dataset '" + path + "' is stored as " + precision_name(r.dtype(path)),
            "golden files hold f64 only");
@@ -391,6 +404,9 @@ void write_golden(const std::string& path, const GoldenCase& gc, bool force) {
   write_run_attrs(w, kMeta, c, pb.B, pb.T, pb.seed);
   w.attr(kMeta, "scan_modes", mode_list(gc.modes));
   w.attr(kMeta, "precision", precision_name(Precision::F64));
+  // A token model's gradients are those of S·loss (HARNESS.md §9), so the file says S; only
+  // there, so that the backbone-only files keep their bytes.
+  if (pb.token_model()) w.attr(kMeta, "loss_scale", pb.loss_scale());
 
   const auto params = expected_param_keys(c);
   for (const KeyedParam& kp : params)
@@ -434,7 +450,7 @@ GoldenCase read_golden(const std::string& path) {
 
   if (!r.is_group(kMeta)) f.fail("not a golden file: no /meta group");
   if (r.has_attr(kMeta, "case")) f.name = f.meta_string("case");
-  const std::string regen = "regenerate with m3h golden regen --case " + f.name + " --force";
+  const std::string regen = regen_hint(r, f.name);
   if (!r.has_attr(kMeta, "schema_version"))
     f.fail("not a golden file: /meta has no schema_version attribute", regen);
   const std::int64_t version = f.meta_int("schema_version");
@@ -523,6 +539,17 @@ GoldenCase read_golden(const std::string& path) {
         (k == TokenInput::Tok ? pb.tok : pb.tgt).assign(v.begin(), v.end());
       expected_paths.insert(token_path(k));
     }
+  // The scale of a token model's gradients: stored, and the one its weights give (N = Σ w).
+  if (pb.token_model()) {
+    if (!r.has_attr(kMeta, "loss_scale"))
+      f.fail("/meta has no loss_scale attribute",
+             "a token model's gradients are of S*loss and the file must say S; " + regen);
+    const double stored = f.meta_double("loss_scale");
+    if (stored != pb.loss_scale())
+      f.fail("/meta loss_scale disagrees with the weights",
+             why("stored ", stored, ", the weights give S = 2^ceil(log2 N) = ", pb.loss_scale(),
+                 " (N = ", pb.scored(), ")"));
+  }
   const auto specs = input_specs(c, pb.B, pb.T);
   const auto vecs = input_vecs(pb);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -557,6 +584,10 @@ GoldenCase read_golden(const std::string& path) {
       f.fail("unexpected dataset '" + p + "'",
              "not produced by the registry for this config and scan_modes '" +
                  mode_list(gc.modes) + "'; " + regen);
+  // Last, so that a file of the other kind is named by its datasets first.
+  if (!pb.token_model() && r.has_attr(kMeta, "loss_scale"))
+    f.fail("/meta has a loss_scale attribute but no vocab_size",
+           "only a token model's gradients are scaled");
   check_problem(pb, r.path().c_str());
   return gc;
 }

@@ -68,8 +68,9 @@ GoldenCase compute_case(const std::string& name, const Problem& pb,
 void write_golden(const std::string& path, const GoldenCase& gc, bool force);
 
 // Reads and validates a golden file; throws m3::Error with one line naming the file and what
-// is wrong (a schema mismatch names the version found, the version expected and the command
-// "m3h golden regen --case NAME --force").
+// is wrong (a schema mismatch names the version found, the version expected and how to write
+// the file again: "m3h golden regen --case NAME --force" for a built-in case, otherwise the
+// regen --out command, or — for an m3h dump — that it is no golden file).
 GoldenCase read_golden(const std::string& path);
 
 // ---- comparing two cases ------------------------------------------------------------------

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "error.hpp"
+#include "terminal.hpp"
 
 namespace m3::harness {
 
@@ -32,6 +34,13 @@ std::string center(const std::string& s, size_t w) {
 std::string rstrip(std::string s) {
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
+}
+
+// Each line of `text` broken at spaces to fit `width` (0: as it is), continuations indented.
+void emit_wrapped(std::ostream& os, const std::string& text, int width) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) os << wrap_words(line, width, 2) << "\n";
 }
 
 // Four characters, for the compact cells (the legend is in report.hpp and the header).
@@ -192,7 +201,8 @@ RuleSummary rule_summary(const Comparison& c) {
   return r;
 }
 
-void print_compare_header(std::ostream& os, const Comparison& c) {
+void print_compare_header(std::ostream& out, const Comparison& c, const ReportOptions& opt) {
+  std::ostringstream os;
   const RunSpec& s = c.spec;
   os << "m3h compare: oracle=" << c.oracle_name << " device=" << s.device << "\n";
   for (const Lineup& l : c.lineups)
@@ -223,6 +233,7 @@ void print_compare_header(std::ostream& os, const Comparison& c) {
        << rs.iso << " (no depth factor)\n";
   os << "flags: FAIL over budget, NAN non-finite subject, MISS not captured, SHPE shape "
         "differs, ORCL oracle/baseline unusable\n";
+  emit_wrapped(out, os.str(), opt.width);
 }
 
 void print_compare_table(std::ostream& os, const Comparison& c, const ReportOptions& opt) {
@@ -237,44 +248,65 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
   // ":" separates the sub-columns of a group, "|" the groups.
   const size_t nc = std::max<size_t>(1, c.spec.compare_modes.size());
   auto sep = [&](size_t m) { return std::string(nc > 1 && m % nc != 0 ? " : " : " | "); };
-  std::string line = pad_right("", kw);
-  if (nc > 1) {
-    for (size_t m = 0; m < c.cells.size(); m += nc)
-      line += " | " + center(group_name(c.cells[m]), nc * cw + (nc - 1) * 3);
-    os << rstrip(line) << "\n";
-    line = pad_right("", kw);
-    for (size_t m = 0; m < c.cells.size(); ++m)
-      line += sep(m) + center(c.cells[m].compare_mode == CompareMode::Isolated ? "iso" : "e2e", cw);
-  } else {
-    for (const auto& m : c.cells) line += " | " + center(cell_name(m), cw);
+  // Blocks of whole groups that fit opt.width beside the key column (at least one group each).
+  const size_t group_width = nc * (cw + 3);
+  const size_t n_groups = (c.cells.size() + nc - 1) / nc;
+  size_t per_block = n_groups;
+  if (opt.width > 0 && kw + n_groups * group_width > static_cast<size_t>(opt.width))
+    per_block = std::max<size_t>(
+        1, (static_cast<size_t>(opt.width) > kw ? static_cast<size_t>(opt.width) - kw : 0) /
+               group_width);
+  // As many blocks as needed, as even as they can be (6 groups by at most 4: 3 + 3).
+  if (n_groups > 0) {
+    const size_t blocks = (n_groups + per_block - 1) / per_block;
+    per_block = (n_groups + blocks - 1) / blocks;
   }
-  os << rstrip(line) << "\n";
-  char buf[128];
-  if (opt.wide)
-    std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", "max_abs", "rel_l2", "p95_rel",
-                  "%budget", "");
-  else
-    std::snprintf(buf, sizeof buf, "%8s %8s %-4s", "rel_l2", "%budget", "");
-  line = pad_right("key", kw);
-  for (size_t m = 0; m < c.cells.size(); ++m) line += sep(m) + buf;
-  os << rstrip(line) << "\n" << std::string(kw, '-');
-  for (size_t m = 0; m < c.cells.size(); ++m)
-    os << (nc > 1 && m % nc != 0 ? "-:-" : "-+-") << std::string(cw, '-');
-  os << "\n";
-
+  // The rows shown: every key, or (--failures-only) those that fail in some cell of any block.
+  std::vector<std::string> shown;
   for (const auto& k : keys) {
     bool any_fail = false;
     for (size_t m = 0; m < c.cells.size(); ++m) {
       auto it = idx[m].find(k);
       if (it != idx[m].end() && !it->second->pass()) any_fail = true;
     }
-    if (opt.failures_only && !any_fail) continue;
-    line = pad_right(k, kw);
-    for (size_t m = 0; m < c.cells.size(); ++m) {
-      auto it = idx[m].find(k);
-      line += sep(m) + cell_text(it == idx[m].end() ? nullptr : it->second, opt.wide);
+    if (!opt.failures_only || any_fail) shown.push_back(k);
+  }
+  if (opt.failures_only && shown.empty()) os << "no failures (--failures-only: no row to show)\n";
+  for (size_t g0 = 0; g0 < n_groups && !shown.empty(); g0 += per_block) {
+    const size_t first = g0 * nc, last = std::min(c.cells.size(), (g0 + per_block) * nc);
+    if (g0 > 0) os << "\n";
+    std::string line = pad_right("", kw);
+    if (nc > 1) {
+      for (size_t m = first; m < last; m += nc)
+        line += " | " + center(group_name(c.cells[m]), nc * cw + (nc - 1) * 3);
+      os << rstrip(line) << "\n";
+      line = pad_right("", kw);
+      for (size_t m = first; m < last; ++m)
+        line += sep(m) + center(c.cells[m].compare_mode == CompareMode::Isolated ? "iso" : "e2e", cw);
+    } else {
+      for (size_t m = first; m < last; ++m) line += " | " + center(cell_name(c.cells[m]), cw);
     }
     os << rstrip(line) << "\n";
+    char buf[128];
+    if (opt.wide)
+      std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", "max_abs", "rel_l2", "p95_rel",
+                    "%budget", "");
+    else
+      std::snprintf(buf, sizeof buf, "%8s %8s %-4s", "rel_l2", "%budget", "");
+    line = pad_right("key", kw);
+    for (size_t m = first; m < last; ++m) line += sep(m) + buf;
+    os << rstrip(line) << "\n" << std::string(kw, '-');
+    for (size_t m = first; m < last; ++m)
+      os << (nc > 1 && m % nc != 0 ? "-:-" : "-+-") << std::string(cw, '-');
+    os << "\n";
+    for (const auto& k : shown) {
+      line = pad_right(k, kw);
+      for (size_t m = first; m < last; ++m) {
+        auto it = idx[m].find(k);
+        line += sep(m) + cell_text(it == idx[m].end() ? nullptr : it->second, opt.wide);
+      }
+      os << rstrip(line) << "\n";
+    }
   }
 
   bool header = false;
@@ -285,7 +317,9 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
         os << "\n";
         header = true;
       }
-      print_detail(os, m, r);
+      std::ostringstream detail;
+      print_detail(detail, m, r);
+      emit_wrapped(os, detail.str(), opt.width);
     }
   for (const auto& m : c.cells)
     if (!m.extra_keys.empty()) {
@@ -361,7 +395,10 @@ void summary_line(std::ostream& os, const Comparison& c, const std::vector<size_
 
 }  // namespace
 
-void print_compare_summary(std::ostream& os, const Comparison& c) {
+namespace {
+
+// The summary's lines, unwrapped (print_compare_summary fits them to the width).
+void summary_lines(std::ostream& os, const Comparison& c) {
   // Per cell: counts and the tightest headroom.
   for (const auto& m : c.cells) {
     const TensorResult* worst = m.tightest_passing();
@@ -411,12 +448,20 @@ void print_compare_summary(std::ostream& os, const Comparison& c) {
   os << "); " << c.n_fail() << " of " << c.n_checks() << " tensor checks failed\n";
 }
 
+}  // namespace
+
+void print_compare_summary(std::ostream& out, const Comparison& c, const ReportOptions& opt) {
+  std::ostringstream os;
+  summary_lines(os, c);
+  emit_wrapped(out, os.str(), opt.width);
+}
+
 void print_compare(std::ostream& os, const Comparison& c, const ReportOptions& opt) {
-  print_compare_header(os, c);
+  print_compare_header(os, c, opt);
   os << "\n";
   print_compare_table(os, c, opt);
   os << "\n";
-  print_compare_summary(os, c);
+  print_compare_summary(os, c, opt);
 }
 
 void print_bench(std::ostream& os, const BenchSpec& spec, const std::vector<BenchRow>& rows) {

@@ -37,6 +37,9 @@
 // "summary: PASS|FAIL (e2e PASS|FAIL, isolated PASS|FAIL); <n> of <m> tensor checks failed".
 // Isolated cells are named "<precision> <mode> iso" ("bf16 chunked iso").
 //
+// Fitting a terminal: ReportOptions::width (m3h compare: the terminal's width, or 100 for a
+// log; none with --wide).
+//
 // bench: a header and a table of precision, scan, forward ms, backward ms, tokens/s.
 // Every line is plain ASCII with fixed-width columns so that grep/awk can read it.
 #pragma once
@@ -54,6 +57,12 @@ struct ReportOptions {
   bool failures_only = false;  // table rows only for keys that fail in some cell
   bool details = false;        // a worst-element line for every row, not only failures
   bool wide = false;           // max_abs, rel_l2, p95_rel, %budget per cell
+  // Columns the report must fit (0: no limit). The table is then cut into blocks of whole
+  // (precision, scan mode) groups, each block repeating the key column and headed like the
+  // whole table, one after another with a blank line between; the other lines are broken at
+  // spaces, the continuation indented by two. A single group wider than the limit keeps its
+  // width.
+  int width = 0;
 };
 
 // The pass rule a comparison applied (budget.hpp), derived from its lineups: the limit in
@@ -67,9 +76,9 @@ struct RuleSummary {
 };
 RuleSummary rule_summary(const Comparison& c);
 
-void print_compare_header(std::ostream& os, const Comparison& c);
+void print_compare_header(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
 void print_compare_table(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
-void print_compare_summary(std::ostream& os, const Comparison& c);
+void print_compare_summary(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
 // Header, table, summary.
 void print_compare(std::ostream& os, const Comparison& c, const ReportOptions& opt = {});
 

@@ -487,11 +487,26 @@ TEST(Checkpoint, ResumeMismatchNamesTheFirstDifferingSettingAndTheData) {
   EXPECT_EQ(resume_mismatch(saved, now), "");
   set(now, "seed", "8");
   set(now, "lr", "0.002");
-  EXPECT_EQ(resume_mismatch(saved, now), "resume: setting 'lr' differs: checkpoint 0.001, now 0.002");
+  EXPECT_EQ(resume_mismatch(saved, now),
+            "resume: --lr differs from the checkpoint's: checkpoint 0.001, now 0.002");
   now = saved;
   now.settings.emplace_back("val_fraction", "0.05");
   EXPECT_EQ(resume_mismatch(saved, now),
-            "resume: setting 'val_fraction' differs: checkpoint not set, now 0.05");
+            "resume: --val-fraction differs from the checkpoint's: checkpoint not set, now 0.05");
+  // Settings named by the option that sets them, never by an internal key.
+  for (const auto& [setting, option] :
+       std::vector<std::pair<std::string, std::string>>{{"d_model", "--d-model"},
+                                                        {"n_layers", "--layers"},
+                                                        {"precision", "--dtype"},
+                                                        {"is_outproj_norm", "--outproj-norm"},
+                                                        {"grad_accum", "--grad-accum"},
+                                                        {"n_max", "--task-opt n_max"}}) {
+    CheckpointMeta was, is;
+    was.settings = {{setting, "1"}};
+    is.settings = {{setting, "7"}};
+    EXPECT_EQ(resume_mismatch(was, is),
+              "resume: " + option + " differs from the checkpoint's: checkpoint 1, now 7");
+  }
   now = saved;
   now.data_hash = 0x0123456789abcdefULL;
   const std::string msg = resume_mismatch(saved, now);
@@ -800,10 +815,10 @@ TEST(Progress, PlainModePrintsEveryLogEveryStepsAndTheLast) {
   }
   p.finish("done: 10 steps");
   EXPECT_EQ(os.str(),
-            "step 4/10  loss 2.6000  val -  lr 1.00e-03  1000 tok/s  elapsed 0:00:04  eta 0:00:06\n"
+            "step 4/10  loss 2.6000 (avg 2.7436)  val -  lr 1.00e-03  1000 tok/s  elapsed 0:00:04  eta 0:00:06\n"
             "checkpoint written: ckpt-00000006.h5\n"
-            "step 8/10  loss 2.2000  val 2.5000  lr 1.00e-03  1000 tok/s  elapsed 0:00:08  eta 0:00:02\n"
-            "step 10/10  loss 2.0000  val 2.5000  lr 1.00e-03  1000 tok/s  elapsed 0:00:10  eta 0:00:00\n"
+            "step 8/10  loss 2.2000 (avg 2.5231)  val 2.5000  lr 1.00e-03  1000 tok/s  elapsed 0:00:08  eta 0:00:02\n"
+            "step 10/10  loss 2.0000 (avg 2.4079)  val 2.5000  lr 1.00e-03  1000 tok/s  elapsed 0:00:10  eta 0:00:00\n"
             "done: 10 steps\n");
 }
 
@@ -816,22 +831,22 @@ TEST(Progress, ResumedRunEstimatesFromItsOwnSteps) {
   t = 106;
   p.update(8, 1.0, 0.75, 5e-4, 20);  // 6 s for 2 steps, 4 to go
   EXPECT_EQ(os.str(),
-            "step 8/12  loss 1.0000  val 0.7500  lr 5.00e-04  20 tok/s  elapsed 0:00:06  eta 0:00:12\n");
+            "step 8/12  loss 1.0000 (avg 1.0000)  val 0.7500  lr 5.00e-04  20 tok/s  elapsed 0:00:06  eta 0:00:12\n");
 }
 
 namespace {
 // The tty tests' status lines: 3 steps at 10 tok/s, lr 1e-3, loss 1, the steps at t = 1 and 1.01.
 const std::string kTtyStep1 =
-    "step 1/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
+    "step 1/3  loss 1.0000 (avg 1.0000)  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
 const std::string kTtyStep2 =
-    "step 2/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
+    "step 2/3  loss 1.0000 (avg 1.0000)  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:01";
 }  // namespace
 
 TEST(Progress, TtyModeRedrawsOneLine) {
   std::ostringstream os;
   double t = 0;
   Progress p(3, 100, true, os, [&] { return t; });
-  const std::string l3 = "step 3/3  loss 1.0000  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:02  eta 0:00:00";
+  const std::string l3 = "step 3/3  loss 1.0000 (avg 1.0000)  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:02  eta 0:00:00";
   t = 1;
   p.update(1, 1.0, std::nullopt, 1e-3, 10);
   t = 1.01;  // within 0.1 s of the last draw: not drawn
@@ -860,6 +875,76 @@ TEST(Progress, BusyShowsWhatThePauseIsDoingUntilTheNextUpdate) {
   Progress q(3, 1, false, plain, [&] { return t; });
   q.busy("checking");
   EXPECT_EQ(plain.str(), "");
+}
+
+// The smoothed loss: a_k = 0.95·a_{k−1} + 0.05·loss_k, divided by 1 − 0.95^k (steps 1–4 of
+// losses 2.9, 2.8, 2.7, 2.6: Σ 0.05·0.95^(4−k)·loss_k / (1 − 0.95^4) = 2.7436, not the plain
+// mean 2.75 nor the last loss).
+TEST(Progress, TheAverageIsTheDebiasedMovingAverageOfTheLosses) {
+  std::ostringstream os;
+  double t = 0;
+  Progress p(4, 4, false, os, [&] { return t; });
+  for (Idx s = 1; s <= 4; ++s) p.update(s, 3.0 - 0.1 * static_cast<double>(s), std::nullopt, 1e-3, 1);
+  EXPECT_NE(os.str().find("loss 2.6000 (avg 2.7436)"), std::string::npos) << os.str();
+}
+
+// A resumed run's elapsed time goes on from the checkpoint's (set_elapsed_before), while the
+// estimate of the time left comes from this process's steps alone.
+TEST(Progress, ElapsedContinuesFromTheTimeBeforeAResume) {
+  std::ostringstream os;
+  double t = 50;
+  Progress p(12, 1, false, os, [&] { return t; });
+  p.set_elapsed_before(3600);
+  t = 52;
+  p.update(11, 1.0, std::nullopt, 1e-3, 1);
+  EXPECT_NE(os.str().find("elapsed 1:00:02  eta 0:00:02"), std::string::npos) << os.str();
+  EXPECT_DOUBLE_EQ(p.elapsed(), 3602);
+}
+
+// On a terminal narrower than the status, fields go in the documented order (tok/s, lr,
+// elapsed, avg), then the gaps shrink, then the text is cut; a log keeps every field.
+TEST(Progress, ANarrowTerminalDropsFieldsInOrderAndALogKeepsThemAll) {
+  const std::string full =
+      "step 1/3  loss 1.0000 (avg 1.0000)  val -  lr 1.00e-03  10 tok/s  elapsed 0:00:01  eta 0:00:02";
+  auto line = [](int width, bool tty) {
+    std::ostringstream os;
+    double t = 0;
+    Progress p(3, 1, tty, os, [&] { return t; });
+    p.set_width(width);
+    t = 1;
+    p.update(1, 1.0, std::nullopt, 1e-3, 10);
+    std::string s = os.str();
+    if (tty) s = s.substr(1, s.size() - 1 - 3);  // without "\r" and "\x1b[K"
+    else s.pop_back();                           // without the newline
+    return s;
+  };
+  EXPECT_EQ(line(0, true), full);
+  EXPECT_EQ(line(static_cast<int>(full.size()) + 1, true), full);
+  EXPECT_EQ(line(90, true),
+            "step 1/3  loss 1.0000 (avg 1.0000)  val -  lr 1.00e-03  elapsed 0:00:01  eta 0:00:02");
+  EXPECT_EQ(line(80, true), "step 1/3  loss 1.0000 (avg 1.0000)  val -  elapsed 0:00:01  eta 0:00:02");
+  EXPECT_EQ(line(60, true), "step 1/3  loss 1.0000 (avg 1.0000)  val -  eta 0:00:02");
+  EXPECT_EQ(line(44, true), "step 1/3  loss 1.0000  val -  eta 0:00:02");
+  EXPECT_EQ(line(40, true), "step 1/3 loss 1.0000 val - eta 0:00:02");
+  EXPECT_EQ(line(36, true), "step 1/3 loss 1.0000 val - eta 0:00");
+  EXPECT_EQ(line(20, true), "step 1/3 loss 1.000");
+  for (int w : {20, 36, 40, 44, 60, 80, 90}) EXPECT_LT(static_cast<int>(line(w, true).size()), w) << w;
+  EXPECT_EQ(line(20, false), full);
+}
+
+// A tty's notes and summary are broken at spaces to its width; a log's stay whole.
+TEST(Progress, ATerminalsNotesAreBrokenToItsWidthALogsAreNot) {
+  const std::string note = "train: a note of some length that a narrow terminal cannot hold";
+  std::ostringstream tty, log;
+  Progress t(3, 1, true, tty, [] { return 0.0; }), l(3, 1, false, log, [] { return 0.0; });
+  t.set_width(30);
+  l.set_width(30);
+  t.note(note);
+  t.finish(note);
+  l.note(note);
+  EXPECT_EQ(tty.str(), "train: a note of some length\n  that a narrow terminal\n  cannot hold\n"
+                       "train: a note of some length\n  that a narrow terminal\n  cannot hold\n");
+  EXPECT_EQ(log.str(), note + "\n");
 }
 
 TEST(Progress, Hms) {

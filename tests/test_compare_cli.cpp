@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -40,11 +41,15 @@
 #include "json.hpp"
 #include "metrics.hpp"
 #include "precision.hpp"
+#include "presets.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
 
 #ifndef M3H_PATH
 #error "M3H_PATH must name the m3h executable"
+#endif
+#ifndef M3_EXAMPLES_DIR
+#error "M3_EXAMPLES_DIR must name docs/examples"
 #endif
 
 namespace m3 {
@@ -143,6 +148,232 @@ TEST_F(CliTest, CompareAllThreePrecisionsOnASmallPresetExitsZero) {
                           "f16 chunked"})
     EXPECT_NE(r.out.find(col), std::string::npos) << col;
   EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+// Every line of a report fits the terminal: COLUMNS when set, else 100 columns (a log). The
+// table comes in blocks of whole (precision, scan mode) groups, each repeating the key column;
+// --wide gives the one unbroken table (a key per line, however wide).
+TEST_F(CliTest, TheReportFitsTheTerminalInBlocksAndWideKeepsOneLinePerKey) {
+  auto longest = [](const std::string& text) {
+    std::size_t most = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) most = std::max(most, line.size());
+    return most;
+  };
+  auto rows_of = [](const std::string& text, const std::string& key) {
+    int n = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) n += line.rfind(key + " ", 0) == 0;
+    return n;
+  };
+  const std::string run =
+      std::string("compare --device cpu --dtype f32,bf16 --mode both --stage 'L0/F3/*' ") + kSmall;
+  RunResult r = m3h(run);  // no terminal, no COLUMNS: 100
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_LE(longest(r.out), 100u) << r.out;
+  EXPECT_EQ(rows_of(r.out, "L0/F3/dt"), 4) << "one row per block of one group: " << r.out;
+  ::setenv("COLUMNS", "72", 1);
+  r = m3h(run);
+  const RunResult wide = m3h(run + " --wide");
+  ::unsetenv("COLUMNS");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_LE(longest(r.out), 72u) << r.out;
+  EXPECT_NE(r.out.find("config: d_model=128"), std::string::npos) << r.out;
+  // A broken line keeps its aligned spaces: only the spaces of a break go.
+  EXPECT_NE(r.out.find("\ncell f32 seq iso     : "), std::string::npos) << r.out;
+  ASSERT_EQ(wide.status, 0) << wide.err;
+  EXPECT_EQ(rows_of(wide.out, "L0/F3/dt"), 1) << wide.out;
+  EXPECT_GT(longest(wide.out), 300u) << wide.out;
+}
+
+// --failures-only with nothing failing says so instead of printing an empty table.
+TEST_F(CliTest, FailuresOnlyWithoutAFailureSaysNoFailures) {
+  const RunResult r =
+      m3h(std::string("compare --device cpu --dtype f32 --scan seq --failures-only ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\nno failures (--failures-only: no row to show)\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rel_l2  %budget"), std::string::npos) << "an empty table header: " << r.out;
+  EXPECT_NE(r.out.find("summary: PASS"), std::string::npos) << r.out;
+}
+
+// ---- names round-trip: what a report, --json, /meta or a run prints is read back ----------
+
+// The config as --json writes it (n_layers, is_outproj_norm as a JSON bool, a_floor, the derived
+// d_inner …), with B, T, seed and entering_states, is a config file giving the same problem; so
+// are the report's "config:" line's key=value pairs. A derived value that disagrees is refused
+// naming it.
+TEST_F(CliTest, TheNamesReportsAndJsonPrintAreReadBackFromAConfigFile) {
+  const std::string run = "compare --device cpu --dtype f32 --scan seq --wide --stage 'L0/F3/*' ";
+  RunResult r = m3h(run + "--d-model 32 --headdim 8 --layers 1 --B 1 --T 16 --seed 9 --zero-states "
+                          "--outproj-norm --a-floor 0.001 --json '" + path("a.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::ordered_json a = nlohmann::ordered_json::parse(read_file(path("a.json")));
+  std::string cfg;
+  for (const auto& [k, v] : a["config"].items())
+    cfg += k + " = " + (v.is_boolean() ? (v.get<bool>() ? "true" : "false") : v.dump()) + "\n";
+  cfg += "B = " + a["B"].dump() + "\nT = " + a["T"].dump() + "\nseed = " + a["seed"].dump() +
+         "\nentering_states = " + a["entering_states"].get<std::string>() + "\n";
+  write("from_json.cfg", cfg);
+  r = m3h(run + "--config '" + path("from_json.cfg").string() + "' --json '" +
+          path("b.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << cfg << r.err;
+  const nlohmann::ordered_json b = nlohmann::ordered_json::parse(read_file(path("b.json")));
+  EXPECT_EQ(a["config"], b["config"]);
+  for (const char* k : {"B", "T", "seed", "entering_states"}) EXPECT_EQ(a[k], b[k]) << k;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  // The report's config line: "config: d_model=32 … (d_inner=64 …)".
+  const std::string line = r.out.substr(r.out.find("config: ") + 8,
+                                        r.out.find('\n', r.out.find("config: ")) - r.out.find("config: ") - 8);
+  std::string from_line;
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    w.erase(std::remove(w.begin(), w.end(), '('), w.end());
+    w.erase(std::remove(w.begin(), w.end(), ')'), w.end());
+    from_line += w.substr(0, w.find('=')) + " = " + w.substr(w.find('=') + 1) + "\n";
+  }
+  write("from_line.cfg", from_line + "B = 1\nT = 16\nseed = 9\nentering_states = zero\n");
+  r = m3h(run + "--config '" + path("from_line.cfg").string() + "' --json '" +
+          path("c.json").string() + "'");
+  ASSERT_EQ(r.status, 0) << from_line << r.err;
+  EXPECT_EQ(a["config"], nlohmann::ordered_json::parse(read_file(path("c.json")))["config"]);
+
+  write("derived.cfg", "d_model = 32\nd_inner = 100\n");
+  r = m3h("compare --device cpu --config '" + path("derived.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("d_inner = 100 disagrees with the config, which gives 64"), std::string::npos)
+      << r.err;
+}
+
+// A run's own config.txt (m3h train's keys) is a problem for compare: the model's widths, B, T
+// and the seed are read; the training keys are named in one note on stderr and skipped.
+TEST_F(CliTest, ARunsConfigTxtIsReadByCompareWithItsTrainingKeysNamedAndSkipped) {
+  RunResult r = m3h("train --device cpu --task parity --d-model 8 --d-state 4 --headdim 4 "
+                    "--layers 1 --B 2 --T 16 --steps 2 --warmup 1 --val-batches 1 --out '" +
+                    path("run").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = m3h("compare --device cpu --dtype f32 --scan seq --wide --config '" +
+          (path("run") / "config.txt").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("m3h train's keys ignored here: task, eval-len, steps"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("config: d_model=8 d_state=4 expand=2 headdim=4 ngroups=1 n_layers=1"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" B=2 T=16 seed=0 "), std::string::npos) << r.out;
+  // Keys neither a problem nor a training option are still refused.
+  write("typo.cfg", "d_modle = 8\n");
+  r = m3h("compare --device cpu --config '" + path("typo.cfg").string() + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("unknown key 'd_modle'"), std::string::npos) << r.err;
+}
+
+// The example configs of docs/examples run as documented; train's reads the checkpoint /meta's
+// names (n_layers, precision).
+TEST_F(CliTest, TheShippedExampleConfigsRun) {
+  const std::string dir = M3_EXAMPLES_DIR;
+  RunResult r = m3h("compare --device cpu --dtype f32 --scan seq --config '" + dir + "/small-problem.cfg'");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("n_layers=2"), std::string::npos) << r.out;
+  r = m3h("train --device cpu --config '" + dir + "/train-parity.cfg' --steps 3 --warmup 1 --out '" +
+          path("parity").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const m3::h5::Reader ck((path("parity") / "ckpt-00000003.h5").string());
+  EXPECT_EQ(ck.attr_string("/meta", "precision"), "f32");
+  EXPECT_EQ(ck.attr_string("/meta", "n_layers"), "2");
+}
+
+// ---- dump: its size first, the keys listed, near keys for a pattern that matches nothing ----
+
+// '*' on the default problem is over a gigabyte: refused before any work, saying the size,
+// unless --force; a small dump says its size before writing it.
+TEST_F(CliTest, DumpSaysItsSizeAndALargeOneNeedsForce) {
+  const std::string out = path("all.h5").string();
+  RunResult r = m3h("dump --device cpu --stage '*' --out '" + out + "'");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("dump: about "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" MiB to write"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  r = m3h(std::string("dump --device cpu --stage 'L0/F3/*' --scan seq --out '") + out + "' " + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("m3h dump: about "), 0u) << "the size comes first: " << r.out;
+  EXPECT_LT(r.out.find("KiB"), r.out.find("wrote")) << r.out;
+}
+
+TEST_F(CliTest, DumpListKeysListsEveryKeyWithItsShapeAndWritesNothing) {
+  RunResult r = m3h(std::string("dump --list-keys --scan chunked ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  Config cfg = harness::find_preset("default").cfg;
+  cfg.n_layers = 1;
+  const auto want = harness::expected_keys(cfg, 1, 48, ScanMode::Chunked);
+  EXPECT_EQ(count_lines(r.out), static_cast<int>(want.size()) + 1) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(want.size()) + " key(s)\n"), std::string::npos) << r.out;
+  for (const std::string& k : {std::string("L0/F6/y "), std::string("grad/L0/in_proj_w ")})
+    EXPECT_NE(r.out.find("\n" + k), std::string::npos) << k << r.out;
+  EXPECT_NE(r.out.find("[48, 16, 16]  chunked"), std::string::npos) << r.out;  // L0/F6/y's shape
+  r = m3h(std::string("dump --list-keys --stage 'L0/F3/dt' ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("L0/F3/dt ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("seq,chunked"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 key(s)"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_NE(e.path().extension(), ".h5") << "--list-keys wrote " << e.path();
+}
+
+// A pattern that matches nothing names the nearest keys by edit distance (dump and compare).
+TEST_F(CliTest, AStagePatternThatMatchesNothingSuggestsTheNearestKeys) {
+  for (const std::string& cmd :
+       {"dump --device cpu --stage L0/F3/dtt --out '" + path("x.h5").string() + "' ",
+        std::string("compare --device cpu --stage L0/F3/dtt ")}) {
+    const RunResult r = m3h(cmd + kSmall);
+    EXPECT_EQ(r.status, 2) << cmd;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("matches no tensor of this run; nearest: L0/F3/dt, "), std::string::npos)
+        << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("--list-keys"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("x.h5")));
+}
+
+// m3h --version: the version, the source's git describe and the build, on one line.
+TEST_F(CliTest, VersionNamesTheRevisionTheBuildAndCuda) {
+  const RunResult r = m3h("--version");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_EQ(r.out.rfind("m3h 0.1 (git ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("(git unknown)"), std::string::npos) << "built from a git checkout: " << r.out;
+  EXPECT_NE(r.out.find(" build, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(m3::gpu::cuda_compiled() ? "CUDA yes\n" : "CUDA no\n"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(m3h("--version extra").status, 2);
+}
+
+// --json -: the JSON document alone on stdout (it parses), the report on stderr.
+TEST_F(CliTest, JsonDashWritesTheDocumentToStdoutAndTheReportToStderr) {
+  const RunResult r = m3h(std::string("compare --device cpu --dtype f32 --scan seq --stage 'L0/F3/*' --json - ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(r.out);
+  EXPECT_EQ(j["schema"], "m3h-compare/1");
+  EXPECT_NE(r.err.find("summary: PASS"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("-")));
+}
+
+// --dtype says its real default: determinism on the CPU runs (and its header names) f32
+// alone, and its help does not claim f32,bf16,f16 as the default; the other commands' helps
+// name theirs too.
+TEST_F(CliTest, DtypeDefaultsAreTheOnesThatRun) {
+  const RunResult r = m3h(std::string("determinism --device cpu --runs 2 --scan seq ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("m3h determinism: device=cpu precisions=f32 runs=2"), std::string::npos) << r.out;
+  const RunResult help = m3h("determinism --help");
+  EXPECT_EQ(help.out.find("(=f32,bf16,f16)"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--dtype arg  "), std::string::npos) << "no '(=…)' default: " << help.out;
+  EXPECT_NE(help.out.find("(default: all on the GPU;"), std::string::npos) << help.out;
+  EXPECT_NE(m3h("compare --help").out.find("--dtype arg (=all)"), std::string::npos);
+  EXPECT_NE(m3h("dump --help").out.find("--dtype arg (=f32)"), std::string::npos);
 }
 
 TEST_F(CliTest, DefaultDtypeIsAllThreePrecisions) {
@@ -333,7 +564,7 @@ TEST_F(CliTest, SizesWhoseProductsOverflowAreRefusedNamingTheProduct) {
       {"compare --device cpu --expand 2305843009213693952", "d_inner"},
       {"compare --device cpu --T 4 --chunk-size 9223372036854775807", "chunk_size"},
       {"determinism --device cpu --B 4611686018427387904 --T 4 --layers 1", "B*T"},
-      {"dump --stage '*' --out OUT --B 4611686018427387904 --T 4", "B*T"},
+      {"dump --device cpu --stage '*' --out OUT --B 4611686018427387904 --T 4", "B*T"},
   };
   for (const auto& [args, named] : cases) {
     std::string a = args;
@@ -541,9 +772,12 @@ TEST_F(CliTest, ExplicitGpuWithoutAGpuIsBadUsage) {
     EXPECT_NE(r.err.find("--device gpu"), std::string::npos) << r.err;
   }
   EXPECT_FALSE(fs::exists(path("g.h5")));
+  // The note is one line on stderr, headed by what it means; stdout stays the report.
   const RunResult r = m3h(std::string("compare --dtype f32 --scan seq ") + kSmall + " --device auto");
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("no GPU"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("m3h: no GPU found: running the CPU rows only ("), 0u) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.out.find("no GPU"), std::string::npos) << r.out;
 }
 
 // golden: an option the action does not use is bad usage (list --file was silently ignored),
@@ -657,6 +891,13 @@ TEST_F(CliTest, GoldenRegenWritesAndChecksAUsersOwnConfig) {
   r = m3h("golden check --file '" + out + "'");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("PASS mine"), std::string::npos) << r.out;
+  // --golden names a golden file in check as in compare (--file is its other name there).
+  r = m3h("golden check --golden '" + out + "'");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("PASS mine"), std::string::npos) << r.out;
+  r = m3h("golden regen --case default --golden '" + out + "'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--golden is for check"), std::string::npos) << r.err;
   // The output rule: no silent replacement; --force replaces.
   r = m3h("golden regen --d-model 16 --headdim 16 --out '" + out + "'");
   EXPECT_EQ(r.status, 2);

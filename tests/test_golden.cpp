@@ -99,8 +99,9 @@ const std::vector<std::string> kMetaInts = {
     "ngroups",        "n_layers", "is_outproj_norm", "input_dim", "input_proj_identity",
     "chunk_size",     "d_inner",  "nheads",     "num_rope_angles", "in_proj_dim",
     "B",              "T"};
-// Written only in a token model (absent = 0).
+// Written only in a token model (absent = 0; absent = no scale).
 const std::vector<std::string> kMetaOptionalInts = {"vocab_size"};
+const std::vector<std::string> kMetaOptionalDoubles = {"loss_scale"};
 
 struct Edits {
   std::string skip;                                  // dataset not copied
@@ -136,6 +137,8 @@ void copy_golden(const std::string& from, const std::string& to, const Edits& e)
   for (const auto& a : kMetaInts) meta(a, [&] { w.attr("/meta", a, r.attr_int("/meta", a)); });
   for (const auto& a : kMetaOptionalInts)
     if (r.has_attr("/meta", a)) meta(a, [&] { w.attr("/meta", a, r.attr_int("/meta", a)); });
+  for (const auto& a : kMetaOptionalDoubles)
+    if (r.has_attr("/meta", a)) meta(a, [&] { w.attr("/meta", a, r.attr_double("/meta", a)); });
   std::vector<std::string> paths;
   walk(r, "/", paths);
   for (const auto& p : paths) {
@@ -729,6 +732,33 @@ TEST_F(GoldenTokenReader, UneditedCopyReads) {
   EXPECT_EQ(read_error(edited({})), "");
 }
 
+// HARNESS.md §9: a token model's stored gradients are those of S·loss, S = 2^⌈log₂ N⌉; the
+// file says S in /meta (lm_step: N = 19 scored positions of 22, S = 32), and a reader (so golden
+// check) refuses a file that lacks it or whose S is not the one its weights give. A backbone
+// file has none.
+TEST_F(GoldenTokenReader, TheFileSaysTheScaleOfItsGradients) {
+  const h5::Reader r(src);
+  ASSERT_TRUE(r.has_attr("/meta", "loss_scale"));
+  EXPECT_EQ(r.attr_double("/meta", "loss_scale"), 32.0);
+  EXPECT_EQ(golden::read_golden(src).problem.loss_scale(), 32.0);
+  EXPECT_FALSE(h5::Reader(committed("no_rope")).has_attr("/meta", "loss_scale"));
+  Edits missing;
+  missing.meta = [](const std::string& a, h5::Writer&) { return a == "loss_scale"; };
+  std::string msg = read_error(edited(missing));
+  EXPECT_NE(msg.find("/meta has no loss_scale attribute"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("regenerate with m3h golden regen --case lm_step --force"), std::string::npos) << msg;
+  Edits wrong;
+  wrong.meta = [](const std::string& a, h5::Writer& w) {
+    if (a != "loss_scale") return false;
+    w.attr("/meta", a, 1.0);
+    return true;
+  };
+  msg = read_error(edited(wrong));
+  EXPECT_NE(msg.find("/meta loss_scale disagrees with the weights (stored 1, the weights give S = "
+                     "2^ceil(log2 N) = 32 (N = 19))"),
+            std::string::npos) << msg;
+}
+
 TEST_F(GoldenTokenReader, MisShapedTokenDatasetsAreNamed) {
   for (const char* path : {"/inputs/tok", "/inputs/tgt", "/inputs/w"}) {
     Edits e;
@@ -973,6 +1003,28 @@ TEST_F(GoldenCli, RegenForceReportsWhatChanged) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("changed: 1;"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("changed: chunked/L0/B3/d_proj max_abs 0.5"), std::string::npos) << r.out;
+}
+
+// golden check on a file that is no golden file suggests only what works: an m3h dump is
+// said to be one (no "regen --case <its stem>", which is no case); every line of regen is
+// headed "m3h golden: <case>: ".
+TEST_F(GoldenCli, CheckOnADumpSaysSoAndRegenLinesNameTheTool) {
+  CliResult r = run_m3h("dump --device cpu --stage 'L0/F3/dt' --layers 1 --B 1 --T 8 --out '" +
+                            tmp.file("y.h5") + "'",
+                        tmp);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_m3h("golden check --golden '" + tmp.file("y.h5") + "'", tmp);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("an m3h dump, not a golden file"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("--case"), std::string::npos) << r.err;
+  fs::copy_file(committed("ngroups2"), tmp.file("ngroups2.h5"));
+  r = run_m3h("golden regen --case ngroups2 --force --dir '" + tmp.str() + "'", tmp);
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_GE(count_lines(r.out), 3) << r.out;  // replacing, the comparison, wrote
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_EQ(line.rfind("m3h golden: ngroups2: ", 0), 0u) << line;
 }
 
 TEST_F(GoldenCli, UsageErrorsExit2) {

@@ -245,7 +245,8 @@ TEST(SweepReproducer, RebuildsTheSameProblemThroughTheCommandLine) {
   for (const RunSpec& s : picks) {
     std::string args;
     for (const std::string& a : reproducer_args(s)) args += " '" + a + "'";
-    const Ran r = m3h("compare --device cpu --dtype f32 --scan seq --stage 'grad/*' --force --json '" +
+    // --wide: the report unbroken, its config line whole.
+    const Ran r = m3h("compare --device cpu --wide --dtype f32 --scan seq --stage 'grad/*' --force --json '" +
                       json + "'" + args);
     SCOPED_TRACE(args);
     ASSERT_EQ(r.status, 0) << r.out << r.err;

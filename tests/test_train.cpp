@@ -491,6 +491,8 @@ TEST_F(TrainRun, SkippedF16StepsLeaveTheScheduleAndAResumeKeepsTheLossScale) {
   expect_final("resumed again at step 6");
 }
 
+// A larger --steps extends the run (not a mismatch); any other changed setting is refused
+// naming its option; a shorter run, or the finished run again, is refused too.
 TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
   std::ostringstream sink;
   TrainOptions o = options("run", Precision::F32);
@@ -500,12 +502,44 @@ TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
   r.optim.steps = 6;
   r.resume = (dir_ / "run" / "ckpt-00000003.h5").string();
   r.optim.wd = 0.2;
-  try {
-    run_training(r, sink);
-    FAIL() << "no error";
-  } catch (const m3::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'steps'"), std::string::npos) << e.what();
+  m3::test::expect_one_line_error([&] { run_training(r, sink); }, "--wd differs");
+  r.optim.wd = o.optim.wd;
+  r.optim.steps = 2;
+  m3::test::expect_one_line_error([&] { run_training(r, sink); }, "--steps 2 is shorter");
+  r.optim.steps = 3;
+  EXPECT_THROW(run_training(r, sink), RunFinished);
+}
+
+// Extending a run (TRAINING.md §4): N steps, then a resume with --steps M > N, continues from
+// step N + 1 with the M-step schedule: the same rows as an M-step run resumed at N from a
+// checkpoint whose steps said M (the schedule is a function of t, warmup and steps alone); the
+// console and config.txt say so.
+TEST_F(TrainRun, ALargerStepsExtendsTheRunWithTheLongerSchedule) {
+  std::ostringstream sink;
+  TrainOptions o = options("ext", Precision::F32);
+  o.optim.steps = 4;
+  o.val_every = 0;
+  ASSERT_EQ(run_training(o, sink), 0);
+  TrainOptions e = o;
+  e.optim.steps = 7;
+  e.resume = (dir_ / "ext" / "ckpt-00000004.h5").string();
+  std::ostringstream log;
+  ASSERT_EQ(run_training(e, log), 0) << log.str();
+  EXPECT_NE(log.str().find("extending the run from 4 to 7 steps"), std::string::npos) << log.str();
+  EXPECT_NE(m3::test::slurp(dir_ / "ext" / "config.txt").find("# extended from 4 to 7 steps at step 4"),
+            std::string::npos);
+  const std::vector<MetricsRow> rows = read_metrics(dir_ / "ext");
+  ASSERT_EQ(rows.size(), 7u);
+  for (Idx k = 0; k < 7; ++k) {
+    EXPECT_EQ(rows[k].step, k + 1);
+    m3::OptimConfig sched = o.optim;
+    sched.steps = k < 4 ? 4 : 7;  // steps 1–4 ran under the 4-step schedule, 5–7 under 7's
+    EXPECT_EQ(rows[k].lr, m3::learning_rate(sched, k + 1)) << "step " << k + 1;
   }
+  Config cfg;
+  TrainState st;
+  const CheckpointMeta m = read_checkpoint((dir_ / "ext" / "ckpt-00000007.h5").string(), &cfg, &st);
+  EXPECT_EQ(int_setting(m, "steps", 0), 7);
 }
 
 TEST_F(TrainRun, TrainingAParityModelLowersItsLoss) {
@@ -671,7 +705,7 @@ TEST_F(TrainCli, AnOutThatHoldsAnotherRunIsRefusedAndLeftAlone) {
 TEST_F(TrainCli, ACorruptOrMismatchedCheckpointIsOneLine) {
   const std::string run = std::string(kSmallRun) + " --task parity --out r";
   ASSERT_EQ(m3h(run).status, 0);
-  expect_usage_error(run + " --resume r/ckpt-00000003.h5 --lr 0.5", "'lr'");
+  expect_usage_error(run + " --resume r/ckpt-00000003.h5 --lr 0.5", "--lr differs");
   std::ofstream(dir_ / "bad.h5") << "not an HDF5 file";
   expect_usage_error(run + " --resume bad.h5", "bad.h5");
   expect_usage_error("sample --device cpu --checkpoint bad.h5", "bad.h5");
@@ -728,6 +762,10 @@ TEST_F(TrainCli, CompareOnACheckpointsTrainedWeights) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("grad/head_w"), std::string::npos);
   EXPECT_NE(r.out.find("checkpoint r/ckpt-00000003.h5"), std::string::npos) << r.out;
+  // A run folder means its latest checkpoint, as in sample, eval and train --resume.
+  const Result run = m3h("compare --device cpu --checkpoint r --T 24 --dtype f32 --scan seq");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("checkpoint r/ckpt-00000003.h5 (step 3)"), std::string::npos) << run.out;
   expect_usage_error("compare --device cpu --checkpoint r/ckpt-00000003.h5 --d-model 8", "--d-model");
 }
 

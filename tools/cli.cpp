@@ -20,6 +20,7 @@
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
 #include "resources.hpp"
+#include "run_dir.hpp"  // resolve_checkpoint
 
 namespace m3::tools {
 
@@ -43,6 +44,7 @@ void add_problem_fields(po::options_description& d) {
     ("ngroups", po::value<Idx>(), "ngroups (B/C groups; must divide nheads)")
     ("layers", po::value<Idx>(), "n_layers")
     ("rope-fraction", po::value<double>(), "rope_fraction (0.5 or 1.0)")
+    ("a-floor", po::value<double>(), "a_floor: A is clamped to A <= -a_floor (default 1e-4)")
     ("outproj-norm", po::value<bool>()->implicit_value(true), "gated RMSNorm before out_proj (is_outproj_norm)")
     ("chunk-size", po::value<Idx>(), "chunk size of the chunked scan")
     ("input-dim", po::value<Idx>(), "width of the backbone input X")
@@ -54,8 +56,23 @@ void add_problem_fields(po::options_description& d) {
 const char* const kProblemFields[] = {"preset",   "B",      "T",          "seed",
                                       "zero-states", "d-model", "d-state", "headdim",
                                       "expand",   "ngroups", "layers",     "rope-fraction",
-                                      "outproj-norm", "chunk-size", "input-dim", "vocab-size",
-                                      "input-proj-identity"};
+                                      "a-floor",  "outproj-norm", "chunk-size", "input-dim",
+                                      "vocab-size", "input-proj-identity"};
+
+// The values a config derives rather than sets, as reports, JSON and /meta print them: a
+// config file may hold them (a report's keys pasted back), and problem_from requires each to
+// be what the config gives.
+const char* const kDerivedFields[] = {"d-inner", "nheads", "num-rope-angles", "in-proj-dim",
+                                      "n-chunks"};
+
+void add_derived_fields(po::options_description& d) {
+  for (const char* name : kDerivedFields) d.add_options()(name, po::value<Idx>(), "derived");
+}
+
+// Other names of fields, as reports, JSON, golden /meta and checkpoints print them
+// (underscores already read as '-'): a file may use either.
+const std::pair<const char*, const char*> kFieldAliases[] = {
+    {"n-layers", "layers"}, {"is-outproj-norm", "outproj-norm"}, {"precision", "dtype"}};
 
 // Every option, of any command, whose value names a file the command reads. An output may
 // never be one of them (check_output_path), --force or not: replacing it would destroy the
@@ -106,6 +123,7 @@ std::uint64_t parse_seed(const std::string& text) {
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force) {
   namespace fs = std::filesystem;
   const std::string path = vm[option].as<std::string>();
+  if (option == "json" && path == "-") return;  // stdout
   const std::string what = "--" + option + " " + path;
   if (path.empty()) throw UsageError("--" + option + ": an empty file name");
   const fs::path p(path);
@@ -151,6 +169,47 @@ std::string stage_pattern(const po::variables_map& vm) {
   return pattern;
 }
 
+namespace {
+
+// The Levenshtein distance of a and b: insertions, deletions and substitutions of one
+// character each cost 1.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string near_keys_note(const std::string& pattern, const std::vector<std::string>& keys) {
+  if (keys.empty()) return "";
+  std::vector<std::string> items;
+  std::stringstream ss(pattern);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!trim(item).empty()) items.push_back(trim(item));
+  std::vector<std::pair<size_t, size_t>> ranked;  // (distance, index)
+  for (size_t k = 0; k < keys.size(); ++k) {
+    size_t best = std::string::npos;
+    for (const std::string& item : items) best = std::min(best, edit_distance(item, keys[k]));
+    ranked.emplace_back(best, k);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string note = "; nearest: ";
+  for (size_t i = 0; i < std::min<size_t>(3, ranked.size()); ++i)
+    note += (i ? ", " : "") + keys[ranked[i].second];
+  return note;
+}
+
 po::options_description problem_options(bool golden) {
   po::options_description d("Problem (a preset, then a --config file, then overrides)");
   add_problem_fields(d);
@@ -161,7 +220,7 @@ po::options_description problem_options(bool golden) {
   if (golden)
     d.add_options()
       ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option")
-      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
+      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train, or a run folder's latest (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
   // clang-format on
   return d;
 }
@@ -180,7 +239,17 @@ void store_config_file(const std::string& path, po::variables_map& vm,
   if (!in) throw UsageError("--config " + path + ": cannot open (" + std::strerror(errno) + ")");
   po::options_description problem_fields;
   add_problem_fields(problem_fields);
+  add_derived_fields(problem_fields);
   const po::options_description& fields = file_fields ? *file_fields : problem_fields;
+  // A run's config.txt read for a problem (compare --config RUN/config.txt): m3h train's keys
+  // that are no problem option are skipped, named in one note.
+  const po::options_description training = file_fields ? po::options_description() : train_fields();
+  std::vector<std::string> skipped;
+  // The options the command line gave: they win, a repeatable one too (its values are not
+  // added to the file's).
+  std::set<std::string> on_command_line;
+  for (const auto& kv : vm)
+    if (!kv.second.defaulted()) on_command_line.insert(kv.first);
   std::set<std::string> seen;
   std::string raw;
   int lineno = 0;
@@ -197,17 +266,37 @@ void store_config_file(const std::string& path, po::variables_map& vm,
     if (eq == std::string::npos)
       throw UsageError("config " + where + ": expected 'name = value', got '" + echo(line) + "'");
     const std::string written = trim(line.substr(0, eq));
-    const std::string value = trim(line.substr(eq + 1));
+    const std::string raw_value = trim(line.substr(eq + 1));
     if (written.empty())
       throw UsageError("config " + where + ": a value without a key ('" + echo(line) +
                        "'); write 'name = value'");
     std::string name = written;
+    std::string value = raw_value;
     for (char& c : name)
       if (c == '_') c = '-';
     if (name == "config" || name == "golden")
       throw UsageError("config " + where + ": '" + echo(written) + "' is not allowed in a config file");
-    if (!fields.find_nothrow(name, false))
+    for (const auto& [alias, field] : kFieldAliases)
+      if (name == alias && fields.find_nothrow(field, false)) name = field;
+    // The report's "entering_states=random|zero" is the zero-states switch.
+    if (name == "entering-states" && fields.find_nothrow("zero-states", false)) {
+      if (value != "random" && value != "zero")
+        throw UsageError("config " + where + ": bad value '" + echo(value) + "' for '" +
+                         echo(written) + "' (expected random or zero)");
+      name = "zero-states";
+      value = value == "zero" ? "true" : "false";
+    }
+    if (!fields.find_nothrow(name, false)) {
+      std::string as_trained = name;
+      for (const auto& [alias, field] : kFieldAliases)
+        if (name == alias) as_trained = field;
+      if (training.find_nothrow(as_trained, false)) {
+        if (std::find(skipped.begin(), skipped.end(), written) == skipped.end())
+          skipped.push_back(written);
+        continue;
+      }
       throw UsageError("config " + where + ": unknown key '" + echo(written) + "'");
+    }
     // A repeatable option (--task-opt) is written once per value, as a run's config.txt does.
     const po::option_description* field = fields.find_nothrow(name, false);
     const bool repeatable = field && field->semantic()->is_composing();
@@ -230,7 +319,7 @@ void store_config_file(const std::string& path, po::variables_map& vm,
       po::variables_map scratch;
       po::store(parsed, scratch);
       po::notify(scratch);
-      po::store(parsed, vm);
+      if (!(repeatable && on_command_line.count(name))) po::store(parsed, vm);
     } catch (const po::error&) {
       const char* expected = !file_fields && name == "rope-fraction"       ? "a number"
                              : name == "outproj-norm" || name == "zero-states" ||
@@ -242,6 +331,12 @@ void store_config_file(const std::string& path, po::variables_map& vm,
     }
   }
   if (in.bad()) throw UsageError("--config " + path + ": read error");
+  if (!skipped.empty()) {
+    std::string names;
+    for (const std::string& k : skipped) names += (names.empty() ? "" : ", ") + k;
+    std::cerr << "m3h: config " << echo(path, 200) << ": m3h train's keys ignored here: "
+              << echo(names, 400) << "\n";
+  }
 }
 
 harness::RunSpec problem_from(const po::variables_map& vm) {
@@ -270,6 +365,7 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
   idx("layers", s.cfg.n_layers);
   idx("chunk-size", s.cfg.chunk_size);
   if (vm.count("rope-fraction")) s.cfg.rope_fraction = vm["rope-fraction"].as<double>();
+  if (vm.count("a-floor")) s.cfg.a_floor = vm["a-floor"].as<double>();
   if (vm.count("outproj-norm")) s.cfg.is_outproj_norm = vm["outproj-norm"].as<bool>();
   // X keeps the model width unless told otherwise (every preset has input_dim = d_model).
   if (vm.count("input-dim")) s.cfg.input_dim = vm["input-dim"].as<Idx>();
@@ -286,6 +382,21 @@ harness::RunSpec problem_from(const po::variables_map& vm) {
     s.cfg.input_dim = s.cfg.vocab_size;
   }
   validate_run(s.cfg, s.B, s.T);
+  // Derived values a config file may carry must be the config's.
+  const std::pair<const char*, Idx> derived[] = {{"d-inner", s.cfg.d_inner()},
+                                                 {"nheads", s.cfg.nheads()},
+                                                 {"num-rope-angles", s.cfg.num_rope_angles()},
+                                                 {"in-proj-dim", s.cfg.in_proj_dim()},
+                                                 {"n-chunks", s.cfg.n_chunks(s.T)}};
+  for (const auto& [name, value] : derived)
+    if (vm.count(name) && vm[name].as<Idx>() != value) {
+      std::string key = name;
+      for (char& c : key)
+        if (c == '-') c = '_';
+      throw UsageError("config: " + key + " = " + std::to_string(vm[name].as<Idx>()) +
+                       " disagrees with the config, which gives " + std::to_string(value) +
+                       " (" + key + " is derived, not set)");
+    }
   return s;
 }
 
@@ -335,11 +446,12 @@ ProblemSource load_problem(const po::variables_map& vm) {
     }
     Config cfg;
     train::TrainState st;
-    const train::CheckpointMeta meta = train::read_checkpoint(path, &cfg, &st);
+    const std::string file = train::resolve_checkpoint(path, "--checkpoint");
+    const train::CheckpointMeta meta = train::read_checkpoint(file, &cfg, &st);
     const Idx run_T = train::int_setting(meta, "T", 256);
     harness::RunSpec spec;
     spec.preset = "";
-    spec.source = "checkpoint " + path + " (step " + std::to_string(meta.step) + ")";
+    spec.source = "checkpoint " + file + " (step " + std::to_string(meta.step) + ")";
     spec.cfg = cfg;
     spec.B = vm.count("B") ? vm["B"].as<Idx>() : 2;
     spec.T = vm.count("T") ? vm["T"].as<Idx>() : std::min<Idx>(256, run_T);
@@ -422,9 +534,11 @@ std::string resolve_device(const std::string& device, const char* fallback) {
   if (device == "cpu") return "cpu";
   const std::string absent = harness::gpu_absent_reason();
   if (absent.empty()) return "gpu";
-  // Asked for by name, the GPU is never silently replaced by the CPU; auto says what it took.
-  if (device == "gpu") throw UsageError("--device gpu: no usable GPU (" + absent + ")");
-  std::cout << "m3h: no GPU (" << absent << "): " << fallback << "\n";
+  // Asked for by name, the GPU is never silently replaced by the CPU; auto says what it took,
+  // on stderr (stdout may be the command's product: `m3h sample > out.txt`), headed by what it
+  // means for the user; the driver's or the build's own words follow as the detail.
+  if (device == "gpu") throw UsageError("--device gpu: no GPU found (" + absent + ")");
+  std::cerr << "m3h: no GPU found: " << fallback << " (" << absent << ")\n";
   return "cpu";
 }
 

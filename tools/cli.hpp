@@ -33,10 +33,13 @@ struct Command {
 };
 
 // --preset, --config, --B, --T, --seed, --zero-states and the Config overrides (--d-model,
-// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --outproj-norm,
-// --chunk-size, --input-dim, --input-proj-identity, --vocab-size). With golden = true also
-// --golden FILE.
+// --d-state, --headdim, --expand, --ngroups, --layers, --rope-fraction, --a-floor,
+// --outproj-norm, --chunk-size, --input-dim, --input-proj-identity, --vocab-size). With
+// golden = true also --golden FILE.
 po::options_description problem_options(bool golden = false);
+
+// The options of m3h train a config file may set (its config.txt's keys; cmd_train.cpp).
+po::options_description train_fields();
 
 // The preset named by --preset (or by the config file) with every given override applied;
 // validated (throws m3::Error). Precedence: command line, then --config file, then preset.
@@ -63,10 +66,16 @@ ProblemSource load_problem(const po::variables_map& vm);
 
 // A config file (Boost.Program_options config-file syntax): one "name = value" per line, '#'
 // starts a comment, names are the problem options' (d_model or d-model, B, T, seed, preset, …;
-// '_' and '-' are the same); a UTF-8 byte-order mark before the first line is skipped. Unknown
-// names, a name given twice, a line without '=' or without a name, and a bad value are
-// UsageErrors of one line naming the file, the line and the name. Values already set
-// on the command line win. Not allowed in a file: config, golden.
+// '_' and '-' are the same); a UTF-8 byte-order mark before the first line is skipped.
+// Every name reports, JSON, golden /meta and checkpoints print is read too: n_layers
+// (layers), is_outproj_norm (outproj-norm), precision (m3h train's dtype), entering_states =
+// random|zero (zero-states), and the derived d_inner, nheads, num_rope_angles, in_proj_dim,
+// n_chunks, which must be what the config gives (problem_from checks them). Read for a problem,
+// a run's config.txt works too: m3h train's keys that are no problem option (data, steps, lr,
+// dtype, …) are skipped, named in one note on stderr. Unknown names, a name given twice, a
+// line without '=' or without a name, and a bad value are UsageErrors of one line naming the
+// file, the line and the name. Values already set on the command line win. Not allowed in a
+// file: config, golden.
 // `file_fields`: the names a file may set instead of the problem options (m3h train's).
 void store_config_file(const std::string& path, po::variables_map& vm,
                        const po::options_description* file_fields = nullptr);
@@ -86,7 +95,7 @@ std::string echo(const std::string& text, std::size_t max = 60);
 // (writing would create its target silently); and it is never the same file as any input option
 // of the command (--config, --golden, --checkpoint, --resume, --data, --expect, --file,
 // --against: one list, kInputOptions in cli.cpp), force or not. Each refusal is a UsageError of
-// one line.
+// one line. "--json -" is stdout: nothing to check.
 void check_output_path(const po::variables_map& vm, const std::string& option, bool force);
 
 // The size guard of the CPU runs: a problem whose tensors cannot fit the machine's memory
@@ -97,6 +106,11 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
 // --stage as given: "" when it was not given (every key); a pattern that is empty or has an
 // empty comma-separated item is a UsageError (it would match every key, or nothing named).
 std::string stage_pattern(const po::variables_map& vm);
+
+// For a --stage pattern that matches no key: "; nearest: K1, K2, K3" — the keys closest to
+// the pattern's items by edit distance (Levenshtein, over the characters), at most three, in
+// execution order among equals — or "" when there is no key.
+std::string near_keys_note(const std::string& pattern, const std::vector<std::string>& keys);
 
 // "seq,chunked" | "seq" | "chunked" | "both" → scan modes, in the given order, no duplicates.
 std::vector<ScanMode> parse_scan_list(const std::string& s);
@@ -109,10 +123,10 @@ std::vector<Precision> parse_dtype_list(const std::string& s);
 // UsageError.
 std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
 
-// --device of compare, dump and determinism: "gpu", "cpu" or "auto" (the default: gpu when a
-// usable GPU is present). Returns "gpu" or "cpu"; with auto and no GPU, prints ONE line on
-// stdout saying why and what runs instead ("m3h: no GPU (<why>): <fallback>") and returns
-// "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
+// --device of every command that runs the model: "gpu", "cpu" or "auto" (the default: gpu
+// when a usable GPU is present). Returns "gpu" or "cpu"; with auto and no GPU, prints ONE line
+// on stderr saying so and what runs instead ("m3h: no GPU found: <fallback> (<why>)") and
+// returns "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
 std::string resolve_device(const std::string& device, const char* fallback);
 
 // Parses args against `desc`; any positional argument, and an empty value of any option that

@@ -25,6 +25,7 @@
 #include "error.hpp"
 #include "resources.hpp"
 #include "sweep.hpp"
+#include "terminal.hpp"
 
 #include "device.hpp"
 
@@ -87,7 +88,7 @@ std::string summary_text() {
 int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisions,
               const std::string& device, gpu::Fault fault) {
   for (const char* f : {"preset", "B", "T", "zero-states", "d-model", "d-state", "headdim",
-                        "expand", "ngroups", "layers", "rope-fraction", "outproj-norm",
+                        "expand", "ngroups", "layers", "rope-fraction", "a-floor", "outproj-norm",
                         "chunk-size", "input-dim", "input-proj-identity", "vocab-size", "config",
                         "golden", "checkpoint", "stage", "by-position", "json"})
     if (option_given(vm, f))
@@ -150,16 +151,16 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
-    ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "subject storage precisions (comma list of f32, bf16, f16)")
+    ("dtype", po::value<std::string>()->default_value("all"), "subject storage precisions: a comma list of f32, bf16, f16, or all (= f32,bf16,f16)")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors + k x the perturbed oracle's teacher-forced error), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
     ("by-position", po::value<std::string>(), "print the error against position t (per chunk, chunk boundaries marked) of the [B*T, ...] tensors matching PATTERN, e.g. 'L0/F6/y'")
-    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force)")
+    ("json", po::value<std::string>(), "also write the full report as JSON to FILE (atomic; an existing file only with --force); '-': the JSON to stdout and the report to stderr")
     ("force", po::bool_switch(), "replace an existing --json file")
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
-    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget")
+    ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget, and the table unbroken: one line per key however wide (by default the report fits the terminal's width, COLUMNS, or 100 columns in a log: the table in blocks of columns)")
     ("sweep", po::value<std::int64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
     ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
     ("sweep-from", po::value<std::int64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
@@ -201,10 +202,15 @@ int cmd_compare(const std::vector<std::string>& args) {
   spec.compare_modes = compare_modes;
 
   bool any = false;
+  std::vector<std::string> keys;
   for (ScanMode m : spec.modes)
-    for (const auto& k : harness::expected_keys(spec.cfg, spec.B, spec.T, m))
+    for (const auto& k : harness::expected_keys(spec.cfg, spec.B, spec.T, m)) {
       any = any || harness::key_matches(k, spec.filter);
-  if (!any) throw UsageError("--stage '" + spec.filter + "' matches no tensor of this run");
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+  if (!any)
+    throw UsageError("--stage '" + echo(spec.filter) + "' matches no tensor of this run" +
+                     near_keys_note(spec.filter, keys) + " (m3h dump --list-keys lists them)");
   if (vm.count("by-position")) {
     spec.by_position = vm["by-position"].as<std::string>();
     bool has = false;
@@ -228,12 +234,17 @@ int cmd_compare(const std::vector<std::string>& args) {
   ropt.failures_only = vm["failures-only"].as<bool>();
   ropt.details = vm["details"].as<bool>();
   ropt.wide = vm["wide"].as<bool>();
-  harness::print_compare(std::cout, c, ropt);
+  // The report fits the terminal (or 100 columns in a log); --wide asks for the unbroken table.
+  ropt.width = ropt.wide ? 0 : harness::terminal_columns(1);
+  // --json -: stdout is the JSON document alone, the report goes to stderr.
+  const bool json_stdout = vm.count("json") && vm["json"].as<std::string>() == "-";
+  std::ostream& report = json_stdout ? std::cerr : std::cout;
+  harness::print_compare(report, c, ropt);
   for (const harness::CompareResult& cell : c.cells)
     for (const harness::TensorResult& row : cell.rows)
       if (!row.by_position.empty()) {
-        std::cout << "\n";
-        harness::print_position_profile(std::cout, harness::cell_name(cell) + " " + row.key,
+        report << "\n";
+        harness::print_position_profile(report, harness::cell_name(cell) + " " + row.key,
                                         row.by_position, spec.cfg.chunk_size);
       }
 
@@ -244,8 +255,12 @@ int cmd_compare(const std::vector<std::string>& args) {
     info.gpu = gpu::describe(gpu::query_device());
     info.cuda = gpu::cuda_compiled();
     const std::string path = vm["json"].as<std::string>();
-    harness::write_file_atomic(path, harness::comparison_json(c, info));
-    std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
+    if (json_stdout) {
+      std::cout << harness::comparison_json(c, info) << "\n";
+    } else {
+      harness::write_file_atomic(path, harness::comparison_json(c, info));
+      std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
+    }
   }
   return c.pass() ? 0 : 1;
 }

@@ -3,10 +3,11 @@
 // output is required for every precision and scan mode. On a difference it names the first
 // divergent stage/tensor in execution order and the run. Exit 0 identical, 1 divergent.
 //
-// --dtype: the GPU subject runs at each storage precision given (default f32,bf16,f16). On the
-// CPU the subject is the float reference (reference_emulation): an explicit --dtype runs each
-// precision's storage emulation; the default is f32 only there (the CPU reference is
-// single-threaded and deterministic by construction; the requirement is the GPU's).
+// --dtype: the GPU subject runs at each storage precision given (default all: f32,bf16,f16).
+// On the CPU the subject is the float reference (reference_emulation): an explicit --dtype runs
+// each precision's storage emulation; the default is f32 only there (the CPU reference is
+// single-threaded and deterministic by construction; the requirement is the GPU's). The
+// header line names the precisions that run.
 //
 // --record FILE / --expect FILE (harness/digest_record.hpp): run 0's per-tensor hashes of every
 // cell written out, or held against a record made on the same machine (GPU model, CUDA runtime,
@@ -26,6 +27,7 @@
 #include "digest_record.hpp"
 #include "gpu_lineup.hpp"  // gpu_subject
 #include "json.hpp"        // write_file_atomic
+#include "terminal.hpp"
 
 namespace m3::tools {
 
@@ -38,8 +40,8 @@ const char* kSummary =
     "(no host copies), and a digest that differs names its tensor. Prints one line per\n"
     "precision and scan mode with its time; a divergence names the first tensor in execution\n"
     "order and the run.\n"
-    "--dtype: on the GPU every precision given (default f32,bf16,f16); on the CPU the float\n"
-    "reference with that storage emulation, f32 only unless --dtype is given.\n"
+    "--dtype: on the GPU every precision given (default all: f32,bf16,f16); on the CPU the\n"
+    "float reference with that storage emulation, f32 only unless --dtype is given.\n"
     "--record FILE writes every cell's per-tensor hashes (run 0) with the machine and the\n"
     "problem; --expect FILE holds every cell to such a record and names, per cell whose bits\n"
     "moved, the first tensor in execution order that moved.\n"
@@ -61,7 +63,7 @@ int cmd_determinism(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("runs", po::value<int>()->default_value(20), "number of runs (>= 2)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)")
-    ("dtype", po::value<std::string>()->default_value("f32,bf16,f16"), "storage precisions (comma list of f32, bf16, f16); on the CPU the default is f32 only")
+    ("dtype", po::value<std::string>(), "storage precisions: a comma list of f32, bf16, f16, or all (default: all on the GPU; f32 on the CPU, whose reference is deterministic by construction)")
     ("device", po::value<std::string>()->default_value("auto"), "gpu, cpu, or auto (gpu when present, else cpu with a one-line note)")
     ("record", po::value<std::string>(), "write every cell's per-tensor digests, the machine and the problem to FILE")
     ("expect", po::value<std::string>(), "hold every cell's per-tensor digests to FILE's (a --record of the same machine and problem)")
@@ -78,8 +80,10 @@ int cmd_determinism(const std::vector<std::string>& args) {
   if (runs < 2) throw UsageError("--runs must be >= 2");
   const std::string device = resolve_device(vm["device"].as<std::string>(),
                                             "checking the CPU reference only");
-  std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
-  if (device != "gpu" && vm["dtype"].defaulted()) precisions = {Precision::F32};
+  const std::vector<Precision> precisions =
+      vm.count("dtype") ? parse_dtype_list(vm["dtype"].as<std::string>())
+      : device == "gpu" ? parse_dtype_list("all")
+                        : std::vector<Precision>{Precision::F32};
   const ProblemSource src = load_problem(vm);
   const bool record = vm.count("record") > 0, expect = vm.count("expect") > 0;
   if (record && expect) throw UsageError("--record and --expect: one at a time");
@@ -97,9 +101,14 @@ int cmd_determinism(const std::vector<std::string>& args) {
       throw UsageError("--expect " + path + ": recorded for another problem ('" +
                        expected.problem + "')");
   }
-  std::cout << "m3h determinism: device=" << device << " runs=" << runs << " seed=" << src.spec.seed
+  std::string names;
+  for (Precision p : precisions) names += (names.empty() ? "" : ",") + std::string(precision_name(p));
+  std::cout << "m3h determinism: device=" << device << " precisions=" << names << " runs=" << runs
+            << " seed=" << src.spec.seed
             << " B=" << src.spec.B << " T=" << src.spec.T << "\n"
-            << "config: " << src.spec.cfg.describe() << "\n";
+            << harness::wrap_words("config: " + src.spec.cfg.describe(),
+                                   harness::terminal_columns(1), 2)
+            << "\n";
   bool all_identical = true, as_recorded = true;
   for (Precision p : precisions) {
     const harness::Implementation impl =

@@ -1,11 +1,15 @@
 // m3h dump: oracle, baseline, subject and difference arrays of chosen tensors to an HDF5 file
 // (HARNESS.md §5; the layout is harness/dump.hpp).
+#include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "cli.hpp"
 #include "commands.hpp"
 #include "dump.hpp"
 #include "gpu_lineup.hpp"
+#include "position.hpp"
+#include "registry.hpp"
 #include "report.hpp"
 
 namespace m3::tools {
@@ -32,7 +36,70 @@ const char* kSummary =
     "  each key group has attributes axes (\"BT,NH,NA\"), circular, status, rel_l2, max_abs,\n"
     "  p95_rel, cosine, pct (of budget), worst_coords.\n"
     "Read with h5dump/h5ls or h5py (f = h5py.File(p); f['/dump/seq/f32/L0/F3/dt/diff'][:]).\n"
+    "Before any work it says how large the file will be; past 256 MiB it writes only with\n"
+    "--force (narrow --stage, or --profiles-only). --list-keys lists the keys of the problem\n"
+    "(those matching --stage when given) with their axes, shapes and scan modes, and writes\n"
+    "nothing; a --stage that matches nothing names the nearest keys.\n"
     "Exit status: 0 written (whatever the tensors' verdicts), 2 bad usage or bad input.";
+
+// A file larger than this is written only with --force: '*' on the default problem is
+// about 0.8 GB, which a user asking for "every tensor" rarely means to write.
+constexpr double kLargeDumpBytes = 256.0 * 1024 * 1024;
+
+// One key of the run: its axes and shape, and the scan modes that produce it.
+struct KeyInfo {
+  std::string key, axes;
+  std::vector<Idx> shape;
+  bool positional = false;
+  std::string modes;
+};
+
+// The keys of every scan mode of the spec, in execution order (a key of one mode only where
+// that mode has it), stage tensors then parameter gradients per mode.
+std::vector<KeyInfo> run_keys(const harness::RunSpec& spec) {
+  std::vector<KeyInfo> keys;
+  std::map<std::string, size_t> at;
+  auto add = [&](const std::string& key, const std::string& axes, const std::vector<Idx>& shape,
+                 bool positional, ScanMode mode) {
+    auto it = at.find(key);
+    if (it == at.end()) {
+      at[key] = keys.size();
+      keys.push_back({key, axes, shape, positional, scan_mode_name(mode)});
+    } else {
+      keys[it->second].modes += std::string(",") + scan_mode_name(mode);
+    }
+  };
+  for (ScanMode mode : spec.modes) {
+    for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, mode))
+      add(ks.key, harness::axes_name(ks.spec->shape), ks.shape,
+          harness::has_position_axis(ks.spec->shape), mode);
+    for (const KeyedParam& kp : expected_param_keys(spec.cfg)) add(kp.key, "", kp.shape, false, mode);
+  }
+  return keys;
+}
+
+// Bytes the dump writes for `keys` (those matching the pattern): per precision and mode, four
+// f64 arrays (oracle, subject, baseline, diff) per key, or with profiles_only the two [T]
+// profiles of a [B*T, ...] key (which also come with the arrays).
+double dump_bytes(const std::vector<KeyInfo>& keys, const harness::RunSpec& spec,
+                  size_t precisions, bool profiles_only) {
+  double bytes = 0;
+  for (const KeyInfo& k : keys) {
+    double n = 1;
+    for (Idx d : k.shape) n *= static_cast<double>(d);
+    const double modes = static_cast<double>(std::count(k.modes.begin(), k.modes.end(), ',') + 1);
+    const double profile = k.positional ? 2.0 * 8.0 * static_cast<double>(spec.T) : 0.0;
+    bytes += modes * static_cast<double>(precisions) * (profiles_only ? profile : 4 * 8 * n + profile);
+  }
+  return bytes;
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, bytes < 1024.0 * 1024 ? "%.1f KiB" : "%.1f MiB",
+                bytes < 1024.0 * 1024 ? bytes / 1024 : bytes / (1024.0 * 1024));
+  return buf;
+}
 
 }  // namespace
 
@@ -43,9 +110,10 @@ int cmd_dump(const std::vector<std::string>& args) {
     ("help,h", "this help")
     ("stage", po::value<std::string>(), "keys to dump (required): substring, or glob with * ? [..]; comma = or; '*' = all")
     ("out", po::value<std::string>(), "the HDF5 file to write (required)")
-    ("force", po::bool_switch(), "replace an existing file")
+    ("force", po::bool_switch(), "replace an existing file; write a file larger than 256 MiB")
+    ("list-keys", po::bool_switch(), "list the problem's keys (matching --stage when given) with axes, shape and scan modes; write nothing")
     ("profiles-only", po::bool_switch(), "write only the error-against-position profiles (by_position) of the matching [B*T, ...] tensors, not their arrays: O(T) per key")
-    ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions (comma list of f32, bf16, f16)")
+    ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions: a comma list of f32, bf16, f16, or all (default f32: each precision adds a file's worth)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)");
   // clang-format on
@@ -56,20 +124,56 @@ int cmd_dump(const std::vector<std::string>& args) {
     print_command_help("dump", kSummary, all);
     return 0;
   }
-  if (!vm.count("stage"))
-    throw UsageError("dump: say which tensors: --stage PATTERN ('*' for all)");
-  const std::string pattern = stage_pattern(vm);
-  if (!vm.count("out")) throw UsageError("dump: say where: --out FILE.h5");
-  check_output_path(vm, "out", vm["force"].as<bool>());  // before any work
+  const bool list = vm["list-keys"].as<bool>();
+  if (!vm.count("stage") && !list)
+    throw UsageError("dump: say which tensors: --stage PATTERN ('*' for all; --list-keys lists them)");
+  const std::string pattern = list && !vm.count("stage") ? "*" : stage_pattern(vm);
+  if (list) {
+    for (const char* o : {"out", "profiles-only"})
+      if (option_given(vm, o)) throw UsageError(std::string("dump --list-keys: --") + o + " writes a dump; not with --list-keys");
+  } else {
+    if (!vm.count("out")) throw UsageError("dump: say where: --out FILE.h5");
+    check_output_path(vm, "out", vm["force"].as<bool>());  // before any work
+  }
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
-  const std::string device =
-      resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
 
   ProblemSource src = load_problem(vm);
   src.spec.filter = pattern;
+  std::vector<KeyInfo> matching;
+  std::vector<std::string> all_keys;
+  for (const KeyInfo& k : run_keys(src.spec)) {
+    all_keys.push_back(k.key);
+    if (harness::key_matches(k.key, pattern)) matching.push_back(k);
+  }
+  if (matching.empty())
+    throw UsageError("--stage '" + echo(pattern) + "' matches no tensor of this run" +
+                     near_keys_note(pattern, all_keys) + " (--list-keys lists them)");
+  if (list) {
+    size_t kw = 3;
+    for (const KeyInfo& k : matching) kw = std::max(kw, k.key.size());
+    for (const KeyInfo& k : matching) {
+      std::string key = k.key, axes = k.axes.empty() ? "param" : k.axes;
+      key.resize(kw + 2, ' ');
+      axes.resize(std::max<size_t>(axes.size() + 2, 14), ' ');
+      std::cout << key << axes << shape_str(k.shape) << "  " << k.modes << "\n";
+    }
+    std::cout << matching.size() << " key(s)\n";
+    return 0;
+  }
+  const bool profiles_only = vm["profiles-only"].as<bool>();
+  const double bytes = dump_bytes(matching, src.spec, precisions.size(), profiles_only);
   const std::string out = vm["out"].as<std::string>();
+  if (bytes > kLargeDumpBytes && !vm["force"].as<bool>())
+    throw UsageError("dump: about " + mib(bytes) + " to write (" + std::to_string(matching.size()) +
+                     " keys x " + std::to_string(precisions.size()) + " precision(s), every scan mode); "
+                     "past 256 MiB only with --force (or narrow --stage, or --profiles-only)");
+  const std::string device =
+      resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
+  std::cout << "m3h dump: about " << mib(bytes) << " (" << matching.size()
+            << " keys per precision and scan mode) to " << echo(out, 400) << "\n"
+            << std::flush;
   harness::DumpOptions dopt;
-  dopt.profiles_only = vm["profiles-only"].as<bool>();
+  dopt.profiles_only = profiles_only;
   // The lineups of m3h compare (the same baselines, so the same verdicts).
   const harness::DumpResult r =
       harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,

@@ -5,7 +5,7 @@
 //       An existing file is replaced only with --force, which first prints what changed
 //       versus the old file, tensor by tensor. Without --force nothing is written when any
 //       selected file exists (exit 2, one line).
-//   m3h golden check [--case NAME ... | --all] [--dir DIR] [--file PATH ...] [--device D]
+//   m3h golden check [--case NAME ... | --all] [--dir DIR] [--golden PATH ...] [--device D]
 //       reads each file, recomputes every stored scan mode with run_reference<double> on the
 //       stored problem and compares every stored tensor (tolerance: SCHEMA.md). One line per
 //       file: PASS, or FAIL with the first mismatching tensor in execution order. Without a
@@ -17,7 +17,8 @@
 //   m3h golden regen --out FILE.h5 [--config FILE] [--B … --T … --seed … --d-model …] [--scan …]
 //       [--name NAME] [--force]
 //       a golden file for your own problem: the same schema, the same atomic write, the
-//       config in /meta; `m3h golden check --file FILE.h5` checks it like a built-in one.
+//       config in /meta; `m3h golden check --golden FILE.h5` checks it like a built-in one
+//       (--golden names a golden file in every command; --file is its other name here).
 //   m3h golden list [--dir DIR]
 //       the built-in cases, what each covers, and its file's size.
 // DIR defaults to $M3_GOLDEN_DIR, else the source tree's golden/cases.
@@ -53,7 +54,7 @@ const char* kSummary =
     "  list   the built-in cases\n"
     "Your own problem: regen --out FILE.h5 with the problem options (--config FILE, --B, --T,\n"
     "--seed, --d-model, ...; --scan, --name) writes the same schema, config in /meta; then\n"
-    "check --file FILE.h5.\n"
+    "check --golden FILE.h5 (as compare --golden FILE.h5 names it; --file is the same).\n"
     "Exit status: 0 success, 1 some tensor differs (check), 2 bad usage or bad input.";
 
 void print_help(const po::options_description& desc) {
@@ -105,7 +106,7 @@ int regen_user(const po::variables_map& vm) {
   golden::write_golden(out, gc, force);
   size_t n_tensors = 0;
   for (const auto& [mode, cap] : gc.oracle) n_tensors += cap.keys().size();
-  std::cout << echo(name) << ": wrote " << echo(out, 400) << " (" << size_str(out) << ", " << n_tensors
+  std::cout << "m3h golden: " << echo(name) << ": wrote " << echo(out, 400) << " (" << size_str(out) << ", " << n_tensors
             << " oracle tensors; " << spec.cfg.describe() << ", B=" << spec.B
             << " T=" << spec.T << " seed=" << spec.seed << ")\n";
   return 0;
@@ -136,20 +137,22 @@ int regen(const po::variables_map& vm, const std::string& dir) {
   for (const auto& n : names) {
     const std::string path = golden::case_path(dir, n);
     const golden::GoldenCase now = golden::make_case(golden::find_case(n));
+    // Every line names the tool and the case: a log of several cases reads line by line.
+    const std::string head = "m3h golden: " + n + ": ";
     if (fs::exists(path)) {
-      std::cout << n << ": replacing " << echo(path, 400) << "\n";
+      std::cout << head << "replacing " << echo(path, 400) << "\n";
       try {
         const golden::GoldenCase old = golden::read_golden(path);
         for (const auto& line : golden::summarize(golden::diff_cases(old, now)))
-          std::cout << "  " << line << "\n";
+          std::cout << head << line << "\n";
       } catch (const Error& e) {
-        std::cout << "  the old file is unreadable, nothing to compare: " << echo(e.what(), 400) << "\n";
+        std::cout << head << "the old file is unreadable, nothing to compare: " << echo(e.what(), 400) << "\n";
       }
     }
     golden::write_golden(path, now, force);
     size_t n_tensors = 0;
     for (const auto& [mode, cap] : now.oracle) n_tensors += cap.keys().size();
-    std::cout << n << ": wrote " << echo(path, 400) << " (" << size_str(path) << ", " << n_tensors
+    std::cout << head << "wrote " << echo(path, 400) << " (" << size_str(path) << ", " << n_tensors
               << " oracle tensors)\n";
   }
   return 0;
@@ -159,8 +162,9 @@ int check(const po::variables_map& vm, const std::string& dir) {
   bool all = vm["all"].as<bool>();
   if (all && vm.count("case")) throw UsageError("golden check: --case and --all exclude each other");
   std::vector<std::string> paths;
-  if (vm.count("file"))
-    for (const auto& p : vm["file"].as<std::vector<std::string>>()) paths.push_back(p);
+  for (const char* option : {"golden", "file"})
+    if (vm.count(option))
+      for (const auto& p : vm[option].as<std::vector<std::string>>()) paths.push_back(p);
   if (!all && !vm.count("case") && paths.empty()) all = true;
   std::set<std::string> seen(paths.begin(), paths.end());
   const std::vector<std::string> names = selected_cases(vm, all);
@@ -222,7 +226,8 @@ int cmd_golden(const std::vector<std::string>& args) {
     ("all", po::bool_switch(), "every built-in case (check: also every other *.h5 in DIR)")
     ("force", po::bool_switch(), "regen: replace existing files, printing what changed")
     ("dir", po::value<std::string>(), "case folder (default: $M3_GOLDEN_DIR, else the source tree's golden/cases)")
-    ("file", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable)")
+    ("golden", po::value<std::vector<std::string>>()->composing(), "check: a golden file by path (repeatable), the option's name in every command")
+    ("file", po::value<std::vector<std::string>>()->composing(), "check: the same as --golden")
     ("device", po::value<std::string>()->default_value("cpu"), "check: recompute with cpu (the Eigen double oracle) or gpu-oracle (the GPU oracle in f64)")
     ("out", po::value<std::string>(), "regen: write a golden file of your own problem (the problem options below) to FILE.h5")
     ("name", po::value<std::string>(), "regen --out: the case name in /meta (default: the file's stem)")
@@ -246,8 +251,8 @@ int cmd_golden(const std::vector<std::string>& args) {
   // An option the action does not use is bad usage, never silently ignored.
   const std::pair<const char*, const char*> used_by[] = {
       {"case", "regen and check"}, {"all", "regen and check"}, {"force", "regen"},
-      {"file", "check"}, {"dir", "regen, check and list"}, {"out", "regen"}, {"name", "regen"},
-      {"device", "check"}};
+      {"golden", "check"}, {"file", "check"}, {"dir", "regen, check and list"},
+      {"out", "regen"}, {"name", "regen"}, {"device", "check"}};
   // (A bool switch given on the command line is not defaulted; one not given is.)
   for (const auto& [opt, actions] : used_by)
     if (option_given(vm, opt) && std::string(actions).find(action) == std::string::npos)

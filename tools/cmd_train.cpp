@@ -22,6 +22,7 @@
 #include "parallel.hpp"
 #include "run_dir.hpp"
 #include "error.hpp"
+#include "terminal.hpp"
 #include "trainer.hpp"
 
 namespace m3::tools {
@@ -34,13 +35,16 @@ const char* kTrainSummary =
     "Trains a Mamba-3 language model (token embedding, the backbone, a head, softmax\n"
     "cross-entropy) with AdamW on byte-level text (--data FILE; scripts/fetch-jargon.sh fetches\n"
     "the Jargon File) or a synthetic task (--task parity|modular|selective-copy). Writes\n"
-    "config.txt, metrics.csv, checkpoints ckpt-<step>.h5 and loss.png into --out; --resume\n"
-    "continues bit-exactly from a checkpoint. On a terminal one updating line shows the\n"
-    "progress; otherwise a plain line every --log-every steps. Ctrl-C writes a checkpoint and\n"
-    "exits 130. Several GPUs: --gpus G in one process, or one process per GPU with\n"
-    "--nccl-id-file (TRAINING.md §8); --B is the global batch either way.\n"
-    "Exit status: 0 done, 1 stopped (non-finite loss or gradient), 2 bad usage or bad input,\n"
-    "130 interrupted.";
+    "config.txt, metrics.csv, checkpoints ckpt-<step>.h5 and loss.png into --out.\n"
+    "--resume RUN (a run folder: its latest checkpoint; or a checkpoint file) continues\n"
+    "bit-exactly with the run's own options (its config.txt) in its own folder; a larger\n"
+    "--steps extends it (the learning rate follows the longer schedule from there); a finished\n"
+    "run is refused (exit 1). On a terminal one updating line shows the progress, fitted to\n"
+    "the terminal's width; otherwise a plain line every --log-every steps. Ctrl-C writes a\n"
+    "checkpoint and exits 130. Several GPUs: --gpus G in one process, or one process per GPU\n"
+    "with --nccl-id-file (TRAINING.md §8); --B is the global batch either way.\n"
+    "Exit status: 0 done, 1 stopped (non-finite loss or gradient) or nothing to resume, 2 bad\n"
+    "usage or bad input, 130 interrupted.";
 
 // The options a config file may set (all but config, resume and force); train's config.txt.
 void add_train_fields(po::options_description& d) {
@@ -55,7 +59,7 @@ void add_train_fields(po::options_description& d) {
     ("rope-fraction", po::value<double>()->default_value(0.5, "0.5"), "rope_fraction (0.5 or 1.0); num_rope_angles = floor(floor(d_state*rope_fraction)/2), so e.g. d_state 3 gives 1 angle with 1.0 and none (a real-valued state) with 0.5")
     ("outproj-norm", po::value<bool>()->default_value(false)->implicit_value(true), "gated RMSNorm before out_proj")
     ("chunk-size", po::value<Idx>()->default_value(64), "chunk size of the chunked scan")
-    ("data", po::value<std::string>(), "byte-level text file (V = 256)")
+    ("data", po::value<std::vector<std::string>>()->composing(), "byte-level text file (V = 256); repeatable: the files are concatenated in the order given, nothing between them (the validation part is the end of the last)")
     ("val-fraction", po::value<double>()->default_value(0.05, "0.05"), "the last fraction of --data held out for validation")
     ("task", po::value<std::string>(), "synthetic task: parity, modular, selective-copy")
     ("task-opt", po::value<std::vector<std::string>>()->composing(), "a task option key=value (parity: n_min, n_max; modular: m, n_min, n_max; selective-copy: K, alphabet); repeatable")
@@ -65,22 +69,22 @@ void add_train_fields(po::options_description& d) {
     ("steps", po::value<Idx>()->default_value(1000), "optimizer steps")
     ("grad-accum", po::value<Idx>()->default_value(1), "micro-batches per step (gradients summed in order)")
     ("lr", po::value<double>()->default_value(3e-3, "3e-3"), "peak learning rate")
-    ("warmup", po::value<Idx>()->default_value(100), "linear warmup steps")
+    ("warmup", po::value<Idx>(), "linear warmup steps (default 100, or a tenth of --steps when the run is shorter than 100 steps, with a note; a --warmup longer than --steps is refused)")
     ("min-lr-ratio", po::value<double>()->default_value(0.1, "0.1"), "the cosine ends at lr * this")
     ("wd", po::value<double>()->default_value(0.1, "0.1"), "AdamW decoupled weight decay (in_proj_w, out_proj_w, head_w)")
     ("beta1", po::value<double>()->default_value(0.9, "0.9"), "AdamW beta1")
     ("beta2", po::value<double>()->default_value(0.95, "0.95"), "AdamW beta2")
     ("eps", po::value<double>()->default_value(1e-8, "1e-8"), "AdamW epsilon")
     ("clip", po::value<double>()->default_value(1.0, "1.0"), "global gradient-norm clip (0 = off)")
-    ("dtype", po::value<std::string>()->default_value("bf16"), "storage precision: f32, bf16, f16 (f16: dynamic loss scaling)")
+    ("dtype", po::value<std::string>()->default_value("bf16"), "storage precision, one of f32, bf16, f16 (f16: dynamic loss scaling)")
     ("scan", po::value<std::string>()->default_value("chunked"), "scan mode: seq or chunked")
     ("recompute", po::value<std::string>()->default_value("none"), "GPU memory policy: none or scan")
-    ("device", po::value<std::string>()->default_value("gpu"), "gpu, or cpu (the float reference: small models, CI)")
+    ("device", po::value<std::string>()->default_value("auto"), "gpu, cpu (the float reference: small models, CI), or auto (gpu when present, else cpu with a note on stderr)")
     ("seed", po::value<std::string>()->default_value("0"), "seed of the weights and the batches")
     ("out", po::value<std::string>(), "run directory")
     ("ckpt-every", po::value<Idx>()->default_value(0), "checkpoint every N steps (0: only the final one)")
     ("keep", po::value<Idx>()->default_value(3), "checkpoints kept (plus the final one)")
-    ("val-every", po::value<Idx>()->default_value(0), "validation every N steps (0: at the end only)")
+    ("val-every", po::value<Idx>(), "validation every N steps and at the end (default: a twentieth of --steps, at least 1, so that loss.png has a validation curve; 0: at the end only)")
     ("val-batches", po::value<Idx>()->default_value(8), "validation batches (fixed for the run)")
     ("log-every", po::value<Idx>()->default_value(10), "a plain log line every N steps (not on a terminal)")
     ("verify-every", po::value<Idx>()->default_value(0), "every N steps, compare the GPU path with the double oracle on a slice of the live batch (1 row, T <= 256) with the live weights; a failure stops the run (exit 1) naming the first failing tensor (0: never)")
@@ -88,6 +92,16 @@ void add_train_fields(po::options_description& d) {
     ("stage-times", po::bool_switch(), "GPU, one process: the backbone's stage profile over the steps after the first three (an event after every stage, a wait at the end of every pass) and a table of ms per step and stage at the end, to set beside m3h bench --profile's; not with --step-times");
   // clang-format on
 }
+
+}  // namespace
+
+po::options_description train_fields() {
+  po::options_description d("Training (also in a --config file)");
+  add_train_fields(d);
+  return d;
+}
+
+namespace {
 
 Idx positive(const po::variables_map& vm, const char* name, Idx min) {
   const Idx v = vm[name].as<Idx>();
@@ -98,13 +112,21 @@ Idx positive(const po::variables_map& vm, const char* name, Idx min) {
 }
 
 // The resolved options as a config file (every field, defaults included), loadable with
-// --config.
-std::string config_text(const po::variables_map& vm, const po::options_description& fields) {
+// --config. `resolved`: the values of fields whose default follows other options (warmup,
+// val-every), as the run uses them.
+std::string config_text(const po::variables_map& vm, const po::options_description& fields,
+                        const std::vector<std::pair<std::string, Idx>>& resolved) {
   std::ostringstream os;
   os << "# m3h train: the resolved options of this run (load with --config)\n";
   for (const auto& opt : fields.options()) {
     const std::string name = opt->long_name();
-    if (!vm.count(name)) continue;
+    bool done = false;
+    for (const auto& [key, value] : resolved)
+      if (key == name) {
+        os << name << " = " << value << "\n";
+        done = true;
+      }
+    if (done || !vm.count(name)) continue;
     if (name == "val-fraction" && vm.count("task")) continue;  // text data only
     const boost::any& v = vm[name].value();
     if (const auto* s = boost::any_cast<std::string>(&v)) {
@@ -165,17 +187,29 @@ Settings task_options(const po::variables_map& vm) {
   return out;
 }
 
+// What `--resume PATH` names: the checkpoint (a run folder's latest) and the run folder that
+// holds it, whose config.txt gives the run's options.
+struct ResumeTarget {
+  std::string checkpoint, run;
+};
+ResumeTarget resume_target(const std::string& given) {
+  ResumeTarget t;
+  t.checkpoint = train::resolve_checkpoint(given, "--resume");
+  t.run = std::filesystem::path(t.checkpoint).parent_path().string();
+  if (t.run.empty()) t.run = ".";
+  return t;
+}
+
 }  // namespace
 
-int cmd_train(const std::vector<std::string>& args) {
-  po::options_description fields("Training (also in a --config file)");
-  add_train_fields(fields);
+int cmd_train(const std::vector<std::string>& given_args) {
+  const po::options_description fields = train_fields();
   po::options_description run("Run");
   // clang-format off
   run.add_options()
     ("help,h", "this help")
     ("config", po::value<std::string>(), "a config file of the options above (a run's config.txt)")
-    ("resume", po::value<std::string>(), "continue from this checkpoint (every setting must match)")
+    ("resume", po::value<std::string>(), "continue a run: RUN (a run folder: its latest checkpoint) or a checkpoint file; the run's config.txt gives every option not on the command line, its folder is --out; every setting must match, but a larger --steps extends the run")
     ("init", po::value<std::string>(), "start a new run from this checkpoint's weights (e.g. one of m3h import): fresh AdamW moments, step 0, the schedule from its start; the model options default to the checkpoint's")
     ("force", po::bool_switch(), "start over in an --out that holds another run");
   po::options_description par("Data parallelism (TRAINING.md §8; not part of a run's settings: a checkpoint resumes with any rank count)");
@@ -189,6 +223,38 @@ int cmd_train(const std::vector<std::string>& args) {
   // clang-format on
   po::options_description all;
   all.add(fields).add(run).add(par);
+  // --resume RUN_OR_CHECKPOINT alone is enough: the run's config.txt supplies every option the
+  // command line does not give (as --config would), and the checkpoint's folder is the --out.
+  std::vector<std::string> args = given_args;
+  ResumeTarget resume;
+  {
+    po::variables_map line;
+    po::store(po::command_line_parser(given_args)
+                  .options(all)
+                  .style(po::command_line_style::default_style &
+                         ~po::command_line_style::allow_guessing)
+                  .run(),
+              line);
+    const std::string given = line.count("resume") ? line["resume"].as<std::string>() : "";
+    const bool wanted = !given.empty() && !line.count("help");
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(given, ec);
+    // A path that does not exist: with --out the run folder's own checks come first (a live
+    // run's lock, then the missing file); without --out nothing names the run.
+    if (wanted && !exists && !line.count("out"))
+      throw UsageError("--resume " + echo(given, 200) + ": no such checkpoint or run folder");
+    if (wanted && !exists) resume.checkpoint = given;
+    if (wanted && exists) {
+      resume = resume_target(given);
+      const std::string config = (std::filesystem::path(resume.run) / "config.txt").string();
+      if (!line.count("config") && std::filesystem::is_regular_file(config, ec))
+        args.insert(args.end(), {"--config", config});
+      else if (!line.count("config") && !line.count("data") && !line.count("task"))
+        throw UsageError("--resume " + echo(given, 200) + ": the run's options are unknown (no " +
+                         "config.txt in " + echo(resume.run, 200) + "); give them, or --config FILE");
+      if (!line.count("out")) args.insert(args.end(), {"--out", resume.run});
+    }
+  }
   const po::variables_map vm = parse_args(args, all, "train", &fields);
   if (vm.count("help")) {
     print_command_help("train", kTrainSummary, all);
@@ -229,7 +295,7 @@ int cmd_train(const std::vector<std::string>& args) {
   c.is_outproj_norm = vm["outproj-norm"].as<bool>();
   c.chunk_size = positive(vm, "chunk-size", 1);
   if (vm.count("init")) init_model_options(vm, vm["init"].as<std::string>(), c);
-  if (vm.count("data")) o.data = vm["data"].as<std::string>();
+  if (vm.count("data")) o.data = vm["data"].as<std::vector<std::string>>();
   o.val_fraction = vm["val-fraction"].as<double>();
   if (vm.count("task")) o.task = vm["task"].as<std::string>();
   o.task_options = task_options(vm);
@@ -239,14 +305,30 @@ int cmd_train(const std::vector<std::string>& args) {
   o.optim.steps = positive(vm, "steps", 1);
   o.grad_accum = positive(vm, "grad-accum", 1);
   o.optim.lr = vm["lr"].as<double>();
-  o.optim.warmup = positive(vm, "warmup", 0);
+  // The warmup: a given one must fit the run; the default (100) is cut to a tenth of a shorter
+  // run, saying so (a warmup as long as the run would peak the learning rate at its end).
+  std::string warmup_note;
+  if (vm.count("warmup")) {
+    o.optim.warmup = positive(vm, "warmup", 0);
+    if (o.optim.warmup > o.optim.steps)
+      throw UsageError("train: --warmup " + std::to_string(o.optim.warmup) +
+                       " is longer than the run (--steps " + std::to_string(o.optim.steps) +
+                       "); give --warmup <= " + std::to_string(o.optim.steps));
+  } else {
+    o.optim.warmup = 100;
+    if (o.optim.warmup > o.optim.steps) {
+      o.optim.warmup = std::max<Idx>(1, o.optim.steps / 10);
+      warmup_note = "train: warmup " + std::to_string(o.optim.warmup) +
+                    " step(s), a tenth of the run: the default --warmup 100 is longer than --steps " +
+                    std::to_string(o.optim.steps);
+    }
+  }
   o.optim.min_lr_ratio = vm["min-lr-ratio"].as<double>();
   o.optim.wd = vm["wd"].as<double>();
   o.optim.beta1 = vm["beta1"].as<double>();
   o.optim.beta2 = vm["beta2"].as<double>();
   o.optim.eps = vm["eps"].as<double>();
   o.optim.clip = vm["clip"].as<double>();
-  if (o.optim.warmup > o.optim.steps) o.optim.warmup = o.optim.steps;
   const std::vector<Precision> dt = parse_dtype_list(vm["dtype"].as<std::string>());
   if (dt.size() != 1) throw UsageError("train: --dtype takes one precision (f32, bf16 or f16)");
   o.storage = dt[0];
@@ -254,27 +336,27 @@ int cmd_train(const std::vector<std::string>& args) {
   if (sm.size() != 1) throw UsageError("train: --scan takes one mode (seq or chunked)");
   o.mode = sm[0];
   o.recompute = parse_recompute(vm["recompute"].as<std::string>());
-  o.device = vm["device"].as<std::string>();
-  if (o.device != "gpu" && o.device != "cpu")
-    throw UsageError("train: --device must be gpu or cpu (got '" + echo(o.device) + "')");
-  if (o.device == "gpu") o.device = resolve_device("gpu", "");
+  o.device = resolve_device(vm["device"].as<std::string>(),
+                            "training on the CPU reference (float; small models)");
   o.seed = parse_seed(vm["seed"].as<std::string>());
   o.out = vm["out"].as<std::string>();
   o.force = vm["force"].as<bool>();
-  if (vm.count("resume")) o.resume = vm["resume"].as<std::string>();
+  if (vm.count("resume")) o.resume = resume.checkpoint;
   if (vm.count("init")) o.init = vm["init"].as<std::string>();
   o.ckpt_every = positive(vm, "ckpt-every", 0);
   o.keep = positive(vm, "keep", 1);
-  o.val_every = positive(vm, "val-every", 0);
+  o.val_every = vm.count("val-every") ? positive(vm, "val-every", 0)
+                                      : std::max<Idx>(1, o.optim.steps / 20);
   o.val_batches = positive(vm, "val-batches", 0);
   o.log_every = positive(vm, "log-every", 1);
   o.verify_every = positive(vm, "verify-every", 0);
   o.step_times = vm["step-times"].as<bool>();
   o.stage_times = vm["stage-times"].as<bool>();
-  o.config_text = config_text(vm, fields);
+  o.config_text = config_text(vm, fields, {{"warmup", o.optim.warmup}, {"val-every", o.val_every}});
   if (vm.count("init"))  // not an option of the file: the run's record of where it started
     o.config_text += "# started from the weights of --init " + o.init + "\n";
   o.tty = isatty(1) != 0;
+  o.width = harness::terminal_columns(1);
   o.par.gpus = vm["gpus"].as<int>();
   if (o.par.gpus < 1)
     throw UsageError("train: --gpus must be >= 1 (got " + std::to_string(o.par.gpus) + ")");
@@ -299,7 +381,15 @@ int cmd_train(const std::vector<std::string>& args) {
                        std::to_string(o.par.world - 1) +
                        ": --rank, or a launcher's RANK / OMPI_COMM_WORLD_RANK / SLURM_PROCID");
   }
-  return train::run_training(o, std::cout);
+  if (!warmup_note.empty())
+    std::cout << (o.tty ? harness::wrap_words(warmup_note, o.width, 2) : warmup_note) << "\n";
+  try {
+    return train::run_training(o, std::cout);
+  } catch (const train::RunFinished& e) {
+    std::cerr << "m3h train: " << echo(o.resume, 200) << ": " << e.failed() << " (" << e.why()
+              << ")\n";
+    return 1;
+  }
 }
 
 namespace {
@@ -316,8 +406,8 @@ int cmd_sample(const std::vector<std::string>& args) {
   // clang-format off
   d.add_options()
     ("help,h", "this help")
-    ("checkpoint", po::value<std::string>(), "a checkpoint of m3h train")
-    ("prompt", po::value<std::string>()->default_value("\n"), "the prompt (text: bytes; a task: its spelling)")
+    ("checkpoint", po::value<std::string>(), "a checkpoint of m3h train, or a run folder (its latest checkpoint)")
+    ("prompt", po::value<std::string>(), "the prompt (text: bytes, default a newline; a task: its spelling, default the first token of the task's first validation sequence)")
     ("tokens", po::value<Idx>()->default_value(200), "tokens to generate")
     ("temperature", po::value<double>()->default_value(0.8, "0.8"), "softmax temperature (0 = greedy)")
     ("top-k", po::value<Idx>()->default_value(0), "sample among the k most likely tokens (0 = all)")
@@ -330,9 +420,10 @@ int cmd_sample(const std::vector<std::string>& args) {
     print_command_help("sample", kSampleSummary, d);
     return 0;
   }
-  if (!vm.count("checkpoint")) throw UsageError("sample: --checkpoint FILE is required");
+  if (!vm.count("checkpoint"))
+    throw UsageError("sample: --checkpoint FILE (or a run folder) is required");
   train::SampleOptions o;
-  o.checkpoint = vm["checkpoint"].as<std::string>();
+  o.checkpoint = train::resolve_checkpoint(vm["checkpoint"].as<std::string>(), "--checkpoint");
   o.tokens = vm["tokens"].as<Idx>();
   if (o.tokens < 0) throw UsageError("--tokens must be >= 0");
   o.temperature = vm["temperature"].as<double>();
@@ -350,21 +441,12 @@ int cmd_sample(const std::vector<std::string>& args) {
     throw Error("sample", o.checkpoint + ": the checkpoint has no setting '" + k + "'", "");
   };
   // The data's spelling: text is bytes; a task is rebuilt from its settings.
-  std::unique_ptr<train::Dataset> spell;
-  std::string task;
-  for (const auto& kv : meta.settings)
-    if (kv.first == "task") task = kv.second;
-  if (!task.empty()) {
-    Settings opts;
-    bool in_task = false;
-    for (const auto& kv : meta.settings) {
-      if (kv.first == "task") { in_task = true; continue; }
-      if (in_task && kv.first == "eval_len") break;
-      if (in_task) opts.push_back(kv);
-    }
-    spell = train::make_task(task, opts, train::int_setting(meta, "T", 0));
-  }
-  const std::string prompt = vm["prompt"].as<std::string>();
+  const std::unique_ptr<train::Dataset> spell = train::checkpoint_task(meta);
+  // The default prompt is one the data can spell: a newline for text; for a task, the start of
+  // a sequence as the task draws it (its first validation row's first token).
+  std::string prompt = "\n";
+  if (vm.count("prompt")) prompt = vm["prompt"].as<std::string>();
+  else if (spell) prompt = spell->decode({spell->val_batch(0, 1, spell->min_T()).tok.front()});
   if (spell) {
     o.prompt = spell->encode(prompt);
   } else {

@@ -18,5 +18,6 @@ int cmd_judge(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_import(const std::vector<std::string>& args);
 int cmd_logits(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
 
 }  // namespace m3::tools

@@ -16,6 +16,13 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "device.hpp"
+#include "golden.hpp"       // kGeneratorVersion: the version of the files and the tool
+#include "report_json.hpp"  // build_type, build_compiler
+
+#ifndef M3_GIT_DESCRIBE
+#define M3_GIT_DESCRIBE "unknown"
+#endif
 
 namespace {
 
@@ -34,6 +41,8 @@ const std::vector<Command>& commands() {
       {"train", "train a language model on the GPU path (or the CPU reference), with checkpoints",
        m3::tools::cmd_train},
       {"sample", "generate tokens from a checkpoint of m3h train", m3::tools::cmd_sample},
+      {"eval", "validation loss and accuracy of a checkpoint on a text file or a task",
+       m3::tools::cmd_eval},
       {"plot", "draw a training run's loss.png from its metrics.csv", m3::tools::cmd_plot},
       {"judge", "judge another implementation's tensors on a golden case, stage by stage",
        m3::tools::cmd_judge},
@@ -59,7 +68,8 @@ void print_usage(std::ostream& os) {
     name.resize(width, ' ');
     os << "  " << name << c.summary << "\n";
   }
-  os << "\n'm3h <command> --help' lists the options of a command.\n"
+  os << "\n'm3h <command> --help' lists the options of a command; 'm3h --version' says which\n"
+        "build this is.\n"
         "Exit status: 0 success (all within budget), 1 some budget exceeded, 2 bad usage or "
         "bad input.\n";
 }
@@ -71,6 +81,14 @@ int dispatch(int argc, char** argv) {
     throw m3::tools::UsageError("no command given (one of " + names + "; see m3h --help)");
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version") {
+    if (argc > 2) throw m3::tools::UsageError("--version takes no argument");
+    // The version, the source revision (configure time), the build and whether it has CUDA.
+    std::cout << "m3h " << m3::golden::kGeneratorVersion << " (git " << M3_GIT_DESCRIBE << "), "
+              << m3::harness::build_type() << " build, " << m3::harness::build_compiler()
+              << ", CUDA " << (m3::gpu::cuda_compiled() ? "yes" : "no") << "\n";
+    return 0;
+  }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     if (cmd == "help" && argc > 2) {
       for (const auto& c : commands())

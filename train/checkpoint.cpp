@@ -31,7 +31,7 @@ const std::set<std::string>& reserved_names() {
   static const std::set<std::string> names = {"kind",       "schema_version", "settings",
                                               "step",       "loss_scale",     "good_steps",
                                               "skipped",    "data_size",      "data_hash",
-                                              "git_revision",  "run_id"};
+                                              "git_revision",  "run_id",       "elapsed_s"};
   return names;
 }
 
@@ -218,6 +218,8 @@ void write_checkpoint(const std::string& path, const Config& cfg, const Checkpoi
                " floats, the layout has ", layout.total);
   M3_REQUIRE(std::isfinite(meta.loss_scale) && meta.loss_scale > 0, where,
              "loss_scale must be finite and > 0", "got ", meta.loss_scale);
+  M3_REQUIRE(std::isfinite(meta.elapsed_s) && meta.elapsed_s >= 0, where,
+             "elapsed_s must be finite and >= 0", "got ", meta.elapsed_s);
   M3_REQUIRE(meta.step >= 0 && meta.good_steps >= 0 && meta.skipped >= 0 && meta.data_size >= 0,
              where, "step, good_steps, skipped and data_size must be >= 0", "step ", meta.step,
              ", good_steps ", meta.good_steps, ", skipped ", meta.skipped, ", data_size ",
@@ -239,6 +241,7 @@ void write_checkpoint(const std::string& path, const Config& cfg, const Checkpoi
   w.attr(kMeta, "data_hash", harness::hex16(meta.data_hash));
   w.attr(kMeta, "git_revision", meta.git_revision);
   if (!meta.run_id.empty()) w.attr(kMeta, "run_id", meta.run_id);
+  w.attr(kMeta, "elapsed_s", meta.elapsed_s);
 
   for (const auto& [group, buf] : arrays(st)) {
     for (const ParamSlot& s : layout.slots) {
@@ -301,6 +304,11 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
   }
   meta.git_revision = r.attr_string(kMeta, "git_revision");
   if (r.has_attr(kMeta, "run_id")) meta.run_id = r.attr_string(kMeta, "run_id");
+  if (r.has_attr(kMeta, "elapsed_s")) {
+    meta.elapsed_s = r.attr_double(kMeta, "elapsed_s");
+    if (!std::isfinite(meta.elapsed_s) || meta.elapsed_s < 0)
+      fail("/meta elapsed_s must be finite and >= 0", why("got ", meta.elapsed_s));
+  }
 
   const ParamLayout layout = param_layout(cfg);
   TrainState st;
@@ -341,18 +349,43 @@ Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallbac
   return out;
 }
 
+std::string setting_option(const std::string& setting) {
+  // The settings whose option is not "--" + the name with '-' for '_'.
+  static const std::pair<const char*, const char*> kNamed[] = {
+      {"n_layers", "--layers"},
+      {"is_outproj_norm", "--outproj-norm"},
+      {"precision", "--dtype"},
+      {"task", "--task"},
+      {"n_min", "--task-opt n_min"},
+      {"n_max", "--task-opt n_max"},
+      {"m", "--task-opt m"},
+      {"K", "--task-opt K"},
+      {"alphabet", "--task-opt alphabet"},
+      {"vocab_size", "vocab_size (the data's vocabulary: --data or --task)"},
+      {"input_dim", "input_dim (the data's vocabulary: --data or --task)"},
+      {"input_proj_identity", "input_proj_identity (fixed for a token model)"},
+      {"a_floor", "a_floor (fixed by the model)"},
+  };
+  for (const auto& [name, option] : kNamed)
+    if (setting == name) return option;
+  std::string option = "--" + setting;
+  for (char& c : option)
+    if (c == '_') c = '-';
+  return option;
+}
+
 std::string resume_mismatch(const CheckpointMeta& saved, const CheckpointMeta& now) {
+  auto differs = [](const std::string& name, const std::string& was, const std::string& is) {
+    return "resume: " + setting_option(name) + " differs from the checkpoint's: checkpoint " +
+           was + ", now " + is;
+  };
   for (const auto& [name, value] : saved.settings) {
     const std::string* cur = find_setting(now.settings, name);
-    if (!cur)
-      return "resume: setting '" + name + "' differs: checkpoint " + value +
-             ", now not set";
-    if (!same_value(value, *cur))
-      return "resume: setting '" + name + "' differs: checkpoint " + value + ", now " + *cur;
+    if (!cur) return differs(name, value, "not set");
+    if (!same_value(value, *cur)) return differs(name, value, *cur);
   }
   for (const auto& [name, value] : now.settings)
-    if (!find_setting(saved.settings, name))
-      return "resume: setting '" + name + "' differs: checkpoint not set, now " + value;
+    if (!find_setting(saved.settings, name)) return differs(name, "not set", value);
   if (saved.data_size != now.data_size || saved.data_hash != now.data_hash)
     return "resume: the data file differs from the one the checkpoint was trained on: "
            "checkpoint " + std::to_string(saved.data_size) + " bytes, hash " +

@@ -12,6 +12,9 @@
 //                           run_id                          string: the run that wrote it
 //                                                           (absent in a checkpoint written
 //                                                           before runs had ids)
+//                           elapsed_s                       f64: seconds the run had taken
+//                                                           at this step, resumes included
+//                                                           (absent: 0)
 //   /weights/<p>          f32 masters, the names and shapes of a golden file's /weights
 //                         ("input_proj_w", "L0/in_proj_w", …, "norm_f_weight", "head_w")
 //   /optimizer/m/<p>      f32 first moments, same names and shapes
@@ -65,6 +68,7 @@ struct CheckpointMeta {
   std::uint64_t data_hash = 0;  // text data: the hash of its bytes (0 for a task)
   std::string git_revision;     // the writer's golden::git_revision()
   std::string run_id;           // the run folder's id (RunDir::run_id); "" = none recorded
+  double elapsed_s = 0;         // seconds the run had taken at `step` (over all its segments)
 };
 
 // Flat f32 buffers in param_layout(cfg) order, layout.total floats each.
@@ -99,9 +103,16 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg, TrainState*
 // and the value); `fallback` when the checkpoint has no such setting.
 Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallback);
 
+// The command-line option of m3h train that sets a checkpoint setting, for messages: "--lr",
+// "--d-model", "--layers" (n_layers), "--dtype" (precision), "--task-opt n_min" (a task's
+// option); a setting no option sets says where it comes from ("vocab_size (the data's
+// vocabulary)", "a_floor (fixed by the model)").
+std::string setting_option(const std::string& setting);
+
 // "" when a run with `now` may resume from `saved`; otherwise one line naming the FIRST setting
-// (in saved's order, then those only `now` has) that differs, with both values:
-//   "resume: setting 'lr' differs: checkpoint 0.001, now 0.002"
+// (in saved's order, then those only `now` has) that differs, by its option (setting_option),
+// with both values:
+//   "resume: --lr differs from the checkpoint's: checkpoint 0.001, now 0.002"
 // Values are equal when their text is, or when both read as the same number ("1e-3" = "0.001").
 // Then the data: "resume: the data file differs from the one the checkpoint was trained on:
 // checkpoint 1234 bytes, hash 0123456789abcdef; now 1200 bytes, hash fedcba9876543210".

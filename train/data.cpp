@@ -542,11 +542,24 @@ std::uint64_t fnv1a64(const void* data, std::size_t n) {
 }
 
 std::unique_ptr<Dataset> make_text_dataset(const std::string& path, double val_fraction, Idx T) {
-  const std::string where = "text data '" + show(path) + "'";
+  return make_text_dataset(std::vector<std::string>{path}, val_fraction, T);
+}
+
+std::unique_ptr<Dataset> make_text_dataset(const std::vector<std::string>& paths,
+                                           double val_fraction, Idx T) {
+  M3_REQUIRE(!paths.empty(), "text data", "no file given", "");
+  std::string name;
+  for (const std::string& p : paths) name += (name.empty() ? "" : ",") + p;
+  const std::string where = "text data '" + show(name) + "'";
   M3_REQUIRE(std::isfinite(val_fraction) && val_fraction > 0 && val_fraction < 1, where,
              "val_fraction must be in (0, 1)", "val_fraction = ", val_fraction);
   M3_REQUIRE(T >= 1, where, "T must be >= 1", "T = ", T);
-  auto ds = std::make_unique<TextDataset>(path, val_fraction, read_whole_file(where, path));
+  std::vector<unsigned char> bytes;
+  for (const std::string& p : paths) {
+    const std::vector<unsigned char> one = read_whole_file("text data '" + show(p) + "'", p);
+    bytes.insert(bytes.end(), one.begin(), one.end());
+  }
+  auto ds = std::make_unique<TextDataset>(name, val_fraction, std::move(bytes));
   ds->check_T(T);
   return ds;
 }

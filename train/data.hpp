@@ -132,6 +132,12 @@ class Dataset {
 // unreadable, empty, a training or validation part shorter than T+1 bytes (with how many bytes
 // it has and how many are needed), a bad val_fraction, T < 1.
 std::unique_ptr<Dataset> make_text_dataset(const std::string& path, double val_fraction, Idx T);
+// Several files (--data A --data B): their bytes concatenated in the order given, nothing
+// between them, as one text of S = Σ sizes bytes split as above (so the validation part is the
+// end of the last file); its name, in settings and messages, the paths joined by ",". The
+// same errors, naming the file; an empty list is an error.
+std::unique_ptr<Dataset> make_text_dataset(const std::vector<std::string>& paths,
+                                           double val_fraction, Idx T);
 
 // --task NAME with options "key=value" (e.g. {"n_min","3"},{"n_max","64"}); T is the training
 // length (it sets defaults and is checked against the task's minimum). Unknown task or option,

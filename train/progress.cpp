@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "error.hpp"
 #include "temp_files.hpp"
+#include "terminal.hpp"
 
 namespace m3::train {
 
@@ -42,24 +45,61 @@ std::string Progress::hms(double seconds) {
   return buf;
 }
 
+double Progress::elapsed() const { return elapsed_before_ + (now() - t0_); }
+
 void Progress::update(Idx step, double loss, std::optional<double> val_loss, double lr,
                       double tokens_per_s) {
   const double t = now();
   if (first_step_ < 0) first_step_ = step;
   if (val_loss) val_ = val_loss;
+  ++updates_;
+  avg_ = kLossSmoothing * avg_ + (1 - kLossSmoothing) * loss;
+  const double smoothed = avg_ / (1 - std::pow(kLossSmoothing, static_cast<double>(updates_)));
   const double elapsed = t - t0_;
   const Idx done = step - first_step_ + 1;  // steps timed since the clock started
   const double eta = done > 0 ? elapsed / static_cast<double>(done) *
                                     static_cast<double>(std::max<Idx>(total_ - step, 0))
                               : NAN;
-  char val[32] = "-";
-  if (val_) std::snprintf(val, sizeof val, "%.4f", *val_);
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "step %lld/%lld  loss %.4f  val %s  lr %.2e  %.0f tok/s  elapsed %s  eta %s",
-                static_cast<long long>(step), static_cast<long long>(total_), loss, val, lr,
-                tokens_per_s, hms(elapsed).c_str(), hms(eta).c_str());
-  last_ = buf;
+  char buf[96];
+  // The fields in order; `drop` ranks the ones a narrow terminal loses first (0 = kept).
+  struct Field {
+    std::string text;
+    int drop;
+  };
+  std::vector<Field> fields;
+  std::snprintf(buf, sizeof buf, "step %lld/%lld", static_cast<long long>(step),
+                static_cast<long long>(total_));
+  fields.push_back({buf, 0});
+  std::snprintf(buf, sizeof buf, "loss %.4f", loss);
+  fields.push_back({buf, 0});
+  std::snprintf(buf, sizeof buf, "(avg %.4f)", smoothed);
+  fields.push_back({buf, 4});
+  if (val_) std::snprintf(buf, sizeof buf, "val %.4f", *val_);
+  else std::snprintf(buf, sizeof buf, "val -");
+  fields.push_back({buf, 0});
+  std::snprintf(buf, sizeof buf, "lr %.2e", lr);
+  fields.push_back({buf, 2});
+  std::snprintf(buf, sizeof buf, "%.0f tok/s", tokens_per_s);
+  fields.push_back({buf, 1});
+  fields.push_back({"elapsed " + hms(elapsed_before_ + elapsed), 3});
+  fields.push_back({"eta " + hms(eta), 0});
+  auto join = [&](int dropped, const char* gap) {
+    std::string s;
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      if (fields[i].drop > 0 && fields[i].drop <= dropped) continue;
+      // "(avg …)" belongs to the loss before it: one space.
+      if (!s.empty()) s += fields[i].text[0] == '(' ? " " : gap;
+      s += fields[i].text;
+    }
+    return s;
+  };
+  last_ = join(0, "  ");
+  if (tty_ && width_ > 0) {
+    const std::size_t fit = static_cast<std::size_t>(std::max(1, width_ - 1));
+    for (int dropped = 1; dropped <= 4 && last_.size() > fit; ++dropped) last_ = join(dropped, "  ");
+    if (last_.size() > fit) last_ = join(4, " ");
+    if (last_.size() > fit) last_.resize(fit);
+  }
   if (!tty_) {
     if (step % log_every_ == 0 || step == total_) out_ << last_ << "\n" << std::flush;
     return;
@@ -77,7 +117,8 @@ void Progress::draw() {
   pending_ = false;
 }
 
-void Progress::note(const std::string& line) {
+void Progress::note(const std::string& text) {
+  const std::string line = tty_ ? harness::wrap_words(text, width_, 2) : text;
   if (tty_ && line_active_) {
     out_ << "\r" << kClearToEol << line << "\n";
     draw();
@@ -88,7 +129,10 @@ void Progress::note(const std::string& line) {
 
 void Progress::busy(const std::string& what) {
   if (!tty_) return;
-  out_ << "\r" << last_ << "  [" << what << "]" << kClearToEol << std::flush;
+  std::string text = last_ + "  [" + what + "]";
+  if (width_ > 0 && text.size() > static_cast<std::size_t>(std::max(1, width_ - 1)))
+    text.resize(static_cast<std::size_t>(std::max(1, width_ - 1)));
+  out_ << "\r" << text << kClearToEol << std::flush;
   line_active_ = true;
   pending_ = true;        // the status without the suffix is not on screen
   last_draw_ = -1e300;    // so the next update draws, however soon it comes
@@ -100,7 +144,7 @@ void Progress::finish(const std::string& summary) {
     if (line_active_) out_ << "\n";
     line_active_ = false;
   }
-  if (!summary.empty()) out_ << summary << "\n";
+  if (!summary.empty()) out_ << (tty_ ? harness::wrap_words(summary, width_, 2) : summary) << "\n";
   out_ << std::flush;
 }
 

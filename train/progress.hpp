@@ -1,9 +1,18 @@
 // The training console (TRAINING.md §5) and Ctrl-C handling.
 //
 // Progress prints one status text per step:
-//   "step 120/1000  loss 2.3456  val 2.4012  lr 3.00e-04  12345 tok/s  elapsed 0:01:23  eta 0:10:05"
-// (val: the last validation loss given, "-" before the first; eta from the mean time per step
-// since the first update, so a resumed run estimates from its own steps.)
+//   "step 120/1000  loss 2.3456 (avg 2.4012)  val 2.4012  lr 3.00e-04  12345 tok/s  elapsed 0:01:23  eta 0:10:05"
+// (avg: the losses smoothed, an exponential moving average a_k = β·a_{k−1} + (1 − β)·loss_k
+// with β = kLossSmoothing (about the last 20 steps), divided by 1 − β^k so that the first
+// steps are not pulled towards 0; k counts this process's updates. val: the last validation
+// loss given, "-" before the first. elapsed: the run's time, set_elapsed_before's seconds (the
+// time before a resume) plus this process's; eta from the mean time per step since the first
+// update, so a resumed run estimates from its own steps.)
+// A terminal narrower than the text (set_width) gets the fields that fit, the others dropped
+// in this order: tok/s, lr, elapsed, avg; then the fields one space apart; then the text cut
+// to width − 1 columns (a full-width line would wrap on some terminals); its notes and the
+// summary are broken at spaces to the width. A log gets every field and every line whole,
+// whatever the width.
 //   tty      one updating line: "\r" + text + "\x1b[K" (clear to the end of the line), redrawn at
 //            most every 0.1 s and always at the last step; note() clears it, prints the note on
 //            a line of its own and redraws it below; busy(what) shows "  [what]" after the
@@ -32,6 +41,8 @@
 
 namespace m3::train {
 
+inline constexpr double kLossSmoothing = 0.95;
+
 class Progress {
  public:
   using Clock = std::function<double()>;  // seconds; empty = std::chrono::steady_clock
@@ -45,6 +56,12 @@ class Progress {
   // check takes seconds). Not tty: nothing (the log's lines stay one per logged step).
   void busy(const std::string& what);
   void finish(const std::string& summary);
+  // The columns of the terminal (0: no limit); only a tty's status line is fitted to them.
+  void set_width(int columns) { width_ = columns; }
+  // Seconds the run had taken before this process (a resumed run's), added to "elapsed".
+  void set_elapsed_before(double seconds) { elapsed_before_ = seconds; }
+  // The seconds the run has taken so far: the time before this process and this process's.
+  double elapsed() const;
 
   static std::string hms(double seconds);  // "h:mm:ss" (hours unbounded), "-:--:--" if unknown
 
@@ -62,6 +79,10 @@ class Progress {
   std::string last_;           // the latest status text
   bool pending_ = false;       // tty: last_ not drawn yet (throttled)
   bool line_active_ = false;   // tty: the status line is on screen, not ended
+  int width_ = 0;              // columns of the terminal (0: no limit)
+  double elapsed_before_ = 0;  // seconds of the run before this process
+  double avg_ = 0;             // the moving average of the losses, not yet debiased
+  Idx updates_ = 0;            // losses averaged so far
 };
 
 class StopFlag {

@@ -459,6 +459,25 @@ std::string RunDir::checkpoint_path(Idx step) const {
   return path(name);
 }
 
+std::string resolve_checkpoint(const std::string& path, const std::string& option) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  Idx best = -1;
+  fs::path latest;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const Idx step = checkpoint_step(it->path().filename().string());
+    if (step > best && !it->is_directory()) {
+      best = step;
+      latest = it->path();
+    }
+  }
+  if (ec) throw Error(option + " " + path, "cannot list the folder", ec.message());
+  if (best < 0)
+    throw Error(option + " " + path, "the folder holds no checkpoint (ckpt-<step>.h5)",
+                "name a checkpoint file, or a run folder of m3h train that wrote one");
+  return latest.string();
+}
+
 void RunDir::prune_checkpoints(Idx keep, Idx final_step) {
   M3_REQUIRE(keep >= 1, kWhere, "--keep must be >= 1", "got ", keep);
   std::vector<std::pair<Idx, fs::path>> ckpts;

@@ -59,6 +59,11 @@ constexpr const char* kStepTimesHeader =
 // True for the names a run writes (the list above): what --force may remove.
 bool is_run_file(const std::string& name);
 
+// A checkpoint named by the user: a file as it is, or a run folder's latest checkpoint (the
+// ckpt-<step>.h5 of the highest step). A folder without one is an m3::Error naming it.
+// `option` names the option in that message ("--resume", "--checkpoint").
+std::string resolve_checkpoint(const std::string& path, const std::string& option);
+
 class RunDir {
  public:
   // Opens or creates `dir`.

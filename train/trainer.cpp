@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <ostream>
@@ -21,6 +22,7 @@
 #include "resources.hpp"
 #include "run.hpp"
 #include "run_dir.hpp"
+#include "terminal.hpp"
 
 namespace m3::train {
 
@@ -156,6 +158,23 @@ Settings run_settings(const TrainOptions& o, const Dataset& data) {
   return s;
 }
 
+std::unique_ptr<Dataset> checkpoint_task(const CheckpointMeta& meta) {
+  std::string task;
+  Settings opts;
+  bool in_task = false;
+  for (const auto& kv : meta.settings) {
+    if (kv.first == "task") {
+      task = kv.second;
+      in_task = true;
+      continue;
+    }
+    if (in_task && kv.first == "eval_len") break;
+    if (in_task) opts.push_back(kv);
+  }
+  if (task.empty()) return nullptr;
+  return make_task(task, opts, int_setting(meta, "T", 0));
+}
+
 namespace {
 
 // The longer-length evaluation of a task: the same task with every sequence of length L.
@@ -173,6 +192,22 @@ std::unique_ptr<Dataset> eval_dataset(const TrainOptions& o, Idx L) {
   }
   return make_task(o.task, opts, L);
 }
+
+}  // namespace
+
+std::string human_count(double n) {
+  static const char* const kUnits[] = {"", " k", " M", " G", " T"};
+  int u = 0;
+  while (u < 4 && std::fabs(n) >= 999.5) {  // 999.5 would print as "1e+03"
+    n /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.3g%s", n, kUnits[u]);
+  return buf;
+}
+
+namespace {
 
 std::string fixed(double v, int digits) {
   std::ostringstream os;
@@ -357,12 +392,30 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   std::ostream& console = lead ? out : quiet;
   LossScaler scaler = LossScaler::for_precision(o.storage);
   Idx step0 = 0;
+  Idx extended_from = 0;     // the run's length before this resume extended it (0: not extended)
+  double elapsed_before = 0;  // seconds the run had taken at the checkpoint
   TrainState st;
   if (!o.resume.empty()) {
     Config ck_cfg;
     const CheckpointMeta saved = read_checkpoint(o.resume, &ck_cfg, &st);
-    const std::string why = resume_mismatch(saved, now);
+    // --steps may grow (the run is extended); every other setting must be the checkpoint's.
+    const Idx saved_steps = int_setting(saved, "steps", o.optim.steps);
+    CheckpointMeta same_length = now;
+    for (auto& [name, value] : same_length.settings)
+      if (name == "steps") value = std::to_string(saved_steps);
+    const std::string why = resume_mismatch(saved, same_length);
     M3_REQUIRE(why.empty(), "train", why, "");
+    M3_REQUIRE(o.optim.steps >= saved_steps, "train",
+               "--steps " + std::to_string(o.optim.steps) + " is shorter than the run (" +
+                   std::to_string(saved_steps) + " steps)",
+               "a run is extended with a larger --steps, never shortened");
+    if (saved.step >= o.optim.steps)
+      throw RunFinished("train",
+                        "the run is finished (step " + std::to_string(saved.step) + " of " +
+                            std::to_string(saved_steps) + "); nothing to do",
+                        "--steps N with N > " + std::to_string(saved_steps) + " extends it");
+    if (o.optim.steps > saved_steps) extended_from = saved_steps;
+    elapsed_before = saved.elapsed_s;
     // A checkpoint continues only the run that wrote it: its settings may equal another run's
     // (a copied folder, the same options), and resuming it there would mix two runs' logs.
     if (dir && saved.run_id != dir->run_id())
@@ -406,8 +459,14 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   // or fewer), and only the training passes (not validation's forwards).
   const Idx profile_from = step0 + (o.optim.steps - step0 > 3 ? 4 : 1);
   Idx profiled = 0;
-  // Only now, so that a backend that cannot be built leaves at most an empty new folder.
+  // Only now, so that a backend that cannot be built leaves at most an empty new folder. An
+  // extended run's config.txt takes the new length (a later --resume RUN continues it) and
+  // says from what.
   if (dir && o.resume.empty()) dir->write_config(with_run_id(o.config_text, dir->run_id()));
+  if (dir && extended_from > 0)
+    dir->write_config(with_run_id(o.config_text, dir->run_id()) + "# extended from " +
+                      std::to_string(extended_from) + " to " + std::to_string(o.optim.steps) +
+                      " steps at step " + std::to_string(step0) + "\n");
   be->set_state(st);
   std::unique_ptr<Backend> long_be;  // one rank (the lead's device) evaluates the long length
   if (long_data && lead) {
@@ -421,15 +480,23 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   if (dir) dir->open_metrics(step0);
   StopFlag::install();
   Progress prog(o.optim.steps, o.log_every, o.tty && lead, console);
+  prog.set_width(o.width);
+  prog.set_elapsed_before(elapsed_before);
   prog.note("train: " + std::to_string(o.optim.steps) + " steps of " +
             std::to_string(o.grad_accum) + "x" + std::to_string(o.B) + "x" + std::to_string(o.T) +
             " tokens (global batch) on " + be->name() + " (" + precision_name(o.storage) + ", " +
-            scan_mode_name(o.mode) + "), " + std::to_string(be->layout().total) +
-            " parameter floats; " + o.cfg.describe() +
+            scan_mode_name(o.mode) + "), " +
+            human_count(static_cast<double>(be->layout().total)) + " parameters" +
             (step0 ? "; resumed at step " + std::to_string(step0) : std::string()) +
             (o.init.empty() ? std::string()
                             : "; weights from " + escape_for_message(o.init, 200) +
                                   " (AdamW moments zero, step 0)"));
+  prog.note(harness::wrap_words("config: " + o.cfg.describe(), o.width, 2));
+  if (extended_from > 0)
+    prog.note("train: extending the run from " + std::to_string(extended_from) + " to " +
+              std::to_string(o.optim.steps) + " steps (the learning rate follows the " +
+              std::to_string(o.optim.steps) + "-step schedule from step " +
+              std::to_string(step0 + 1) + ")");
 
   // Every rank calls it (the state is gathered); the lead writes.
   if (dir) now.run_id = dir->run_id();
@@ -443,6 +510,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     m.loss_scale = scaler.scale;
     m.good_steps = scaler.good_steps;
     m.skipped = scaler.skipped;
+    m.elapsed_s = prog.elapsed();
     const TrainState state = be->state();
     const std::string bad = first_nonfinite(state, o.cfg);
     if (!bad.empty() || !dir) return bad;
@@ -614,6 +682,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   sum << "train: step " << step << "/" << o.optim.steps << ", loss " << fixed(last_loss, 4);
   if (std::isfinite(last_val)) sum << ", val loss " << fixed(last_val, 4);
   sum << ", " << fixed(total, 1) << " s";
+  if (step0 > 0) sum << " (" << fixed(prog.elapsed(), 1) << " s since the run began)";
   if (worst_verify >= 0)
     sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget (" << worst_verify_at
         << ")";

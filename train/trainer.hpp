@@ -37,6 +37,7 @@
 #include "checkpoint.hpp"
 #include "config.hpp"
 #include "data.hpp"
+#include "error.hpp"
 #include "optimizer.hpp"
 #include "parallel.hpp"
 #include "problem.hpp"
@@ -101,14 +102,19 @@ struct TrainOptions {
   Idx B = 8, T = 256, steps = 1000, grad_accum = 1;
   OptimConfig optim;
   std::uint64_t seed = 0;
-  std::string data;           // --data FILE (text), or
+  std::vector<std::string> data;  // --data FILE... (text, the files concatenated), or
   double val_fraction = 0.05;
   std::string task;           // --task NAME
   Settings task_options;      // its options
   Idx eval_len = 0;           // tasks: also evaluate at this length (0 = no)
   std::string out;
   bool force = false;
-  std::string resume;         // a checkpoint file
+  std::string resume;         // a checkpoint file (of the run in `out`). Its settings must
+                              // all match, but for steps: a larger one extends the run (the
+                              // learning rate follows the new length's schedule from the
+                              // checkpoint's step on; config.txt and the console say so); a
+                              // smaller one, or the run's own when the checkpoint is its last
+                              // step, is refused (RunFinished for the latter)
   std::string init;           // a checkpoint whose weights start a new run (moments zero, step 0)
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
   Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
@@ -117,6 +123,8 @@ struct TrainOptions {
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
   std::string config_text;    // the resolved options, written to config.txt
   bool tty = false;
+  int width = 0;              // columns of the console (0: no limit): the config line is
+                              // broken to fit, and on a tty the status line (progress.hpp)
   // Data parallelism (parallel.hpp): --gpus G ranks of this process, or this process as one
   // rank of a job (--rank, --world-size, --nccl-id-file). B is the global batch. In a job only
   // rank 0 writes the run directory and the console; every rank takes the same decisions (the
@@ -129,6 +137,10 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, Idx T);
 
 // The settings a checkpoint records and a resume compares, in order.
 Settings run_settings(const TrainOptions& o, const Dataset& data);
+
+// The task a checkpoint was trained on, rebuilt from its settings (run_settings' "task" and the
+// task's options after it) at the run's T; null for a text run (its file is not recorded).
+std::unique_ptr<Dataset> checkpoint_task(const CheckpointMeta& meta);
 
 // The --step-times line of a run's timed steps, the k-th being step first_step + k: the
 // medians of period, forward, backward, optimizer and of each step's period minus its parts
@@ -144,6 +156,15 @@ std::string step_times_summary(const std::vector<StepTimes>& t, Idx first_step);
 // there is no step or no stage.
 std::string stage_times_table(const std::vector<std::pair<std::string, double>>& sums, Idx steps,
                               Idx first_step, Idx last_step);
+
+// A resume from a run's final checkpoint with the run's own --steps: nothing to do. The CLI
+// says so in one line and exits 1 (not 2: the input is well-formed, the run is done).
+struct RunFinished : Error {
+  using Error::Error;
+};
+
+// "94.2 k", "8.58 k", "856", "1.25 M": a count with three significant digits and a unit.
+std::string human_count(double n);
 
 // Runs the whole training; returns the exit status (0 done, 1 stopped by a failure — a
 // non-finite loss or gradient, a failed verification — 130 interrupted). `out`: the console.
