@@ -47,6 +47,7 @@
 #include "registry.hpp"
 #include "run_dir.hpp"
 #include "temp_files.hpp"
+#include "error_of.hpp"
 
 namespace fs = std::filesystem;
 using m3::Config;
@@ -120,15 +121,7 @@ bool in_a_slot(const ParamLayout& layout, Idx i) {
   return false;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const m3::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no m3::Error thrown";
-  return "";
-}
+using m3::test::error_of;
 
 using m3::test::slurp;
 

@@ -29,6 +29,7 @@
 #include "error.hpp"
 #include "h5store.hpp"
 #include "precision.hpp"
+#include "error_of.hpp"
 
 namespace fs = std::filesystem;
 using m3::Idx;
@@ -55,15 +56,7 @@ bool bf16_is_nan(std::uint16_t h) { return (h & 0x7F80u) == 0x7F80u && (h & 0x00
 bool f16_is_nan(std::uint16_t h) { return (h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0; }
 
 // The message of the m3::Error that f throws ("" and a test failure when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const m3::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an m3::Error";
-  return "";
-}
+using m3::test::error_of;
 
 // The message is one line and contains every part.
 void expect_message(const std::string& msg, std::initializer_list<std::string> parts) {

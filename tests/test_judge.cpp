@@ -34,6 +34,7 @@
 #include "npy.hpp"
 #include "problem.hpp"
 #include "test_io.hpp"
+#include "error_of.hpp"
 
 namespace m3 {
 namespace {
@@ -104,14 +105,7 @@ void transpose_into(Tensor& t) {
   t.shape = {cols, rows};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using m3::test::error_of;
 
 // ---- the judge on our own reference -------------------------------------------------------------
 

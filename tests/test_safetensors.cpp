@@ -47,6 +47,7 @@
 #include "registry.hpp"
 #include "safetensors.hpp"
 #include "test_io.hpp"
+#include "error_of.hpp"
 
 namespace fs = std::filesystem;
 using m3::Config;
@@ -58,15 +59,7 @@ namespace st = m3::st;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const m3::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no m3::Error thrown";
-  return "";
-}
+using m3::test::error_of;
 
 #define EXPECT_ERROR(stmt, needle)                                                  \
   do {                                                                              \
