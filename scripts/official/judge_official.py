@@ -194,10 +194,17 @@ def import_official(src):
 
 
 def source_revision(src):
+    # Only a checkout rooted at src names its revision: git would otherwise report the revision
+    # of a repository that merely contains src (an exported tree inside this one, say).
     try:
-        r = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"],
+        r = subprocess.run(["git", "-C", src, "rev-parse", "--show-toplevel", "--short", "HEAD"],
                            capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else "no git revision"
+        lines = r.stdout.split()
+        if r.returncode != 0 or len(lines) != 2:
+            return "no git revision"
+        if os.path.realpath(lines[0]) != os.path.realpath(src):
+            return "no git revision (an exported tree)"
+        return lines[1]
     except OSError:
         return "no git revision"
 
