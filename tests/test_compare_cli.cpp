@@ -157,7 +157,7 @@ TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
   ASSERT_EQ(r.status, 0) << r.err;
   const JValue doc = parse_json(read_file(json));
   ASSERT_EQ(doc.kind, JValue::Object);
-  EXPECT_EQ(doc.at("schema").str, "m3h-compare/1");
+  EXPECT_EQ(doc.at("schema").str, "m3h-compare/2");
   EXPECT_TRUE(doc.at("pass").b);
   EXPECT_EQ(doc.at("exit_status").num, 0);
   EXPECT_EQ(doc.at("seed").num, 1234);
