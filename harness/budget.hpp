@@ -27,11 +27,12 @@
 //    (1 + u·r), r uniform in [−1, 1), u = 2^-24 for f32 values and, in a bf16/f16 cell, u =
 //    2^-8 / 2^-11 for the tensors MODEL.md §8 stores typed, with f16's subnormal floor). Its
 //    error per tensor is what the precision cannot avoid given the tensor's conditioning.
-//    kPerturbationDraws draws; the baseline error is the largest draw plus the draws' range,
-//    max + (max − min): the subject's error is one more draw of the same distribution, which
-//    rarely exceeds the largest of a few by more than their spread (one draw is too noisy:
-//    errors shared through rounded weights leave a tensor few degrees of freedom; where the
-//    draws agree, the range adds nothing). End to end the double oracle runs the whole
+//    kPerturbationDraws draws (run only where some tensor is over its floor, the limit being
+//    non-decreasing in the draws: cell_judge.hpp); the baseline error is the largest draw plus
+//    the draws' range, max + (max − min): the subject's error is one more draw of the same
+//    distribution, which rarely exceeds the largest of a few by more than their spread (one
+//    draw is too noisy: errors shared through rounded weights leave a tensor few degrees of
+//    freedom; where the draws agree, the range adds nothing). End to end the double oracle runs the whole
 //    backbone perturbed; isolated, each stage is fed the oracle's inputs perturbed by one
 //    rounding (what the isolated subject is fed: the oracle's values rounded to its storage).
 //    Each draw's error is measured against the same run unperturbed, not against the oracle

@@ -39,8 +39,12 @@ enum class Status {
   ShapeMismatch,  // subject shape differs from the oracle's
   OracleMissing,  // the oracle did not capture the key (a reference bug)
   OracleBad,      // the oracle's shape differs from the registry, or the oracle is not finite
+  // Not judged: over budget only on values too ill-conditioned to judge (cell_judge.hpp),
+  // within it on every other value. Not a failure; counted apart (CompareResult::n_ill).
+  IllConditioned,
 };
-const char* status_name(Status s);  // "ok", "FAIL", "NONFINITE", "MISSING", "SHAPE", …
+const char* status_name(Status s);  // "ok", "FAIL", "NONFINITE", "MISSING", "SHAPE", …,
+                                    // "ILL-CONDITIONED"
 
 struct TensorResult {
   std::string key;     // "L2/B6/d_x", "grad/L0/in_proj_w"
@@ -54,14 +58,31 @@ struct TensorResult {
   Status status = Status::Pass;
   Metrics subject;                          // subject vs oracle
   bool has_baseline = false;
-  Metrics baseline;                         // baseline vs oracle, when has_baseline
+  // Baseline vs its reference, when has_baseline: rel_l2 and max_abs are the draws' max + range
+  // (budget.hpp), the other fields those of the first draw (error_norms: no p95, cosine, ulps).
+  Metrics baseline;
+  int draws = 0;                            // baseline draws that entered the limit (0: the
+                                            // floor alone decided, cell_judge.hpp)
+  int conditioning_draws = 0;               // the same for the conditioning term
   Budget budget;
   Verdict verdict;
   std::string worst_coords;                 // decoded worst_index of subject vs oracle
   std::string note;                         // why it failed, when it did
   PositionProfile by_position;              // subject vs oracle per t (CompareOptions::by_position)
+  // Values found ill-conditioned (cell_judge.hpp; only for a tensor over its limit after every
+  // draw) and the largest condition number κ among them (+inf for a zero reference value).
+  Idx ill_conditioned = 0;
+  double condition = 0;
 
-  bool pass() const { return status == Status::Pass; }
+  // Not a failure: within budget, or not judged for ill-conditioning.
+  bool pass() const { return status == Status::Pass || status == Status::IllConditioned; }
+  bool judged() const { return status != Status::IllConditioned; }
+  // The subject's metrics are in (a verdict on the budget, or one blocked by a non-finite value).
+  bool measured() const {
+    return status == Status::Pass || status == Status::OverBudget ||
+           status == Status::NonFinite || status == Status::IllConditioned ||
+           (status == Status::OracleBad && subject.numel > 0);
+  }
 };
 
 struct CompareOptions {
@@ -108,10 +129,12 @@ struct CompareResult {
 
   bool pass() const { return first_fail < 0; }
   int n_fail() const;
-  // The row with the largest share of its budget used (verdict.pct(), the first of equals), or
-  // null when there are no rows: verification's "worst" while training.
+  int n_ill() const;  // rows with Status::IllConditioned
+  // The judged row (not ill-conditioned) with the largest share of its budget used
+  // (verdict.pct(), the first of equals), or null when there is none: verification's "worst"
+  // while training.
   const TensorResult* largest_share() const;
-  // The same among the passing rows, or null when none passes: the summaries' "tightest passing".
+  // The same among the passing judged rows, or null when none: the summaries' "tightest passing".
   const TensorResult* tightest_passing() const;
 };
 

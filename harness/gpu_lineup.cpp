@@ -27,11 +27,13 @@ Implementation gpu_subject(Precision storage, gpu::Fault fault) {
              "f64 is the oracle's precision");
   std::string name = std::string("gpu<") + precision_name(storage) + ">";
   if (fault != gpu::Fault::None) name += std::string(" fault=") + gpu::fault_name(fault);
+  // The GPU keeps its Capture (downloaded after the run); the harness streams it afterwards.
   return {name,
-          [storage, fault](const Problem& pb, ScanMode mode) {
+          [storage, fault](const Problem& pb, ScanMode mode, const TensorSink&) {
             return gpu::run_gpu(context(), pb, mode, storage, fault);
           },
-          [storage, fault](const Problem& pb, ScanMode mode, const Capture& oracle) {
+          [storage, fault](const Problem& pb, ScanMode mode, const Capture& oracle,
+                           const TensorSink&) {
             return gpu::run_gpu_isolated(context(), pb, mode, oracle, storage, fault);
           },
           [storage, fault](const Problem& pb, ScanMode mode) {

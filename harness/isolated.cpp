@@ -50,7 +50,7 @@ class Runner {
 
  public:
   Runner(const Problem& pb, ScanMode mode, const Capture& oracle, Precision storage,
-         gpu::Fault fault)
+         gpu::Fault fault, const TensorSink& sink)
       : pb_(pb),
         cfg_(pb.cfg),
         mode_(mode),
@@ -60,7 +60,7 @@ class Runner {
         p_(cast_params<float>(pb.params)),
         states_(cast_states<float>(pb.states)),
         grads_(zero_params<float>(pb.cfg)),
-        cap_(pb.cfg, pb.B, pb.T) {
+        cap_(pb.cfg, pb.B, pb.T, sink) {
     a_.allocate(d_, mode);
     g_.allocate(d_, mode);
     w_input_ = typed(p_.input_proj_w);
@@ -333,14 +333,14 @@ void check_fields_cover_registry(const Config& cfg, ScanMode mode) {
 }  // namespace
 
 Capture run_reference_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
-                               Precision storage, gpu::Fault fault) {
+                               Precision storage, gpu::Fault fault, const TensorSink& sink) {
   M3_REQUIRE(storage == Precision::F32 || storage == Precision::BF16 ||
                  storage == Precision::F16,
              "run_reference_isolated", "storage must be f32, bf16 or f16",
              precision_name(storage));
   validate_run(pb.cfg, pb.B, pb.T);
   check_fields_cover_registry(pb.cfg, mode);
-  return Runner(pb, mode, oracle, storage, fault).run();
+  return Runner(pb, mode, oracle, storage, fault, sink).run();
 }
 
 }  // namespace m3::harness

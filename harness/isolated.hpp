@@ -31,9 +31,11 @@
 namespace m3::harness {
 
 // `oracle` must hold every registry tensor of (pb, mode) (run_reference<double>); a missing or
-// mis-shaped key is an m3::Error naming it. `storage`: F32, BF16 or F16.
+// mis-shaped key is an m3::Error naming it. `storage`: F32, BF16 or F16. With a `sink` the
+// Capture streams (capture.hpp).
 Capture run_reference_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
-                               Precision storage, gpu::Fault fault = gpu::Fault::None);
+                               Precision storage, gpu::Fault fault = gpu::Fault::None,
+                               const TensorSink& sink = {});
 
 // The value of `f` rounded (to nearest even) to `mantissa_bits` explicit mantissa bits with
 // f32's exponent range: 7 is bf16; 5 is the RoundTwice fault's "bf16 with 2 fewer bits".

@@ -106,7 +106,7 @@ Judgement judge_subject(const golden::GoldenCase& g, const std::string& golden_p
 // stage), then compare's summary, naming the first failing stage.
 void print_judgement(std::ostream& os, const Judgement& j, const ReportOptions& opt = {});
 
-// compare's JSON (report_json.hpp, schema "m3h-compare/1") with one more top-level object,
+// compare's JSON (report_json.hpp, schema "m3h-compare/2") with one more top-level object,
 // "judge": {"golden", "subject", "format", "implementation", "precision", "scan_mode",
 // "linear_layout", "tensor_layouts": {key: layout}, "transposed": [..], "n_expected",
 // "n_provided", "not_provided": [..]}.

@@ -81,6 +81,13 @@ double circular_diff(double subject, double oracle);
 Metrics compute_metrics(const Tensor& oracle, const Tensor& subject, bool circular,
                         Precision storage = Precision::F32);
 
+// The pass rule's two figures alone: numel, max_abs (with worst_index, worst_oracle and
+// worst_subject), oracle_scale, oracle_l2, diff_l2, rel_l2 (rel_l2_absolute) and the non-finite
+// counts, equal bit for bit to compute_metrics' (the same sums in the same order); p95_rel,
+// max_rel, cosine and the ulps are left at their defaults. What a baseline draw is measured by:
+// one pass without the relative-error set, several times cheaper.
+Metrics error_norms(const Tensor& oracle, const Tensor& subject, bool circular);
+
 // Row-major multi-index of `flat` in `shape`.
 std::vector<Idx> unravel(Idx flat, const std::vector<Idx>& shape);
 

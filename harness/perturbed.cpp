@@ -30,6 +30,9 @@ std::uint64_t mix64(std::uint64_t z) {
 
 namespace {
 
+// BCNorm's bias add cancels where |b_normed| is at least this many times |b_biased|.
+constexpr double kCancelledBiasAdd = 4;
+
 // The GEMM weights: the GEMMs read their typed compute copies (MODEL.md §8).
 bool is_gemm_weight(const std::string& name) {
   return name == "in_proj_w" || name == "out_proj_w" || name == "input_proj_w" || name == "head_w";
@@ -49,10 +52,10 @@ class PerturbedRun {
 
  public:
   PerturbedRun(const Problem& pb, ScanMode mode, const Perturbation& pt, std::uint64_t seed,
-               const Capture* teacher)
+               const Capture* teacher, const TensorSink& sink)
       : pb_(pb), p_(pb.params), cfg_(pb.cfg), mode_(mode), d_(ref::Dims::of(pb.cfg, pb.B, pb.T)),
         plan_(ChainPlan::of(pb.cfg, mode)), u_typed_(pt.u_typed), u_f32_(pt.u_f32),
-        tiny_(pt.tiny), rng_(seed), teacher_(teacher), cap_(pb.cfg, pb.B, pb.T),
+        tiny_(pt.tiny), rng_(seed), teacher_(teacher), cap_(pb.cfg, pb.B, pb.T, sink),
         grads_(zero_params<double>(pb.cfg)) {
     acts_.resize(static_cast<size_t>(cfg_.n_layers));
     for (auto& a : acts_) a.allocate(d_, mode_);
@@ -234,14 +237,41 @@ class PerturbedRun {
     return false;
   }
   // After a stage: perturb what it wrote (F1's residual is the layer input, written upstream),
-  // then capture it.
+  // then capture it. BCNorm (F4) stores b_normed typed and reads it back for the bias add, so
+  // b_biased = b_normed + bias carries b_normed's rounding as well as its own (c alike): with
+  // d_state 1, b_normed is ±w and the bias add a cancellation whose error is b_normed's.
   void after_stage(int l, StageId s, const Fields& fields) {
+    std::vector<double> bn, cn;  // b_normed, c_normed before their perturbation
+    if (s == StageId::F4 && l >= 0) {
+      bn = acts_[static_cast<size_t>(l)].b_normed;
+      cn = acts_[static_cast<size_t>(l)].c_normed;
+    }
     for (const auto& f : fields)
       if (wrote(s, f) && std::strcmp(f.tensor, "residual") != 0)
         perturb(*f.v, stage_name(f.stage), f.tensor);
+    if (!bn.empty()) {
+      ref::LayerActs<double>& a = acts_[static_cast<size_t>(l)];
+      carry_into_bias_add(bn, a.b_normed, a.b_biased);
+      carry_into_bias_add(cn, a.c_normed, a.c_biased);
+    }
     ref::for_each_buffer(plan_.written_by(s), fields, [&](const TensorSpec& spec, const Vec& v) {
       put(l, spec.stage, spec.tensor, v);
     });
+  }
+
+  // biased[r, h, n] += normed[r, g(h), n] − before[r, g(h), n] where the bias add cancels,
+  // |normed| ≥ kCancelledBiasAdd · |biased|: there the read of the stored normed tensor
+  // (ref::bcnorm_forward's broadcast of groups to heads) sets biased's error, many times its
+  // own rounding. Elsewhere biased's own rounding, already drawn, is of the same size.
+  void carry_into_bias_add(const Vec& before, const Vec& normed, Vec& biased) const {
+    const Idx nh = d_.nh, ng = d_.ng, ds = d_.ds, hpg = d_.hpg;
+    for (Idx r = 0; r < d_.BT; ++r)
+      for (Idx h = 0; h < nh; ++h)
+        for (Idx n = 0; n < ds; ++n) {
+          const size_t src = static_cast<size_t>((r * ng + h / hpg) * ds + n);
+          double& b = biased[static_cast<size_t>((r * nh + h) * ds + n)];
+          if (std::abs(before[src]) >= kCancelledBiasAdd * std::abs(b)) b += normed[src] - before[src];
+        }
   }
 
   // ---- the teacher's values (the isolated mode) -------------------------------------------
@@ -350,18 +380,20 @@ Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw) {
 }
 
 Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturbation& pt,
-                                int draw) {
+                                int draw, const TensorSink& sink) {
   validate_run(pb.cfg, pb.B, pb.T);
   const Problem q = perturbed_problem(pb, pt, draw);
-  return PerturbedRun(q, mode, pt, perturbation_seed(pb.seed, pt.u_typed, draw, 1), nullptr)
+  return PerturbedRun(q, mode, pt, perturbation_seed(pb.seed, pt.u_typed, draw, 1), nullptr,
+                      sink)
       .run();
 }
 
 Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
-                               const Perturbation& pt, int draw) {
+                               const Perturbation& pt, int draw, const TensorSink& sink) {
   validate_run(pb.cfg, pb.B, pb.T);
   const Problem q = perturbed_problem(pb, pt, draw);
-  return PerturbedRun(q, mode, pt, perturbation_seed(pb.seed, pt.u_typed, draw, 2), &oracle)
+  return PerturbedRun(q, mode, pt, perturbation_seed(pb.seed, pt.u_typed, draw, 2), &oracle,
+                      sink)
       .run();
 }
 
@@ -369,8 +401,13 @@ Implementation perturbed_oracle(Precision p, int draw) {
   const Perturbation pt = perturbation_of(p);
   std::string name = "reference<double>~u(" + std::string(precision_name(p)) + ")";
   if (draw > 0) name += "#" + std::to_string(draw);
-  return {name, [pt, draw](const Problem& pb, ScanMode mode) {
-            return run_perturbed_reference(pb, mode, pt, draw);
+  return {name,
+          [pt, draw](const Problem& pb, ScanMode mode, const TensorSink& sink) {
+            return run_perturbed_reference(pb, mode, pt, draw, sink);
+          },
+          [pt, draw](const Problem& pb, ScanMode mode, const Capture& oracle,
+                     const TensorSink& sink) {
+            return run_perturbed_isolated(pb, mode, oracle, pt, draw, sink);
           }};
 }
 
@@ -430,13 +467,6 @@ class ReferenceRuns {
 
 }  // namespace
 
-IsolatedRun perturbed_isolated_oracle(Precision p, int draw) {
-  const Perturbation pt = perturbation_of(p);
-  return [pt, draw](const Problem& pb, ScanMode mode, const Capture& oracle) {
-    return run_perturbed_isolated(pb, mode, oracle, pt, draw);
-  };
-}
-
 void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws) {
   M3_REQUIRE(draws >= 1, "add_perturbed_baselines", "at least one draw of the perturbed oracle",
              "draws=" + std::to_string(draws));
@@ -444,10 +474,9 @@ void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws) {
   for (Lineup& l : lineups) {
     l.isolated_baselines.clear();
     for (int d = 0; d < draws; ++d)
-      l.isolated_baselines.push_back(perturbed_isolated_oracle(l.precision, d));
-    l.isolated_baseline_reference = [refs](const Problem& pb, ScanMode mode, const Capture& o) {
-      return refs->isolated(pb, mode, o);
-    };
+      l.isolated_baselines.push_back(perturbed_oracle(l.precision, d));
+    l.isolated_baseline_reference = [refs](const Problem& pb, ScanMode mode, const Capture& o,
+                                           const TensorSink&) { return refs->isolated(pb, mode, o); };
     l.conditioning.clear();
     l.conditioning_reference = nullptr;
     if (!l.baseline || l.baseline_kind != BaselineKind::SamePrecision) continue;

@@ -48,20 +48,19 @@ std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, 
 // stage table by the chain driver, as Backbone<double> runs it, with EVERY tensor a stage
 // writes (activations, saved tensors, states, gradients) perturbed as above right after the
 // stage (stream role 1). Same keys as run_reference<double>; with a zero Perturbation equal to
-// it bit for bit.
+// it bit for bit. With a `sink` the Capture streams (capture.hpp).
 Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturbation& pt,
-                                int draw);
+                                int draw, const TensorSink& sink = {});
 // The isolated counterpart (HARNESS.md §2): every stage of run_perturbed_reference fed the
 // ORACLE's values of its inputs, each perturbed as one rounding at its storage (the isolated
 // runner rounds the oracle's inputs so, isolated.hpp), its outputs perturbed and captured
 // (stream role 2): the error one stage cannot avoid at p, given its conditioning.
 Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
-                               const Perturbation& pt, int draw);
-// run_perturbed_reference at unit_roundoff(p); named "reference<double>~u(p)[#draw]".
+                               const Perturbation& pt, int draw, const TensorSink& sink = {});
+// run_perturbed_reference at unit_roundoff(p), and run_perturbed_isolated as its isolated
+// runner (a lineup's isolated baseline); named "reference<double>~u(p)[#draw]".
 Implementation perturbed_oracle(Precision p, int draw);
-// run_perturbed_isolated at unit_roundoff(p), as a lineup's isolated baseline.
-IsolatedRun perturbed_isolated_oracle(Precision p, int draw);
-// Gives every lineup `draws` draws of perturbed_isolated_oracle as its isolated baselines (the
+// Gives every lineup `draws` draws of perturbed_oracle as its isolated baselines (the
 // GPU lineups too: their isolated cells have no same-precision baseline either), measured
 // against the unperturbed teacher-forced double run (isolated_baseline_reference); and every
 // lineup with a same-precision end-to-end baseline `draws` draws of perturbed_oracle as its

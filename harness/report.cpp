@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "cell_judge.hpp"
 #include "error.hpp"
 #include "terminal.hpp"
 
@@ -53,13 +54,9 @@ const char* flag_of(Status s) {
     case Status::ShapeMismatch: return "SHPE";
     case Status::OracleMissing:
     case Status::OracleBad: return "ORCL";
+    case Status::IllConditioned: return "ILLC";
   }
   return "?";
-}
-
-bool measured(const TensorResult& r) {
-  return r.status == Status::Pass || r.status == Status::OverBudget ||
-         r.status == Status::NonFinite || (r.status == Status::OracleBad && r.subject.numel > 0);
 }
 
 // Compact: rel_l2 (8) %budget (8) flag (4).   Wide: max_abs rel_l2 p95_rel %budget flag.
@@ -69,7 +66,7 @@ constexpr int kWideWidth = 43;
 std::string cell_text(const TensorResult* r, bool wide) {
   char buf[128];
   const char* flag = r ? flag_of(r->status) : "";
-  if (!r || !measured(*r)) {
+  if (!r || !r->measured()) {
     if (wide)
       std::snprintf(buf, sizeof buf, "%9s %9s %9s %8s %-4s", "-", "-", "-", "-", flag);
     else
@@ -105,7 +102,8 @@ std::string join(const std::vector<T>& v, const char* sep, F&& f) {
 }
 
 void print_detail(std::ostream& os, const CompareResult& m, const TensorResult& r) {
-  os << pad_right(r.pass() ? "ok" : status_name(r.status), 10) << "[" << cell_name(m) << "] "
+  const char* label = r.status == Status::IllConditioned ? "ILL-COND" : r.pass() ? "ok" : status_name(r.status);
+  os << pad_right(label, 10) << "[" << cell_name(m) << "] "
      << r.key << ": ";
   if (!r.note.empty()) os << r.note << "; ";
   if (r.subject.worst_index >= 0) {
@@ -232,7 +230,8 @@ void print_compare_header(std::ostream& out, const Comparison& c, const ReportOp
           "storage); pass when rel_l2 and max_abs <= "
        << rs.iso << " (no depth factor)\n";
   os << "flags: FAIL over budget, NAN non-finite subject, MISS not captured, SHPE shape "
-        "differs, ORCL oracle/baseline unusable\n";
+        "differs, ORCL oracle/baseline unusable, ILLC ill-conditioned: not judged (its verdict "
+        "rests on values that one rounding per stored value moves by as much as themselves)\n";
   emit_wrapped(out, os.str(), opt.width);
 }
 
@@ -267,7 +266,7 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
     bool any_fail = false;
     for (size_t m = 0; m < c.cells.size(); ++m) {
       auto it = idx[m].find(k);
-      if (it != idx[m].end() && !it->second->pass()) any_fail = true;
+      if (it != idx[m].end() && (!it->second->pass() || !it->second->judged())) any_fail = true;
     }
     if (!opt.failures_only || any_fail) shown.push_back(k);
   }
@@ -312,7 +311,7 @@ void print_compare_table(std::ostream& os, const Comparison& c, const ReportOpti
   bool header = false;
   for (const auto& m : c.cells)
     for (const auto& r : m.rows) {
-      if (r.pass() && !opt.details) continue;
+      if (r.pass() && r.judged() && !opt.details) continue;
       if (!header) {
         os << "\n";
         header = true;
@@ -366,17 +365,20 @@ bool has_nonfinite(const TensorResult& r) { return r.subject.nan_count + r.subje
 // "summary<label>: PASS …" or "summary<label>: FAIL first failing stage: …" over `cells`.
 void summary_line(std::ostream& os, const Comparison& c, const std::vector<size_t>& cells,
                   const std::string& label) {
-  int n_checks = 0, n_fail = 0;
+  int n_checks = 0, n_fail = 0, n_ill = 0;
   for (size_t m : cells) {
     n_checks += static_cast<int>(c.cells[m].rows.size());
     n_fail += c.cells[m].n_fail();
+    n_ill += c.cells[m].n_ill();
   }
+  const std::string ill =
+      n_ill > 0 ? "; " + std::to_string(n_ill) + " ill-conditioned: not judged" : "";
   std::string where;
   if (const TensorResult* first =
           first_key(c, cells, [](const TensorResult& r) { return !r.pass(); }, where)) {
     os << "summary" << label << ": FAIL first failing stage: " << first->key << " [" << where
        << "] (" << status_name(first->status) << ": " << first->note << "); " << n_fail
-       << " of " << n_checks << " tensor checks failed\n";
+       << " of " << n_checks << " tensor checks failed" << ill << "\n";
     return;
   }
   std::string per;
@@ -389,8 +391,12 @@ void summary_line(std::ostream& os, const Comparison& c, const std::vector<size_
                  std::to_string(c.cells[m].rows.size());
     per += (per.empty() ? "" : "; ") + std::string(precision_name(l.precision)) + ": " + modes;
   }
-  os << "summary" << label << ": PASS all " << n_checks << " tensor checks within budget (" << per
-     << ")\n";
+  if (n_ill == 0)
+    os << "summary" << label << ": PASS all " << n_checks << " tensor checks within budget ("
+       << per << ")\n";
+  else
+    os << "summary" << label << ": PASS all " << n_checks - n_ill
+       << " judged tensor checks within budget (" << per << ")" << ill << "\n";
 }
 
 }  // namespace
@@ -404,6 +410,7 @@ void summary_lines(std::ostream& os, const Comparison& c) {
     const TensorResult* worst = m.tightest_passing();
     os << "cell " << pad_right(cell_name(m), 16) << ": " << m.rows.size() << " tensors, "
        << m.n_fail() << " failing";
+    if (m.n_ill() > 0) os << ", " << m.n_ill() << " ill-conditioned: not judged";
     if (worst) os << ", tightest passing " << fmt_pct(worst->verdict.pct()) << " at " << worst->key;
     if (!m.pass()) os << ", first failing " << m.rows[static_cast<size_t>(m.first_fail)].key;
     os << "\n";
@@ -445,7 +452,11 @@ void summary_lines(std::ostream& os, const Comparison& c) {
     for (size_t m : cells_of(c, &cm)) ok = ok && c.cells[m].pass();
     os << (cm == cms.front() ? " (" : ", ") << compare_mode_name(cm) << " " << (ok ? "PASS" : "FAIL");
   }
-  os << "); " << c.n_fail() << " of " << c.n_checks() << " tensor checks failed\n";
+  int n_ill = 0;
+  for (const auto& m : c.cells) n_ill += m.n_ill();
+  os << "); " << c.n_fail() << " of " << c.n_checks() << " tensor checks failed";
+  if (n_ill > 0) os << "; " << n_ill << " ill-conditioned: not judged";
+  os << "\n";
 }
 
 }  // namespace

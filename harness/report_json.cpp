@@ -67,11 +67,6 @@ void write_metrics(Json& j, const Metrics& m, const std::string& coords) {
   j.end_object();
 }
 
-bool measured(const TensorResult& r) {
-  return r.status == Status::Pass || r.status == Status::OverBudget ||
-         r.status == Status::NonFinite || (r.status == Status::OracleBad && r.subject.numel > 0);
-}
-
 void write_cell(Json& j, const CompareResult& cell, const TensorResult& r) {
   j.begin_object();
   j.key("key").str(r.key);
@@ -89,13 +84,25 @@ void write_cell(Json& j, const CompareResult& cell, const TensorResult& r) {
   j.key("status").str(status_name(r.status));
   j.key("pass").boolean(r.pass());
   j.key("note").str(r.note);
-  const bool m = measured(r);
+  const bool m = r.measured();
   j.key("metrics");
   if (m) write_metrics(j, r.subject, r.worst_coords);
   else j.null();
+  // The draws are measured by the pass rule's figures only (error_norms).
   j.key("baseline_metrics");
-  if (m && r.has_baseline) write_metrics(j, r.baseline, "");
-  else j.null();
+  if (m && r.has_baseline) {
+    j.begin_object();
+    j.key("rel_l2").num(r.baseline.rel_l2);
+    j.key("max_abs").num(r.baseline.max_abs);
+    j.key("oracle_scale").num(r.baseline.oracle_scale);
+    j.end_object();
+  } else {
+    j.null();
+  }
+  j.key("draws").num(r.draws);
+  j.key("conditioning_draws").num(r.conditioning_draws);
+  j.key("ill_conditioned_values").num(static_cast<std::int64_t>(r.ill_conditioned));
+  j.key("condition").num(r.condition);
   j.key("budget");
   if (m && r.budget.row) {
     const Budget& b = r.budget;
@@ -164,7 +171,7 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
   const RunSpec& s = c.spec;
   Json j;
   j.begin_object();
-  j.key("schema").str("m3h-compare/1");
+  j.key("schema").str("m3h-compare/2");
   j.key("pass").boolean(c.pass());
   j.key("exit_status").num(c.pass() ? 0 : 1);
   j.key("oracle").str(c.oracle_name);
@@ -252,6 +259,7 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
     j.key("compare_mode").str(compare_mode_name(cell.compare_mode));
     j.key("n").num(static_cast<std::int64_t>(cell.rows.size()));
     j.key("n_fail").num(cell.n_fail());
+    j.key("n_ill_conditioned").num(cell.n_ill());
     j.key("first_fail");
     if (cell.pass()) j.null();
     else j.str(cell.rows[static_cast<size_t>(cell.first_fail)].key);
@@ -321,6 +329,9 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
   j.end_object();
   j.key("n_checks").num(c.n_checks());
   j.key("n_fail").num(c.n_fail());
+  int n_ill = 0;
+  for (const CompareResult& cell : c.cells) n_ill += cell.n_ill();
+  j.key("n_ill_conditioned").num(n_ill);
 
   j.key("cells").begin_array();
   for (const CompareResult& cell : c.cells)

@@ -2,11 +2,12 @@
 #include "run.hpp"
 
 #include <functional>
-#include <future>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "cell_judge.hpp"
 #include "error.hpp"
 #include "isolated.hpp"
 #include "presets.hpp"
@@ -20,38 +21,28 @@ Problem build_problem(const RunSpec& spec) {
 
 namespace {
 
-// The runs of one cell besides the subject's, each on a thread of its own while the subject
-// runs on the caller's: the baseline, its further draws, the perturbed oracle's draws and the
-// unperturbed runs they deviate from. They are whole, independent runs of the CPU reference (or
-// stored captures), which keeps no shared mutable state (sweep.cpp runs whole problems on
-// threads; ReferenceRuns locks its cache), and each is deterministic, so the cell's verdict is
-// the one a single thread gives. Four draws and their reference are most of a judged cell's
-// time: verification while training (TRAINING.md §6) ran them one after another.
-enum class Slot { Baseline, MoreBaselines, BaselineReference, Conditioning, ConditioningReference };
-class Runs {
- public:
-  void start(Slot slot, std::function<Capture()> run) {
-    runs_.push_back({slot, std::async(std::launch::async, std::move(run))});
-  }
-  // The captures started in `slot`, in the order they were started (an exception of a run is
-  // rethrown here; the destructor of a std::async future waits for its run, so no run outlives
-  // the references it took).
-  std::vector<Capture> take(Slot slot) {
-    std::vector<Capture> out;
-    for (auto& r : runs_)
-      if (r.first == slot) out.push_back(r.second.get());
-    return out;
-  }
+// `impl`'s run of (pb, mode), every tensor handed to `sink` as it comes (or, from a run that
+// kept them, right after it).
+void stream_run(const Implementation& impl, const Problem& pb, ScanMode mode,
+                const TensorSink& sink) {
+  impl.run(pb, mode, sink).drain(sink);
+}
 
- private:
-  std::vector<std::pair<Slot, std::future<Capture>>> runs_;
-};
+// `impl`'s isolated (teacher-forced) run on the oracle's Capture `o`, streamed the same way.
+void stream_isolated(const Implementation& impl, const Problem& pb, ScanMode mode,
+                     const Capture& o, const TensorSink& sink) {
+  impl.isolated(pb, mode, o, sink).drain(sink);
+}
 
 }  // namespace
 
 Implementation reference_oracle() {
-  return {"reference<double>",
-          [](const Problem& pb, ScanMode mode) { return run_reference<double>(pb, mode); }};
+  Implementation o{"reference<double>",
+                   [](const Problem& pb, ScanMode mode, const TensorSink& sink) {
+                     return run_reference<double>(pb, mode, Precision::F64, sink);
+                   }};
+  o.exact_reference = true;
+  return o;
 }
 
 Implementation reference_emulation(Precision storage) {
@@ -60,11 +51,12 @@ Implementation reference_emulation(Precision storage) {
   std::string name = "reference<float>";
   if (storage != Precision::F32) name += "+" + std::string(precision_name(storage)) + "-storage";
   return {name,
-          [storage](const Problem& pb, ScanMode mode) {
-            return run_reference<float>(pb, mode, storage);
+          [storage](const Problem& pb, ScanMode mode, const TensorSink& sink) {
+            return run_reference<float>(pb, mode, storage, sink);
           },
-          [storage](const Problem& pb, ScanMode mode, const Capture& oracle) {
-            return run_reference_isolated(pb, mode, oracle, storage);
+          [storage](const Problem& pb, ScanMode mode, const Capture& oracle,
+                    const TensorSink& sink) {
+            return run_reference_isolated(pb, mode, oracle, storage, gpu::Fault::None, sink);
           }};
 }
 
@@ -73,7 +65,7 @@ Implementation reference_float() { return reference_emulation(Precision::F32); }
 Implementation stored_captures(std::string name, std::map<ScanMode, Capture> captures) {
   auto held = std::make_shared<const std::map<ScanMode, Capture>>(std::move(captures));
   const std::string label = name;
-  return {std::move(name), [held, label](const Problem&, ScanMode mode) {
+  return {std::move(name), [held, label](const Problem&, ScanMode mode, const TensorSink&) {
             auto it = held->find(mode);
             if (it == held->end())
               throw Error(label, "no stored capture for this scan mode", scan_mode_name(mode));
@@ -111,6 +103,94 @@ int Comparison::n_fail() const {
   return n;
 }
 
+namespace {
+
+// One cell: the subject streamed into its judge, then the draws of each term while a verdict
+// can still change (cell_judge.hpp), each streamed and measured against its unperturbed
+// reference run (the oracle itself when the oracle is the exact reference).
+CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
+                         const Lineup& l, ScanMode mode, CompareMode cm, const Capture& o,
+                         const CellObserver& observe) {
+  CompareOptions opt;
+  opt.precision = l.precision;
+  opt.filter = spec.filter;
+  opt.by_position = spec.by_position;
+  opt.compare_mode = cm;
+  opt.baseline_kind = l.baseline_kind;
+  const bool iso = cm == CompareMode::Isolated;
+  const bool keep = static_cast<bool>(observe);
+  // The draws of each term, as runs of (pb, mode) streamed into `sink`.
+  using Run = std::function<void(const TensorSink&)>;
+  using Keep = std::function<Capture()>;
+  struct Draw {
+    Run run;
+    Keep stored;
+  };
+  std::vector<Draw> base, cond;
+  std::function<Capture()> base_ref, cond_ref;  // empty: the oracle
+  if (iso) {
+    for (const Implementation& ib : l.isolated_baselines)
+      base.push_back({[&ib, &pb, mode, &o](const TensorSink& k) { stream_isolated(ib, pb, mode, o, k); },
+                      [&ib, &pb, mode, &o] { return ib.isolated(pb, mode, o, {}); }});
+    if (l.isolated_baseline_reference && !oracle.exact_reference)
+      base_ref = [&l, &pb, mode, &o] { return l.isolated_baseline_reference(pb, mode, o, {}); };
+  } else {
+    if (l.baseline) {
+      auto add = [&](const Implementation& b) {
+        base.push_back({[&b, &pb, mode](const TensorSink& k) { stream_run(b, pb, mode, k); },
+                        [&b, &pb, mode] { return b.run(pb, mode, {}); }});
+      };
+      add(*l.baseline);
+      for (const Implementation& mb : l.more_baselines) add(mb);
+      if (l.baseline_reference && !oracle.exact_reference)
+        base_ref = [&l, &pb, mode] { return l.baseline_reference(pb, mode); };
+    }
+    for (const Implementation& ci : l.conditioning)
+      cond.push_back({[&ci, &pb, mode](const TensorSink& k) { stream_run(ci, pb, mode, k); },
+                      [&ci, &pb, mode] { return ci.run(pb, mode, {}); }});
+    if (!l.conditioning.empty() && l.conditioning_reference && !oracle.exact_reference)
+      cond_ref = [&l, &pb, mode] { return l.conditioning_reference(pb, mode); };
+  }
+  CellJudge judge(o, spec.cfg, spec.B, spec.T, mode, opt, !base.empty(),
+                  spec.every_draw || keep);
+  Capture subject, first_draw;
+  const TensorSink to_subject = [&judge](const std::string& k, Tensor&& t) { judge.subject(k, t); };
+  if (keep) {
+    subject = iso ? l.subject.isolated(pb, mode, o, {}) : l.subject.run(pb, mode, {});
+    for (const std::string& k : subject.keys())
+      if (const Tensor* t = subject.find(k)) judge.subject(k, *t);
+  } else if (iso) {
+    stream_isolated(l.subject, pb, mode, o, to_subject);
+  } else {
+    stream_run(l.subject, pb, mode, to_subject);
+  }
+  judge.subject_done();
+  const TensorSink to_draw = [&judge](const std::string& k, Tensor&& t) { judge.draw(k, t); };
+  auto run_term = [&](CellJudge::Term term, const std::vector<Draw>& draws,
+                      const std::function<Capture()>& reference, bool keep_first) {
+    std::optional<Capture> ref;  // run on first need
+    for (size_t d = 0; d < draws.size() && judge.open(); ++d) {
+      if (reference && !ref) ref = reference();
+      judge.draw_begin(term, ref ? &*ref : nullptr);
+      if (keep_first && d == 0) {
+        first_draw = draws[d].stored();
+        for (const std::string& k : first_draw.keys())
+          if (const Tensor* t = first_draw.find(k)) judge.draw(k, *t);
+      } else {
+        draws[d].run(to_draw);
+      }
+      judge.draw_end();
+    }
+  };
+  run_term(CellJudge::Term::Baseline, base, base_ref, keep);
+  run_term(CellJudge::Term::Conditioning, cond, cond_ref, false);
+  CompareResult r = judge.finish();
+  if (observe) observe(r, o, subject, base.empty() ? nullptr : &first_draw);
+  return r;
+}
+
+}  // namespace
+
 Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,
                           const std::vector<Lineup>& lineups, const CellObserver& observe) {
   validate_run(spec.cfg, spec.B, spec.T);
@@ -137,64 +217,11 @@ Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implemen
   std::vector<CompareResult> cells(np * nm * nc);
   for (size_t m = 0; m < nm; ++m) {
     const ScanMode mode = spec.modes[m];
-    const Capture o = oracle.run(pb, mode);
-    for (size_t p = 0; p < np; ++p) {
-      const Lineup& l = lineups[p];
-      for (size_t k = 0; k < nc; ++k) {
-        CompareOptions opt;
-        opt.precision = l.precision;
-        opt.filter = spec.filter;
-        opt.by_position = spec.by_position;
-        opt.compare_mode = spec.compare_modes[k];
-        opt.baseline_kind = l.baseline_kind;
-        CompareResult r;
-        if (opt.compare_mode == CompareMode::Isolated) {
-          Runs runs;
-          for (const IsolatedRun& ib : l.isolated_baselines)
-            runs.start(Slot::Baseline, [&ib, &pb, mode, &o] { return ib(pb, mode, o); });
-          if (!l.isolated_baselines.empty() && l.isolated_baseline_reference)
-            runs.start(Slot::BaselineReference,
-                       [&l, &pb, mode, &o] { return l.isolated_baseline_reference(pb, mode, o); });
-          const Capture s = l.subject.isolated(pb, mode, o);
-          const std::vector<Capture> iso = runs.take(Slot::Baseline);
-          for (const Capture& c2 : iso) opt.isolated_baselines.push_back(&c2);
-          const std::vector<Capture> ref = runs.take(Slot::BaselineReference);
-          if (!ref.empty()) opt.baseline_reference = &ref.front();
-          r = compare_captures(o, s, nullptr, spec.cfg, spec.B, spec.T, mode, opt);
-          if (observe) observe(r, o, s, iso.empty() ? nullptr : &iso.front());
-        } else {
-          Runs runs;
-          if (l.baseline) {
-            const Implementation& b = *l.baseline;
-            runs.start(Slot::Baseline, [&b, &pb, mode] { return b.run(pb, mode); });
-            for (const Implementation& mb : l.more_baselines)
-              runs.start(Slot::MoreBaselines, [&mb, &pb, mode] { return mb.run(pb, mode); });
-            if (l.baseline_reference)
-              runs.start(Slot::BaselineReference,
-                         [&l, &pb, mode] { return l.baseline_reference(pb, mode); });
-          }
-          for (const Implementation& ci : l.conditioning)
-            runs.start(Slot::Conditioning, [&ci, &pb, mode] { return ci.run(pb, mode); });
-          if (!l.conditioning.empty() && l.conditioning_reference)
-            runs.start(Slot::ConditioningReference,
-                       [&l, &pb, mode] { return l.conditioning_reference(pb, mode); });
-          const Capture s = l.subject.run(pb, mode);
-          const std::vector<Capture> b = runs.take(Slot::Baseline);
-          const std::vector<Capture> more = runs.take(Slot::MoreBaselines);
-          for (const Capture& m2 : more) opt.more_baselines.push_back(&m2);
-          const std::vector<Capture> ref = runs.take(Slot::BaselineReference);
-          if (!ref.empty()) opt.baseline_reference = &ref.front();
-          const std::vector<Capture> cond = runs.take(Slot::Conditioning);
-          for (const Capture& c2 : cond) opt.conditioning.push_back(&c2);
-          const std::vector<Capture> cref = runs.take(Slot::ConditioningReference);
-          if (!cref.empty()) opt.conditioning_reference = &cref.front();
-          const Capture* base = b.empty() ? nullptr : &b.front();
-          r = compare_captures(o, s, base, spec.cfg, spec.B, spec.T, mode, opt);
-          if (observe) observe(r, o, s, base);
-        }
-        cells[(p * nm + m) * nc + k] = std::move(r);
-      }
-    }
+    const Capture o = oracle.run(pb, mode, {});
+    for (size_t p = 0; p < np; ++p)
+      for (size_t k = 0; k < nc; ++k)
+        cells[(p * nm + m) * nc + k] =
+            judge_cell(spec, pb, oracle, lineups[p], mode, spec.compare_modes[k], o, observe);
   }
   c.cells = std::move(cells);
   return c;

@@ -1,7 +1,12 @@
 // One comparison run: a Problem (seeded from a preset, or read from a golden file), an oracle,
 // and per storage precision a subject (and a baseline, when there is one). For every requested
-// scan mode the oracle runs ONCE; then, per precision, the subject (and baseline) run and their
-// Captures are compared with the oracle's (compare.hpp). The result is one CompareResult per
+// scan mode the oracle runs ONCE and its Capture is kept; then, per precision, the subject runs
+// streamed into the cell's judge (cell_judge.hpp: each tensor measured against the oracle's as
+// it is produced, then dropped), and the baseline draws follow, one at a time and streamed too,
+// only when some tensor is over its floor — the verdicts of every draw, for the draws the
+// verdicts need (RunSpec::every_draw runs them all). The unperturbed runs the draws deviate
+// from are the oracle itself when it is the exact reference (Implementation::exact_reference).
+// The result is one CompareResult per
 // (precision, scan mode, comparison mode) cell, precision-major: [p0·m0·e2e, p0·m0·iso,
 // p0·m1·e2e, …] (with one comparison mode: [p0·m0, p0·m1, p1·m0, …]).
 //
@@ -56,14 +61,23 @@ struct RunSpec {
   std::string filter;          // key_matches() pattern
   std::string by_position;     // key_matches() pattern of the error-against-position profiles
   std::string device = "cpu";  // where the subject runs
+  // Run every baseline draw and measure it on every tensor (the same verdicts; each tensor's
+  // report then shows its baseline even where the floor alone decided). A dump does so too.
+  bool every_draw = false;
 };
 
 // The seeded Problem of spec: make_problem + the preset's adjustment (presets.hpp).
 Problem build_problem(const RunSpec& spec);
 
+// A run of (problem, scan mode) → every registry tensor and parameter gradient. With a `sink`
+// (non-empty) the run may stream (capture.hpp: each tensor handed to the sink as it is
+// produced, the returned Capture holding the keys only); a run that keeps its tensors instead
+// has them streamed to the sink by the harness afterwards (Capture::drain), so either is right.
+using Run = std::function<Capture(const Problem&, ScanMode, const TensorSink& sink)>;
 // The teacher-forced runner of a subject: (problem, scan mode, the oracle's Capture of that
-// scan mode) → every stage's outputs when the stage is fed the oracle's inputs.
-using IsolatedRun = std::function<Capture(const Problem&, ScanMode, const Capture& oracle)>;
+// scan mode) → every stage's outputs when the stage is fed the oracle's inputs; `sink` as Run's.
+using IsolatedRun =
+    std::function<Capture(const Problem&, ScanMode, const Capture& oracle, const TensorSink& sink)>;
 
 // A subject that reruns itself and digests its own tensors where they live (the GPU): the
 // keys of the digests in order, and a run that returns them (with `cap`, optional, capturing
@@ -75,9 +89,13 @@ struct RepeatRunner {
 
 struct Implementation {
   std::string name;  // e.g. "reference<double>"
-  std::function<Capture(const Problem&, ScanMode)> run;
+  Run run;
   IsolatedRun isolated = nullptr;  // empty: no isolated mode
   std::function<RepeatRunner(const Problem&, ScanMode)> repeat = nullptr;  // empty: none
+  // Its Capture is run_reference<double>'s, bit for bit (reference_oracle): the unperturbed runs
+  // the perturbed draws deviate from (Lineup::baseline_reference, …) are then the oracle itself
+  // and are not run again.
+  bool exact_reference = false;
 };
 
 Implementation reference_oracle();                    // run_reference<double>
@@ -96,12 +114,13 @@ struct Lineup {
   // the kind sets the rule's k (budget.hpp). more_baselines: further draws of `baseline`, a
   // tensor's baseline error the largest over all draws plus their range (rel_l2 and max_abs
   // each; budget.hpp).
-  // isolated_baselines: the draws of the isolated cells' baseline (teacher-forced, handed the
-  // oracle's Capture like the subject's isolated run; always BaselineKind::Perturbed, whatever
-  // baseline_kind says of the end-to-end baseline); empty: isolated cells have none.
+  // isolated_baselines: the draws of the isolated cells' baseline, their `isolated` runners
+  // (teacher-forced, handed the oracle's Capture like the subject's isolated run; always
+  // BaselineKind::Perturbed, whatever baseline_kind says of the end-to-end baseline); empty:
+  // isolated cells have none.
   BaselineKind baseline_kind = BaselineKind::SamePrecision;
   std::vector<Implementation> more_baselines = {};
-  std::vector<IsolatedRun> isolated_baselines = {};
+  std::vector<Implementation> isolated_baselines = {};
   // The unperturbed runs the draws deviate from: a draw's error is measured against these, not
   // against the oracle, so that an oracle which is not the reference's own value (a stored,
   // possibly tampered golden file) never counts as error the precision forces. Empty: the
@@ -139,7 +158,8 @@ struct Comparison {
 // `observe` (may be empty) is called once per cell right after it is judged, in run order
 // (scan mode outermost, then lineup, then comparison mode), with the captures it was judged
 // on: the oracle's, the subject's and the baseline's (its first draw; null without one) —
-// m3h dump writes its arrays from these, so that its verdicts are compare's.
+// m3h dump writes its arrays from these, so that its verdicts are compare's. With an observer
+// the subject's and the first draw's Captures are kept whole and every draw runs.
 using CellObserver = std::function<void(const CompareResult& cell, const Capture& oracle,
                                         const Capture& subject, const Capture* baseline)>;
 Comparison run_comparison(const RunSpec& spec, const Problem& pb, const Implementation& oracle,

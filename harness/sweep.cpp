@@ -46,15 +46,11 @@ Idx pick(Rng& rng, const std::vector<Idx>& values, Idx limit) {
 
 bool coin(Rng& rng, double p) { return rng.uniform() < p; }
 
-bool within(const Config& c, Idx B, Idx T, bool random_states, const SweepLimits& lim) {
+bool within(const Config& c, Idx B, Idx T, const SweepLimits& lim) {
   if (B > lim.max_B || T > lim.max_T || c.n_layers > lim.max_layers) return false;
   if (c.d_model > lim.max_d_model || c.headdim > lim.max_headdim || c.nheads() > lim.max_heads)
     return false;
   if (c.d_state > lim.max_d_state) return false;
-  if (c.d_model < lim.min_d_model || c.d_state < lim.min_d_state ||
-      (c.is_outproj_norm && c.headdim < lim.min_gated_headdim))
-    return false;
-  if (!lim.scale_invariant_heads && c.is_outproj_norm && T == 1 && !random_states) return false;
   if (c.vocab_size > 0 ? c.vocab_size > lim.max_vocab
                        : (c.input_dim > std::max(lim.max_input_dim, c.d_model)))
     return false;
@@ -124,7 +120,7 @@ bool try_draw(Rng& rng, const SweepLimits& lim, RunSpec& s) {
   }
   const bool random_states = coin(rng, 0.5);
   const std::uint64_t seed = rng.next() & 0xffffffffULL;
-  if (!within(c, B, T, random_states, lim)) return false;
+  if (!within(c, B, T, lim)) return false;
   s = RunSpec{};
   s.preset = "default";
   s.cfg = c;
@@ -246,6 +242,15 @@ ProblemOutcome run_problem(const RunSpec& spec_in, const SweepOptions& opt,
     const Comparison c = run_comparison(spec, pb, reference_oracle(), opt.lineups(precisions));
     std::set<std::string> tensors;
     for (const CompareResult& cell : c.cells) {
+      out.n_checks += static_cast<int>(cell.rows.size());
+      for (const TensorResult& r : cell.rows) {
+        if (r.status != Status::IllConditioned) continue;
+        if (out.first_ill.empty())
+          out.first_ill = r.key + " [" + precision_name(cell.precision) + " " +
+                          scan_mode_name(cell.mode) + " " + compare_mode_name(cell.compare_mode) +
+                          "]: " + r.note;
+        ++out.n_ill;
+      }
       if (cell.pass()) continue;
       out.pass = false;
       out.n_fail += cell.n_fail();
@@ -290,7 +295,7 @@ std::vector<RunSpec> shrink_candidates(const RunSpec& s, const SweepLimits& lim)
     Config& c = r.cfg;
     if (c.input_proj_identity) c.input_dim = c.d_model;
     if (c.vocab_size > 0) c.input_dim = c.vocab_size;
-    if (!within(c, r.B, r.T, r.random_states, lim)) return;  // validates too
+    if (!within(c, r.B, r.T, lim)) return;  // validates too
     if (seen.insert(key(r)).second) out.push_back(std::move(r));
   };
   auto with = [&](auto&& change) {
@@ -493,6 +498,17 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
     } else {
       slot.f = evaluate(seed, i, opt, &slot.pass);
     }
+    res.n_checks += slot.f.outcome.n_checks;
+    if (slot.f.outcome.n_ill > 0) {
+      res.n_ill += slot.f.outcome.n_ill;
+      ++res.problems_ill;
+      out << "ill-conditioned problem " << slot.f.index << ": " << slot.f.outcome.n_ill
+          << " tensor check(s) not judged, first " << slot.f.outcome.first_ill
+          << "\n  reproduce: "
+          << reproducer(slot.f.problem, opt.precisions, opt.modes, opt.compare_modes, opt.device,
+                        opt.fault)
+          << "\n" << std::flush;
+    }
     if (!slot.pass) {
       print_failure(out, slot.f, opt);
       res.failures.push_back(std::move(slot.f));
@@ -507,7 +523,9 @@ SweepResult run_sweep(std::uint64_t seed, std::uint64_t n, const SweepOptions& o
   res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   out << "sweep: " << (n - first) << " problems"
       << (first == 0 ? std::string() : " (" + range + ")") << ", " << res.failures.size()
-      << " failed (seed " << seed << ", " << elapsed() << ")\n";
+      << " failed, " << res.n_ill << " of " << res.n_checks
+      << " tensor checks ill-conditioned (not judged) in " << res.problems_ill
+      << " problem(s) (seed " << seed << ", " << elapsed() << ")\n";
   return res;
 }
 

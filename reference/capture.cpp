@@ -1,6 +1,7 @@
 // Capture storage (see capture.hpp).
 #include "capture.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "error.hpp"
@@ -39,8 +40,24 @@ void Capture::put(const std::string& key, std::vector<Idx> shape, const S* data)
 }
 
 void Capture::insert(const std::string& key, Tensor t) {
+  if (sink_) {
+    if (std::find(order_.begin(), order_.end(), key) == order_.end()) order_.push_back(key);
+    sink_(key, std::move(t));
+    return;
+  }
   if (map_.count(key) == 0) order_.push_back(key);
   map_[key] = std::move(t);
+}
+
+void Capture::drain(const TensorSink& sink) {
+  for (const std::string& key : order_) {
+    auto it = map_.find(key);
+    if (it == map_.end()) continue;
+    Tensor t = std::move(it->second);
+    map_.erase(it);
+    sink(key, std::move(t));
+  }
+  clear();
 }
 
 const Tensor* Capture::find(const std::string& key) const {

@@ -49,8 +49,9 @@ double Problem::loss_scale() const {
 }
 
 template <class S>
-Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
-  Capture cap(pb.cfg, pb.B, pb.T);
+Capture run_reference(const Problem& pb, ScanMode mode, Precision storage,
+                      const TensorSink& sink) {
+  Capture cap(pb.cfg, pb.B, pb.T, sink);
   if (pb.token_model()) {
     LmModel<S> lm(pb.cfg, pb.B, pb.T, mode, storage);
     const Params<S> params = cast_params<S>(pb.params);
@@ -75,7 +76,7 @@ Capture run_reference(const Problem& pb, ScanMode mode, Precision storage) {
   return cap;
 }
 
-template Capture run_reference<double>(const Problem&, ScanMode, Precision);
-template Capture run_reference<float>(const Problem&, ScanMode, Precision);
+template Capture run_reference<double>(const Problem&, ScanMode, Precision, const TensorSink&);
+template Capture run_reference<float>(const Problem&, ScanMode, Precision, const TensorSink&);
 
 }  // namespace m3

@@ -50,7 +50,9 @@ Problem make_problem(const Config& cfg, Idx B, Idx T, std::uint64_t seed,
                      bool random_entering_states);
 
 // `storage` as for Backbone: BF16/F16 with S = float gives the mixed-precision baseline.
+// With a `sink` the Capture streams (capture.hpp): each tensor goes to it as it is produced.
 template <class S>
-Capture run_reference(const Problem& pb, ScanMode mode, Precision storage = Precision::F64);
+Capture run_reference(const Problem& pb, ScanMode mode, Precision storage = Precision::F64,
+                      const TensorSink& sink = {});
 
 }  // namespace m3

@@ -356,7 +356,7 @@ TEST_F(CliTest, JsonDashWritesTheDocumentToStdoutAndTheReportToStderr) {
   const RunResult r = m3h(std::string("compare --device cpu --dtype f32 --scan seq --stage 'L0/F3/*' --json - ") + kSmall);
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(r.out);
-  EXPECT_EQ(j["schema"], "m3h-compare/1");
+  EXPECT_EQ(j["schema"], "m3h-compare/2");
   EXPECT_NE(r.err.find("summary: PASS"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(path("-")));
 }
@@ -388,7 +388,7 @@ TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
   ASSERT_EQ(r.status, 0) << r.err;
   const JValue doc = parse_json(read_file(json));
   ASSERT_EQ(doc.kind, JValue::Object);
-  EXPECT_EQ(doc.at("schema").str, "m3h-compare/1");
+  EXPECT_EQ(doc.at("schema").str, "m3h-compare/2");
   EXPECT_TRUE(doc.at("pass").b);
   EXPECT_EQ(doc.at("exit_status").num, 0);
   EXPECT_EQ(doc.at("seed").num, 1234);

@@ -161,12 +161,14 @@ TEST(IsolatedCpu, RoundMantissaIsRoundToNearestEven) {
 TEST(IsolatedPlumbing, OracleRunsOncePerScanModeAndIsHandedToTheIsolatedRunner) {
   RunSpec spec = small_spec();
   spec.compare_modes = {CompareMode::EndToEnd, CompareMode::Isolated};
+  spec.every_draw = true;  // the baseline measured on every tensor, needed or not
   const Problem pb = build_problem(spec);
   auto oracle_runs = std::make_shared<int>(0);
   auto iso_runs = std::make_shared<int>(0);
   auto e2e_runs = std::make_shared<int>(0);
   auto seen = std::make_shared<std::vector<double>>();
-  Implementation oracle{"counting oracle", [oracle_runs](const Problem& p, ScanMode m) {
+  Implementation oracle{"counting oracle", [oracle_runs](const Problem& p, ScanMode m,
+                                                         const TensorSink&) {
                           ++*oracle_runs;
                           return run_reference<double>(p, m);
                         }};
@@ -174,11 +176,11 @@ TEST(IsolatedPlumbing, OracleRunsOncePerScanModeAndIsHandedToTheIsolatedRunner) 
   // Capture it was handed and answers with the CPU teacher-forced run on that very Capture.
   Implementation subject{
       "fake",
-      [e2e_runs](const Problem& p, ScanMode m) {
+      [e2e_runs](const Problem& p, ScanMode m, const TensorSink&) {
         ++*e2e_runs;
         return run_reference<float>(p, m);
       },
-      [iso_runs, seen](const Problem& p, ScanMode m, const Capture& o) {
+      [iso_runs, seen](const Problem& p, ScanMode m, const Capture& o, const TensorSink&) {
         ++*iso_runs;
         seen->push_back(o.at("L1/F6/y").data[7]);
         return run_reference_isolated(p, m, o, Precision::F32);
@@ -225,7 +227,7 @@ TEST(IsolatedPlumbing, SubjectWithoutIsolatedRunnerIsAnErrorBeforeAnyRun) {
   spec.compare_modes = {CompareMode::EndToEnd, CompareMode::Isolated};
   const Problem pb = build_problem(spec);
   auto runs = std::make_shared<int>(0);
-  Implementation e2e_only{"e2e only", [runs](const Problem& p, ScanMode m) {
+  Implementation e2e_only{"e2e only", [runs](const Problem& p, ScanMode m, const TensorSink&) {
                             ++*runs;
                             return run_reference<float>(p, m);
                           }};
@@ -278,8 +280,10 @@ TEST(IsolatedPlumbing, IsolatedSectionOfTheTableIsSeparateAndTighter) {
 // end-to-end run is the plain float reference (so everything passes end to end).
 Implementation iso_faulty_subject(Precision p, Fault f) {
   return {"fake<" + std::string(precision_name(p)) + ">",
-          [p](const Problem& pb, ScanMode m) { return run_reference<float>(pb, m, p); },
-          [p, f](const Problem& pb, ScanMode m, const Capture& o) {
+          [p](const Problem& pb, ScanMode m, const TensorSink&) {
+            return run_reference<float>(pb, m, p);
+          },
+          [p, f](const Problem& pb, ScanMode m, const Capture& o, const TensorSink&) {
             return run_reference_isolated(pb, m, o, p, f);
           }};
 }
@@ -363,14 +367,14 @@ TEST(IsolatedReport, EndToEndOnlyFailureIsDiagnosedAsAmplifiedUpstreamError) {
   // isolated every stage is right.
   Implementation subject{
       "fake",
-      [](const Problem& p, ScanMode m) {
+      [](const Problem& p, ScanMode m, const TensorSink&) {
         Capture c = run_reference<float>(p, m);
         m3::test::edit_tensor(c, "L1/F7/gated", [](Tensor& t) {
           for (double& v : t.data) v *= 1.01;
         });
         return c;
       },
-      [](const Problem& p, ScanMode m, const Capture& o) {
+      [](const Problem& p, ScanMode m, const Capture& o, const TensorSink&) {
         return run_reference_isolated(p, m, o, Precision::F32);
       }};
   const Comparison c = run_comparison(spec, pb, reference_oracle(),
@@ -410,7 +414,7 @@ TEST(IsolatedReport, SingleModeKeepsTheOneTableLayout) {
 // Subject captures with an Inf injected at L1/F7/gated (f16 seq) — and, later in execution
 // order, a NaN at L1/B7/d_y; plus an earlier, finite failure (L0/F3/dt 10 % off) that must not
 // hide them.
-Capture with_injected_nonfinite(const Problem& pb, ScanMode m) {
+Capture with_injected_nonfinite(const Problem& pb, ScanMode m, const TensorSink&) {
   Capture c = run_reference<float>(pb, m, Precision::F16);
   auto edit = [&](const std::string& key, auto&& f) {
     Tensor t = c.at(key);

@@ -545,7 +545,7 @@ TEST_F(JudgeCli, ExitZeroOnAPassingSubjectWithCompareJsonAndTheJudgeObject) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("summary: PASS all"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(test::slurp(tmp.dir / "r.json"));
-  EXPECT_EQ(j.at("schema"), "m3h-compare/1");
+  EXPECT_EQ(j.at("schema"), "m3h-compare/2");
   EXPECT_EQ(j.at("exit_status"), 0);
   EXPECT_EQ(j.at("judge").at("precision"), "bf16");
   EXPECT_EQ(j.at("judge").at("not_provided").size(), 0u);

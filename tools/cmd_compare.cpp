@@ -45,7 +45,11 @@ std::string summary_text() {
       "perturbed oracle (harness/sweep.hpp): reference<double> with one random rounding of p on\n"
       "every stored value, 4 draws, so that the budget follows each tensor's conditioning\n"
       "(k = 5 f32, 3 bf16/f16; harness/budget.hpp). Isolated cells, on the CPU and the GPU,\n"
-      "have its teacher-forced counterpart as their baseline.\n"
+      "have its teacher-forced counterpart as their baseline. The draws run only when some\n"
+      "tensor is over its floor (more draws only widen a limit: the same verdicts; --every-draw\n"
+      "runs them all and shows every tensor's baseline). A tensor whose verdict rests on values\n"
+      "that are cancellations the precision does not resolve is ILLC, ill-conditioned: not\n"
+      "judged (counted in the summary; harness/cell_judge.hpp, HARNESS.md sec. 4).\n"
       "GPU subject (--device gpu, or auto with a device): the CUDA path storing p, with the\n"
       "reference at the same precision as the baseline (pass: err <= k*baseline + floor, k = 2\n"
       "f32, 3 bf16/f16, HARNESS.md sec. 4).\n"
@@ -94,7 +98,7 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
     if (option_given(vm, f))
       throw UsageError(std::string("--sweep draws every problem: --") + f +
                        " cannot be combined with it (reproduce one problem without --sweep)");
-  for (const char* f : {"failures-only", "details", "wide"})
+  for (const char* f : {"failures-only", "details", "wide", "every-draw"})
     if (vm[f].as<bool>()) throw UsageError(std::string("--") + f + ": not with --sweep");
   const std::int64_t given_n = vm["sweep"].as<std::int64_t>();
   if (given_n < 0) throw UsageError("--sweep " + std::to_string(given_n) + ": a count of problems cannot be negative");
@@ -161,6 +165,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("failures-only", po::bool_switch(), "table rows only for failing keys")
     ("details", po::bool_switch(), "a worst-element line (coordinates, values, budget, ulps) for every key")
     ("wide", po::bool_switch(), "cells with max_abs, rel_l2, p95_rel and %budget, and the table unbroken: one line per key however wide (by default the report fits the terminal's width, COLUMNS, or 100 columns in a log: the table in blocks of columns)")
+    ("every-draw", po::bool_switch(), "run every baseline draw and measure it on every tensor, also where the floor alone decides (the same verdicts; every tensor's baseline in the report and --json)")
     ("sweep", po::value<std::int64_t>(), "draw N random valid problems (harness/sweep.hpp; --seed S seeds the sweep, default 1) and compare each (--dtype, --scan, --mode: default both, --device); one reproducer line per failing problem, then its shrunk reproducer; exit 1 if any fails")
     ("no-shrink", po::bool_switch(), "with --sweep: report failures without shrinking them")
     ("sweep-from", po::value<std::int64_t>(), "with --sweep N: run problems K … N-1 only (problem i is the same whatever N and K, so runs over consecutive ranges make up the whole sweep)")
@@ -200,6 +205,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   spec.filter = stage_pattern(vm);
   spec.device = device;
   spec.compare_modes = compare_modes;
+  spec.every_draw = vm["every-draw"].as<bool>();
 
   bool any = false;
   std::vector<std::string> keys;

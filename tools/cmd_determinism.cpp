@@ -119,7 +119,9 @@ int cmd_determinism(const std::vector<std::string>& args) {
       const harness::DeterminismReport r =
           impl.repeat ? harness::check_determinism_repeat(impl.repeat(src.problem, mode),
                                                           src.problem, mode, runs)
-                      : harness::check_determinism(impl.run, src.problem, mode, runs);
+                      : harness::check_determinism(
+                            [&impl](const Problem& pb, ScanMode m) { return impl.run(pb, m, {}); },
+                            src.problem, mode, runs);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char took[48];

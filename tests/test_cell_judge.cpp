@@ -1,0 +1,347 @@
+// The streamed judge of a comparison cell (harness/cell_judge.hpp) and what it rests on:
+//   - a streaming Capture hands every tensor to its sink and keeps only the keys; a stored one
+//     drains into a sink in order;
+//   - error_norms gives compute_metrics' pass-rule figures bit for bit, and p95_rel is the
+//     nearest rank of the relative errors (the radix select agrees with a sort);
+//   - the draws run only while some tensor is over the floor's limit, and the verdicts are
+//     those of every draw (lazy = --every-draw, row by row);
+//   - ill-conditioned values: the issue's false failure (bf16 seq L1/B4c/d_b_raw, T = 1, zero
+//     states, gated norm) is "not judged" and counted, while f32 judges it; a planted bug in a
+//     tensor that is ill-conditioned on some values still fails; a model with a norm over ≤ 2
+//     values is not judged end to end on its failures but still judged isolated, where a
+//     broken stage fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cell_judge.hpp"
+#include "compare.hpp"
+#include "error.hpp"
+#include "isolated.hpp"
+#include "metrics.hpp"
+#include "negative_control.hpp"
+#include "params.hpp"
+#include "perturbed.hpp"
+#include "report.hpp"
+#include "report_json.hpp"
+#include "run.hpp"
+#include "sweep.hpp"
+
+namespace m3::harness {
+namespace {
+
+// The problem of the false failure quoted in the issue: bf16 seq L1/B4c/d_b_raw max_abs 2.12e-5
+// over a 1.99e-5 budget where the oracle value is -1.0e-9.
+RunSpec issue_spec() {
+  RunSpec s;
+  s.cfg.d_model = 6;
+  s.cfg.expand = 4;
+  s.cfg.headdim = 4;
+  s.cfg.d_state = 16;
+  s.cfg.n_layers = 2;
+  s.cfg.chunk_size = 128;
+  s.cfg.input_dim = 3;
+  s.cfg.is_outproj_norm = true;
+  s.B = 2;
+  s.T = 1;
+  s.random_states = false;
+  s.seed = 468225950;
+  return s;
+}
+
+const TensorResult& row_of(const CompareResult& c, const std::string& key) {
+  for (const TensorResult& r : c.rows)
+    if (r.key == key) return r;
+  throw Error("test", "no row", key);
+}
+
+// ---- streaming -----------------------------------------------------------------------------
+
+TEST(StreamingCapture, HandsEveryTensorToItsSinkAndKeepsOnlyTheKeys) {
+  const RunSpec spec = negative::spec();
+  const Problem pb = build_problem(spec);
+  const Capture stored = run_reference<float>(pb, ScanMode::Sequential);
+  std::vector<std::string> seen;
+  std::vector<std::vector<double>> data;
+  const TensorSink sink = [&](const std::string& k, Tensor&& t) {
+    seen.push_back(k);
+    data.push_back(std::move(t.data));
+  };
+  const Capture streamed = run_reference<float>(pb, ScanMode::Sequential, Precision::F32, sink);
+  EXPECT_TRUE(streamed.streaming());
+  EXPECT_EQ(streamed.keys(), stored.keys());
+  EXPECT_EQ(seen, stored.keys());
+  EXPECT_EQ(streamed.find(seen.front()), nullptr);
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(data[i], stored.at(seen[i]).data) << seen[i];
+  // A stored Capture drains into a sink in the order its tensors were put, and is left empty.
+  Capture copy = stored;
+  std::vector<std::string> drained;
+  copy.drain([&](const std::string& k, Tensor&& t) {
+    drained.push_back(k);
+    EXPECT_EQ(t.data, stored.at(k).data) << k;
+  });
+  EXPECT_EQ(drained, stored.keys());
+  EXPECT_TRUE(copy.keys().empty());
+}
+
+// ---- the figures ---------------------------------------------------------------------------
+
+TEST(ErrorNorms, AreComputeMetricsPassRuleFiguresBitForBit) {
+  Rng rng(5);
+  for (int trial = 0; trial < 6; ++trial) {
+    Tensor o, s;
+    o.shape = s.shape = {37, 11};
+    for (int i = 0; i < 37 * 11; ++i) {
+      const double v = trial == 1 ? rng.uniform(-1e-12, 1e-12) : rng.uniform(-3, 3);  // zero oracle
+      o.data.push_back(v);
+      s.data.push_back(v * (1 + rng.uniform(-1e-3, 1e-3)) + rng.uniform(-1e-6, 1e-6));
+    }
+    if (trial == 2) s.data[17] = std::nan("");
+    if (trial == 3) s.data[5] = std::numeric_limits<double>::infinity();
+    if (trial == 4) o.data[9] = std::nan("");
+    const bool circular = trial == 5;
+    const Metrics full = compute_metrics(o, s, circular, Precision::BF16);
+    const Metrics lean = error_norms(o, s, circular);
+    SCOPED_TRACE(trial);
+    EXPECT_EQ(lean.numel, full.numel);
+    EXPECT_EQ(std::isnan(lean.rel_l2), std::isnan(full.rel_l2));
+    if (!std::isnan(full.rel_l2)) EXPECT_EQ(lean.rel_l2, full.rel_l2);
+    EXPECT_EQ(lean.max_abs, full.max_abs);
+    EXPECT_EQ(lean.worst_index, full.worst_index);
+    EXPECT_EQ(lean.oracle_scale, full.oracle_scale);
+    EXPECT_EQ(lean.oracle_l2, full.oracle_l2);
+    EXPECT_EQ(lean.rel_l2_absolute, full.rel_l2_absolute);
+    EXPECT_EQ(lean.nan_count, full.nan_count);
+    EXPECT_EQ(lean.inf_count, full.inf_count);
+    EXPECT_EQ(lean.oracle_nonfinite, full.oracle_nonfinite);
+  }
+}
+
+TEST(ErrorNorms, P95IsTheNearestRankOfTheRelativeErrorsOnALargeTensor) {
+  Rng rng(9);
+  Tensor o, s;
+  o.shape = s.shape = {20000};
+  for (int i = 0; i < 20000; ++i) {
+    const double v = rng.uniform(-2, 2);
+    o.data.push_back(v);
+    // Many exact values (relative error 0, one radix bucket) and a spread of the others.
+    s.data.push_back(i % 3 == 0 ? v : v * (1 + rng.uniform(-1, 1) * std::pow(10.0, -rng.uniform(1, 7))));
+  }
+  std::vector<double> rel;
+  for (size_t i = 0; i < o.data.size(); ++i)
+    if (std::fabs(o.data[i]) >= kRelThreshold)
+      rel.push_back(std::fabs(s.data[i] - o.data[i]) / std::fabs(o.data[i]));
+  std::sort(rel.begin(), rel.end());
+  const size_t k = static_cast<size_t>(std::ceil(0.95 * static_cast<double>(rel.size()))) - 1;
+  const Metrics m = compute_metrics(o, s, false, Precision::F32);
+  EXPECT_EQ(m.rel_count, static_cast<Idx>(rel.size()));
+  EXPECT_EQ(m.p95_rel, rel[k]);
+  EXPECT_EQ(m.max_rel, rel.back());
+}
+
+// ---- the draws a verdict needs ---------------------------------------------------------------
+
+// A CPU lineup whose draws count their runs.
+std::vector<Lineup> counted_lineups(const std::vector<Precision>& ps, std::shared_ptr<std::atomic<int>> n) {
+  std::vector<Lineup> ls = cpu_lineups_perturbed(ps);
+  auto count = [n](Implementation& d) {
+    Run run = d.run;
+    d.run = [n, run](const Problem& pb, ScanMode m, const TensorSink& k) {
+      ++*n;
+      return run(pb, m, k);
+    };
+  };
+  for (Lineup& l : ls) {
+    count(*l.baseline);
+    for (Implementation& d : l.more_baselines) count(d);
+  }
+  return ls;
+}
+
+TEST(LazyDraws, ADrawRunsOnlyWhileAVerdictCanStillChangeAndTheVerdictsAreEveryDraws) {
+  const std::vector<Precision> ps = {Precision::F32, Precision::BF16};
+  std::vector<RunSpec> specs = {negative::spec(), issue_spec()};
+  for (RunSpec& spec : specs) {
+    SCOPED_TRACE(spec.cfg.describe());
+    spec.modes = {ScanMode::Sequential};
+    const Problem pb = build_problem(spec);
+    auto lazy_runs = std::make_shared<std::atomic<int>>(0);
+    auto eager_runs = std::make_shared<std::atomic<int>>(0);
+    const Comparison lazy = run_comparison(spec, pb, reference_oracle(), counted_lineups(ps, lazy_runs));
+    RunSpec every = spec;
+    every.every_draw = true;
+    const Comparison eager = run_comparison(every, pb, reference_oracle(), counted_lineups(ps, eager_runs));
+    EXPECT_EQ(eager_runs->load(), kPerturbationDraws * 2);
+    bool floor_decides = true;
+    ASSERT_EQ(lazy.cells.size(), eager.cells.size());
+    for (size_t c = 0; c < lazy.cells.size(); ++c)
+      for (size_t i = 0; i < lazy.cells[c].rows.size(); ++i) {
+        const TensorResult& a = lazy.cells[c].rows[i];
+        const TensorResult& b = eager.cells[c].rows[i];
+        EXPECT_EQ(a.status, b.status) << a.key << ": " << a.note << " / " << b.note;
+        EXPECT_EQ(b.draws, kPerturbationDraws) << b.key;
+        floor_decides = floor_decides && a.draws == 0;
+      }
+    if (spec.T == 1) {
+      // Tensors over the floor: each of their cells ran every draw.
+      EXPECT_FALSE(floor_decides);
+      EXPECT_EQ(lazy_runs->load(), kPerturbationDraws * 2);
+    } else {
+      // Every floor holds: no draw ran at all.
+      EXPECT_TRUE(floor_decides);
+      EXPECT_EQ(lazy_runs->load(), 0);
+      EXPECT_TRUE(lazy.pass());
+    }
+  }
+}
+
+// ---- ill-conditioned values --------------------------------------------------------------------
+
+TEST(IllConditioned, TheIssuesFalseFailureIsNotJudgedInBf16AndJudgedInF32) {
+  RunSpec spec = issue_spec();
+  spec.modes = {ScanMode::Sequential};
+  const Problem pb = build_problem(spec);
+  const Comparison c = run_comparison(spec, pb, reference_oracle(),
+                                      cpu_lineups_perturbed({Precision::F32, Precision::BF16}));
+  EXPECT_TRUE(c.pass());
+  const TensorResult& bf = row_of(*c.cell(Precision::BF16, ScanMode::Sequential), "L1/B4c/d_b_raw");
+  EXPECT_EQ(bf.status, Status::IllConditioned) << bf.note;
+  EXPECT_TRUE(bf.pass());
+  EXPECT_FALSE(bf.judged());
+  EXPECT_EQ(bf.ill_conditioned, bf.subject.numel);  // every value: terms ≫ the value
+  EXPECT_GE(bf.condition, 1 / unit_roundoff(Precision::BF16));
+  EXPECT_NE(bf.note.find("ill-conditioned: not judged"), std::string::npos) << bf.note;
+  // f32 resolves these values (κ·u ≪ 1): judged, and within budget.
+  const TensorResult& f = row_of(*c.cell(Precision::F32, ScanMode::Sequential), "L1/B4c/d_b_raw");
+  EXPECT_EQ(f.status, Status::Pass) << f.note;
+  // Counted in the cell, the summary, the JSON report and the sweep's outcome.
+  EXPECT_GT(c.cell(Precision::BF16, ScanMode::Sequential)->n_ill(), 0);
+  std::ostringstream os;
+  print_compare_summary(os, c);
+  EXPECT_NE(os.str().find("ill-conditioned: not judged"), std::string::npos) << os.str();
+  const std::string json = comparison_json(c, RunInfo{});
+  EXPECT_NE(json.find("\"n_ill_conditioned\""), std::string::npos);
+  EXPECT_NE(json.find("\"ILL-CONDITIONED\""), std::string::npos);
+  SweepOptions opt;
+  opt.lineups = [](const std::vector<Precision>& p) { return cpu_lineups_perturbed(p); };
+  opt.modes = {ScanMode::Sequential};
+  opt.compare_modes = {CompareMode::EndToEnd};
+  const ProblemOutcome out = run_problem(issue_spec(), opt, {Precision::BF16});
+  EXPECT_TRUE(out.pass) << out.first_fail;
+  EXPECT_GT(out.n_ill, 0);
+  EXPECT_NE(out.first_ill.find("ill-conditioned"), std::string::npos) << out.first_ill;
+}
+
+// A synthetic cell: one tensor whose values on a set S are cancellations (the draws move them
+// by far more than themselves) and well-conditioned elsewhere. A subject whose only excess is
+// on S is not judged; the same subject with a bug on the other values fails — judged on them
+// with the limits the whole tensor has.
+TEST(IllConditioned, APlantedBugInATensorIllConditionedOnSomeValuesStillFails) {
+  RunSpec spec = negative::spec();
+  spec.modes = {ScanMode::Sequential};
+  const Problem pb = build_problem(spec);
+  const ScanMode mode = ScanMode::Sequential;
+  const std::string key = "L0/F6/y";
+  Capture oracle = run_reference<double>(pb, mode);
+  Tensor y = oracle.at(key);
+  const size_t n = y.data.size();
+  double scale = 0;
+  for (double v : y.data) scale = std::max(scale, std::fabs(v));
+  auto in_s = [](size_t i) { return i % 10 == 3; };  // 10 % of the values
+  for (size_t i = 0; i < n; ++i)
+    if (in_s(i)) y.data[i] = 1e-7 * scale * (i % 2 ? 1 : -1);
+  oracle.put(key, y.shape, y.data.data());
+  Rng rng(3);
+  std::vector<Capture> draws;
+  for (int d = 0; d < kPerturbationDraws; ++d) {
+    Capture c = oracle;
+    Tensor t = y;
+    for (size_t i = 0; i < n; ++i)
+      t.data[i] += in_s(i) ? rng.uniform(-1, 1) * 1e-3 * scale : rng.uniform(-1, 1) * 1e-3 * t.data[i];
+    c.put(key, t.shape, t.data.data());
+    draws.push_back(std::move(c));
+  }
+  auto judge = [&](const Capture& subject) {
+    CompareOptions opt;
+    opt.precision = Precision::BF16;
+    opt.filter = key;
+    opt.baseline_kind = BaselineKind::Perturbed;
+    for (int d = 1; d < kPerturbationDraws; ++d) opt.more_baselines.push_back(&draws[static_cast<size_t>(d)]);
+    const CompareResult r = compare_captures(oracle, subject, &draws[0], spec.cfg, pb.B, pb.T, mode, opt);
+    return r.rows.at(0);
+  };
+  // The subject errs on S by 200 times the draws' spread there, elsewhere like a draw.
+  Capture subject = oracle;
+  Tensor s = y;
+  for (size_t i = 0; i < n; ++i)
+    s.data[i] += in_s(i) ? 0.2 * scale : 5e-4 * s.data[i];
+  subject.put(key, s.shape, s.data.data());
+  const TensorResult noisy = judge(subject);
+  EXPECT_EQ(noisy.status, Status::IllConditioned) << noisy.note;
+  EXPECT_EQ(noisy.ill_conditioned, static_cast<Idx>(n / 10));
+  EXPECT_GT(noisy.subject.max_abs, noisy.budget.max_abs);  // over the whole tensor's limit
+  // The planted bug: the well-conditioned values 30 % too large.
+  Tensor b = s;
+  for (size_t i = 0; i < n; ++i)
+    if (!in_s(i)) b.data[i] *= 1.3;
+  Capture buggy = oracle;
+  buggy.put(key, b.shape, b.data.data());
+  const TensorResult bug = judge(buggy);
+  EXPECT_EQ(bug.status, Status::OverBudget) << bug.note;
+  EXPECT_FALSE(bug.pass());
+  EXPECT_EQ(bug.ill_conditioned, static_cast<Idx>(n / 10));
+  EXPECT_NE(bug.note.find("still over"), std::string::npos) << bug.note;
+}
+
+// d_model 1: every RMSNorm is sign(x)·w, so end to end the runs part where a rounding flips a
+// sign; those failures are not judged, the isolated cells judge every stage, and a broken stage
+// still fails there.
+TEST(IllConditioned, ANarrowNormIsNotJudgedEndToEndButABrokenStageFailsIsolated) {
+  RunSpec spec;
+  spec.cfg.d_model = 1;
+  spec.cfg.input_dim = 1;
+  spec.cfg.d_state = 24;
+  spec.cfg.headdim = 2;
+  spec.cfg.expand = 2;
+  spec.cfg.n_layers = 2;
+  spec.cfg.chunk_size = 32;
+  spec.cfg.is_outproj_norm = true;
+  spec.B = 1;
+  spec.T = 77;
+  spec.seed = 249477144;
+  spec.random_states = false;
+  spec.modes = {ScanMode::Sequential};
+  spec.compare_modes = {CompareMode::EndToEnd, CompareMode::Isolated};
+  EXPECT_EQ(narrow_norm(spec.cfg), "d_model 1 (RMSNorm), headdim 2 (the gated norm)");
+  const Problem pb = build_problem(spec);
+  const Comparison c = run_comparison(spec, pb, reference_oracle(), cpu_lineups_perturbed({Precision::BF16}));
+  const CompareResult* e2e = c.cell(Precision::BF16, ScanMode::Sequential, CompareMode::EndToEnd);
+  ASSERT_TRUE(e2e);
+  EXPECT_TRUE(e2e->pass());
+  bool narrow_note = false;
+  for (const TensorResult& r : e2e->rows)
+    narrow_note = narrow_note || r.note.find("d_model 1 (RMSNorm)") != std::string::npos;
+  EXPECT_TRUE(narrow_note);
+  EXPECT_TRUE(c.pass());
+  // A fault in one stage, isolated: it fails there, first.
+  std::vector<Lineup> faulty = cpu_lineups_perturbed({Precision::BF16});
+  faulty[0].subject.isolated = [](const Problem& q, ScanMode m, const Capture& o, const TensorSink&) {
+    return run_reference_isolated(q, m, o, Precision::BF16, gpu::Fault::DropBeta);
+  };
+  RunSpec iso = spec;
+  iso.compare_modes = {CompareMode::Isolated};
+  const Comparison f = run_comparison(iso, pb, reference_oracle(), faulty);
+  ASSERT_FALSE(f.pass());
+  const CompareResult& cell = f.cells.front();
+  EXPECT_EQ(cell.rows[static_cast<size_t>(cell.first_fail)].key, "L0/F5b/beta");
+}
+
+}  // namespace
+}  // namespace m3::harness
