@@ -498,7 +498,7 @@ struct Backbone<S>::Impl {
     ref::input_proj_forward(d.BT, d.in, d.dm, cfg.input_proj_identity, tok, x_in.data(),
                             w_input(), p->input_proj_b.data(), h0.data());
     if (tok || !cfg.input_proj_identity) ref::store_typed(d, h0);
-    if (!tok || cap) put(-1, "input_proj", "input_proj_inputs", x_in);
+    put(-1, "input_proj", "input_proj_inputs", x_in);
     put(-1, "input_proj", "input_proj_outputs", h0);
   }
   void forward(Stage<StageId::norm_f>, int) {

@@ -1,4 +1,5 @@
-// Every per-layer tensor of the stage registry (docs/MODEL.md §10.2, §10.3), once: one X-macro
+// Every per-layer tensor of the stage registry (docs/MODEL.md §10.2, §10.3), and every parameter
+// (at the end, M3_PARAMS), once: one X-macro
 // row per tensor, in execution order. The rows are the registry (reference/registry.cpp expands
 // them into TensorSpec rows) and the binding of each tensor to the buffer of the reference that
 // holds it (reference/backbone.cpp expands them into act_fields / grad_fields), so a tensor is
@@ -148,4 +149,23 @@
   X(BOTH, ALW, d_states, d_k_state,      d_k_in,        (B, NH, DS),   false, F32, ()) \
   X(BOTH, ALW, d_states, d_v_state,      d_v_in,        (B, NH, HD),   false, F32, ()) \
   X(BOTH, ANG, d_states, d_angle_state,  d_angle_in,    (B, NH, NA),   false, F32, ())
+// Every parameter of MODEL.md §2, in the flat gradient order: X(scope, name, (shape)), scope BB
+// (once per model) or LY (per layer). The param registry (registry.cpp) and the GPU path's
+// parameter ids (gpu/backbone/backbone_t.cuh, Prm) are expansions of it. head_w: token models
+// only (TRAINING.md §1).
+#define M3_PARAMS(X)                   \
+  X(BB, input_proj_w,     (IN, DM))    \
+  X(BB, input_proj_b,     (DM))        \
+  X(LY, norm_weight,      (DM))        \
+  X(LY, in_proj_w,        (DM, IP))    \
+  X(LY, dt_bias,          (NH))        \
+  X(LY, b_norm_weight,    (DS))        \
+  X(LY, c_norm_weight,    (DS))        \
+  X(LY, b_bias,           (NH, DS))    \
+  X(LY, c_bias,           (NH, DS))    \
+  X(LY, d_param,          (NH))        \
+  X(LY, norm_gate_weight, (DI))        \
+  X(LY, out_proj_w,       (DI, DM))    \
+  X(BB, norm_f_weight,    (DM))        \
+  X(BB, head_w,           (DM, V))
 // clang-format on

@@ -74,26 +74,14 @@ std::vector<TensorSpec> build_stage_registry() {
 #undef M3_LAYER_ROW_BW
 #undef M3_LAYER_ROW_FW
 #undef M3_LAYER_ROW
-#undef M3_UNPAREN
 
 std::vector<ParamSpec> build_param_registry() {
-  return {
-      {BB, "input_proj_w", {S::IN, S::DM}},
-      {BB, "input_proj_b", {S::DM}},
-      {LY, "norm_weight", {S::DM}},
-      {LY, "in_proj_w", {S::DM, S::IP}},
-      {LY, "dt_bias", {S::NH}},
-      {LY, "b_norm_weight", {S::DS}},
-      {LY, "c_norm_weight", {S::DS}},
-      {LY, "b_bias", {S::NH, S::DS}},
-      {LY, "c_bias", {S::NH, S::DS}},
-      {LY, "d_param", {S::NH}},
-      {LY, "norm_gate_weight", {S::DI}},
-      {LY, "out_proj_w", {S::DI, S::DM}},
-      {BB, "norm_f_weight", {S::DM}},
-      {BB, "head_w", {S::DM, S::V}},  // token models only (TRAINING.md §1)
-  };
+  using namespace sym;
+#define M3_PARAM_ROW(scope, name, shape) {scope, #name, {M3_UNPAREN shape}},
+  return {M3_PARAMS(M3_PARAM_ROW)};
+#undef M3_PARAM_ROW
 }
+#undef M3_UNPAREN
 
 }  // namespace
 

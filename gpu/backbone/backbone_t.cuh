@@ -152,15 +152,11 @@ Id buf_id(const std::string& name) {
               "a registry tensor without an id in backbone_t.cuh (M3_GPU_BACKBONE_BUFS)");
 }
 
-// The parameters by id (the launchers' P and G), in the param registry's names.
-#define M3_GPU_PARAMS(X)                                                                     \
-  X(input_proj_w) X(input_proj_b) X(norm_weight) X(in_proj_w) X(dt_bias) X(b_norm_weight)    \
-  X(c_norm_weight) X(b_bias) X(c_bias) X(d_param) X(norm_gate_weight) X(out_proj_w)         \
-  X(norm_f_weight) X(head_w)
-#define M3_PRM_ID(id) id,
-#define M3_PRM_NAME(id) #id,
-enum class Prm : int { M3_GPU_PARAMS(M3_PRM_ID) kCount };
-inline constexpr const char* kPrmNames[] = {M3_GPU_PARAMS(M3_PRM_NAME)};
+// The parameters by id (the launchers' P and G): the rows of M3_PARAMS (layer_tensors.hpp).
+#define M3_PRM_ID(scope, id, ...) id,
+#define M3_PRM_NAME(scope, id, ...) #id,
+enum class Prm : int { M3_PARAMS(M3_PRM_ID) kCount };
+inline constexpr const char* kPrmNames[] = {M3_PARAMS(M3_PRM_NAME)};
 #undef M3_PRM_NAME
 #undef M3_PRM_ID
 
@@ -212,7 +208,12 @@ class Buffers {
                "not added by the layout");
     return *b;
   }
-  NamedBuf& at(const std::string& name) { return at(buf_id<Id>(name)); }
+  NamedBuf& at(const std::string& name) {
+    auto it = m_.find(name);
+    M3_REQUIRE(it != m_.end(), "GpuBackbone", "no device buffer '" + name + "'",
+               "not a registry tensor of this scope");
+    return it->second;
+  }
   std::map<std::string, NamedBuf>& all() { return m_; }
   const std::map<std::string, NamedBuf>& all() const { return m_; }
 
