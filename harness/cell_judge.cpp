@@ -11,21 +11,24 @@
 namespace m3::harness {
 
 struct CellJudge::State {
-  const Tensor* oracle = nullptr;  // the oracle's tensor (null: none, the row is decided)
+  const Tensor* oracle = nullptr;  // the host front end's oracle tensor
+  bool judged = false;     // an oracle of the right shape: not decided before the subject
   const ToleranceRow* tol = nullptr;
   bool profile = false;    // keep subject vs oracle per position
   bool measured = false;   // the subject's metrics are in (oracle and subject, same shape)
   bool bad_draw = false;   // a draw or its reference made the yardstick unusable (OracleBad)
   int delivered = -1;      // the draw (counted over both terms) that last delivered this key
-  // The subject's values of a row over the floor's limit (it takes every draw; condition()).
-  std::vector<double> kept;
+  // Over the floor's limit: the row takes every draw and keeps its values (condition()).
+  bool keep = false;
   // Per term: (rel_l2, max_abs) of each draw, and the first draw's error_norms.
   std::vector<std::pair<double, double>> draws[2];
   Metrics first[2];
-  // Of a kept row: per term and draw, |draw − reference| per value; and |reference|, ‖reference‖₂.
+  double ref_l2 = 0;  // ‖reference‖₂ of the draws (the first draw's)
+  // The host front end's values of a kept row: the subject's; per term and draw,
+  // |draw − reference| per value; and |reference|.
+  std::vector<double> kept;
   std::vector<std::vector<double>> devs[2];
   std::vector<double> ref_abs;
-  double ref_l2 = 0;
 };
 
 namespace {
@@ -64,22 +67,38 @@ Metrics combine(const std::vector<std::pair<double, double>>& draws, const Metri
 
 CellJudge::CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, ScanMode mode,
                      const CompareOptions& opt, bool planned_baseline, bool eager)
-    : oracle_(oracle), cfg_(cfg), B_(B), T_(T), mode_(mode), opt_(opt),
+    : oracle_(&oracle), cfg_(cfg), B_(B), T_(T), mode_(mode), opt_(opt),
       planned_baseline_(planned_baseline), eager_(eager) {
+  init([&oracle](const std::string& key) -> const std::vector<Idx>* {
+    const Tensor* t = oracle.find(key);
+    return t ? &t->shape : nullptr;
+  }, opt, false);
+}
+
+CellJudge::CellJudge(const OracleShape& oracle, const Config& cfg, Idx B, Idx T, ScanMode mode,
+                     const CompareOptions& opt, bool planned_baseline, bool eager,
+                     bool only_provided)
+    : cfg_(cfg), B_(B), T_(T), mode_(mode), opt_(opt), planned_baseline_(planned_baseline),
+      eager_(eager) {
+  init(oracle, opt, only_provided);
+}
+
+void CellJudge::init(const OracleShape& oracle, const CompareOptions& opt, bool only_provided) {
   // Draw captures belong to compare_captures' caller; the judge never keeps their pointers.
   opt_.more_baselines.clear();
   opt_.isolated_baselines.clear();
   opt_.conditioning.clear();
   opt_.baseline_reference = opt_.conditioning_reference = nullptr;
-  res_.mode = mode;
-  res_.cfg = cfg;
-  res_.B = B;
-  res_.T = T;
+  res_.mode = mode_;
+  res_.cfg = cfg_;
+  res_.B = B_;
+  res_.T = T_;
   res_.precision = opt.precision;
   res_.compare_mode = opt.compare_mode;
-  for (const KeyedSpec& ks : expected_stage_keys(cfg, B, T, mode)) {
+  for (const KeyedSpec& ks : expected_stage_keys(cfg_, B_, T_, mode_)) {
     expected_.push_back(ks.key);
     if (!key_matches(ks.key, opt.filter)) continue;
+    if (only_provided && !oracle(ks.key)) continue;
     TensorResult row;
     row.key = ks.key;
     row.layer = ks.layer;
@@ -90,7 +109,7 @@ CellJudge::CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, Sca
     row.shape = ks.shape;
     res_.rows.push_back(std::move(row));
   }
-  for (const KeyedParam& kp : expected_param_keys(cfg)) {
+  for (const KeyedParam& kp : expected_param_keys(cfg_)) {
     expected_.push_back(kp.key);
     if (!opt.include_params || !key_matches(kp.key, opt.filter)) continue;
     TensorResult row;
@@ -109,19 +128,20 @@ CellJudge::CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, Sca
     TensorResult& r = res_.rows[i];
     State& st = st_[i];
     row_of_[r.key] = i;
-    st.tol = &find_tolerance(r.stage, r.tensor, mode, opt.compare_mode);
+    st.tol = &find_tolerance(r.stage, r.tensor, mode_, opt.compare_mode);
     st.profile = !opt.by_position.empty() && !r.is_param && r.syms &&
                  has_position_axis(*r.syms) && key_matches(r.key, opt.by_position);
-    const Tensor* o = oracle.find(r.key);
-    if (!o) {
+    const std::vector<Idx>* shape = oracle(r.key);
+    if (!shape) {
       r.status = Status::OracleMissing;
       r.note = "the oracle did not capture this key";
-    } else if (o->shape != r.shape) {
+    } else if (*shape != r.shape) {
       r.status = Status::OracleBad;
-      r.note = "oracle shape " + shape_str(o->shape) + " differs from the registry's " +
+      r.note = "oracle shape " + shape_str(*shape) + " differs from the registry's " +
                shape_str(r.shape);
     } else {
-      st.oracle = o;
+      st.judged = true;
+      if (oracle_) st.oracle = oracle_->find(r.key);
       r.status = Status::Missing;  // until the subject delivers it
       r.note = "missing from the subject";
     }
@@ -130,34 +150,60 @@ CellJudge::CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, Sca
 
 CellJudge::~CellJudge() = default;
 
-void CellJudge::subject(const std::string& key, const Tensor& t) {
+int CellJudge::row(const std::string& key) {
   auto it = row_of_.find(key);
   if (it == row_of_.end()) {
     if (!std::binary_search(expected_.begin(), expected_.end(), key) &&
         std::find(res_.extra_keys.begin(), res_.extra_keys.end(), key) == res_.extra_keys.end())
       res_.extra_keys.push_back(key);
-    return;
+    return -1;
   }
-  TensorResult& r = res_.rows[it->second];
-  State& st = st_[it->second];
-  if (!st.oracle) return;  // decided: no oracle
-  if (t.shape != st.oracle->shape) {
-    st.measured = false;
-    st.kept.clear();
-    r.status = Status::ShapeMismatch;
-    r.note = "subject shape " + shape_str(t.shape) + " differs from the oracle's " +
-             shape_str(st.oracle->shape);
-    return;
-  }
-  r.subject = compute_metrics(*st.oracle, t, r.circular, opt_.precision);
-  if (st.profile) r.by_position = position_profile(t, *st.oracle, B_, T_, r.circular);
+  return st_[it->second].judged ? static_cast<int>(it->second) : -1;  // else decided: no oracle
+}
+
+const TensorResult& CellJudge::result(int row) const { return res_.rows.at(static_cast<size_t>(row)); }
+
+bool CellJudge::has_oracle(int row) const { return st_.at(static_cast<size_t>(row)).judged; }
+
+bool CellJudge::wants_profile(int row) const { return st_.at(static_cast<size_t>(row)).profile; }
+
+void CellJudge::subject_mismatch(int row, const std::vector<Idx>& shape) {
+  TensorResult& r = res_.rows[static_cast<size_t>(row)];
+  State& st = st_[static_cast<size_t>(row)];
+  st.measured = false;
+  st.keep = false;
+  st.kept.clear();
+  r.status = Status::ShapeMismatch;
+  r.note = "subject shape " + shape_str(shape) + " differs from the oracle's " + shape_str(r.shape);
+}
+
+bool CellJudge::subject_measured(int row, const Metrics& m, PositionProfile profile) {
+  const size_t i = static_cast<size_t>(row);
+  TensorResult& r = res_.rows[i];
+  State& st = st_[i];
+  r.subject = m;
+  if (st.profile) r.by_position = std::move(profile);
   if (r.subject.worst_index >= 0 && r.syms)
     r.worst_coords = decode_index(*r.syms, r.shape, r.subject.worst_index, cfg_, B_, T_);
   st.measured = true;
-  rejudge(it->second);
+  rejudge(i);
   // Only a row over the floor's limit can fail: it keeps its values for condition().
-  if (r.status == Status::OverBudget) st.kept = t.data;
-  else st.kept.clear();
+  st.keep = r.status == Status::OverBudget;
+  return st.keep;
+}
+
+void CellJudge::subject(const std::string& key, const Tensor& t) {
+  const int i = row(key);
+  if (i < 0) return;
+  State& st = st_[static_cast<size_t>(i)];
+  if (t.shape != st.oracle->shape) return subject_mismatch(i, t.shape);
+  const bool circular = res_.rows[static_cast<size_t>(i)].circular;
+  PositionProfile prof;
+  if (st.profile) prof = position_profile(t, *st.oracle, B_, T_, circular);
+  if (subject_measured(i, compute_metrics(*st.oracle, t, circular, opt_.precision), std::move(prof)))
+    st.kept = t.data;
+  else
+    st.kept.clear();
 }
 
 void CellJudge::subject_done() {
@@ -167,7 +213,14 @@ void CellJudge::subject_done() {
 
 bool CellJudge::wants(const State& st) const {
   if (!st.measured || st.bad_draw) return false;
-  return eager_ || !st.kept.empty();
+  return eager_ || st.keep;
+}
+
+bool CellJudge::wants(int row) const { return wants(st_.at(static_cast<size_t>(row))); }
+
+bool CellJudge::kept(int row) const {
+  const State& st = st_.at(static_cast<size_t>(row));
+  return st.keep && st.measured && !st.bad_draw;
 }
 
 bool CellJudge::open() const {
@@ -175,6 +228,8 @@ bool CellJudge::open() const {
     if (wants(st)) return true;
   return false;
 }
+
+void CellJudge::draw_begin(Term term) { draw_begin(term, nullptr); }
 
 void CellJudge::draw_begin(Term term, const Capture* reference) {
   M3_REQUIRE(!in_draw_, "CellJudge", "a draw begins before the previous one ended", "");
@@ -184,29 +239,17 @@ void CellJudge::draw_begin(Term term, const Capture* reference) {
   ++n_draws_[static_cast<int>(term)];
 }
 
-void CellJudge::draw(const std::string& key, const Tensor& t) {
-  auto it = row_of_.find(key);
-  if (it == row_of_.end()) return;
-  State& st = st_[it->second];
-  if (!wants(st)) return;
-  TensorResult& r = res_.rows[it->second];
-  const Tensor& o = *st.oracle;
-  const char* what = term_name(term_);
-  const Tensor* ref = ref_ ? ref_->find(key) : &o;
-  if (!ref || ref->shape != o.shape) {
-    st.bad_draw = true;
-    r.status = Status::OracleBad;
-    r.note = std::string("the ") + what + "'s reference run lacks this key or its shape";
-    return;
-  }
-  if (t.shape != o.shape) {
-    st.bad_draw = true;
-    r.status = Status::OracleBad;
-    r.note = std::string(what) + " shape " + shape_str(t.shape) + " differs from the oracle's";
-    return;
-  }
+void CellJudge::draw_unusable(int row, const std::string& why) {
+  State& st = st_[static_cast<size_t>(row)];
+  TensorResult& r = res_.rows[static_cast<size_t>(row)];
+  st.bad_draw = true;
+  r.status = Status::OracleBad;
+  r.note = why;
+}
+
+void CellJudge::draw_measured(int row, const Metrics& m) {
+  State& st = st_[static_cast<size_t>(row)];
   const int ti = static_cast<int>(term_);
-  const Metrics m = error_norms(*ref, t, r.circular);
   const int id = n_draws_[0] + n_draws_[1];
   if (st.delivered == id) {
     st.draws[ti].back() = {m.rel_l2, m.max_abs};  // the key again: the last one counts
@@ -215,19 +258,39 @@ void CellJudge::draw(const std::string& key, const Tensor& t) {
     st.delivered = id;
   }
   if (st.draws[ti].size() == 1) st.first[ti] = m;
+  if (st.draws[0].size() + st.draws[1].size() == 1) st.ref_l2 = m.oracle_l2;
+}
+
+void CellJudge::draw(const std::string& key, const Tensor& t) {
+  auto it = row_of_.find(key);
+  if (it == row_of_.end()) return;
+  const int i = static_cast<int>(it->second);
+  State& st = st_[it->second];
+  if (!wants(st)) return;
+  const TensorResult& r = res_.rows[it->second];
+  const Tensor& o = *st.oracle;
+  const char* what = term_name(term_);
+  const Tensor* ref = ref_ ? ref_->find(key) : &o;
+  if (!ref || ref->shape != o.shape)
+    return draw_unusable(i, std::string("the ") + what + "'s reference run lacks this key or its shape");
+  if (t.shape != o.shape)
+    return draw_unusable(i, std::string(what) + " shape " + shape_str(t.shape) + " differs from the oracle's");
+  const int ti = static_cast<int>(term_);
+  const int id = n_draws_[0] + n_draws_[1];
+  const bool again = st.delivered == id;
+  draw_measured(i, error_norms(*ref, t, r.circular));
   if (!st.kept.empty()) {
     const size_t n = t.data.size();
     if (st.ref_abs.empty()) {
       st.ref_abs.resize(n);
       for (size_t k = 0; k < n; ++k) st.ref_abs[k] = std::fabs(ref->data[k]);
-      st.ref_l2 = m.oracle_l2;
     }
     std::vector<double> dev(n);
     for (size_t k = 0; k < n; ++k) {
       const double a = t.data[k], b = ref->data[k];
       dev[k] = std::fabs(r.circular ? circular_diff(a, b) : a - b);
     }
-    if (st.devs[ti].size() == st.draws[ti].size()) st.devs[ti].back() = std::move(dev);
+    if (again && !st.devs[ti].empty()) st.devs[ti].back() = std::move(dev);
     else st.devs[ti].push_back(std::move(dev));
   }
 }
@@ -239,13 +302,11 @@ void CellJudge::draw_end() {
   const int d = n_draws_[static_cast<int>(term_)] - 1;  // within its term
   for (size_t i = 0; i < st_.size(); ++i) {
     State& st = st_[i];
-    TensorResult& r = res_.rows[i];
     if (!wants(st) || st.delivered == id) continue;
     // A tensor this draw was to be measured on, and did not deliver.
-    st.bad_draw = true;
-    r.status = Status::OracleBad;
-    r.note = std::string("the ") + term_name(term_) +
-             (d ? " (draw " + std::to_string(d) + ")" : "") + " did not capture this key";
+    draw_unusable(static_cast<int>(i), std::string("the ") + term_name(term_) +
+                                           (d ? " (draw " + std::to_string(d) + ")" : "") +
+                                           " did not capture this key");
   }
   for (size_t i = 0; i < st_.size(); ++i)
     if (st_[i].delivered == id && !st_[i].bad_draw) rejudge(i);
@@ -292,69 +353,87 @@ void CellJudge::rejudge(size_t i) {
   }
   r.note = why.str();
   if (r.status != Status::OverBudget && r.status != Status::Pass) {
-    st.kept.clear();  // decided for good, not by the budget
+    st.keep = false;  // decided for good, not by the budget
+    st.kept.clear();
     st.kept.shrink_to_fit();
   }
 }
 
-void CellJudge::condition(size_t i) {
+// The host front end's per-value figures (ConditionSums) of a kept row.
+ConditionSums CellJudge::analyse_host(size_t i, double u, double from) const {
+  const State& st = st_[i];
+  const TensorResult& r = res_.rows[i];
+  ConditionSums out;
+  const size_t n = st.kept.size();
+  if (n == 0 || st.ref_abs.size() != n) return out;
+  std::vector<char> ill(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    double dev = 0;
+    for (const auto& term : st.devs)
+      for (const std::vector<double>& d : term) dev = std::max(dev, d[k]);
+    if (!(dev > 0)) continue;
+    const double kappa = st.ref_abs[k] > 0 ? dev / (u * st.ref_abs[k])
+                                            : std::numeric_limits<double>::infinity();
+    if (kappa >= from) {
+      ill[k] = 1;
+      ++out.n_ill;
+      out.kmax = std::max(out.kmax, kappa);
+    }
+  }
+  auto rest = [&](auto&& absdev) {
+    RestSums rs;
+    for (size_t k = 0; k < n; ++k) {
+      const double a = absdev(k);
+      if (ill[k] || !std::isfinite(a)) continue;
+      rs.d2 += a * a;
+      rs.max = std::max(rs.max, a);
+      ++rs.pairs;
+    }
+    return rs;
+  };
+  const std::vector<double>& o = st.oracle->data;
+  out.subject = rest([&](size_t k) {
+    return std::fabs(r.circular ? circular_diff(st.kept[k], o[k]) : st.kept[k] - o[k]);
+  });
+  for (int t = 0; t < 2; ++t)
+    for (const std::vector<double>& d : st.devs[t]) out.draws[t].push_back(rest([&](size_t k) { return d[k]; }));
+  return out;
+}
+
+void CellJudge::condition(size_t i, const Analyse& analyse) {
   TensorResult& r = res_.rows[i];
   State& st = st_[i];
-  if (st.kept.empty() || st.ref_abs.size() != st.kept.size()) return;
+  if (!st.keep || !st.measured || st.bad_draw) return;
   if (r.status != Status::Pass && r.status != Status::OverBudget) return;
-  const size_t n = st.kept.size();
+  if (st.draws[0].empty() && st.draws[1].empty()) return;  // no draw: no condition to estimate
   // κ of each value over every draw of both terms (the largest deviation). Over its limit, a
   // tensor leaves out the values from ill_conditioned_from(p) on; within it, those without a
   // correct digit at p (κ ≥ 1/u): below that the draws' limit still tells right from wrong.
   const double u = unit_roundoff(opt_.precision);
   const double from =
       r.status == Status::OverBudget ? ill_conditioned_from(opt_.precision) : 1.0 / u;
-  std::vector<char> ill(n, 0);
-  Idx n_ill = 0;
-  double kmax = 0;
-  for (size_t k = 0; k < n; ++k) {
-    double s = 0;
-    for (const auto& term : st.devs)
-      for (const std::vector<double>& d : term) s = std::max(s, d[k]);
-    if (!(s > 0)) continue;
-    const double kappa = st.ref_abs[k] > 0 ? s / (u * st.ref_abs[k])
-                                            : std::numeric_limits<double>::infinity();
-    if (kappa >= from) {
-      ill[k] = 1;
-      ++n_ill;
-      kmax = std::max(kmax, kappa);
-    }
-  }
+  const ConditionSums cs = analyse(static_cast<int>(i), u, from);
+  const Idx n = r.subject.numel;
+  const Idx n_ill = cs.n_ill;
+  const double kmax = cs.kmax;
   if (n_ill == 0) return;
   r.ill_conditioned = n_ill;
   r.condition = kmax;
   // rel_l2 and max_abs over the other values, normalised as over the whole tensor.
-  auto over_rest = [&](const std::vector<double>& absdev, const Metrics& whole, double l2) {
-    double d2 = 0, mx = 0;
-    Idx pairs = 0;
-    for (size_t k = 0; k < n; ++k) {
-      if (ill[k] || !std::isfinite(absdev[k])) continue;
-      d2 += absdev[k] * absdev[k];
-      mx = std::max(mx, absdev[k]);
-      ++pairs;
-    }
+  auto over_rest = [](const RestSums& rs, const Metrics& whole, double l2) {
     Metrics m = whole;
-    m.max_abs = mx;
+    m.max_abs = rs.max;
     m.rel_l2 = whole.rel_l2_absolute
-                   ? (pairs ? std::sqrt(d2) / std::sqrt(static_cast<double>(pairs)) : 0.0)
-                   : std::sqrt(d2) / l2;
+                   ? (rs.pairs ? std::sqrt(rs.d2) / std::sqrt(static_cast<double>(rs.pairs)) : 0.0)
+                   : std::sqrt(rs.d2) / l2;
     return m;
   };
-  std::vector<double> sub(n);
-  const std::vector<double>& o = st.oracle->data;
-  for (size_t k = 0; k < n; ++k)
-    sub[k] = std::fabs(r.circular ? circular_diff(st.kept[k], o[k]) : st.kept[k] - o[k]);
-  const Metrics rest = over_rest(sub, r.subject, r.subject.oracle_l2);
+  const Metrics rest = over_rest(cs.subject, r.subject, r.subject.oracle_l2);
   std::ostringstream why;
   why.precision(3);
   std::ostringstream lim;
   lim << from;
-  const std::string count = std::to_string(n_ill) + " of " + std::to_string(r.subject.numel) +
+  const std::string count = std::to_string(n_ill) + " of " + std::to_string(n) +
                             " values with condition >= " + lim.str();
   if (r.status == Status::OverBudget) {
     // Over the limit: not judged when the other values are within the SAME limits.
@@ -362,7 +441,7 @@ void CellJudge::condition(size_t i) {
       r.status = Status::IllConditioned;
       why << "ill-conditioned: not judged, over budget only on " << count << " (up to " << kmax
           << ")";
-      if (n_ill < static_cast<Idx>(n))
+      if (n_ill < n)
         why << "; the others within it (rel_l2 " << rest.rel_l2 << ", max_abs " << rest.max_abs
             << ")";
     } else {
@@ -376,7 +455,7 @@ void CellJudge::condition(size_t i) {
   Metrics base, cond;
   std::vector<std::pair<double, double>> rd[2];
   for (int t = 0; t < 2; ++t)
-    for (const std::vector<double>& d : st.devs[t]) {
+    for (const RestSums& d : cs.draws[t]) {
       const Metrics m = over_rest(d, st.first[t], st.ref_l2);
       rd[t].push_back({m.rel_l2, m.max_abs});
     }
@@ -385,9 +464,9 @@ void CellJudge::condition(size_t i) {
   if (has_c) cond = combine(rd[1], st.first[1]);
   const Budget b = make_budget(*st.tol, opt_.precision, r.subject, has_b ? &base : nullptr,
                                r.budget.depth, r.budget.kind, has_c ? &cond : nullptr);
-  if (n_ill < static_cast<Idx>(n) && judge(rest, b).pass) return;  // judged on the others
+  if (n_ill < n && judge(rest, b).pass) return;  // judged on the others
   r.status = Status::IllConditioned;
-  if (n_ill == static_cast<Idx>(n))
+  if (n_ill == n)
     why << "ill-conditioned: not judged, every value has condition >= " << lim.str()
         << " (up to " << kmax << ")";
   else
@@ -412,8 +491,14 @@ double ill_conditioned_from(Precision p) {
 }
 
 CompareResult CellJudge::finish() {
+  return finish([this](int row, double u, double from) {
+    return analyse_host(static_cast<size_t>(row), u, from);
+  });
+}
+
+CompareResult CellJudge::finish(const Analyse& analyse) {
   M3_REQUIRE(!in_draw_, "CellJudge", "the cell finishes inside a draw", "");
-  for (size_t i = 0; i < st_.size(); ++i) condition(i);
+  for (size_t i = 0; i < st_.size(); ++i) condition(i, analyse);
   // End to end, a model with a norm over at most kNarrowNorm values whose runs parted: the first
   // failure is off by as much as its value where it is worst (a flipped or turned norm output
   // downstream); from there on failures are not judged.

@@ -43,6 +43,7 @@
 // count of such values and the largest κ (TensorResult::ill_conditioned, condition).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -70,6 +71,22 @@ double ill_conditioned_from(Precision p);
 constexpr Idx kNarrowNorm = 2;
 std::string narrow_norm(const Config& cfg);
 
+// The per-value figures of the ill-conditioning rule (above) for one row, computed where its
+// values live (CellJudge's own for the host front end; harness/device_compare.cpp's on the
+// GPU): the count n_ill of values with κ ≥ `from` and the largest such κ; and over the other
+// values (finite ones only), Σ|Δ|², max|Δ| and their count, for the subject against the oracle
+// and for each draw of each term against its reference.
+struct RestSums {
+  double d2 = 0, max = 0;
+  Idx pairs = 0;
+};
+struct ConditionSums {
+  Idx n_ill = 0;
+  double kmax = 0;
+  RestSums subject;
+  std::vector<RestSums> draws[2];  // per term, in draw order
+};
+
 class CellJudge {
  public:
   // What the draws of a cell are for: the baseline term B or the conditioning term C.
@@ -79,10 +96,19 @@ class CellJudge {
   // report shows each tensor's baseline; compare_captures and --every-draw).
   CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, ScanMode mode,
             const CompareOptions& opt, bool planned_baseline, bool eager);
+  // The measured form, for a front end that computes the figures where the values live (the
+  // device comparison): the oracle's shape of a key instead of its Capture (null: the oracle
+  // lacks the key). `only_provided`: the rows the oracle lacks are not judged at all (an oracle
+  // that computes a subset by design, the GPU oracle's common rows), instead of OracleMissing.
+  using OracleShape = std::function<const std::vector<Idx>*(const std::string& key)>;
+  CellJudge(const OracleShape& oracle, const Config& cfg, Idx B, Idx T, ScanMode mode,
+            const CompareOptions& opt, bool planned_baseline, bool eager,
+            bool only_provided = false);
   ~CellJudge();
   CellJudge(const CellJudge&) = delete;
   CellJudge& operator=(const CellJudge&) = delete;
 
+  // ---- the host front end: tensors on the host, measured here ------------------------------
   // The subject's tensors (a TensorSink); a key the registry does not expect is recorded.
   void subject(const std::string& key, const Tensor& t);
   // After the subject: every row judged on its floor; rows it never delivered are missing.
@@ -100,13 +126,41 @@ class CellJudge {
   // The cell's result (ill-conditioned verdicts decided here).
   CompareResult finish();
 
+  // ---- the measured form: the front end measures, the judge decides --------------------------
+  // The row of a key (−1: not judged here — filtered out, decided already, or not expected, which
+  // is then recorded as an extra key).
+  int row(const std::string& key);
+  const TensorResult& result(int row) const;
+  // Whether a row is judged against the oracle at all (an oracle of the right shape).
+  bool has_oracle(int row) const;
+  // Whether the row's error against position is wanted (CompareOptions::by_position).
+  bool wants_profile(int row) const;
+  // The subject's figures of a row (and its profile, when asked for); returns whether the row
+  // is over its floor's limit, so that its values are to be kept for the ill-conditioning rule.
+  bool subject_measured(int row, const Metrics& m, PositionProfile profile);
+  void subject_mismatch(int row, const std::vector<Idx>& shape);
+  // Whether the draw in progress is to be measured on a row, and its figures (error_norms of
+  // the draw against the reference); or why it could not be.
+  bool wants(int row) const;
+  void draw_measured(int row, const Metrics& m);
+  void draw_unusable(int row, const std::string& why);
+  // Whether a row's values are still wanted by the ill-conditioning rule (over its floor).
+  bool kept(int row) const;
+  // draw_begin without a reference Capture (the front end knows what it measures against).
+  void draw_begin(Term term);
+  // The cell's result; `analyse` gives the ConditionSums of a kept row for (u, from).
+  using Analyse = std::function<ConditionSums(int row, double u, double from)>;
+  CompareResult finish(const Analyse& analyse);
+
  private:
   struct State;
+  void init(const OracleShape& oracle, const CompareOptions& opt, bool only_provided);
   bool wants(const State& st) const;
   void rejudge(size_t i);
-  void condition(size_t i);
+  void condition(size_t i, const Analyse& analyse);
+  ConditionSums analyse_host(size_t i, double u, double from) const;
 
-  const Capture& oracle_;
+  const Capture* oracle_ = nullptr;  // the host front end's oracle
   Config cfg_;
   Idx B_, T_;
   ScanMode mode_;
