@@ -1,0 +1,127 @@
+// The comparer's plumbing (compare_gpu.hpp): whether a device is usable, DeviceBuffer, the
+// stream a DeviceComparer queues on, device-to-device copies, and the check of a DeviceValues
+// argument. The comparisons themselves are metrics.cu, position.cu and condition.cu.
+#include <cstdio>
+#include <utility>
+
+#include "common.cuh"
+#include "error.hpp"
+
+namespace m3::gpu {
+
+std::string compare_unavailable() {
+  try {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+    if (n == 0) return "no CUDA device";
+    return "";
+  } catch (...) {
+    return "no usable CUDA device: the device query failed";
+  }
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) {
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&data_, bytes);
+  if (e != cudaSuccess) {
+    data_ = nullptr;
+    char size[64];
+    std::snprintf(size, sizeof size, "%zu bytes (%.3f GiB)", bytes,
+                  static_cast<double>(bytes) / (1u << 30));
+    throw Error("DeviceBuffer", std::string("cudaMalloc of ") + size, cudaGetErrorString(e));
+  }
+  bytes_ = bytes;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);  // a destructor does not throw; a failure here has no remedy
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceComparer::DeviceComparer(void* stream) : impl_(std::make_unique<Impl>()) {
+  const std::string why = compare_unavailable();
+  M3_REQUIRE(why.empty(), "DeviceComparer", "no GPU", why);
+  if (stream) {
+    impl_->stream = static_cast<cudaStream_t>(stream);
+  } else {
+    M3_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+    impl_->owns_stream = true;
+  }
+}
+
+DeviceComparer::~DeviceComparer() {
+  if (impl_ && impl_->owns_stream) {
+    cudaStreamSynchronize(impl_->stream);  // the scratch buffers go with impl_ right after
+    cudaStreamDestroy(impl_->stream);
+  }
+}
+
+DeviceComparer::DeviceComparer(DeviceComparer&&) noexcept = default;
+
+DeviceComparer& DeviceComparer::operator=(DeviceComparer&& other) noexcept {
+  if (this != &other) {
+    if (impl_ && impl_->owns_stream) {
+      cudaStreamSynchronize(impl_->stream);
+      cudaStreamDestroy(impl_->stream);
+    }
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+void* DeviceComparer::stream() const {
+  M3_REQUIRE(impl_, "DeviceComparer::stream", "a moved-from comparer", "");
+  return impl_->stream;
+}
+
+void DeviceComparer::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  M3_REQUIRE(dst && src, "DeviceComparer::copy", "null pointer", "dst ", dst, ", src ", src,
+             ", ", bytes, " bytes");
+  M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+void DeviceComparer::upload(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  M3_REQUIRE(device_dst && host_src, "DeviceComparer::upload", "null pointer", "dst ",
+             device_dst, ", src ", host_src, ", ", bytes, " bytes");
+  M3_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                impl_->stream));
+  M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void DeviceComparer::download(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  M3_REQUIRE(host_dst && device_src, "DeviceComparer::download", "null pointer", "dst ",
+             host_dst, ", src ", device_src, ", ", bytes, " bytes");
+  impl_->download(host_dst, device_src, bytes);
+}
+
+void DeviceComparer::synchronize() { M3_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+namespace compare {
+
+void check_values(const char* where, const char* what, const DeviceValues& v) {
+  M3_REQUIRE(v.n >= 0, where, std::string(what) + " has a negative size", "n ", v.n);
+  M3_REQUIRE(v.data || v.n == 0, where, std::string(what) + " has no data", "n ", v.n);
+  const bool known = v.type == ValueType::F64 || v.type == ValueType::F32 ||
+                     v.type == ValueType::BF16 || v.type == ValueType::F16;
+  M3_REQUIRE(known, where, std::string(what) + " has an unknown value type", "type ",
+             static_cast<int>(v.type));
+}
+
+}  // namespace compare
+
+}  // namespace m3::gpu
