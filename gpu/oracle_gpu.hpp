@@ -44,6 +44,50 @@
 // OracleKeep::Backward 23.9 GB (oracle_memory's figures; the scan's checkpoints are 1.07 GB a
 // layer at B 8, where storing every h_t would take 68.7 GB a layer).
 //
+// The perturbed mode (set_perturbation; the GPU counterpart of harness/perturbed.hpp's
+// run_perturbed_reference, the perturbed-oracle baseline of docs/HARNESS.md §4): after every
+// stage, every tensor the stage stored gets the error of one rounding at its storage,
+//   v ← v + ρ·max(u·|v|, tiny)   (v·(1 + u·ρ·sign v) where u·|v| ≥ tiny),   ρ uniform in [−1, 1),
+// u = u_typed where the registry row is typed (stored in the run's bf16/f16 format, MODEL.md §8)
+// and u_f32 elsewhere, tiny f16's absolute floor (harness::perturbation_of gives the three). The
+// rounded value is what later stages read, what the observer sees and what a Capture receives,
+// so the rounding propagates through the rest of the pass. The parameters, X, dOut and the
+// entering states are rounded by the caller (harness::perturbed_problem, then set_params, …).
+// ρ comes from a counter-based stream (gpu/oracle/perturb.cuh): the splitmix64 output
+// (i + 1) of a stream keyed by (seed, the tensor's key string, which names its layer), 53 bits,
+// so a value's ρ depends on the seed, the tensor and the element index only — not on the launch
+// geometry, the order of the passes or OracleKeep; the same seed gives the same bits (each
+// forward or backward pass draws the same ρ again: a new draw is a new seed).
+// What is rounded, as harness/perturbed.cpp's PerturbedRun does it:
+//   every layer stage's provided tensors (the rows both scan modes share, oracle_stage_keys,
+//   forward and backward, the leaving states and the entering-state gradients with their
+//   writers F5/F6 and B5a/B6), but F1/residual (the layer input, rounded where it was written);
+//   b/c_biased also carry b/c_normed's rounding where the bias add cancels
+//   (|b_normed| ≥ 4·|b_biased|); the backbone's input_proj_outputs and d_input_proj_dx (not
+//   with an identity input projection), norm_f's Out, norm_f_rms and d_norm, a token model's
+//   logits, lse, d_logits (before the head's GEMMs read it) and d_Out; and the staged typed
+//   copy of δ that B8's GEMMs and input_proj's backward GEMMs (a token model: the embedding's
+//   sum) read, at u_typed (the bias gradient and B1 read δ itself).
+// Not rounded, as on the CPU: input_proj_inputs, F1/residual and norm_f_input (copies of
+// rounded values), loss/value (from lse before its rounding) and the parameter gradients (the
+// CPU's perturbed run leaves them unrounded: sums of rounded operands). Not modelled: the
+// oracle's own internals (the scan's checkpoints and segment states, d_k, d_q, Θ̄, the per-row
+// partials), and the tensors of one scan mode that the CPU's perturbed run also rounds —
+// sequential: F6's h_saved, k_prev_saved, v_prev_saved (which the CPU's B6 reads back: there
+// the GPU's B6 recomputes h from rounded inputs, without h's own f32 rounding) and B6's d_q,
+// d_k, d_alpha, d_beta, d_gamma, d_d_local (consumed inside B6, so their rounding reaches
+// nothing); chunked: F6's adt, *_saved, chunk_states, final_states and B6's chunked partials.
+// So the GPU perturbed oracle models one rounding per stored registry tensor of the two modes'
+// common rows.
+// Cost: one elementwise pass per rounded tensor, reading and writing it once (16 bytes per
+// element), plus δ's typed copy (read δ, write the copy: 16 bytes per element of [B·T,
+// d_model]) per layer. At B 8, T 4096, the official widths (d_model 1024, headdim 64, d_state
+// 128), per layer: 1.12e9 forward elements (17.9 GB) and 0.85e9 backward ones (13.5 GB), and
+// 0.54 GB for δ's copy — about 32 GB of extra traffic per layer for a forward and a backward,
+// some 10 ms at an H100's 3.35 TB/s (an estimate from the tensor sizes, not a measurement).
+// set_perturbation allocates δ's copy ([B·T, d_model] doubles, 0.27 GB at that shape; memory()
+// counts it as workspace).
+//
 // Plain C++ header (no CUDA types), so the harness and the tools include it without nvcc. A
 // CPU-only build links a stub whose every entry that needs a device throws "no GPU"
 // (oracle_stage_keys, oracle_memory and oracle_segment work in every build).
@@ -86,6 +130,16 @@ constexpr double kOracleSpread = 10.0;
 
 // Why the GPU oracle cannot run here ("" when a CUDA device is usable). Never throws.
 std::string oracle_unavailable();
+
+// The perturbed mode's rounding model (the file comment): relative u_typed for the registry's
+// typed tensors, u_f32 for the others, each at least `tiny` absolutely, ρ from `seed`. All zero
+// (the default): off, the plain oracle bit for bit. harness::Perturbation's fields, plus a seed.
+struct OraclePerturbation {
+  double u_typed = 0, u_f32 = 0, tiny = 0;
+  std::uint64_t seed = 0;
+  // Whether anything is rounded (tiny alone rounds nothing, as on the CPU: u = 0 skips a tensor).
+  bool on() const { return u_typed != 0 || u_f32 != 0; }
+};
 
 enum class OracleKeep {
   All,       // every provided tensor of every layer stays readable after the pass
@@ -150,6 +204,11 @@ class GpuOracle {
   void set_tokens(const std::vector<std::int32_t>& tok);
   void set_targets(const std::vector<std::int32_t>& tgt, const std::vector<float>& w,
                    double n_norm);
+  // The perturbed mode for the passes that follow (a zero OraclePerturbation: off, the
+  // default). Throws m3::Error for a u outside [0, 1) or a negative or non-finite tiny; the first
+  // call with u_typed > 0 allocates δ's typed copy ([B·T, d_model] doubles).
+  void set_perturbation(const OraclePerturbation& p);
+  const OraclePerturbation& perturbation() const;
 
   // forward: input_proj, the layers, norm_f (chain_forward); reads the entering states set
   // last and replaces them with the leaving ones. backward: gradients accumulate into the
@@ -198,5 +257,11 @@ class GpuOracle {
 // token model: one training step with pb.loss_scale()) from pb's entering states with zero
 // leaving-state gradients, capturing every provided stage tensor and every parameter gradient.
 Capture run_gpu_oracle(const Problem& pb, int device = 0);
+// The same pass in the perturbed mode: with pb = harness::perturbed_problem(problem, pt, draw)
+// and pert = {pt.u_typed, pt.u_f32, pt.tiny, a seed of the draw, e.g.
+// harness::perturbation_seed(problem.seed, pt.u_typed, draw, 1)}, the GPU counterpart of
+// harness::run_perturbed_reference(problem, sequential, pt, draw) (the file comment says which
+// tensors it rounds; tests/gpu/oracle/test_gpu_oracle_perturb.cpp compares the two).
+Capture run_gpu_oracle(const Problem& pb, const OraclePerturbation& pert, int device = 0);
 
 }  // namespace m3::gpu

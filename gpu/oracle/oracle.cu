@@ -10,7 +10,16 @@
 //   backward   δ^L = norm_f's backward of dOut (or d_Out); per layer from the last B8 … B1
 //              with δ = the layer above's d_temporal; δ⁰ into input_proj's gradients and dX
 // Weight gradients accumulate into the gradient arena (MODEL.md §6.0); everything else is
-// overwritten. Every buffer is allocated and zeroed in the constructor.
+// overwritten. Every buffer is allocated and zeroed in the constructor (set_perturbation adds
+// the staged typed copy of δ, [B·T, d_model]).
+//
+// The perturbed mode (oracle_gpu.hpp, perturb.cuh): after each layer stage, before the observer
+// and the capture see it, every provided tensor the stage wrote (ChainPlan::written_by: its rows
+// and its pseudo-stages', F1's residual excepted) gets one rounding at its registry storage;
+// F4 first carries b/c_normed's rounding into a cancelling bias add. The backbone stages round
+// their outputs inside their stage functions, where harness/perturbed.cpp's PerturbedRun does
+// (the head's d_logits before its GEMMs), and the GEMMs that read δ (B8, input_proj's backward)
+// read its perturbed typed copy.
 #include "oracle_gpu.hpp"
 
 #include <cublas_v2.h>
@@ -30,6 +39,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "lm.hpp"  // reference: embed_order
+#include "perturb.cuh"
 #include "stages.cuh"
 
 namespace m3::gpu {
@@ -82,6 +92,8 @@ struct GpuOracle::Impl {
   bool have_forward = false, tokens = false, targets = false, have_loss = false;
   bool dout_from_head = false;  // norm_f's backward reads head/d_Out (after backward_loss)
   double n_norm = 0, loss_scale = 1, loss_value = 0;
+  OraclePerturbation pert;       // off unless set_perturbation turned it on
+  double* delta_copy = nullptr;  // δ's perturbed typed copy [B·T, d_model] (when u_typed > 0)
 
   Impl(const Config& c, Idx B_, Idx T_, OracleKeep k, int device)
       : cfg(c),
@@ -132,6 +144,8 @@ struct GpuOracle::Impl {
       if (p) cudaFree(p);
       p = nullptr;
     }
+    if (delta_copy) cudaFree(delta_copy);
+    delta_copy = nullptr;
     if (blas) cublasDestroy(blas);
     blas = nullptr;
     if (s) cudaStreamDestroy(s);
@@ -241,10 +255,63 @@ struct GpuOracle::Impl {
     M3_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
+  // ---- the perturbed mode (perturb.cuh) -------------------------------------------------------
+  double u_of(bool typed) const { return typed ? pert.u_typed : pert.u_f32; }
+  std::uint64_t stream_of(int l, const char* stage, const char* tensor) const {
+    return oracle::tensor_stream(pert.seed, stage_key(l, stage, tensor));
+  }
+  // One rounding of a provided tensor of layer l (−1: backbone), at its registry storage.
+  void perturb(int l, const TensorSpec& spec) {
+    if (!pert.on()) return;
+    oracle::perturb(s, shape_numel(resolve_shape(spec.shape, cfg, B, T)), buffer(l, spec),
+                    u_of(spec.typed), pert.tiny, stream_of(l, spec.stage, spec.tensor));
+  }
+  void perturb(int l, const char* stage, const char* tensor) {
+    perturb(l, find_spec(stage, tensor));
+  }
+  // After layer stage st: every provided tensor it wrote (its pseudo-stages' too), but F1's
+  // residual (the layer input, rounded where it was written). F4: b/c_biased with the carry of
+  // b/c_normed's rounding (perturb.cuh), queued before b/c_normed's own pass.
+  void perturb_stage(StageId st, int l) {
+    if (!pert.on()) return;
+    auto carry = [&](const char* normed, const char* biased) {
+      const TensorSpec &sn = find_spec("F4", normed), &sb = find_spec("F4", biased);
+      oracle::perturb_bias_add(s, d, buffer(l, sn), buffer(l, sb), u_of(sn.typed),
+                               u_of(sb.typed), pert.tiny, stream_of(l, "F4", normed),
+                               stream_of(l, "F4", biased));
+    };
+    if (st == StageId::F4) {
+      carry("b_normed", "b_biased");
+      carry("c_normed", "c_biased");
+    }
+    for (const TensorSpec* spec : plan.written_by(st)) {
+      const std::string t = spec->tensor;
+      if (!oracle::provided(*spec, cfg) || (st == StageId::F1 && t == "residual") ||
+          (st == StageId::F4 && (t == "b_biased" || t == "c_biased")))
+        continue;
+      perturb(l, *spec);
+    }
+  }
+  // The GEMMs' operand δ (B8; input_proj's backward, key_layer −1): its perturbed typed copy, or
+  // δ itself when typed values are not perturbed.
+  const double* typed_delta(const double* dlt, int key_layer) {
+    if (!pert.on() || pert.u_typed == 0) return dlt;
+    oracle::perturbed_copy(s, d.BT * d.dm, dlt, delta_copy, pert.u_typed, pert.tiny,
+                           stream_of(key_layer, key_layer < 0 ? "input_proj" : "B8",
+                                     "delta_typed"));
+    return delta_copy;
+  }
+
   // ---- the executor of chain.hpp -----------------------------------------------------------
   void before(StageId, int, Dir) {}
-  // The stage's provided tensors to the observer and the capture.
+  // A layer stage's written tensors perturbed (the perturbed mode; the backbone stages round
+  // inside their stage functions), then shown.
   void after(StageId st, int l, Dir dir) {
+    if (l >= 0) perturb_stage(st, l);
+    show(st, l, dir);
+  }
+  // The stage's provided tensors to the observer and the capture.
+  void show(StageId st, int l, Dir dir) {
     if (!cap && !observer) return;
     OracleStage out{st, l, dir, {}};
     if (l >= 0) {
@@ -265,7 +332,7 @@ struct GpuOracle::Impl {
       }
     }
   }
-  void pseudo(StageId st, int l, Dir dir) { after(st, l, dir); }
+  void pseudo(StageId st, int l, Dir dir) { show(st, l, dir); }  // rounded by its writer
   void enter_layer(int) {}
   void leave_layer(int) {}
   void enter_layer_backward(int) {}
@@ -324,10 +391,12 @@ struct GpuOracle::Impl {
     const LayerDev L = layer(l);
     const double* dlt = delta(l);
     switch (st) {
-      case StageId::B8:
-        oracle::gemm_dx(blas, d.BT, d.di, d.dm, dlt, L.p.out_proj_w, L.d_gated);
-        oracle::gemm_dw(blas, d.BT, d.di, d.dm, L.gated, dlt, L.g.out_proj_w);
+      case StageId::B8: {
+        const double* dlt_typed = typed_delta(dlt, l);
+        oracle::gemm_dx(blas, d.BT, d.di, d.dm, dlt_typed, L.p.out_proj_w, L.d_gated);
+        oracle::gemm_dw(blas, d.BT, d.di, d.dm, L.gated, dlt_typed, L.g.out_proj_w);
         return;
+      }
       case StageId::B7:
         oracle::gating_backward(s, d, L, work);
         return;
@@ -374,34 +443,44 @@ struct GpuOracle::Impl {
       oracle::gemm_xw(blas, d.BT, d.in, d.dm, X, P(-1, "input_proj_w"), h0());
       oracle::add_row_vector(s, d.BT, d.dm, P(-1, "input_proj_b"), h0());
     }
+    if (!cfg.input_proj_identity) perturb(-1, "input_proj", "input_proj_outputs");
   }
   void forward(Stage<StageId::norm_f>, int) {
     oracle::rmsnorm_forward(s, d.BT, d.dm, last_output(), P(-1, "norm_f_weight"), o("norm_f/Out"),
                             o("norm_f/norm_f_rms"));
+    perturb(-1, "norm_f", "Out");
+    perturb(-1, "norm_f", "norm_f_rms");
   }
   void forward(Stage<StageId::head>, int) {
     oracle::gemm_xw(blas, d.BT, d.dm, cfg.vocab_size, o("norm_f/Out"), P(-1, "head_w"),
                     o("head/logits"));
+    perturb(-1, "head", "logits");
   }
+  // The loss value from lse before lse's rounding (as the CPU's perturbed run).
   void forward(Stage<StageId::loss>, int) {
     oracle::loss_forward(s, d.BT, cfg.vocab_size, o("head/logits"), typed<int>("tgt"),
                          typed<float>("w"), n_norm, o("loss/lse"), o("loss/value"));
+    perturb(-1, "loss", "lse");
   }
   void backward(Stage<StageId::head>, int) {
     const Idx V = cfg.vocab_size;
     oracle::loss_backward(s, d.BT, V, o("head/logits"), o("loss/lse"), typed<int>("tgt"),
                           typed<float>("w"), n_norm, loss_scale, o("head/d_logits"));
+    perturb(-1, "head", "d_logits");  // what the head's GEMMs read
     oracle::gemm_dx(blas, d.BT, d.dm, V, o("head/d_logits"), P(-1, "head_w"), o("head/d_Out"));
     oracle::gemm_dw(blas, d.BT, d.dm, V, o("norm_f/Out"), o("head/d_logits"), G(-1, "head_w"));
+    perturb(-1, "head", "d_Out");
   }
   void backward(Stage<StageId::norm_f>, int) {
     const double* g = dout_from_head ? o("head/d_Out") : o("d_out");
     oracle::rmsnorm_backward(s, d.BT, d.dm, last_output(), P(-1, "norm_f_weight"),
                              o("norm_f/norm_f_rms"), g, o("norm_f/d_norm"), G(-1, "norm_f_weight"),
                              work.row_scratch);
+    perturb(-1, "norm_f", "d_norm");
   }
   // dX = δ⁰·W_inᵀ (or δ⁰); d W_in += Xᵀ·δ⁰ (a token model: the per-token sum of δ⁰'s rows);
-  // d b_in += Σ_r δ⁰.
+  // d b_in += Σ_r δ⁰. The perturbed mode: the GEMMs (and the embedding's sum) read δ⁰'s
+  // perturbed typed copy, the bias gradient δ⁰ itself.
   void backward(Stage<StageId::input_proj>, int) {
     const double* d0 = lt(0, "d_temporal");
     double* dx = o("input_proj/d_input_proj_dx");
@@ -409,15 +488,17 @@ struct GpuOracle::Impl {
       oracle::copy(s, d.BT * d.dm, d0, dx);
       return;
     }
+    const double* d0_typed = typed_delta(d0, -1);
     if (tokens) {
       oracle::embed_backward(s, cfg.vocab_size, d.dm, typed<Idx>("embed_order"),
-                             typed<Idx>("embed_starts"), d0, G(-1, "input_proj_w"));
+                             typed<Idx>("embed_starts"), d0_typed, G(-1, "input_proj_w"));
     } else {
-      oracle::gemm_dw(blas, d.BT, d.in, d.dm, o("input_proj/input_proj_inputs"), d0,
+      oracle::gemm_dw(blas, d.BT, d.in, d.dm, o("input_proj/input_proj_inputs"), d0_typed,
                       G(-1, "input_proj_w"));
     }
-    oracle::gemm_dx(blas, d.BT, d.in, d.dm, d0, P(-1, "input_proj_w"), dx);
+    oracle::gemm_dx(blas, d.BT, d.in, d.dm, d0_typed, P(-1, "input_proj_w"), dx);
     oracle::sum_rows_into(s, d.BT, d.dm, d0, G(-1, "input_proj_b"));
+    perturb(-1, "input_proj", "d_input_proj_dx");
   }
 
   // ---- passes ---------------------------------------------------------------------------------
@@ -471,10 +552,32 @@ GpuOracle::~GpuOracle() = default;
 
 const Config& GpuOracle::config() const { return impl_->cfg; }
 OracleKeep GpuOracle::keep() const { return impl_->keep; }
-OracleMemory GpuOracle::memory() const { return impl_->layout.memory(); }
+OracleMemory GpuOracle::memory() const {
+  const Impl& m = *impl_;
+  OracleMemory out = m.layout.memory();
+  if (m.delta_copy) out.workspace += static_cast<std::size_t>(m.d.BT * m.d.dm) * sizeof(double);
+  return out;
+}
 void* GpuOracle::stream() const { return impl_->s; }
 void GpuOracle::synchronize() const { M3_CUDA_CHECK(cudaStreamSynchronize(impl_->s)); }
 void GpuOracle::set_observer(OracleObserver obs) { impl_->observer = std::move(obs); }
+
+void GpuOracle::set_perturbation(const OraclePerturbation& p) {
+  Impl& m = *impl_;
+  const char* where = "GpuOracle::set_perturbation";
+  for (const auto& [name, u] : {std::pair<const char*, double>{"u_typed", p.u_typed},
+                                std::pair<const char*, double>{"u_f32", p.u_f32}})
+    M3_REQUIRE(std::isfinite(u) && u >= 0 && u < 1, where,
+               std::string(name) + " must be a unit roundoff in [0, 1)", name, "=", u);
+  M3_REQUIRE(std::isfinite(p.tiny) && p.tiny >= 0, where, "tiny must be finite and >= 0",
+             "tiny=", p.tiny);
+  if (p.on() && p.u_typed != 0 && !m.delta_copy)
+    M3_CUDA_CHECK(cudaMalloc(&m.delta_copy,
+                             static_cast<std::size_t>(m.d.BT * m.d.dm) * sizeof(double)));
+  m.pert = p;
+}
+
+const OraclePerturbation& GpuOracle::perturbation() const { return impl_->pert; }
 
 void GpuOracle::set_params(const Params<double>& p) {
   Impl& m = *impl_;
@@ -695,7 +798,12 @@ Params<double> GpuOracle::grads() const {
 }
 
 Capture run_gpu_oracle(const Problem& pb, int device) {
+  return run_gpu_oracle(pb, OraclePerturbation{}, device);
+}
+
+Capture run_gpu_oracle(const Problem& pb, const OraclePerturbation& pert, int device) {
   GpuOracle net(pb.cfg, pb.B, pb.T, OracleKeep::Backward, device);
+  net.set_perturbation(pert);
   net.set_params(pb.params);
   net.set_states(pb.states);
   Capture cap(pb.cfg, pb.B, pb.T);

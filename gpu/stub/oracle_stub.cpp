@@ -32,6 +32,8 @@ void GpuOracle::forward(Capture*) { no_cuda("GpuOracle"); }
 void GpuOracle::backward(Capture*) { no_cuda("GpuOracle"); }
 double GpuOracle::forward_loss(Capture*) { no_cuda("GpuOracle"); }
 void GpuOracle::backward_loss(double, Capture*) { no_cuda("GpuOracle"); }
+void GpuOracle::set_perturbation(const OraclePerturbation&) { no_cuda("GpuOracle"); }
+const OraclePerturbation& GpuOracle::perturbation() const { no_cuda("GpuOracle"); }
 void GpuOracle::set_observer(OracleObserver) { no_cuda("GpuOracle"); }
 void* GpuOracle::stream() const { no_cuda("GpuOracle"); }
 void GpuOracle::synchronize() const { no_cuda("GpuOracle"); }
@@ -48,5 +50,8 @@ const Config& GpuOracle::config() const { no_cuda("GpuOracle"); }
 OracleKeep GpuOracle::keep() const { no_cuda("GpuOracle"); }
 
 Capture run_gpu_oracle(const Problem&, int) { no_cuda("run_gpu_oracle"); }
+Capture run_gpu_oracle(const Problem&, const OraclePerturbation&, int) {
+  no_cuda("run_gpu_oracle");
+}
 
 }  // namespace m3::gpu

@@ -1,0 +1,80 @@
+// The GPU oracle's perturbed mode (perturb.cuh): one random rounding per stored value,
+//   v ← v + ρ·max(u·|v|, tiny),   ρ = ⌊mix64(stream + (i + 1)·γ) / 2¹¹⌋·2⁻⁵² − 1 ∈ [−1, 1),
+// one thread per element, in place; the carry of b_normed's rounding into BCNorm's cancelling
+// bias add. Cost: one read and one write of the tensor (16 bytes per element).
+#include "perturb.cuh"
+
+#include "common.cuh"
+
+namespace m3::gpu::oracle {
+
+namespace {
+
+constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;  // splitmix64's increment
+
+// The splitmix64 finaliser (a bijection of 64-bit words).
+__host__ __device__ inline std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// ρ_i of a stream: the i-th splitmix64 output's top 53 bits, on [−1, 1) in steps of 2⁻⁵².
+__device__ inline double rho(std::uint64_t stream, Idx i) {
+  const std::uint64_t z = mix64(stream + (static_cast<std::uint64_t>(i) + 1) * kGolden);
+  return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
+}
+
+// One rounding's error bound at v: max(u·|v|, tiny), NaN for a NaN v (as std::max(u·|v|, tiny)
+// in the CPU's perturb, whose NaN argument comes first).
+__device__ inline double bound(double v, double u, double tiny) {
+  const double rel = u * fabs(v);
+  return rel < tiny ? tiny : rel;
+}
+
+}  // namespace
+
+std::uint64_t tensor_stream(std::uint64_t seed, const std::string& key) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bits
+  for (const unsigned char c : key) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return mix64(mix64(seed + kGolden) ^ h);
+}
+
+void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream) {
+  if (u == 0) return;
+  each(s, n, [=] __device__(Idx i) { v[i] += rho(stream, i) * bound(v[i], u, tiny); });
+}
+
+void perturbed_copy(cudaStream_t s, Idx n, const double* src, double* dst, double u, double tiny,
+                    std::uint64_t stream) {
+  if (u == 0) {
+    if (n > 0)
+      M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(double),
+                                    cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  each(s, n, [=] __device__(Idx i) { dst[i] = src[i] + rho(stream, i) * bound(src[i], u, tiny); });
+}
+
+void perturb_bias_add(cudaStream_t s, const Dims& d, const double* normed, double* biased,
+                      double u_normed, double u_biased, double tiny, std::uint64_t normed_stream,
+                      std::uint64_t biased_stream) {
+  const Idx nh = d.nh, ds = d.ds, ng = d.ng, hpg = d.hpg;
+  each(s, d.BT * nh * ds, [=] __device__(Idx e) {
+    const Idx n = e % ds, h = (e / ds) % nh, r = e / (ds * nh);
+    double b = biased[e];
+    if (u_biased != 0) b += rho(biased_stream, e) * bound(b, u_biased, tiny);
+    const Idx src = (r * ng + h / hpg) * ds + n;
+    const double before = normed[src];
+    if (u_normed != 0 && fabs(before) >= kCancelledBiasAdd * fabs(b)) {
+      const double after = before + rho(normed_stream, src) * bound(before, u_normed, tiny);
+      b += after - before;
+    }
+    biased[e] = b;
+  });
+}
+
+}  // namespace m3::gpu::oracle
