@@ -161,6 +161,18 @@ class GpuBackbone {
   // the end of the run, then every parameter gradient — computed on the device
   // (gpu/verify/digest.cuh), so a run copies no tensor to the host.
   std::vector<std::uint64_t> repeat_digests(Capture* cap = nullptr);
+  // After repeat_digests: where a key of repeat_digest_keys (a registry tensor or a parameter
+  // gradient "grad/…") lives on the device, as that run left it and as a Capture of it reads
+  // (the verification layout: contiguous, its own buffer): the device comparison
+  // (harness/device_compare.hpp) reads it in place. `storage` is F32 for an f32 buffer and the
+  // run's bf16/f16 for a typed one. Valid until the next pass; throws m3::Error for a key this
+  // run does not have, or before a repeat_digests.
+  struct DeviceTensor {
+    const void* data = nullptr;
+    Precision storage = Precision::F32;
+    Idx n = 0;
+  };
+  DeviceTensor device_tensor(const std::string& key);
 
   std::vector<float> output() const;     // Out [B*T, d_model]
   States<float> states() const;          // current (leaving) states

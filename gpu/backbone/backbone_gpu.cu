@@ -106,6 +106,9 @@ void GpuBackbone::set_loss_scale(double scale) { impl_->set_loss_scale(scale); }
 std::vector<std::uint64_t> GpuBackbone::repeat_digests(Capture* cap) {
   return impl_->repeat_digests(cap);
 }
+GpuBackbone::DeviceTensor GpuBackbone::device_tensor(const std::string& key) {
+  return impl_->device_tensor(key);
+}
 
 std::vector<std::string> repeat_digest_keys(const Config& cfg, Idx B, Idx T, ScanMode mode) {
   std::vector<std::string> keys;

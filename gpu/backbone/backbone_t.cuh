@@ -286,6 +286,7 @@ struct GpuBackbone::Impl {
   virtual void backward_loss(double scale, Capture* cap) = 0;
   virtual void set_loss_scale(double scale) = 0;
   virtual std::vector<std::uint64_t> repeat_digests(Capture* cap) = 0;
+  virtual GpuBackbone::DeviceTensor device_tensor(const std::string& key) = 0;
   virtual std::vector<float> logits() = 0;
   virtual std::vector<std::int32_t> argmax() = 0;
 };
@@ -365,6 +366,8 @@ class BackboneT final : public GpuBackbone::Impl {
   // m3h determinism at CI scale: the loaded run again from st0_, every tensor stored as for a
   // capture, then one device digest per key of repeat_digest_keys (verify/backbone_verify.cu).
   std::vector<std::uint64_t> repeat_digests(Capture* cap) override;
+  // A key's buffer after repeat_digests (verify/backbone_verify.cu).
+  GpuBackbone::DeviceTensor device_tensor(const std::string& key) override;
 
   // ---- uploads / downloads ------------------------------------------------------------------
   void set_params(const Params<float>& p) override {
@@ -533,6 +536,7 @@ class BackboneT final : public GpuBackbone::Impl {
   // ---- the two passes ---------------------------------------------------------------------
   void forward(Capture* cap) override {
     if (cap) ensure_full();
+    repeated_ = false;
     mark("start");
     cap_ = cap;
     plan_fusion();
@@ -548,6 +552,7 @@ class BackboneT final : public GpuBackbone::Impl {
                "a Capture needs the verification layout from the forward on",
                "pass the Capture to forward() too (the production forward keeps only what its "
                "backward reads)");
+    repeated_ = false;
     mark("start");
     delta_typed_of_ = nullptr;
     cap_ = cap;
@@ -957,6 +962,7 @@ class BackboneT final : public GpuBackbone::Impl {
   StateArrays st_;  // the states: entering before forward(), leaving after it
   StateArrays st0_;  // the entering states set last (repeat_digests reruns from them)
   bool store_all_ = false;  // repeat_digests: every stage stores what a Capture would read
+  bool repeated_ = false;   // a repeat_digests run left every key's buffer readable
   StateArrays dl_;  // ∂L/∂(leaving states), set_leaving_grads
   DeviceArray<unsigned char> digest_segs_;  // repeat_digests: DigestSegment[n] on the device
   DeviceArray<std::uint64_t> digests_;

@@ -65,6 +65,7 @@ double GpuBackbone::loss() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward_loss(double, Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_loss_scale(double) { no_cuda("GpuBackbone"); }
 std::vector<std::uint64_t> GpuBackbone::repeat_digests(Capture*) { no_cuda("GpuBackbone"); }
+GpuBackbone::DeviceTensor GpuBackbone::device_tensor(const std::string&) { no_cuda("GpuBackbone"); }
 std::vector<std::string> repeat_digest_keys(const Config&, Idx, Idx, ScanMode) {
   no_cuda("repeat_digest_keys");
 }

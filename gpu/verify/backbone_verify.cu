@@ -32,6 +32,7 @@ Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
     ~Isolated() { flag = false; }
   } guard(isolated_);
   ensure_full();
+  repeated_ = false;
   Capture out(cfg_, d_.B, d_.T);
   // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
   // be the GPU's value of the previous layer's output.
@@ -224,7 +225,36 @@ std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture* cap) {
   M3_CUDA_CHECK(cudaMemcpyAsync(host.data(), digests_.data(), host.size() * sizeof(std::uint64_t),
                                 cudaMemcpyDeviceToHost, s_));
   M3_CUDA_CHECK(cudaStreamSynchronize(s_));
+  repeated_ = true;
   return host;
+}
+
+template <class T>
+GpuBackbone::DeviceTensor BackboneT<T>::device_tensor(const std::string& key) {
+  M3_REQUIRE(repeated_, "GpuBackbone::device_tensor",
+             "no repeat_digests run has left the buffers readable", key);
+  GpuBackbone::DeviceTensor out;
+  if (key.rfind("grad/", 0) == 0) {
+    for (const KeyedParam& kp : expected_param_keys(cfg_))
+      if (kp.key == key) {
+        const ParamSlot& sl = layout_.at(kp.layer, kp.spec->name);
+        out.data = grads_.data() + sl.offset;
+        out.n = sl.size;
+        return out;
+      }
+  } else {
+    for (const KeyedSpec& ks : expected_stage_keys(cfg_, d_.B, d_.T, mode_))
+      if (ks.key == key) {
+        const NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+        M3_REQUIRE(b.ld == 0, "GpuBackbone::device_tensor",
+                   "the tensor is a column view, not contiguous", key);
+        out.data = b.data();
+        out.n = b.n;
+        out.storage = b.elem == 4 ? Precision::F32 : storage();
+        return out;
+      }
+  }
+  throw Error("GpuBackbone::device_tensor", "this run has no such key", key);
 }
 
 #define M3_INSTANTIATE(T)                                                                      \
@@ -239,7 +269,8 @@ std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture* cap) {
   template void BackboneT<T>::apply_fault(int);                                                \
   template void BackboneT<T>::capture(Capture*, int, const char*, Dir);                        \
   template void BackboneT<T>::restore(const Capture&, const KeyedSpec&);                       \
-  template std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture*);
+  template std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture*);               \
+  template GpuBackbone::DeviceTensor BackboneT<T>::device_tensor(const std::string&);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 
