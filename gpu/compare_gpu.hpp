@@ -93,6 +93,10 @@ struct ConditionSums {
 // "" when a CUDA device is usable, else why not in one line. Never throws.
 std::string compare_unavailable();
 
+// Device memory in use on the current device, all processes and allocators together (total −
+// free, cudaMemGetInfo): what a comparison samples for its peak. 0 without a device.
+std::size_t device_bytes_in_use();
+
 // One device allocation, freed with its owner. Throws m3::Error naming the bytes when the
 // allocation fails. A size of 0 allocates nothing (data() is null).
 class DeviceBuffer {

@@ -10,12 +10,10 @@
 
 namespace m3::harness {
 
-namespace {
-gpu::GpuContext& context() {
+gpu::GpuContext& gpu_context() {
   static gpu::GpuContext ctx(0);
   return ctx;
 }
-}  // namespace
 
 std::string gpu_absent_reason() {
   const gpu::DeviceInfo info = gpu::query_device();
@@ -30,15 +28,15 @@ Implementation gpu_subject(Precision storage, gpu::Fault fault) {
   // The GPU keeps its Capture (downloaded after the run); the harness streams it afterwards.
   return {name,
           [storage, fault](const Problem& pb, ScanMode mode, const TensorSink&) {
-            return gpu::run_gpu(context(), pb, mode, storage, fault);
+            return gpu::run_gpu(gpu_context(), pb, mode, storage, fault);
           },
           [storage, fault](const Problem& pb, ScanMode mode, const Capture& oracle,
                            const TensorSink&) {
-            return gpu::run_gpu_isolated(context(), pb, mode, oracle, storage, fault);
+            return gpu::run_gpu_isolated(gpu_context(), pb, mode, oracle, storage, fault);
           },
           [storage, fault](const Problem& pb, ScanMode mode) {
             // One backbone, loaded once, rerun per call (GpuBackbone::repeat_digests).
-            auto net = std::make_shared<gpu::GpuBackbone>(context(), pb.cfg, pb.B, pb.T, mode,
+            auto net = std::make_shared<gpu::GpuBackbone>(gpu_context(), pb.cfg, pb.B, pb.T, mode,
                                                           storage);
             gpu::load_problem(*net, pb);
             net->set_fault(fault, 0);

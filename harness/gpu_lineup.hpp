@@ -20,6 +20,9 @@ namespace m3::harness {
 // "" when a usable GPU is present, else why not (one line, e.g. "built without CUDA").
 std::string gpu_absent_reason();
 
+// The process's one GpuContext (device 0), made on first use.
+gpu::GpuContext& gpu_context();
+
 // Named "gpu<f32>", "gpu<bf16>", … (+ " fault=<name>" with a fault).
 Implementation gpu_subject(Precision storage, gpu::Fault fault = gpu::Fault::None);
 std::vector<Lineup> gpu_lineups(const std::vector<Precision>& precisions,

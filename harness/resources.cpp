@@ -1,6 +1,7 @@
 // The size guard (resources.hpp).
 #include "resources.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -47,6 +48,23 @@ double host_memory_bytes() {
   const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES));
   const double size = static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   return pages > 0 && size > 0 ? pages * size : 0.0;
+}
+
+double host_peak_rss_bytes() {
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<double>(ru.ru_maxrss) * 1024.0;  // kilobytes on Linux
+}
+
+double problem_host_bytes(const Config& cfg, Idx B, Idx T) {
+  const double BT = static_cast<double>(B) * static_cast<double>(T);
+  const double states = static_cast<double>(cfg.n_layers) * static_cast<double>(B) *
+                        static_cast<double>(cfg.nheads()) *
+                        (static_cast<double>(cfg.headdim) * static_cast<double>(cfg.d_state) +
+                         static_cast<double>(cfg.d_state) + static_cast<double>(cfg.headdim) +
+                         static_cast<double>(cfg.num_rope_angles()));
+  return 8.0 * (BT * static_cast<double>(cfg.input_dim + cfg.d_model) + parameter_elements(cfg) +
+                states);
 }
 
 void check_host_bytes(double need_bytes, const std::string& what, const std::string& advice) {

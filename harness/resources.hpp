@@ -23,6 +23,13 @@ double parameter_elements(const Config& cfg);
 // The machine's physical memory in bytes (0 when unknown).
 double host_memory_bytes();
 
+// This process's peak resident memory in bytes so far (getrusage; 0 when unknown).
+double host_peak_rss_bytes();
+
+// Host bytes of a Problem of (cfg, B, T) in double: X (or the one-hot tokens), dOut, the
+// parameters and the entering states.
+double problem_host_bytes(const Config& cfg, Idx B, Idx T);
+
 // Throws m3::Error (one line) when need_bytes exceeds the machine's memory: "<what> needs
 // about X GiB of host memory, the machine has Y GiB (<advice>)". Nothing when the machine's
 // memory is unknown.

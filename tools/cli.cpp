@@ -405,7 +405,11 @@ namespace {
 // Host bytes a comparison run needs, roughly: every registry tensor of the larger scan mode as
 // a double about five times over (the oracle's buffers and capture, the subject's and the
 // baseline's captures, the comparison's copies).
-double host_bytes_estimate(const harness::RunSpec& spec) {
+// With the GPU oracle (compare --oracle gpu) the tensors stay on the device: the host holds the
+// problem in double, a perturbed copy of it, and the float copies uploaded from them.
+double host_bytes_estimate(const po::variables_map& vm, const harness::RunSpec& spec) {
+  if (vm.count("oracle") && vm["oracle"].as<std::string>() == "gpu")
+    return 3.0 * harness::problem_host_bytes(spec.cfg, spec.B, spec.T);
   double most = 0;
   for (ScanMode m : spec.modes) most = std::max(most, harness::stage_elements(spec.cfg, spec.B, spec.T, m));
   return 5.0 * 8.0 * most;
@@ -423,7 +427,7 @@ bool problem_options_given(const po::variables_map& vm) {
 void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec) {
   if (vm.count("allow-large") && vm["allow-large"].as<bool>()) return;
   try {
-    harness::check_host_bytes(host_bytes_estimate(spec), "the problem is too large",
+    harness::check_host_bytes(host_bytes_estimate(vm, spec), "the problem is too large",
                               "reduce B, T, the widths or the layers; --allow-large to try anyway");
   } catch (const Error& e) {
     throw UsageError(std::string("the problem is too large: ") + e.failed() + " (" + e.why() + ")");

@@ -24,6 +24,7 @@
 #include "report_json.hpp"
 #include "error.hpp"
 #include "resources.hpp"
+#include "device_compare.hpp"
 #include "sweep.hpp"
 #include "terminal.hpp"
 
@@ -146,6 +147,19 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
   return r.pass() ? 0 : 1;
 }
 
+// m3h compare --oracle gpu: the device comparison, one progress line per cell on stderr.
+harness::Comparison device_comparison(const harness::RunSpec& spec, const Problem& pb,
+                                      const std::vector<Precision>& precisions, gpu::Fault fault,
+                                      harness::DeviceCompareCost& cost) {
+  const std::size_t cells = precisions.size() * spec.modes.size();
+  std::size_t done = 0;
+  return harness::run_device_comparison(spec, pb, precisions, fault, &cost,
+                                        [&](const std::string& line) {
+                                          std::cerr << "cell " << ++done << "/" << cells << ": "
+                                                    << line << "\n";
+                                        });
+}
+
 }  // namespace
 
 int cmd_compare(const std::vector<std::string>& args) {
@@ -157,6 +171,7 @@ int cmd_compare(const std::vector<std::string>& args) {
     ("stage", po::value<std::string>()->default_value(""), "only keys matching PATTERN: substring, or glob with * ? [..]; comma = or (e.g. 'L3/B6/*,grad/*')")
     ("dtype", po::value<std::string>()->default_value("all"), "subject storage precisions: a comma list of f32, bf16, f16, or all (= f32,bf16,f16)")
     ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (CUDA path; baseline = the reference at the same precision), cpu (the float reference / storage emulation), auto (gpu when one is present, else cpu with a one-line note)")
+    ("oracle", po::value<std::string>()->default_value("cpu"), "the oracle: cpu (reference<double>, Eigen, on the host: the root of trust) or gpu (the GPU oracle in f64, with --device gpu: every figure computed on the device and the perturbed oracle on the GPU as the baseline, end to end; for shapes the host cannot hold, e.g. B 8, T 4096 at the official widths)")
     ("mode", po::value<std::string>()->default_value("e2e"), "comparison: e2e (whole backbone), isolated (each stage fed the oracle's inputs; isolated floors + k x the perturbed oracle's teacher-forced error), or both (side by side)")
     ("fault", po::value<std::string>()->default_value("none"), "GPU only, a self-test of the harness: break one stage of layer 0 on purpose (drop-beta, flip-angle, chunk-boundary, round-twice); the run must fail there")
     ("by-position", po::value<std::string>(), "print the error against position t (per chunk, chunk boundaries marked) of the [B*T, ...] tensors matching PATTERN, e.g. 'L0/F6/y'")
@@ -194,6 +209,22 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (fault != gpu::Fault::None && device != "gpu")
     throw UsageError(std::string("--fault ") + gpu::fault_name(fault) +
                      ": faults are injected in the GPU subject only (--device gpu)");
+  const std::string oracle = vm["oracle"].as<std::string>();
+  if (oracle != "cpu" && oracle != "gpu")
+    throw UsageError("--oracle '" + echo(oracle) + "': expected cpu or gpu");
+  if (oracle == "gpu") {
+    if (device != "gpu")
+      throw UsageError("--oracle gpu judges the GPU path on the device: use it with --device gpu");
+    for (const char* f : {"sweep", "golden"})
+      if (vm.count(f))
+        throw UsageError(std::string("--oracle gpu: not with --") + f +
+                         (std::string(f) == "golden" ? " (the file's stored oracle is the oracle)"
+                                                     : " (a sweep's problems are the CPU oracle's size)"));
+    for (harness::CompareMode cm : compare_modes)
+      if (cm == harness::CompareMode::Isolated)
+        throw UsageError("--oracle gpu: end to end only (--mode e2e); isolated cells need the "
+                         "oracle's values of every stage's inputs on the host (--oracle cpu)");
+  }
   if (vm.count("sweep")) return run_sweep(vm, precisions, device, fault);
   if (vm["no-shrink"].as<bool>()) throw UsageError("--no-shrink: only with --sweep");
   if (vm.count("sweep-from")) throw UsageError("--sweep-from: only with --sweep");
@@ -232,9 +263,14 @@ int cmd_compare(const std::vector<std::string>& args) {
 
   // The cells without a same-precision baseline get the perturbed oracle (harness/sweep.hpp):
   // the CPU's e2e and isolated cells, the GPU's isolated cells; the GPU's e2e cells get it as
-  // their conditioning term beside the emulation (budget.hpp).
-  const harness::Comparison c = harness::run_comparison(
-      spec, src.problem, src.oracle, harness::judged_lineups(device, precisions, fault));
+  // their conditioning term beside the emulation (budget.hpp). With the GPU oracle, every cell
+  // is judged on the device against the perturbed GPU oracle (harness/device_compare.hpp).
+  harness::DeviceCompareCost cost;
+  const harness::Comparison c =
+      oracle == "gpu"
+          ? device_comparison(spec, src.problem, precisions, fault, cost)
+          : harness::run_comparison(spec, src.problem, src.oracle,
+                                    harness::judged_lineups(device, precisions, fault));
 
   harness::ReportOptions ropt;
   ropt.failures_only = vm["failures-only"].as<bool>();
@@ -253,6 +289,8 @@ int cmd_compare(const std::vector<std::string>& args) {
         harness::print_position_profile(report, harness::cell_name(cell) + " " + row.key,
                                         row.by_position, spec.cfg.chunk_size);
       }
+
+  if (oracle == "gpu") report << "\n" << harness::device_cost_line(cost) << "\n";
 
   if (vm.count("json")) {
     harness::RunInfo info;

@@ -21,6 +21,15 @@ std::string compare_unavailable() {
   }
 }
 
+std::size_t device_bytes_in_use() {
+  std::size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();  // a device that cannot answer has nothing in use to report
+    return 0;
+  }
+  return total_b - free_b;
+}
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) {
   if (bytes == 0) return;
   const cudaError_t e = cudaMalloc(&data_, bytes);

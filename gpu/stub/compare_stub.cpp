@@ -13,6 +13,7 @@ constexpr const char* kNoCuda = "built without CUDA (M3_CUDA=OFF)";
 }  // namespace
 
 std::string compare_unavailable() { return kNoCuda; }
+std::size_t device_bytes_in_use() { return 0; }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) {
   if (bytes > 0) no_cuda("DeviceBuffer");

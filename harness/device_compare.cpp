@@ -1,0 +1,411 @@
+// The comparison on the device (see device_compare.hpp).
+#include "device_compare.hpp"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "backbone_gpu.hpp"
+#include "budget.hpp"
+#include "cell_judge.hpp"
+#include "compare_gpu.hpp"
+#include "error.hpp"
+#include "gpu_lineup.hpp"
+#include "oracle_gpu.hpp"
+#include "perturbed.hpp"
+#include "resources.hpp"
+#include "device.hpp"
+
+namespace m3::harness {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+gpu::ValueType value_type(Precision p) {
+  switch (p) {
+    case Precision::F64: return gpu::ValueType::F64;
+    case Precision::F32: return gpu::ValueType::F32;
+    case Precision::BF16: return gpu::ValueType::BF16;
+    case Precision::F16: return gpu::ValueType::F16;
+  }
+  return gpu::ValueType::F64;
+}
+
+gpu::DeviceValues values_of(const gpu::OracleTensor& t) {
+  return {t.data, gpu::ValueType::F64, t.numel()};
+}
+gpu::DeviceValues values_of(const gpu::GpuBackbone::DeviceTensor& t) {
+  return {t.data, value_type(t.storage), t.n};
+}
+gpu::DeviceValues values_of(const gpu::DeviceBuffer& b, Idx n) {
+  return {b.data(), gpu::ValueType::F64, n};
+}
+
+Metrics to_metrics(const gpu::DeviceMetrics& d) {
+  Metrics m;
+  m.numel = d.numel;
+  m.max_abs = d.max_abs;
+  m.worst_index = d.worst_index;
+  m.worst_oracle = d.worst_oracle;
+  m.worst_subject = d.worst_subject;
+  m.oracle_scale = d.oracle_scale;
+  m.oracle_l2 = d.oracle_l2;
+  m.diff_l2 = d.diff_l2;
+  m.rel_l2 = d.rel_l2;
+  m.rel_l2_absolute = d.rel_l2_absolute;
+  m.p95_rel = d.p95_rel;
+  m.max_rel = d.max_rel;
+  m.rel_count = d.rel_count;
+  m.cosine = d.cosine;
+  m.max_ulps = d.max_ulps;
+  m.mean_ulps = d.mean_ulps;
+  m.nan_count = d.nan_count;
+  m.inf_count = d.inf_count;
+  m.oracle_nonfinite = d.oracle_nonfinite;
+  return m;
+}
+
+RestSums to_rest(const gpu::RestSums& r) { return {r.d2, r.max, r.pairs}; }
+
+// pb into the oracle: parameters, entering states, zero leaving-state gradients and weight
+// gradients, and the input (X and dOut, or tokens and targets).
+void load_oracle(gpu::GpuOracle& o, const Problem& pb) {
+  o.set_params(pb.params);
+  o.set_states(pb.states);
+  o.set_leaving_grads(nullptr);
+  o.zero_grads();
+  if (pb.token_model()) {
+    o.set_tokens(pb.tok);
+    o.set_targets(pb.tgt, pb.w, pb.scored());
+  } else {
+    o.set_input(pb.x);
+    o.set_dout(pb.d_out);
+  }
+}
+
+// One forward and backward pass of the oracle on what was loaded (run_gpu_oracle's).
+void run_oracle(gpu::GpuOracle& o, const Problem& pb) {
+  if (pb.token_model()) {
+    o.forward_loss();
+    o.backward_loss(pb.loss_scale());
+  } else {
+    o.forward();
+    o.backward();
+  }
+}
+
+// What a row keeps on the device: the oracle's values (the draws' reference) and, for a row over
+// its floor, each draw's |draw − oracle| per value.
+struct KeptRow {
+  std::unique_ptr<gpu::DeviceBuffer> oracle;
+  std::vector<std::unique_ptr<gpu::DeviceBuffer>> devs;
+  Idx n = 0;
+  bool circular = false;
+  std::size_t bytes() const {
+    std::size_t b = oracle ? oracle->bytes() : 0;
+    for (const auto& d : devs) b += d->bytes();
+    return b;
+  }
+};
+
+// One end-to-end cell on the device.
+class DeviceCell {
+ public:
+  DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
+             gpu::GpuOracle& oracle, gpu::DeviceComparer& dc, gpu::Fault fault,
+             DeviceCompareCost& cost)
+      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), dc_(dc), cost_(cost),
+        judge_(provided_shape(spec, mode), spec.cfg, spec.B, spec.T, mode, options(spec, p),
+               /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
+    net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
+    gpu::load_problem(*net_, pb);
+    net_->set_fault(fault, 0);
+    cost_.subject_bytes = std::max(cost_.subject_bytes, net_->memory().total());
+  }
+
+  CompareResult run() {
+    // The subject once, every tensor left in its own buffer.
+    net_->repeat_digests();
+    // The oracle, each provided tensor measured against the subject's as its stage ends.
+    load_oracle(oracle_, pb_);
+    oracle_.set_perturbation({});
+    oracle_.set_observer([this](const gpu::OracleStage& st) {
+      for (const gpu::OracleTensor& t : st.tensors) subject_row(t);
+    });
+    run_oracle(oracle_, pb_);
+    ++cost_.oracle_passes;
+    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) subject_row(oracle_.tensor(kp.key));
+    judge_.subject_done();
+    drop_unwanted();
+    // The perturbed oracle's draws, while a verdict can still change.
+    const Perturbation pt = perturbation_of(p_);
+    for (int d = 0; d < kPerturbationDraws && judge_.open(); ++d) {
+      const Problem pp = perturbed_problem(pb_, pt, d);
+      load_oracle(oracle_, pp);
+      gpu::OraclePerturbation op;
+      op.u_typed = pt.u_typed;
+      op.u_f32 = pt.u_f32;
+      op.tiny = pt.tiny;
+      op.seed = perturbation_seed(pb_.seed, pt.u_typed, d, 1);
+      oracle_.set_perturbation(op);
+      judge_.draw_begin(CellJudge::Term::Baseline);
+      oracle_.set_observer([this](const gpu::OracleStage& st) {
+        for (const gpu::OracleTensor& t : st.tensors) draw_row(t);
+      });
+      run_oracle(oracle_, pp);
+      ++cost_.oracle_passes;
+      for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) draw_row(oracle_.tensor(kp.key));
+      judge_.draw_end();
+      oracle_.set_perturbation({});
+      drop_unwanted();
+    }
+    oracle_.set_observer({});
+    CompareResult r = judge_.finish([this](int row, double u, double from) {
+      return analyse(row, u, from);
+    });
+    kept_.clear();
+    net_.reset();
+    return r;
+  }
+
+ private:
+  static CompareOptions options(const RunSpec& spec, Precision p) {
+    CompareOptions opt;
+    opt.precision = p;
+    opt.filter = spec.filter;
+    opt.by_position = spec.by_position;
+    opt.compare_mode = CompareMode::EndToEnd;
+    opt.baseline_kind = BaselineKind::Perturbed;
+    return opt;
+  }
+
+  // The shapes of what the GPU oracle provides: its stage rows and every parameter gradient.
+  static CellJudge::OracleShape provided_shape(const RunSpec& spec, ScanMode) {
+    auto shapes = std::make_shared<std::map<std::string, std::vector<Idx>>>();
+    for (const KeyedSpec& ks : gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T))
+      (*shapes)[ks.key] = ks.shape;
+    for (const KeyedParam& kp : expected_param_keys(spec.cfg)) (*shapes)[kp.key] = kp.shape;
+    return [shapes](const std::string& key) -> const std::vector<Idx>* {
+      auto it = shapes->find(key);
+      return it == shapes->end() ? nullptr : &it->second;
+    };
+  }
+
+  void subject_row(const gpu::OracleTensor& t) {
+    const int row = judge_.row(t.key);
+    if (row < 0) return;
+    gpu::GpuBackbone::DeviceTensor s;
+    try {
+      s = net_->device_tensor(t.key);
+    } catch (const Error&) {
+      return;  // stays "missing from the subject"
+    }
+    if (s.n != t.numel()) return judge_.subject_mismatch(row, {s.n});
+    const Metrics m = to_metrics(dc_.metrics(values_of(t), values_of(s), t.circular, p_, true));
+    PositionProfile prof;
+    if (judge_.wants_profile(row))
+      dc_.position_profile(values_of(t), values_of(s), spec_.B, spec_.T, t.circular, &prof.max_abs,
+                           &prof.rel_l2);
+    const bool over = judge_.subject_measured(row, m, std::move(prof));
+    if (over || spec_.every_draw) {
+      KeptRow& k = kept_[row];
+      k.n = t.numel();
+      k.circular = t.circular;
+      k.oracle = std::make_unique<gpu::DeviceBuffer>(static_cast<std::size_t>(k.n) * sizeof(double));
+      dc_.copy(k.oracle->data(), t.data, k.oracle->bytes());
+      note_kept();
+    }
+  }
+
+  void draw_row(const gpu::OracleTensor& t) {
+    const int row = judge_.row(t.key);
+    if (row < 0 || !judge_.wants(row)) return;
+    auto it = kept_.find(row);
+    if (it == kept_.end())
+      return judge_.draw_unusable(row, "the oracle's values of this key were not kept");
+    KeptRow& k = it->second;
+    if (t.numel() != k.n)
+      return judge_.draw_unusable(row, "the perturbed oracle's shape differs from the oracle's");
+    const gpu::DeviceValues ref = values_of(*k.oracle, k.n);
+    judge_.draw_measured(row, to_metrics(dc_.metrics(ref, values_of(t), k.circular, p_, false)));
+    if (judge_.kept(row)) {
+      auto dev = std::make_unique<gpu::DeviceBuffer>(static_cast<std::size_t>(k.n) * sizeof(float));
+      dc_.abs_dev(ref, values_of(t), k.circular, static_cast<float*>(dev->data()));
+      k.devs.push_back(std::move(dev));
+      note_kept();
+    }
+  }
+
+  // The per-value analysis of a kept row: the subject's |Δ| against the oracle, then the draws'.
+  ConditionSums analyse(int row, double u, double from) {
+    ConditionSums cs;
+    auto it = kept_.find(row);
+    if (it == kept_.end()) return cs;
+    KeptRow& k = it->second;
+    const gpu::GpuBackbone::DeviceTensor s = net_->device_tensor(judge_.result(row).key);
+    gpu::DeviceBuffer sub(static_cast<std::size_t>(k.n) * sizeof(float));
+    dc_.abs_dev(values_of(*k.oracle, k.n), values_of(s), k.circular, static_cast<float*>(sub.data()));
+    std::vector<const float*> devs, rest{static_cast<const float*>(sub.data())};
+    for (const auto& d : k.devs) {
+      devs.push_back(static_cast<const float*>(d->data()));
+      rest.push_back(static_cast<const float*>(d->data()));
+    }
+    const gpu::ConditionSums g =
+        dc_.condition(static_cast<const double*>(k.oracle->data()), devs, rest, k.n, u, from);
+    cs.n_ill = g.n_ill;
+    cs.kmax = g.kmax;
+    if (!g.rest.empty()) cs.subject = to_rest(g.rest[0]);
+    for (size_t i = 1; i < g.rest.size(); ++i) cs.draws[0].push_back(to_rest(g.rest[i]));
+    return cs;
+  }
+
+  // Rows no longer measured by a draw free their copies (a pass decided on the floor).
+  void drop_unwanted() {
+    for (auto it = kept_.begin(); it != kept_.end();)
+      it = judge_.wants(it->first) ? std::next(it) : kept_.erase(it);
+  }
+
+  void note_kept() {
+    std::size_t b = 0;
+    for (const auto& [row, k] : kept_) b += k.bytes();
+    cost_.kept_bytes = std::max(cost_.kept_bytes, b);
+    cost_.device_peak = std::max(cost_.device_peak, gpu::device_bytes_in_use());
+  }
+
+  const RunSpec& spec_;
+  const Problem& pb_;
+  Precision p_;
+  ScanMode mode_;
+  gpu::GpuOracle& oracle_;
+  gpu::DeviceComparer& dc_;
+  DeviceCompareCost& cost_;
+  CellJudge judge_;
+  std::unique_ptr<gpu::GpuBackbone> net_;
+  std::map<int, KeptRow> kept_;
+};
+
+}  // namespace
+
+std::string device_cost_line(const DeviceCompareCost& c) {
+  auto gb = [](double b) {
+    std::ostringstream os;
+    os.precision(3);
+    os << b / 1e9 << " GB";
+    return os.str();
+  };
+  std::ostringstream os;
+  os.precision(3);
+  os << "device compare: " << c.seconds << " s, " << c.oracle_passes << " oracle passes; device: "
+     << "oracle " << gb(static_cast<double>(c.oracle_bytes)) << ", subject "
+     << gb(static_cast<double>(c.subject_bytes)) << ", kept "
+     << gb(static_cast<double>(c.kept_bytes)) << ", peak in use "
+     << gb(static_cast<double>(c.device_peak)) << "; host: peak " << gb(host_peak_rss_bytes());
+  if (c.rows_not_provided > 0)
+    os << "; " << c.rows_not_provided
+       << " registry rows of one scan algorithm's inside not compared (the GPU oracle has one scan)";
+  return os.str();
+}
+
+std::string device_compare_unavailable() {
+  std::string why = gpu::oracle_unavailable();
+  if (why.empty()) why = gpu::compare_unavailable();
+  if (why.empty()) why = gpu_absent_reason();
+  return why;
+}
+
+Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
+                                 const std::vector<Precision>& precisions, gpu::Fault fault,
+                                 DeviceCompareCost* cost, const CellProgress& progress) {
+  const Clock::time_point t0 = Clock::now();
+  validate_run(spec.cfg, spec.B, spec.T);
+  M3_REQUIRE(!precisions.empty(), "compare --oracle gpu", "no precision to compare", "");
+  M3_REQUIRE(!spec.modes.empty(), "compare --oracle gpu", "no scan mode to compare", "");
+  for (CompareMode cm : spec.compare_modes)
+    M3_REQUIRE(cm == CompareMode::EndToEnd, "compare --oracle gpu",
+               "isolated (teacher-forced) cells need the oracle's values of every stage's inputs "
+               "on the host: run them with --oracle cpu",
+               "--mode ", compare_mode_name(cm));
+  for (Precision p : precisions)
+    M3_REQUIRE(p != Precision::F64, "compare --oracle gpu", "the GPU path stores f32, bf16 or f16",
+               "f64 is the oracle's precision");
+  const std::string why = device_compare_unavailable();
+  M3_REQUIRE(why.empty(), "compare --oracle gpu", "no usable GPU", why);
+  const std::string refused = gpu::GpuBackbone::unsupported(spec.cfg, spec.B, spec.T);
+  M3_REQUIRE(refused.empty(), "compare --oracle gpu", "the GPU path cannot run this shape", refused);
+
+  // Before any work: the oracle and each scan mode's subject (every registry tensor in its own
+  // buffer, at most 4 bytes a value) must fit the free device memory together.
+  {
+    const double gb = 1e9;
+    const double total = static_cast<double>(gpu::query_device().total_mem);
+    const double free_b = total - static_cast<double>(gpu::device_bytes_in_use());
+    const double oracle_b =
+        static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward).total());
+    for (ScanMode m : spec.modes) {
+      const double subject_b = 4.0 * stage_elements(spec.cfg, spec.B, spec.T, m);
+      if (oracle_b + subject_b > free_b) {
+        std::ostringstream why;
+        why.precision(3);
+        why << "needs about " << (oracle_b + subject_b) / gb << " GB (the oracle " << oracle_b / gb
+            << " GB, the " << scan_mode_name(m) << " subject up to " << subject_b / gb << " GB), "
+            << free_b / gb << " GB are free";
+        throw Error("compare --oracle gpu",
+                    std::string("the oracle and the ") + scan_mode_name(m) +
+                        " subject do not fit the device's memory together",
+                    why.str());
+      }
+    }
+  }
+
+  DeviceCompareCost local;
+  DeviceCompareCost& c = cost ? *cost : local;
+  c = {};
+  gpu::GpuOracle oracle(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
+  c.oracle_bytes = oracle.memory().total();
+  gpu::DeviceComparer dc(oracle.stream());
+  {
+    std::size_t provided = gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T).size(), most = 0;
+    for (ScanMode m : spec.modes)
+      most = std::max(most, expected_stage_keys(spec.cfg, spec.B, spec.T, m).size());
+    c.rows_not_provided = static_cast<int>(most - std::min(most, provided));
+  }
+
+  Comparison out;
+  out.spec = spec;
+  out.oracle_name = "gpu-oracle<double>";
+  for (Precision p : precisions) {
+    Lineup l{p, gpu_subject(p, fault), std::nullopt};
+    l.baseline = Implementation{"gpu-oracle<double>~u(" + std::string(precision_name(p)) + ")",
+                                nullptr};
+    l.baseline_kind = BaselineKind::Perturbed;
+    out.lineups.push_back(std::move(l));
+  }
+  // Precision-major, as run_comparison orders them.
+  for (Precision p : precisions)
+    for (ScanMode mode : spec.modes) {
+      const Clock::time_point tc = Clock::now();
+      DeviceCell cell(spec, pb, p, mode, oracle, dc, fault, c);
+      out.cells.push_back(cell.run());
+      if (progress) {
+        const CompareResult& r = out.cells.back();
+        std::ostringstream os;
+        os.precision(3);
+        os << precision_name(p) << " " << scan_mode_name(mode) << " e2e: " << r.rows.size()
+           << " checks, " << r.n_fail() << " failed, " << seconds_since(tc) << " s";
+        progress(os.str());
+      }
+    }
+  c.oracle_bytes = oracle.memory().total();
+  c.device_peak = std::max(c.device_peak, gpu::device_bytes_in_use());
+  c.seconds = seconds_since(t0);
+  return out;
+}
+
+}  // namespace m3::harness

@@ -1,0 +1,75 @@
+// The comparison on the device (docs/HARNESS.md §11): the GPU subject judged against the GPU
+// oracle in f64 (gpu/oracle_gpu.hpp), with the GPU perturbed oracle as the baseline, every
+// figure computed where the tensors live (gpu/compare_gpu.hpp), so that host memory does not
+// grow with B·T or the layer count. It is what `m3h compare --device gpu --oracle gpu` runs, at
+// shapes the Eigen oracle cannot reach (B 8, T 4096, the official widths).
+//
+// One cell (precision p, scan mode, end to end):
+//   1. the subject (GpuBackbone at p) runs forward and backward once, every registry tensor
+//      stored in its own buffer (GpuBackbone::repeat_digests), and stays on the device;
+//   2. the oracle runs (OracleKeep::Backward: only what its backward reads stays per layer);
+//      after each of its stages, each tensor it provides is measured against the subject's
+//      buffer of that key (every metric of harness/metrics.hpp, the position profile when
+//      asked), and judged on its floor by the cell's CellJudge (cell_judge.hpp, the measured
+//      form); a row over its floor's limit keeps a device copy of the oracle's values;
+//   3. while some row is over its floor (CellJudge::open), the perturbed oracle's draws run:
+//      the problem perturbed as harness::perturbed_problem does, every stage's output perturbed
+//      on the device (OraclePerturbation), each kept row measured against its kept oracle values
+//      (error_norms, and |draw − oracle| per value in f32 for the ill-conditioning rule);
+//   4. CellJudge::finish decides, with the per-value analysis (ConditionSums) on the device.
+// The limit is the CPU cells' (budget.hpp, BaselineKind::Perturbed): k·perturbed + floor.
+//
+// What the GPU oracle provides decides what is judged: every registry row both scan modes have
+// (outputs, states, the gradients they share) and every parameter gradient. The rows one scan
+// algorithm has inside (h_saved, chunk_states, dQ_mid, …) are not compared here; the report's
+// header counts them. Isolated (teacher-forced) cells need the oracle's values of every stage's
+// inputs on the host: they stay with the Eigen oracle (--oracle cpu), and asking for them here
+// is a one-line error.
+//
+// Device memory: the oracle (oracle_memory), one subject at a time (BackboneMemory), and the kept
+// rows' oracle copies (8 bytes a value) and draw deviations (4 bytes a value a draw). Before
+// anything is allocated, the oracle's and the subject's bytes are held against the free memory
+// (one line naming both); a kept copy that does not fit is the same kind of error.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backbone_gpu.hpp"  // gpu::Fault (plain C++)
+#include "run.hpp"
+
+namespace m3::harness {
+
+// Why the device comparison cannot run here ("" when it can). Never throws.
+std::string device_compare_unavailable();
+
+// What a device comparison cost.
+struct DeviceCompareCost {
+  double seconds = 0;                  // wall time of the whole comparison
+  std::size_t oracle_bytes = 0;        // the GPU oracle's allocation
+  std::size_t subject_bytes = 0;       // the largest subject's
+  std::size_t kept_bytes = 0;          // the most kept-row bytes held at once
+  std::size_t device_peak = 0;         // peak device bytes in use (cudaMemGetInfo, sampled)
+  int oracle_passes = 0;               // unperturbed and perturbed oracle passes run
+  int rows_not_provided = 0;           // per cell: registry rows the GPU oracle does not provide
+};
+
+// "device compare: 41.2 s, 6 oracle passes; device: oracle 29.9 GB, subject 12.1 GB, kept
+// 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — what the closing line of the report says.
+std::string device_cost_line(const DeviceCompareCost& c);
+
+// Progress: one line per finished cell ("bf16 chunked e2e: 212 checks, 0 failed, 4.1 s").
+using CellProgress = std::function<void(const std::string&)>;
+
+// Runs every (precision, scan mode) end-to-end cell of spec on pb with the GPU oracle. Throws
+// m3::Error (one line) for an isolated comparison mode, no usable device, a shape the GPU path
+// refuses, or too little device memory. `fault` goes into layer 0 of the subject (negative
+// controls). The Comparison's cells and reports are those of run_comparison.
+Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
+                                 const std::vector<Precision>& precisions, gpu::Fault fault,
+                                 DeviceCompareCost* cost = nullptr,
+                                 const CellProgress& progress = {});
+
+}  // namespace m3::harness
