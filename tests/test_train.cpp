@@ -120,23 +120,23 @@ TEST(TrainStep, TheF16GradientNormIsThatOfTheUnscaledGradient) {
   EXPECT_NEAR(at10, f32, 1e-2 * f32);
 }
 
-// Verification while training judges the live slice as m3h compare judges a problem (the
+// Verification while training judges the live batch as m3h compare judges a problem (the
 // judged lineups: subject, its emulation, the perturbed oracle's conditioning term): on the CPU
 // (the float reference as the subject), the verdict, its worst % and its tensor count are
-// run_comparison's over the same Problem, and a correct model passes.
-TEST(TrainVerify, TheSliceGetsTheVerdictOfTheJudgedLineups) {
+// run_comparison's over the same Problem — the whole batch — and a correct model passes.
+TEST(TrainVerify, TheBatchGetsTheVerdictOfTheJudgedLineups) {
   const Idx T = 12, V = 7;
   const Config cfg = tiny_lm(V);
   const TrainState s = initial_state(cfg, 8);
   const Batch live = m3::test::token_batch(2, T, V, 4);
   const VerifyResult v =
-      verify_on_slice(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live);
+      verify_live_batch(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live);
   const m3::Problem pb = verification_problem(cfg, s.params, live);
-  ASSERT_EQ(pb.B, 1);
+  ASSERT_EQ(pb.B, 2);
   ASSERT_EQ(pb.T, T);
   m3::harness::RunSpec spec;
   spec.cfg = cfg;
-  spec.B = 1;
+  spec.B = 2;
   spec.T = T;
   spec.modes = {ScanMode::Chunked};
   const m3::harness::Comparison c =

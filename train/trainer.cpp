@@ -13,6 +13,7 @@
 #include "bench.hpp"
 #include "context.hpp"
 #include "compare.hpp"
+#include "device_compare.hpp"
 #include "gpu_lineup.hpp"
 #include "error.hpp"
 #include "golden.hpp"
@@ -84,37 +85,38 @@ Problem verification_problem(const Config& cfg, const std::vector<float>& params
                              const Batch& live) {
   Problem pb;
   pb.cfg = cfg;
-  pb.B = 1;
-  pb.T = std::min<Idx>(live.T, 256);
+  pb.B = live.B;
+  pb.T = live.T;
   pb.params = cast_params<double>(from_flat(params, cfg, param_layout(cfg)));
-  pb.tok.assign(live.tok.begin(), live.tok.begin() + pb.T);
-  pb.tgt.assign(live.tgt.begin(), live.tgt.begin() + pb.T);
-  pb.w.assign(live.w.begin(), live.w.begin() + pb.T);
+  pb.tok = live.tok;
+  pb.tgt = live.tgt;
+  pb.w = live.w;
   if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
-  pb.states = zero_states<double>(cfg, 1);
+  pb.states = zero_states<double>(cfg, pb.B);
   return pb;
 }
 
-// The slice's verdict is m3h compare's on the same problem (gpu_lineup.hpp judged_lineups: the
-// subject beside the emulation of its storage, with the perturbed oracle's conditioning term),
-// end to end in the run's scan mode. It took the emulation alone as the baseline (k · its
-// error) before, which has no margin where a tensor's conditioning amplifies another summation
-// order's error (docs/TRAINING-FIGURES.md, parity_f32); one problem now gets one verdict whichever
-// command judges it.
-VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
-                             Precision storage, const std::vector<float>& params,
-                             const Batch& live, gpu::Fault fault) {
+// The batch's verdict is m3h compare's on the same problem, end to end in the run's scan mode:
+// on the GPU, `m3h compare --device gpu --oracle gpu` (harness/device_compare.hpp: the GPU
+// oracle in f64 and its perturbed draws, every figure on the device, so the whole batch at the
+// run's shape is judged); on the CPU (tests), the judged lineups against reference<double>.
+VerifyResult verify_live_batch(const Config& cfg, const std::string& device, ScanMode mode,
+                               Precision storage, const std::vector<float>& params,
+                               const Batch& live, gpu::Fault fault) {
   const Problem pb = verification_problem(cfg, params, live);
   harness::RunSpec spec;
-  spec.source = "the live slice of a training batch";
+  spec.source = "the live training batch";
   spec.cfg = cfg;
   spec.B = pb.B;
   spec.T = pb.T;
   spec.modes = {mode};
   spec.compare_modes = {harness::CompareMode::EndToEnd};
   spec.device = device;
-  const harness::Comparison c = harness::run_comparison(
-      spec, pb, harness::reference_oracle(), harness::judged_lineups(device, {storage}, fault));
+  const harness::Comparison c =
+      device == "gpu"
+          ? harness::run_device_comparison(spec, pb, {storage}, fault)
+          : harness::run_comparison(spec, pb, harness::reference_oracle(),
+                                    harness::judged_lineups(device, {storage}, fault));
   const harness::CompareResult& r = c.cells.front();
   VerifyResult v;
   v.pass = r.pass();
@@ -531,11 +533,19 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   auto append = [&](const RunDir::Row& row) {
     if (dir) dir->append(row);
   };
-  // The harness on a slice of a live batch, on the lead; every rank gathers the state.
+  // The harness on a live batch, on the lead; every rank gathers the state. verify_seconds:
+  // what the checks cost, for the summary.
+  double verify_seconds = 0;
+  int verify_count = 0;
   auto verify = [&](const Batch& live) {
+    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<float> params = be->state().params;
-    return lead ? verify_on_slice(o.cfg, o.device, o.mode, o.storage, params, live, o.verify_fault)
-                : VerifyResult{};
+    const VerifyResult v =
+        lead ? verify_live_batch(o.cfg, o.device, o.mode, o.storage, params, live, o.verify_fault)
+             : VerifyResult{};
+    verify_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++verify_count;
+    return v;
   };
 
   const auto t_start = std::chrono::steady_clock::now();
@@ -595,7 +605,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     row.loss_scale = scaler.scale;
     row.skipped = scaler.skipped;
     if (!std::isfinite(r.loss) || (!r.finite && !r.skipped)) {
-      // Name the first non-finite stage: the harness on a slice of this batch.
+      // Name the first non-finite stage: the harness on this batch.
       // The step was not applied, so the state is that of step s − 1: no checkpoint of step s
       // is written; the last one written stays.
       const VerifyResult v = verify(micro[0]);
@@ -607,8 +617,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                 " is not finite (" + precision_name(o.storage) + "); " +
                 (!bad.empty() ? "first non-finite tensor: " + bad
                  : v.first_nonfinite.empty()
-                     ? std::string("the slice the harness checks stays finite (the first "
-                                   "non-finite value is elsewhere in the batch)")
+                     ? std::string("the batch the harness checks stays finite in every "
+                                   "tensor it compares")
                      : "first non-finite tensor: " + v.first_nonfinite) +
                 "; " +
                 (last_ckpt.empty() ? std::string("no finite checkpoint was written")
@@ -618,7 +628,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       break;
     }
     if (o.verify_every > 0 && s % o.verify_every == 0) {
-      prog.busy("step " + std::to_string(s) + ": verifying a slice against the double oracle");
+      prog.busy("step " + std::to_string(s) + ": verifying the batch against the double oracle");
       const VerifyResult v = verify(micro[0]);
       row.verify_pct = v.worst_pct;
       if (v.worst_pct > worst_verify) {
@@ -685,7 +695,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
   if (step0 > 0) sum << " (" << fixed(prog.elapsed(), 1) << " s since the run began)";
   if (worst_verify >= 0)
     sum << ", verification worst " << fixed(worst_verify, 1) << " % of budget (" << worst_verify_at
-        << ")";
+        << "; " << verify_count << " checks, " << fixed(verify_seconds, 1) << " s, "
+        << fixed(100 * verify_seconds / std::max(total, 1e-9), 1) << " % of the run)";
   if (!o.par.plain() && step > step0)
     sum << ", exchange "
         << fixed(1e3 * be->exchange_seconds() / static_cast<double>(step - step0), 2)

@@ -70,13 +70,12 @@ struct EvalResult {
 };
 EvalResult evaluate(Backend& be, const std::vector<Batch>& batches);
 
-// TRAINING.md §6: the harness on the live run. A slice of a live batch (its first row, the
-// first min(T, 256) positions; all positions weighted when none of the slice is scored) with
-// the live weights: the double oracle, the float reference with the run's storage emulation
-// (the baseline) and the subject (the GPU path) through compare_captures, k·baseline + floor
-// per tensor (HARNESS.md §4). worst_pct: the largest % of budget of any tensor. (device "cpu":
-// the float reference judged by the floors alone — a diagnostic, not a pass rule: floors
-// ignore a tensor's conditioning, so the trainer does not offer it.)
+// TRAINING.md §6: the harness on the live run. The whole live batch at the run's shape with
+// the live weights and zero entering states (all positions weighted when none is scored),
+// judged as m3h compare judges a problem: on the GPU against the GPU oracle in f64 with its
+// perturbed draws as the baseline (harness/device_compare.hpp), every figure on the device;
+// device "cpu" (tests) against reference<double> with the judged lineups. worst_pct: the
+// largest % of budget of any tensor.
 struct VerifyResult {
   bool pass = true;
   double worst_pct = 0;
@@ -85,11 +84,11 @@ struct VerifyResult {
   std::string first_nonfinite;  // the first tensor the subject has non-finite ("" if none)
   Idx tensors = 0;
 };
-// The problem verify_on_slice judges: row 0 of the live batch, its first min(T, 256) steps,
-// the current weights (in double), zero entering states; every position scored when none is.
+// The problem verify_live_batch judges: the whole live (micro-)batch at the run's B and T, the
+// current weights (in double), zero entering states; every position scored when none is.
 Problem verification_problem(const Config& cfg, const std::vector<float>& params,
                              const Batch& live);
-VerifyResult verify_on_slice(const Config& cfg, const std::string& device, ScanMode mode,
+VerifyResult verify_live_batch(const Config& cfg, const std::string& device, ScanMode mode,
                              Precision storage, const std::vector<float>& params,
                              const Batch& live, gpu::Fault fault = gpu::Fault::None);
 
@@ -117,7 +116,7 @@ struct TrainOptions {
                               // step, is refused (RunFinished for the latter)
   std::string init;           // a checkpoint whose weights start a new run (moments zero, step 0)
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
-  Idx verify_every = 0;        // verify_on_slice every N steps (0: never)
+  Idx verify_every = 0;        // verify_live_batch every N steps (0: never)
   bool step_times = false;     // time each step's parts on the device; their medians at the end
   bool stage_times = false;    // the backbone's stage profile over the steps; its means at the end
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run
