@@ -120,23 +120,30 @@ TEST(TrainStep, TheF16GradientNormIsThatOfTheUnscaledGradient) {
   EXPECT_NEAR(at10, f32, 1e-2 * f32);
 }
 
-// Verification while training judges the live batch as m3h compare judges a problem (the
-// judged lineups: subject, its emulation, the perturbed oracle's conditioning term): on the CPU
-// (the float reference as the subject), the verdict, its worst % and its tensor count are
-// run_comparison's over the same Problem — the whole batch — and a correct model passes.
-TEST(TrainVerify, TheBatchGetsTheVerdictOfTheJudgedLineups) {
+// Verification while training judges a slice of the live batch as m3h compare judges a problem
+// (the judged lineups: subject, its emulation, the perturbed oracle's conditioning term): on the
+// CPU (the float reference as the subject), the verdict, its worst % and its tensor count are
+// run_comparison's over the same Problem, and a correct model passes.
+TEST(TrainVerify, TheSliceGetsTheVerdictOfTheJudgedLineups) {
   const Idx T = 12, V = 7;
   const Config cfg = tiny_lm(V);
   const TrainState s = initial_state(cfg, 8);
   const Batch live = m3::test::token_batch(2, T, V, 4);
   const VerifyResult v =
       verify_live_batch(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live);
-  const m3::Problem pb = verification_problem(cfg, s.params, live);
-  ASSERT_EQ(pb.B, 2);
+  const m3::Problem pb = verification_problem(cfg, s.params, live, false);
+  ASSERT_EQ(pb.B, 1);
   ASSERT_EQ(pb.T, T);
+  const m3::Problem whole = verification_problem(cfg, s.params, live, true);
+  ASSERT_EQ(whole.B, 2);
+  ASSERT_EQ(whole.T, T);
+  EXPECT_EQ(whole.tok, live.tok);
+  EXPECT_TRUE(std::equal(pb.tok.begin(), pb.tok.end(), live.tok.begin()));
+  EXPECT_THROW(verify_live_batch(cfg, "cpu", ScanMode::Chunked, Precision::F32, s.params, live, "gpu"),
+               m3::Error);
   m3::harness::RunSpec spec;
   spec.cfg = cfg;
-  spec.B = 2;
+  spec.B = 1;
   spec.T = T;
   spec.modes = {ScanMode::Chunked};
   const m3::harness::Comparison c =

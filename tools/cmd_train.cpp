@@ -87,7 +87,8 @@ void add_train_fields(po::options_description& d) {
     ("val-every", po::value<Idx>(), "validation every N steps and at the end (default: a twentieth of --steps, at least 1, so that loss.png has a validation curve; 0: at the end only)")
     ("val-batches", po::value<Idx>()->default_value(8), "validation batches (fixed for the run)")
     ("log-every", po::value<Idx>()->default_value(10), "a plain log line every N steps (not on a terminal)")
-    ("verify-every", po::value<Idx>()->default_value(0), "every N steps, judge the GPU path on the whole live batch at the run's shape with the live weights against the GPU oracle in f64 (m3h compare --oracle gpu); a failure stops the run (exit 1) naming the first failing tensor; the summary says what the checks cost (0: never)")
+    ("verify-every", po::value<Idx>()->default_value(0), "every N steps, judge the GPU path with the live weights against the double oracle (--verify-oracle); a failure stops the run (exit 1) naming the failing tensors; the summary says what the checks cost (0: never)")
+    ("verify-oracle", po::value<std::string>()->default_value("cpu"), "what --verify-every judges: cpu (a slice of the live batch, row 0 and T <= 256, against the Eigen oracle with the same-precision emulation as baseline) or gpu (the whole live batch at the run's shape against the GPU oracle, m3h compare --oracle gpu; its rule underestimates rounding that is correlated across repeated values: docs/TRAINING.md section 6)")
     ("step-times", po::bool_switch(), "GPU, one process: time each step's forward (its uploads apart), backward and optimizer on the device (CUDA events, no added synchronisation); print their medians at the end, with the step's period and the device time outside them, and write every step's to step_times.csv and step_times.png")
     ("stage-times", po::bool_switch(), "GPU, one process: the backbone's stage profile over the steps after the first three (an event after every stage, a wait at the end of every pass) and a table of ms per step and stage at the end, to set beside m3h bench --profile's; not with --step-times");
   // clang-format on
@@ -350,6 +351,9 @@ int cmd_train(const std::vector<std::string>& given_args) {
   o.val_batches = positive(vm, "val-batches", 0);
   o.log_every = positive(vm, "log-every", 1);
   o.verify_every = positive(vm, "verify-every", 0);
+  o.verify_oracle = vm["verify-oracle"].as<std::string>();
+  if (o.verify_oracle != "cpu" && o.verify_oracle != "gpu")
+    throw UsageError("--verify-oracle '" + o.verify_oracle + "': expected cpu or gpu");
   o.step_times = vm["step-times"].as<bool>();
   o.stage_times = vm["stage-times"].as<bool>();
   o.config_text = config_text(vm, fields, {{"warmup", o.optim.warmup}, {"val-every", o.val_every}});

@@ -20,6 +20,7 @@
 #include "lm.hpp"
 #include "problem.hpp"
 #include "progress.hpp"
+#include "report.hpp"
 #include "resources.hpp"
 #include "run.hpp"
 #include "run_dir.hpp"
@@ -82,30 +83,37 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
 }
 
 Problem verification_problem(const Config& cfg, const std::vector<float>& params,
-                             const Batch& live) {
+                             const Batch& live, bool whole) {
   Problem pb;
   pb.cfg = cfg;
-  pb.B = live.B;
-  pb.T = live.T;
+  pb.B = whole ? live.B : 1;
+  pb.T = whole ? live.T : std::min<Idx>(live.T, 256);
   pb.params = cast_params<double>(from_flat(params, cfg, param_layout(cfg)));
-  pb.tok = live.tok;
-  pb.tgt = live.tgt;
-  pb.w = live.w;
+  for (Idx b = 0; b < pb.B; ++b) {
+    const auto row = static_cast<std::ptrdiff_t>(b * live.T);
+    const auto n = static_cast<std::ptrdiff_t>(pb.T);
+    pb.tok.insert(pb.tok.end(), live.tok.begin() + row, live.tok.begin() + row + n);
+    pb.tgt.insert(pb.tgt.end(), live.tgt.begin() + row, live.tgt.begin() + row + n);
+    pb.w.insert(pb.w.end(), live.w.begin() + row, live.w.begin() + row + n);
+  }
   if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
   pb.states = zero_states<double>(cfg, pb.B);
   return pb;
 }
 
-// The batch's verdict is m3h compare's on the same problem, end to end in the run's scan mode:
-// on the GPU, `m3h compare --device gpu --oracle gpu` (harness/device_compare.hpp: the GPU
-// oracle in f64 and its perturbed draws, every figure on the device, so the whole batch at the
-// run's shape is judged); on the CPU (tests), the judged lineups against reference<double>.
+// The verdict is m3h compare's on the same problem, end to end in the run's scan mode: oracle
+// "gpu", `m3h compare --device gpu --oracle gpu` on the whole batch (harness/device_compare.hpp);
+// "cpu", the judged lineups against reference<double> on the slice (gpu_lineup.hpp: the subject
+// beside the emulation of its storage, with the perturbed oracle's conditioning term).
 VerifyResult verify_live_batch(const Config& cfg, const std::string& device, ScanMode mode,
                                Precision storage, const std::vector<float>& params,
-                               const Batch& live, gpu::Fault fault) {
-  const Problem pb = verification_problem(cfg, params, live);
+                               const Batch& live, const std::string& oracle, gpu::Fault fault) {
+  M3_REQUIRE(oracle == "cpu" || oracle == "gpu", "verify", "the oracle is cpu or gpu", oracle);
+  M3_REQUIRE(oracle == "cpu" || device == "gpu", "verify", "the GPU oracle judges the GPU path",
+             "device ", device);
+  const Problem pb = verification_problem(cfg, params, live, oracle == "gpu");
   harness::RunSpec spec;
-  spec.source = "the live training batch";
+  spec.source = oracle == "gpu" ? "the live training batch" : "a slice of the live training batch";
   spec.cfg = cfg;
   spec.B = pb.B;
   spec.T = pb.T;
@@ -113,7 +121,7 @@ VerifyResult verify_live_batch(const Config& cfg, const std::string& device, Sca
   spec.compare_modes = {harness::CompareMode::EndToEnd};
   spec.device = device;
   const harness::Comparison c =
-      device == "gpu"
+      oracle == "gpu"
           ? harness::run_device_comparison(spec, pb, {storage}, fault)
           : harness::run_comparison(spec, pb, harness::reference_oracle(),
                                     harness::judged_lineups(device, {storage}, fault));
@@ -127,6 +135,27 @@ VerifyResult verify_live_batch(const Config& cfg, const std::string& device, Sca
   }
   if (r.first_fail >= 0) v.first_fail = r.rows[r.first_fail].key;
   if (r.first_nonfinite >= 0) v.first_nonfinite = r.rows[r.first_nonfinite].key;
+  if (!v.pass) {
+    std::ostringstream os;
+    harness::ReportOptions ro;
+    ro.failures_only = true;
+    ro.details = true;
+    ro.width = 100;
+    harness::print_compare_table(os, c, ro);
+    std::vector<const harness::TensorResult*> judged;
+    for (const auto& row : r.rows)
+      if (row.measured() && row.judged()) judged.push_back(&row);
+    std::stable_sort(judged.begin(), judged.end(), [](const auto* a, const auto* b) {
+      return a->verdict.pct() > b->verdict.pct();
+    });
+    os << "largest shares of budget:";
+    os.setf(std::ios::fixed);
+    os.precision(1);
+    for (size_t i = 0; i < judged.size() && i < 5; ++i)
+      os << " " << judged[i]->key << " " << judged[i]->verdict.pct() << " %"
+         << (i + 1 < std::min<size_t>(5, judged.size()) ? "," : "");
+    v.failures = os.str();
+  }
   return v;
 }
 
@@ -541,7 +570,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<float> params = be->state().params;
     const VerifyResult v =
-        lead ? verify_live_batch(o.cfg, o.device, o.mode, o.storage, params, live, o.verify_fault)
+        lead ? verify_live_batch(o.cfg, o.device, o.mode, o.storage, params, live, o.verify_oracle,
+                                 o.verify_fault)
              : VerifyResult{};
     verify_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++verify_count;
@@ -617,8 +647,8 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                 " is not finite (" + precision_name(o.storage) + "); " +
                 (!bad.empty() ? "first non-finite tensor: " + bad
                  : v.first_nonfinite.empty()
-                     ? std::string("the batch the harness checks stays finite in every "
-                                   "tensor it compares")
+                     ? std::string("what the harness checks of the batch stays finite in "
+                                   "every tensor it compares")
                      : "first non-finite tensor: " + v.first_nonfinite) +
                 "; " +
                 (last_ckpt.empty() ? std::string("no finite checkpoint was written")
@@ -628,7 +658,9 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
       break;
     }
     if (o.verify_every > 0 && s % o.verify_every == 0) {
-      prog.busy("step " + std::to_string(s) + ": verifying the batch against the double oracle");
+      prog.busy("step " + std::to_string(s) + ": verifying " +
+                (o.verify_oracle == "gpu" ? "the batch" : "a slice of the batch") +
+                " against the double oracle");
       const VerifyResult v = verify(micro[0]);
       row.verify_pct = v.worst_pct;
       if (v.worst_pct > worst_verify) {
@@ -642,6 +674,7 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
         prog.note("train: verification failed at step " + std::to_string(s) +
                   ": first failing tensor " + v.first_fail + " (" + exact_double(v.worst_pct) +
                   " % of budget at worst); " + kept(bad));
+        if (!v.failures.empty()) prog.note(v.failures);
         status = 1;
         break;
       }

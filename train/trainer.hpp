@@ -70,27 +70,34 @@ struct EvalResult {
 };
 EvalResult evaluate(Backend& be, const std::vector<Batch>& batches);
 
-// TRAINING.md §6: the harness on the live run. The whole live batch at the run's shape with
-// the live weights and zero entering states (all positions weighted when none is scored),
-// judged as m3h compare judges a problem: on the GPU against the GPU oracle in f64 with its
-// perturbed draws as the baseline (harness/device_compare.hpp), every figure on the device;
-// device "cpu" (tests) against reference<double> with the judged lineups. worst_pct: the
-// largest % of budget of any tensor.
+// TRAINING.md §6: the harness on the live run, with the live weights and zero entering states
+// (all positions weighted when none is scored), judged as m3h compare judges a problem. oracle
+// "cpu": a slice of the live batch (row 0, its first min(T, 256) positions) against
+// reference<double> with the judged lineups (the same-precision emulation beside the perturbed
+// oracle); "gpu": the whole live batch at the run's shape against the GPU oracle in f64 with its
+// perturbed draws as the baseline (harness/device_compare.hpp), every figure on the device.
+// worst_pct: the largest % of budget of any tensor.
 struct VerifyResult {
   bool pass = true;
   double worst_pct = 0;
   std::string worst;            // the tensor at worst_pct (the first in execution order if tied)
   std::string first_fail;       // the first failing tensor in execution order ("" if none)
   std::string first_nonfinite;  // the first tensor the subject has non-finite ("" if none)
+  // When it fails: the report's table of the failing tensors, each with its worst-element line
+  // (values, budget, baseline), then the five largest shares of budget — what the run's message
+  // shows so that the failure can be read without rerunning it.
+  std::string failures;
   Idx tensors = 0;
 };
-// The problem verify_live_batch judges: the whole live (micro-)batch at the run's B and T, the
-// current weights (in double), zero entering states; every position scored when none is.
+// The problem verify_live_batch judges: the current weights (in double), zero entering states,
+// every position scored when none is; the whole live (micro-)batch at the run's B and T, or
+// (whole = false) its slice: row 0, the first min(T, 256) positions.
 Problem verification_problem(const Config& cfg, const std::vector<float>& params,
-                             const Batch& live);
+                             const Batch& live, bool whole);
 VerifyResult verify_live_batch(const Config& cfg, const std::string& device, ScanMode mode,
-                             Precision storage, const std::vector<float>& params,
-                             const Batch& live, gpu::Fault fault = gpu::Fault::None);
+                               Precision storage, const std::vector<float>& params,
+                               const Batch& live, const std::string& oracle = "cpu",
+                               gpu::Fault fault = gpu::Fault::None);
 
 struct TrainOptions {
   Config cfg;                 // vocab_size / input_dim are set from the data
@@ -117,6 +124,7 @@ struct TrainOptions {
   std::string init;           // a checkpoint whose weights start a new run (moments zero, step 0)
   Idx ckpt_every = 0, keep = 3, val_every = 0, val_batches = 8, log_every = 10;
   Idx verify_every = 0;        // verify_live_batch every N steps (0: never)
+  std::string verify_oracle = "cpu";  // "cpu": a slice, the Eigen oracle; "gpu": the whole batch
   bool step_times = false;     // time each step's parts on the device; their medians at the end
   bool stage_times = false;    // the backbone's stage profile over the steps; its means at the end
   gpu::Fault verify_fault = gpu::Fault::None;  // tests: a fault in the verified GPU run

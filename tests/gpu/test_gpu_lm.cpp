@@ -477,11 +477,13 @@ TEST_F(GpuTrainRun, StageTimesChangeNoBitAndTableTheStages) {
 TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsStage) {
   M3_SKIP_WITHOUT_GPU();
   using namespace m3::train;
+  for (const std::string oracle : {"cpu", "gpu"})
   for (Precision st : {Precision::BF16, Precision::F32}) {
-    SCOPED_TRACE(m3::precision_name(st));
+    SCOPED_TRACE(oracle + " " + m3::precision_name(st));
     std::ostringstream ok_log;
-    TrainOptions o = options(std::string("verify_") + m3::precision_name(st), st);
+    TrainOptions o = options("verify_" + oracle + m3::precision_name(st), st);
     o.verify_every = 3;
+    o.verify_oracle = oracle;
     ASSERT_EQ(run_training(o, ok_log), 0) << ok_log.str();
     std::ifstream in(fs::path(o.out) / "metrics.csv");
     std::string line;
@@ -509,13 +511,15 @@ TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsS
     }
     EXPECT_EQ(verified, 3);  // steps 3, 6, 9
     std::ostringstream bad_log;
-    TrainOptions f = options(std::string("fault_") + m3::precision_name(st), st);
+    TrainOptions f = options("fault_" + oracle + m3::precision_name(st), st);
     f.verify_every = 3;
+    f.verify_oracle = oracle;
     f.verify_fault = m3::gpu::Fault::DropBeta;
     EXPECT_EQ(run_training(f, bad_log), 1);
     EXPECT_NE(bad_log.str().find("verification failed at step 3"), std::string::npos)
         << bad_log.str();
     EXPECT_NE(bad_log.str().find("/F5b/beta"), std::string::npos) << bad_log.str();
+    EXPECT_NE(bad_log.str().find("largest shares of budget:"), std::string::npos) << bad_log.str();
     EXPECT_TRUE(fs::exists(fs::path(f.out) / "ckpt-00000003.h5"));
   }
 }
