@@ -18,6 +18,13 @@
 #   compare-gpu               m3h compare --device gpu --mode both: f32/bf16/f16 x seq/chunked,
 #                             end-to-end and isolated, baseline = the reference at the same
 #                             storage precision
+#   compare-device            m3h compare --device gpu --oracle gpu: the default problem judged on
+#                             the device against the GPU oracle (docs/HARNESS.md §11), then the
+#                             negative control --fault drop-beta, which must fail first at
+#                             L0/F5b/beta
+#   compare-official          only when GPU_CHECK_ONLY names it (69 GB of device memory at its
+#                             peak, alone): m3h compare --oracle gpu at the official widths, B 8,
+#                             T 4096, 2 layers, chunked, f32/bf16/f16
 #   compare-presets           the same, end-to-end, on the adversarial presets
 #   compare-golden            the same, end-to-end and isolated, on every golden case
 #   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes),
@@ -205,8 +212,24 @@ compare_presets() {
   fi
 }
 
+# The device comparison (m3h compare --oracle gpu) on the default problem, then its negative
+# control: layer 0's beta dropped must fail, first at L0/F5b/beta.
+compare_device() {
+  "$1" compare --device gpu --oracle gpu --failures-only || return 1
+  local out
+  if out="$("$1" compare --device gpu --oracle gpu --dtype bf16 --scan chunked --fault drop-beta \
+      --failures-only 2>&1)"; then
+    echo "$out"
+    echo "compare-device: the fault drop-beta passed"
+    return 1
+  fi
+  echo "$out"
+  [[ "$out" == *"first failing stage: L0/F5b/beta"* ]] ||
+    { echo "compare-device: the fault was not named first at L0/F5b/beta"; return 1; }
+}
+
 # What step's `bash -c` needs under a deadline.
-export -f compare_golden compare_presets sass_forms roofline_layers
+export -f compare_golden compare_presets compare_device sass_forms roofline_layers
 export LOGS BUILD_DIR
 
 configure_args=(-S . -B "$BUILD_DIR" -DM3_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${M3_CUDA_ARCH:-90a}")
@@ -236,6 +259,7 @@ compare_lane() {
   step golden "$m3h" golden check --all
   step golden-oracle "$m3h" golden check --all --device gpu-oracle
   step compare-gpu "$m3h" compare --device gpu --mode both --failures-only
+  step compare-device compare_device "$m3h"
   step compare-presets compare_presets "$m3h"
   step compare-golden compare_golden "$m3h"
 }
@@ -296,6 +320,10 @@ if ((failed == 0)); then
   [[ -n "${GPU_CHECK_PARALLEL:-}" ]] || sweep_lane
   if [[ -x "$m3h" ]] && named sass-forms; then step sass-forms sass_forms; fi
   if [[ -x "$m3h" ]] && named roofline; then step roofline roofline_layers; fi
+  if [[ -x "$m3h" ]] && named compare-official; then
+    step compare-official "$m3h" compare --device gpu --oracle gpu --preset official --B 8 \
+      --T 4096 --layers 2 --scan chunked --failures-only
+  fi
 fi
 
 echo "=== summary (logs in $LOGS/)"
