@@ -134,9 +134,14 @@ std::string oracle_unavailable();
 // The perturbed mode's rounding model (the file comment): relative u_typed for the registry's
 // typed tensors, u_f32 for the others, each at least `tiny` absolutely, ρ from `seed`. All zero
 // (the default): off, the plain oracle bit for bit. harness::Perturbation's fields, plus a seed.
+// exact: instead of a random ±u, every such value is rounded to its storage format itself
+// (round to nearest even: bf16 for u = 2^-8, f16 for 2^-11, f32 for 2^-24; another u stays
+// random) — the roundings the production path makes at those values, deterministic, so that
+// equal values round equally, as they do there (the seed is then unused).
 struct OraclePerturbation {
   double u_typed = 0, u_f32 = 0, tiny = 0;
   std::uint64_t seed = 0;
+  bool exact = false;
   // Whether anything is rounded (tiny alone rounds nothing, as on the CPU: u = 0 skips a tensor).
   bool on() const { return u_typed != 0 || u_f32 != 0; }
 };

@@ -144,16 +144,20 @@ class DeviceCell {
     for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) subject_row(oracle_.tensor(kp.key));
     judge_.subject_done();
     drop_unwanted();
-    // The perturbed oracle's draws, while a verdict can still change.
+    // The perturbed oracle's draws, while a verdict can still change: first the exact one (every
+    // stored value rounded to its format: the production's own roundings, equal for equal
+    // values), then random ones.
     const Perturbation pt = perturbation_of(p_);
     for (int d = 0; d < kPerturbationDraws && judge_.open(); ++d) {
-      const Problem pp = perturbed_problem(pb_, pt, d);
+      const bool exact = d == 0;
+      const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt, d - 1);
       load_oracle(oracle_, pp);
       gpu::OraclePerturbation op;
       op.u_typed = pt.u_typed;
       op.u_f32 = pt.u_f32;
       op.tiny = pt.tiny;
-      op.seed = perturbation_seed(pb_.seed, pt.u_typed, d, 1);
+      op.exact = exact;
+      op.seed = perturbation_seed(pb_.seed, pt.u_typed, d - 1, 1);
       oracle_.set_perturbation(op);
       judge_.draw_begin(CellJudge::Term::Baseline);
       oracle_.set_observer([this](const gpu::OracleStage& st) {

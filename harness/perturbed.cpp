@@ -379,6 +379,29 @@ Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw) {
   return q;
 }
 
+Problem rounded_problem(const Problem& pb, Precision p) {
+  Problem q = pb;
+  auto to_typed = [p](double v) {
+    const float f = static_cast<float>(v);
+    return static_cast<double>(p == Precision::BF16 ? round_bf16(f)
+                               : p == Precision::F16 ? round_f16(f)
+                                                     : f);
+  };
+  auto round = [&](std::vector<double>& v, bool typed) {
+    for (double& e : v) e = typed ? to_typed(e) : static_cast<double>(static_cast<float>(e));
+  };
+  for_each_param(q.params, [&](int, const char* name, std::vector<double>& v) {
+    round(v, is_gemm_weight(name));
+  });
+  round(q.x, find_spec("input_proj", "input_proj_inputs").typed);
+  round(q.d_out, false);
+  round(q.states.ssm, false);
+  round(q.states.k, false);
+  round(q.states.v, false);
+  round(q.states.angle, false);
+  return q;
+}
+
 Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturbation& pt,
                                 int draw, const TensorSink& sink) {
   validate_run(pb.cfg, pb.B, pb.T);

@@ -42,6 +42,11 @@ Perturbation perturbation_of(Precision p);
 // for_each_param (GEMM weights at u_typed, the others at u_f32), then x, d_out, the states ssm,
 // k, v, angle; tokens, targets and loss weights of a token model are kept (integers and 0/1).
 Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw);
+// `pb` with every parameter, X, dOut and entering state rounded to where the production path
+// stores it (the same choice of u_typed or u_f32 per array as perturbed_problem): round to
+// nearest even to p's format (GEMM weights, and X where input_proj's inputs are typed) or to
+// f32 (the rest). The problem of the exact-rounding draw (gpu::OraclePerturbation::exact).
+Problem rounded_problem(const Problem& pb, Precision p);
 // The stream of (problem seed, u, draw, role): role 0 the problem's perturbation, 1 the stages'.
 std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role);
 // The double reference on perturbed_problem(pb, pt, draw), run stage by stage in the registry's

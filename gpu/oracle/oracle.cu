@@ -264,7 +264,7 @@ struct GpuOracle::Impl {
   void perturb(int l, const TensorSpec& spec) {
     if (!pert.on()) return;
     oracle::perturb(s, shape_numel(resolve_shape(spec.shape, cfg, B, T)), buffer(l, spec),
-                    u_of(spec.typed), pert.tiny, stream_of(l, spec.stage, spec.tensor));
+                    u_of(spec.typed), pert.tiny, stream_of(l, spec.stage, spec.tensor), pert.exact);
   }
   void perturb(int l, const char* stage, const char* tensor) {
     perturb(l, find_spec(stage, tensor));
@@ -278,7 +278,7 @@ struct GpuOracle::Impl {
       const TensorSpec &sn = find_spec("F4", normed), &sb = find_spec("F4", biased);
       oracle::perturb_bias_add(s, d, buffer(l, sn), buffer(l, sb), u_of(sn.typed),
                                u_of(sb.typed), pert.tiny, stream_of(l, "F4", normed),
-                               stream_of(l, "F4", biased));
+                               stream_of(l, "F4", biased), pert.exact);
     };
     if (st == StageId::F4) {
       carry("b_normed", "b_biased");
@@ -298,7 +298,8 @@ struct GpuOracle::Impl {
     if (!pert.on() || pert.u_typed == 0) return dlt;
     oracle::perturbed_copy(s, d.BT * d.dm, dlt, delta_copy, pert.u_typed, pert.tiny,
                            stream_of(key_layer, key_layer < 0 ? "input_proj" : "B8",
-                                     "delta_typed"));
+                                     "delta_typed"),
+                           pert.exact);
     return delta_copy;
   }
 

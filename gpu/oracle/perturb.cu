@@ -4,6 +4,9 @@
 // bias add. Cost: one read and one write of the tensor (16 bytes per element).
 #include "perturb.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 namespace m3::gpu::oracle {
@@ -32,6 +35,22 @@ __device__ inline double bound(double v, double u, double tiny) {
   return rel < tiny ? tiny : rel;
 }
 
+// One rounding of v: the draw ρ·max(u·|v|, tiny), or with `exact` the error of rounding v to
+// the format of unit roundoff u (round to nearest even; the double → float conversion rounds
+// once, and bf16/f16 convert from the double directly, so no value is rounded twice). A value
+// past the format's range keeps the random draw: the oracle never makes an Inf of its own.
+__device__ inline double rounding(double v, double u, double tiny, std::uint64_t stream, Idx i,
+                                  bool exact) {
+  if (exact && isfinite(v)) {
+    double r = NAN;
+    if (u == 0x1p-24) r = static_cast<double>(static_cast<float>(v));
+    if (u == 0x1p-8) r = static_cast<double>(__bfloat162float(__double2bfloat16(v)));
+    if (u == 0x1p-11) r = static_cast<double>(__half2float(__double2half(v)));
+    if (isfinite(r)) return r - v;  // past the format's range: the random draw, not an Inf
+  }
+  return rho(stream, i) * bound(v, u, tiny);
+}
+
 }  // namespace
 
 std::uint64_t tensor_stream(std::uint64_t seed, const std::string& key) {
@@ -43,34 +62,44 @@ std::uint64_t tensor_stream(std::uint64_t seed, const std::string& key) {
   return mix64(mix64(seed + kGolden) ^ h);
 }
 
-void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream) {
+void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream,
+             bool exact) {
   if (u == 0) return;
-  each(s, n, [=] __device__(Idx i) { v[i] += rho(stream, i) * bound(v[i], u, tiny); });
+  each(s, n, [=] __device__(Idx i) { v[i] += rounding(v[i], u, tiny, stream, i, exact); });
 }
 
 void perturbed_copy(cudaStream_t s, Idx n, const double* src, double* dst, double u, double tiny,
-                    std::uint64_t stream) {
+                    std::uint64_t stream, bool exact) {
   if (u == 0) {
     if (n > 0)
       M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(double),
                                     cudaMemcpyDeviceToDevice, s));
     return;
   }
-  each(s, n, [=] __device__(Idx i) { dst[i] = src[i] + rho(stream, i) * bound(src[i], u, tiny); });
+  each(s, n, [=] __device__(Idx i) { dst[i] = src[i] + rounding(src[i], u, tiny, stream, i, exact); });
 }
 
 void perturb_bias_add(cudaStream_t s, const Dims& d, const double* normed, double* biased,
                       double u_normed, double u_biased, double tiny, std::uint64_t normed_stream,
-                      std::uint64_t biased_stream) {
+                      std::uint64_t biased_stream, bool exact) {
   const Idx nh = d.nh, ds = d.ds, ng = d.ng, hpg = d.hpg;
   each(s, d.BT * nh * ds, [=] __device__(Idx e) {
     const Idx n = e % ds, h = (e / ds) % nh, r = e / (ds * nh);
+    if (exact) {  // as the production: the bias added to the stored normed value, then stored
+      const Idx src = (r * ng + h / hpg) * ds + n;
+      const double before = normed[src];
+      double b = biased[e];
+      if (u_normed != 0) b += rounding(before, u_normed, tiny, normed_stream, src, true);
+      if (u_biased != 0) b += rounding(b, u_biased, tiny, biased_stream, e, true);
+      biased[e] = b;
+      return;
+    }
     double b = biased[e];
-    if (u_biased != 0) b += rho(biased_stream, e) * bound(b, u_biased, tiny);
+    if (u_biased != 0) b += rounding(b, u_biased, tiny, biased_stream, e, exact);
     const Idx src = (r * ng + h / hpg) * ds + n;
     const double before = normed[src];
     if (u_normed != 0 && fabs(before) >= kCancelledBiasAdd * fabs(b)) {
-      const double after = before + rho(normed_stream, src) * bound(before, u_normed, tiny);
+      const double after = before + rounding(before, u_normed, tiny, normed_stream, src, exact);
       b += after - before;
     }
     biased[e] = b;

@@ -34,20 +34,25 @@ constexpr double kCancelledBiasAdd = 4;
 // The random stream of one tensor of a perturbed pass (host side).
 std::uint64_t tensor_stream(std::uint64_t seed, const std::string& key);
 
-// v[i] += ρ_i·max(u·|v[i]|, tiny) for i < n; nothing when u = 0 (as the CPU's perturb).
-void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream);
+// v[i] += ρ_i·max(u·|v[i]|, tiny) for i < n; nothing when u = 0 (as the CPU's perturb). With
+// `exact`, v[i] ← v[i] rounded to the format whose unit roundoff u is (bf16 2^-8, f16 2^-11,
+// f32 2^-24; round to nearest even; another u keeps the random draw) instead.
+void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream,
+             bool exact = false);
 
 // dst = src perturbed (the staged typed copy of δ that feeds a GEMM): dst[i] = src[i] +
 // ρ_i·max(u·|src[i]|, tiny); a plain copy when u = 0.
 void perturbed_copy(cudaStream_t s, Idx n, const double* src, double* dst, double u, double tiny,
-                    std::uint64_t stream);
+                    std::uint64_t stream, bool exact = false);
 
 // b_biased [BT, nh, ds] perturbed with its own rounding (u_biased, biased_stream), then, where
 // the bias add cancels, plus b_normed's [BT, ng, ds] rounding (u_normed, normed_stream), read
 // from `normed` BEFORE normed's own pass: queue this first, then perturb(normed, …, u_normed,
-// …, normed_stream).
+// …, normed_stream). With `exact`, b_biased is what the production stores: the bias added to
+// b_normed rounded to its format, then rounded to its own (every value, not only where the add
+// cancels).
 void perturb_bias_add(cudaStream_t s, const Dims& d, const double* normed, double* biased,
                       double u_normed, double u_biased, double tiny, std::uint64_t normed_stream,
-                      std::uint64_t biased_stream);
+                      std::uint64_t biased_stream, bool exact = false);
 
 }  // namespace m3::gpu::oracle

@@ -58,6 +58,7 @@
 #include "error_of.hpp"
 #include "oracle_gpu.hpp"
 #include "perturbed.hpp"
+#include "precision.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
 #include "test_util.hpp"
@@ -360,6 +361,44 @@ TEST(GpuOraclePerturbed, DeviationsMatchTheCpuPerturbedOracle) {
     }
   }
   bands.print("GPU perturbed oracle against the CPU's");
+}
+
+// The exact draw rounds every value a stage writes to its storage format: after a pass on
+// rounded_problem, every provided typed tensor a stage wrote holds bf16 (f16) values and every
+// other one f32 values — what the production path stores there — except the rows that no stage
+// rounds (F1's residual, the input projection's inputs and the gradients that are no stage
+// output); the exact draw is deterministic, and it moves the values off the plain oracle's.
+TEST(GpuOraclePerturbed, TheExactDrawRoundsEveryStoredValueToItsFormat) {
+  M3_SKIP_WITHOUT_ORACLE();
+  for (Precision p : {Precision::BF16, Precision::F16, Precision::F32}) {
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(c.name + " " + m3::precision_name(p));
+      const harness::Perturbation pt = harness::perturbation_of(p);
+      OraclePerturbation op = oracle_perturbation(pt, 0);
+      op.exact = true;
+      const Problem q = harness::rounded_problem(c.pb, p);
+      const Capture a = m3::gpu::run_gpu_oracle(q, op);
+      EXPECT_TRUE(differing(a, m3::gpu::run_gpu_oracle(q, op)).empty()) << "not deterministic";
+      EXPECT_FALSE(differing(a, m3::gpu::run_gpu_oracle(q)).empty()) << "rounded nothing";
+      for (const m3::KeyedSpec& k : m3::gpu::oracle_stage_keys(c.pb.cfg, c.pb.B, c.pb.T)) {
+        const std::string t = k.spec->tensor;
+        if (t == "residual" || t == "input_proj_inputs" || t == "norm_f_input" ||
+            std::string(k.spec->stage) == "loss" ||
+            (c.pb.cfg.input_proj_identity && std::string(k.spec->stage) == "input_proj"))
+          continue;
+        const bool typed = k.spec->typed && p != Precision::F32;
+        size_t bad = 0;
+        for (double v : a.at(k.key).data) {
+          const float f = static_cast<float>(v);
+          const double back = !typed ? f
+                              : p == Precision::BF16 ? m3::round_bf16(f)
+                                                     : m3::round_f16(f);
+          if (std::isfinite(v) && back != v) ++bad;
+        }
+        EXPECT_EQ(bad, 0u) << k.key << (typed ? " (typed)" : " (f32)");
+      }
+    }
+  }
 }
 
 TEST(GpuOraclePerturbed, BadSettingsAreOneLineErrors) {
