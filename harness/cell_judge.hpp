@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "compare.hpp"
+#include "compare_gpu.hpp"  // RestSums (plain C++)
 
 namespace m3::harness {
 
@@ -76,10 +77,7 @@ std::string narrow_norm(const Config& cfg);
 // GPU): the count n_ill of values with κ ≥ `from` and the largest such κ; and over the other
 // values (finite ones only), Σ|Δ|², max|Δ| and their count, for the subject against the oracle
 // and for each draw of each term against its reference.
-struct RestSums {
-  double d2 = 0, max = 0;
-  Idx pairs = 0;
-};
+using RestSums = gpu::RestSums;  // Σ|Δ|², max|Δ|, count (compare_gpu.hpp)
 struct ConditionSums {
   Idx n_ill = 0;
   double kmax = 0;

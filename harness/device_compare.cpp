@@ -72,8 +72,6 @@ Metrics to_metrics(const gpu::DeviceMetrics& d) {
   return m;
 }
 
-RestSums to_rest(const gpu::RestSums& r) { return {r.d2, r.max, r.pairs}; }
-
 // pb into the oracle: parameters, entering states, zero leaving-state gradients and weight
 // gradients, and the input (X and dOut, or tokens and targets).
 void load_oracle(gpu::GpuOracle& o, const Problem& pb) {
@@ -265,8 +263,8 @@ class DeviceCell {
         dc_.condition(static_cast<const double*>(k.oracle->data()), devs, rest, k.n, u, from);
     cs.n_ill = g.n_ill;
     cs.kmax = g.kmax;
-    if (!g.rest.empty()) cs.subject = to_rest(g.rest[0]);
-    for (size_t i = 1; i < g.rest.size(); ++i) cs.draws[0].push_back(to_rest(g.rest[i]));
+    if (!g.rest.empty()) cs.subject = g.rest[0];
+    for (size_t i = 1; i < g.rest.size(); ++i) cs.draws[0].push_back(g.rest[i]);
     return cs;
   }
 

@@ -41,14 +41,22 @@ Config small(bool lm) {
   return c;
 }
 
-TEST(GpuRepeat, DigestsRepeatAndACaptureRunDigestsAndCapturesTheSame) {
-  M3_SKIP_WITHOUT_GPU();
-  m3::gpu::GpuContext ctx;
+// fn(lm, storage, mode) for every (model kind, storage, scan mode), traced.
+template <class F>
+void for_each_cell(F fn) {
   for (bool lm : {false, true})
     for (Precision st : {Precision::F32, Precision::BF16, Precision::F16})
       for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
         SCOPED_TRACE(std::string(lm ? "lm " : "") + m3::precision_name(st) + " " +
                      m3::scan_mode_name(mode));
+        fn(lm, st, mode);
+      }
+}
+
+TEST(GpuRepeat, DigestsRepeatAndACaptureRunDigestsAndCapturesTheSame) {
+  M3_SKIP_WITHOUT_GPU();
+  m3::gpu::GpuContext ctx;
+  for_each_cell([&](bool lm, Precision st, ScanMode mode) {
         const Config cfg = small(lm);
         const m3::Problem pb = m3::make_problem(cfg, 2, 40, 7, true);
         m3::gpu::GpuBackbone net(ctx, cfg, pb.B, pb.T, mode, st);
@@ -63,7 +71,7 @@ TEST(GpuRepeat, DigestsRepeatAndACaptureRunDigestsAndCapturesTheSame) {
         m3::capture_grads(net.grads(), cfg, cap);
         const m3::Capture ref = m3::gpu::run_gpu(ctx, pb, mode, st);
         EXPECT_EQ(first_bit_difference(ref, cap), "") << "the rerun computes what run_gpu does";
-      }
+  });
 }
 
 // What the device comparison reads in place (GpuBackbone::device_tensor) is what a Capture of
@@ -71,11 +79,7 @@ TEST(GpuRepeat, DigestsRepeatAndACaptureRunDigestsAndCapturesTheSame) {
 TEST(GpuRepeat, EveryKeysBufferAfterTheRunHoldsWhatTheCaptureTook) {
   M3_SKIP_WITHOUT_GPU();
   m3::gpu::GpuContext ctx;
-  for (bool lm : {false, true})
-    for (Precision st : {Precision::F32, Precision::BF16, Precision::F16})
-      for (ScanMode mode : {ScanMode::Sequential, ScanMode::Chunked}) {
-        SCOPED_TRACE(std::string(lm ? "lm " : "") + m3::precision_name(st) + " " +
-                     m3::scan_mode_name(mode));
+  for_each_cell([&](bool lm, Precision st, ScanMode mode) {
         const Config cfg = small(lm);
         const m3::Problem pb = m3::make_problem(cfg, 2, 40, 5, true);
         m3::gpu::GpuBackbone net(ctx, cfg, pb.B, pb.T, mode, st);
@@ -107,7 +111,7 @@ TEST(GpuRepeat, EveryKeysBufferAfterTheRunHoldsWhatTheCaptureTook) {
           EXPECT_EQ(bad, want.size()) << key << ": the buffer differs from the capture at " << bad;
         }
         EXPECT_THROW(net.device_tensor("L9/F6/y"), m3::Error);
-      }
+  });
 }
 
 TEST(GpuRepeat, OneChangedWeightChangesTheDigestsFromTheFirstTensorItReaches) {

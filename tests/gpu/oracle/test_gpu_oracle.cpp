@@ -45,6 +45,7 @@
 #include "error.hpp"
 #include "golden.hpp"
 #include "oracle_gpu.hpp"
+#include "oracle_test_util.hpp"
 #include "params.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
@@ -65,12 +66,6 @@ using m3::ScanMode;
 using m3::gpu::GpuOracle;
 using m3::gpu::OracleKeep;
 using m3::test::small_cfg;
-
-#define M3_SKIP_WITHOUT_ORACLE()                                          \
-  do {                                                                    \
-    const std::string why_ = m3::gpu::oracle_unavailable();               \
-    if (!why_.empty()) GTEST_SKIP() << "no GPU for the oracle: " << why_; \
-  } while (0)
 
 namespace {
 

@@ -57,6 +57,7 @@
 #include "backbone.hpp"  // capture_grads
 #include "error_of.hpp"
 #include "oracle_gpu.hpp"
+#include "oracle_test_util.hpp"
 #include "perturbed.hpp"
 #include "precision.hpp"
 #include "problem.hpp"
@@ -74,12 +75,6 @@ using m3::gpu::GpuOracle;
 using m3::gpu::OracleKeep;
 using m3::gpu::OraclePerturbation;
 using m3::test::small_cfg;
-
-#define M3_SKIP_WITHOUT_ORACLE()                                          \
-  do {                                                                    \
-    const std::string why_ = m3::gpu::oracle_unavailable();               \
-    if (!why_.empty()) GTEST_SKIP() << "no GPU for the oracle: " << why_; \
-  } while (0)
 
 namespace {
 
