@@ -498,6 +498,45 @@ TEST_F(TrainRun, SkippedF16StepsLeaveTheScheduleAndAResumeKeepsTheLossScale) {
   expect_final("resumed again at step 6");
 }
 
+// compare --checkpoint --train-batch (training_batch_problem) rebuilds the batch the run trained
+// on at that step: the run's task from the checkpoint, train_batch(seed, step, micro, B, T), the
+// checkpoint's weights, zero states, as verification_problem makes it; a cut keeps the first
+// rows and positions; what the run did not have is refused in one line.
+TEST_F(TrainRun, ATrainingBatchOfACheckpointIsTheRunsOwnBatch) {
+  std::ostringstream sink;
+  TrainOptions o = options("batch", Precision::F32);
+  o.optim.steps = 3;
+  o.grad_accum = 2;
+  ASSERT_EQ(run_training(o, sink), 0) << sink.str();
+  Config cfg;
+  TrainState st;
+  const CheckpointMeta meta = read_checkpoint((dir_ / "batch" / "ckpt-00000003.h5").string(), &cfg, &st);
+  const std::unique_ptr<m3::train::Dataset> data = make_dataset(o, o.T);
+  for (Idx micro : {0, 1}) {
+    const m3::Problem pb = training_batch_problem(meta, cfg, st.params, {}, 2, micro, 0, 0, "t");
+    const m3::Problem want =
+        verification_problem(cfg, st.params, data->train_batch(o.seed, 2, micro, o.B, o.T), true);
+    EXPECT_EQ(pb.B, o.B);
+    EXPECT_EQ(pb.T, o.T);
+    EXPECT_EQ(pb.tok, want.tok);
+    EXPECT_EQ(pb.tgt, want.tgt);
+    EXPECT_EQ(pb.w, want.w);
+    EXPECT_EQ(pb.params.layers[0].in_proj_w, want.params.layers[0].in_proj_w);
+    EXPECT_EQ(pb.states.ssm, m3::zero_states<double>(cfg, o.B).ssm);
+  }
+  const m3::Problem cut = training_batch_problem(meta, cfg, st.params, {}, 2, 0, 2, 5, "t");
+  const m3::train::Batch full = data->train_batch(o.seed, 2, 0, o.B, o.T);
+  ASSERT_EQ(cut.tok.size(), 10u);
+  for (Idx b = 0; b < 2; ++b)
+    for (Idx t = 0; t < 5; ++t) EXPECT_EQ(cut.tok[b * 5 + t], full.tok[b * o.T + t]);
+  m3::test::expect_one_line_error(
+      [&] { training_batch_problem(meta, cfg, st.params, {}, 2, 2, 0, 0, "t"); }, "no such training batch");
+  m3::test::expect_one_line_error(
+      [&] { training_batch_problem(meta, cfg, st.params, {}, 0, 0, 0, 0, "t"); }, "no such training batch");
+  m3::test::expect_one_line_error(
+      [&] { training_batch_problem(meta, cfg, st.params, {}, 2, 0, o.B + 1, 0, "t"); }, "a cut of the batch");
+}
+
 // A larger --steps extends the run (not a mismatch); any other changed setting is refused
 // naming its option; a shorter run, or the finished run again, is refused too.
 TEST_F(TrainRun, AResumeWithAChangedSettingIsRefusedNamingIt) {
@@ -659,6 +698,28 @@ TEST_F(TrainCli, BadDataIsOneLineAndExitTwo) {
   expect_usage_error(base + " --out r --task parity --d-model 0", "d-model");
   expect_usage_error(base + " --out r --task parity --B 4611686018427387904 --T 4", "B");
   EXPECT_FALSE(fs::exists(dir_ / "r" / "metrics.csv"));
+}
+
+// m3h compare --checkpoint RUN --train-batch S judges the run's batch of step S; a text run needs
+// its own file (size and hash checked), and the options that do not apply are one-line errors.
+TEST_F(TrainCli, CompareOnATrainingBatchRunsItOrSaysInOneLineWhyNot) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox " + std::to_string(i) + "\n";
+  std::ofstream(dir_ / "t.txt") << text;
+  std::ofstream(dir_ / "u.txt") << text << "!";
+  const Result run = m3h(std::string(kSmallRun) + " --out tr --data t.txt --dtype f32");
+  ASSERT_EQ(run.status, 0) << run.err;
+  const Result ok = m3h("compare --device cpu --checkpoint tr --train-batch 2 --data t.txt --dtype bf16 --scan chunked");
+  EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
+  EXPECT_NE(ok.out.find("training batch of step 2:0"), std::string::npos)
+      << ok.out;
+  const std::string base = "compare --device cpu --checkpoint tr --train-batch 2";
+  expect_usage_error(base, "give the file: --data FILE");
+  expect_usage_error(base + " --data u.txt", "the text is not the run's");
+  expect_usage_error(base + " --data t.txt --B 3", "a cut of the batch");
+  expect_usage_error(base + " --data t.txt --seed 4", "--seed");
+  expect_usage_error(base.substr(0, base.size() - 1) + "two --data t.txt", "STEP or STEP:MICRO");
+  expect_usage_error("compare --device cpu --checkpoint tr --data t.txt", "--data: only with");
 }
 
 // --gpus with the CPU ranks (parallel.hpp): a run that reports its exchange; a batch that does

@@ -21,6 +21,7 @@
 #include "presets.hpp"
 #include "resources.hpp"
 #include "run_dir.hpp"  // resolve_checkpoint
+#include "trainer.hpp"  // training_batch_problem
 
 namespace m3::tools {
 
@@ -220,7 +221,9 @@ po::options_description problem_options(bool golden) {
   if (golden)
     d.add_options()
       ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option")
-      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train, or a run folder's latest (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option");
+      ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train, or a run folder's latest (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option")
+      ("train-batch", po::value<std::string>(), "with --checkpoint: the problem is the run's training batch of step S (S:K for micro-batch K), as train --verify-every judges it (zero entering states), its first --B rows and --T positions (default: all); the run's task, or its text given with --data")
+      ("data", po::value<std::vector<std::string>>(), "with --train-batch: the text file(s) the run trained on, in its order (their size and hash must be the checkpoint's)");
   // clang-format on
   return d;
 }
@@ -434,6 +437,51 @@ void check_host_memory(const po::variables_map& vm, const harness::RunSpec& spec
   }
 }
 
+// --checkpoint F --train-batch S[:K]: the run's training batch as --verify-every judges it.
+ProblemSource training_batch_source(const po::variables_map& vm, const std::string& file,
+                                    const train::CheckpointMeta& meta, const Config& cfg,
+                                    const train::TrainState& st) {
+  const std::string arg = vm["train-batch"].as<std::string>();
+  for (const char* f : {"seed", "zero-states"})
+    if (option_given(vm, f))
+      throw UsageError(std::string("--train-batch: not with --") + f +
+                       " (the batch is the run's, its entering states zero)");
+  auto count = [&](const std::string& t, Idx* out) {
+    if (t.empty() || t.size() > 15 || t.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    *out = static_cast<Idx>(std::stoll(t));
+    return true;
+  };
+  Idx step = 0, micro = 0;
+  const auto colon = arg.find(':');
+  if (!count(arg.substr(0, colon), &step) ||
+      (colon != std::string::npos && !count(arg.substr(colon + 1), &micro)))
+    throw UsageError("--train-batch '" + echo(arg) + "': expected STEP or STEP:MICRO (integers)");
+  std::vector<std::string> data;
+  if (vm.count("data")) data = vm["data"].as<std::vector<std::string>>();
+  harness::RunSpec spec;
+  spec.preset = "";
+  spec.cfg = cfg;
+  Problem pb;
+  try {
+    pb = train::training_batch_problem(meta, cfg, st.params, data, step, micro,
+                                       vm.count("B") ? vm["B"].as<Idx>() : 0,
+                                       vm.count("T") ? vm["T"].as<Idx>() : 0, "--train-batch");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  spec.B = pb.B;
+  spec.T = pb.T;
+  spec.random_states = false;
+  spec.source = "checkpoint " + file + " (step " + std::to_string(meta.step) +
+                "), training batch of step " + std::to_string(step) + ":" +
+                std::to_string(micro) + ", rows 0-" + std::to_string(pb.B - 1) +
+                ", positions 0-" + std::to_string(pb.T - 1);
+  spec.modes = parse_scan_list(vm["scan"].as<std::string>());
+  check_host_memory(vm, spec);
+  return {spec, std::move(pb), harness::reference_oracle()};
+}
+
 ProblemSource load_problem(const po::variables_map& vm) {
   const bool scan_given = option_given(vm, "scan");
   if (vm.count("checkpoint")) {
@@ -452,6 +500,8 @@ ProblemSource load_problem(const po::variables_map& vm) {
     train::TrainState st;
     const std::string file = train::resolve_checkpoint(path, "--checkpoint");
     const train::CheckpointMeta meta = train::read_checkpoint(file, &cfg, &st);
+    if (vm.count("train-batch")) return training_batch_source(vm, file, meta, cfg, st);
+    if (vm.count("data")) throw UsageError("--data: only with --checkpoint and --train-batch");
     const Idx run_T = train::int_setting(meta, "T", 256);
     harness::RunSpec spec;
     spec.preset = "";

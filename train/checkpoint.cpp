@@ -342,6 +342,10 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg_out, TrainSt
   return meta;
 }
 
+const std::string* setting(const CheckpointMeta& meta, const std::string& name) {
+  return find_setting(meta.settings, name);
+}
+
 Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallback) {
   const std::string* v = find_setting(meta.settings, name);
   Idx out = fallback;

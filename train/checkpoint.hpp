@@ -102,6 +102,8 @@ CheckpointMeta read_checkpoint(const std::string& path, Config* cfg, TrainState*
 // T, steps, warmup, grad_accum or eval_len is not a non-negative integer, naming the attribute
 // and the value); `fallback` when the checkpoint has no such setting.
 Idx int_setting(const CheckpointMeta& meta, const std::string& name, Idx fallback);
+// A run setting of a checkpoint as recorded, or null when it has none.
+const std::string* setting(const CheckpointMeta& meta, const std::string& name);
 
 // The command-line option of m3h train that sets a checkpoint setting, for messages: "--lr",
 // "--d-model", "--layers" (n_layers), "--dtype" (precision), "--task-opt n_min" (a task's

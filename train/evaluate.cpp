@@ -6,16 +6,6 @@
 
 namespace m3::train {
 
-namespace {
-
-const std::string* setting(const CheckpointMeta& meta, const std::string& name) {
-  for (const auto& kv : meta.settings)
-    if (kv.first == name) return &kv.second;
-  return nullptr;
-}
-
-}  // namespace
-
 EvalReport evaluate_checkpoint(const EvalOptions& o) {
   const std::string where = "eval " + escape_for_message(o.checkpoint, 200);
   M3_REQUIRE(o.data.empty() || o.task.empty(), where, "give --data or --task, not both", "");

@@ -12,6 +12,7 @@
 #include "backbone_gpu.hpp"
 #include "bench.hpp"
 #include "context.hpp"
+#include "digest_record.hpp"  // hex16
 #include "compare.hpp"
 #include "device_compare.hpp"
 #include "gpu_lineup.hpp"
@@ -99,6 +100,50 @@ Problem verification_problem(const Config& cfg, const std::vector<float>& params
   if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
   pb.states = zero_states<double>(cfg, pb.B);
   return pb;
+}
+
+Problem training_batch_problem(const CheckpointMeta& meta, const Config& cfg,
+                               const std::vector<float>& params,
+                               const std::vector<std::string>& data, Idx step, Idx micro, Idx B,
+                               Idx T, const std::string& where) {
+  const Idx run_B = int_setting(meta, "B", 0), run_T = int_setting(meta, "T", 0);
+  const std::string* seed = setting(meta, "seed");
+  M3_REQUIRE(run_B > 0 && run_T > 0 && seed, where,
+             "the checkpoint records no B, T or seed of its run", "");
+  M3_REQUIRE(step >= 1 && micro >= 0 && micro < int_setting(meta, "grad_accum", 1), where,
+             "no such training batch: steps count from 1, micro-batches from 0 below grad_accum",
+             "step ", step, ", micro-batch ", micro);
+  if (B == 0) B = run_B;
+  if (T == 0) T = run_T;
+  M3_REQUIRE(B >= 1 && B <= run_B && T >= 1 && T <= run_T, where,
+             "a cut of the batch has at most the run's rows and positions", "B ", B, " T ", T,
+             "; the run's B ", run_B, " T ", run_T);
+  std::unique_ptr<Dataset> ds;
+  if (data.empty()) {
+    ds = checkpoint_task(meta);
+    M3_REQUIRE(ds != nullptr, where, "the run trained on text, whose file the checkpoint does not record",
+               "give the file: --data FILE");
+  } else {
+    const std::string* fraction = setting(meta, "val_fraction");
+    ds = make_text_dataset(data, fraction ? std::stod(*fraction) : 0.05, run_T);
+    M3_REQUIRE(ds->content_size() == meta.data_size && ds->content_hash() == meta.data_hash, where,
+               "the text is not the run's",
+               "the checkpoint's ", meta.data_size, " bytes, hash ", harness::hex16(meta.data_hash),
+               "; given ", ds->content_size(), " bytes, hash ", harness::hex16(ds->content_hash()));
+  }
+  M3_REQUIRE(ds->vocab() == cfg.vocab_size, where, "the data's vocabulary is not the model's",
+             ds->vocab(), " symbols, the model ", cfg.vocab_size);
+  const Batch full = ds->train_batch(std::stoull(*seed), step, micro, run_B, run_T);
+  Batch cut;
+  cut.B = B;
+  cut.T = T;
+  for (Idx b = 0; b < B; ++b) {
+    const auto row = static_cast<std::ptrdiff_t>(b * run_T), n = static_cast<std::ptrdiff_t>(T);
+    cut.tok.insert(cut.tok.end(), full.tok.begin() + row, full.tok.begin() + row + n);
+    cut.tgt.insert(cut.tgt.end(), full.tgt.begin() + row, full.tgt.begin() + row + n);
+    cut.w.insert(cut.w.end(), full.w.begin() + row, full.w.begin() + row + n);
+  }
+  return verification_problem(cfg, params, cut, true);
 }
 
 // The verdict is m3h compare's on the same problem, end to end in the run's scan mode: oracle
@@ -675,6 +720,18 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
                   ": first failing tensor " + v.first_fail + " (" + exact_double(v.worst_pct) +
                   " % of budget at worst); " + kept(bad));
         if (!v.failures.empty()) prog.note(v.failures);
+        if (bad.empty() && !last_ckpt.empty()) {
+          // The same judgement again, from the checkpoint of this step and its batch.
+          std::string cmd = "reproduce: m3h compare --checkpoint " +
+                            escape_for_message(last_ckpt, 400) + " --train-batch " +
+                            std::to_string(s) + " --device gpu --dtype " +
+                            precision_name(o.storage) + " --scan " + scan_mode_name(o.mode);
+          for (const std::string& f : o.data) cmd += " --data " + escape_for_message(f, 400);
+          cmd += o.verify_oracle == "gpu"
+                     ? " --oracle gpu"
+                     : " --B 1 --T " + std::to_string(std::min<Idx>(o.T, 256));
+          prog.note(cmd);
+        }
         status = 1;
         break;
       }

@@ -149,6 +149,17 @@ Settings run_settings(const TrainOptions& o, const Dataset& data);
 // task's options after it) at the run's T; null for a text run (its file is not recorded).
 std::unique_ptr<Dataset> checkpoint_task(const CheckpointMeta& meta);
 
+// The problem of training batch `micro` of step `step` of a checkpoint's run, as --verify-every
+// judges it (verification_problem, whole): the run's data rebuilt — its own task, or the text
+// files `data`, which must be the run's (the size and hash the checkpoint records; one m3::Error
+// line naming both otherwise) — its train_batch(seed, step, micro, B_run, T_run) cut to its first
+// B rows and T positions (0: the run's), the given weights, zero entering states. `where` heads
+// the errors.
+Problem training_batch_problem(const CheckpointMeta& meta, const Config& cfg,
+                               const std::vector<float>& params,
+                               const std::vector<std::string>& data, Idx step, Idx micro, Idx B,
+                               Idx T, const std::string& where);
+
 // The --step-times line of a run's timed steps, the k-th being step first_step + k: the
 // medians of period, forward, backward, optimizer and of each step's period minus its parts
 // (StepTimes), over the steps after the first three (all of them when there are at most

@@ -520,6 +520,8 @@ TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsS
         << bad_log.str();
     EXPECT_NE(bad_log.str().find("/F5b/beta"), std::string::npos) << bad_log.str();
     EXPECT_NE(bad_log.str().find("largest shares of budget:"), std::string::npos) << bad_log.str();
+    EXPECT_NE(bad_log.str().find("reproduce: m3h compare --checkpoint "), std::string::npos)
+        << bad_log.str();
     EXPECT_TRUE(fs::exists(fs::path(f.out) / "ckpt-00000003.h5"));
   }
 }
