@@ -7,7 +7,8 @@
 # exit status 1, the other steps still run; under GPU_CHECK_DEADLINE a step still running is
 # stopped and the rest skipped, with the summary and logs written; sass-forms reads each
 # object's SASS through the disassembler it is given; roofline profiles both dtypes through
-# scripts/ncu-layer.sh (a stand-in ncu); a named digest record that does not exist is exit 2.
+# scripts/ncu-layer.sh (a stand-in ncu); compare-device fails when its negative control
+# (--fault drop-beta) passes; a named digest record that does not exist is exit 2.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
@@ -29,6 +30,11 @@ echo "start \$(date +%s.%N) \$\$ $2 \$*" >>"\$CALLS"
 if [[ -n "\${FAKE_SLOW:-}" && "\$*" =~ \$FAKE_SLOW ]]; then sleep 30; else sleep 0.2; fi
 rc=0
 if [[ -n "\${FAKE_FAIL:-}" && "\$*" =~ \$FAKE_FAIL ]]; then rc=1; fi
+# A negative control fails as the real m3h does, naming its stage (unless told to pass).
+if [[ "\$*" == *"--fault drop-beta"* && -z "\${FAKE_FAULT_PASSES:-}" ]]; then
+  echo "summary: FAIL first failing stage: L0/F5b/beta [bf16 chunked]"
+  rc=1
+fi
 echo "end \$(date +%s.%N) \$\$" >>"\$CALLS"
 exit \$rc
 EOF
@@ -43,9 +49,9 @@ standin "$work/build/bench/m3_wgmma_probe" probe
 standin "$work/build/bench/m3_oracle_bench" oracle_bench
 export PATH="$work/bin:$PATH" GPU_CHECK_BUILD_DIR="$work/build"
 GPU_CHECK_ONLY="ctest memcheck racecheck wgmma-probe oracle-bench golden golden-oracle compare-gpu"
-export GPU_CHECK_ONLY+=" compare-presets compare-golden determinism compare-lm positions bench memory"
+export GPU_CHECK_ONLY+=" compare-device compare-presets compare-golden determinism compare-lm positions bench memory"
 export GPU_CHECK_ONLY+=" sweep-gpu sweep-cpu"
-steps=(configure build ctest memcheck racecheck golden golden-oracle compare-gpu compare-presets
+steps=(configure build ctest memcheck racecheck golden golden-oracle compare-gpu compare-device compare-presets
   compare-golden determinism digests-record compare-lm positions wgmma-probe oracle-bench bench
   memory sweep-gpu sweep-cpu)
 
@@ -101,6 +107,13 @@ grep -qE '^FAIL determinism \(' "$work/logs-failing/summary.txt" ||
   fail "failing: no FAIL line: $(cat "$work/logs-failing/summary.txt")"
 [[ "$(grep -c '^FAIL' "$work/logs-failing/summary.txt")" == 1 ]] ||
   fail "failing: other steps failed: $(cat "$work/logs-failing/summary.txt")"
+
+# compare-device's negative control: a fault that passes fails the step, and only it.
+check fault-passes 1 FAKE_FAULT_PASSES=1
+grep -qE '^FAIL compare-device \(' "$work/logs-fault-passes/summary.txt" ||
+  fail "fault-passes: no FAIL line: $(cat "$work/logs-fault-passes/summary.txt")"
+[[ "$(grep -c '^FAIL' "$work/logs-fault-passes/summary.txt")" == 1 ]] ||
+  fail "fault-passes: other steps failed: $(cat "$work/logs-fault-passes/summary.txt")"
 
 # A deadline: compare-gpu's stand-in would take 30 s; with GPU_CHECK_DEADLINE=3 it is stopped
 # (TIMEOUT), every step after it is not run (SKIP), none fails, the summary and the logs are
