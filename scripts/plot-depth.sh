@@ -12,37 +12,19 @@
 # and exits 0 without writing anything. OUT is refused when it exists, unless --force.
 set -euo pipefail
 
-usage() {
-  echo "usage: bash scripts/plot-depth.sh REPORT.json OUT.png [--force]" >&2
-  exit 2
-}
-force=0
-args=()
-for a in "$@"; do
-  if [[ "$a" == --force ]]; then force=1; else args+=("$a"); fi
-done
-((${#args[@]} == 2)) || usage
+source "$(dirname -- "${BASH_SOURCE[0]}")/plot-common.sh"
+plot_args plot-depth "REPORT.json OUT.png [--force]" 2 2 "$@"
 report="${args[0]}"
 out="${args[1]}"
-
-for tool in jq gnuplot; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "plot-depth: skipped: $tool is not installed (apt-get install jq gnuplot-nox)"
-    exit 0
-  fi
-done
+plot_tools plot-depth "apt-get install jq gnuplot-nox" jq gnuplot
 [[ -f "$report" ]] || { echo "plot-depth: error: $report: no such file" >&2; exit 2; }
-if [[ -e "$out" || -L "$out" ]]; then
-  [[ -f "$out" ]] || { echo "plot-depth: error: $out exists and is not a regular file" >&2; exit 2; }
-  ((force == 1)) || { echo "plot-depth: error: $out exists (pass --force to replace it)" >&2; exit 2; }
-fi
-outdir="$(dirname -- "$out")"
-[[ -d "$outdir" ]] || { echo "plot-depth: error: folder $outdir does not exist" >&2; exit 2; }
+plot_out plot-depth "$out"
 jq -e '.schema | startswith("m3h-compare/")' "$report" >/dev/null 2>&1 ||
   { echo "plot-depth: error: $report is not an m3h compare --json report" >&2; exit 2; }
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+tmp_out="$out.tmp.$$"
+trap 'rm -rf "$work" "$tmp_out"' EXIT
 
 # One line per (precision, mode, direction, layer): rel_l2 and the budget share in %.
 jq -r '.cells[]
@@ -74,7 +56,7 @@ done
 layers="$(cut -f4 "$work/rows.tsv" | sort -n | tail -1)"
 gnuplot <<EOF
 set terminal pngcairo size 1000,600 font ",10" noenhanced
-set output "$work/plot.png"
+set output "$tmp_out"
 set title "error against depth: rel_l2 of the subject against the oracle, per layer"
 set xlabel "layer"
 set ylabel "rel_l2"
@@ -86,5 +68,5 @@ set key outside bottom center
 set grid
 plot $plot
 EOF
-mv -f "$work/plot.png" "$out"
+mv -f "$tmp_out" "$out"
 echo "plot-depth: ${#curves[@]} curve(s) over $((layers + 1)) layer(s) written to $out"

@@ -11,39 +11,14 @@
 # exits 0 without writing anything. OUT is refused when it exists, unless --force.
 set -euo pipefail
 
-usage() {
-  echo "usage: bash scripts/plot-positions.sh DUMP.h5 OUT.png [KEY] [--force]" >&2
-  exit 2
-}
-force=0
-args=()
-for a in "$@"; do
-  if [[ "$a" == --force ]]; then force=1; else args+=("$a"); fi
-done
-((${#args[@]} >= 2 && ${#args[@]} <= 3)) || usage
+source "$(dirname -- "${BASH_SOURCE[0]}")/plot-common.sh"
+plot_args plot-positions "DUMP.h5 OUT.png [KEY] [--force]" 2 3 "$@"
 dump="${args[0]}"
 out="${args[1]}"
 key="${args[2]:-}"
-
-for tool in h5ls h5dump gnuplot; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "plot-positions: skipped: $tool is not installed (apt-get install hdf5-tools gnuplot-nox)"
-    exit 0
-  fi
-done
+plot_tools plot-positions "apt-get install hdf5-tools gnuplot-nox" h5ls h5dump gnuplot
 [[ -f "$dump" ]] || { echo "plot-positions: error: $dump: no such file" >&2; exit 2; }
-if [[ -e "$out" || -L "$out" ]]; then
-  if [[ ! -f "$out" ]]; then
-    echo "plot-positions: error: $out exists and is not a regular file" >&2
-    exit 2
-  fi
-  if ((force == 0)); then
-    echo "plot-positions: error: $out exists (pass --force to replace it)" >&2
-    exit 2
-  fi
-fi
-outdir="$(dirname -- "$out")"
-[[ -d "$outdir" ]] || { echo "plot-positions: error: folder $outdir does not exist" >&2; exit 2; }
+plot_out plot-positions "$out"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
