@@ -258,6 +258,13 @@ class GpuOracle {
   std::unique_ptr<Impl> impl_;
 };
 
+// pb into an oracle: parameters, entering states, zero leaving-state gradients and weight
+// gradients, and the input (X and dOut; a token model: tokens and targets).
+void load_problem(GpuOracle& o, const Problem& pb);
+// One forward and backward pass of what load_problem loaded (a token model: one training step
+// with pb.loss_scale()); `cap` receives every provided stage tensor (not the gradients).
+void run_pass(GpuOracle& o, const Problem& pb, Capture* cap = nullptr);
+
 // run_reference<double>(pb, mode)'s counterpart on the GPU oracle: forward and backward (a
 // token model: one training step with pb.loss_scale()) from pb's entering states with zero
 // leaving-state gradients, capturing every provided stage tensor and every parameter gradient.

@@ -802,23 +802,36 @@ Capture run_gpu_oracle(const Problem& pb, int device) {
   return run_gpu_oracle(pb, OraclePerturbation{}, device);
 }
 
+void load_problem(GpuOracle& o, const Problem& pb) {
+  o.set_params(pb.params);
+  o.set_states(pb.states);
+  o.set_leaving_grads(nullptr);
+  o.zero_grads();
+  if (pb.token_model()) {
+    o.set_tokens(pb.tok);
+    o.set_targets(pb.tgt, pb.w, pb.scored());
+  } else {
+    o.set_input(pb.x);
+    o.set_dout(pb.d_out);
+  }
+}
+
+void run_pass(GpuOracle& o, const Problem& pb, Capture* cap) {
+  if (pb.token_model()) {
+    o.forward_loss(cap);
+    o.backward_loss(pb.loss_scale(), cap);
+  } else {
+    o.forward(cap);
+    o.backward(cap);
+  }
+}
+
 Capture run_gpu_oracle(const Problem& pb, const OraclePerturbation& pert, int device) {
   GpuOracle net(pb.cfg, pb.B, pb.T, OracleKeep::Backward, device);
   net.set_perturbation(pert);
-  net.set_params(pb.params);
-  net.set_states(pb.states);
+  load_problem(net, pb);
   Capture cap(pb.cfg, pb.B, pb.T);
-  if (pb.token_model()) {
-    net.set_tokens(pb.tok);
-    net.set_targets(pb.tgt, pb.w, pb.scored());
-    net.forward_loss(&cap);
-    net.backward_loss(pb.loss_scale(), &cap);
-  } else {
-    net.set_input(pb.x);
-    net.set_dout(pb.d_out);
-    net.forward(&cap);
-    net.backward(&cap);
-  }
+  run_pass(net, pb, &cap);
   capture_grads(net.grads(), pb.cfg, cap);
   return cap;
 }

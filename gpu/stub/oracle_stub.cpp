@@ -50,6 +50,8 @@ const Config& GpuOracle::config() const { no_cuda("GpuOracle"); }
 OracleKeep GpuOracle::keep() const { no_cuda("GpuOracle"); }
 
 Capture run_gpu_oracle(const Problem&, int) { no_cuda("run_gpu_oracle"); }
+void load_problem(GpuOracle&, const Problem&) { no_cuda("GpuOracle"); }
+void run_pass(GpuOracle&, const Problem&, Capture*) { no_cuda("GpuOracle"); }
 Capture run_gpu_oracle(const Problem&, const OraclePerturbation&, int) {
   no_cuda("run_gpu_oracle");
 }

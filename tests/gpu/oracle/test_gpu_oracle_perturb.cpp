@@ -133,22 +133,9 @@ std::uint64_t stage_seed(const Problem& pb, const harness::Perturbation& pt, int
 
 // run_gpu_oracle's pass on an oracle that already exists (its settings kept).
 Capture run_on(GpuOracle& o, const Problem& pb) {
-  o.zero_grads();
-  o.set_leaving_grads(nullptr);
-  o.set_params(pb.params);
-  o.set_states(pb.states);
+  m3::gpu::load_problem(o, pb);
   Capture cap(pb.cfg, pb.B, pb.T);
-  if (pb.token_model()) {
-    o.set_tokens(pb.tok);
-    o.set_targets(pb.tgt, pb.w, pb.scored());
-    o.forward_loss(&cap);
-    o.backward_loss(pb.loss_scale(), &cap);
-  } else {
-    o.set_input(pb.x);
-    o.set_dout(pb.d_out);
-    o.forward(&cap);
-    o.backward(&cap);
-  }
+  m3::gpu::run_pass(o, pb, &cap);
   m3::capture_grads(o.grads(), pb.cfg, cap);
   return cap;
 }
