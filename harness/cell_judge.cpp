@@ -163,8 +163,6 @@ int CellJudge::row(const std::string& key) {
 
 const TensorResult& CellJudge::result(int row) const { return res_.rows.at(static_cast<size_t>(row)); }
 
-bool CellJudge::has_oracle(int row) const { return st_.at(static_cast<size_t>(row)).judged; }
-
 bool CellJudge::wants_profile(int row) const { return st_.at(static_cast<size_t>(row)).profile; }
 
 void CellJudge::subject_mismatch(int row, const std::vector<Idx>& shape) {

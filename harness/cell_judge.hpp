@@ -129,8 +129,6 @@ class CellJudge {
   // is then recorded as an extra key).
   int row(const std::string& key);
   const TensorResult& result(int row) const;
-  // Whether a row is judged against the oracle at all (an oracle of the right shape).
-  bool has_oracle(int row) const;
   // Whether the row's error against position is wanted (CompareOptions::by_position).
   bool wants_profile(int row) const;
   // The subject's figures of a row (and its profile, when asked for); returns whether the row

@@ -72,43 +72,16 @@ Metrics to_metrics(const gpu::DeviceMetrics& d) {
   return m;
 }
 
-// pb into the oracle: parameters, entering states, zero leaving-state gradients and weight
-// gradients, and the input (X and dOut, or tokens and targets).
-void load_oracle(gpu::GpuOracle& o, const Problem& pb) {
-  o.set_params(pb.params);
-  o.set_states(pb.states);
-  o.set_leaving_grads(nullptr);
-  o.zero_grads();
-  if (pb.token_model()) {
-    o.set_tokens(pb.tok);
-    o.set_targets(pb.tgt, pb.w, pb.scored());
-  } else {
-    o.set_input(pb.x);
-    o.set_dout(pb.d_out);
-  }
-}
-
-// One forward and backward pass of the oracle on what was loaded (run_gpu_oracle's).
-void run_oracle(gpu::GpuOracle& o, const Problem& pb) {
-  if (pb.token_model()) {
-    o.forward_loss();
-    o.backward_loss(pb.loss_scale());
-  } else {
-    o.forward();
-    o.backward();
-  }
-}
-
 // What a row keeps on the device: the oracle's values (the draws' reference) and, for a row over
 // its floor, each draw's |draw − oracle| per value.
 struct KeptRow {
-  std::unique_ptr<gpu::DeviceBuffer> oracle;
-  std::vector<std::unique_ptr<gpu::DeviceBuffer>> devs;
+  gpu::DeviceBuffer oracle;
+  std::vector<gpu::DeviceBuffer> devs;
   Idx n = 0;
   bool circular = false;
   std::size_t bytes() const {
-    std::size_t b = oracle ? oracle->bytes() : 0;
-    for (const auto& d : devs) b += d->bytes();
+    std::size_t b = oracle.bytes();
+    for (const gpu::DeviceBuffer& d : devs) b += d.bytes();
     return b;
   }
 };
@@ -117,10 +90,10 @@ struct KeptRow {
 class DeviceCell {
  public:
   DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
-             gpu::GpuOracle& oracle, gpu::DeviceComparer& dc, gpu::Fault fault,
-             DeviceCompareCost& cost)
-      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), dc_(dc), cost_(cost),
-        judge_(provided_shape(spec, mode), spec.cfg, spec.B, spec.T, mode, options(spec, p),
+             const CellJudge::OracleShape& provided, gpu::GpuOracle& oracle,
+             gpu::DeviceComparer& dc, gpu::Fault fault, DeviceCompareCost& cost)
+      : spec_(spec), pb_(pb), p_(p), oracle_(oracle), dc_(dc), cost_(cost),
+        judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p),
                /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
     net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
     gpu::load_problem(*net_, pb);
@@ -132,14 +105,8 @@ class DeviceCell {
     // The subject once, every tensor left in its own buffer.
     net_->repeat_digests();
     // The oracle, each provided tensor measured against the subject's as its stage ends.
-    load_oracle(oracle_, pb_);
     oracle_.set_perturbation({});
-    oracle_.set_observer([this](const gpu::OracleStage& st) {
-      for (const gpu::OracleTensor& t : st.tensors) subject_row(t);
-    });
-    run_oracle(oracle_, pb_);
-    ++cost_.oracle_passes;
-    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) subject_row(oracle_.tensor(kp.key));
+    pass(pb_, &DeviceCell::subject_row);
     judge_.subject_done();
     drop_unwanted();
     // The perturbed oracle's draws, while a verdict can still change: first the exact one (every
@@ -149,7 +116,6 @@ class DeviceCell {
     for (int d = 0; d < kPerturbationDraws && judge_.open(); ++d) {
       const bool exact = d == 0;
       const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt, d - 1);
-      load_oracle(oracle_, pp);
       gpu::OraclePerturbation op;
       op.u_typed = pt.u_typed;
       op.u_f32 = pt.u_f32;
@@ -158,12 +124,7 @@ class DeviceCell {
       op.seed = perturbation_seed(pb_.seed, pt.u_typed, d - 1, 1);
       oracle_.set_perturbation(op);
       judge_.draw_begin(CellJudge::Term::Baseline);
-      oracle_.set_observer([this](const gpu::OracleStage& st) {
-        for (const gpu::OracleTensor& t : st.tensors) draw_row(t);
-      });
-      run_oracle(oracle_, pp);
-      ++cost_.oracle_passes;
-      for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) draw_row(oracle_.tensor(kp.key));
+      pass(pp, &DeviceCell::draw_row);
       judge_.draw_end();
       oracle_.set_perturbation({});
       drop_unwanted();
@@ -188,16 +149,16 @@ class DeviceCell {
     return opt;
   }
 
-  // The shapes of what the GPU oracle provides: its stage rows and every parameter gradient.
-  static CellJudge::OracleShape provided_shape(const RunSpec& spec, ScanMode) {
-    auto shapes = std::make_shared<std::map<std::string, std::vector<Idx>>>();
-    for (const KeyedSpec& ks : gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T))
-      (*shapes)[ks.key] = ks.shape;
-    for (const KeyedParam& kp : expected_param_keys(spec.cfg)) (*shapes)[kp.key] = kp.shape;
-    return [shapes](const std::string& key) -> const std::vector<Idx>* {
-      auto it = shapes->find(key);
-      return it == shapes->end() ? nullptr : &it->second;
-    };
+  // One oracle pass of `pb` (loaded first), each stage's provided tensors and then every
+  // parameter gradient handed to `row` as they come.
+  void pass(const Problem& pb, void (DeviceCell::*row)(const gpu::OracleTensor&)) {
+    gpu::load_problem(oracle_, pb);
+    oracle_.set_observer([this, row](const gpu::OracleStage& st) {
+      for (const gpu::OracleTensor& t : st.tensors) (this->*row)(t);
+    });
+    gpu::run_pass(oracle_, pb);
+    ++cost_.oracle_passes;
+    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) (this->*row)(oracle_.tensor(kp.key));
   }
 
   void subject_row(const gpu::OracleTensor& t) {
@@ -220,8 +181,8 @@ class DeviceCell {
       KeptRow& k = kept_[row];
       k.n = t.numel();
       k.circular = t.circular;
-      k.oracle = std::make_unique<gpu::DeviceBuffer>(static_cast<std::size_t>(k.n) * sizeof(double));
-      dc_.copy(k.oracle->data(), t.data, k.oracle->bytes());
+      k.oracle = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(double));
+      dc_.copy(k.oracle.data(), t.data, k.oracle.bytes());
       note_kept();
     }
   }
@@ -235,11 +196,11 @@ class DeviceCell {
     KeptRow& k = it->second;
     if (t.numel() != k.n)
       return judge_.draw_unusable(row, "the perturbed oracle's shape differs from the oracle's");
-    const gpu::DeviceValues ref = values_of(*k.oracle, k.n);
+    const gpu::DeviceValues ref = values_of(k.oracle, k.n);
     judge_.draw_measured(row, to_metrics(dc_.metrics(ref, values_of(t), k.circular, p_, false)));
     if (judge_.kept(row)) {
-      auto dev = std::make_unique<gpu::DeviceBuffer>(static_cast<std::size_t>(k.n) * sizeof(float));
-      dc_.abs_dev(ref, values_of(t), k.circular, static_cast<float*>(dev->data()));
+      gpu::DeviceBuffer dev(static_cast<std::size_t>(k.n) * sizeof(float));
+      dc_.abs_dev(ref, values_of(t), k.circular, static_cast<float*>(dev.data()));
       k.devs.push_back(std::move(dev));
       note_kept();
     }
@@ -253,14 +214,14 @@ class DeviceCell {
     KeptRow& k = it->second;
     const gpu::GpuBackbone::DeviceTensor s = net_->device_tensor(judge_.result(row).key);
     gpu::DeviceBuffer sub(static_cast<std::size_t>(k.n) * sizeof(float));
-    dc_.abs_dev(values_of(*k.oracle, k.n), values_of(s), k.circular, static_cast<float*>(sub.data()));
+    dc_.abs_dev(values_of(k.oracle, k.n), values_of(s), k.circular, static_cast<float*>(sub.data()));
     std::vector<const float*> devs, rest{static_cast<const float*>(sub.data())};
-    for (const auto& d : k.devs) {
-      devs.push_back(static_cast<const float*>(d->data()));
-      rest.push_back(static_cast<const float*>(d->data()));
+    for (const gpu::DeviceBuffer& d : k.devs) {
+      devs.push_back(static_cast<const float*>(d.data()));
+      rest.push_back(static_cast<const float*>(d.data()));
     }
     const gpu::ConditionSums g =
-        dc_.condition(static_cast<const double*>(k.oracle->data()), devs, rest, k.n, u, from);
+        dc_.condition(static_cast<const double*>(k.oracle.data()), devs, rest, k.n, u, from);
     cs.n_ill = g.n_ill;
     cs.kmax = g.kmax;
     if (!g.rest.empty()) cs.subject = g.rest[0];
@@ -284,7 +245,6 @@ class DeviceCell {
   const RunSpec& spec_;
   const Problem& pb_;
   Precision p_;
-  ScanMode mode_;
   gpu::GpuOracle& oracle_;
   gpu::DeviceComparer& dc_;
   DeviceCompareCost& cost_;
@@ -372,12 +332,6 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   gpu::GpuOracle oracle(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
   c.oracle_bytes = oracle.memory().total();
   gpu::DeviceComparer dc(oracle.stream());
-  {
-    std::size_t provided = gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T).size(), most = 0;
-    for (ScanMode m : spec.modes)
-      most = std::max(most, expected_stage_keys(spec.cfg, spec.B, spec.T, m).size());
-    c.rows_not_provided = static_cast<int>(most - std::min(most, provided));
-  }
 
   Comparison out;
   out.spec = spec;
@@ -389,11 +343,27 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
     l.baseline_kind = BaselineKind::Perturbed;
     out.lineups.push_back(std::move(l));
   }
+  // What the GPU oracle provides, by key: its stage rows and every parameter gradient.
+  std::map<std::string, std::vector<Idx>> shapes;
+  for (const KeyedSpec& ks : gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T))
+    shapes[ks.key] = ks.shape;
+  for (const KeyedParam& kp : expected_param_keys(spec.cfg)) shapes[kp.key] = kp.shape;
+  const CellJudge::OracleShape provided = [&shapes](const std::string& key) {
+    auto it = shapes.find(key);
+    return it == shapes.end() ? nullptr : &it->second;
+  };
+  {
+    const std::size_t stage_rows = shapes.size() - expected_param_keys(spec.cfg).size();
+    std::size_t most = 0;
+    for (ScanMode m : spec.modes)
+      most = std::max(most, expected_stage_keys(spec.cfg, spec.B, spec.T, m).size());
+    c.rows_not_provided = static_cast<int>(most - std::min(most, stage_rows));
+  }
   // Precision-major, as run_comparison orders them.
   for (Precision p : precisions)
     for (ScanMode mode : spec.modes) {
       const Clock::time_point tc = Clock::now();
-      DeviceCell cell(spec, pb, p, mode, oracle, dc, fault, c);
+      DeviceCell cell(spec, pb, p, mode, provided, oracle, dc, fault, c);
       out.cells.push_back(cell.run());
       if (progress) {
         const CompareResult& r = out.cells.back();
