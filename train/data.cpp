@@ -511,6 +511,21 @@ Batch slice_rows(const Batch& b, Idx r0, Idx n) {
   return out;
 }
 
+Batch cut_batch(const Batch& b, Idx rows, Idx T) {
+  M3_REQUIRE(rows >= 0 && rows <= b.B && T >= 0 && T <= b.T, "cut_batch",
+             "a cut outside the batch", "rows ", rows, " T ", T, " of B = ", b.B, ", T = ", b.T);
+  Batch out;
+  out.B = rows;
+  out.T = T;
+  for (Idx r = 0; r < rows; ++r) {
+    const auto lo = static_cast<std::ptrdiff_t>(r * b.T), hi = lo + static_cast<std::ptrdiff_t>(T);
+    out.tok.insert(out.tok.end(), b.tok.begin() + lo, b.tok.begin() + hi);
+    out.tgt.insert(out.tgt.end(), b.tgt.begin() + lo, b.tgt.begin() + hi);
+    out.w.insert(out.w.end(), b.w.begin() + lo, b.w.begin() + hi);
+  }
+  return out;
+}
+
 std::uint64_t row_seed(std::uint64_t seed, Idx step, Idx micro, Idx row, std::uint64_t stream) {
   // Each stage is a bijection of the running word for a fixed prefix, so two tuples that
   // differ in one field never give the same seed.

@@ -76,6 +76,9 @@ struct Batch {
 
 // Rows [r0, r0 + n) of a batch (a data-parallel rank's share of a micro-batch).
 Batch slice_rows(const Batch& b, Idx r0, Idx n);
+// The first `rows` rows of a batch, each cut to its first T positions (the slices the harness
+// judges while training, and cuts of a run's batch). An m3::Error outside the batch.
+Batch cut_batch(const Batch& b, Idx rows, Idx T);
 
 // Stream ids of row_seed.
 inline constexpr std::uint64_t kTrainStream = 1;

@@ -85,18 +85,15 @@ EvalResult evaluate(Backend& be, const std::vector<Batch>& batches) {
 
 Problem verification_problem(const Config& cfg, const std::vector<float>& params,
                              const Batch& live, bool whole) {
+  Batch cut = whole ? live : cut_batch(live, 1, std::min<Idx>(live.T, 256));
   Problem pb;
   pb.cfg = cfg;
-  pb.B = whole ? live.B : 1;
-  pb.T = whole ? live.T : std::min<Idx>(live.T, 256);
+  pb.B = cut.B;
+  pb.T = cut.T;
   pb.params = cast_params<double>(from_flat(params, cfg, param_layout(cfg)));
-  for (Idx b = 0; b < pb.B; ++b) {
-    const auto row = static_cast<std::ptrdiff_t>(b * live.T);
-    const auto n = static_cast<std::ptrdiff_t>(pb.T);
-    pb.tok.insert(pb.tok.end(), live.tok.begin() + row, live.tok.begin() + row + n);
-    pb.tgt.insert(pb.tgt.end(), live.tgt.begin() + row, live.tgt.begin() + row + n);
-    pb.w.insert(pb.w.end(), live.w.begin() + row, live.w.begin() + row + n);
-  }
+  pb.tok = std::move(cut.tok);
+  pb.tgt = std::move(cut.tgt);
+  pb.w = std::move(cut.w);
   if (pb.scored() == 0) std::fill(pb.w.begin(), pb.w.end(), 1.0f);
   pb.states = zero_states<double>(cfg, pb.B);
   return pb;
@@ -134,16 +131,7 @@ Problem training_batch_problem(const CheckpointMeta& meta, const Config& cfg,
   M3_REQUIRE(ds->vocab() == cfg.vocab_size, where, "the data's vocabulary is not the model's",
              ds->vocab(), " symbols, the model ", cfg.vocab_size);
   const Batch full = ds->train_batch(std::stoull(*seed), step, micro, run_B, run_T);
-  Batch cut;
-  cut.B = B;
-  cut.T = T;
-  for (Idx b = 0; b < B; ++b) {
-    const auto row = static_cast<std::ptrdiff_t>(b * run_T), n = static_cast<std::ptrdiff_t>(T);
-    cut.tok.insert(cut.tok.end(), full.tok.begin() + row, full.tok.begin() + row + n);
-    cut.tgt.insert(cut.tgt.end(), full.tgt.begin() + row, full.tgt.begin() + row + n);
-    cut.w.insert(cut.w.end(), full.w.begin() + row, full.w.begin() + row + n);
-  }
-  return verification_problem(cfg, params, cut, true);
+  return verification_problem(cfg, params, cut_batch(full, B, T), true);
 }
 
 // The verdict is m3h compare's on the same problem, end to end in the run's scan mode: oracle
