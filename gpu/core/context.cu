@@ -26,20 +26,20 @@ GpuContext::GpuContext(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   M3_CUDA_CHECK(cudaSetDevice(device));
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
-  M3_CUBLAS_CHECK(cublasCreate(&impl_->cublas));
-  M3_CUBLAS_CHECK(cublasSetStream(impl_->cublas, impl_->stream));
-  M3_CUBLAS_CHECK(cublasSetMathMode(
+  M3_CUBLAS_CHECK(cublas().create(&impl_->cublas));
+  M3_CUBLAS_CHECK(cublas().set_stream(impl_->cublas, impl_->stream));
+  M3_CUBLAS_CHECK(cublas().set_math_mode(
       impl_->cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                                CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   M3_CUDA_CHECK(cudaMalloc(&impl_->workspace, kCublasWorkspaceBytes));
   impl_->workspace_bytes = kCublasWorkspaceBytes;
-  M3_CUBLAS_CHECK(cublasSetWorkspace(impl_->cublas, impl_->workspace, impl_->workspace_bytes));
+  M3_CUBLAS_CHECK(cublas().set_workspace(impl_->cublas, impl_->workspace, impl_->workspace_bytes));
 }
 
 GpuContext::~GpuContext() {
   if (!impl_) return;
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
-  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  if (impl_->cublas) cublas().destroy(impl_->cublas);
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }

@@ -2,7 +2,8 @@
 //
 // M3_CUDA_CHECK(expr) and M3_CUBLAS_CHECK(expr) evaluate expr once and, when it does not
 // return success, throw m3::Error(where = "file:line", what = the statement text,
-// why = the library's error string). Both come from one generator, M3_CHECK_GEN.
+// why = the library's error string; cuBLAS's through cublas_api.hpp, which loads the library
+// when first used). Both come from one generator, M3_CHECK_GEN.
 #pragma once
 
 #include <cublas_v2.h>
@@ -10,6 +11,7 @@
 
 #include <string>
 
+#include "cublas_api.hpp"
 #include "error.hpp"
 
 namespace m3::gpu::detail {
@@ -35,4 +37,4 @@ namespace m3::gpu::detail {
 
 #define M3_CUDA_CHECK(expr) M3_CHECK_GEN(expr, #expr, cudaSuccess, cudaGetErrorString)
 #define M3_CUBLAS_CHECK(expr) \
-  M3_CHECK_GEN(expr, #expr, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
+  M3_CHECK_GEN(expr, #expr, CUBLAS_STATUS_SUCCESS, ::m3::gpu::cublas().status_string)

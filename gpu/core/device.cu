@@ -72,9 +72,9 @@ DeviceInfo query_device() {
     info.total_mem = prop.totalGlobalMem;
     if (cudaRuntimeGetVersion(&info.runtime_version) != cudaSuccess) cudaGetLastError();
     int major = 0, minor = 0, patch = 0;
-    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+    if (cublas().get_property(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublas().get_property(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublas().get_property(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
       info.cublas_version = major * 10000 + minor * 100 + patch;
   } catch (const std::exception& e) {
     info.present = false;

@@ -16,7 +16,7 @@ void gemm_xw(cublasHandle_t h, Idx rows, Idx in, Idx out, const double* X, const
              double* Y) {
   if (rows == 0 || out == 0) return;
   const double one = 1.0, zero = 0.0;
-  M3_CUBLAS_CHECK(cublasDgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, out, X, in,
+  M3_CUBLAS_CHECK(cublas().dgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one, W, out, X, in,
                                  &zero, Y, out));
 }
 
@@ -24,7 +24,7 @@ void gemm_dx(cublasHandle_t h, Idx rows, Idx in, Idx out, const double* dY, cons
              double* dX) {
   if (rows == 0 || in == 0) return;
   const double one = 1.0, zero = 0.0;
-  M3_CUBLAS_CHECK(cublasDgemm_64(h, CUBLAS_OP_T, CUBLAS_OP_N, in, rows, out, &one, W, out, dY, out,
+  M3_CUBLAS_CHECK(cublas().dgemm_64(h, CUBLAS_OP_T, CUBLAS_OP_N, in, rows, out, &one, W, out, dY, out,
                                  &zero, dX, in));
 }
 
@@ -32,7 +32,7 @@ void gemm_dw(cublasHandle_t h, Idx rows, Idx in, Idx out, const double* X, const
              double* dW) {
   if (in == 0 || out == 0) return;
   const double one = 1.0;
-  M3_CUBLAS_CHECK(cublasDgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, rows, &one, dY, out, X, in,
+  M3_CUBLAS_CHECK(cublas().dgemm_64(h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, rows, &one, dY, out, X, in,
                                  &one, dW, out));
 }
 

@@ -119,10 +119,10 @@ struct GpuOracle::Impl {
     mem.assign(layout.allocs.size(), nullptr);
     try {  // a failure half-way gives back what was taken (no destructor runs for it)
       M3_CUDA_CHECK(cudaStreamCreate(&s));
-      M3_CUBLAS_CHECK(cublasCreate(&blas));
-      M3_CUBLAS_CHECK(cublasSetStream(blas, s));
-      M3_CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
-      M3_CUBLAS_CHECK(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+      M3_CUBLAS_CHECK(cublas().create(&blas));
+      M3_CUBLAS_CHECK(cublas().set_stream(blas, s));
+      M3_CUBLAS_CHECK(cublas().set_math_mode(blas, CUBLAS_PEDANTIC_MATH));
+      M3_CUBLAS_CHECK(cublas().set_pointer_mode(blas, CUBLAS_POINTER_MODE_HOST));
       for (size_t i = 0; i < layout.allocs.size(); ++i) {
         const std::size_t bytes = std::max<std::size_t>(layout.allocs[i].bytes(), 8);
         M3_CUDA_CHECK(cudaMalloc(&mem[i], bytes));
@@ -146,7 +146,7 @@ struct GpuOracle::Impl {
     }
     if (delta_copy) cudaFree(delta_copy);
     delta_copy = nullptr;
-    if (blas) cublasDestroy(blas);
+    if (blas) cublas().destroy(blas);
     blas = nullptr;
     if (s) cudaStreamDestroy(s);
     s = nullptr;

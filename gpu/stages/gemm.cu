@@ -79,7 +79,7 @@ void gemm(const GpuContext& c, cublasOperation_t ta, cublasOperation_t tb, Idx m
           Idx ldc) {
   if (m == 0 || n == 0) return;
   const float alpha = 1.0f;
-  M3_CUBLAS_CHECK(cublasGemmEx(cublas_of(c), ta, tb, static_cast<int>(m), static_cast<int>(n),
+  M3_CUBLAS_CHECK(cublas().gemm_ex(cublas_of(c), ta, tb, static_cast<int>(m), static_cast<int>(n),
                                static_cast<int>(k), &alpha, A, cuda_type<T>(),
                                static_cast<int>(lda), B, cuda_type<T>(), static_cast<int>(ldb),
                                &beta, C, ctype, static_cast<int>(ldc), compute_type<T>(),

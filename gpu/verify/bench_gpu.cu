@@ -163,7 +163,7 @@ GemmCeiling time_gemm(GpuContext& ctx, const CeilingSpec& spec, Precision type) 
   GemmCeiling g;
   g.type = type;
   g.ms = time_median(s, spec, [&] {
-    M3_CUBLAS_CHECK(cublasGemmEx(cublas_of(ctx), CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha,
+    M3_CUBLAS_CHECK(cublas().gemm_ex(cublas_of(ctx), CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &alpha,
                                  A.data(), dt, ni, B.data(), dt, ni, &beta, C.data(), dt, ni,
                                  compute, CUBLAS_GEMM_DEFAULT));
   });
