@@ -2,8 +2,10 @@
 #include "device_compare.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -15,6 +17,7 @@
 #include "gpu_lineup.hpp"
 #include "oracle_gpu.hpp"
 #include "perturbed.hpp"
+#include "precision.hpp"
 #include "resources.hpp"
 #include "device.hpp"
 
@@ -46,6 +49,32 @@ gpu::DeviceValues values_of(const gpu::GpuBackbone::DeviceTensor& t) {
 }
 gpu::DeviceValues values_of(const gpu::DeviceBuffer& b, Idx n) {
   return {b.data(), gpu::ValueType::F64, n};
+}
+
+// A device buffer's values on the host, widened to double (exact for every stored type).
+std::vector<double> host_values(gpu::DeviceComparer& dc, const gpu::DeviceValues& v) {
+  const std::size_t n = static_cast<std::size_t>(v.n);
+  std::vector<double> out(n);
+  switch (v.type) {
+    case gpu::ValueType::F64:
+      dc.download(out.data(), v.data, n * sizeof(double));
+      break;
+    case gpu::ValueType::F32: {
+      std::vector<float> f(n);
+      dc.download(f.data(), v.data, n * sizeof(float));
+      for (std::size_t i = 0; i < n; ++i) out[i] = f[i];
+      break;
+    }
+    case gpu::ValueType::BF16:
+    case gpu::ValueType::F16: {
+      std::vector<std::uint16_t> h(n);
+      dc.download(h.data(), v.data, n * sizeof(std::uint16_t));
+      const bool bf = v.type == gpu::ValueType::BF16;
+      for (std::size_t i = 0; i < n; ++i) out[i] = bf ? bf16_bits_to_float(h[i]) : f16_bits_to_float(h[i]);
+      break;
+    }
+  }
+  return out;
 }
 
 Metrics to_metrics(const gpu::DeviceMetrics& d) {
@@ -91,8 +120,10 @@ class DeviceCell {
  public:
   DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
              const CellJudge::OracleShape& provided, gpu::GpuOracle& oracle,
-             gpu::DeviceComparer& dc, gpu::Fault fault, DeviceCompareCost& cost)
-      : spec_(spec), pb_(pb), p_(p), oracle_(oracle), dc_(dc), cost_(cost),
+             gpu::DeviceComparer& dc, gpu::Fault fault, DeviceCompareCost& cost,
+             const HostCopy& copy)
+      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), dc_(dc), cost_(cost),
+        copy_(copy),
         judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p),
                /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
     net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
@@ -106,14 +137,18 @@ class DeviceCell {
     net_->repeat_digests();
     // The oracle, each provided tensor measured against the subject's as its stage ends.
     oracle_.set_perturbation({});
-    pass(pb_, &DeviceCell::subject_row);
+    pass(pb_, [this](const gpu::OracleTensor& t) { subject_row(t); });
     judge_.subject_done();
     drop_unwanted();
     // The perturbed oracle's draws, while a verdict can still change: first the exact one (every
     // stored value rounded to its format: the production's own roundings, equal for equal
-    // values), then random ones.
+    // values), then random ones. With host copies the exact draw runs in any case: its values
+    // are the copies' baseline.
     const Perturbation pt = perturbation_of(p_);
-    for (int d = 0; d < kPerturbationDraws && judge_.open(); ++d) {
+    for (int d = 0; d < kPerturbationDraws; ++d) {
+      const bool judged = judge_.open();
+      const bool copies = d == 0 && copy_;
+      if (!judged && !copies) break;
       const bool exact = d == 0;
       const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt, d - 1);
       gpu::OraclePerturbation op;
@@ -123,9 +158,12 @@ class DeviceCell {
       op.exact = exact;
       op.seed = perturbation_seed(pb_.seed, pt.u_typed, d - 1, 1);
       oracle_.set_perturbation(op);
-      judge_.draw_begin(CellJudge::Term::Baseline);
-      pass(pp, &DeviceCell::draw_row);
-      judge_.draw_end();
+      if (judged) judge_.draw_begin(CellJudge::Term::Baseline);
+      pass(pp, [this, judged, copies](const gpu::OracleTensor& t) {
+        if (judged) draw_row(t);
+        if (copies && copied_.count(t.key)) take(CopyOf::Baseline, t.key, t.shape, values_of(t));
+      });
+      if (judged) judge_.draw_end();
       oracle_.set_perturbation({});
       drop_unwanted();
     }
@@ -151,19 +189,33 @@ class DeviceCell {
 
   // One oracle pass of `pb` (loaded first), each stage's provided tensors and then every
   // parameter gradient handed to `row` as they come.
-  void pass(const Problem& pb, void (DeviceCell::*row)(const gpu::OracleTensor&)) {
+  template <class Row>
+  void pass(const Problem& pb, Row row) {
     gpu::load_problem(oracle_, pb);
-    oracle_.set_observer([this, row](const gpu::OracleStage& st) {
-      for (const gpu::OracleTensor& t : st.tensors) (this->*row)(t);
+    oracle_.set_observer([row](const gpu::OracleStage& st) {
+      for (const gpu::OracleTensor& t : st.tensors) row(t);
     });
     gpu::run_pass(oracle_, pb);
     ++cost_.oracle_passes;
-    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) (this->*row)(oracle_.tensor(kp.key));
+    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) row(oracle_.tensor(kp.key));
+  }
+
+  // A judged row's values to the host (HostCopy).
+  void take(CopyOf what, const std::string& key, const std::vector<Idx>& shape,
+            const gpu::DeviceValues& v) {
+    Tensor t;
+    t.shape = shape;
+    t.data = host_values(dc_, v);
+    copy_(p_, mode_, what, key, std::move(t));
   }
 
   void subject_row(const gpu::OracleTensor& t) {
     const int row = judge_.row(t.key);
     if (row < 0) return;
+    if (copy_) {
+      take(CopyOf::Oracle, t.key, t.shape, values_of(t));
+      copied_.insert(t.key);
+    }
     gpu::GpuBackbone::DeviceTensor s;
     try {
       s = net_->device_tensor(t.key);
@@ -171,6 +223,7 @@ class DeviceCell {
       return;  // stays "missing from the subject"
     }
     if (s.n != t.numel()) return judge_.subject_mismatch(row, {s.n});
+    if (copy_) take(CopyOf::Subject, t.key, t.shape, values_of(s));
     const Metrics m = to_metrics(dc_.metrics(values_of(t), values_of(s), t.circular, p_, true));
     PositionProfile prof;
     if (judge_.wants_profile(row))
@@ -245,12 +298,15 @@ class DeviceCell {
   const RunSpec& spec_;
   const Problem& pb_;
   Precision p_;
+  ScanMode mode_;
   gpu::GpuOracle& oracle_;
   gpu::DeviceComparer& dc_;
   DeviceCompareCost& cost_;
+  const HostCopy& copy_;
   CellJudge judge_;
   std::unique_ptr<gpu::GpuBackbone> net_;
   std::map<int, KeptRow> kept_;
+  std::set<std::string> copied_;  // the keys whose oracle values went to the host
 };
 
 }  // namespace
@@ -282,25 +338,30 @@ std::string device_compare_unavailable() {
   return why;
 }
 
-Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
-                                 const std::vector<Precision>& precisions, gpu::Fault fault,
-                                 DeviceCompareCost* cost, const CellProgress& progress) {
-  const Clock::time_point t0 = Clock::now();
+std::map<std::string, std::vector<Idx>> device_compared_shapes(const Config& cfg, Idx B, Idx T) {
+  std::map<std::string, std::vector<Idx>> shapes;
+  for (const KeyedSpec& ks : gpu::oracle_stage_keys(cfg, B, T)) shapes[ks.key] = ks.shape;
+  for (const KeyedParam& kp : expected_param_keys(cfg)) shapes[kp.key] = kp.shape;
+  return shapes;
+}
+
+void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& precisions,
+                             const std::string& command) {
   validate_run(spec.cfg, spec.B, spec.T);
-  M3_REQUIRE(!precisions.empty(), "compare --oracle gpu", "no precision to compare", "");
-  M3_REQUIRE(!spec.modes.empty(), "compare --oracle gpu", "no scan mode to compare", "");
+  M3_REQUIRE(!precisions.empty(), command, "no precision to compare", "");
+  M3_REQUIRE(!spec.modes.empty(), command, "no scan mode to compare", "");
   for (CompareMode cm : spec.compare_modes)
-    M3_REQUIRE(cm == CompareMode::EndToEnd, "compare --oracle gpu",
+    M3_REQUIRE(cm == CompareMode::EndToEnd, command,
                "isolated (teacher-forced) cells need the oracle's values of every stage's inputs "
                "on the host: run them with --oracle cpu",
                "--mode ", compare_mode_name(cm));
   for (Precision p : precisions)
-    M3_REQUIRE(p != Precision::F64, "compare --oracle gpu", "the GPU path stores f32, bf16 or f16",
+    M3_REQUIRE(p != Precision::F64, command, "the GPU path stores f32, bf16 or f16",
                "f64 is the oracle's precision");
   const std::string why = device_compare_unavailable();
-  M3_REQUIRE(why.empty(), "compare --oracle gpu", "no usable GPU", why);
+  M3_REQUIRE(why.empty(), command, "no usable GPU", why);
   const std::string refused = gpu::GpuBackbone::unsupported(spec.cfg, spec.B, spec.T);
-  M3_REQUIRE(refused.empty(), "compare --oracle gpu", "the GPU path cannot run this shape", refused);
+  M3_REQUIRE(refused.empty(), command, "the GPU path cannot run this shape", refused);
 
   // Before any work: the oracle and each scan mode's subject (every registry tensor in its own
   // buffer, at most 4 bytes a value) must fit the free device memory together.
@@ -318,13 +379,21 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
         why << "needs about " << (oracle_b + subject_b) / gb << " GB (the oracle " << oracle_b / gb
             << " GB, the " << scan_mode_name(m) << " subject up to " << subject_b / gb << " GB), "
             << free_b / gb << " GB are free";
-        throw Error("compare --oracle gpu",
+        throw Error(command,
                     std::string("the oracle and the ") + scan_mode_name(m) +
                         " subject do not fit the device's memory together",
                     why.str());
       }
     }
   }
+}
+
+Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
+                                 const std::vector<Precision>& precisions, gpu::Fault fault,
+                                 DeviceCompareCost* cost, const CellProgress& progress,
+                                 const HostCopy& copy) {
+  const Clock::time_point t0 = Clock::now();
+  check_device_comparison(spec, precisions, "compare --oracle gpu");
 
   DeviceCompareCost local;
   DeviceCompareCost& c = cost ? *cost : local;
@@ -343,11 +412,8 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
     l.baseline_kind = BaselineKind::Perturbed;
     out.lineups.push_back(std::move(l));
   }
-  // What the GPU oracle provides, by key: its stage rows and every parameter gradient.
-  std::map<std::string, std::vector<Idx>> shapes;
-  for (const KeyedSpec& ks : gpu::oracle_stage_keys(spec.cfg, spec.B, spec.T))
-    shapes[ks.key] = ks.shape;
-  for (const KeyedParam& kp : expected_param_keys(spec.cfg)) shapes[kp.key] = kp.shape;
+  const std::map<std::string, std::vector<Idx>> shapes =
+      device_compared_shapes(spec.cfg, spec.B, spec.T);
   const CellJudge::OracleShape provided = [&shapes](const std::string& key) {
     auto it = shapes.find(key);
     return it == shapes.end() ? nullptr : &it->second;
@@ -363,7 +429,7 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   for (Precision p : precisions)
     for (ScanMode mode : spec.modes) {
       const Clock::time_point tc = Clock::now();
-      DeviceCell cell(spec, pb, p, mode, provided, oracle, dc, fault, c);
+      DeviceCell cell(spec, pb, p, mode, provided, oracle, dc, fault, c, copy);
       out.cells.push_back(cell.run());
       if (progress) {
         const CompareResult& r = out.cells.back();

@@ -30,10 +30,19 @@
 // rows' oracle copies (8 bytes a value) and draw deviations (4 bytes a value a draw). Before
 // anything is allocated, the oracle's and the subject's bytes are held against the free memory
 // (one line naming both); a kept copy that does not fit is the same kind of error.
+//
+// Host copies (HostCopy, for m3h dump --oracle gpu): the same run hands the judged rows' values
+// to the host as they come — the oracle's as each of its stages ends, the subject's buffer of
+// that key beside it, and the values of the perturbed oracle's exact draw (step 3's first draw,
+// OraclePerturbation::exact: the problem rounded by harness::rounded_problem, every stored value
+// rounded to its format), which then runs in every cell, also where no verdict needs it (its
+// figures enter a verdict only where one does, so the verdicts stay compare's). Host memory holds the rows of
+// spec.filter only; nothing more is kept on the device.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,13 +72,34 @@ std::string device_cost_line(const DeviceCompareCost& c);
 // Progress: one line per finished cell ("bf16 chunked e2e: 212 checks, 0 failed, 4.1 s").
 using CellProgress = std::function<void(const std::string&)>;
 
+// A judged row's values on the host, in f64 and the registry shape (the file comment's host
+// copies): the oracle's, the subject's (exact: every stored f32/bf16/f16 value is a double; only
+// where the subject has the key at the oracle's size) and the exact draw's, with the cell's
+// precision and scan mode.
+enum class CopyOf { Oracle, Subject, Baseline };
+using HostCopy = std::function<void(Precision p, ScanMode mode, CopyOf what,
+                                    const std::string& key, Tensor&& values)>;
+
+// The keys a device comparison can judge, with their shapes: what the GPU oracle provides for
+// (cfg, B, T) — its stage rows (gpu::oracle_stage_keys: the rows both scan modes share) and
+// every parameter gradient. Works in every build (no device needed).
+std::map<std::string, std::vector<Idx>> device_compared_shapes(const Config& cfg, Idx B, Idx T);
+
+// What run_device_comparison refuses before any work, each in one m3::Error line headed by
+// `command` ("compare --oracle gpu"): an invalid run shape, no precision or scan mode, an
+// isolated comparison mode, f64 as a subject precision, no usable device, a shape the GPU path
+// refuses, and the oracle and a scan mode's subject not fitting the free device memory together.
+// A command that says something before its run (m3h dump: its file's size) checks first.
+void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& precisions,
+                             const std::string& command);
+
 // Runs every (precision, scan mode) end-to-end cell of spec on pb with the GPU oracle. Throws
-// m3::Error (one line) for an isolated comparison mode, no usable device, a shape the GPU path
-// refuses, or too little device memory. `fault` goes into layer 0 of the subject (negative
-// controls). The Comparison's cells and reports are those of run_comparison.
+// m3::Error (one line) for what check_device_comparison refuses. `fault` goes into layer 0 of
+// the subject (negative controls). `copy` (may be empty): the host copies of every judged row.
+// The Comparison's cells and reports are those of run_comparison.
 Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
                                  const std::vector<Precision>& precisions, gpu::Fault fault,
                                  DeviceCompareCost* cost = nullptr,
-                                 const CellProgress& progress = {});
+                                 const CellProgress& progress = {}, const HostCopy& copy = {});
 
 }  // namespace m3::harness

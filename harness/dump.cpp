@@ -1,6 +1,9 @@
-// m3h dump (see dump.hpp for the file layout).
+// m3h dump (see dump.hpp for the file layout): the judged cells' key groups, made from the
+// host values of each row (the captures run_comparison judged, or the device comparison's host
+// copies) and written by one writer, so that both oracles give the same file.
 #include "dump.hpp"
 
+#include <functional>
 #include <map>
 
 #include "error.hpp"
@@ -43,7 +46,7 @@ std::string join(const std::vector<T>& v, F&& f) {
 }
 
 void write_meta(h5::Writer& w, const RunSpec& spec, const Problem& pb, const std::string& oracle,
-                const std::vector<Lineup>& lineups) {
+                const std::vector<Precision>& precisions) {
   const Config& c = pb.cfg;
   const std::string m = "/meta";
   w.group(m);
@@ -58,7 +61,7 @@ void write_meta(h5::Writer& w, const RunSpec& spec, const Problem& pb, const std
   w.attr(m, "source", spec.source);
   w.attr(m, "stage_pattern", spec.filter);
   w.attr(m, "oracle", oracle);
-  w.attr(m, "precisions", join(lineups, [](const Lineup& l) { return precision_name(l.precision); }));
+  w.attr(m, "precisions", join(precisions, precision_name));
   w.attr(m, "entering_states", spec.random_states ? "random" : "zero");
 }
 
@@ -72,95 +75,105 @@ Tensor difference(const Tensor& subject, const Tensor& oracle, bool circular) {
   return d;
 }
 
-}  // namespace
+// "/dump/<mode>/<precision>/<key>".
+std::string group_of(ScanMode mode, Precision p, const std::string& key) {
+  return std::string("/dump/") + scan_mode_name(mode) + "/" + precision_name(p) + "/" + key;
+}
 
-std::string axes_name(const std::vector<Sym>& syms) { return join(syms, sym_name); }
+bool positional(const TensorResult& r) {
+  return !r.is_param && r.syms && has_position_axis(*r.syms);
+}
 
-DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_in,
-                      const Problem& pb, const Implementation& oracle,
-                      const std::vector<Lineup>& lineups, const DumpOptions& dopt) {
-  RunSpec spec = spec_in;
-  spec.compare_modes = {CompareMode::EndToEnd};  // a dump holds end-to-end arrays
+// The dump's spec: end to end (a dump holds end-to-end arrays), and the error against position
+// of every [B·T, …] row it writes (TensorResult::by_position, computed where the judge measures).
+RunSpec dump_spec(const RunSpec& in) {
+  RunSpec spec = in;
+  spec.compare_modes = {CompareMode::EndToEnd};
+  spec.by_position = spec.filter;
+  return spec;
+}
+
+// Before any run: spec.filter names at least one key that `provided` accepts, and with
+// profiles_only a [B·T, …] one; `of` says which keys ("of this run", …).
+void check_pattern(const RunSpec& spec, const DumpOptions& dopt,
+                   const std::function<bool(const std::string&)>& provided, const std::string& of) {
   M3_REQUIRE(!spec.filter.empty(), "dump", "no --stage pattern", "say which keys to dump ('*' for all)");
-  M3_REQUIRE(!lineups.empty() && !spec.modes.empty(), "dump", "nothing to dump",
-             "no precision or no scan mode");
+  M3_REQUIRE(!spec.modes.empty(), "dump", "nothing to dump", "no scan mode");
   bool any = false, any_profile = false;
   for (ScanMode mode : spec.modes) {
     for (const auto& k : expected_keys(spec.cfg, spec.B, spec.T, mode))
-      any = any || key_matches(k, spec.filter);
+      any = any || (key_matches(k, spec.filter) && provided(k));
     for (const KeyedSpec& ks : expected_stage_keys(spec.cfg, spec.B, spec.T, mode))
-      any_profile = any_profile ||
-                    (has_position_axis(ks.spec->shape) && key_matches(ks.key, spec.filter));
+      any_profile = any_profile || (has_position_axis(ks.spec->shape) &&
+                                    key_matches(ks.key, spec.filter) && provided(ks.key));
   }
-  M3_REQUIRE(any, "dump", "--stage '" + spec.filter + "' matches no tensor of this run", "");
+  M3_REQUIRE(any, "dump", "--stage '" + spec.filter + "' matches no tensor " + of, "");
   M3_REQUIRE(!dopt.profiles_only || any_profile, "dump",
-             "--profiles-only: --stage '" + spec.filter + "' matches no [B*T, ...] tensor",
+             "--profiles-only: --stage '" + spec.filter + "' matches no [B*T, ...] tensor " + of,
              "only those have an error-against-position profile");
+}
 
-  // Everything is computed first and the file created only at the end, so that an interrupted
-  // or failing run leaves no temporary file behind while it computes (the writer's temporary
-  // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp). The verdicts are
-  // run_comparison's, on the captures it judged (its CellObserver).
-  struct Entry {
-    size_t row = 0;  // index into its cell's rows
-    std::string group;
-    Tensor oracle, subject, diff, baseline;
-    bool has_oracle = false, has_subject = false, has_baseline = false;
-    PositionProfile by_position;  // [B·T, …] tensors: the error against t (position.hpp)
-  };
-  std::vector<std::vector<Entry>> entries;  // per cell, in run order
-  std::vector<const CompareResult*> run_order;
-  const bool keep_arrays = !dopt.profiles_only;
-  auto observe = [&](const CompareResult& cell, const Capture& o, const Capture& s,
-                     const Capture* b) {
-    std::vector<Entry>& out = entries.emplace_back();
-    for (size_t ri = 0; ri < cell.rows.size(); ++ri) {
-      const TensorResult& r = cell.rows[ri];
-      const bool positional = !r.is_param && r.syms && has_position_axis(*r.syms);
-      if (dopt.profiles_only && !positional) continue;
-      Entry e;
-      e.row = ri;
-      e.group = std::string("/dump/") + scan_mode_name(cell.mode) + "/" +
-                precision_name(cell.precision) + "/" + r.key;
-      const Tensor* ot = o.find(r.key);
-      const Tensor* st = s.find(r.key);
-      const Tensor* bt = b ? b->find(r.key) : nullptr;
-      if (ot && keep_arrays) {
-        e.oracle = *ot;
-        e.has_oracle = true;
-      }
-      if (ot && st && st->shape == ot->shape) {
-        if (keep_arrays) {
-          e.subject = *st;
-          e.diff = difference(*st, *ot, r.circular);
-          e.has_subject = true;
-        }
-        if (positional) e.by_position = position_profile(*st, *ot, spec.B, spec.T, r.circular);
-      }
-      if (ot && bt && bt->shape == ot->shape && keep_arrays) {
-        e.baseline = *bt;
-        e.has_baseline = true;
-      }
-      out.push_back(std::move(e));
+// One key group of the file: its row of the cell, its arrays and its profile.
+struct Entry {
+  size_t row = 0;  // index into its cell's rows
+  Tensor oracle, subject, diff, baseline;
+  bool has_oracle = false, has_subject = false, has_baseline = false;
+  PositionProfile by_position;  // [B·T, …] tensors: the error against t (position.hpp)
+};
+
+// The key groups of one judged cell, in its row order.
+struct CellEntries {
+  const CompareResult* cell = nullptr;
+  std::vector<Entry> entries;
+};
+
+// The key groups of `cell`: every row (with profiles_only: every [B·T, …] row), each with the
+// values `find` gives for it on the host (null: not there) — the oracle's, the subject's and
+// the baseline's — the arrays only without profiles_only, the subject and its difference only
+// at the oracle's shape, the baseline too; the profile is the row's.
+using FindValues = std::function<const Tensor*(const std::string& key, CopyOf what)>;
+CellEntries cell_entries(const CompareResult& cell, const FindValues& find, const DumpOptions& dopt) {
+  CellEntries out;
+  out.cell = &cell;
+  for (size_t ri = 0; ri < cell.rows.size(); ++ri) {
+    const TensorResult& r = cell.rows[ri];
+    if (dopt.profiles_only && !positional(r)) continue;
+    Entry& e = out.entries.emplace_back();
+    e.row = ri;
+    e.by_position = r.by_position;
+    if (dopt.profiles_only) continue;
+    const Tensor* ot = find(r.key, CopyOf::Oracle);
+    if (!ot) continue;
+    e.oracle = *ot;
+    e.has_oracle = true;
+    const Tensor* st = find(r.key, CopyOf::Subject);
+    if (st && st->shape == ot->shape) {
+      e.subject = *st;
+      e.diff = difference(*st, *ot, r.circular);
+      e.has_subject = true;
     }
-  };
-  const Comparison c = run_comparison(spec, pb, oracle, lineups, observe);
-  // run order (mode outermost, then lineup) -> the comparison's precision-major cells
-  const size_t np = lineups.size(), nm = spec.modes.size();
-  for (size_t m = 0; m < nm; ++m)
-    for (size_t p = 0; p < np; ++p) run_order.push_back(&c.cells[p * nm + m]);
-  M3_REQUIRE(run_order.size() == entries.size(), "dump", "internal: cells and captures differ",
-             run_order.size(), " cells, ", entries.size(), " observed");
+    const Tensor* bt = find(r.key, CopyOf::Baseline);
+    if (bt && bt->shape == ot->shape) {
+      e.baseline = *bt;
+      e.has_baseline = true;
+    }
+  }
+  return out;
+}
 
+// The file (atomically: h5::Writer) from the judged cells' key groups.
+DumpResult write_file(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
+                      const std::string& oracle, const std::vector<Precision>& precisions,
+                      const DumpOptions& dopt, const std::vector<CellEntries>& cells) {
   DumpResult res;
   h5::Writer w(path, force);
-  write_meta(w, spec, pb, oracle.name, lineups);
+  write_meta(w, spec, pb, oracle, precisions);
   w.attr("/meta", "profiles_only", dopt.profiles_only ? 1 : 0);
   const auto nf = h5::NonFinite::Allow;
-  for (size_t ci = 0; ci < entries.size(); ++ci) {
-    for (const Entry& e : entries[ci]) {
-      const TensorResult& r = run_order[ci]->rows[e.row];
-      const std::string& g = e.group;
+  for (const CellEntries& ce : cells) {
+    for (const Entry& e : ce.entries) {
+      const TensorResult& r = ce.cell->rows[e.row];
+      const std::string g = group_of(ce.cell->mode, ce.cell->precision, r.key);
       w.group(g);
       if (e.has_oracle) {
         w.write(g + "/oracle", e.oracle, h5::DType::F64, nf);
@@ -197,7 +210,91 @@ DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_i
     }
   }
   w.commit();
+  return res;
+}
+
+}  // namespace
+
+std::string axes_name(const std::vector<Sym>& syms) { return join(syms, sym_name); }
+
+DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec_in,
+                      const Problem& pb, const Implementation& oracle,
+                      const std::vector<Lineup>& lineups, const DumpOptions& dopt) {
+  const RunSpec spec = dump_spec(spec_in);
+  M3_REQUIRE(!lineups.empty(), "dump", "nothing to dump", "no precision");
+  check_pattern(spec, dopt, [](const std::string&) { return true; }, "of this run");
+
+  // Everything is computed first and the file created only at the end, so that an interrupted
+  // or failing run leaves no temporary file behind while it computes (the writer's temporary
+  // is removed on SIGINT / SIGTERM too, golden/temp_files.hpp). The verdicts are
+  // run_comparison's, on the captures it judged (its CellObserver).
+  std::vector<CellEntries> observed;  // per cell, in run order
+  auto observe = [&](const CompareResult& cell, const Capture& o, const Capture& s,
+                     const Capture* b) {
+    const FindValues find = [&](const std::string& key, CopyOf what) -> const Tensor* {
+      switch (what) {
+        case CopyOf::Oracle: return o.find(key);
+        case CopyOf::Subject: return s.find(key);
+        case CopyOf::Baseline: return b ? b->find(key) : nullptr;
+      }
+      return nullptr;
+    };
+    observed.push_back(cell_entries(cell, find, dopt));
+  };
+  const Comparison c = run_comparison(spec, pb, oracle, lineups, observe);
+  // run order (mode outermost, then lineup) -> the comparison's precision-major cells
+  const size_t np = lineups.size(), nm = spec.modes.size();
+  M3_REQUIRE(np * nm == observed.size(), "dump", "internal: cells and captures differ",
+             np * nm, " cells, ", observed.size(), " observed");
+  for (size_t m = 0; m < nm; ++m)
+    for (size_t p = 0; p < np; ++p) observed[m * np + p].cell = &c.cells[p * nm + m];
+
+  std::vector<Precision> precisions;
+  for (const Lineup& l : lineups) precisions.push_back(l.precision);
+  DumpResult res = write_file(path, force, spec, pb, oracle.name, precisions, dopt, observed);
   res.cells = c.cells;  // precision-major, as run_comparison's
+  return res;
+}
+
+DumpResult write_device_dump(const std::string& path, bool force, const RunSpec& spec_in,
+                             const Problem& pb, const std::vector<Precision>& precisions,
+                             const DumpOptions& dopt, const CellProgress& progress) {
+  const RunSpec spec = dump_spec(spec_in);
+  const std::map<std::string, std::vector<Idx>> provided =
+      device_compared_shapes(spec.cfg, spec.B, spec.T);
+  check_pattern(spec, dopt, [&provided](const std::string& k) { return provided.count(k) > 0; },
+                "that the GPU oracle provides");
+  check_device_comparison(spec, precisions, "dump --oracle gpu");
+
+  // The judged rows' values as the run hands them over (none with profiles_only: the profiles
+  // come with the rows), by group; each leaves the map when its key group takes it.
+  struct Values {
+    Tensor t[3];  // by CopyOf
+    bool has[3] = {false, false, false};
+  };
+  std::map<std::string, Values> host;
+  const HostCopy copy = [&host](Precision p, ScanMode mode, CopyOf what, const std::string& key,
+                                Tensor&& t) {
+    Values& v = host[group_of(mode, p, key)];
+    v.t[static_cast<int>(what)] = std::move(t);
+    v.has[static_cast<int>(what)] = true;
+  };
+  DeviceCompareCost cost;
+  const Comparison c = run_device_comparison(spec, pb, precisions, gpu::Fault::None, &cost,
+                                             progress, dopt.profiles_only ? HostCopy{} : copy);
+  std::vector<CellEntries> cells;  // precision-major, the run's order
+  for (const CompareResult& cell : c.cells) {
+    const FindValues find = [&](const std::string& key, CopyOf what) -> const Tensor* {
+      auto it = host.find(group_of(cell.mode, cell.precision, key));
+      if (it == host.end() || !it->second.has[static_cast<int>(what)]) return nullptr;
+      return &it->second.t[static_cast<int>(what)];
+    };
+    cells.push_back(cell_entries(cell, find, dopt));
+    for (const TensorResult& r : cell.rows) host.erase(group_of(cell.mode, cell.precision, r.key));
+  }
+  DumpResult res = write_file(path, force, spec, pb, c.oracle_name, precisions, dopt, cells);
+  res.cells = c.cells;
+  res.device_cost = device_cost_line(cost);
   return res;
 }
 

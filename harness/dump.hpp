@@ -25,12 +25,30 @@
 // /meta has profiles_only = 1 (else 0); only [B·T, …] tensors are written.
 // NaN/Inf are stored as they are (a dump is for looking at failures). A subject that lacks a
 // key or has another shape gets no subject/diff datasets; its status attribute says why.
+//
+// Two ways to the same file:
+//   write_dump         the oracle of `oracle` (reference<double> or a golden file's, on the host)
+//                      and run_comparison's lineups: the verdicts are m3h compare's; baseline =
+//                      the lineup's first baseline draw (the CPU subject: the perturbed oracle's
+//                      first draw; the GPU subject: the emulation at the same precision);
+//                      /meta oracle = that oracle's name.
+//   write_device_dump  the GPU subject judged on the device against the GPU oracle
+//                      (device_compare.hpp): the verdicts, metrics and profiles are m3h compare
+//                      --device gpu --oracle gpu's, computed on the device; only the keys the
+//                      GPU oracle provides are written (the rows one scan algorithm has inside,
+//                      h_saved, chunk_states, …, are not), and only their arrays come to the
+//                      host (HostCopy); baseline = the perturbed GPU oracle's exact draw (the
+//                      problem rounded to the production's storage, every stored value rounded
+//                      to its format: HARNESS.md §11), run for the dump whether or not a verdict
+//                      needs it; /meta oracle = "gpu-oracle<double>". With profiles_only nothing
+//                      but the profiles (computed on the device) comes to the host.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "compare.hpp"
+#include "device_compare.hpp"
 #include "problem.hpp"
 #include "run.hpp"
 
@@ -42,6 +60,7 @@ struct DumpResult {
   std::vector<CompareResult> cells;  // as run_comparison's, precision-major
   int n_keys = 0;                    // key groups written (over all cells)
   int n_datasets = 0;
+  std::string device_cost;           // write_device_dump: device_cost_line of its run; else ""
 };
 
 struct DumpOptions {
@@ -57,6 +76,14 @@ struct DumpOptions {
 DumpResult write_dump(const std::string& path, bool force, const RunSpec& spec, const Problem& pb,
                       const Implementation& oracle, const std::vector<Lineup>& lineups,
                       const DumpOptions& opt = {});
+
+// The verdicts are run_device_comparison's on `precisions` (compare --oracle gpu's). Requires
+// a non-empty spec.filter matching at least one key the GPU oracle provides (with
+// profiles_only: one [B·T, …] tensor); m3::Error otherwise, and for what
+// check_device_comparison refuses ("dump --oracle gpu"). `progress`: one line per cell.
+DumpResult write_device_dump(const std::string& path, bool force, const RunSpec& spec,
+                             const Problem& pb, const std::vector<Precision>& precisions,
+                             const DumpOptions& opt = {}, const CellProgress& progress = {});
 
 // "BT,NH,HD".
 std::string axes_name(const std::vector<Sym>& syms);

@@ -37,6 +37,7 @@
 #include "test_io.hpp"
 #include "device.hpp"
 #include "golden.hpp"
+#include "gpu_lineup.hpp"
 #include "h5store.hpp"
 #include "json.hpp"
 #include "metrics.hpp"
@@ -1047,6 +1048,44 @@ TEST_F(CliTest, DumpWithoutStageOrOutIsBadUsage) {
   EXPECT_EQ(m3h("dump --device cpu --out '" + path("x.h5").string() + "'").status, 2);
   EXPECT_EQ(m3h("dump --device cpu --stage 'L0/*'").status, 2);
   EXPECT_FALSE(fs::exists(path("x.h5")));
+}
+
+// --oracle gpu judges the GPU subject on the device (HARNESS.md §11): dump and compare refuse
+// every misuse the same way (tools/cli.hpp, oracle_option), in one line, exit 2, before any
+// work and without writing a file.
+TEST_F(CliTest, OracleGpuMisusesAreOneLineBeforeAnyWork) {
+  const std::string out = " --out '" + path("o.h5").string() + "'";
+  const std::string golden = " --golden '" + path("g.h5").string() + "'";
+  struct Case {
+    std::string args, says;
+  };
+  std::vector<Case> cases = {
+      {"dump --oracle tpu --device cpu --stage L0/F3/dt" + out, "--oracle 'tpu': expected cpu or gpu"},
+      {"dump --oracle gpu --device cpu --stage L0/F3/dt" + out, "use it with --device gpu"},
+      {"dump --oracle gpu --stage L0/F3/dt" + golden + out, "not with --golden"},
+      {"compare --oracle tpu --device cpu", "--oracle 'tpu': expected cpu or gpu"},
+      {"compare --oracle gpu --device cpu", "use it with --device gpu"},
+      {"compare --oracle gpu --mode isolated", "end to end only"},
+      {"compare --oracle gpu --sweep 2", "not with --sweep"},
+      {"compare --oracle gpu" + golden, "not with --golden"},
+  };
+  // Without a usable GPU, --device auto has nothing to run it on: one line says so (not auto's
+  // fallback note followed by an error).
+  if (!harness::gpu_absent_reason().empty()) {
+    cases.push_back({"dump --oracle gpu --stage L0/F3/dt" + out, "no GPU found"});
+    cases.push_back({"compare --oracle gpu", "no GPU found"});
+  }
+  for (const Case& c : cases) {
+    const RunResult r = m3h(c.args + " " + kSmall);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(r.out, "") << c.args << ": nothing runs before the refusal";
+  }
+  EXPECT_FALSE(fs::exists(path("o.h5")));
+  const std::string help = m3h("dump --help").out;
+  EXPECT_NE(help.find("--oracle arg (=cpu)"), std::string::npos) << help;
+  EXPECT_NE(help.find("exact"), std::string::npos) << "the help says what /baseline holds";
 }
 
 // ---- --golden ------------------------------------------------------------------------------

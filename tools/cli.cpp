@@ -596,6 +596,37 @@ std::string resolve_device(const std::string& device, const char* fallback) {
   return "cpu";
 }
 
+std::string oracle_option(const po::variables_map& vm) {
+  const std::string oracle = vm["oracle"].as<std::string>();
+  if (oracle != "cpu" && oracle != "gpu")
+    throw UsageError("--oracle '" + echo(oracle) + "': expected cpu or gpu");
+  if (oracle == "cpu") return oracle;
+  if (vm.count("golden"))
+    throw UsageError("--oracle gpu: not with --golden (the file's stored oracle is the oracle)");
+  if (vm.count("sweep"))
+    throw UsageError("--oracle gpu: not with --sweep (a sweep's problems are the CPU oracle's size)");
+  if (vm.count("mode"))
+    for (harness::CompareMode cm : parse_compare_modes(vm["mode"].as<std::string>()))
+      if (cm == harness::CompareMode::Isolated)
+        throw UsageError("--oracle gpu: end to end only (--mode e2e); isolated cells need the "
+                         "oracle's values of every stage's inputs on the host (--oracle cpu)");
+  const std::string device = vm["device"].as<std::string>();
+  if (device == "cpu")
+    throw UsageError("--oracle gpu judges the GPU path on the device: use it with --device gpu");
+  if (device == "auto") {  // said here in one line, not as auto's fallback note and then an error
+    const std::string absent = harness::gpu_absent_reason();
+    if (!absent.empty())
+      throw UsageError("--oracle gpu judges the GPU path on the device: no GPU found (" + absent + ")");
+  }
+  return oracle;
+}
+
+std::function<void(const std::string&)> cell_progress(std::size_t cells) {
+  return [cells, done = std::size_t{0}](const std::string& line) mutable {
+    std::cerr << "cell " << ++done << "/" << cells << ": " << line << "\n";
+  };
+}
+
 std::vector<Precision> parse_dtype_list(const std::string& s) {
   if (s == "all") return {Precision::F32, Precision::BF16, Precision::F16};
   std::vector<Precision> out;

@@ -4,7 +4,9 @@
 // harness/ (run.hpp, dump.hpp, bench.hpp, report.hpp, report_json.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -128,6 +130,19 @@ std::vector<harness::CompareMode> parse_compare_modes(const std::string& s);
 // on stderr saying so and what runs instead ("m3h: no GPU found: <fallback> (<why>)") and
 // returns "cpu". An explicit gpu without a usable GPU, or anything else, is a UsageError.
 std::string resolve_device(const std::string& device, const char* fallback);
+
+// --oracle of compare and dump: "cpu" (reference<double> on the host, or a --golden file's
+// stored oracle) or "gpu" (the GPU oracle in f64, every figure computed on the device:
+// harness/device_compare.hpp). "gpu" needs a problem the command builds (not --golden, whose
+// stored oracle is the oracle; not --sweep, whose problems are the CPU oracle's size), end to end
+// only (--mode e2e, where the command has --mode), and the GPU subject (--device gpu, or auto
+// with a usable GPU). Returns "cpu" or "gpu"; anything else, and every misuse, is a UsageError of
+// one line. Called before resolve_device, so that auto without a GPU is that one line only.
+std::string oracle_option(const po::variables_map& vm);
+
+// The progress of a device comparison of `cells` cells (compare and dump --oracle gpu): each
+// finished cell's line on stderr as "cell 2/6: <line>".
+std::function<void(const std::string&)> cell_progress(std::size_t cells);
 
 // Parses args against `desc`; any positional argument, and an empty value of any option that
 // names a path, is a UsageError naming the command or the option.

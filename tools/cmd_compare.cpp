@@ -151,13 +151,8 @@ int run_sweep(const po::variables_map& vm, const std::vector<Precision>& precisi
 harness::Comparison device_comparison(const harness::RunSpec& spec, const Problem& pb,
                                       const std::vector<Precision>& precisions, gpu::Fault fault,
                                       harness::DeviceCompareCost& cost) {
-  const std::size_t cells = precisions.size() * spec.modes.size();
-  std::size_t done = 0;
   return harness::run_device_comparison(spec, pb, precisions, fault, &cost,
-                                        [&](const std::string& line) {
-                                          std::cerr << "cell " << ++done << "/" << cells << ": "
-                                                    << line << "\n";
-                                        });
+                                        cell_progress(precisions.size() * spec.modes.size()));
 }
 
 }  // namespace
@@ -204,27 +199,12 @@ int cmd_compare(const std::vector<std::string>& args) {
     throw UsageError("--fault '" + vm["fault"].as<std::string>() +
                      "': expected none, drop-beta, flip-angle, chunk-boundary or round-twice");
   }
+  const std::string oracle = oracle_option(vm);
   const std::string device = resolve_device(vm["device"].as<std::string>(),
                                             "running the CPU rows only");
   if (fault != gpu::Fault::None && device != "gpu")
     throw UsageError(std::string("--fault ") + gpu::fault_name(fault) +
                      ": faults are injected in the GPU subject only (--device gpu)");
-  const std::string oracle = vm["oracle"].as<std::string>();
-  if (oracle != "cpu" && oracle != "gpu")
-    throw UsageError("--oracle '" + echo(oracle) + "': expected cpu or gpu");
-  if (oracle == "gpu") {
-    if (device != "gpu")
-      throw UsageError("--oracle gpu judges the GPU path on the device: use it with --device gpu");
-    for (const char* f : {"sweep", "golden"})
-      if (vm.count(f))
-        throw UsageError(std::string("--oracle gpu: not with --") + f +
-                         (std::string(f) == "golden" ? " (the file's stored oracle is the oracle)"
-                                                     : " (a sweep's problems are the CPU oracle's size)"));
-    for (harness::CompareMode cm : compare_modes)
-      if (cm == harness::CompareMode::Isolated)
-        throw UsageError("--oracle gpu: end to end only (--mode e2e); isolated cells need the "
-                         "oracle's values of every stage's inputs on the host (--oracle cpu)");
-  }
   if (vm.count("sweep")) return run_sweep(vm, precisions, device, fault);
   if (vm["no-shrink"].as<bool>()) throw UsageError("--no-shrink: only with --sweep");
   if (vm.count("sweep-from")) throw UsageError("--sweep-from: only with --sweep");

@@ -1,11 +1,14 @@
 // m3h dump: oracle, baseline, subject and difference arrays of chosen tensors to an HDF5 file
-// (HARNESS.md §5; the layout is harness/dump.hpp).
+// (HARNESS.md §5; the layout is harness/dump.hpp). With --oracle gpu the GPU subject is judged on
+// the device against the GPU oracle, as m3h compare --oracle gpu does (HARNESS.md §11), and
+// only the matching keys' arrays come to the host (harness::write_device_dump).
 #include <cstdio>
 #include <iostream>
 #include <map>
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "device_compare.hpp"
 #include "dump.hpp"
 #include "gpu_lineup.hpp"
 #include "position.hpp"
@@ -25,7 +28,9 @@ const char* kSummary =
     "  /dump/<mode>/<precision>/<key>/oracle    f64, the registry shape\n"
     "  /dump/<mode>/<precision>/<key>/subject   f64 (exact values of the subject's storage)\n"
     "  /dump/<mode>/<precision>/<key>/baseline  f64, the baseline (on the CPU: the perturbed\n"
-    "                                           oracle's first draw; on the GPU: the emulation)\n"
+    "                                           oracle's first draw; on the GPU: the emulation;\n"
+    "                                           --oracle gpu: the perturbed GPU oracle's exact\n"
+    "                                           draw, every stored value rounded to its format)\n"
     "  /dump/<mode>/<precision>/<key>/diff      subject - oracle (angles: circular distance)\n"
     "  /dump/<mode>/<precision>/<key>/by_position/max_abs, rel_l2\n"
     "                                           [T]: the error at each position t, over b and\n"
@@ -40,6 +45,12 @@ const char* kSummary =
     "--force (narrow --stage, or --profiles-only). --list-keys lists the keys of the problem\n"
     "(those matching --stage when given) with their axes, shapes and scan modes, and writes\n"
     "nothing; a --stage that matches nothing names the nearest keys.\n"
+    "--oracle gpu (with --device gpu): the verdicts, metrics and profiles of m3h compare\n"
+    "--device gpu --oracle gpu, computed on the device, and /meta oracle = gpu-oracle<double>;\n"
+    "only the matching keys' arrays come to the host, so host memory grows with the dump, not\n"
+    "with B*T or the layers. The GPU oracle's scan is the recurrence itself: the keys one scan\n"
+    "algorithm has inside (h_saved, chunk_states, ...) are not dumped (a line after the size\n"
+    "names those that match).\n"
     "Exit status: 0 written (whatever the tensors' verdicts), 2 bad usage or bad input.";
 
 // A file larger than this is written only with --force: '*' on the default problem is
@@ -115,7 +126,8 @@ int cmd_dump(const std::vector<std::string>& args) {
     ("profiles-only", po::bool_switch(), "write only the error-against-position profiles (by_position) of the matching [B*T, ...] tensors, not their arrays: O(T) per key")
     ("dtype", po::value<std::string>()->default_value("f32"), "subject storage precisions: a comma list of f32, bf16, f16, or all (default f32: each precision adds a file's worth)")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list); with --golden: the file's modes")
-    ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)");
+    ("device", po::value<std::string>()->default_value("auto"), "where the subject runs: gpu (baseline = the reference at the same precision), cpu, or auto (gpu when present)")
+    ("oracle", po::value<std::string>()->default_value("cpu"), "the oracle: cpu (reference<double>, Eigen, on the host: the root of trust) or gpu (the GPU oracle in f64, with --device gpu: compare --oracle gpu's verdicts, computed on the device, the perturbed GPU oracle's exact draw as the baseline, and only the matching keys copied to the host; for shapes the host cannot hold)");
   // clang-format on
   po::options_description all;
   all.add(run).add(problem_options(true));
@@ -136,6 +148,13 @@ int cmd_dump(const std::vector<std::string>& args) {
     check_output_path(vm, "out", vm["force"].as<bool>());  // before any work
   }
   const std::vector<Precision> precisions = parse_dtype_list(vm["dtype"].as<std::string>());
+  // Where the subject runs and which oracle judges it, before any work (not for --list-keys,
+  // which runs nothing).
+  std::string oracle = "cpu", device;
+  if (!list) {
+    oracle = oracle_option(vm);
+    device = resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
+  }
 
   ProblemSource src = load_problem(vm);
   src.spec.filter = pattern;
@@ -160,6 +179,25 @@ int cmd_dump(const std::vector<std::string>& args) {
     std::cout << matching.size() << " key(s)\n";
     return 0;
   }
+  // With the GPU oracle, only the keys it provides: the others are named, and a pattern of
+  // those only is refused, naming the nearest keys it does provide.
+  std::vector<std::string> not_provided;
+  if (oracle == "gpu") {
+    const auto provided = harness::device_compared_shapes(src.spec.cfg, src.spec.B, src.spec.T);
+    std::vector<KeyInfo> kept;
+    std::vector<std::string> provided_keys;
+    for (const KeyInfo& k : run_keys(src.spec))
+      if (provided.count(k.key)) provided_keys.push_back(k.key);
+    for (const KeyInfo& k : matching) {
+      if (provided.count(k.key)) kept.push_back(k);
+      else not_provided.push_back(k.key);
+    }
+    if (kept.empty())
+      throw UsageError("--oracle gpu: --stage '" + echo(pattern) + "' matches only keys of one scan "
+                       "algorithm's inside, which the GPU oracle does not compute (" +
+                       not_provided.front() + ", ...)" + near_keys_note(pattern, provided_keys));
+    matching = std::move(kept);
+  }
   const bool profiles_only = vm["profiles-only"].as<bool>();
   const double bytes = dump_bytes(matching, src.spec, precisions.size(), profiles_only);
   const std::string out = vm["out"].as<std::string>();
@@ -167,22 +205,37 @@ int cmd_dump(const std::vector<std::string>& args) {
     throw UsageError("dump: about " + mib(bytes) + " to write (" + std::to_string(matching.size()) +
                      " keys x " + std::to_string(precisions.size()) + " precision(s), every scan mode); "
                      "past 256 MiB only with --force (or narrow --stage, or --profiles-only)");
-  const std::string device =
-      resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
-  std::cout << "m3h dump: about " << mib(bytes) << " (" << matching.size()
-            << " keys per precision and scan mode) to " << echo(out, 400) << "\n"
-            << std::flush;
   harness::DumpOptions dopt;
   dopt.profiles_only = profiles_only;
-  // The lineups of m3h compare (the same baselines, so the same verdicts).
+  if (oracle == "gpu") {
+    // The device's refusals (no device, a shape the GPU path cannot run, the oracle and a
+    // subject not fitting its memory) before the size line, as every refusal.
+    harness::check_device_comparison(src.spec, precisions, "dump --oracle gpu");
+  }
+  std::cout << "m3h dump: about " << mib(bytes) << " (" << matching.size()
+            << " keys per precision and scan mode) to " << echo(out, 400) << "\n";
+  if (!not_provided.empty()) {
+    std::cout << "m3h dump: " << not_provided.size()
+              << " matching key(s) of one scan algorithm's inside not dumped (the GPU oracle's "
+                 "scan is the recurrence itself):";
+    for (size_t i = 0; i < not_provided.size() && i < 4; ++i) std::cout << " " << not_provided[i];
+    std::cout << (not_provided.size() > 4 ? " ...\n" : "\n");
+  }
+  std::cout << std::flush;
   const harness::DumpResult r =
-      harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,
-                          harness::judged_lineups(device, precisions), dopt);
+      oracle == "gpu"
+          ? harness::write_device_dump(out, vm["force"].as<bool>(), src.spec, src.problem,
+                                       precisions, dopt,
+                                       cell_progress(precisions.size() * src.spec.modes.size()))
+          // The lineups of m3h compare (the same baselines, so the same verdicts).
+          : harness::write_dump(out, vm["force"].as<bool>(), src.spec, src.problem, src.oracle,
+                                harness::judged_lineups(device, precisions), dopt);
   std::cout << "m3h dump: wrote " << r.n_keys << " key group(s) (" << r.n_datasets
             << " datasets) to " << echo(out, 400) << " under /dump/<mode>/<precision>/<key>/\n";
   for (const auto& c : r.cells)
     std::cout << "  " << harness::cell_name(c) << ": " << c.rows.size() << " keys, " << c.n_fail()
               << " over budget\n";
+  if (!r.device_cost.empty()) std::cout << r.device_cost << "\n";
   return 0;
 }
 
