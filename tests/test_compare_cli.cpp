@@ -324,6 +324,24 @@ TEST_F(CliTest, DumpListKeysListsEveryKeyWithItsShapeAndWritesNothing) {
     EXPECT_NE(e.path().extension(), ".h5") << "--list-keys wrote " << e.path();
 }
 
+// --list-keys --oracle gpu lists the keys the GPU oracle provides (no device needed: nothing
+// runs) and counts the ones it leaves out; a bad --oracle is refused there too.
+TEST_F(CliTest, DumpListKeysWithTheGpuOracleLeavesOutOneScanAlgorithmsInside) {
+  RunResult r = m3h(std::string("dump --list-keys --oracle gpu --scan seq --stage 'L0/F6/*' ") + kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("L0/F6/y ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("h_saved "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("more that the GPU oracle does not compute"), std::string::npos) << r.out;
+  const RunResult all = m3h(std::string("dump --list-keys --scan seq --stage 'L0/F6/*' ") + kSmall);
+  ASSERT_EQ(all.status, 0) << all.err;
+  EXPECT_NE(all.out.find("h_saved "), std::string::npos) << all.out;
+  EXPECT_GT(count_lines(all.out), count_lines(r.out)) << all.out << r.out;
+  r = m3h(std::string("dump --list-keys --oracle tpu ") + kSmall);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--oracle is cpu or gpu"), std::string::npos) << r.err;
+}
+
 // A pattern that matches nothing names the nearest keys by edit distance (dump and compare).
 TEST_F(CliTest, AStagePatternThatMatchesNothingSuggestsTheNearestKeys) {
   for (const std::string& cmd :

@@ -156,6 +156,11 @@ int cmd_dump(const std::vector<std::string>& args) {
     device = resolve_device(vm["device"].as<std::string>(), "dumping the CPU subject only");
   }
 
+  // --list-keys --oracle gpu lists what the GPU oracle provides (nothing runs, so no device check).
+  if (list && vm["oracle"].as<std::string>() != "cpu" && vm["oracle"].as<std::string>() != "gpu")
+    throw UsageError("dump: --oracle is cpu or gpu, not '" + echo(vm["oracle"].as<std::string>()) +
+                     "'");
+  const bool gpu_oracle = list ? vm["oracle"].as<std::string>() == "gpu" : oracle == "gpu";
   ProblemSource src = load_problem(vm);
   src.spec.filter = pattern;
   std::vector<KeyInfo> matching;
@@ -167,22 +172,10 @@ int cmd_dump(const std::vector<std::string>& args) {
   if (matching.empty())
     throw UsageError("--stage '" + echo(pattern) + "' matches no tensor of this run" +
                      near_keys_note(pattern, all_keys) + " (--list-keys lists them)");
-  if (list) {
-    size_t kw = 3;
-    for (const KeyInfo& k : matching) kw = std::max(kw, k.key.size());
-    for (const KeyInfo& k : matching) {
-      std::string key = k.key, axes = k.axes.empty() ? "param" : k.axes;
-      key.resize(kw + 2, ' ');
-      axes.resize(std::max<size_t>(axes.size() + 2, 14), ' ');
-      std::cout << key << axes << shape_str(k.shape) << "  " << k.modes << "\n";
-    }
-    std::cout << matching.size() << " key(s)\n";
-    return 0;
-  }
   // With the GPU oracle, only the keys it provides: the others are named, and a pattern of
   // those only is refused, naming the nearest keys it does provide.
   std::vector<std::string> not_provided;
-  if (oracle == "gpu") {
+  if (gpu_oracle) {
     const auto provided = harness::device_compared_shapes(src.spec.cfg, src.spec.B, src.spec.T);
     std::vector<KeyInfo> kept;
     std::vector<std::string> provided_keys;
@@ -197,6 +190,23 @@ int cmd_dump(const std::vector<std::string>& args) {
                        "algorithm's inside, which the GPU oracle does not compute (" +
                        not_provided.front() + ", ...)" + near_keys_note(pattern, provided_keys));
     matching = std::move(kept);
+  }
+  if (list) {
+    size_t kw = 3;
+    for (const KeyInfo& k : matching) kw = std::max(kw, k.key.size());
+    for (const KeyInfo& k : matching) {
+      std::string key = k.key, axes = k.axes.empty() ? "param" : k.axes;
+      key.resize(kw + 2, ' ');
+      axes.resize(std::max<size_t>(axes.size() + 2, 14), ' ');
+      std::cout << key << axes << shape_str(k.shape) << "  " << k.modes << "\n";
+    }
+    std::cout << matching.size() << " key(s)";
+    if (!not_provided.empty())
+      std::cout << "; " << not_provided.size()
+                << " more that the GPU oracle does not compute (one scan algorithm's inside), e.g. "
+                << not_provided.front();
+    std::cout << "\n";
+    return 0;
   }
   const bool profiles_only = vm["profiles-only"].as<bool>();
   const double bytes = dump_bytes(matching, src.spec, precisions.size(), profiles_only);
