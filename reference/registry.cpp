@@ -186,20 +186,28 @@ Life lifetime(const TensorSpec& spec, ScanMode mode, Recompute rc) {
   return r.scan && rc == Recompute::Scan ? Life::Workspace : r.chunked;
 }
 
-LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
-                       Recompute rc) {
+std::vector<LayerTensorBytes> layer_tensor_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode,
+                                                 Precision storage, Recompute rc) {
   const std::size_t typed = storage == Precision::BF16 || storage == Precision::F16 ? 2 : 4;
-  LayerBytes out;
+  std::vector<LayerTensorBytes> out;
   for (const auto& s : stage_registry()) {
     if (s.scope != Scope::Layer || !exists_in(s, cfg, mode)) continue;
     const Idx n = shape_numel(resolve_shape(s.shape, cfg, B, T));
-    const std::size_t bytes = static_cast<std::size_t>(n) * (s.typed ? typed : 4);
-    switch (lifetime(s, mode, rc)) {
-      case Life::Saved: out.saved += bytes; break;
-      case Life::View: out.view += bytes; break;
-      case Life::Columns: out.columns += bytes; break;
-      case Life::Workspace: out.workspace += bytes; break;
-      case Life::Verify: out.verify += bytes; break;
+    out.push_back({&s, lifetime(s, mode, rc), static_cast<std::size_t>(n) * (s.typed ? typed : 4)});
+  }
+  return out;
+}
+
+LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
+                       Recompute rc) {
+  LayerBytes out;
+  for (const LayerTensorBytes& t : layer_tensor_bytes(cfg, B, T, mode, storage, rc)) {
+    switch (t.life) {
+      case Life::Saved: out.saved += t.bytes; break;
+      case Life::View: out.view += t.bytes; break;
+      case Life::Columns: out.columns += t.bytes; break;
+      case Life::Workspace: out.workspace += t.bytes; break;
+      case Life::Verify: out.verify += t.bytes; break;
     }
   }
   return out;

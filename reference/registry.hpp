@@ -153,6 +153,16 @@ struct LayerBytes {
 LayerBytes layer_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode, Precision storage,
                        Recompute rc);
 
+// The same count per tensor: every layer tensor that exists in the run, in registry order, with
+// its production lifetime and its bytes in one layer (what layer_bytes adds up).
+struct LayerTensorBytes {
+  const TensorSpec* spec;
+  Life life;
+  std::size_t bytes;
+};
+std::vector<LayerTensorBytes> layer_tensor_bytes(const Config& cfg, Idx B, Idx T, ScanMode mode,
+                                                 Precision storage, Recompute rc);
+
 struct ParamSpec {
   Scope scope;
   const char* name;

@@ -514,6 +514,36 @@ TEST_F(CliTest, BenchHelpNamesGraphReplaysAndTheMarginalLayer) {
 }
 
 // Bad arguments are refused, with one line, before anything is timed, with or without a GPU.
+// --memory-plan: the registry's count per tensor, no device: the saved total per further layer
+// is layer_bytes', the chunk states lead with recompute none and are gone with scan, the
+// sequential mode is listed once; a timing option beside it is refused in one line.
+TEST_F(CliTest, BenchMemoryPlanIsTheRegistrysCountPerTensor) {
+  RunResult r = m3h("bench --memory-plan --shapes official --dtype bf16 --scan chunked,seq "
+                    "--recompute none,scan");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Config off = harness::find_preset("official").cfg;
+  char want[64];
+  for (Recompute rc : {Recompute::None, Recompute::Scan}) {
+    const LayerBytes b = layer_bytes(off, 8, 4096, ScanMode::Chunked, Precision::BF16, rc);
+    std::snprintf(want, sizeof want, "saved per further layer %.3f GiB", b.saved / 1073741824.0);
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  }
+  const size_t none = r.out.find("recompute none"), scan = r.out.find("recompute scan");
+  ASSERT_NE(none, std::string::npos);
+  ASSERT_NE(scan, std::string::npos);
+  EXPECT_NE(r.out.find("F6/chunk_states_saved"), std::string::npos);
+  EXPECT_LT(r.out.find("F6/chunk_states_saved"), scan) << "only with recompute none";
+  EXPECT_EQ(r.out.find("F6/chunk_states_saved", scan), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("bf16 seq, recompute"), std::string::npos) << "seq has no policy";
+  EXPECT_NE(r.out.find("F6/h_saved"), std::string::npos) << r.out;
+  for (const std::string& bad : {"--profile", "--reference", "--ceilings", "--graph"}) {
+    r = m3h("bench --memory-plan " + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--memory-plan runs nothing"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(CliTest, BenchRejectsBadArgumentsWithOneLine) {
   for (const char* args :
        {"bench --repeats 0", "bench --warmup -1", "bench --shapes nonsense",

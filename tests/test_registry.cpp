@@ -316,6 +316,16 @@ TEST(Registry, LayerBytesSumTheLayerTensorsAndMeetTheOfficialShapeTarget) {
         }
         const m3::LayerBytes b = m3::layer_bytes(rc.cfg, rc.B, rc.T, mode, p, m3::Recompute::Scan);
         EXPECT_EQ(b.saved + b.view + b.columns + b.workspace + b.verify, all) << rc.name;
+        // Per tensor: every layer tensor of the run once, its bytes and lifetime as counted.
+        std::size_t per_tensor = 0, saved = 0;
+        for (const m3::LayerTensorBytes& t :
+             m3::layer_tensor_bytes(rc.cfg, rc.B, rc.T, mode, p, m3::Recompute::Scan)) {
+          per_tensor += t.bytes;
+          if (t.life == m3::Life::Saved) saved += t.bytes;
+          EXPECT_EQ(t.life, m3::lifetime(*t.spec, mode, m3::Recompute::Scan)) << t.spec->tensor;
+        }
+        EXPECT_EQ(per_tensor, all) << rc.name;
+        EXPECT_EQ(saved, b.saved) << rc.name;
         EXPECT_GT(b.saved, 0u) << rc.name;
       }
   Config off;  // the official Mamba-3 shape (harness/presets.cpp "official")

@@ -10,6 +10,9 @@
 //   --graph       the GPU rows time replays of CUDA graphs (gpu/graph.hpp) of the forward and
 //                 the forward+backward, recorded once after the warm-up: the same kernels
 //                 without the host's launch work and with shorter gaps between them
+//   --memory-plan per shape, dtype, scan mode and recompute policy, what one further layer keeps
+//                 from its forward for its backward: the saved tensors by the registry's count
+//                 (registry.hpp layer_tensor_bytes), largest first; runs nothing, no device.
 //   --profile     the ceilings first (once), then after each GPU row a table of the stages of
 //                 one forward+backward: ms, share, the minimum bytes and FLOPs of the stage
 //                 (harness/roofline.hpp), achieved GB/s and TFLOP/s as % of the ceilings, the
@@ -29,6 +32,7 @@
 // policies to run (registry.hpp Recompute). --against FILE sets another implementation's
 // figures, read from FILE (harness/against.hpp; docs/data/ keeps the official block's), beside
 // the marginal layers of FILE's precision, with the ratios.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -45,6 +49,7 @@
 #include "device.hpp"
 #include "gpu_lineup.hpp"
 #include "presets.hpp"
+#include "registry.hpp"
 #include "report.hpp"
 #include "roofline.hpp"
 #include "against.hpp"
@@ -311,6 +316,57 @@ void bench_gpu_shapes(const std::vector<Shape>& shapes, const std::vector<ScanMo
                  "larger floor term\n";
 }
 
+// --memory-plan: one block per (shape, precision, scan mode, recompute policy): the bytes of
+// each lifetime per layer, then the saved tensors from the largest, each at least 2 % of the
+// saved total, the rest summed in one line.
+void print_memory_plan(const Shape& sh, Precision p, ScanMode mode, Recompute rc) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0, kShown = 0.02;
+  const auto tensors = layer_tensor_bytes(sh.cfg, sh.B, sh.T, mode, p, rc);
+  const LayerBytes lb = layer_bytes(sh.cfg, sh.B, sh.T, mode, p, rc);
+  std::vector<LayerTensorBytes> saved;
+  for (const LayerTensorBytes& t : tensors)
+    if (t.life == Life::Saved) saved.push_back(t);
+  std::stable_sort(saved.begin(), saved.end(),
+                   [](const LayerTensorBytes& a, const LayerTensorBytes& b) { return a.bytes > b.bytes; });
+  char line[200];
+  std::cout << "memory plan: " << sh.name << " (B " << sh.B << ", T " << sh.T << ", d_model "
+            << sh.cfg.d_model << ", headdim " << sh.cfg.headdim << ", d_state " << sh.cfg.d_state
+            << "), " << precision_name(p) << " " << scan_mode_name(mode);
+  if (mode == ScanMode::Chunked) std::cout << ", recompute " << recompute_name(rc);
+  std::snprintf(line, sizeof line,
+                "\n  saved per further layer %.3f GiB (%.1f kB per token); workspace tensors, one "
+                "set for all layers, %.3f GiB\n",
+                lb.saved / kGiB, lb.saved / 1e3 / static_cast<double>(sh.B * sh.T),
+                lb.workspace / kGiB);
+  std::cout << line;
+  std::size_t rest = 0;
+  int n_rest = 0;
+  for (const LayerTensorBytes& t : saved) {
+    const double share = lb.saved ? static_cast<double>(t.bytes) / lb.saved : 0;
+    if (share < kShown) {
+      rest += t.bytes;
+      ++n_rest;
+      continue;
+    }
+    const std::string key = std::string(t.spec->stage) + "/" + t.spec->tensor;
+    std::ostringstream shape;
+    shape << "[";
+    const auto dims = resolve_shape(t.spec->shape, sh.cfg, sh.B, sh.T);
+    for (size_t i = 0; i < dims.size(); ++i) shape << (i ? ", " : "") << dims[i];
+    shape << "]";
+    std::snprintf(line, sizeof line, "  %-26s %-5s %-22s %7.3f GiB %5.1f %%\n", key.c_str(),
+                  t.spec->typed ? precision_name(p) : "f32", shape.str().c_str(), t.bytes / kGiB,
+                  100 * share);
+    std::cout << line;
+  }
+  if (n_rest > 0) {
+    std::snprintf(line, sizeof line, "  %-55s %7.3f GiB %5.1f %%\n",
+                  (std::to_string(n_rest) + " smaller tensors").c_str(), rest / kGiB,
+                  lb.saved ? 100.0 * rest / lb.saved : 0.0);
+    std::cout << line;
+  }
+}
+
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -324,6 +380,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("profile", po::bool_switch(), "measure the ceilings, then after each GPU row a table of its stages against them")
     ("graph", po::bool_switch(), "time replays of CUDA graphs of the forward and the forward+backward (recorded once after the warm-up) instead of stream launches")
     ("ceilings", po::bool_switch(), "measure and print the device's ceilings only")
+    ("memory-plan", po::bool_switch(), "per shape, dtype, scan mode and recompute policy: what one further layer keeps for its backward, by tensor (the registry's count); runs nothing, needs no device")
     ("cluster-tail", po::bool_switch(), "the chunked GPU rows with B6's tail inside B3 in clusters of heads (GpuBackbone::set_cluster_tail; default: the standalone tail kernel)")
     ("recompute", po::value<std::string>()->default_value("none,scan"), "production recompute policies of the chunked GPU rows (comma list of none, scan; the library's default is none)")
     ("dtype", po::value<std::string>()->default_value("f32,bf16"), "GPU storage precisions (comma list of f32, bf16, f16); the reference time is shown on the f32 rows")
@@ -363,6 +420,27 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   bool reference_only = vm["reference"].as<bool>();
   const bool ceilings = vm["ceilings"].as<bool>();
+  if (vm["memory-plan"].as<bool>()) {
+    for (const char* timed : {"reference", "ceilings", "graph", "profile", "cluster-tail", "no-reference"})
+      if (vm[timed].as<bool>())
+        throw UsageError(std::string("--memory-plan runs nothing: not with --") + timed);
+    if (against) throw UsageError("--memory-plan runs nothing: not with --against");
+    bool first = true;
+    for (const Shape& sh : shapes)
+      for (Precision p : precisions)
+        for (ScanMode mode : modes)
+          for (Recompute rc : recomputes) {
+            // The recompute policy acts on the chunked scan only: the sequential mode once.
+            if (mode == ScanMode::Sequential && rc != recomputes.front()) continue;
+            if (!first) std::cout << "\n";
+            first = false;
+            print_memory_plan(sh, p, mode, rc);
+          }
+    std::cout << "\nthe registry's count (registry.hpp layer_tensor_bytes); a further layer also "
+                 "holds its parameters,\ntheir gradients and typed copies, and its state buffers "
+                 "(m3h bench measures the whole)\n";
+    return 0;
+  }
   for (const char* gpu_only : {"graph", "profile"})
     if (vm[gpu_only].as<bool>() && (reference_only || ceilings))
       throw UsageError(std::string("--") + gpu_only + " applies to the GPU rows, not to " +
