@@ -20,12 +20,16 @@ struct DeviceInfo {
   int cc_minor = 0;
   std::size_t total_mem = 0;  // device 0's global memory, bytes
   int runtime_version = 0;    // cudaRuntimeGetVersion, e.g. 13000 (when present)
-  int cublas_version = 0;     // cuBLAS major·10000 + minor·100 + patch (when present)
   std::string why_absent;     // when !present: why (built without CUDA, runtime error, no device)
 };
 
-// Never throws: with no device or no driver, present=false and why_absent says why.
+// Never throws: with no device or no driver, present=false and why_absent says why. Every
+// command asks it (is there a GPU?), so it leaves cuBLAS unloaded (gpu/core/cublas_api.hpp).
 DeviceInfo query_device();
+
+// The cuBLAS library's version, major·10000 + minor·100 + patch, e.g. 130100; loads cuBLAS.
+// 0 in a CPU-only build or when the library cannot be loaded. Never throws.
+int cublas_version();
 
 // True when this build was compiled with CUDA (M3_CUDA=ON).
 bool cuda_compiled();
@@ -35,7 +39,8 @@ std::string describe(const DeviceInfo& info);
 
 // What the GPU path's bits depend on beyond the source: "NVIDIA H200, sm_90, CUDA runtime
 // 13.0, cuBLAS 13.1.0" (the cuBLAS GEMMs pick their kernels by device and version), or
-// "no GPU: <why_absent>". m3h determinism's digest records carry it.
+// "no GPU: <why_absent>"; with a device it loads cuBLAS for the version (cublas_version). m3h
+// determinism's digest records carry it.
 std::string bits_environment(const DeviceInfo& info);
 
 // Bytes held by the GPU path's own device arrays (every tensor, parameter, gradient, scratch

@@ -43,6 +43,7 @@
 #include "bench.hpp"
 #include "backbone_gpu.hpp"
 #include "bench_gpu.hpp"
+#include "capture.hpp"  // shape_str
 #include "cli.hpp"
 #include "commands.hpp"
 #include "context.hpp"
@@ -329,13 +330,13 @@ void print_memory_plan(const Shape& sh, Precision p, ScanMode mode, Recompute rc
   std::stable_sort(saved.begin(), saved.end(),
                    [](const LayerTensorBytes& a, const LayerTensorBytes& b) { return a.bytes > b.bytes; });
   char line[200];
-  std::cout << "memory plan: " << sh.name << " (B " << sh.B << ", T " << sh.T << ", d_model "
+  std::cout << sh.name << " (B " << sh.B << ", T " << sh.T << ", d_model "
             << sh.cfg.d_model << ", headdim " << sh.cfg.headdim << ", d_state " << sh.cfg.d_state
-            << "), " << precision_name(p) << " " << scan_mode_name(mode);
+            << "): " << precision_name(p) << " " << scan_mode_name(mode);
   if (mode == ScanMode::Chunked) std::cout << ", recompute " << recompute_name(rc);
   std::snprintf(line, sizeof line,
-                "\n  saved per further layer %.3f GiB (%.1f kB per token); workspace tensors, one "
-                "set for all layers, %.3f GiB\n",
+                "\n  saved per further layer %.3f GiB (%.1f kB per token); workspace %.3f GiB (one "
+                "set)\n",
                 lb.saved / kGiB, lb.saved / 1e3 / static_cast<double>(sh.B * sh.T),
                 lb.workspace / kGiB);
   std::cout << line;
@@ -349,13 +350,9 @@ void print_memory_plan(const Shape& sh, Precision p, ScanMode mode, Recompute rc
       continue;
     }
     const std::string key = std::string(t.spec->stage) + "/" + t.spec->tensor;
-    std::ostringstream shape;
-    shape << "[";
-    const auto dims = resolve_shape(t.spec->shape, sh.cfg, sh.B, sh.T);
-    for (size_t i = 0; i < dims.size(); ++i) shape << (i ? ", " : "") << dims[i];
-    shape << "]";
+    const std::string shape = shape_str(resolve_shape(t.spec->shape, sh.cfg, sh.B, sh.T));
     std::snprintf(line, sizeof line, "  %-26s %-5s %-22s %7.3f GiB %5.1f %%\n", key.c_str(),
-                  t.spec->typed ? precision_name(p) : "f32", shape.str().c_str(), t.bytes / kGiB,
+                  t.spec->typed ? precision_name(p) : "f32", shape.c_str(), t.bytes / kGiB,
                   100 * share);
     std::cout << line;
   }

@@ -71,16 +71,23 @@ DeviceInfo query_device() {
     info.cc_minor = prop.minor;
     info.total_mem = prop.totalGlobalMem;
     if (cudaRuntimeGetVersion(&info.runtime_version) != cudaSuccess) cudaGetLastError();
-    int major = 0, minor = 0, patch = 0;
-    if (cublas().get_property(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
-        cublas().get_property(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
-        cublas().get_property(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
-      info.cublas_version = major * 10000 + minor * 100 + patch;
   } catch (const std::exception& e) {
     info.present = false;
     info.why_absent = std::string("device query failed: ") + e.what();
   }
   return info;
+}
+
+int cublas_version() {
+  try {
+    int major = 0, minor = 0, patch = 0;
+    if (cublas().get_property(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublas().get_property(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublas().get_property(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+      return major * 10000 + minor * 100 + patch;
+  } catch (const std::exception&) {
+  }
+  return 0;
 }
 
 bool gpu_selftest() {

@@ -24,7 +24,7 @@ std::string bits_environment(const DeviceInfo& info) {
   };
   return info.name + ", sm_" + std::to_string(info.cc_major) + std::to_string(info.cc_minor) +
          ", CUDA runtime " + dotted(info.runtime_version, 2) + ", cuBLAS " +
-         dotted(info.cublas_version, 3);
+         dotted(cublas_version(), 3);
 }
 
 }  // namespace m3::gpu

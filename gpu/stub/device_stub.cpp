@@ -12,6 +12,8 @@ DeviceInfo query_device() {
   return info;
 }
 
+int cublas_version() { return 0; }
+
 bool gpu_selftest() { return false; }
 
 std::size_t device_bytes_live() { return 0; }
