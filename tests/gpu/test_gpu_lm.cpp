@@ -522,6 +522,11 @@ TEST_F(GpuTrainRun, VerifyEveryPassesOnCorrectCodeAndAFaultStopsTheRunNamingItsS
     EXPECT_NE(bad_log.str().find("largest shares of budget:"), std::string::npos) << bad_log.str();
     EXPECT_NE(bad_log.str().find("reproduce: m3h compare --checkpoint "), std::string::npos)
         << bad_log.str();
+    // A GPU-oracle verdict also names the Eigen oracle's command on the first row; a CPU one
+    // is that verdict already.
+    EXPECT_EQ(bad_log.str().find("settle: m3h compare --checkpoint ") != std::string::npos,
+              oracle == "gpu")
+        << bad_log.str();
     EXPECT_TRUE(fs::exists(fs::path(f.out) / "ckpt-00000003.h5"));
   }
 }
