@@ -311,6 +311,13 @@ class DeviceCell {
 
 }  // namespace
 
+std::string trained_weights_note(bool passed, bool from_checkpoint) {
+  if (passed || !from_checkpoint) return "";
+  return "note: on trained weights the GPU oracle's perturbed baseline can fail correct code "
+         "(HARNESS.md §11);\n  the Eigen oracle decides: the same command with --B 1 and without "
+         "--oracle gpu\n";
+}
+
 std::string device_cost_line(const DeviceCompareCost& c) {
   auto gb = [](double b) {
     std::ostringstream os;

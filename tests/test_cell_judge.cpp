@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cell_judge.hpp"
+#include "device_compare.hpp"
 #include "compare.hpp"
 #include "error.hpp"
 #include "isolated.hpp"
@@ -112,7 +113,9 @@ TEST(ErrorNorms, AreComputeMetricsPassRuleFiguresBitForBit) {
     SCOPED_TRACE(trial);
     EXPECT_EQ(lean.numel, full.numel);
     EXPECT_EQ(std::isnan(lean.rel_l2), std::isnan(full.rel_l2));
-    if (!std::isnan(full.rel_l2)) EXPECT_EQ(lean.rel_l2, full.rel_l2);
+    if (!std::isnan(full.rel_l2)) {
+      EXPECT_EQ(lean.rel_l2, full.rel_l2);
+    }
     EXPECT_EQ(lean.max_abs, full.max_abs);
     EXPECT_EQ(lean.worst_index, full.worst_index);
     EXPECT_EQ(lean.oracle_scale, full.oracle_scale);
@@ -341,6 +344,31 @@ TEST(IllConditioned, ANarrowNormIsNotJudgedEndToEndButABrokenStageFailsIsolated)
   ASSERT_FALSE(f.pass());
   const CompareResult& cell = f.cells.front();
   EXPECT_EQ(cell.rows[static_cast<size_t>(cell.first_fail)].key, "L0/F5b/beta");
+}
+
+// A failed GPU-oracle comparison of a checkpoint's trained weights points to the Eigen oracle's
+// verdict on a cut (HARNESS.md §11); a pass, or weights that are not trained, get no note. The
+// note fits 100 columns a line.
+TEST(TrainedWeightsNote, OnlyAFailureOnACheckpointSaysHowToSettleIt) {
+  EXPECT_EQ(trained_weights_note(true, true), "");
+  EXPECT_EQ(trained_weights_note(true, false), "");
+  EXPECT_EQ(trained_weights_note(false, false), "");
+  const std::string note = trained_weights_note(false, true);
+  EXPECT_EQ(note.rfind("note: ", 0), 0u) << note;
+  EXPECT_NE(note.find("--B 1 and without --oracle gpu"), std::string::npos) << note;
+  EXPECT_NE(note.find("HARNESS.md §11"), std::string::npos) << note;
+  ASSERT_FALSE(note.empty());
+  EXPECT_EQ(note.back(), '\n');
+  std::istringstream lines(note);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    // Columns, not bytes: '§' is two bytes of UTF-8.
+    const auto cols = std::count_if(line.begin(), line.end(), [](char ch) {
+      return (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+    });
+    EXPECT_LE(cols, 100) << line;
+  }
+  EXPECT_EQ(n, 2);
 }
 
 }  // namespace

@@ -270,7 +270,10 @@ int cmd_compare(const std::vector<std::string>& args) {
                                         row.by_position, spec.cfg.chunk_size);
       }
 
-  if (oracle == "gpu") report << "\n" << harness::device_cost_line(cost) << "\n";
+  if (oracle == "gpu")
+    report << "\n"
+           << harness::device_cost_line(cost) << "\n"
+           << harness::trained_weights_note(c.pass(), vm.count("checkpoint") > 0);
 
   if (vm.count("json")) {
     harness::RunInfo info;
