@@ -311,11 +311,14 @@ class DeviceCell {
 
 }  // namespace
 
-std::string trained_weights_note(bool passed, bool from_checkpoint) {
-  if (passed || !from_checkpoint) return "";
-  return "note: on trained weights the GPU oracle's perturbed baseline can fail correct code "
-         "(HARNESS.md §11);\n  the Eigen oracle decides: the same command with --B 1 and without "
-         "--oracle gpu\n";
+std::string trained_weights_note(bool passed, bool from_checkpoint, TrainedNote kind) {
+  if (passed || !from_checkpoint || kind == TrainedNote::None) return "";
+  if (kind == TrainedNote::GpuOracle)
+    return "note: on trained weights the GPU oracle's perturbed baseline can fail correct code "
+           "(HARNESS.md §11);\n  the Eigen oracle decides: the same command with --B 1 and "
+           "without --oracle gpu\n";
+  return "note: on trained weights the perturbed baseline can fail correct code (HARNESS.md §11):"
+         "\n  the subject here is the emulation, the contract itself\n";
 }
 
 std::string device_cost_line(const DeviceCompareCost& c) {

@@ -69,12 +69,15 @@ struct DeviceCompareCost {
 // 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — what the closing line of the report says.
 std::string device_cost_line(const DeviceCompareCost& c);
 
-// What a failed comparison with the GPU oracle on trained weights (m3h compare --checkpoint
-// --oracle gpu) says after its report: the perturbed draws can fail correct code there, where the
-// emulation's own error is larger (docs/HARNESS.md §11, "Where the rule falls short"), and the
-// Eigen oracle on a cut of the batch decides. Two lines, each within 100 columns; "" when the
-// comparison passed or the weights are not a checkpoint's.
-std::string trained_weights_note(bool passed, bool from_checkpoint);
+// What a failed comparison of trained weights (m3h compare --checkpoint) says after its report
+// where the perturbed draws are the only baseline: they can fail correct code there (docs/
+// HARNESS.md §11, "Where the rule falls short"). With the GPU oracle (TrainedNote::GpuOracle)
+// the Eigen oracle on a cut of the batch decides; with the emulation as the subject
+// (TrainedNote::Emulation, --device cpu) the failure is the rule's unless the emulation itself
+// is wrong. Two lines, each within 100 columns; "" when the comparison passed, the weights are
+// not a checkpoint's, or the cell had a same-precision baseline (TrainedNote::None).
+enum class TrainedNote { None, GpuOracle, Emulation };
+std::string trained_weights_note(bool passed, bool from_checkpoint, TrainedNote kind);
 
 // Progress: one line per finished cell ("bf16 chunked e2e: 212 checks, 0 failed, 4.1 s").
 using CellProgress = std::function<void(const std::string&)>;

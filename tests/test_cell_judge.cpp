@@ -346,29 +346,39 @@ TEST(IllConditioned, ANarrowNormIsNotJudgedEndToEndButABrokenStageFailsIsolated)
   EXPECT_EQ(cell.rows[static_cast<size_t>(cell.first_fail)].key, "L0/F5b/beta");
 }
 
-// A failed GPU-oracle comparison of a checkpoint's trained weights points to the Eigen oracle's
-// verdict on a cut (HARNESS.md §11); a pass, or weights that are not trained, get no note. The
-// note fits 100 columns a line.
-TEST(TrainedWeightsNote, OnlyAFailureOnACheckpointSaysHowToSettleIt) {
-  EXPECT_EQ(trained_weights_note(true, true), "");
-  EXPECT_EQ(trained_weights_note(true, false), "");
-  EXPECT_EQ(trained_weights_note(false, false), "");
-  const std::string note = trained_weights_note(false, true);
-  EXPECT_EQ(note.rfind("note: ", 0), 0u) << note;
-  EXPECT_NE(note.find("--B 1 and without --oracle gpu"), std::string::npos) << note;
-  EXPECT_NE(note.find("HARNESS.md §11"), std::string::npos) << note;
-  ASSERT_FALSE(note.empty());
-  EXPECT_EQ(note.back(), '\n');
-  std::istringstream lines(note);
-  int n = 0;
-  for (std::string line; std::getline(lines, line); ++n) {
-    // Columns, not bytes: '§' is two bytes of UTF-8.
-    const auto cols = std::count_if(line.begin(), line.end(), [](char ch) {
-      return (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
-    });
-    EXPECT_LE(cols, 100) << line;
+// A failed comparison of a checkpoint's trained weights judged by the perturbed draws alone
+// says that they can fail correct code there (HARNESS.md §11): with the GPU oracle, naming the
+// Eigen oracle's cut that decides; with the emulation as the subject, that it is the contract.
+// A pass, weights that are not trained, or a cell with a same-precision baseline get no note.
+// Each note is two lines within 100 columns.
+TEST(TrainedWeightsNote, OnlyAFailureOnACheckpointJudgedByTheDrawsAloneGetsOne) {
+  for (TrainedNote kind : {TrainedNote::None, TrainedNote::GpuOracle, TrainedNote::Emulation}) {
+    EXPECT_EQ(trained_weights_note(true, true, kind), "");
+    EXPECT_EQ(trained_weights_note(true, false, kind), "");
+    EXPECT_EQ(trained_weights_note(false, false, kind), "");
   }
-  EXPECT_EQ(n, 2);
+  EXPECT_EQ(trained_weights_note(false, true, TrainedNote::None), "");
+  const std::string gpu = trained_weights_note(false, true, TrainedNote::GpuOracle);
+  const std::string emu = trained_weights_note(false, true, TrainedNote::Emulation);
+  EXPECT_NE(gpu.find("--B 1 and without --oracle gpu"), std::string::npos) << gpu;
+  EXPECT_NE(emu.find("the emulation"), std::string::npos) << emu;
+  EXPECT_EQ(emu.find("--oracle gpu"), std::string::npos) << emu;
+  for (const std::string& note : {gpu, emu}) {
+    EXPECT_EQ(note.rfind("note: ", 0), 0u) << note;
+    EXPECT_NE(note.find("HARNESS.md §11"), std::string::npos) << note;
+    ASSERT_FALSE(note.empty());
+    EXPECT_EQ(note.back(), '\n');
+    std::istringstream lines(note);
+    int n = 0;
+    for (std::string line; std::getline(lines, line); ++n) {
+      // Columns, not bytes: '§' is two bytes of UTF-8.
+      const auto cols = std::count_if(line.begin(), line.end(), [](char ch) {
+        return (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+      });
+      EXPECT_LE(cols, 100) << line;
+    }
+    EXPECT_EQ(n, 2) << note;
+  }
 }
 
 }  // namespace

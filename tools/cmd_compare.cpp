@@ -273,7 +273,11 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (oracle == "gpu")
     report << "\n"
            << harness::device_cost_line(cost) << "\n"
-           << harness::trained_weights_note(c.pass(), vm.count("checkpoint") > 0);
+           << harness::trained_weights_note(c.pass(), vm.count("checkpoint") > 0,
+                                            harness::TrainedNote::GpuOracle);
+  else if (device == "cpu")
+    report << harness::trained_weights_note(c.pass(), vm.count("checkpoint") > 0,
+                                            harness::TrainedNote::Emulation);
 
   if (vm.count("json")) {
     harness::RunInfo info;

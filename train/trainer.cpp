@@ -719,10 +719,11 @@ int run_training(const TrainOptions& opt, std::ostream& out) {
             // On trained weights and real text the perturbed draws can fail correct code where
             // the emulation's own error is larger (HARNESS.md §11, "Where the rule falls
             // short"): the Eigen oracle on the batch's first row is the verdict that settles it.
-            prog.note("settle: " + cmd + " --B 1   (the Eigen oracle with the emulation as the "
-                      "baseline, on the first row; HARNESS.md §11)");
+            prog.note("settle (the Eigen oracle on the first row, HARNESS.md §11): " + cmd +
+                      " --B 1");
           } else {
-            prog.note("reproduce: " + cmd + " --B 1 --T " + std::to_string(std::min<Idx>(o.T, 256)));
+            prog.note("reproduce: " + cmd + " --B 1 --T " +
+                      std::to_string(std::min<Idx>(o.T, 256)));
           }
         }
         status = 1;
