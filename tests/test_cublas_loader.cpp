@@ -1,7 +1,7 @@
 // cuBLAS is loaded when first used (gpu/core/cublas_api.hpp): the device query every command
 // makes, and a comparison that never touches the GPU, leave it unloaded — its libraries are
-// about 150 MB resident — and the first GPU context loads it. Each test runs in its own process (gtest_discover_tests under ctest), so
-// "unloaded" is this test's own state.
+// about 150 MB resident — and the first GPU context loads it. Each test runs in its own
+// process (gtest_discover_tests under ctest), so "unloaded" is this test's own state.
 #include <gtest/gtest.h>
 
 #include <fstream>

@@ -327,8 +327,10 @@ void print_memory_plan(const Shape& sh, Precision p, ScanMode mode, Recompute rc
   std::vector<LayerTensorBytes> saved;
   for (const LayerTensorBytes& t : tensors)
     if (t.life == Life::Saved) saved.push_back(t);
-  std::stable_sort(saved.begin(), saved.end(),
-                   [](const LayerTensorBytes& a, const LayerTensorBytes& b) { return a.bytes > b.bytes; });
+  std::stable_sort(saved.begin(), saved.end(), [](const LayerTensorBytes& a,
+                                                  const LayerTensorBytes& b) {
+    return a.bytes > b.bytes;
+  });
   char line[200];
   std::cout << sh.name << " (B " << sh.B << ", T " << sh.T << ", d_model "
             << sh.cfg.d_model << ", headdim " << sh.cfg.headdim << ", d_state " << sh.cfg.d_state
@@ -418,7 +420,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   bool reference_only = vm["reference"].as<bool>();
   const bool ceilings = vm["ceilings"].as<bool>();
   if (vm["memory-plan"].as<bool>()) {
-    for (const char* timed : {"reference", "ceilings", "graph", "profile", "cluster-tail", "no-reference"})
+    for (const char* timed :
+         {"reference", "ceilings", "graph", "profile", "cluster-tail", "no-reference"})
       if (vm[timed].as<bool>())
         throw UsageError(std::string("--memory-plan runs nothing: not with --") + timed);
     if (against) throw UsageError("--memory-plan runs nothing: not with --against");
