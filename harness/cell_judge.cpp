@@ -499,14 +499,18 @@ CompareResult CellJudge::finish(const Analyse& analyse) {
   for (size_t i = 0; i < st_.size(); ++i) condition(i, analyse);
   // End to end, a model with a norm over at most kNarrowNorm values whose runs parted: the first
   // failure is off by as much as its value where it is worst (a flipped or turned norm output
-  // downstream); from there on failures are not judged.
+  // downstream); from there on failures are not judged, non-finite values included: the
+  // derivative of a norm over one value is a spike of about 1/sqrt(eps) at zero, so a parted
+  // run's gradients can leave the precision's range (f16 overflows at 65504). A non-finite value
+  // never shows the parting itself: as the first failure it is judged.
   const std::string narrow = narrow_norm(cfg_);
   if (opt_.compare_mode == CompareMode::EndToEnd && !narrow.empty()) {
     bool parted = false;
     for (TensorResult& r : res_.rows) {
-      if (r.status != Status::OverBudget) continue;
-      parted = parted || std::fabs(r.subject.worst_subject - r.subject.worst_oracle) >=
-                             std::fabs(r.subject.worst_oracle);
+      const bool nonfinite = r.status == Status::NonFinite;
+      if (r.status != Status::OverBudget && !nonfinite) continue;
+      const double off = std::fabs(r.subject.worst_subject - r.subject.worst_oracle);
+      parted = parted || (!nonfinite && off >= std::fabs(r.subject.worst_oracle));
       if (!parted) break;  // the first failure is an error of its own: judged
       r.status = Status::IllConditioned;
       r.note = "ill-conditioned: not judged end to end, the model has " + narrow +

@@ -8,8 +8,8 @@
 //   - ill-conditioned values: the false failure (bf16 seq L1/B4c/d_b_raw, T = 1, zero
 //     states, gated norm) is "not judged" and counted, while f32 judges it; a planted bug in a
 //     tensor that is ill-conditioned on some values still fails; a model with a norm over ≤ 2
-//     values is not judged end to end on its failures but still judged isolated, where a
-//     broken stage fails.
+//     values is not judged end to end on its failures once its runs parted (an overflow
+//     downstream included) but still judged isolated, where a broken stage fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -344,6 +344,59 @@ TEST(IllConditioned, ANarrowNormIsNotJudgedEndToEndButABrokenStageFailsIsolated)
   ASSERT_FALSE(f.pass());
   const CompareResult& cell = f.cells.front();
   EXPECT_EQ(cell.rows[static_cast<size_t>(cell.first_fail)].key, "L0/F5b/beta");
+}
+
+// A token model with d_model 1 (every RMSNorm a step): end to end its f16 runs part at a flipped
+// norm output, and the gradients the parted run hands down overflow f16 in layer 0 (Inf where
+// the oracle's largest value is 0.28). Downstream of the parting that is not judged; a
+// non-finite value that is the cell's first failure still fails, in the same model.
+TEST(IllConditioned, ANarrowNormsOverflowAfterTheRunsPartedIsNotJudgedButAFirstOneFails) {
+  RunSpec spec;
+  spec.cfg.d_model = 1;
+  spec.cfg.d_state = 12;
+  spec.cfg.headdim = 3;
+  spec.cfg.expand = 3;
+  spec.cfg.ngroups = 1;
+  spec.cfg.n_layers = 3;
+  spec.cfg.rope_fraction = 0.5;
+  spec.cfg.chunk_size = 2;
+  spec.cfg.vocab_size = 6;
+  spec.cfg.input_dim = 6;
+  spec.cfg.is_outproj_norm = true;
+  spec.B = 1;
+  spec.T = 58;
+  spec.seed = 3781568117u;
+  spec.modes = {ScanMode::Sequential};
+  spec.compare_modes = {CompareMode::EndToEnd};
+  ASSERT_EQ(narrow_norm(spec.cfg), "d_model 1 (RMSNorm)");
+  const Problem pb = build_problem(spec);
+  const Comparison c = run_comparison(spec, pb, reference_oracle(), cpu_lineups_perturbed({Precision::F16}));
+  const CompareResult* cell = c.cell(Precision::F16, ScanMode::Sequential, CompareMode::EndToEnd);
+  ASSERT_TRUE(cell);
+  EXPECT_TRUE(cell->pass());
+  const TensorResult& g = row_of(*cell, "L0/B8/d_gated");
+  EXPECT_GT(g.subject.inf_count, 0);  // the overflow is there, and reported
+  EXPECT_EQ(g.status, Status::IllConditioned) << g.note;
+  EXPECT_NE(g.note.find("the runs parted (0 NaN and"), std::string::npos) << g.note;
+  ASSERT_GE(cell->first_nonfinite, 0);
+  EXPECT_EQ(cell->rows[static_cast<size_t>(cell->first_nonfinite)].key, "L0/B8/d_gated");
+  // The same model, a subject that is the oracle but for one Inf in L0/F6/y: the cell's first
+  // failure, and judged.
+  const ScanMode mode = ScanMode::Sequential;
+  const Capture oracle = run_reference<double>(pb, mode);
+  Capture subject = oracle;
+  Tensor y = oracle.at("L0/F6/y");
+  y.data[y.data.size() / 2] = std::numeric_limits<double>::infinity();
+  subject.put("L0/F6/y", y.shape, y.data.data());
+  CompareOptions opt;
+  opt.precision = Precision::F16;
+  opt.baseline_kind = BaselineKind::Perturbed;
+  const CompareResult planted = compare_captures(oracle, subject, &oracle, spec.cfg, pb.B, pb.T, mode, opt);
+  EXPECT_FALSE(planted.pass());
+  ASSERT_GE(planted.first_fail, 0);
+  const TensorResult& f = planted.rows[static_cast<size_t>(planted.first_fail)];
+  EXPECT_EQ(f.key, "L0/F6/y");
+  EXPECT_EQ(f.status, Status::NonFinite) << f.note;
 }
 
 // A failed comparison of a checkpoint's trained weights judged by the perturbed draws alone
