@@ -323,7 +323,11 @@ def install_taps(official, net, use_states):
     """Hooks on the official submodules and the wrapper of the kernel call; returns a holder
     whose .taps is the Taps of the run in progress."""
     holder = types.SimpleNamespace(taps=None, use_states=use_states)
-    combined = official.mamba3_siso_combined
+    # The kernel call as the official module has it, also when an earlier Backbone of this
+    # process (scripts/official/grad_accuracy.py runs one per seed) has wrapped it already.
+    if not hasattr(official, "_unwrapped_siso"):
+        official._unwrapped_siso = official.mamba3_siso_combined
+    combined = official._unwrapped_siso
 
     def siso(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None,
              Input_States=None, chunk_size=64, return_final_states=False, cu_seqlens=None):
@@ -602,10 +606,8 @@ def judge_all(a):
     return status
 
 
-def main():
-    a = parse_args()
-    if a.judge_only:
-        return judge_all(a)
+def torch_for_official():
+    """numpy, torch and triton, imported, on a CUDA device, with TF32 off: (np, torch, triton)."""
     try:
         import numpy as np
         import torch
@@ -617,6 +619,14 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    return np, torch, triton
+
+
+def main():
+    a = parse_args()
+    if a.judge_only:
+        return judge_all(a)
+    np, torch, triton = torch_for_official()
     os.makedirs(a.out, exist_ok=True)
 
     problem = a.problem
