@@ -63,6 +63,25 @@ Metrics combine(const std::vector<std::pair<double, double>>& draws, const Metri
   return out;
 }
 
+// The baseline term's error when its draws from `split` on are of another kind (the coherent
+// draws, Lineup::coherent_baselines): each kind's max + range, and of the two the larger,
+// rel_l2 and max_abs each, so that a second kind widens a limit only as far as its own draws
+// reach and never by the spread between the kinds.
+Metrics combine_kinds(const std::vector<std::pair<double, double>>& draws, const Metrics& first,
+                      size_t split) {
+  if (draws.size() <= split) return combine(draws, first);
+  const auto mid = draws.begin() + static_cast<std::ptrdiff_t>(split);
+  Metrics out = combine({draws.begin(), mid}, first);
+  const Metrics other = combine({mid, draws.end()}, first);
+  auto larger = [](double a, double b) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    return std::isnan(a) || std::isnan(b) ? nan : std::max(a, b);
+  };
+  out.rel_l2 = larger(out.rel_l2, other.rel_l2);
+  out.max_abs = larger(out.max_abs, other.max_abs);
+  return out;
+}
+
 }  // namespace
 
 CellJudge::CellJudge(const Capture& oracle, const Config& cfg, Idx B, Idx T, ScanMode mode,
@@ -227,6 +246,12 @@ bool CellJudge::open() const {
   return false;
 }
 
+bool CellJudge::over_limit() const {
+  for (const TensorResult& r : res_.rows)
+    if (r.status == Status::OverBudget) return true;
+  return false;
+}
+
 void CellJudge::draw_begin(Term term) { draw_begin(term, nullptr); }
 
 void CellJudge::draw_begin(Term term, const Capture* reference) {
@@ -320,7 +345,7 @@ void CellJudge::rejudge(size_t i) {
   r.conditioning_draws = static_cast<int>(st.draws[1].size());
   r.has_baseline = r.draws > 0;
   if (r.has_baseline) {
-    base = combine(st.draws[0], st.first[0]);
+    base = combine_kinds(st.draws[0], st.first[0], second_kind_from_);
     r.baseline = base;
   }
   const bool has_cond = cmp == CompareMode::EndToEnd && r.conditioning_draws > 0;
@@ -458,7 +483,7 @@ void CellJudge::condition(size_t i, const Analyse& analyse) {
       rd[t].push_back({m.rel_l2, m.max_abs});
     }
   const bool has_b = !rd[0].empty(), has_c = opt_.compare_mode == CompareMode::EndToEnd && !rd[1].empty();
-  if (has_b) base = combine(rd[0], st.first[0]);
+  if (has_b) base = combine_kinds(rd[0], st.first[0], second_kind_from_);
   if (has_c) cond = combine(rd[1], st.first[1]);
   const Budget b = make_budget(*st.tol, opt_.precision, r.subject, has_b ? &base : nullptr,
                                r.budget.depth, r.budget.kind, has_c ? &cond : nullptr);

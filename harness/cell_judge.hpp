@@ -8,8 +8,10 @@
 //     limit = f(B, C) + floor,   f = k·B (or max(k·B, k_p·C), or max(floor, kTightK·B) − floor
 //                                  for a tight row), B and C each "max + range" over the draws
 //
-// where B is the baseline term (the same-precision baseline, or the perturbed oracle's draws)
-// and C the conditioning term (the perturbed oracle beside a same-precision baseline). Every
+// where B is the baseline term (the same-precision baseline, or the perturbed oracle's draws;
+// with a second kind of draws, the coherent ones of a token model's CPU cell, the larger of the
+// two kinds' max + range: second_kind_from) and C the conditioning term (the perturbed oracle
+// beside a same-precision baseline). Every
 // limit is non-decreasing in each draw: the largest of more draws is no smaller, their range
 // no narrower, and f ≥ 0. So a tensor within its floor passes whatever the draws say, and the
 // draws are needed only by the tensors over their floor. Those keep their values and take
@@ -43,6 +45,7 @@
 // count of such values and the largest κ (TensorResult::ill_conditioned, condition).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -115,6 +118,12 @@ class CellJudge {
   // Whether the draws are needed: some tensor is over its floor (or, when eager, any tensor is
   // judged at all).
   bool open() const;
+  // Whether some tensor is over its limit with the draws so far (the gate of the coherent
+  // draws, Lineup::coherent_baselines).
+  bool over_limit() const;
+  // The baseline term's draws from index k on are of a second kind (the coherent draws): the
+  // term's error is the larger of the two kinds' max + range, not one max + range over both.
+  void second_kind_from(size_t k) { second_kind_from_ = k; }
   // One draw of `term`, measured against `reference` (null: the oracle): begin, its tensors,
   // end (which re-judges the tensors it was measured on).
   void draw_begin(Term term, const Capture* reference);
@@ -170,6 +179,7 @@ class CellJudge {
   Term term_ = Term::Baseline;
   const Capture* ref_ = nullptr;
   int n_draws_[2] = {0, 0};
+  size_t second_kind_from_ = SIZE_MAX;
   bool in_draw_ = false;
 };
 

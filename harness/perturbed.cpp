@@ -55,7 +55,8 @@ class PerturbedRun {
                const Capture* teacher, const TensorSink& sink)
       : pb_(pb), p_(pb.params), cfg_(pb.cfg), mode_(mode), d_(ref::Dims::of(pb.cfg, pb.B, pb.T)),
         plan_(ChainPlan::of(pb.cfg, mode)), u_typed_(pt.u_typed), u_f32_(pt.u_f32),
-        tiny_(pt.tiny), rng_(seed), teacher_(teacher), cap_(pb.cfg, pb.B, pb.T, sink),
+        tiny_(pt.tiny), coherent_(pt.coherent), rng_(seed), teacher_(teacher),
+        cap_(pb.cfg, pb.B, pb.T, sink),
         grads_(zero_params<double>(pb.cfg)) {
     acts_.resize(static_cast<size_t>(cfg_.n_layers));
     for (auto& a : acts_) a.allocate(d_, mode_);
@@ -215,9 +216,51 @@ class PerturbedRun {
   // ---- perturbing ---------------------------------------------------------------------------
   // v + r·max(u·|v|, tiny): a rounding's error bound, relative, or absolute below the smallest
   // normal of the format (tiny = half its smallest subnormal; 0 where that does not matter).
+  // Coherent: r is a hash of a salt drawn for this tensor and the value's bits, so equal nonzero
+  // values of the tensor move alike (zeros take the stream's r).
   void perturb(Vec& v, double u, double tiny = 0) {
     if (u == 0) return;
-    for (double& e : v) e += rng_.uniform(-1.0, 1.0) * std::max(u * std::abs(e), tiny);
+    if (!coherent_) {
+      for (double& e : v) e += rng_.uniform(-1.0, 1.0) * std::max(u * std::abs(e), tiny);
+      return;
+    }
+    const std::uint64_t salt = rng_.next();
+    for (double& e : v) {
+      double r;
+      if (e != 0.0) {
+        std::uint64_t bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        r = static_cast<double>(mix64(salt ^ mix64(bits)) >> 11) * 0x1p-52 - 1.0;
+      } else {
+        r = rng_.uniform(-1.0, 1.0);
+      }
+      e += r * std::max(u * std::abs(e), tiny);
+    }
+  }
+  // out = x·w ([rows, n]·[n, cols]) gets a float GEMM's accumulation error at a random walk's
+  // size, u_f32·√(n/2)·‖x_rk·w_kj‖₂ over k, with r keyed by the output's value (coherent).
+  void accumulation(const Vec& x, const Vec& w, Vec& out) {
+    const Idx rows = d_.BT;
+    const Idx n = static_cast<Idx>(x.size()) / rows;
+    const Idx m = static_cast<Idx>(out.size()) / rows;
+    const double scale = u_f32_ * std::sqrt(0.5 * static_cast<double>(n));
+    const std::uint64_t salt = rng_.next();
+    std::vector<double> ss(static_cast<size_t>(m));
+    for (Idx r = 0; r < rows; ++r) {
+      std::fill(ss.begin(), ss.end(), 0.0);
+      for (Idx k = 0; k < n; ++k) {
+        const double xk = x[static_cast<size_t>(r * n + k)];
+        const double* wk = w.data() + k * m;
+        for (Idx j = 0; j < m; ++j) ss[static_cast<size_t>(j)] += xk * xk * wk[j] * wk[j];
+      }
+      for (Idx j = 0; j < m; ++j) {
+        double& e = out[static_cast<size_t>(r * m + j)];
+        std::uint64_t bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        const double rho = static_cast<double>(mix64(salt ^ mix64(bits)) >> 11) * 0x1p-52 - 1.0;
+        e += rho * scale * std::sqrt(ss[static_cast<size_t>(j)]);
+      }
+    }
   }
   void perturb(Vec& v, bool typed) { perturb(v, typed ? u_typed_ : u_f32_, tiny_); }
   // A registry tensor: at the typed unit roundoff where MODEL.md §8 stores it typed.
@@ -245,6 +288,12 @@ class PerturbedRun {
     if (s == StageId::F4 && l >= 0) {
       bn = acts_[static_cast<size_t>(l)].b_normed;
       cn = acts_[static_cast<size_t>(l)].c_normed;
+    }
+    if (coherent_ && l >= 0 && (s == StageId::F2 || s == StageId::F8)) {
+      ref::LayerActs<double>& a = acts_[static_cast<size_t>(l)];
+      const LayerParams<double>& lp = p_.layers[static_cast<size_t>(l)];
+      if (s == StageId::F2) accumulation(a.post_norm, lp.in_proj_w, a.proj);
+      else accumulation(a.gated, lp.out_proj_w, a.out_flat);
     }
     for (const auto& f : fields)
       if (wrote(s, f) && std::strcmp(f.tensor, "residual") != 0)
@@ -330,6 +379,7 @@ class PerturbedRun {
   ChainPlan plan_;
   double u_typed_, u_f32_;
   double tiny_;  // the absolute floor of every value's error (an f16 cell: 2^-25)
+  bool coherent_;
   Rng rng_;
   const Capture* teacher_;
   std::map<std::string, Vec> loaded_;
@@ -420,10 +470,12 @@ Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& 
       .run();
 }
 
-Implementation perturbed_oracle(Precision p, int draw) {
-  const Perturbation pt = perturbation_of(p);
+Implementation perturbed_oracle(Precision p, int draw, bool coherent) {
+  Perturbation pt = perturbation_of(p);
+  pt.coherent = coherent;
   std::string name = "reference<double>~u(" + std::string(precision_name(p)) + ")";
   if (draw > 0) name += "#" + std::to_string(draw);
+  if (coherent) name += " (coherent)";
   return {name,
           [pt, draw](const Problem& pb, ScanMode mode, const TensorSink& sink) {
             return run_perturbed_reference(pb, mode, pt, draw, sink);
@@ -520,6 +572,8 @@ std::vector<Lineup> cpu_lineups_perturbed(const std::vector<Precision>& precisio
     l.baseline_kind = BaselineKind::Perturbed;
     l.baseline_reference = [refs](const Problem& pb, ScanMode mode) { return refs->e2e(pb, mode); };
     for (int d = 1; d < draws; ++d) l.more_baselines.push_back(perturbed_oracle(p, d));
+    for (int d = 0; d < kCoherentDraws; ++d)
+      l.coherent_baselines.push_back(perturbed_oracle(p, draws + d, true));
     if (draws > 1) l.baseline->name += " (max of " + std::to_string(draws) + " draws)";
     out.push_back(std::move(l));
   }

@@ -34,6 +34,18 @@ struct Perturbation {
   // value below f16's normal range has passed through (or was computed from) f16 storage,
   // whose rounding there is absolute, 2^-25 (half the smallest subnormal); 0 for f32, bf16.
   double tiny = 0;
+  // Coherent draws. Equal values drawn alike: within each tensor a stage writes, r is a
+  // function of the value (a hash of the value's bits and a salt drawn per tensor) instead of
+  // one draw per element. A deterministic float computation rounds equal inputs equally, so
+  // where the same values recur (layer 0's rows of a token model are functions of the token
+  // alone) its errors add coherently along a sum over positions (F5's angles, the states),
+  // which independent draws, growing as √n, understate. And the forward GEMMs' f32
+  // accumulation: F2's proj and F8's out_flat (out = x·w over n terms) also get
+  // r·u_f32·√(n/2)·‖x_k·w_k‖₂ (the size of a random walk of n roundings), r keyed by the value,
+  // before their storage rounding: a float GEMM errs by that much whatever it stores, and
+  // coherently where its rows recur. Zeros, the problem's arrays and the staged copies keep
+  // the positional draws. Measured: docs/HARNESS.md §11.
+  bool coherent = false;
 };
 Perturbation perturbation_of(Precision p);
 
@@ -63,8 +75,8 @@ Capture run_perturbed_reference(const Problem& pb, ScanMode mode, const Perturba
 Capture run_perturbed_isolated(const Problem& pb, ScanMode mode, const Capture& oracle,
                                const Perturbation& pt, int draw, const TensorSink& sink = {});
 // run_perturbed_reference at unit_roundoff(p), and run_perturbed_isolated as its isolated
-// runner (a lineup's isolated baseline); named "reference<double>~u(p)[#draw]".
-Implementation perturbed_oracle(Precision p, int draw);
+// runner (a lineup's isolated baseline); named "reference<double>~u(p)[#draw][ (coherent)]".
+Implementation perturbed_oracle(Precision p, int draw, bool coherent = false);
 // Gives every lineup `draws` draws of perturbed_oracle as its isolated baselines (the
 // GPU lineups too: their isolated cells have no same-precision baseline either), measured
 // against the unperturbed teacher-forced double run (isolated_baseline_reference); and every
@@ -75,9 +87,11 @@ Implementation perturbed_oracle(Precision p, int draw);
 void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws = kPerturbationDraws);
 // The CPU lineup of m3h compare: subject = reference_emulation(p), baseline = the perturbed
 // oracle at p (BaselineKind::Perturbed), `draws` draws (≥ 1): draw 0 as the baseline, the
-// others as more_baselines, measured against run_reference<double> (baseline_reference: so
-// that a stored oracle's own deviation is never taken for precision-forced error; computed
-// once per problem and scan mode for all the lineups); and add_perturbed_baselines(…, draws).
+// others as more_baselines, then kCoherentDraws coherent draws (Perturbation::coherent, draws
+// `draws` … ) as coherent_baselines (run for a token model only, budget.hpp), measured
+// against run_reference<double> (baseline_reference: so that a stored oracle's own deviation is
+// never taken for precision-forced error; computed once per problem and scan mode for all the
+// lineups); and add_perturbed_baselines(…, draws).
 std::vector<Lineup> cpu_lineups_perturbed(const std::vector<Precision>& precisions,
                                           int draws = kPerturbationDraws);
 

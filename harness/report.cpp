@@ -170,6 +170,8 @@ RuleSummary rule_summary(const Comparison& c) {
     }
     r.e2e_conditioning = r.e2e_conditioning || !l.conditioning.empty();
     r.iso_baseline = r.iso_baseline || !l.isolated_baselines.empty();
+    if (c.spec.cfg.vocab_size > 0)
+      r.coherent_draws = std::max(r.coherent_draws, static_cast<int>(l.coherent_baselines.size()));
   }
   auto ks = [](BaselineKind kind, CompareMode cmp) {
     return "k=" + printf_str("%g", baseline_k(Precision::F32, kind, cmp)) + " f32, " +
@@ -179,8 +181,12 @@ RuleSummary rule_summary(const Comparison& c) {
   if (!r.e2e_baseline) {
     r.e2e = "floor (no baseline: the floors alone decide)";
   } else if (r.e2e_kind == BaselineKind::Perturbed) {
-    r.e2e = "k*perturbed + floor (perturbed = the perturbed oracle's error, " + draws + "; " +
-            ks(BaselineKind::Perturbed, CompareMode::EndToEnd) + ")";
+    const std::string coherent =
+        r.coherent_draws == 0 ? ""
+                              : ", where still over: the larger of that and " +
+                                    std::to_string(r.coherent_draws) + " coherent draws'";
+    r.e2e = "k*perturbed + floor (perturbed = the perturbed oracle's error, " + draws + coherent +
+            "; " + ks(BaselineKind::Perturbed, CompareMode::EndToEnd) + ")";
   } else if (r.e2e_conditioning) {
     r.e2e = "max(k*baseline, kp*perturbed) + floor (baseline = the emulation, " +
             ks(BaselineKind::SamePrecision, CompareMode::EndToEnd) + "; perturbed = the "

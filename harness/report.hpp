@@ -73,6 +73,7 @@ struct RuleSummary {
   bool e2e_baseline = false;          // some lineup has an end-to-end baseline
   bool e2e_conditioning = false;      // … and the perturbed oracle's conditioning term
   bool iso_baseline = false;          // the isolated cells have the perturbed oracle
+  int coherent_draws = 0;             // a token model's second kind of draws (budget.hpp)
 };
 RuleSummary rule_summary(const Comparison& c);
 

@@ -237,6 +237,7 @@ std::string comparison_json(const Comparison& c, const RunInfo& info) {
   j.key("tight_min_elements").num(static_cast<std::int64_t>(kTightMinElements));
   j.end_object();
   j.key("draws").num(kPerturbationDraws);
+  j.key("coherent_draws").num(rs.coherent_draws);
   j.end_object();
   j.key("lineups").begin_array();
   for (const Lineup& l : c.lineups) {

@@ -1,6 +1,7 @@
 // Comparison runs (see run.hpp).
 #include "run.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -127,6 +128,8 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
     Keep stored;
   };
   std::vector<Draw> base, cond;
+  // base[coherent_from …] run only while a tensor is over its limit (Lineup::coherent_baselines).
+  size_t coherent_from = SIZE_MAX;
   std::function<Capture()> base_ref, cond_ref;  // empty: the oracle
   if (iso) {
     for (const Implementation& ib : l.isolated_baselines)
@@ -142,6 +145,11 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
       };
       add(*l.baseline);
       for (const Implementation& mb : l.more_baselines) add(mb);
+      // Equal values recur where the input is tokens (layer 0's rows up to F5 are functions of
+      // the token); with a real-valued X a coherent draw is a positional one again.
+      coherent_from = base.size();
+      if (pb.token_model())
+        for (const Implementation& cb : l.coherent_baselines) add(cb);
       if (l.baseline_reference && !oracle.exact_reference)
         base_ref = [&l, &pb, mode] { return l.baseline_reference(pb, mode); };
     }
@@ -153,6 +161,7 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
   }
   CellJudge judge(o, spec.cfg, spec.B, spec.T, mode, opt, !base.empty(),
                   spec.every_draw || keep);
+  judge.second_kind_from(coherent_from);
   Capture subject, first_draw;
   const TensorSink to_subject = [&judge](const std::string& k, Tensor&& t) { judge.subject(k, t); };
   if (keep) {
@@ -167,9 +176,11 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
   judge.subject_done();
   const TensorSink to_draw = [&judge](const std::string& k, Tensor&& t) { judge.draw(k, t); };
   auto run_term = [&](CellJudge::Term term, const std::vector<Draw>& draws,
-                      const std::function<Capture()>& reference, bool keep_first) {
+                      const std::function<Capture()>& reference, bool keep_first,
+                      size_t gated_from) {
     std::optional<Capture> ref;  // run on first need
     for (size_t d = 0; d < draws.size() && judge.open(); ++d) {
+      if (d == gated_from && !judge.over_limit()) break;  // all of them or none
       if (reference && !ref) ref = reference();
       judge.draw_begin(term, ref ? &*ref : nullptr);
       if (keep_first && d == 0) {
@@ -182,8 +193,8 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
       judge.draw_end();
     }
   };
-  run_term(CellJudge::Term::Baseline, base, base_ref, keep);
-  run_term(CellJudge::Term::Conditioning, cond, cond_ref, false);
+  run_term(CellJudge::Term::Baseline, base, base_ref, keep, coherent_from);
+  run_term(CellJudge::Term::Conditioning, cond, cond_ref, false, SIZE_MAX);
   CompareResult r = judge.finish();
   if (observe) observe(r, o, subject, base.empty() ? nullptr : &first_draw);
   return r;

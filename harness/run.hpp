@@ -120,6 +120,12 @@ struct Lineup {
   // isolated cells have none.
   BaselineKind baseline_kind = BaselineKind::SamePrecision;
   std::vector<Implementation> more_baselines = {};
+  // End to end and for a token model, a second kind of draws of the baseline term, run (all of
+  // them) only where a tensor is still over its limit after baseline and more_baselines
+  // (CellJudge::over_limit): the perturbed oracle's coherent draws (budget.hpp kCoherentDraws);
+  // the term's error is then the larger of the two kinds' (CellJudge::second_kind_from).
+  // Empty: none.
+  std::vector<Implementation> coherent_baselines = {};
   std::vector<Implementation> isolated_baselines = {};
   // The unperturbed runs the draws deviate from: a draw's error is measured against these, not
   // against the oracle, so that an oracle which is not the reference's own value (a stored,
