@@ -142,6 +142,11 @@ struct OraclePerturbation {
   double u_typed = 0, u_f32 = 0, tiny = 0;
   std::uint64_t seed = 0;
   bool exact = false;
+  // Coherent draws (harness/perturbed.hpp's Perturbation::coherent): ρ of a nonzero value is a
+  // hash of its tensor's stream and the value's bits, so equal values of a tensor move alike;
+  // and F2's proj and F8's out_flat also get the f32 accumulation error of their GEMM,
+  // ρ·u_f32·√(n/2)·‖x_k·w_k‖₂ over the n terms, keyed the same way (oracle::accumulation).
+  bool coherent = false;
   // Whether anything is rounded (tiny alone rounds nothing, as on the CPU: u = 0 skips a tensor).
   bool on() const { return u_typed != 0 || u_f32 != 0; }
 };

@@ -167,6 +167,25 @@ class DeviceCell {
       oracle_.set_perturbation({});
       drop_unwanted();
     }
+    // A token model's coherent draws (HARNESS.md §4), all or none, where a tensor is still over
+    // its limit after those: the baseline is then the larger of the two kinds' max + range.
+    judge_.second_kind_from(kPerturbationDraws);
+    for (int c = 0; pb_.token_model() && c < kCoherentDraws && judge_.open(); ++c) {
+      if (c == 0 && !judge_.over_limit()) break;
+      const int draw = kPerturbationDraws - 1 + c;  // after the random draws 0 … 2
+      gpu::OraclePerturbation op;
+      op.u_typed = pt.u_typed;
+      op.u_f32 = pt.u_f32;
+      op.tiny = pt.tiny;
+      op.coherent = true;
+      op.seed = perturbation_seed(pb_.seed, pt.u_typed, draw, 1);
+      oracle_.set_perturbation(op);
+      judge_.draw_begin(CellJudge::Term::Baseline);
+      pass(perturbed_problem(pb_, pt, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
+      judge_.draw_end();
+      oracle_.set_perturbation({});
+      drop_unwanted();
+    }
     oracle_.set_observer({});
     CompareResult r = judge_.finish([this](int row, double u, double from) {
       return analyse(row, u, from);

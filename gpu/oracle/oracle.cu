@@ -264,7 +264,8 @@ struct GpuOracle::Impl {
   void perturb(int l, const TensorSpec& spec) {
     if (!pert.on()) return;
     oracle::perturb(s, shape_numel(resolve_shape(spec.shape, cfg, B, T)), buffer(l, spec),
-                    u_of(spec.typed), pert.tiny, stream_of(l, spec.stage, spec.tensor), pert.exact);
+                    u_of(spec.typed), pert.tiny, stream_of(l, spec.stage, spec.tensor), pert.exact,
+                    pert.coherent);
   }
   void perturb(int l, const char* stage, const char* tensor) {
     perturb(l, find_spec(stage, tensor));
@@ -278,7 +279,7 @@ struct GpuOracle::Impl {
       const TensorSpec &sn = find_spec("F4", normed), &sb = find_spec("F4", biased);
       oracle::perturb_bias_add(s, d, buffer(l, sn), buffer(l, sb), u_of(sn.typed),
                                u_of(sb.typed), pert.tiny, stream_of(l, "F4", normed),
-                               stream_of(l, "F4", biased), pert.exact);
+                               stream_of(l, "F4", biased), pert.exact, pert.coherent);
     };
     if (st == StageId::F4) {
       carry("b_normed", "b_biased");
@@ -292,6 +293,14 @@ struct GpuOracle::Impl {
       perturb(l, *spec);
     }
   }
+  // A coherent draw's accumulation error of a forward GEMM out = x·w (OraclePerturbation::
+  // coherent), before out's storage rounding; its own stream ("L0/F2#accumulation").
+  void accumulation(int l, const char* stage, Idx n, Idx m, const double* x, const double* w,
+                    double* out) {
+    if (!pert.on() || !pert.coherent || pert.exact) return;
+    oracle::accumulation(s, d.BT, n, m, x, w, out, pert.u_f32,
+                         oracle::tensor_stream(pert.seed, stage_key(l, stage, "#accumulation")));
+  }
   // The GEMMs' operand δ (B8; input_proj's backward, key_layer −1): its perturbed typed copy, or
   // δ itself when typed values are not perturbed.
   const double* typed_delta(const double* dlt, int key_layer) {
@@ -299,7 +308,7 @@ struct GpuOracle::Impl {
     oracle::perturbed_copy(s, d.BT * d.dm, dlt, delta_copy, pert.u_typed, pert.tiny,
                            stream_of(key_layer, key_layer < 0 ? "input_proj" : "B8",
                                      "delta_typed"),
-                           pert.exact);
+                           pert.exact, pert.coherent);
     return delta_copy;
   }
 
@@ -355,6 +364,7 @@ struct GpuOracle::Impl {
         return;
       case StageId::F2:
         oracle::gemm_xw(blas, d.BT, d.dm, d.ip, L.post_norm, L.p.in_proj_w, L.proj);
+        accumulation(l, "F2", d.dm, d.ip, L.post_norm, L.p.in_proj_w, L.proj);
         return;
       case StageId::F3:
         oracle::split_forward(s, d, L);
@@ -379,6 +389,7 @@ struct GpuOracle::Impl {
         return;
       case StageId::F8:
         oracle::gemm_xw(blas, d.BT, d.di, d.dm, L.gated, L.p.out_proj_w, L.out_flat);
+        accumulation(l, "F8", d.di, d.dm, L.gated, L.p.out_proj_w, L.out_flat);
         oracle::add(s, d.BT * d.dm, L.residual, L.out_flat, L.layer_output);
         return;
       default:

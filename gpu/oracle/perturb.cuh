@@ -37,13 +37,15 @@ std::uint64_t tensor_stream(std::uint64_t seed, const std::string& key);
 // v[i] += ρ_i·max(u·|v[i]|, tiny) for i < n; nothing when u = 0 (as the CPU's perturb). With
 // `exact`, v[i] ← v[i] rounded to the format whose unit roundoff u is (bf16 2^-8, f16 2^-11,
 // f32 2^-24; round to nearest even; another u keeps the random draw) instead.
+// With `coherent`, ρ of a nonzero value is keyed by its bits instead of its index (equal values
+// of the tensor move alike; OraclePerturbation::coherent).
 void perturb(cudaStream_t s, Idx n, double* v, double u, double tiny, std::uint64_t stream,
-             bool exact = false);
+             bool exact = false, bool coherent = false);
 
 // dst = src perturbed (the staged typed copy of δ that feeds a GEMM): dst[i] = src[i] +
 // ρ_i·max(u·|src[i]|, tiny); a plain copy when u = 0.
 void perturbed_copy(cudaStream_t s, Idx n, const double* src, double* dst, double u, double tiny,
-                    std::uint64_t stream, bool exact = false);
+                    std::uint64_t stream, bool exact = false, bool coherent = false);
 
 // b_biased [BT, nh, ds] perturbed with its own rounding (u_biased, biased_stream), then, where
 // the bias add cancels, plus b_normed's [BT, ng, ds] rounding (u_normed, normed_stream), read
@@ -53,6 +55,13 @@ void perturbed_copy(cudaStream_t s, Idx n, const double* src, double* dst, doubl
 // cancels).
 void perturb_bias_add(cudaStream_t s, const Dims& d, const double* normed, double* biased,
                       double u_normed, double u_biased, double tiny, std::uint64_t normed_stream,
-                      std::uint64_t biased_stream, bool exact = false);
+                      std::uint64_t biased_stream, bool exact = false, bool coherent = false);
+
+// out [rows, m] = x [rows, n] · w [n, m] (row-major) gets a float GEMM's accumulation error at a
+// random walk's size: out[r, j] += ρ·u·√(n/2)·sqrt(Σ_k x[r, k]²·w[k, j]²), ρ keyed by
+// out[r, j]'s bits (coherent). One thread per output, a loop over k (the operands' squares are
+// never stored).
+void accumulation(cudaStream_t s, Idx rows, Idx n, Idx m, const double* x, const double* w,
+                  double* out, double u, std::uint64_t stream);
 
 }  // namespace m3::gpu::oracle

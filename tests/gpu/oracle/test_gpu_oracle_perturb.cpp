@@ -6,6 +6,8 @@
 //   GpuOraclePerturbed.SameSeedSameBitsOtherSeedOtherBits   and OracleKeep::All's buffers hold
 //                        what the Capture saw (the rounded value is the one that stays)
 //   GpuOraclePerturbed.DeviationsMatchTheCpuPerturbedOracle   the statistics below
+//   GpuOraclePerturbed.ACoherentDrawKeepsEqualTokensRowsEqualAsTheCpusDoes   a token model's
+//                        coherent draw: equal tokens' rows stay equal, F2's deviation as the CPU's
 //   GpuOraclePerturbed.BadSettingsAreOneLineErrors
 //   PerturbedBands.TwoCpuDrawsLieWithinTheBands   (no device) the same bounds between two sets
 //                        of draws of the CPU's perturbed oracle: the bands' calibration
@@ -381,6 +383,59 @@ TEST(GpuOraclePerturbed, TheExactDrawRoundsEveryStoredValueToItsFormat) {
       }
     }
   }
+}
+
+// A coherent draw (OraclePerturbation::coherent, HARNESS.md §4) of a token model: rows of equal
+// tokens stay equal through layer 0's F1–F3 (a positional draw parts them), and F2's proj, which
+// also carries its GEMM's accumulation error, deviates from the plain run by as much as the
+// CPU's coherent draw makes it deviate (within [1/2, 2] over four draws, pooled).
+TEST(GpuOraclePerturbed, ACoherentDrawKeepsEqualTokensRowsEqualAsTheCpusDoes) {
+  M3_SKIP_WITHOUT_ORACLE();
+  Config cfg = small_cfg(16, 4, 8, 1, 0.5, false, 1, 4, false, 3);
+  cfg.vocab_size = 3;
+  const Problem pb = m3::make_problem(cfg, 1, 32, 606, false);
+  Idx t0 = -1, t1 = -1;
+  for (Idx t = 1; t < pb.T && t1 < 0; ++t)
+    if (pb.tok[static_cast<size_t>(t)] == pb.tok[0]) t0 = 0, t1 = t;
+  ASSERT_GE(t1, 0);
+  harness::Perturbation pt = harness::perturbation_of(Precision::F32);
+  OraclePerturbation op = oracle_perturbation(pt, stage_seed(pb, pt, 0));
+  const Capture positional = m3::gpu::run_gpu_oracle(pb, op);
+  op.coherent = true;
+  const Capture coherent = m3::gpu::run_gpu_oracle(pb, op);
+  const Capture plain = m3::gpu::run_gpu_oracle(pb);
+  for (const char* key : {"L0/F1/post_norm", "L0/F2/proj", "L0/F3/angles_raw", "L0/F3/dt"}) {
+    auto row = [&](const Capture& c, Idx t) {
+      const std::vector<double>& x = c.at(key).data;
+      const size_t w = x.size() / static_cast<size_t>(pb.T);
+      return std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(t * w),
+                                 x.begin() + static_cast<std::ptrdiff_t>((t + 1) * w));
+    };
+    EXPECT_EQ(row(coherent, t0), row(coherent, t1)) << key;
+    EXPECT_NE(row(positional, t0), row(positional, t1)) << key;
+    EXPECT_NE(row(coherent, t0), row(plain, t0)) << key;
+  }
+  double gpu2 = 0, cpu2 = 0;
+  pt.coherent = true;
+  for (int d = 0; d < 4; ++d) {
+    const Problem q = harness::perturbed_problem(pb, pt, d);
+    OraclePerturbation g = oracle_perturbation(pt, stage_seed(pb, pt, d));
+    g.coherent = true;
+    const std::vector<double> gp = m3::gpu::run_gpu_oracle(q, g).at("L0/F2/proj").data;
+    const std::vector<double> gq = m3::gpu::run_gpu_oracle(q).at("L0/F2/proj").data;
+    const std::vector<double> cp =
+        harness::run_perturbed_reference(pb, ScanMode::Sequential, pt, d).at("L0/F2/proj").data;
+    const std::vector<double> cq =
+        m3::run_reference<double>(q, ScanMode::Sequential).at("L0/F2/proj").data;
+    for (size_t i = 0; i < gp.size(); ++i) {
+      gpu2 += (gp[i] - gq[i]) * (gp[i] - gq[i]);
+      cpu2 += (cp[i] - cq[i]) * (cp[i] - cq[i]);
+    }
+  }
+  ASSERT_GT(cpu2, 0);
+  const double ratio = std::sqrt(gpu2 / cpu2);
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 2.0);
 }
 
 TEST(GpuOraclePerturbed, BadSettingsAreOneLineErrors) {
