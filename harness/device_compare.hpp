@@ -15,7 +15,9 @@
 //   3. while some row is over its floor (CellJudge::open), the perturbed oracle's draws run:
 //      the problem perturbed as harness::perturbed_problem does, every stage's output perturbed
 //      on the device (OraclePerturbation), each kept row measured against its kept oracle values
-//      (error_norms, and |draw − oracle| per value in f32 for the ill-conditioning rule);
+//      (error_norms, and |draw − oracle| per value in f32 for the ill-conditioning rule); for a
+//      token model where a row is still over its limit, then the coherent draws too
+//      (OraclePerturbation::coherent, budget.hpp kCoherentDraws), all of them;
 //   4. CellJudge::finish decides, with the per-value analysis (ConditionSums) on the device.
 // The limit is the CPU cells' (budget.hpp, BaselineKind::Perturbed): k·perturbed + floor.
 //
