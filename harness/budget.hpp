@@ -145,11 +145,13 @@ double baseline_k(Precision p, BaselineKind kind, CompareMode cmp);
 double unit_roundoff(Precision p);
 // Draws of the perturbed oracle per cell (the baseline error is the largest over the draws).
 constexpr int kPerturbationDraws = 4;
-// A token model's end-to-end cells judged by the perturbed draws (the CPU's; the GPU oracle's,
-// harness/device_compare.cpp), where a tensor is still over its limit after those draws: this many more, coherent ones (Perturbation::coherent, perturbed.hpp: equal values
+// A token model's cells judged by the perturbed draws (the CPU's, end to end and isolated, the
+// isolated cells of every device; the GPU oracle's, harness/device_compare.cpp), where a tensor
+// is still over its limit after those draws: this many more, coherent ones (Perturbation::coherent, perturbed.hpp: equal values
 // drawn alike, and the forward GEMMs' accumulation error), all or none. The baseline is then
 // the larger of the two kinds' max + range (each kind a model of the error; neither widens
-// the other's spread). A cell that passes on the positional draws runs none.
+// the other's spread), but for the tight row, which keeps the positional draws alone (a second
+// rounding of y must fail). A cell that passes on the positional draws runs none.
 constexpr int kCoherentDraws = 4;
 const Floors& floors_of(const ToleranceRow& row, Precision p);
 

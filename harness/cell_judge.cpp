@@ -335,6 +335,17 @@ void CellJudge::draw_end() {
     if (st_[i].delivered == id && !st_[i].bad_draw) rejudge(i);
 }
 
+// The baseline term's error of a row from its draws' (rel_l2, max_abs): combine_kinds; but the
+// tight row (the F6 y row, set between one rounding of y and two of its own) takes the first
+// kind's draws only, so that a second rounding of y still fails beside the coherent draws.
+Metrics CellJudge::baseline_of(const std::vector<std::pair<double, double>>& draws,
+                               const State& st) const {
+  if (st.tol && st.tol->tight && draws.size() > second_kind_from_)
+    return combine({draws.begin(), draws.begin() + static_cast<std::ptrdiff_t>(second_kind_from_)},
+                   st.first[0]);
+  return combine_kinds(draws, st.first[0], second_kind_from_);
+}
+
 void CellJudge::rejudge(size_t i) {
   TensorResult& r = res_.rows[i];
   State& st = st_[i];
@@ -345,7 +356,7 @@ void CellJudge::rejudge(size_t i) {
   r.conditioning_draws = static_cast<int>(st.draws[1].size());
   r.has_baseline = r.draws > 0;
   if (r.has_baseline) {
-    base = combine_kinds(st.draws[0], st.first[0], second_kind_from_);
+    base = baseline_of(st.draws[0], st);
     r.baseline = base;
   }
   const bool has_cond = cmp == CompareMode::EndToEnd && r.conditioning_draws > 0;
@@ -483,7 +494,7 @@ void CellJudge::condition(size_t i, const Analyse& analyse) {
       rd[t].push_back({m.rel_l2, m.max_abs});
     }
   const bool has_b = !rd[0].empty(), has_c = opt_.compare_mode == CompareMode::EndToEnd && !rd[1].empty();
-  if (has_b) base = combine_kinds(rd[0], st.first[0], second_kind_from_);
+  if (has_b) base = baseline_of(rd[0], st);
   if (has_c) cond = combine(rd[1], st.first[1]);
   const Budget b = make_budget(*st.tol, opt_.precision, r.subject, has_b ? &base : nullptr,
                                r.budget.depth, r.budget.kind, has_c ? &cond : nullptr);

@@ -9,8 +9,8 @@
 //                                  for a tight row), B and C each "max + range" over the draws
 //
 // where B is the baseline term (the same-precision baseline, or the perturbed oracle's draws;
-// with a second kind of draws, the coherent ones of a token model's CPU cell, the larger of the
-// two kinds' max + range: second_kind_from) and C the conditioning term (the perturbed oracle
+// with a second kind of draws, the coherent ones of a token model's cell, the larger of the two
+// kinds' max + range, the tight row the first kind's alone: second_kind_from) and C the conditioning term (the perturbed oracle
 // beside a same-precision baseline). Every
 // limit is non-decreasing in each draw: the largest of more draws is no smaller, their range
 // no narrower, and f ≥ 0. So a tensor within its floor passes whatever the draws say, and the
@@ -180,6 +180,7 @@ class CellJudge {
   const Capture* ref_ = nullptr;
   int n_draws_[2] = {0, 0};
   size_t second_kind_from_ = SIZE_MAX;
+  Metrics baseline_of(const std::vector<std::pair<double, double>>& draws, const State& st) const;
   bool in_draw_ = false;
 };
 

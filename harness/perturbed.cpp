@@ -550,6 +550,9 @@ void add_perturbed_baselines(std::vector<Lineup>& lineups, int draws) {
     l.isolated_baselines.clear();
     for (int d = 0; d < draws; ++d)
       l.isolated_baselines.push_back(perturbed_oracle(l.precision, d));
+    l.coherent_isolated_baselines.clear();
+    for (int d = 0; d < kCoherentDraws; ++d)
+      l.coherent_isolated_baselines.push_back(perturbed_oracle(l.precision, draws + d, true));
     l.isolated_baseline_reference = [refs](const Problem& pb, ScanMode mode, const Capture& o,
                                            const TensorSink&) { return refs->isolated(pb, mode, o); };
     l.conditioning.clear();

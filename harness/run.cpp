@@ -132,9 +132,14 @@ CompareResult judge_cell(const RunSpec& spec, const Problem& pb, const Implement
   size_t coherent_from = SIZE_MAX;
   std::function<Capture()> base_ref, cond_ref;  // empty: the oracle
   if (iso) {
-    for (const Implementation& ib : l.isolated_baselines)
+    auto add = [&](const Implementation& ib) {
       base.push_back({[&ib, &pb, mode, &o](const TensorSink& k) { stream_isolated(ib, pb, mode, o, k); },
                       [&ib, &pb, mode, &o] { return ib.isolated(pb, mode, o, {}); }});
+    };
+    for (const Implementation& ib : l.isolated_baselines) add(ib);
+    coherent_from = base.size();  // as end to end, below
+    if (pb.token_model())
+      for (const Implementation& cb : l.coherent_isolated_baselines) add(cb);
     if (l.isolated_baseline_reference && !oracle.exact_reference)
       base_ref = [&l, &pb, mode, &o] { return l.isolated_baseline_reference(pb, mode, o, {}); };
   } else {

@@ -127,6 +127,10 @@ struct Lineup {
   // Empty: none.
   std::vector<Implementation> coherent_baselines = {};
   std::vector<Implementation> isolated_baselines = {};
+  // The isolated cells' coherent draws (their `isolated` runners: teacher-forced, the teacher's
+  // values keyed by value too), as coherent_baselines end to end: a token model's, run only
+  // where a tensor is still over its limit after isolated_baselines.
+  std::vector<Implementation> coherent_isolated_baselines = {};
   // The unperturbed runs the draws deviate from: a draw's error is measured against these, not
   // against the oracle, so that an oracle which is not the reference's own value (a stored,
   // possibly tampered golden file) never counts as error the precision forces. Empty: the

@@ -372,6 +372,50 @@ TEST(CoherentDraws, PlantedBugsInATokenModelStillFailFirst) {
   }
 }
 
+// The isolated negative controls (negative_control.hpp's faults) in a token model, whose failing
+// isolated cells run the coherent teacher-forced draws as well: each fault still fails, first in
+// its own stage of layer 0, in every precision and scan mode, against both kinds of draws.
+TEST(CoherentDraws, IsolatedFaultsInATokenModelStillFailFirstInTheirStage) {
+  RunSpec spec = narrow_token_spec();
+  spec.cfg.d_model = 32;  // no narrow norm: the token model of the test above
+  spec.cfg.d_state = 16;
+  spec.cfg.headdim = 8;
+  spec.cfg.expand = 2;
+  spec.cfg.n_layers = 2;
+  spec.cfg.chunk_size = 16;
+  spec.cfg.is_outproj_norm = false;
+  spec.T = 80;  // F6's y of ≥ 4096 values: the tight row, where a second rounding fails
+  spec.modes = {ScanMode::Sequential, ScanMode::Chunked};
+  spec.compare_modes = {CompareMode::Isolated};
+  const Problem pb = build_problem(spec);
+  ASSERT_TRUE(pb.token_model());
+  for (gpu::Fault f : negative::kFaults) {
+    std::vector<Lineup> lineups;
+    for (Precision p : {Precision::F32, Precision::BF16, Precision::F16}) {
+      Implementation s = reference_emulation(p);
+      s.isolated = [p, f](const Problem& q, ScanMode m, const Capture& o, const TensorSink&) {
+        return run_reference_isolated(q, m, o, p, f);
+      };
+      lineups.push_back({p, s, std::nullopt});
+    }
+    add_perturbed_baselines(lineups);
+    const Comparison c = run_comparison(spec, pb, reference_oracle(), lineups);
+    const std::string want = std::string("L0/") + gpu::fault_stage(f) + "/";
+    for (const CompareResult& cell : c.cells) {
+      SCOPED_TRACE(std::string(gpu::fault_name(f)) + " " + precision_name(cell.precision) + " " +
+                   scan_mode_name(cell.mode));
+      ASSERT_FALSE(cell.pass()) << "not caught";
+      const std::string first = cell.rows[static_cast<size_t>(cell.first_fail)].key;
+      EXPECT_EQ(first.rfind(want, 0), 0u) << first;
+      for (const TensorResult& r : cell.rows) {
+        if (!r.pass()) {
+          EXPECT_EQ(r.draws, kPerturbationDraws + kCoherentDraws) << r.key;
+        }
+      }
+    }
+  }
+}
+
 // ---- ill-conditioned values --------------------------------------------------------------------
 
 TEST(IllConditioned, TheIssuesFalseFailureIsNotJudgedInBf16AndJudgedInF32) {
