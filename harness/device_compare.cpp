@@ -145,19 +145,24 @@ class DeviceCell {
     // values), then random ones. With host copies the exact draw runs in any case: its values
     // are the copies' baseline.
     const Perturbation pt = perturbation_of(p_);
+    // The device's rounding of draw `draw` (−1: the exact one) of perturbed_problem's stream.
+    auto perturbation = [&](int draw, bool exact, bool coherent) {
+      gpu::OraclePerturbation op;
+      op.u_typed = pt.u_typed;
+      op.u_f32 = pt.u_f32;
+      op.tiny = pt.tiny;
+      op.exact = exact;
+      op.coherent = coherent;
+      op.seed = perturbation_seed(pb_.seed, pt.u_typed, draw, 1);
+      return op;
+    };
     for (int d = 0; d < kPerturbationDraws; ++d) {
       const bool judged = judge_.open();
       const bool copies = d == 0 && copy_;
       if (!judged && !copies) break;
       const bool exact = d == 0;
       const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt, d - 1);
-      gpu::OraclePerturbation op;
-      op.u_typed = pt.u_typed;
-      op.u_f32 = pt.u_f32;
-      op.tiny = pt.tiny;
-      op.exact = exact;
-      op.seed = perturbation_seed(pb_.seed, pt.u_typed, d - 1, 1);
-      oracle_.set_perturbation(op);
+      oracle_.set_perturbation(perturbation(d - 1, exact, false));
       if (judged) judge_.draw_begin(CellJudge::Term::Baseline);
       pass(pp, [this, judged, copies](const gpu::OracleTensor& t) {
         if (judged) draw_row(t);
@@ -173,13 +178,7 @@ class DeviceCell {
     for (int c = 0; pb_.token_model() && c < kCoherentDraws && judge_.open(); ++c) {
       if (c == 0 && !judge_.over_limit()) break;
       const int draw = kPerturbationDraws - 1 + c;  // after the random draws 0 … 2
-      gpu::OraclePerturbation op;
-      op.u_typed = pt.u_typed;
-      op.u_f32 = pt.u_f32;
-      op.tiny = pt.tiny;
-      op.coherent = true;
-      op.seed = perturbation_seed(pb_.seed, pt.u_typed, draw, 1);
-      oracle_.set_perturbation(op);
+      oracle_.set_perturbation(perturbation(draw, false, true));
       judge_.draw_begin(CellJudge::Term::Baseline);
       pass(perturbed_problem(pb_, pt, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
       judge_.draw_end();

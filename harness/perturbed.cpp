@@ -47,6 +47,14 @@ using Fields = std::vector<ref::TensorField<double>>;
 // teacher's values, perturbed once per key at its first load, and captures only its own
 // outputs. With a zero Perturbation and no teacher it is run_reference<double> bit for bit (a
 // test holds it so).
+// A coherent draw's ρ of value v (Perturbation::coherent): a hash of the tensor's salt and v's
+// bits, on [−1, 1) in steps of 2⁻⁵², so equal values draw alike.
+double coherent_rho(std::uint64_t salt, double v) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<double>(mix64(salt ^ mix64(bits)) >> 11) * 0x1p-52 - 1.0;
+}
+
 class PerturbedRun {
   friend struct m3::ChainAccess;
 
@@ -228,9 +236,7 @@ class PerturbedRun {
     for (double& e : v) {
       double r;
       if (e != 0.0) {
-        std::uint64_t bits;
-        std::memcpy(&bits, &e, sizeof bits);
-        r = static_cast<double>(mix64(salt ^ mix64(bits)) >> 11) * 0x1p-52 - 1.0;
+        r = coherent_rho(salt, e);
       } else {
         r = rng_.uniform(-1.0, 1.0);
       }
@@ -255,10 +261,7 @@ class PerturbedRun {
       }
       for (Idx j = 0; j < m; ++j) {
         double& e = out[static_cast<size_t>(r * m + j)];
-        std::uint64_t bits;
-        std::memcpy(&bits, &e, sizeof bits);
-        const double rho = static_cast<double>(mix64(salt ^ mix64(bits)) >> 11) * 0x1p-52 - 1.0;
-        e += rho * scale * std::sqrt(ss[static_cast<size_t>(j)]);
+        e += coherent_rho(salt, e) * scale * std::sqrt(ss[static_cast<size_t>(j)]);
       }
     }
   }
