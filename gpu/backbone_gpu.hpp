@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "precision.hpp"
 #include "problem.hpp"
 #include "registry.hpp"
+#include "stage_ids.hpp"
 
 namespace m3::gpu {
 
@@ -115,6 +117,22 @@ class GpuBackbone {
   // reads nor writes poisoned (NaN) while that stage runs — equal to run_isolated bit for bit
   // exactly when the table lists every read of every stage.
   Capture run_isolated_poisoned_for_testing(const Capture& oracle);
+  // The isolated mode with its teacher on the device (the device comparison's isolated cells,
+  // docs/HARNESS.md §11). `teacher` gives a registry key's n values as f64 on the device, or
+  // nullptr where it lacks the key: the GPU oracle provides the rows both scan modes share, not
+  // the inside of one scan algorithm. Every key the teacher has is restored as run_isolated
+  // restores a Capture's (each value rounded to f32, then to this storage where the buffer is
+  // typed: the same bits). Where the teacher lacks F6's internals that B6 reads (sequential:
+  // h_saved, k_prev_saved, v_prev_saved; chunked: k_scaled_saved, the saved scalars and cumsums,
+  // chunk_states_saved), F6 runs again on the teacher's inputs just before B6 to rebuild them —
+  // as Recompute::Scan rebuilds them in production — and then F6's outputs the teacher has are
+  // the teacher's again. After each stage, with its outputs in their buffers (before the
+  // teacher's values go back), `observe` is called: device_tensor reads the stage's keys then,
+  // and the parameter gradients (each stage's contributions, as run_isolated's "grad/…") after
+  // the run.
+  using DeviceTeacher = std::function<const double*(const std::string& key, Idx n)>;
+  using IsolatedObserver = std::function<void(StageId stage, int layer, Dir dir)>;
+  void run_isolated(const DeviceTeacher& teacher, const IsolatedObserver& observe);
 
   // ---- token models (cfg.vocab_size = V > 0; TRAINING.md §1) -------------------------------
   // The input is tokens [B*T] in 0 … V−1 instead of X: input_proj runs as the embedding's row
@@ -166,7 +184,8 @@ class GpuBackbone {
   // (the verification layout: contiguous, its own buffer): the device comparison
   // (harness/device_compare.hpp) reads it in place. `storage` is F32 for an f32 buffer and the
   // run's bf16/f16 for a typed one. Valid until the next pass; throws m3::Error for a key this
-  // run does not have, or before a repeat_digests.
+  // run does not have, or before a repeat_digests (or the device-teacher run_isolated, during
+  // which it reads the stage just run).
   struct DeviceTensor {
     const void* data = nullptr;
     Precision storage = Precision::F32;

@@ -219,6 +219,19 @@ class GpuOracle {
   // call with u_typed > 0 allocates δ's typed copy ([B·T, d_model] doubles).
   void set_perturbation(const OraclePerturbation& p);
   const OraclePerturbation& perturbation() const;
+  // The teacher-forced mode for the passes that follow (nullptr: off, the default): the GPU
+  // counterpart of harness::run_perturbed_isolated, the isolated cells' baseline (HARNESS.md
+  // §2). Before each stage every provided tensor it may read is set to the teacher's value —
+  // for a layer stage every provided tensor of the layer (and, before a backward stage, its
+  // backward tensors and δ entering the layer), for norm_f, the head and the loss what they
+  // read — and in the perturbed mode rounded once as a load, with its own stream per key (the
+  // same values at every load); the stage's outputs are then rounded as in any perturbed pass,
+  // and the observer and a Capture see them. The parameters, X, dOut and the entering states
+  // are the problem loaded here (harness::perturbed_problem for a draw). Without a perturbation
+  // every stage recomputes the teacher's outputs from the teacher's inputs, bit for bit (a test
+  // holds it so). The teacher: an oracle of the same config and shape with OracleKeep::All, after
+  // its pass, that stays unchanged while it teaches. Throws m3::Error otherwise (one line).
+  void set_teacher(const GpuOracle* teacher);
 
   // forward: input_proj, the layers, norm_f (chain_forward); reads the entering states set
   // last and replaces them with the leaving ones. backward: gradients accumulate into the
@@ -280,5 +293,12 @@ Capture run_gpu_oracle(const Problem& pb, int device = 0);
 // harness::run_perturbed_reference(problem, sequential, pt, draw) (the file comment says which
 // tensors it rounds; tests/gpu/oracle/test_gpu_oracle_perturb.cpp compares the two).
 Capture run_gpu_oracle(const Problem& pb, const OraclePerturbation& pert, int device = 0);
+// The teacher-forced pass: a teacher (OracleKeep::All) runs pb's pass, then a second oracle runs
+// on `pp` (pb itself, or harness::perturbed_problem(pb, pt, draw)) with `pert`, fed the teacher's
+// values stage by stage (set_teacher), capturing every provided stage tensor and every parameter
+// gradient: harness::run_perturbed_isolated's counterpart (with pert's seed of role 2,
+// harness::perturbation_seed(pb.seed, pt.u_typed, draw, 2)).
+Capture run_gpu_oracle_isolated(const Problem& pb, const Problem& pp,
+                                const OraclePerturbation& pert, int device = 0);
 
 }  // namespace m3::gpu

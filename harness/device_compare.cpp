@@ -2,6 +2,7 @@
 #include "device_compare.hpp"
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -101,30 +102,38 @@ Metrics to_metrics(const gpu::DeviceMetrics& d) {
   return m;
 }
 
-// What a row keeps on the device: the oracle's values (the draws' reference) and, for a row over
-// its floor, each draw's |draw − oracle| per value.
+// What a row keeps on the device: the oracle's values (the draws' reference: a copy, or the
+// teacher's own buffer in an isolated cell) and, for a row over its floor, each draw's
+// |draw − oracle| per value; in an isolated cell also the subject's |Δ|, measured as its stage
+// ran (the teacher's values replace the stage's outputs right after).
 struct KeptRow {
   gpu::DeviceBuffer oracle;
+  const double* teacher = nullptr;
+  gpu::DeviceBuffer subject;
   std::vector<gpu::DeviceBuffer> devs;
   Idx n = 0;
   bool circular = false;
+  const double* ref() const {
+    return teacher ? teacher : static_cast<const double*>(oracle.data());
+  }
   std::size_t bytes() const {
-    std::size_t b = oracle.bytes();
+    std::size_t b = oracle.bytes() + subject.bytes();
     for (const gpu::DeviceBuffer& d : devs) b += d.bytes();
     return b;
   }
 };
 
-// One end-to-end cell on the device.
+// One cell on the device: end to end (`teacher` null) or isolated (`teacher`: the GPU oracle's
+// unperturbed pass, OracleKeep::All; `oracle` then runs the teacher-forced draws).
 class DeviceCell {
  public:
   DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
              const CellJudge::OracleShape& provided, gpu::GpuOracle& oracle,
-             gpu::DeviceComparer& dc, gpu::Fault fault, DeviceCompareCost& cost,
-             const HostCopy& copy)
-      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), dc_(dc), cost_(cost),
-        copy_(copy),
-        judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p),
+             gpu::GpuOracle* teacher, gpu::DeviceComparer& dc, gpu::Fault fault,
+             DeviceCompareCost& cost, const HostCopy& copy)
+      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), teacher_(teacher), dc_(dc),
+        cost_(cost), copy_(copy), provided_(provided),
+        judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p, teacher != nullptr),
                /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
     net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
     gpu::load_problem(*net_, pb);
@@ -133,36 +142,22 @@ class DeviceCell {
   }
 
   CompareResult run() {
-    // The subject once, every tensor left in its own buffer.
-    net_->repeat_digests();
-    // The oracle, each provided tensor measured against the subject's as its stage ends.
-    oracle_.set_perturbation({});
-    pass(pb_, [this](const gpu::OracleTensor& t) { subject_row(t); });
+    teacher_ ? isolated_subject() : e2e_subject();
     judge_.subject_done();
     drop_unwanted();
-    // The perturbed oracle's draws, while a verdict can still change: first the exact one (every
-    // stored value rounded to its format: the production's own roundings, equal for equal
-    // values), then random ones. With host copies the exact draw runs in any case: its values
-    // are the copies' baseline.
-    const Perturbation pt = perturbation_of(p_);
-    // The device's rounding of draw `draw` (−1: the exact one) of perturbed_problem's stream.
-    auto perturbation = [&](int draw, bool exact, bool coherent) {
-      gpu::OraclePerturbation op;
-      op.u_typed = pt.u_typed;
-      op.u_f32 = pt.u_f32;
-      op.tiny = pt.tiny;
-      op.exact = exact;
-      op.coherent = coherent;
-      op.seed = perturbation_seed(pb_.seed, pt.u_typed, draw, 1);
-      return op;
-    };
+    // The perturbed oracle's draws, while a verdict can still change. End to end: first the
+    // exact one (every stored value rounded to its format: the production's own roundings,
+    // equal for equal values), then random ones; with host copies the exact draw runs in any
+    // case (its values are the copies' baseline). Isolated: random teacher-forced draws, as the
+    // CPU's isolated baseline (harness::run_perturbed_isolated).
     for (int d = 0; d < kPerturbationDraws; ++d) {
       const bool judged = judge_.open();
-      const bool copies = d == 0 && copy_;
+      const bool copies = !teacher_ && d == 0 && copy_;
       if (!judged && !copies) break;
-      const bool exact = d == 0;
-      const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt, d - 1);
-      oracle_.set_perturbation(perturbation(d - 1, exact, false));
+      const bool exact = !teacher_ && d == 0;
+      const int draw = teacher_ ? d : d - 1;
+      const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt_, draw);
+      oracle_.set_perturbation(perturbation(draw, exact, false));
       if (judged) judge_.draw_begin(CellJudge::Term::Baseline);
       pass(pp, [this, judged, copies](const gpu::OracleTensor& t) {
         if (judged) draw_row(t);
@@ -177,15 +172,17 @@ class DeviceCell {
     judge_.second_kind_from(kPerturbationDraws);
     for (int c = 0; pb_.token_model() && c < kCoherentDraws && judge_.open(); ++c) {
       if (c == 0 && !judge_.over_limit()) break;
-      const int draw = kPerturbationDraws - 1 + c;  // after the random draws 0 … 2
+      // After the random draws: 0 … 2 end to end (draw 0 is the exact one), 0 … 3 isolated.
+      const int draw = (teacher_ ? kPerturbationDraws : kPerturbationDraws - 1) + c;
       oracle_.set_perturbation(perturbation(draw, false, true));
       judge_.draw_begin(CellJudge::Term::Baseline);
-      pass(perturbed_problem(pb_, pt, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
+      pass(perturbed_problem(pb_, pt_, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
       judge_.draw_end();
       oracle_.set_perturbation({});
       drop_unwanted();
     }
     oracle_.set_observer({});
+    oracle_.set_teacher(nullptr);
     CompareResult r = judge_.finish([this](int row, double u, double from) {
       return analyse(row, u, from);
     });
@@ -195,14 +192,68 @@ class DeviceCell {
   }
 
  private:
-  static CompareOptions options(const RunSpec& spec, Precision p) {
+  static CompareOptions options(const RunSpec& spec, Precision p, bool isolated) {
     CompareOptions opt;
     opt.precision = p;
     opt.filter = spec.filter;
     opt.by_position = spec.by_position;
-    opt.compare_mode = CompareMode::EndToEnd;
+    opt.compare_mode = isolated ? CompareMode::Isolated : CompareMode::EndToEnd;
     opt.baseline_kind = BaselineKind::Perturbed;
     return opt;
+  }
+
+  // The device's rounding of draw `draw` of perturbed_problem's stream (exact: the exact one);
+  // the stages' stream is role 1 end to end and role 2 teacher-forced, as on the CPU.
+  gpu::OraclePerturbation perturbation(int draw, bool exact, bool coherent) const {
+    gpu::OraclePerturbation op;
+    op.u_typed = pt_.u_typed;
+    op.u_f32 = pt_.u_f32;
+    op.tiny = pt_.tiny;
+    op.exact = exact;
+    op.coherent = coherent;
+    op.seed = perturbation_seed(pb_.seed, pt_.u_typed, draw, teacher_ ? 2 : 1);
+    return op;
+  }
+
+  // End to end: the subject once, every tensor left in its own buffer; then the oracle, each
+  // provided tensor measured against the subject's as its stage ends.
+  void e2e_subject() {
+    net_->repeat_digests();
+    oracle_.set_perturbation({});
+    oracle_.set_teacher(nullptr);
+    pass(pb_, [this](const gpu::OracleTensor& t) {
+      if (const int row = judge_.row(t.key); row >= 0) subject_row(row, t);
+    });
+  }
+
+  // Isolated: the subject stage by stage, fed the teacher's values; each stage's provided
+  // outputs measured against the teacher's as it ends, then every parameter gradient. The
+  // draws that follow run teacher-forced.
+  void isolated_subject() {
+    gpu::GpuOracle& t = *teacher_;
+    const gpu::GpuBackbone::DeviceTeacher teach = [this, &t](const std::string& key,
+                                                             Idx n) -> const double* {
+      const std::vector<Idx>* shape = provided_(key);
+      if (!shape) return nullptr;
+      const gpu::OracleTensor v = t.tensor(key);
+      M3_REQUIRE(v.numel() == n, "compare --oracle gpu", "the teacher's '" + key + "' has " +
+                 std::to_string(v.numel()) + " values, the subject's buffer " + std::to_string(n), "");
+      return v.data;
+    };
+    net_->run_isolated(teach, [this, &t](StageId s, int l, Dir dir) {
+      net_->synchronize();  // the stage's outputs, before the teacher's values replace them
+      for (const TensorSpec& spec : stage_registry()) {
+        if (spec.dir != dir || std::strcmp(spec.stage, stage_name(s)) != 0 ||
+            (spec.scope == Scope::Layer) != (l >= 0))
+          continue;
+        const std::string key = stage_key(l, spec.stage, spec.tensor);
+        if (!provided_(key)) continue;
+        if (const int row = judge_.row(key); row >= 0) subject_row(row, t.tensor(key));
+      }
+    });
+    for (const KeyedParam& kp : expected_param_keys(spec_.cfg))
+      if (const int row = judge_.row(kp.key); row >= 0) subject_row(row, t.tensor(kp.key));
+    oracle_.set_teacher(&t);
   }
 
   // One oracle pass of `pb` (loaded first), each stage's provided tensors and then every
@@ -227,9 +278,8 @@ class DeviceCell {
     copy_(p_, mode_, what, key, std::move(t));
   }
 
-  void subject_row(const gpu::OracleTensor& t) {
-    const int row = judge_.row(t.key);
-    if (row < 0) return;
+  // The subject's buffer of row `row` measured against the oracle's (the teacher's) values `t`.
+  void subject_row(int row, const gpu::OracleTensor& t) {
     if (copy_) {
       take(CopyOf::Oracle, t.key, t.shape, values_of(t));
       copied_.insert(t.key);
@@ -252,8 +302,14 @@ class DeviceCell {
       KeptRow& k = kept_[row];
       k.n = t.numel();
       k.circular = t.circular;
-      k.oracle = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(double));
-      dc_.copy(k.oracle.data(), t.data, k.oracle.bytes());
+      if (teacher_) {
+        k.teacher = t.data;
+        k.subject = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(float));
+        dc_.abs_dev(values_of(t), values_of(s), k.circular, static_cast<float*>(k.subject.data()));
+      } else {
+        k.oracle = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(double));
+        dc_.copy(k.oracle.data(), t.data, k.oracle.bytes());
+      }
       note_kept();
     }
   }
@@ -267,7 +323,7 @@ class DeviceCell {
     KeptRow& k = it->second;
     if (t.numel() != k.n)
       return judge_.draw_unusable(row, "the perturbed oracle's shape differs from the oracle's");
-    const gpu::DeviceValues ref = values_of(k.oracle, k.n);
+    const gpu::DeviceValues ref = {k.ref(), gpu::ValueType::F64, k.n};
     judge_.draw_measured(row, to_metrics(dc_.metrics(ref, values_of(t), k.circular, p_, false)));
     if (judge_.kept(row)) {
       gpu::DeviceBuffer dev(static_cast<std::size_t>(k.n) * sizeof(float));
@@ -283,16 +339,18 @@ class DeviceCell {
     auto it = kept_.find(row);
     if (it == kept_.end()) return cs;
     KeptRow& k = it->second;
-    const gpu::GpuBackbone::DeviceTensor s = net_->device_tensor(judge_.result(row).key);
-    gpu::DeviceBuffer sub(static_cast<std::size_t>(k.n) * sizeof(float));
-    dc_.abs_dev(values_of(k.oracle, k.n), values_of(s), k.circular, static_cast<float*>(sub.data()));
-    std::vector<const float*> devs, rest{static_cast<const float*>(sub.data())};
+    if (!teacher_) {
+      const gpu::GpuBackbone::DeviceTensor s = net_->device_tensor(judge_.result(row).key);
+      k.subject = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(float));
+      dc_.abs_dev({k.ref(), gpu::ValueType::F64, k.n}, values_of(s), k.circular,
+                  static_cast<float*>(k.subject.data()));
+    }
+    std::vector<const float*> devs, rest{static_cast<const float*>(k.subject.data())};
     for (const gpu::DeviceBuffer& d : k.devs) {
       devs.push_back(static_cast<const float*>(d.data()));
       rest.push_back(static_cast<const float*>(d.data()));
     }
-    const gpu::ConditionSums g =
-        dc_.condition(static_cast<const double*>(k.oracle.data()), devs, rest, k.n, u, from);
+    const gpu::ConditionSums g = dc_.condition(k.ref(), devs, rest, k.n, u, from);
     cs.n_ill = g.n_ill;
     cs.kmax = g.kmax;
     if (!g.rest.empty()) cs.subject = g.rest[0];
@@ -318,10 +376,13 @@ class DeviceCell {
   Precision p_;
   ScanMode mode_;
   gpu::GpuOracle& oracle_;
+  gpu::GpuOracle* teacher_;
   gpu::DeviceComparer& dc_;
   DeviceCompareCost& cost_;
   const HostCopy& copy_;
+  CellJudge::OracleShape provided_;
   CellJudge judge_;
+  const Perturbation pt_ = perturbation_of(p_);
   std::unique_ptr<gpu::GpuBackbone> net_;
   std::map<int, KeptRow> kept_;
   std::set<std::string> copied_;  // the keys whose oracle values went to the host
@@ -359,6 +420,14 @@ std::string device_cost_line(const DeviceCompareCost& c) {
   return os.str();
 }
 
+namespace {
+bool has_isolated(const RunSpec& spec) {
+  for (CompareMode cm : spec.compare_modes)
+    if (cm == CompareMode::Isolated) return true;
+  return false;
+}
+}  // namespace
+
 std::string device_compare_unavailable() {
   std::string why = gpu::oracle_unavailable();
   if (why.empty()) why = gpu::compare_unavailable();
@@ -378,11 +447,7 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
   validate_run(spec.cfg, spec.B, spec.T);
   M3_REQUIRE(!precisions.empty(), command, "no precision to compare", "");
   M3_REQUIRE(!spec.modes.empty(), command, "no scan mode to compare", "");
-  for (CompareMode cm : spec.compare_modes)
-    M3_REQUIRE(cm == CompareMode::EndToEnd, command,
-               "isolated (teacher-forced) cells need the oracle's values of every stage's inputs "
-               "on the host: run them with --oracle cpu",
-               "--mode ", compare_mode_name(cm));
+  M3_REQUIRE(!spec.compare_modes.empty(), command, "no comparison mode (e2e, isolated)", "");
   for (Precision p : precisions)
     M3_REQUIRE(p != Precision::F64, command, "the GPU path stores f32, bf16 or f16",
                "f64 is the oracle's precision");
@@ -391,24 +456,32 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
   const std::string refused = gpu::GpuBackbone::unsupported(spec.cfg, spec.B, spec.T);
   M3_REQUIRE(refused.empty(), command, "the GPU path cannot run this shape", refused);
 
-  // Before any work: the oracle and each scan mode's subject (every registry tensor in its own
-  // buffer, at most 4 bytes a value) must fit the free device memory together.
+  // Before any work: the oracle (isolated cells: and its teacher, which keeps every tensor) and
+  // each scan mode's subject (every registry tensor in its own buffer, at most 4 bytes a value)
+  // must fit the free device memory together.
   {
     const double gb = 1e9;
     const double total = static_cast<double>(gpu::query_device().total_mem);
     const double free_b = total - static_cast<double>(gpu::device_bytes_in_use());
     const double oracle_b =
         static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward).total());
+    const double teacher_b =
+        has_isolated(spec)
+            ? static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All).total())
+            : 0.0;
     for (ScanMode m : spec.modes) {
       const double subject_b = 4.0 * stage_elements(spec.cfg, spec.B, spec.T, m);
-      if (oracle_b + subject_b > free_b) {
+      if (oracle_b + teacher_b + subject_b > free_b) {
         std::ostringstream why;
         why.precision(3);
-        why << "needs about " << (oracle_b + subject_b) / gb << " GB (the oracle " << oracle_b / gb
-            << " GB, the " << scan_mode_name(m) << " subject up to " << subject_b / gb << " GB), "
+        why << "needs about " << (oracle_b + teacher_b + subject_b) / gb << " GB (the oracle "
+            << oracle_b / gb << " GB, ";
+        if (teacher_b > 0) why << "its teacher for the isolated cells " << teacher_b / gb << " GB, ";
+        why << "the " << scan_mode_name(m) << " subject up to " << subject_b / gb << " GB), "
             << free_b / gb << " GB are free";
         throw Error(command,
-                    std::string("the oracle and the ") + scan_mode_name(m) +
+                    std::string("the oracle") + (teacher_b > 0 ? ", its teacher" : "") +
+                        " and the " + scan_mode_name(m) +
                         " subject do not fit the device's memory together",
                     why.str());
       }
@@ -427,7 +500,19 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   DeviceCompareCost& c = cost ? *cost : local;
   c = {};
   gpu::GpuOracle oracle(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
-  c.oracle_bytes = oracle.memory().total();
+  // The isolated cells' teacher: the unperturbed pass, every tensor kept (it does not depend on
+  // the precision or the scan mode, so it runs once).
+  std::unique_ptr<gpu::GpuOracle> teacher;
+  if (has_isolated(spec)) {
+    teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
+    gpu::load_problem(*teacher, pb);
+    gpu::run_pass(*teacher, pb);
+    ++c.oracle_passes;
+  }
+  auto oracle_bytes = [&] {
+    return oracle.memory().total() + (teacher ? teacher->memory().total() : 0);
+  };
+  c.oracle_bytes = oracle_bytes();
   gpu::DeviceComparer dc(oracle.stream());
 
   Comparison out;
@@ -435,9 +520,20 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   out.oracle_name = "gpu-oracle<double>";
   for (Precision p : precisions) {
     Lineup l{p, gpu_subject(p, fault), std::nullopt};
-    l.baseline = Implementation{"gpu-oracle<double>~u(" + std::string(precision_name(p)) + ")",
-                                nullptr};
+    const std::string draw = "gpu-oracle<double>~u(" + std::string(precision_name(p)) + ")";
+    l.baseline = Implementation{draw, nullptr};
     l.baseline_kind = BaselineKind::Perturbed;
+    // What the report's rule line names (DeviceCell runs these draws itself).
+    for (int d = 1; d < kPerturbationDraws; ++d)
+      l.more_baselines.push_back({draw + "#" + std::to_string(d), nullptr});
+    for (int d = 0; d < kCoherentDraws; ++d)
+      l.coherent_baselines.push_back({draw + " (coherent)", nullptr});
+    if (has_isolated(spec)) {
+      for (int d = 0; d < kPerturbationDraws; ++d)
+        l.isolated_baselines.push_back({draw + " teacher-forced#" + std::to_string(d), nullptr});
+      for (int d = 0; d < kCoherentDraws; ++d)
+        l.coherent_isolated_baselines.push_back({draw + " teacher-forced (coherent)", nullptr});
+    }
     out.lineups.push_back(std::move(l));
   }
   const std::map<std::string, std::vector<Idx>> shapes =
@@ -455,20 +551,23 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   }
   // Precision-major, as run_comparison orders them.
   for (Precision p : precisions)
-    for (ScanMode mode : spec.modes) {
-      const Clock::time_point tc = Clock::now();
-      DeviceCell cell(spec, pb, p, mode, provided, oracle, dc, fault, c, copy);
-      out.cells.push_back(cell.run());
-      if (progress) {
-        const CompareResult& r = out.cells.back();
-        std::ostringstream os;
-        os.precision(3);
-        os << precision_name(p) << " " << scan_mode_name(mode) << " e2e: " << r.rows.size()
-           << " checks, " << r.n_fail() << " failed, " << seconds_since(tc) << " s";
-        progress(os.str());
+    for (ScanMode mode : spec.modes)
+      for (CompareMode cm : spec.compare_modes) {
+        const Clock::time_point tc = Clock::now();
+        gpu::GpuOracle* t = cm == CompareMode::Isolated ? teacher.get() : nullptr;
+        DeviceCell cell(spec, pb, p, mode, provided, oracle, t, dc, fault, c, copy);
+        out.cells.push_back(cell.run());
+        if (progress) {
+          const CompareResult& r = out.cells.back();
+          std::ostringstream os;
+          os.precision(3);
+          os << precision_name(p) << " " << scan_mode_name(mode) << " " << compare_mode_name(cm)
+             << ": " << r.rows.size() << " checks, " << r.n_fail() << " failed, "
+             << seconds_since(tc) << " s";
+          progress(os.str());
+        }
       }
-    }
-  c.oracle_bytes = oracle.memory().total();
+  c.oracle_bytes = oracle_bytes();
   c.device_peak = std::max(c.device_peak, gpu::device_bytes_in_use());
   c.seconds = seconds_since(t0);
   return out;

@@ -1113,7 +1113,7 @@ TEST_F(CliTest, OracleGpuMisusesAreOneLineBeforeAnyWork) {
       {"dump --oracle gpu --stage L0/F3/dt" + golden + out, "not with --golden"},
       {"compare --oracle tpu --device cpu", "--oracle 'tpu': expected cpu or gpu"},
       {"compare --oracle gpu --device cpu", "use it with --device gpu"},
-      {"compare --oracle gpu --mode isolated", "end to end only"},
+      {"compare --oracle gpu --device cpu --mode isolated", "use it with --device gpu"},
       {"compare --oracle gpu --sweep 2", "not with --sweep"},
       {"compare --oracle gpu" + golden, "not with --golden"},
   };

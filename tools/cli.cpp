@@ -605,11 +605,6 @@ std::string oracle_option(const po::variables_map& vm) {
     throw UsageError("--oracle gpu: not with --golden (the file's stored oracle is the oracle)");
   if (vm.count("sweep"))
     throw UsageError("--oracle gpu: not with --sweep (a sweep's problems are the CPU oracle's size)");
-  if (vm.count("mode"))
-    for (harness::CompareMode cm : parse_compare_modes(vm["mode"].as<std::string>()))
-      if (cm == harness::CompareMode::Isolated)
-        throw UsageError("--oracle gpu: end to end only (--mode e2e); isolated cells need the "
-                         "oracle's values of every stage's inputs on the host (--oracle cpu)");
   const std::string device = vm["device"].as<std::string>();
   if (device == "cpu")
     throw UsageError("--oracle gpu judges the GPU path on the device: use it with --device gpu");

@@ -152,7 +152,8 @@ harness::Comparison device_comparison(const harness::RunSpec& spec, const Proble
                                       const std::vector<Precision>& precisions, gpu::Fault fault,
                                       harness::DeviceCompareCost& cost) {
   return harness::run_device_comparison(spec, pb, precisions, fault, &cost,
-                                        cell_progress(precisions.size() * spec.modes.size()));
+                                        cell_progress(precisions.size() * spec.modes.size() *
+                                                      spec.compare_modes.size()));
 }
 
 }  // namespace

@@ -84,6 +84,9 @@ void GpuBackbone::set_fault(Fault f, int layer) { impl_->set_fault(f, layer); }
 void GpuBackbone::forward(Capture* cap) { impl_->forward(cap); }
 void GpuBackbone::backward(Capture* cap) { impl_->backward(cap); }
 Capture GpuBackbone::run_isolated(const Capture& oracle) { return impl_->run_isolated(oracle); }
+void GpuBackbone::run_isolated(const DeviceTeacher& teacher, const IsolatedObserver& observe) {
+  impl_->run_isolated(teacher, observe);
+}
 Capture GpuBackbone::run_isolated_poisoned_for_testing(const Capture& oracle) {
   return impl_->run_isolated_poisoned_for_testing(oracle);
 }

@@ -248,6 +248,8 @@ struct GpuBackbone::Impl {
   virtual void forward(Capture* cap) = 0;
   virtual void backward(Capture* cap) = 0;
   virtual Capture run_isolated(const Capture& oracle) = 0;
+  virtual void run_isolated(const GpuBackbone::DeviceTeacher& teacher,
+                            const GpuBackbone::IsolatedObserver& observe) = 0;
   virtual Capture run_isolated_poisoned_for_testing(const Capture& oracle) = 0;
   virtual std::vector<float> output() = 0;
   virtual States<float> states() = 0;
@@ -563,6 +565,8 @@ class BackboneT final : public GpuBackbone::Impl {
   }
 
   Capture run_isolated(const Capture& oracle) override { return isolated_run(oracle, false); }
+  void run_isolated(const GpuBackbone::DeviceTeacher& teacher,
+                    const GpuBackbone::IsolatedObserver& observe) override;  // verify/backbone_verify.cu
   Capture run_isolated_poisoned_for_testing(const Capture& oracle) override {
     return isolated_run(oracle, true);
   }
@@ -576,18 +580,27 @@ class BackboneT final : public GpuBackbone::Impl {
 
  private:
 
-  // run_isolated's pass: each stage fed the oracle's values, its outputs captured into `out`
-  // and then restored (verify/backbone_verify.cu).
+  // run_isolated's pass: each stage fed the teacher's values — a host Capture's (`oracle`) or
+  // a device teacher's (`device`) — its outputs captured into `out` (host) or shown to
+  // `observe` (device), and then restored (verify/backbone_verify.cu).
   struct IsolatedPass {
-    const Capture& oracle;
-    Capture& out;
-    bool poison_unread;
+    const Capture* oracle = nullptr;
+    const GpuBackbone::DeviceTeacher* device = nullptr;
+    Capture* out = nullptr;
+    const GpuBackbone::IsolatedObserver* observe = nullptr;
+    bool poison_unread = false;
     std::vector<KeyedSpec> keys;  // every registry tensor of the run
     bool poisoned = false;        // the stage in flight ran with its unread tensors poisoned
+    bool rebuild_f6 = false;      // the teacher lacks F6's internals that B6 reads
   };
+  void isolated_pass(IsolatedPass& pass);           // verify/backbone_verify.cu
   void isolated_before(StageId s, int l, Dir dir);  // verify/backbone_verify.cu
   void isolated_after(StageId s, int l, Dir dir);   // verify/backbone_verify.cu
   void upload_oracle_delta(int l);                  // verify/backbone_verify.cu
+  // The teacher's values of a key into its buffer (a device teacher: nothing where it lacks
+  // the key; returns whether it restored), and into an f32 backbone buffer (it must have them).
+  bool restore_teacher(const KeyedSpec& ks);                       // verify/backbone_verify.cu
+  void teacher_into(NamedBuf& b, const std::string& key);          // verify/backbone_verify.cu
 
   // The stage-table entry of (layer or backbone, registry stage, direction).
   const StageEntry& table_entry(int layer, const std::string& stage, Dir dir) const;  // verify/backbone_verify.cu

@@ -20,6 +20,15 @@
 // their outputs inside their stage functions, where harness/perturbed.cpp's PerturbedRun does
 // (the head's d_logits before its GEMMs), and the GEMMs that read δ (B8, input_proj's backward)
 // read its perturbed typed copy.
+//
+// The teacher-forced mode (set_teacher; harness/perturbed.cpp's PerturbedRun with a teacher):
+// before each stage every provided tensor it may read is the teacher's, copied from the teacher's
+// buffer and, in the perturbed mode, rounded once as a load (its own stream, "L0/F6/y#teacher",
+// so each load of a key gives the same values): for a layer stage every provided tensor of the
+// layer (forward ones before a forward stage; forward and backward ones, and δ entering the
+// layer, before a backward stage); norm_f, the head and the loss load what they read (norm_f's
+// input and rms, Out, logits, lse; norm_f's backward the head's d_Out; input_proj's backward
+// δ⁰). The head's GEMMs read the teacher's d_logits while the stage shows its own.
 #include "oracle_gpu.hpp"
 
 #include <cublas_v2.h>
@@ -94,6 +103,8 @@ struct GpuOracle::Impl {
   double n_norm = 0, loss_scale = 1, loss_value = 0;
   OraclePerturbation pert;       // off unless set_perturbation turned it on
   double* delta_copy = nullptr;  // δ's perturbed typed copy [B·T, d_model] (when u_typed > 0)
+  const Impl* teacher = nullptr;   // the teacher-forced mode (set_teacher)
+  double* own_d_logits = nullptr;  // the head's own d_logits while its GEMMs read the teacher's
 
   Impl(const Config& c, Idx B_, Idx T_, OracleKeep k, int device)
       : cfg(c),
@@ -146,6 +157,8 @@ struct GpuOracle::Impl {
     }
     if (delta_copy) cudaFree(delta_copy);
     delta_copy = nullptr;
+    if (own_d_logits) cudaFree(own_d_logits);
+    own_d_logits = nullptr;
     if (blas) cublas().destroy(blas);
     blas = nullptr;
     if (s) cudaStreamDestroy(s);
@@ -312,8 +325,60 @@ struct GpuOracle::Impl {
     return delta_copy;
   }
 
+  // ---- the teacher-forced mode (set_teacher) --------------------------------------------------
+  // The teacher's values of a provided tensor in this oracle's buffer of it, rounded once as a
+  // load in the perturbed mode (the same values at every load of the pass).
+  void load(const std::string& key) {
+    const Row& r = rows.at(key);
+    const TensorSpec& spec = *r.spec;
+    const Idx n = shape_numel(resolve_shape(spec.shape, cfg, B, T));
+    double* dst = buffer(r.layer, spec);
+    oracle::copy(s, n, teacher->buffer(r.layer, spec), dst);
+    if (pert.on())
+      oracle::perturb(s, n, dst, u_of(spec.typed), pert.tiny,
+                      oracle::tensor_stream(pert.seed, key + "#teacher"), pert.exact,
+                      pert.coherent);
+  }
+  // Before a layer stage: every provided tensor of the layer the teacher's (a backward stage:
+  // the backward ones and δ entering the layer too).
+  void load_layer(int l, Dir dir) {
+    for (const auto& [key, r] : rows)
+      if (r.layer == l && (dir == Dir::Backward || r.spec->dir == Dir::Forward)) load(key);
+    if (dir == Dir::Backward) load(entering_gradient(l, static_cast<int>(cfg.n_layers)).key());
+  }
+  // Before a backbone stage: what it reads.
+  void load_backbone(StageId st, Dir dir) {
+    const bool bwd = dir == Dir::Backward;
+    switch (st) {
+      case StageId::input_proj:
+        if (bwd) load(entering_gradient(-1, static_cast<int>(cfg.n_layers)).key());
+        return;
+      case StageId::norm_f:
+        load("norm_f/norm_f_input");
+        if (bwd) load("norm_f/norm_f_rms");
+        if (bwd && dout_from_head) load("head/d_Out");
+        return;
+      case StageId::head:
+        load("norm_f/Out");
+        if (bwd) {
+          load("head/logits");
+          load("loss/lse");
+        }
+        return;
+      case StageId::loss:
+        load("head/logits");
+        return;
+      default:
+        return;
+    }
+  }
+
   // ---- the executor of chain.hpp -----------------------------------------------------------
-  void before(StageId, int, Dir) {}
+  void before(StageId st, int l, Dir dir) {
+    if (!teacher) return;
+    if (l >= 0) return load_layer(l, dir);
+    load_backbone(st, dir);
+  }
   // A layer stage's written tensors perturbed (the perturbed mode; the backbone stages round
   // inside their stage functions), then shown.
   void after(StageId st, int l, Dir dir) {
@@ -479,9 +544,14 @@ struct GpuOracle::Impl {
     oracle::loss_backward(s, d.BT, V, o("head/logits"), o("loss/lse"), typed<int>("tgt"),
                           typed<float>("w"), n_norm, loss_scale, o("head/d_logits"));
     perturb(-1, "head", "d_logits");  // what the head's GEMMs read
+    if (teacher) {  // the GEMMs read the teacher's d_logits, the stage shows its own
+      oracle::copy(s, d.BT * V, o("head/d_logits"), own_d_logits);
+      load("head/d_logits");
+    }
     oracle::gemm_dx(blas, d.BT, d.dm, V, o("head/d_logits"), P(-1, "head_w"), o("head/d_Out"));
     oracle::gemm_dw(blas, d.BT, d.dm, V, o("norm_f/Out"), o("head/d_logits"), G(-1, "head_w"));
     perturb(-1, "head", "d_Out");
+    if (teacher) oracle::copy(s, d.BT * V, own_d_logits, o("head/d_logits"));
   }
   void backward(Stage<StageId::norm_f>, int) {
     const double* g = dout_from_head ? o("head/d_Out") : o("d_out");
@@ -568,6 +638,8 @@ OracleMemory GpuOracle::memory() const {
   const Impl& m = *impl_;
   OracleMemory out = m.layout.memory();
   if (m.delta_copy) out.workspace += static_cast<std::size_t>(m.d.BT * m.d.dm) * sizeof(double);
+  if (m.own_d_logits)
+    out.workspace += static_cast<std::size_t>(m.d.BT * m.cfg.vocab_size) * sizeof(double);
   return out;
 }
 void* GpuOracle::stream() const { return impl_->s; }
@@ -590,6 +662,27 @@ void GpuOracle::set_perturbation(const OraclePerturbation& p) {
 }
 
 const OraclePerturbation& GpuOracle::perturbation() const { return impl_->pert; }
+
+void GpuOracle::set_teacher(const GpuOracle* teacher) {
+  Impl& m = *impl_;
+  const char* where = "GpuOracle::set_teacher";
+  if (teacher) {
+    const Impl& t = *teacher->impl_;
+    M3_REQUIRE(teacher != this, where, "an oracle cannot be its own teacher", "");
+    M3_REQUIRE(t.keep == OracleKeep::All, where,
+               "the teacher must keep every tensor (OracleKeep::All)", "");
+    M3_REQUIRE(t.cfg.describe() == m.cfg.describe() && t.B == m.B && t.T == m.T, where,
+               "the teacher's config or shape differs", "teacher B=", t.B, " T=", t.T,
+               ", this B=", m.B, " T=", m.T);
+    M3_REQUIRE(t.have_forward && (m.cfg.vocab_size == 0 || t.have_loss), where,
+               "the teacher has not run its pass", "");
+    if (m.cfg.vocab_size > 0 && !m.own_d_logits)
+      M3_CUDA_CHECK(cudaMalloc(&m.own_d_logits, static_cast<std::size_t>(m.d.BT) *
+                                                    static_cast<std::size_t>(m.cfg.vocab_size) *
+                                                    sizeof(double)));
+  }
+  m.teacher = teacher ? teacher->impl_.get() : nullptr;
+}
 
 void GpuOracle::set_params(const Params<double>& p) {
   Impl& m = *impl_;
@@ -843,6 +936,21 @@ Capture run_gpu_oracle(const Problem& pb, const OraclePerturbation& pert, int de
   load_problem(net, pb);
   Capture cap(pb.cfg, pb.B, pb.T);
   run_pass(net, pb, &cap);
+  capture_grads(net.grads(), pb.cfg, cap);
+  return cap;
+}
+
+Capture run_gpu_oracle_isolated(const Problem& pb, const Problem& pp,
+                                const OraclePerturbation& pert, int device) {
+  GpuOracle teacher(pb.cfg, pb.B, pb.T, OracleKeep::All, device);
+  load_problem(teacher, pb);
+  run_pass(teacher, pb);
+  GpuOracle net(pb.cfg, pb.B, pb.T, OracleKeep::Backward, device);
+  net.set_perturbation(pert);
+  net.set_teacher(&teacher);
+  load_problem(net, pp);
+  Capture cap(pb.cfg, pb.B, pb.T);
+  run_pass(net, pp, &cap);
   capture_grads(net.grads(), pb.cfg, cap);
   return cap;
 }

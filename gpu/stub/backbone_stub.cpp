@@ -47,6 +47,9 @@ void GpuBackbone::set_fault(Fault, int) { no_cuda("GpuBackbone"); }
 void GpuBackbone::forward(Capture*) { no_cuda("GpuBackbone"); }
 void GpuBackbone::backward(Capture*) { no_cuda("GpuBackbone"); }
 Capture GpuBackbone::run_isolated(const Capture&) { no_cuda("GpuBackbone"); }
+void GpuBackbone::run_isolated(const DeviceTeacher&, const IsolatedObserver&) {
+  no_cuda("GpuBackbone");
+}
 std::vector<float> GpuBackbone::params_flat() const { no_cuda("GpuBackbone"); }
 void GpuBackbone::set_params_flat(const std::vector<float>&) { no_cuda("GpuBackbone"); }
 void GpuBackbone::zero_states() { no_cuda("GpuBackbone"); }

@@ -34,6 +34,7 @@ double GpuOracle::forward_loss(Capture*) { no_cuda("GpuOracle"); }
 void GpuOracle::backward_loss(double, Capture*) { no_cuda("GpuOracle"); }
 void GpuOracle::set_perturbation(const OraclePerturbation&) { no_cuda("GpuOracle"); }
 const OraclePerturbation& GpuOracle::perturbation() const { no_cuda("GpuOracle"); }
+void GpuOracle::set_teacher(const GpuOracle*) { no_cuda("GpuOracle"); }
 void GpuOracle::set_observer(OracleObserver) { no_cuda("GpuOracle"); }
 void* GpuOracle::stream() const { no_cuda("GpuOracle"); }
 void GpuOracle::synchronize() const { no_cuda("GpuOracle"); }
@@ -54,6 +55,9 @@ void load_problem(GpuOracle&, const Problem&) { no_cuda("GpuOracle"); }
 void run_pass(GpuOracle&, const Problem&, Capture*) { no_cuda("GpuOracle"); }
 Capture run_gpu_oracle(const Problem&, const OraclePerturbation&, int) {
   no_cuda("run_gpu_oracle");
+}
+Capture run_gpu_oracle_isolated(const Problem&, const Problem&, const OraclePerturbation&, int) {
+  no_cuda("run_gpu_oracle_isolated");
 }
 
 }  // namespace m3::gpu

@@ -8,6 +8,7 @@
 #include "backbone_t.cuh"
 #include "digest.cuh"
 #include "fault_kernels.cuh"
+#include "teacher_kernels.cuh"
 
 namespace m3::gpu::detail {
 
@@ -25,79 +26,139 @@ void BackboneT<T>::poison_for_testing(int layer, const std::string& tensor) {
 
 template <class T>
 Capture BackboneT<T>::isolated_run(const Capture& oracle, bool poison_unread) {
-  // Each stage on its own, fed the oracle's inputs: no cross-stage fusion.
+  Capture out(cfg_, d_.B, d_.T);
+  IsolatedPass pass;
+  pass.oracle = &oracle;
+  pass.out = &out;
+  pass.poison_unread = poison_unread;
+  isolated_pass(pass);
+  return out;
+}
+
+template <class T>
+void BackboneT<T>::run_isolated(const GpuBackbone::DeviceTeacher& teacher,
+                                const GpuBackbone::IsolatedObserver& observe) {
+  M3_REQUIRE(static_cast<bool>(teacher), "GpuBackbone::run_isolated", "no teacher", "");
+  IsolatedPass pass;
+  pass.device = &teacher;
+  pass.observe = observe ? &observe : nullptr;
+  // Every registry tensor stored (as for a capture), and device_tensor readable in `observe`.
+  struct StoreAll {
+    bool& flag;
+    explicit StoreAll(bool& f) : flag(f) { flag = true; }
+    ~StoreAll() { flag = false; }
+  } guard(store_all_);
+  repeated_ = true;
+  isolated_pass(pass);
+}
+
+template <class T>
+void BackboneT<T>::isolated_pass(IsolatedPass& pass) {
+  // Each stage on its own, fed the teacher's inputs: no cross-stage fusion.
   struct Isolated {
     bool& flag;
     explicit Isolated(bool& f) : flag(f) { flag = true; }
     ~Isolated() { flag = false; }
   } guard(isolated_);
+  const bool readable = repeated_;
   ensure_full();
-  repeated_ = false;
-  Capture out(cfg_, d_.B, d_.T);
-  // Every tensor gets its own buffer again: the oracle's value of a layer's input need not
+  repeated_ = readable;
+  // Every tensor gets its own buffer again: the teacher's value of a layer's input need not
   // be the GPU's value of the previous layer's output.
   for (auto& L : layers_) L.unview(LBuf::residual);
   bb_.unview(BBuf::norm_f_input);
   bb_.unview(BBuf::delta);
   zero_grads();
   zero_states(dl_);
-  // Everything the oracle holds goes into the buffers of the same name.
-  IsolatedPass pass{oracle, out, poison_unread, expected_stage_keys(cfg_, d_.B, d_.T, mode_)};
-  for (const auto& ks : pass.keys) restore(oracle, ks);
   struct Pass {
     BackboneT& b;
     Pass(BackboneT& bb, IsolatedPass& p) : b(bb) {
       b.iso_ = &p;
-      b.cap_ = &p.out;
+      b.cap_ = p.out;
     }
     ~Pass() {
       b.iso_ = nullptr;
       b.cap_ = nullptr;
     }
   } in_pass(*this, pass);
+  // Everything the teacher holds goes into the buffers of the same name.
+  pass.keys = expected_stage_keys(cfg_, d_.B, d_.T, mode_);
+  for (const auto& ks : pass.keys) {
+    const bool restored = restore_teacher(ks);
+    if (!restored && writing_stage(*ks.spec) == "F6" && ks.spec->modes != Modes::Both)
+      pass.rebuild_f6 = true;
+  }
   plan_fusion();
-  chain_step(*this, plan_);  // a token model's norm_f reads the oracle's d_Out (isolated_after)
-  capture_grads(grads(), cfg_, out);
-  have_forward_ = false;  // the buffers hold a mix of oracle and GPU values now
-  return out;
+  chain_step(*this, plan_);  // a token model's norm_f reads the teacher's d_Out (isolated_after)
+  if (pass.out) capture_grads(grads(), cfg_, *pass.out);
+  have_forward_ = false;  // the buffers hold a mix of teacher and GPU values now
 }
 
 // Before a stage of the isolated mode: with poison_unread, NaN into what the stage table says
-// it neither reads nor writes; input_proj's backward reads the oracle's δ⁰.
+// it neither reads nor writes; input_proj's backward reads the teacher's δ⁰. Before B6, where
+// the teacher lacks F6's internals, F6 rebuilds them from the teacher's inputs, and F6's
+// outputs the teacher has are set back to the teacher's.
 template <class T>
 void BackboneT<T>::isolated_before(StageId s, int l, Dir dir) {
   IsolatedPass& p = *iso_;
   if (s == StageId::input_proj && dir == Dir::Backward) upload_oracle_delta(-1);
+  if (s == StageId::B6 && p.rebuild_f6) {
+    layer_forward_stage(l, StageId::F6, true);
+    for (const KeyedSpec& ks : p.keys)
+      if (ks.layer == l && writing_stage(*ks.spec) == "F6") restore_teacher(ks);
+  }
   const StageEntry& e = table_entry(l, stage_name(s), dir);
   p.poisoned = p.poison_unread && !e.reads.empty();  // pseudo-stages run nothing
   if (p.poisoned) poison_unread_by(e, l, p.keys);
 }
 
-// After it (captured already): its outputs back to the oracle's values; with poison, every
-// tensor, except what a stage wrote for a pseudo-stage to capture (states/*, d_states/*,
-// B4c/*: restored after that capture). After the head's backward, norm_f's dOut is the
-// oracle's d_Out.
+// After it (captured already, or shown to the observer now): its outputs back to the teacher's
+// values; with poison, every tensor, except what a stage wrote for a pseudo-stage to capture
+// (states/*, d_states/*, B4c/*: restored after that capture). After the head's backward,
+// norm_f's dOut is the teacher's d_Out.
 template <class T>
 void BackboneT<T>::isolated_after(StageId s, int l, Dir dir) {
   IsolatedPass& p = *iso_;
+  if (p.observe) (*p.observe)(s, l, dir);
   for (const KeyedSpec& ks : p.keys)
     if (ks.layer == l && ks.spec->dir == dir && std::strcmp(ks.spec->stage, stage_name(s)) == 0)
-      restore(p.oracle, ks);
+      restore_teacher(ks);
   if (p.poisoned)
     for (const auto& ks : p.keys)
-      if (!captured_later(*ks.spec)) restore(p.oracle, ks);
+      if (!captured_later(*ks.spec)) restore_teacher(ks);
   if (s == StageId::head && dir == Dir::Backward)
-    upload_floats(bb_.at(BBuf::d_out), oracle_data(p.oracle, stage_key(-1, "head", "d_Out")),
-                  Precision::F32, s_);
+    teacher_into(bb_.at(BBuf::d_out), stage_key(-1, "head", "d_Out"));
 }
 
-// δ entering layer l's backward (l = −1: input_proj's), the oracle's ∂L/∂(layer output).
+// δ entering layer l's backward (l = −1: input_proj's), the teacher's ∂L/∂(layer output).
 template <class T>
 void BackboneT<T>::upload_oracle_delta(int l) {
-  upload_floats(bb_.at(BBuf::delta),
-                oracle_data(iso_->oracle,
-                            entering_gradient(l, static_cast<int>(cfg_.n_layers)).key()),
-                Precision::F32, s_);
+  teacher_into(bb_.at(BBuf::delta), entering_gradient(l, static_cast<int>(cfg_.n_layers)).key());
+}
+
+template <class T>
+bool BackboneT<T>::restore_teacher(const KeyedSpec& ks) {
+  const IsolatedPass& p = *iso_;
+  NamedBuf& b = buffer_of(ks.layer, ks.spec->stage, ks.spec->tensor);
+  if (p.oracle) {
+    restore(*p.oracle, ks);
+    return true;
+  }
+  const double* src = (*p.device)(ks.key, b.n);
+  if (!src) return false;
+  teacher_to_storage(s_, b.n, src, b.data(), b.elem, storage());
+  return true;
+}
+
+template <class T>
+void BackboneT<T>::teacher_into(NamedBuf& b, const std::string& key) {
+  const IsolatedPass& p = *iso_;
+  if (p.oracle) return upload_floats(b, oracle_data(*p.oracle, key), Precision::F32, s_);
+  M3_REQUIRE(b.elem == 4, "GpuBackbone::run_isolated", "not an f32 buffer", key);
+  const double* src = (*p.device)(key, b.n);
+  M3_REQUIRE(src != nullptr, "GpuBackbone::run_isolated", "the teacher lacks '" + key + "'",
+             "an isolated run needs the teacher's gradient entering each layer");
+  teacher_to_storage(s_, b.n, src, b.data(), 4, Precision::F32);
 }
 
 template <class T>
@@ -260,6 +321,11 @@ GpuBackbone::DeviceTensor BackboneT<T>::device_tensor(const std::string& key) {
 #define M3_INSTANTIATE(T)                                                                      \
   template void BackboneT<T>::poison_for_testing(int, const std::string&);                     \
   template Capture BackboneT<T>::isolated_run(const Capture&, bool);                           \
+  template void BackboneT<T>::run_isolated(const GpuBackbone::DeviceTeacher&,                  \
+                                           const GpuBackbone::IsolatedObserver&);              \
+  template void BackboneT<T>::isolated_pass(IsolatedPass&);                                    \
+  template bool BackboneT<T>::restore_teacher(const KeyedSpec&);                               \
+  template void BackboneT<T>::teacher_into(NamedBuf&, const std::string&);                     \
   template void BackboneT<T>::isolated_before(StageId, int, Dir);                              \
   template void BackboneT<T>::isolated_after(StageId, int, Dir);                               \
   template void BackboneT<T>::upload_oracle_delta(int);                                        \

@@ -1,5 +1,6 @@
 // The GPU oracle's perturbed mode (gpu/oracle_gpu.hpp, set_perturbation) against the CPU's
-// perturbed oracle (harness/perturbed.hpp, run_perturbed_reference).
+// perturbed oracle (harness/perturbed.hpp, run_perturbed_reference), and its teacher-forced mode
+// (set_teacher) against run_perturbed_isolated.
 //
 //   GpuOraclePerturbed.ZeroIsThePlainOracleBitForBit   never set, set to zero, a seed alone, and
 //                        on-then-off again: every tensor and gradient equal to run_gpu_oracle's
@@ -9,6 +10,12 @@
 //   GpuOraclePerturbed.ACoherentDrawKeepsEqualTokensRowsEqualAsTheCpusDoes   a token model's
 //                        coherent draw: equal tokens' rows stay equal, F2's deviation as the CPU's
 //   GpuOraclePerturbed.BadSettingsAreOneLineErrors
+//   GpuOracleTeacherForced.UnperturbedIsTheTeacherBitForBit   the teacher-forced mode
+//                        (set_teacher) without a perturbation recomputes the teacher's values
+//   GpuOracleTeacherForced.DeviationsMatchTheCpuTeacherForcedOracle   the statistics below, for
+//                        the isolated cells' draws against harness::run_perturbed_isolated's
+//   GpuOracleTeacherForced.AWrongTeacherIsAOneLineError
+//   PerturbedBands.TwoCpuTeacherForcedDrawSetsLieWithinTheBands   (no device) their calibration
 //   PerturbedBands.TwoCpuDrawsLieWithinTheBands   (no device) the same bounds between two sets
 //                        of draws of the CPU's perturbed oracle: the bands' calibration
 //
@@ -453,6 +460,85 @@ TEST(GpuOraclePerturbed, BadSettingsAreOneLineErrors) {
   EXPECT_FALSE(o.perturbation().on());  // a refused setting changes nothing
 }
 
+// ---- the teacher-forced mode (GpuOracle::set_teacher, run_gpu_oracle_isolated) ----------------
+
+// The CPU's teacher-forced draw (run_perturbed_isolated on the Eigen oracle's values) and its
+// unperturbed run, which the isolated cells' draws deviate from.
+static Pair cpu_isolated_draw(const Problem& pb, const Capture& teacher, const Capture& plain,
+                       const harness::Perturbation& pt, int draw) {
+  return {harness::run_perturbed_isolated(pb, ScanMode::Sequential, teacher, pt, draw), plain};
+}
+
+// Without a perturbation every stage recomputes the teacher's outputs from the teacher's inputs:
+// every provided tensor and gradient is the plain oracle's, bit for bit — so every input a stage
+// reads is loaded, and nothing accumulates across the loads.
+TEST(GpuOracleTeacherForced, UnperturbedIsTheTeacherBitForBit) {
+  M3_SKIP_WITHOUT_ORACLE();
+  for (const Case& c : cases()) {
+    const Capture plain = m3::gpu::run_gpu_oracle(c.pb);
+    const Capture forced = m3::gpu::run_gpu_oracle_isolated(c.pb, c.pb, OraclePerturbation{});
+    EXPECT_EQ(forced.keys(), plain.keys()) << c.name;
+    EXPECT_TRUE(differing(forced, plain).empty()) << c.name;
+  }
+}
+
+// A teacher-forced draw deviates from the teacher as the CPU's teacher-forced draw
+// (run_perturbed_isolated) deviates from its unperturbed run, within the bands above: the
+// loads' roundings, the stages' own and the perturbed problem, stage by stage; and the loads
+// are rounded (a draw that only rounded the outputs would leave F1's residual unchanged).
+TEST(GpuOracleTeacherForced, DeviationsMatchTheCpuTeacherForcedOracle) {
+  M3_SKIP_WITHOUT_ORACLE();
+  Bands bands;
+  for (const Case& c : cases()) {
+    const std::vector<Key> keys = provided_keys(c.pb);
+    const Capture cpu_teacher = m3::run_reference<double>(c.pb, ScanMode::Sequential);
+    const Capture cpu_plain = harness::run_perturbed_isolated(c.pb, ScanMode::Sequential,
+                                                              cpu_teacher, harness::Perturbation{}, 0);
+    const Capture gpu_plain = m3::gpu::run_gpu_oracle(c.pb);
+    for (Precision p : kPrecisions) {
+      const harness::Perturbation pt = harness::perturbation_of(p);
+      std::vector<Pair> gpu, cpu;
+      for (int draw = 0; draw < kDraws; ++draw) {
+        const OraclePerturbation op =
+            oracle_perturbation(pt, harness::perturbation_seed(c.pb.seed, pt.u_typed, draw, 2));
+        gpu.push_back({m3::gpu::run_gpu_oracle_isolated(
+                           c.pb, harness::perturbed_problem(c.pb, pt, draw), op),
+                       gpu_plain});
+        cpu.push_back(cpu_isolated_draw(c.pb, cpu_teacher, cpu_plain, pt, draw));
+      }
+      EXPECT_NE(gpu.front().pert.at("L0/F1/residual").data, gpu_plain.at("L0/F1/residual").data)
+          << c.name << ": the loads are not rounded";
+      bands.add(c.name + " " + m3::precision_name(p) + " GPU/CPU teacher-forced", gpu, cpu, keys);
+    }
+  }
+  bands.print("GPU teacher-forced perturbed oracle against the CPU's");
+}
+
+TEST(GpuOracleTeacherForced, AWrongTeacherIsAOneLineError) {
+  M3_SKIP_WITHOUT_ORACLE();
+  const Problem pb = m3::make_problem(small_cfg(8, 4), 1, 4, 9, false);
+  GpuOracle o(pb.cfg, pb.B, pb.T, OracleKeep::Backward);
+  GpuOracle all(pb.cfg, pb.B, pb.T, OracleKeep::All);
+  GpuOracle other(pb.cfg, pb.B, pb.T + 1, OracleKeep::All);
+  struct Wrong {
+    const GpuOracle* teacher;
+    const char* says;
+  };
+  for (const auto& [teacher, says] :
+       {Wrong{&o, "an oracle cannot be its own teacher"},
+        Wrong{&all, "the teacher has not run its pass"},
+        Wrong{&other, "the teacher's config or shape differs"}}) {
+    const std::string e = m3::test::error_of([&] { o.set_teacher(teacher); });
+    EXPECT_NE(e.find(says), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  GpuOracle backward(pb.cfg, pb.B, pb.T, OracleKeep::Backward);
+  m3::gpu::load_problem(backward, pb);
+  m3::gpu::run_pass(backward, pb);
+  const std::string e = m3::test::error_of([&] { o.set_teacher(&backward); });
+  EXPECT_NE(e.find("OracleKeep::All"), std::string::npos) << e;
+}
+
 // The calibration of the bands (no device): two independent draws of the CPU's perturbed
 // oracle, each against the plain run on its own perturbed problem, satisfy the bounds that the
 // GPU's draw is held to against the CPU's.
@@ -471,4 +557,28 @@ TEST(PerturbedBands, TwoCpuDrawsLieWithinTheBands) {
     }
   }
   bands.print("two sets of draws of the CPU perturbed oracle");
+}
+
+// The same calibration for the teacher-forced draws (no device): two independent sets of the
+// CPU's run_perturbed_isolated draws lie within the bands that the GPU's teacher-forced draws are
+// held to.
+TEST(PerturbedBands, TwoCpuTeacherForcedDrawSetsLieWithinTheBands) {
+  Bands bands;
+  for (const Case& c : cases()) {
+    const std::vector<Key> keys = provided_keys(c.pb);
+    const Capture teacher = m3::run_reference<double>(c.pb, ScanMode::Sequential);
+    const Capture plain = harness::run_perturbed_isolated(c.pb, ScanMode::Sequential, teacher,
+                                                          harness::Perturbation{}, 0);
+    for (Precision p : kPrecisions) {
+      const harness::Perturbation pt = harness::perturbation_of(p);
+      std::vector<Pair> first, second;
+      for (int draw = 0; draw < kDraws; ++draw) {
+        first.push_back(cpu_isolated_draw(c.pb, teacher, plain, pt, draw));
+        second.push_back(cpu_isolated_draw(c.pb, teacher, plain, pt, kDraws + draw));
+      }
+      bands.add(c.name + " " + m3::precision_name(p) + " CPU/CPU teacher-forced", second, first,
+                keys);
+    }
+  }
+  bands.print("two sets of teacher-forced draws of the CPU perturbed oracle");
 }
