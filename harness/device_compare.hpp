@@ -21,17 +21,32 @@
 //   4. CellJudge::finish decides, with the per-value analysis (ConditionSums) on the device.
 // The limit is the CPU cells' (budget.hpp, BaselineKind::Perturbed): k·perturbed + floor.
 //
+// One isolated (teacher-forced) cell, HARNESS.md §2 on the device:
+//   1. the teacher: the oracle's unperturbed pass with every tensor kept (OracleKeep::All), once
+//      per comparison (it depends on neither the precision nor the scan mode);
+//   2. the subject runs stage by stage fed the teacher's values (GpuBackbone::run_isolated with
+//      a DeviceTeacher: f64 device buffers restored with the host path's rounding; F6 rebuilds
+//      the internals B6 reads, which the GPU oracle does not form); after each stage its
+//      provided outputs are measured against the teacher's buffers, and a row over its floor
+//      keeps the subject's |Δ| (the teacher's values replace the outputs right after);
+//   3. the draws: the oracle teacher-forced (GpuOracle::set_teacher) on perturbed_problem with
+//      random roundings of the loads and the stages' outputs, stream role 2 as the CPU's
+//      run_perturbed_isolated, measured against the teacher (the unperturbed teacher-forced
+//      pass is the teacher bit for bit); then a token model's coherent ones;
+//   4. the judge decides with the isolated rule (CompareMode::Isolated: the isolated floors, the
+//      tight row's positional draws alone).
+//
 // What the GPU oracle provides decides what is judged: every registry row both scan modes have
 // (outputs, states, the gradients they share) and every parameter gradient. The rows one scan
 // algorithm has inside (h_saved, chunk_states, dQ_mid, …) are not compared here; the report's
-// header counts them. Isolated (teacher-forced) cells need the oracle's values of every stage's
-// inputs on the host: they stay with the Eigen oracle (--oracle cpu), and asking for them here
-// is a one-line error.
+// header counts them.
 //
-// Device memory: the oracle (oracle_memory), one subject at a time (BackboneMemory), and the kept
-// rows' oracle copies (8 bytes a value) and draw deviations (4 bytes a value a draw). Before
-// anything is allocated, the oracle's and the subject's bytes are held against the free memory
-// (one line naming both); a kept copy that does not fit is the same kind of error.
+// Device memory: the oracle (oracle_memory; with isolated cells also its teacher, OracleKeep::All),
+// one subject at a time (BackboneMemory), and the kept rows' oracle copies (8 bytes a value; an
+// isolated cell's rows read the teacher's buffers instead and keep the subject's |Δ|, 4 bytes)
+// and draw deviations (4 bytes a value a draw). Before anything is allocated, these bytes are
+// held against the free memory (one line naming each); a kept copy that does not fit is the
+// same kind of error.
 //
 // Host copies (HostCopy, for m3h dump --oracle gpu): the same run hands the judged rows' values
 // to the host as they come — the oracle's as each of its stages ends, the subject's buffer of
@@ -98,14 +113,16 @@ using HostCopy = std::function<void(Precision p, ScanMode mode, CopyOf what,
 std::map<std::string, std::vector<Idx>> device_compared_shapes(const Config& cfg, Idx B, Idx T);
 
 // What run_device_comparison refuses before any work, each in one m3::Error line headed by
-// `command` ("compare --oracle gpu"): an invalid run shape, no precision or scan mode, an
-// isolated comparison mode, f64 as a subject precision, no usable device, a shape the GPU path
-// refuses, and the oracle and a scan mode's subject not fitting the free device memory together.
+// `command` ("compare --oracle gpu"): an invalid run shape, no precision, scan mode or
+// comparison mode, f64 as a subject precision, no usable device, a shape the GPU path refuses,
+// and the oracle (with isolated cells, its teacher too) and a scan mode's subject not fitting the
+// free device memory together.
 // A command that says something before its run (m3h dump: its file's size) checks first.
 void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& precisions,
                              const std::string& command);
 
-// Runs every (precision, scan mode) end-to-end cell of spec on pb with the GPU oracle. Throws
+// Runs every (precision, scan mode, comparison mode) cell of spec on pb with the GPU oracle, in
+// run_comparison's order. Throws
 // m3::Error (one line) for what check_device_comparison refuses. `fault` goes into layer 0 of
 // the subject (negative controls). `copy` (may be empty): the host copies of every judged row.
 // The Comparison's cells and reports are those of run_comparison.

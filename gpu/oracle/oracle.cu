@@ -26,7 +26,8 @@
 // buffer and, in the perturbed mode, rounded once as a load (its own stream, "L0/F6/y#teacher",
 // so each load of a key gives the same values): for a layer stage every provided tensor of the
 // layer (forward ones before a forward stage; forward and backward ones, and δ entering the
-// layer, before a backward stage); norm_f, the head and the loss load what they read (norm_f's
+// layer, before a backward stage; not the states and state gradients, which no stage of the
+// layer reads); norm_f, the head and the loss load what they read (norm_f's
 // input and rms, Out, logits, lse; norm_f's backward the head's d_Out; input_proj's backward
 // δ⁰). The head's GEMMs read the teacher's d_logits while the stage shows its own.
 #include "oracle_gpu.hpp"
@@ -340,10 +341,16 @@ struct GpuOracle::Impl {
                       pert.coherent);
   }
   // Before a layer stage: every provided tensor of the layer the teacher's (a backward stage:
-  // the backward ones and δ entering the layer too).
+  // the backward ones and δ entering the layer too) — but the leaving states and the
+  // entering-state gradients, which no stage of the layer reads and which their pseudo-stages
+  // show stages after F6 (B6, B5a) wrote them.
   void load_layer(int l, Dir dir) {
-    for (const auto& [key, r] : rows)
-      if (r.layer == l && (dir == Dir::Backward || r.spec->dir == Dir::Forward)) load(key);
+    for (const auto& [key, r] : rows) {
+      const std::string stage = r.spec->stage;
+      if (r.layer == l && (dir == Dir::Backward || r.spec->dir == Dir::Forward) &&
+          stage != "states" && stage != "d_states")
+        load(key);
+    }
     if (dir == Dir::Backward) load(entering_gradient(l, static_cast<int>(cfg.n_layers)).key());
   }
   // Before a backbone stage: what it reads.
