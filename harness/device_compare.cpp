@@ -48,9 +48,6 @@ gpu::DeviceValues values_of(const gpu::OracleTensor& t) {
 gpu::DeviceValues values_of(const gpu::GpuBackbone::DeviceTensor& t) {
   return {t.data, value_type(t.storage), t.n};
 }
-gpu::DeviceValues values_of(const gpu::DeviceBuffer& b, Idx n) {
-  return {b.data(), gpu::ValueType::F64, n};
-}
 
 // A device buffer's values on the host, widened to double (exact for every stored type).
 std::vector<double> host_values(gpu::DeviceComparer& dc, const gpu::DeviceValues& v) {
@@ -143,6 +140,9 @@ class DeviceCell {
 
   CompareResult run() {
     teacher_ ? isolated_subject() : e2e_subject();
+    // The subject's bytes in the verification layout its run switched to (every registry tensor
+    // in its own buffer), not the production layout it was made with.
+    cost_.subject_bytes = std::max(cost_.subject_bytes, net_->memory().total());
     judge_.subject_done();
     drop_unwanted();
     // The perturbed oracle's draws, while a verdict can still change. End to end: first the

@@ -75,7 +75,7 @@ std::string device_compare_unavailable();
 struct DeviceCompareCost {
   double seconds = 0;                  // wall time of the whole comparison
   std::size_t oracle_bytes = 0;        // the GPU oracle's allocation
-  std::size_t subject_bytes = 0;       // the largest subject's
+  std::size_t subject_bytes = 0;       // the largest subject's, in the verification layout
   std::size_t kept_bytes = 0;          // the most kept-row bytes held at once
   std::size_t device_peak = 0;         // peak device bytes in use (cudaMemGetInfo, sampled)
   int oracle_passes = 0;               // unperturbed and perturbed oracle passes run

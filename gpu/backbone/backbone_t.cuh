@@ -600,6 +600,7 @@ class BackboneT final : public GpuBackbone::Impl {
   // The teacher's values of a key into its buffer (a device teacher: nothing where it lacks
   // the key; returns whether it restored), and into an f32 backbone buffer (it must have them).
   bool restore_teacher(const KeyedSpec& ks);                       // verify/backbone_verify.cu
+  void restore_key(const std::string& key);                        // verify/backbone_verify.cu
   void teacher_into(NamedBuf& b, const std::string& key);          // verify/backbone_verify.cu
 
   // The stage-table entry of (layer or backbone, registry stage, direction).

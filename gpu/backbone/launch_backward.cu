@@ -13,10 +13,23 @@ void BackboneT<T>::head_backward() {
                    tw_.data(), loss_scale_ / n_norm_, d_logits);
   if (!full_) bb_.view(BBuf::d_Out, bb_.at(BBuf::d_out));
   float* d_head = bb_.f(BBuf::d_Out);
+  // The isolated mode: the GEMMs read the teacher's d_logits, as the reference's isolated runner
+  // (harness/isolated.cpp) and the GPU oracle's teacher-forced pass feed them; the stage's own
+  // d_logits goes back into its buffer for the capture.
+  DeviceArray<T> own;
+  if (iso_) {
+    own.resize(d_.BT * V);
+    copy_d2d(s_, own.data(), d_logits, d_.BT * V);
+    restore_key(stage_key(-1, "head", "d_logits"));
+  }
   gemm_backward_dx_f32<T>(ctx_, d_.BT, d_.dm, V, d_logits, w_head(), d_head);
   gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, V, bb_.get<T>(BBuf::Out), d_logits,
                       G(-1, Prm::head_w));
   if (d_head != bb_.f(BBuf::d_out)) copy_d2d(s_, bb_.f(BBuf::d_out), d_head, d_.BT * d_.dm);
+  if (iso_) {
+    copy_d2d(s_, d_logits, own.data(), d_.BT * V);
+    M3_CUDA_CHECK(cudaStreamSynchronize(s_));  // before `own` is freed
+  }
 }
 
 template <class T>

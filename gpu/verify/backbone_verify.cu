@@ -150,6 +150,18 @@ bool BackboneT<T>::restore_teacher(const KeyedSpec& ks) {
   return true;
 }
 
+// The teacher's values of one registry key of the run into its buffer (it must have them).
+template <class T>
+void BackboneT<T>::restore_key(const std::string& key) {
+  for (const KeyedSpec& ks : iso_->keys)
+    if (ks.key == key) {
+      M3_REQUIRE(restore_teacher(ks), "GpuBackbone::run_isolated",
+                 "the teacher lacks '" + key + "'", "");
+      return;
+    }
+  throw Error("GpuBackbone::run_isolated", "no registry key '" + key + "' in this run", "");
+}
+
 template <class T>
 void BackboneT<T>::teacher_into(NamedBuf& b, const std::string& key) {
   const IsolatedPass& p = *iso_;
@@ -325,6 +337,7 @@ GpuBackbone::DeviceTensor BackboneT<T>::device_tensor(const std::string& key) {
                                            const GpuBackbone::IsolatedObserver&);              \
   template void BackboneT<T>::isolated_pass(IsolatedPass&);                                    \
   template bool BackboneT<T>::restore_teacher(const KeyedSpec&);                               \
+  template void BackboneT<T>::restore_key(const std::string&);                                 \
   template void BackboneT<T>::teacher_into(NamedBuf&, const std::string&);                     \
   template void BackboneT<T>::isolated_before(StageId, int, Dir);                              \
   template void BackboneT<T>::isolated_after(StageId, int, Dir);                               \
