@@ -225,6 +225,16 @@ class Buffers {
 using LayerBufs = Buffers<LBuf>;
 using BackboneBufs = Buffers<BBuf>;
 
+// A mode flag set for one scope (a pass that stores every tensor, the isolated mode) and
+// cleared on the way out, an exception's too.
+struct ScopedFlag {
+  bool& flag;
+  explicit ScopedFlag(bool& f) : flag(f) { flag = true; }
+  ~ScopedFlag() { flag = false; }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+};
+
 template <class U>
 inline void copy_d2d(cudaStream_t s, U* dst, const U* src, Idx n) {
   if (n > 0)

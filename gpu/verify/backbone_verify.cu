@@ -42,27 +42,20 @@ void BackboneT<T>::run_isolated(const GpuBackbone::DeviceTeacher& teacher,
   IsolatedPass pass;
   pass.device = &teacher;
   pass.observe = observe ? &observe : nullptr;
-  // Every registry tensor stored (as for a capture), and device_tensor readable in `observe`.
-  struct StoreAll {
-    bool& flag;
-    explicit StoreAll(bool& f) : flag(f) { flag = true; }
-    ~StoreAll() { flag = false; }
-  } guard(store_all_);
-  repeated_ = true;
+  // Every registry tensor stored (as for a capture), and device_tensor readable in `observe`
+  // (isolated_pass).
+  const ScopedFlag guard(store_all_);
   isolated_pass(pass);
 }
 
 template <class T>
 void BackboneT<T>::isolated_pass(IsolatedPass& pass) {
   // Each stage on its own, fed the teacher's inputs: no cross-stage fusion.
-  struct Isolated {
-    bool& flag;
-    explicit Isolated(bool& f) : flag(f) { flag = true; }
-    ~Isolated() { flag = false; }
-  } guard(isolated_);
-  const bool readable = repeated_;
+  const ScopedFlag guard(isolated_);
   ensure_full();
-  repeated_ = readable;
+  // A device teacher's observer reads the stage just run (device_tensor); after a host run the
+  // buffers hold a mix of teacher and GPU values, which no digest describes.
+  repeated_ = pass.device != nullptr;
   // Every tensor gets its own buffer again: the teacher's value of a layer's input need not
   // be the GPU's value of the previous layer's output.
   for (auto& L : layers_) L.unview(LBuf::residual);
@@ -261,11 +254,7 @@ std::vector<std::uint64_t> BackboneT<T>::repeat_digests(Capture* cap) {
   }
   zero_states(dl_);
   zero_grads();
-  struct StoreAll {
-    bool& flag;
-    explicit StoreAll(bool& f) : flag(f) { flag = true; }
-    ~StoreAll() { flag = false; }
-  } guard(store_all_);
+  const ScopedFlag guard(store_all_);
   if (tokens_) {
     forward_loss_async(cap);
     backward_loss(loss_scale_, cap);
