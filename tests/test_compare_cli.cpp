@@ -447,6 +447,10 @@ TEST_F(CliTest, JsonIsValidAndHoldsEveryCellWithEveryMetric) {
   EXPECT_EQ(got, expected);
   EXPECT_EQ(static_cast<size_t>(doc.at("n_checks").num), expected.size());
   EXPECT_EQ(doc.at("groups").arr.size(), 6u);
+  // The closing line counts the six (precision, scan mode) cells and their tensor checks.
+  EXPECT_NE(r.out.find("(6 cells, " + std::to_string(expected.size()) + " tensor checks)"),
+            std::string::npos)
+      << r.out;
   // The angles are compared by circular distance, and say so.
   bool any_circular = false;
   for (const JValue& c : cells.arr)

@@ -550,6 +550,9 @@ TEST_F(JudgeCli, ExitZeroOnAPassingSubjectWithCompareJsonAndTheJudgeObject) {
   EXPECT_EQ(j.at("judge").at("precision"), "bf16");
   EXPECT_EQ(j.at("judge").at("not_provided").size(), 0u);
   EXPECT_EQ(j.at("cells").size(), j.at("judge").at("n_provided").get<size_t>());
+  EXPECT_NE(r.out.find("(1 cell, " + std::to_string(j.at("cells").size()) + " tensor checks)"),
+            std::string::npos)
+      << r.out;
   // An existing --json is not replaced without --force.
   const auto again = test::run_m3h("judge " + g() + " --subject '" + tmp.file("s.h5") + "' --json '" +
                                    tmp.file("r.json") + "'");

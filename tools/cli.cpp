@@ -106,6 +106,11 @@ std::string echo(const std::string& text, std::size_t max) {
   return escape_for_message(text, max);
 }
 
+std::string json_written_line(const std::string& path, std::size_t cells, std::size_t checks) {
+  return "json: " + echo(path, 400) + " (" + std::to_string(cells) + (cells == 1 ? " cell, " : " cells, ") +
+         std::to_string(checks) + (checks == 1 ? " tensor check)" : " tensor checks)");
+}
+
 std::uint64_t parse_seed(const std::string& text) {
   const auto first = text.find_first_not_of(" \t");
   if (first == std::string::npos || text[first] == '-' || text[first] == '+')

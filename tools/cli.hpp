@@ -90,6 +90,10 @@ std::uint64_t parse_seed(const std::string& text);
 // never breaks or floods the one error line, and the reason after a long name stays on it.
 std::string echo(const std::string& text, std::size_t max = 60);
 
+// The line after a report's JSON is written: "json: PATH (N cells, M tensor checks)", a cell
+// being one (precision, scan mode, comparison mode) of the run and a check one tensor in it.
+std::string json_written_line(const std::string& path, std::size_t cells, std::size_t checks);
+
 // The one rule for every file m3h writes (the value of `option`, e.g. "json" or "out"),
 // checked before any work: its folder exists; an existing path is replaced only when it is a
 // regular file (or a link to one) and `force` is set — a device, FIFO, folder or socket never,

@@ -291,7 +291,7 @@ int cmd_compare(const std::vector<std::string>& args) {
       std::cout << harness::comparison_json(c, info) << "\n";
     } else {
       harness::write_file_atomic(path, harness::comparison_json(c, info));
-      std::cout << "json: " << echo(path, 400) << " (" << c.n_checks() << " cells)\n";
+      std::cout << json_written_line(path, c.cells.size(), c.n_checks()) << "\n";
     }
   }
   return c.pass() ? 0 : 1;

@@ -115,7 +115,7 @@ int run(const std::vector<std::string>& args) {
     info.cuda = gpu::cuda_compiled();
     const std::string path = vm["json"].as<std::string>();
     harness::write_file_atomic(path, harness::judgement_json(j, info));
-    std::cout << "json: " << echo(path, 400) << " (" << j.comparison.n_checks() << " cells)\n";
+    std::cout << json_written_line(path, j.comparison.cells.size(), j.comparison.n_checks()) << "\n";
   }
   return j.pass() ? 0 : 1;
 }
