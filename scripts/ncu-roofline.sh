@@ -149,8 +149,9 @@ awk -v copy="$copy" -v launches="$launches" -v metric_names="${metrics[*]}" \
       if (id + 0 >= lo[j] && id + 0 <= hi[j]) return 1
     return 0
   }
-  function budget_scale(u, slot) {  # the budget metrics: bytes as counts, the rest plain
-    if (slot == "ss" || slot == "sd") return unit_scale(u, "count")
+  function budget_scale(u, slot,    p) {  # the budget metrics: bytes as counts, the rest plain
+    p = u
+    if (slot == "ss" || slot == "sd") { sub(/\/block$/, "", p); return unit_scale(p, "count") }  # byte or byte/block
     if (u == "" || (slot == "rg" && u == "register/thread") || (slot ~ /^l/ && u == "block") ||
         (slot == "wa" && u == "%")) return 1
     return -1

@@ -43,7 +43,7 @@ ncu_budget() {
   ncu_row "$1" "$2" launch__block_size "" "$3"
   ncu_row "$1" "$2" launch__registers_per_thread register/thread "$4"
   ncu_row "$1" "$2" launch__shared_mem_per_block_static byte "$5"
-  ncu_row "$1" "$2" launch__shared_mem_per_block_dynamic byte "$6"
+  ncu_row "$1" "$2" launch__shared_mem_per_block_dynamic byte/block "$6"
   ncu_row "$1" "$2" launch__occupancy_limit_registers block "$7"
   ncu_row "$1" "$2" launch__occupancy_limit_shared_mem block "$8"
   ncu_row "$1" "$2" launch__occupancy_limit_warps block "$9"
