@@ -2,8 +2,9 @@
 // B5a). MODEL.md §4 F5, F4e/f, §6.2 B6-tail/B5a, §12.3.
 //
 // F5, per (b, h, a), sequential in t, carried in DOUBLE and wrapped after every step:
-//   ω[r,a]   = π·tanh(angles_raw[r,a])                     (formed in S, like the increment)
-//   θ_t      = wrap(θ_{t−1} + ω[r,a]·dt[r,h]),  θ_{−1} = angle_in[b,h,a]
+//   p        = tanh(angles_raw[r,a])·dt[r,h]               (in S)
+//   incr     = π·p, rounded once to S                       (times_pi: π unrounded)
+//   θ_t      = wrap(θ_{t−1} + incr),  θ_{−1} = angle_in[b,h,a]
 //   wrap(v)  = v − 2π·⌊v/2π⌋ ∈ [0, 2π)
 //   angle_cumsum[r,h,a] = θ_t (stored as S);  angle_out[b,h,a] = θ_{T−1}
 // F4e/f, adjacent pairs (2a, 2a+1), a < na, c = cos θ, s = sin θ; dims n ≥ 2na pass through:
@@ -53,8 +54,8 @@ void angle_forward(const Dims& d, LayerActs<S>& a) {
         double theta = static_cast<double>(a.angle_in[(b * d.nh + h) * d.na + k]);
         for (Idx t = 0; t < d.T; ++t) {
           const Idx r = b * d.T + t;
-          const S omega = S(kPi) * std::tanh(a.angles_raw[r * d.na + k]);
-          const S incr = omega * a.dt[r * d.nh + h];
+          const S p = std::tanh(a.angles_raw[r * d.na + k]) * a.dt[r * d.nh + h];
+          const S incr = times_pi(p);
           theta = wrap_two_pi(theta + static_cast<double>(incr));
           a.angle_cumsum[(r * d.nh + h) * d.na + k] = static_cast<S>(theta);
         }

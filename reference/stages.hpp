@@ -26,6 +26,20 @@ namespace m3::ref {
 constexpr double kEps = 1e-5;  // every RMS (MODEL.md §0)
 constexpr double kTwoPi = 6.283185307179586476925286766559;
 constexpr double kPi = 3.141592653589793238462643383280;
+// π·p rounded once to S, for F5's increment (MODEL.md §4 F5, §12.3): π enters as the sum of
+// two S values, its nearest kPiHi and the rest kPiLo, in one fused multiply-add, so the
+// product carries no error of π's own rounding. With π rounded to f32 first (3.14159274, 2.8e-8
+// above π) every increment is 2.8e-8 too large, and θ drifts by that fraction of the angle
+// turned: 2e-4 rad after 4096 steps of about 1.8 rad. In double kPiLo is 0 (π's double error,
+// 3.9e-17, is below anything measured).
+template <class S>
+constexpr S kPiHi = static_cast<S>(kPi);
+template <class S>
+constexpr S kPiLo = static_cast<S>(kPi - static_cast<double>(kPiHi<S>));
+template <class S>
+S times_pi(S p) {
+  return std::fma(p, kPiHi<S>, p * kPiLo<S>);
+}
 
 struct Dims {
   Idx B, T, BT, dm, di, hd, nh, ds, ng, na, ip, cs, nc, hpg, in;

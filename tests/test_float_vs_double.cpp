@@ -10,12 +10,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "problem.hpp"
 #include "registry.hpp"
+#include "stages.hpp"
 #include "test_compare.hpp"
 #include "test_util.hpp"
 
@@ -102,5 +104,55 @@ INSTANTIATE_TEST_SUITE_P(Cases, FloatVsDouble, ::testing::ValuesIn(fvd_params())
                            return std::string(info.param.c.name) + "_" +
                                   m3::scan_mode_name(info.param.mode);
                          });
+
+}  // namespace
+
+namespace {
+
+// F5 in float against F5 in double on the same float inputs, over a long window in which the
+// angle turns fast (τ = ±1, as a trained model's saturated rates give, and dt ∈ [0.3, 1]): the
+// increments π·(τ·dt) must carry no error of π's own rounding. With π rounded to float first
+// (2.8e-8 above π) every increment is that much too large and θ drifts by 2.8e-8 of the angle
+// turned, here about 4e-4 rad at the last step (measured so: 3.8e-4); the increment's own
+// roundings, one per step and of either sign, add up like a random walk: 1e-7 … 1.8e-5 here.
+TEST(FloatAngles, TheIncrementCarriesNoErrorOfPisRounding) {
+  m3::ref::Dims d{};
+  d.B = 1, d.T = 16384, d.BT = d.T, d.nh = 2, d.na = 2;
+  m3::Rng rng(17);
+  m3::ref::LayerActs<float> f;
+  f.angles_raw.resize(static_cast<size_t>(d.BT * d.na));
+  for (float& e : f.angles_raw) e = rng.uniform(0.0, 1.0) < 0.7 ? 20.0f : -20.0f;
+  f.dt.resize(static_cast<size_t>(d.BT * d.nh));
+  for (float& e : f.dt) e = static_cast<float>(rng.uniform(0.3, 1.0));
+  f.angle_in.assign(static_cast<size_t>(d.B * d.nh * d.na), 0.0f);
+  f.angle_cumsum.resize(static_cast<size_t>(d.BT * d.nh * d.na));
+  f.angle_out.resize(f.angle_in.size());
+  m3::ref::LayerActs<double> o;
+  o.angles_raw.assign(f.angles_raw.begin(), f.angles_raw.end());
+  o.dt.assign(f.dt.begin(), f.dt.end());
+  o.angle_in.assign(f.angle_in.size(), 0.0);
+  o.angle_cumsum.resize(f.angle_cumsum.size());
+  o.angle_out.resize(f.angle_out.size());
+  m3::ref::angle_forward(d, f);
+  m3::ref::angle_forward(d, o);
+  const double pi_f32_excess = (static_cast<double>(static_cast<float>(m3::ref::kPi)) - m3::ref::kPi) /
+                               m3::ref::kPi;
+  for (m3::Idx h = 0; h < d.nh; ++h)
+    for (m3::Idx a = 0; a < d.na; ++a) {
+      double turned = 0;  // Σ π·τ·dt up to the last step, unwrapped
+      for (m3::Idx t = 0; t < d.T; ++t)
+        turned += m3::ref::kPi * (f.angles_raw[static_cast<size_t>(t * d.na + a)] > 0 ? 1.0 : -1.0) *
+                  static_cast<double>(f.dt[static_cast<size_t>(t * d.nh + h)]);
+      const double drift = pi_f32_excess * std::abs(turned);
+      const size_t last = static_cast<size_t>(((d.T - 1) * d.nh + h) * d.na + a);
+      const double err = std::abs(std::remainder(static_cast<double>(f.angle_cumsum[last]) -
+                                                     o.angle_cumsum[last],
+                                                 m3::ref::kTwoPi));
+      std::printf("[          ] h %lld a %lld: |θ_f32 − θ| %.3g rad at t = T−1, π's drift %.3g\n",
+                  static_cast<long long>(h), static_cast<long long>(a), err, drift);
+      EXPECT_GT(drift, 2e-4);
+      EXPECT_LT(err, 0.1 * drift) << "h " << h << " a " << a;
+    }
+}
 
 }  // namespace

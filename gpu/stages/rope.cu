@@ -5,8 +5,8 @@
 // F5, per (b, h, a) the serial recurrence of the reference, θ carried in DOUBLE:
 //   τ      = tanh(angles_raw[r,a])            (float; once per (r, a), into Scratch [BT, na],
 //                                              then read by the nh heads' walks)
-//   ω      = π·τ                              (float)
-//   incr_t = ω·dt[r,h]                        (float)
+//   p      = τ·dt[r,h]                        (float)
+//   incr_t = π·p rounded once to float        (fma(p, π_hi, p·π_lo): π unrounded, ref::times_pi)
 //   θ_t    = wrap(θ_{t−1} + incr_t),  θ_{−1} = angle_in[b,h,a]   (double)
 //   wrap(v) = v − 2π·⌊v/2π⌋ ∈ [0, 2π)  (a result that rounds up to 2π becomes 0)
 //   angle_cumsum[r,h,a] = float(θ_t);  angle_out[b,h,a] = float(θ_{T−1})
@@ -88,7 +88,9 @@ namespace m3::gpu {
 namespace {
 
 constexpr double kTwoPiD = ref::kTwoPi;
-constexpr float kPiF = static_cast<float>(ref::kPi);
+// π as two floats (ref::times_pi). B5a's products take kPiHiF alone: π's rounding moves each
+// by 2.8e-8 of itself, below their own rounding, and nothing sums them along t.
+constexpr float kPiHiF = ref::kPiHi<float>, kPiLoF = ref::kPiLo<float>;
 // F5 / B5a blocks: kAngleJ consecutive j = h·na + a (a warp's lanes) × kAngleSegs segments (one
 // per warp) of kAngleSteps steps. A warp's row accesses are 128-byte lines: with 8 j per block
 // and 4 segments per warp each access would be 4 sectors in 4 lines, and the kernels bound by
@@ -201,14 +203,15 @@ angle_forward_kernel(Idx B, Idx T, Idx nh_in, Idx na_in, const float* __restrict
       const int sa = kFull ? kNa : opaque(static_cast<int>(na)),
                 sh = kFull ? kNh : opaque(static_cast<int>(nh)),
                 sj = kFull ? kNa * kNh : opaque(static_cast<int>(nj));
-      // The increments (π·tanh)·dt, 0 past T, held as floats: x_k = double(inc[k]) is formed
+      // The increments π·(tanh·dt), 0 past T, held as floats: x_k = double(inc[k]) is formed
       // again where the walk adds it (exact either way), so that the eight doubles are not live
       // beside the next tile's loads (at 64 registers they spilled).
       float inc[kAngleSteps];
       double x[kAngleSteps];
 #pragma unroll
       for (int k = 0; k < kAngleSteps; ++k) {
-        const float v = kPiF * tv[k] * dv[k];
+        const float p = __fmul_rn(tv[k], dv[k]);
+        const float v = __fmaf_rn(p, kPiHiF, __fmul_rn(p, kPiLoF));
         inc[k] = kWhole || k < steps ? v : 0.0f;
         x[k] = static_cast<double>(inc[k]);
       }
@@ -638,10 +641,10 @@ angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, co
           dv[h] = dt[r * nh + h];
         }
 #pragma unroll
-        for (int h = 0; h < kNh; ++h) sum += bv[h] * kPiF * dv[h] * (1.0f - th * th);
+        for (int h = 0; h < kNh; ++h) sum += bv[h] * kPiHiF * dv[h] * (1.0f - th * th);
       } else {
         for (Idx h = 0; h < nh; ++h)
-          sum += bar_r[h * na + j] * kPiF * dt[r * nh + h] * (1.0f - th * th);
+          sum += bar_r[h * na + j] * kPiHiF * dt[r * nh + h] * (1.0f - th * th);
       }
       d_angles_raw[r * na + j] = sum;
       store_col(d_angles_raw_cols, r, j, sum);  // production: d_proj's column too
@@ -658,18 +661,18 @@ angle_grads_kernel(Idx BT, Idx nh_in, Idx na_in, bool vec4, const float* tau, co
             load_n<4>(tau_r + a, *reinterpret_cast<float(*)[4]>(tv + a));
           }
 #pragma unroll
-          for (int a = 0; a < kNa; ++a) sum += bv[a] * kPiF * tv[a];
+          for (int a = 0; a < kNa; ++a) sum += bv[a] * kPiHiF * tv[a];
         } else {
           for (Idx a = 0; a < na; a += 4) {
             float bv[4], tv[4];
             load_n<4>(bar_h + a, bv);
             load_n<4>(tau_r + a, tv);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sum += bv[e] * kPiF * tv[e];
+            for (int e = 0; e < 4; ++e) sum += bv[e] * kPiHiF * tv[e];
           }
         }
       } else {
-        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiF * tau_r[a];
+        for (Idx a = 0; a < na; ++a) sum += bar_h[a] * kPiHiF * tau_r[a];
       }
       d_dt_angle[r * nh + h] = sum;
     }
