@@ -2,8 +2,9 @@
 // B5a). MODEL.md §4 F5, F4e/f, §6.2 B6-tail/B5a, §12.3.
 //
 // F5, per (b, h, a), sequential in t, carried in DOUBLE and wrapped after every step:
-//   p        = tanh(angles_raw[r,a])·dt[r,h]               (in S)
-//   incr     = π·p, rounded once to S                       (times_pi: π unrounded)
+//   incr     = π·(tanh(angles_raw[r,a])·dt[r,h])   in S: the product rounded, then π applied
+//              unrounded (times_pi); in double as (π·tanh)·dt, whose π is exact to 3.9e-17 of
+//              itself, so that the oracle keeps its bits (golden files, the GPU oracle's form)
 //   θ_t      = wrap(θ_{t−1} + incr),  θ_{−1} = angle_in[b,h,a]
 //   wrap(v)  = v − 2π·⌊v/2π⌋ ∈ [0, 2π)
 //   angle_cumsum[r,h,a] = θ_t (stored as S);  angle_out[b,h,a] = θ_{T−1}
@@ -17,6 +18,7 @@
 //   d_dt_angle[r,h]   = Σ_a Θ̄[r,h,a]·π·tanh(angles_raw[r,a])                  (overwrite)
 //   d_angle_in[b,h,a] = Θ̄ at t = 0
 #include <cmath>
+#include <type_traits>
 
 #include "stages.hpp"
 
@@ -54,8 +56,8 @@ void angle_forward(const Dims& d, LayerActs<S>& a) {
         double theta = static_cast<double>(a.angle_in[(b * d.nh + h) * d.na + k]);
         for (Idx t = 0; t < d.T; ++t) {
           const Idx r = b * d.T + t;
-          const S p = std::tanh(a.angles_raw[r * d.na + k]) * a.dt[r * d.nh + h];
-          const S incr = times_pi(p);
+          const S tau = std::tanh(a.angles_raw[r * d.na + k]), dt = a.dt[r * d.nh + h];
+          const S incr = std::is_same_v<S, double> ? S(kPi) * tau * dt : times_pi(tau * dt);
           theta = wrap_two_pi(theta + static_cast<double>(incr));
           a.angle_cumsum[(r * d.nh + h) * d.na + k] = static_cast<S>(theta);
         }

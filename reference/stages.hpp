@@ -30,8 +30,8 @@ constexpr double kPi = 3.141592653589793238462643383280;
 // two S values, its nearest kPiHi and the rest kPiLo, in one fused multiply-add, so the
 // product carries no error of π's own rounding. With π rounded to f32 first (3.14159274, 2.8e-8
 // above π) every increment is 2.8e-8 too large, and θ drifts by that fraction of the angle
-// turned: 2e-4 rad after 4096 steps of about 1.8 rad. In double kPiLo is 0 (π's double error,
-// 3.9e-17, is below anything measured).
+// turned: 2e-4 rad after 4096 steps of about 1.8 rad. For float only: the double reference
+// keeps its form (rope.cpp).
 template <class S>
 constexpr S kPiHi = static_cast<S>(kPi);
 template <class S>
