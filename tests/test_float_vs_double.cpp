@@ -135,8 +135,9 @@ TEST(FloatAngles, TheIncrementCarriesNoErrorOfPisRounding) {
   o.angle_out.resize(f.angle_out.size());
   m3::ref::angle_forward(d, f);
   m3::ref::angle_forward(d, o);
-  const double pi_f32_excess = (static_cast<double>(static_cast<float>(m3::ref::kPi)) - m3::ref::kPi) /
-                               m3::ref::kPi;
+  // f32's nearest π, the constant the increment used to take, is kPiHi<float>.
+  const double pi_f32_excess =
+      (static_cast<double>(m3::ref::kPiHi<float>) - m3::ref::kPi) / m3::ref::kPi;
   for (m3::Idx h = 0; h < d.nh; ++h)
     for (m3::Idx a = 0; a < d.na; ++a) {
       double turned = 0;  // Σ π·τ·dt up to the last step, unwrapped
