@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -120,15 +122,21 @@ struct KeptRow {
   }
 };
 
+// The oracle that runs the passes (OracleKeep::Backward), built on first use: an isolated cell
+// whose rows all hold their floors never needs one.
+using OracleSource = std::function<gpu::GpuOracle&()>;
+
 // One cell on the device: end to end (`teacher` null) or isolated (`teacher`: the GPU oracle's
-// unperturbed pass, OracleKeep::All; `oracle` then runs the teacher-forced draws).
+// unperturbed pass, OracleKeep::All; the source's oracle then runs the teacher-forced draws).
+// The comparer queues on its own stream: each oracle stage is waited for before it is measured,
+// and each copy of an oracle buffer before the oracle goes on.
 class DeviceCell {
  public:
   DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
-             const CellJudge::OracleShape& provided, gpu::GpuOracle& oracle,
+             const CellJudge::OracleShape& provided, const OracleSource& oracle,
              gpu::GpuOracle* teacher, gpu::DeviceComparer& dc, gpu::Fault fault,
              DeviceCompareCost& cost, const HostCopy& copy)
-      : spec_(spec), pb_(pb), p_(p), mode_(mode), oracle_(oracle), teacher_(teacher), dc_(dc),
+      : spec_(spec), pb_(pb), p_(p), mode_(mode), source_(oracle), teacher_(teacher), dc_(dc),
         cost_(cost), copy_(copy), provided_(provided),
         judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p, teacher != nullptr),
                /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
@@ -144,6 +152,10 @@ class DeviceCell {
     // in its own buffer), not the production layout it was made with.
     cost_.subject_bytes = std::max(cost_.subject_bytes, net_->memory().total());
     judge_.subject_done();
+    // An isolated cell's draws need only what the subject left in its kept rows (|Δ| per value),
+    // so its buffers go before the oracle is built: the teacher, the oracle and a subject are
+    // never on the device together.
+    if (teacher_) net_.reset();
     drop_unwanted();
     // The perturbed oracle's draws, while a verdict can still change. End to end: first the
     // exact one (every stored value rounded to its format: the production's own roundings,
@@ -157,14 +169,14 @@ class DeviceCell {
       const bool exact = !teacher_ && d == 0;
       const int draw = teacher_ ? d : d - 1;
       const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt_, draw);
-      oracle_.set_perturbation(perturbation(draw, exact, false));
+      oracle().set_perturbation(perturbation(draw, exact, false));
       if (judged) judge_.draw_begin(CellJudge::Term::Baseline);
       pass(pp, [this, judged, copies](const gpu::OracleTensor& t) {
         if (judged) draw_row(t);
         if (copies && copied_.count(t.key)) take(CopyOf::Baseline, t.key, t.shape, values_of(t));
       });
       if (judged) judge_.draw_end();
-      oracle_.set_perturbation({});
+      oracle().set_perturbation({});
       drop_unwanted();
     }
     // A token model's coherent draws (HARNESS.md §4), all or none, where a tensor is still over
@@ -174,15 +186,17 @@ class DeviceCell {
       if (c == 0 && !judge_.over_limit()) break;
       // After the random draws: 0 … 2 end to end (draw 0 is the exact one), 0 … 3 isolated.
       const int draw = (teacher_ ? kPerturbationDraws : kPerturbationDraws - 1) + c;
-      oracle_.set_perturbation(perturbation(draw, false, true));
+      oracle().set_perturbation(perturbation(draw, false, true));
       judge_.draw_begin(CellJudge::Term::Baseline);
       pass(perturbed_problem(pb_, pt_, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
       judge_.draw_end();
-      oracle_.set_perturbation({});
+      oracle().set_perturbation({});
       drop_unwanted();
     }
-    oracle_.set_observer({});
-    oracle_.set_teacher(nullptr);
+    if (oracle_) {
+      oracle_->set_observer({});
+      oracle_->set_teacher(nullptr);
+    }
     CompareResult r = judge_.finish([this](int row, double u, double from) {
       return analyse(row, u, from);
     });
@@ -215,12 +229,20 @@ class DeviceCell {
     return op;
   }
 
+  // The source's oracle; an isolated cell's is set teacher-forced (its draws' mode).
+  gpu::GpuOracle& oracle() {
+    if (!oracle_) {
+      oracle_ = &source_();
+      oracle_->set_perturbation({});
+      oracle_->set_teacher(teacher_);
+    }
+    return *oracle_;
+  }
+
   // End to end: the subject once, every tensor left in its own buffer; then the oracle, each
   // provided tensor measured against the subject's as its stage ends.
   void e2e_subject() {
     net_->repeat_digests();
-    oracle_.set_perturbation({});
-    oracle_.set_teacher(nullptr);
     pass(pb_, [this](const gpu::OracleTensor& t) {
       if (const int row = judge_.row(t.key); row >= 0) subject_row(row, t);
     });
@@ -253,20 +275,22 @@ class DeviceCell {
     });
     for (const KeyedParam& kp : expected_param_keys(spec_.cfg))
       if (const int row = judge_.row(kp.key); row >= 0) subject_row(row, t.tensor(kp.key));
-    oracle_.set_teacher(&t);
   }
 
   // One oracle pass of `pb` (loaded first), each stage's provided tensors and then every
   // parameter gradient handed to `row` as they come.
   template <class Row>
   void pass(const Problem& pb, Row row) {
-    gpu::load_problem(oracle_, pb);
-    oracle_.set_observer([row](const gpu::OracleStage& st) {
+    gpu::GpuOracle& o = oracle();
+    gpu::load_problem(o, pb);
+    o.set_observer([row, &o](const gpu::OracleStage& st) {
+      o.synchronize();
       for (const gpu::OracleTensor& t : st.tensors) row(t);
     });
-    gpu::run_pass(oracle_, pb);
+    gpu::run_pass(o, pb);
     ++cost_.oracle_passes;
-    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) row(oracle_.tensor(kp.key));
+    o.synchronize();
+    for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) row(o.tensor(kp.key));
   }
 
   // A judged row's values to the host (HostCopy).
@@ -309,6 +333,7 @@ class DeviceCell {
       } else {
         k.oracle = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(double));
         dc_.copy(k.oracle.data(), t.data, k.oracle.bytes());
+        dc_.synchronize();  // the oracle reuses the buffer in its next layer
       }
       note_kept();
     }
@@ -375,7 +400,8 @@ class DeviceCell {
   const Problem& pb_;
   Precision p_;
   ScanMode mode_;
-  gpu::GpuOracle& oracle_;
+  const OracleSource& source_;
+  gpu::GpuOracle* oracle_ = nullptr;  // the source's, once a pass needs it
   gpu::GpuOracle* teacher_;
   gpu::DeviceComparer& dc_;
   DeviceCompareCost& cost_;
@@ -421,6 +447,11 @@ std::string device_cost_line(const DeviceCompareCost& c) {
 }
 
 namespace {
+bool has_end_to_end(const RunSpec& spec) {
+  for (CompareMode cm : spec.compare_modes)
+    if (cm == CompareMode::EndToEnd) return true;
+  return false;
+}
 bool has_isolated(const RunSpec& spec) {
   for (CompareMode cm : spec.compare_modes)
     if (cm == CompareMode::Isolated) return true;
@@ -456,9 +487,10 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
   const std::string refused = gpu::GpuBackbone::unsupported(spec.cfg, spec.B, spec.T);
   M3_REQUIRE(refused.empty(), command, "the GPU path cannot run this shape", refused);
 
-  // Before any work: the oracle (isolated cells: and its teacher, which keeps every tensor) and
-  // each scan mode's subject (every registry tensor in its own buffer, at most 4 bytes a value)
-  // must fit the free device memory together.
+  // Before any work, each phase of run_device_comparison must fit the free device memory: an
+  // end-to-end cell holds the oracle and one scan mode's subject (every registry tensor in its
+  // own buffer, at most 4 bytes a value); an isolated cell holds the teacher (every tensor kept)
+  // with the subject, then, once the subject is gone, with the oracle of its draws.
   {
     const double gb = 1e9;
     const double total = static_cast<double>(gpu::query_device().total_mem);
@@ -466,25 +498,32 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
     const double oracle_b =
         static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward).total());
     const double teacher_b =
-        has_isolated(spec)
-            ? static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All).total())
-            : 0.0;
+        static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All).total());
+    auto refuse = [&](const std::string& what, double need, const std::string& parts) {
+      std::ostringstream why;
+      why.precision(3);
+      why << "needs about " << need / gb << " GB (" << parts << "), " << free_b / gb
+          << " GB are free";
+      throw Error(command, what + " do not fit the device's memory together", why.str());
+    };
+    auto gbs = [&](double b) {
+      std::ostringstream os;
+      os.precision(3);
+      os << b / gb << " GB";
+      return os.str();
+    };
     for (ScanMode m : spec.modes) {
+      const std::string mode = scan_mode_name(m);
       const double subject_b = 4.0 * stage_elements(spec.cfg, spec.B, spec.T, m);
-      if (oracle_b + teacher_b + subject_b > free_b) {
-        std::ostringstream why;
-        why.precision(3);
-        why << "needs about " << (oracle_b + teacher_b + subject_b) / gb << " GB (the oracle "
-            << oracle_b / gb << " GB, ";
-        if (teacher_b > 0) why << "its teacher for the isolated cells " << teacher_b / gb << " GB, ";
-        why << "the " << scan_mode_name(m) << " subject up to " << subject_b / gb << " GB), "
-            << free_b / gb << " GB are free";
-        throw Error(command,
-                    std::string("the oracle") + (teacher_b > 0 ? ", its teacher" : "") +
-                        " and the " + scan_mode_name(m) +
-                        " subject do not fit the device's memory together",
-                    why.str());
-      }
+      if (has_end_to_end(spec) && oracle_b + subject_b > free_b)
+        refuse("the oracle and the " + mode + " subject", oracle_b + subject_b,
+               "the oracle " + gbs(oracle_b) + ", the " + mode + " subject up to " + gbs(subject_b));
+      if (has_isolated(spec) && teacher_b + std::max(subject_b, oracle_b) > free_b)
+        refuse("the isolated cells' teacher and " +
+                   (subject_b >= oracle_b ? "the " + mode + " subject" : "the oracle of the draws"),
+               teacher_b + std::max(subject_b, oracle_b),
+               "the teacher " + gbs(teacher_b) + "; beside it the " + mode + " subject up to " +
+                   gbs(subject_b) + ", then the oracle of the draws " + gbs(oracle_b));
     }
   }
 }
@@ -499,21 +538,27 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   DeviceCompareCost local;
   DeviceCompareCost& c = cost ? *cost : local;
   c = {};
-  gpu::GpuOracle oracle(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
-  // The isolated cells' teacher: the unperturbed pass, every tensor kept (it does not depend on
-  // the precision or the scan mode, so it runs once).
+  // The end-to-end cells run first, with the oracle; then the isolated cells, with the teacher
+  // (the unperturbed pass with every tensor kept: it depends on neither the precision nor the
+  // scan mode, so it runs once) and an oracle built again only where a draw is needed. So the
+  // device never holds the teacher beside an end-to-end cell, nor the oracle beside an isolated
+  // cell's subject (check_device_comparison counts the phases so).
+  std::unique_ptr<gpu::GpuOracle> oracle;
   std::unique_ptr<gpu::GpuOracle> teacher;
-  if (has_isolated(spec)) {
-    teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
-    gpu::load_problem(*teacher, pb);
-    gpu::run_pass(*teacher, pb);
-    ++c.oracle_passes;
-  }
-  auto oracle_bytes = [&] {
-    return oracle.memory().total() + (teacher ? teacher->memory().total() : 0);
+  auto note_oracles = [&] {
+    const std::size_t b = (oracle ? oracle->memory().total() : 0) +
+                          (teacher ? teacher->memory().total() : 0);
+    c.oracle_bytes = std::max(c.oracle_bytes, b);
+    c.device_peak = std::max(c.device_peak, gpu::device_bytes_in_use());
   };
-  c.oracle_bytes = oracle_bytes();
-  gpu::DeviceComparer dc(oracle.stream());
+  const OracleSource source = [&]() -> gpu::GpuOracle& {
+    if (!oracle) {
+      oracle = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
+      note_oracles();
+    }
+    return *oracle;
+  };
+  gpu::DeviceComparer dc;
 
   Comparison out;
   out.spec = spec;
@@ -549,26 +594,45 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
       most = std::max(most, expected_stage_keys(spec.cfg, spec.B, spec.T, m).size());
     c.rows_not_provided = static_cast<int>(most - std::min(most, stage_rows));
   }
-  // Precision-major, as run_comparison orders them.
-  for (Precision p : precisions)
-    for (ScanMode mode : spec.modes)
-      for (CompareMode cm : spec.compare_modes) {
-        const Clock::time_point tc = Clock::now();
-        gpu::GpuOracle* t = cm == CompareMode::Isolated ? teacher.get() : nullptr;
-        DeviceCell cell(spec, pb, p, mode, provided, oracle, t, dc, fault, c, copy);
-        out.cells.push_back(cell.run());
-        if (progress) {
-          const CompareResult& r = out.cells.back();
-          std::ostringstream os;
-          os.precision(3);
-          os << precision_name(p) << " " << scan_mode_name(mode) << " " << compare_mode_name(cm)
-             << ": " << r.rows.size() << " checks, " << r.n_fail() << " failed, "
-             << seconds_since(tc) << " s";
-          progress(os.str());
+  // Reported precision-major, as run_comparison orders them; run end to end first.
+  const std::size_t n_modes = spec.modes.size(), n_cm = spec.compare_modes.size();
+  std::vector<std::optional<CompareResult>> cells(precisions.size() * n_modes * n_cm);
+  auto run_phase = [&](CompareMode phase) {
+    for (std::size_t pi = 0; pi < precisions.size(); ++pi)
+      for (std::size_t mi = 0; mi < n_modes; ++mi)
+        for (std::size_t ci = 0; ci < n_cm; ++ci) {
+          if (spec.compare_modes[ci] != phase) continue;
+          const Precision p = precisions[pi];
+          const ScanMode mode = spec.modes[mi];
+          const Clock::time_point tc = Clock::now();
+          DeviceCell cell(spec, pb, p, mode, provided, source,
+                          phase == CompareMode::Isolated ? teacher.get() : nullptr, dc, fault, c,
+                          copy);
+          const CompareResult& r = cells[(pi * n_modes + mi) * n_cm + ci].emplace(cell.run());
+          if (phase == CompareMode::Isolated) oracle.reset();  // before the next subject
+          if (progress) {
+            std::ostringstream os;
+            os.precision(3);
+            os << precision_name(p) << " " << scan_mode_name(mode) << " "
+               << compare_mode_name(phase) << ": " << r.rows.size() << " checks, " << r.n_fail()
+               << " failed, " << seconds_since(tc) << " s";
+            progress(os.str());
+          }
         }
-      }
-  c.oracle_bytes = oracle_bytes();
-  c.device_peak = std::max(c.device_peak, gpu::device_bytes_in_use());
+  };
+  run_phase(CompareMode::EndToEnd);
+  if (has_isolated(spec)) {
+    oracle.reset();
+    teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
+    gpu::load_problem(*teacher, pb);
+    gpu::run_pass(*teacher, pb);
+    teacher->synchronize();  // the comparer reads its buffers on its own stream
+    ++c.oracle_passes;
+    note_oracles();
+    run_phase(CompareMode::Isolated);
+  }
+  for (std::optional<CompareResult>& r : cells) out.cells.push_back(std::move(*r));
+  note_oracles();
   c.seconds = seconds_since(t0);
   return out;
 }

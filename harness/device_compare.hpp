@@ -41,12 +41,14 @@
 // algorithm has inside (h_saved, chunk_states, dQ_mid, …) are not compared here; the report's
 // header counts them.
 //
-// Device memory: the oracle (oracle_memory; with isolated cells also its teacher, OracleKeep::All),
-// one subject at a time (BackboneMemory), and the kept rows' oracle copies (8 bytes a value; an
-// isolated cell's rows read the teacher's buffers instead and keep the subject's |Δ|, 4 bytes)
-// and draw deviations (4 bytes a value a draw). Before anything is allocated, these bytes are
-// held against the free memory (one line naming each); a kept copy that does not fit is the
-// same kind of error.
+// Device memory, in two phases. The end-to-end cells run first: the oracle (oracle_memory,
+// OracleKeep::Backward) beside one subject at a time (BackboneMemory) and the kept rows' oracle
+// copies (8 bytes a value). Then the isolated cells: the teacher (OracleKeep::All) beside one
+// subject, which keeps the subject's |Δ| of a row over its floor (4 bytes a value) and is freed
+// before the oracle of that cell's draws is built (only where a draw is needed). Draw deviations
+// take 4 bytes a value a draw. Before anything is allocated, each phase's bytes are held against
+// the free memory (one line naming each); a kept copy that does not fit is the same kind of
+// error.
 //
 // Host copies (HostCopy, for m3h dump --oracle gpu): the same run hands the judged rows' values
 // to the host as they come — the oracle's as each of its stages ends, the subject's buffer of
@@ -115,14 +117,14 @@ std::map<std::string, std::vector<Idx>> device_compared_shapes(const Config& cfg
 // What run_device_comparison refuses before any work, each in one m3::Error line headed by
 // `command` ("compare --oracle gpu"): an invalid run shape, no precision, scan mode or
 // comparison mode, f64 as a subject precision, no usable device, a shape the GPU path refuses,
-// and the oracle (with isolated cells, its teacher too) and a scan mode's subject not fitting the
-// free device memory together.
+// and a phase that does not fit the free device memory: the oracle with a scan mode's subject
+// (end to end), the teacher with that subject or with the oracle (isolated).
 // A command that says something before its run (m3h dump: its file's size) checks first.
 void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& precisions,
                              const std::string& command);
 
-// Runs every (precision, scan mode, comparison mode) cell of spec on pb with the GPU oracle, in
-// run_comparison's order. Throws
+// Runs every (precision, scan mode, comparison mode) cell of spec on pb with the GPU oracle,
+// the end-to-end cells first, and returns them in run_comparison's order. Throws
 // m3::Error (one line) for what check_device_comparison refuses. `fault` goes into layer 0 of
 // the subject (negative controls). `copy` (may be empty): the host copies of every judged row.
 // The Comparison's cells and reports are those of run_comparison.

@@ -14,6 +14,12 @@
 //       real-valued input, a token model, and one with a trained model's confident head; every
 //       precision and scan mode), and each negative control (negative_control.hpp) fails, first
 //       in its own stage of layer 0
+//   GpuIsolatedDevice.BothModesGiveEachModesOwnCellsInTheReportsOrder   with both comparison
+//       modes (either order listed) the comparison runs the end-to-end cells first and the
+//       isolated ones after, with the oracle freed between them and built again per isolated
+//       cell only for its draws; its cells come back precision-major in the listed order, each
+//       row's status, metrics and draws those of a comparison of that mode alone, to the bit
+//       (a token model under a fault, so that draws run in both kinds of cell)
 //
 // The tests skip, saying why, without a device.
 #include <gtest/gtest.h>
@@ -234,4 +240,59 @@ TEST(GpuIsolatedDevice, CorrectCodePassesAndEachFaultFailsFirstInItsStage) {
       }
     }
   }
+}
+
+TEST(GpuIsolatedDevice, BothModesGiveEachModesOwnCellsInTheReportsOrder) {
+  M3_SKIP_WITHOUT_DEVICE();
+  harness::RunSpec spec = harness::negative::spec();
+  spec.cfg.vocab_size = 6;
+  spec.cfg.input_dim = 6;
+  spec.modes = {ScanMode::Sequential, ScanMode::Chunked};
+  const Problem pb = harness::build_problem(spec);
+  const std::vector<Precision> precisions = {Precision::F32, Precision::BF16};
+  const gpu::Fault fault = harness::negative::kFaults[0];
+  using CM = harness::CompareMode;
+  auto alone = [&](CM cm) {
+    harness::RunSpec s = spec;
+    s.compare_modes = {cm};
+    return harness::run_device_comparison(s, pb, precisions, fault);
+  };
+  const harness::Comparison e2e = alone(CM::EndToEnd), iso = alone(CM::Isolated);
+  int draws = 0;
+  for (const std::vector<CM>& order : {std::vector<CM>{CM::EndToEnd, CM::Isolated},
+                                       std::vector<CM>{CM::Isolated, CM::EndToEnd}}) {
+    harness::RunSpec s = spec;
+    s.compare_modes = order;
+    const harness::Comparison both = harness::run_device_comparison(s, pb, precisions, fault);
+    ASSERT_EQ(both.cells.size(), 8u);
+    std::size_t i = 0;
+    for (std::size_t pi = 0; pi < precisions.size(); ++pi)
+      for (std::size_t mi = 0; mi < spec.modes.size(); ++mi)
+        for (CM cm : order) {
+          const harness::CompareResult& got = both.cells[i++];
+          const harness::CompareResult& want =
+              (cm == CM::EndToEnd ? e2e : iso).cells[pi * spec.modes.size() + mi];
+          SCOPED_TRACE(std::string(m3::precision_name(want.precision)) + " " +
+                       m3::scan_mode_name(want.mode) + " " + harness::compare_mode_name(cm));
+          EXPECT_EQ(got.compare_mode, cm);
+          EXPECT_EQ(got.precision, precisions[pi]);
+          EXPECT_EQ(got.mode, spec.modes[mi]);
+          EXPECT_EQ(got.first_fail, want.first_fail);
+          ASSERT_EQ(got.rows.size(), want.rows.size());
+          for (std::size_t r = 0; r < got.rows.size(); ++r) {
+            const harness::TensorResult& g = got.rows[r];
+            const harness::TensorResult& w = want.rows[r];
+            ASSERT_EQ(g.key, w.key);
+            EXPECT_EQ(g.status, w.status) << g.key;
+            EXPECT_EQ(g.subject.max_abs, w.subject.max_abs) << g.key;
+            EXPECT_EQ(g.subject.rel_l2, w.subject.rel_l2) << g.key;
+            EXPECT_EQ(g.subject.p95_rel, w.subject.p95_rel) << g.key;
+            EXPECT_EQ(g.draws, w.draws) << g.key;
+            EXPECT_EQ(g.baseline.rel_l2, w.baseline.rel_l2) << g.key;
+            EXPECT_EQ(g.baseline.max_abs, w.baseline.max_abs) << g.key;
+            draws += g.draws;
+          }
+        }
+  }
+  EXPECT_GT(draws, 0) << "no draw ran: the test does not reach the oracle built on demand";
 }
