@@ -713,11 +713,25 @@ TEST_F(TrainCli, CompareOnATrainingBatchRunsItOrSaysInOneLineWhyNot) {
   EXPECT_EQ(ok.status, 0) << ok.out << ok.err;
   EXPECT_NE(ok.out.find("training batch of step 2:0"), std::string::npos)
       << ok.out;
+  // The seed keys the perturbed draws only, and the header says which: 0 unless given. Every
+  // draw run, two seeds give other baselines on the same batch.
+  const std::string drawn = "compare --device cpu --checkpoint tr --train-batch 2 --data t.txt "
+                            "--dtype bf16 --scan chunked --every-draw";
+  const Result s0 = m3h(drawn), s4 = m3h(drawn + " --seed 4");
+  ASSERT_EQ(s0.status, 0) << s0.out << s0.err;
+  ASSERT_EQ(s4.status, 0) << s4.out << s4.err;
+  const auto at = [](std::string out, const std::string& seed) {
+    const std::size_t i = out.find(" seed=" + seed + " ");
+    EXPECT_NE(i, std::string::npos) << out;
+    return i == std::string::npos ? out : out.replace(i, seed.size() + 7, " seed=S ");
+  };
+  EXPECT_NE(at(s0.out, "0"), at(s4.out, "4")) << "the seed did not reach the draws";
   const std::string base = "compare --device cpu --checkpoint tr --train-batch 2";
   expect_usage_error(base, "give the file: --data FILE");
   expect_usage_error(base + " --data u.txt", "the text is not the run's");
   expect_usage_error(base + " --data t.txt --B 3", "a cut of the batch");
-  expect_usage_error(base + " --data t.txt --seed 4", "--seed");
+  expect_usage_error(base + " --data t.txt --zero-states", "--zero-states");
+  expect_usage_error(base + " --data t.txt --seed x", "--seed");
   expect_usage_error(base.substr(0, base.size() - 1) + "two --data t.txt", "STEP or STEP:MICRO");
   expect_usage_error("compare --device cpu --checkpoint tr --data t.txt", "--data: only with");
 }

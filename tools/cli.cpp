@@ -227,7 +227,7 @@ po::options_description problem_options(bool golden) {
     d.add_options()
       ("golden", po::value<std::string>(), "take weights, inputs and the ORACLE tensors from a golden HDF5 file (not recomputed); excludes every other problem option")
       ("checkpoint", po::value<std::string>(), "take the model config and the TRAINED weights from a checkpoint of m3h train, or a run folder's latest (realistic activations); seeded tokens, --B (default 2), --T (default min(256, the run's T)) and --seed apply, no other problem option")
-      ("train-batch", po::value<std::string>(), "with --checkpoint: the problem is the run's training batch of step S (S:K for micro-batch K), as train --verify-every judges it (zero entering states), its first --B rows and --T positions (default: all); the run's task, or its text given with --data")
+      ("train-batch", po::value<std::string>(), "with --checkpoint: the problem is the run's training batch of step S (S:K for micro-batch K), as train --verify-every judges it (zero entering states), its first --B rows and --T positions (default: all); the run's task, or its text given with --data; --seed S keys only the perturbed baseline's draws (default 0, as --verify-every's)")
       ("data", po::value<std::vector<std::string>>(), "with --train-batch: the text file(s) the run trained on, in its order (their size and hash must be the checkpoint's)");
   // clang-format on
   return d;
@@ -447,10 +447,9 @@ ProblemSource training_batch_source(const po::variables_map& vm, const std::stri
                                     const train::CheckpointMeta& meta, const Config& cfg,
                                     const train::TrainState& st) {
   const std::string arg = vm["train-batch"].as<std::string>();
-  for (const char* f : {"seed", "zero-states"})
-    if (option_given(vm, f))
-      throw UsageError(std::string("--train-batch: not with --") + f +
-                       " (the batch is the run's, its entering states zero)");
+  if (option_given(vm, "zero-states"))
+    throw UsageError("--train-batch: not with --zero-states (the batch is the run's, its entering "
+                     "states zero)");
   auto count = [&](const std::string& t, Idx* out) {
     if (t.empty() || t.size() > 15 || t.find_first_not_of("0123456789") != std::string::npos)
       return false;
@@ -475,6 +474,10 @@ ProblemSource training_batch_source(const po::variables_map& vm, const std::stri
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  // The batch, the weights and the states are the run's; the seed keys only the perturbed
+  // baseline's draws (harness::perturbation_seed), so --seed redraws them.
+  if (vm.count("seed")) pb.seed = parse_seed(vm["seed"].as<std::string>());
+  spec.seed = pb.seed;
   spec.B = pb.B;
   spec.T = pb.T;
   spec.random_states = false;

@@ -148,6 +148,7 @@ VerifyResult verify_live_batch(const Config& cfg, const std::string& device, Sca
   harness::RunSpec spec;
   spec.source = oracle == "gpu" ? "the live training batch" : "a slice of the live training batch";
   spec.cfg = cfg;
+  spec.seed = pb.seed;  // what keys the perturbed draws, as the report's header says
   spec.B = pb.B;
   spec.T = pb.T;
   spec.modes = {mode};
