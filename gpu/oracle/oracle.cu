@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -346,7 +347,7 @@ struct GpuOracle::Impl {
   // show stages after F6 (B6, B5a) wrote them.
   void load_layer(int l, Dir dir) {
     for (const auto& [key, r] : rows) {
-      const std::string stage = r.spec->stage;
+      const std::string_view stage = r.spec->stage;
       if (r.layer == l && (dir == Dir::Backward || r.spec->dir == Dir::Forward) &&
           stage != "states" && stage != "d_states")
         load(key);
