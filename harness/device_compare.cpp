@@ -1,13 +1,14 @@
 // The comparison on the device (see device_compare.hpp).
 #include "device_compare.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <optional>
-#include <functional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -426,13 +427,22 @@ std::string trained_weights_note(bool passed, bool from_checkpoint, TrainedNote 
          "\n  the subject here is the emulation, the contract itself\n";
 }
 
+namespace {
+// Device or host bytes as the report's lines give them: "29.9 GB" (decimal, three digits).
+std::string gb(double bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << bytes / 1e9 << " GB";
+  return os.str();
+}
+
+bool has_compare_mode(const RunSpec& spec, CompareMode cm) {
+  return std::find(spec.compare_modes.begin(), spec.compare_modes.end(), cm) !=
+         spec.compare_modes.end();
+}
+}  // namespace
+
 std::string device_cost_line(const DeviceCompareCost& c) {
-  auto gb = [](double b) {
-    std::ostringstream os;
-    os.precision(3);
-    os << b / 1e9 << " GB";
-    return os.str();
-  };
   std::ostringstream os;
   os.precision(3);
   os << "device compare: " << c.seconds << " s, " << c.oracle_passes << " oracle passes; device: "
@@ -446,18 +456,6 @@ std::string device_cost_line(const DeviceCompareCost& c) {
   return os.str();
 }
 
-namespace {
-bool has_end_to_end(const RunSpec& spec) {
-  for (CompareMode cm : spec.compare_modes)
-    if (cm == CompareMode::EndToEnd) return true;
-  return false;
-}
-bool has_isolated(const RunSpec& spec) {
-  for (CompareMode cm : spec.compare_modes)
-    if (cm == CompareMode::Isolated) return true;
-  return false;
-}
-}  // namespace
 
 std::string device_compare_unavailable() {
   std::string why = gpu::oracle_unavailable();
@@ -492,7 +490,6 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
   // own buffer, at most 4 bytes a value); an isolated cell holds the teacher (every tensor kept)
   // with the subject, then, once the subject is gone, with the oracle of its draws.
   {
-    const double gb = 1e9;
     const double total = static_cast<double>(gpu::query_device().total_mem);
     const double free_b = total - static_cast<double>(gpu::device_bytes_in_use());
     const double oracle_b =
@@ -500,30 +497,21 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
     const double teacher_b =
         static_cast<double>(gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All).total());
     auto refuse = [&](const std::string& what, double need, const std::string& parts) {
-      std::ostringstream why;
-      why.precision(3);
-      why << "needs about " << need / gb << " GB (" << parts << "), " << free_b / gb
-          << " GB are free";
-      throw Error(command, what + " do not fit the device's memory together", why.str());
-    };
-    auto gbs = [&](double b) {
-      std::ostringstream os;
-      os.precision(3);
-      os << b / gb << " GB";
-      return os.str();
+      throw Error(command, what + " do not fit the device's memory together",
+                  "needs about " + gb(need) + " (" + parts + "), " + gb(free_b) + " are free");
     };
     for (ScanMode m : spec.modes) {
       const std::string mode = scan_mode_name(m);
       const double subject_b = 4.0 * stage_elements(spec.cfg, spec.B, spec.T, m);
-      if (has_end_to_end(spec) && oracle_b + subject_b > free_b)
+      if (has_compare_mode(spec, CompareMode::EndToEnd) && oracle_b + subject_b > free_b)
         refuse("the oracle and the " + mode + " subject", oracle_b + subject_b,
-               "the oracle " + gbs(oracle_b) + ", the " + mode + " subject up to " + gbs(subject_b));
-      if (has_isolated(spec) && teacher_b + std::max(subject_b, oracle_b) > free_b)
+               "the oracle " + gb(oracle_b) + ", the " + mode + " subject up to " + gb(subject_b));
+      if (has_compare_mode(spec, CompareMode::Isolated) && teacher_b + std::max(subject_b, oracle_b) > free_b)
         refuse("the isolated cells' teacher and " +
                    (subject_b >= oracle_b ? "the " + mode + " subject" : "the oracle of the draws"),
                teacher_b + std::max(subject_b, oracle_b),
-               "the teacher " + gbs(teacher_b) + "; beside it the " + mode + " subject up to " +
-                   gbs(subject_b) + ", then the oracle of the draws " + gbs(oracle_b));
+               "the teacher " + gb(teacher_b) + "; beside it the " + mode + " subject up to " +
+                   gb(subject_b) + ", then the oracle of the draws " + gb(oracle_b));
     }
   }
 }
@@ -573,7 +561,7 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
       l.more_baselines.push_back({draw + "#" + std::to_string(d), nullptr});
     for (int d = 0; d < kCoherentDraws; ++d)
       l.coherent_baselines.push_back({draw + " (coherent)", nullptr});
-    if (has_isolated(spec)) {
+    if (has_compare_mode(spec, CompareMode::Isolated)) {
       for (int d = 0; d < kPerturbationDraws; ++d)
         l.isolated_baselines.push_back({draw + " teacher-forced#" + std::to_string(d), nullptr});
       for (int d = 0; d < kCoherentDraws; ++d)
@@ -621,7 +609,7 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
         }
   };
   run_phase(CompareMode::EndToEnd);
-  if (has_isolated(spec)) {
+  if (has_compare_mode(spec, CompareMode::Isolated)) {
     oracle.reset();
     teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
     gpu::load_problem(*teacher, pb);
