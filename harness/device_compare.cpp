@@ -35,6 +35,26 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Adds the wall time of its scope to a sum.
+class ScopeTimer {
+ public:
+  explicit ScopeTimer(double& sum) : sum_(sum), t0_(Clock::now()) {}
+  ~ScopeTimer() { sum_ += seconds_since(t0_); }
+  ScopeTimer(const ScopeTimer&) = delete;
+  ScopeTimer& operator=(const ScopeTimer&) = delete;
+
+ private:
+  double& sum_;
+  Clock::time_point t0_;
+};
+
+// A stage's name in the time line: a backbone stage's backward is primed ("norm_f'").
+std::string stage_label(const gpu::OracleStage& st) {
+  std::string s = stage_name(st.stage);
+  if (st.layer < 0 && st.dir == Dir::Backward) s += "'";
+  return s;
+}
+
 gpu::ValueType value_type(Precision p) {
   switch (p) {
     case Precision::F64: return gpu::ValueType::F64;
@@ -199,6 +219,7 @@ class DeviceCell {
       oracle_->set_teacher(nullptr);
     }
     CompareResult r = judge_.finish([this](int row, double u, double from) {
+      ScopeTimer timer(cost_.analysis_seconds);
       return analyse(row, u, from);
     });
     kept_.clear();
@@ -243,7 +264,11 @@ class DeviceCell {
   // End to end: the subject once, every tensor left in its own buffer; then the oracle, each
   // provided tensor measured against the subject's as its stage ends.
   void e2e_subject() {
-    net_->repeat_digests();
+    {
+      ScopeTimer timer(cost_.subject_seconds);
+      net_->repeat_digests();
+      net_->synchronize();
+    }
     pass(pb_, [this](const gpu::OracleTensor& t) {
       if (const int row = judge_.row(t.key); row >= 0) subject_row(row, t);
     });
@@ -253,6 +278,14 @@ class DeviceCell {
   // outputs measured against the teacher's as it ends, then every parameter gradient. The
   // draws that follow run teacher-forced.
   void isolated_subject() {
+    // The subject's stages and their measuring interleave: the subject's share is the whole
+    // less what subject_row adds to measure_seconds meanwhile.
+    const double measured_before = cost_.measure_seconds;
+    const Clock::time_point t0 = Clock::now();
+    isolated_stages();
+    cost_.subject_seconds += seconds_since(t0) - (cost_.measure_seconds - measured_before);
+  }
+  void isolated_stages() {
     gpu::GpuOracle& t = *teacher_;
     const gpu::GpuBackbone::DeviceTeacher teach = [this, &t](const std::string& key,
                                                              Idx n) -> const double* {
@@ -279,18 +312,23 @@ class DeviceCell {
   }
 
   // One oracle pass of `pb` (loaded first), each stage's provided tensors and then every
-  // parameter gradient handed to `row` as they come.
+  // parameter gradient handed to `row` as they come. Each stage's time runs from the end of
+  // the previous stage's rows to the end of its own work.
   template <class Row>
   void pass(const Problem& pb, Row row) {
     gpu::GpuOracle& o = oracle();
+    Clock::time_point mark = Clock::now();
     gpu::load_problem(o, pb);
-    o.set_observer([row, &o](const gpu::OracleStage& st) {
+    o.set_observer([this, row, &o, &mark](const gpu::OracleStage& st) {
       o.synchronize();
+      cost_.oracle_stage_seconds[stage_label(st)] += seconds_since(mark);
       for (const gpu::OracleTensor& t : st.tensors) row(t);
+      mark = Clock::now();
     });
     gpu::run_pass(o, pb);
     ++cost_.oracle_passes;
     o.synchronize();
+    cost_.oracle_stage_seconds["tail"] += seconds_since(mark);
     for (const KeyedParam& kp : expected_param_keys(spec_.cfg)) row(o.tensor(kp.key));
   }
 
@@ -305,6 +343,7 @@ class DeviceCell {
 
   // The subject's buffer of row `row` measured against the oracle's (the teacher's) values `t`.
   void subject_row(int row, const gpu::OracleTensor& t) {
+    ScopeTimer timer(cost_.measure_seconds);
     if (copy_) {
       take(CopyOf::Oracle, t.key, t.shape, values_of(t));
       copied_.insert(t.key);
@@ -341,6 +380,7 @@ class DeviceCell {
   }
 
   void draw_row(const gpu::OracleTensor& t) {
+    ScopeTimer timer(cost_.measure_seconds);
     const int row = judge_.row(t.key);
     if (row < 0 || !judge_.wants(row)) return;
     auto it = kept_.find(row);
@@ -456,6 +496,39 @@ std::string device_cost_line(const DeviceCompareCost& c) {
   return os.str();
 }
 
+double DeviceCompareCost::oracle_seconds() const {
+  double s = 0;
+  for (const auto& [stage, t] : oracle_stage_seconds) s += t;
+  return s;
+}
+
+std::string device_time_line(const DeviceCompareCost& c) {
+  std::vector<std::pair<double, std::string>> stages;
+  for (const auto& [stage, t] : c.oracle_stage_seconds) stages.push_back({t, stage});
+  std::sort(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  const double oracle = c.oracle_seconds();
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << "time (s): subjects " << c.subject_seconds << ", oracle " << oracle;
+  if (!stages.empty()) {
+    os << " (";
+    double shown = 0;
+    const std::size_t top = std::min<std::size_t>(3, stages.size());
+    for (std::size_t i = 0; i < top; ++i) {
+      os << (i ? ", " : "") << stages[i].second << " " << stages[i].first;
+      shown += stages[i].first;
+    }
+    if (stages.size() > top) os << ", rest " << oracle - shown;
+    os << ")";
+  }
+  const double measuring = c.measure_seconds + c.analysis_seconds;
+  os << ", measuring " << measuring << ", other "
+     << std::max(0.0, c.seconds - c.subject_seconds - oracle - measuring);
+  return os.str();
+}
 
 std::string device_compare_unavailable() {
   std::string why = gpu::oracle_unavailable();
@@ -612,9 +685,11 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   if (has_compare_mode(spec, CompareMode::Isolated)) {
     oracle.reset();
     teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
+    const Clock::time_point tt = Clock::now();
     gpu::load_problem(*teacher, pb);
     gpu::run_pass(*teacher, pb);
     teacher->synchronize();  // the comparer reads its buffers on its own stream
+    c.oracle_stage_seconds["teacher"] += seconds_since(tt);
     ++c.oracle_passes;
     note_oracles();
     run_phase(CompareMode::Isolated);

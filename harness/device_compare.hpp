@@ -82,11 +82,24 @@ struct DeviceCompareCost {
   std::size_t device_peak = 0;         // peak device bytes in use (cudaMemGetInfo, sampled)
   int oracle_passes = 0;               // unperturbed and perturbed oracle passes run
   int rows_not_provided = 0;           // per cell: registry rows the GPU oracle does not provide
+  // Where the wall time went (each measured between device synchronisations, so the sums are
+  // the device's work plus the host's waiting on it):
+  double subject_seconds = 0;    // the subjects' runs (end to end, or stage by stage isolated)
+  double measure_seconds = 0;    // measuring rows: metrics, profiles, kept copies, draws' |Δ|
+  double analysis_seconds = 0;   // the kept rows' per-value analysis at a cell's end
+  // The oracle's passes by stage ("F6", "B6", "norm_f'" for a backbone stage's backward, "tail"
+  // for what a pass runs after its last observed stage), summed over layers and passes.
+  std::map<std::string, double> oracle_stage_seconds;
+  double oracle_seconds() const;
 };
 
 // "device compare: 41.2 s, 6 oracle passes; device: oracle 29.9 GB, subject 12.1 GB, kept
 // 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — what the closing line of the report says.
 std::string device_cost_line(const DeviceCompareCost& c);
+// "time (s): subjects 1.2, oracle 7.9 (B6 3.1, F6 2.0, B4b 0.6, rest 2.2), measuring 2.0,
+// other 0.3" — the second closing line: where the seconds went, the oracle's
+// three slowest stages named (the teacher's pass is one "stage").
+std::string device_time_line(const DeviceCompareCost& c);
 
 // What a failed comparison of trained weights (m3h compare --checkpoint) says after its report
 // where the perturbed draws are the only baseline: they can fail correct code there (docs/

@@ -294,7 +294,7 @@ DumpResult write_device_dump(const std::string& path, bool force, const RunSpec&
   }
   DumpResult res = write_file(path, force, spec, pb, c.oracle_name, precisions, dopt, cells);
   res.cells = c.cells;
-  res.device_cost = device_cost_line(cost);
+  res.device_cost = device_cost_line(cost) + "\n" + device_time_line(cost);
   return res;
 }
 

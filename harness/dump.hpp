@@ -60,7 +60,8 @@ struct DumpResult {
   std::vector<CompareResult> cells;  // as run_comparison's, precision-major
   int n_keys = 0;                    // key groups written (over all cells)
   int n_datasets = 0;
-  std::string device_cost;           // write_device_dump: device_cost_line of its run; else ""
+  std::string device_cost;           // write_device_dump: device_cost_line and device_time_line
+                                     // of its run (two lines); else ""
 };
 
 struct DumpOptions {

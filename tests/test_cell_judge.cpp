@@ -629,5 +629,27 @@ TEST(TrainedWeightsNote, OnlyAFailureOnACheckpointJudgedByTheDrawsAloneGetsOne) 
   }
 }
 
+// The device comparison's time line: the oracle's three slowest stages by name (largest first),
+// the rest summed, the kept rows' analysis counted as measuring, and what no part accounts for
+// as "other"; within 100 columns.
+TEST(DeviceTimeLine, NamesTheSlowestOracleStagesAndWhatIsLeft) {
+  DeviceCompareCost c;
+  c.seconds = 12.0;
+  c.subject_seconds = 1.2;
+  c.measure_seconds = 2.0;
+  c.analysis_seconds = 0.5;
+  c.oracle_stage_seconds = {{"F6", 2.0}, {"B6", 3.0}, {"B4b", 0.75}, {"tail", 0.125},
+                            {"norm_f'", 0.125}, {"teacher", 1.0}};
+  EXPECT_DOUBLE_EQ(c.oracle_seconds(), 7.0);
+  const std::string line = device_time_line(c);
+  EXPECT_EQ(line,
+            "time (s): subjects 1.2, oracle 7.0 (B6 3.0, F6 2.0, teacher 1.0, rest 1.0), "
+            "measuring 2.5, other 1.3");
+  EXPECT_LE(line.size(), 100u);
+  c.oracle_stage_seconds = {{"F6", 2.0}};
+  EXPECT_EQ(device_time_line(c).find("rest"), std::string::npos);
+  c.oracle_stage_seconds.clear();
+  EXPECT_NE(device_time_line(c).find("oracle 0.0, measuring"), std::string::npos);
+}
 }  // namespace
 }  // namespace m3::harness

@@ -274,6 +274,7 @@ int cmd_compare(const std::vector<std::string>& args) {
   if (oracle == "gpu")
     report << "\n"
            << harness::device_cost_line(cost) << "\n"
+           << harness::device_time_line(cost) << "\n"
            << harness::trained_weights_note(c.pass(), vm.count("checkpoint") > 0,
                                             harness::TrainedNote::GpuOracle);
   else if (device == "cpu")
