@@ -2,8 +2,8 @@
 // oracle_stage_keys, oracle_memory, oracle_segment. Plain C++, in every build.
 //
 // Segment length: K = ⌈√T⌉ balances the S = ⌈T/K⌉ checkpoints kept per layer against the
-// 2·(K + 1) states of the segment being recomputed (about 2·√T + 1 states per (b, h) instead of
-// the T + 1 a stored scan would keep).
+// K + 1 states of the segment being recomputed (about 2·√T + 1 states per (b, h) instead of the
+// T + 1 a stored scan would keep).
 #include "layout.hpp"
 
 #include <algorithm>
@@ -20,6 +20,9 @@ Idx segment_length(Idx T) {
   while (k > 1 && (k - 1) * (k - 1) >= T) --k;
   return std::max<Idx>(k, 1);
 }
+
+// 32, 64 or 128, so that backward_segment's 512 threads are whole groups of CW.
+Idx scan_column_width(Idx ds) { return ds <= 32 ? 32 : ds <= 64 ? 64 : 128; }
 
 Idx segment_count(Idx T) {
   const Idx k = segment_length(T);
@@ -111,9 +114,11 @@ Layout plan(const Config& cfg, Idx B, Idx T, OracleKeep keep) {
 
   // The scan's and the stages' workspace.
   out.other["scan_h"] = add("scan_h", (K + 1) * E, Role::Workspace);
-  out.other["scan_g"] = add("scan_g", (K + 1) * E, Role::Workspace);
-  out.other["scan_gnext"] = add("scan_gnext", E, Role::Workspace);
-  out.other["scan_part"] = add("scan_part", 3 * B * K * di, Role::Workspace);
+  out.other["scan_g"] = add("scan_g", E, Role::Workspace);
+  out.other["scan_rows"] =
+      add("scan_rows", B * nh * (scan_column_width(ds) / 32) * hd * 4, Role::Workspace);
+  out.other["scan_parts"] = add("scan_parts", B * nh * hd * 3, Role::Workspace);
+  out.other["scan_dd"] = add("scan_dd", B * di, Role::Workspace);
   out.other["d_k"] = add("d_k", BT * nh * ds, Role::Workspace);
   out.other["d_q"] = add("d_q", BT * nh * ds, Role::Workspace);
   out.other["theta_bar"] = add("theta_bar", BT * nh * na, Role::Workspace);
