@@ -21,8 +21,7 @@ Idx segment_length(Idx T) {
   return std::max<Idx>(k, 1);
 }
 
-// 32, 64 or 128, so that backward_segment's 512 threads are whole groups of CW.
-Idx scan_column_width(Idx ds) { return ds <= 32 ? 32 : ds <= 64 ? 64 : 128; }
+Idx scan_row_blocks(Idx hd) { return (hd + kScanBlockRows - 1) / kScanBlockRows; }
 
 Idx segment_count(Idx T) {
   const Idx k = segment_length(T);
@@ -115,9 +114,9 @@ Layout plan(const Config& cfg, Idx B, Idx T, OracleKeep keep) {
   // The scan's and the stages' workspace.
   out.other["scan_h"] = add("scan_h", (K + 1) * E, Role::Workspace);
   out.other["scan_g"] = add("scan_g", E, Role::Workspace);
-  out.other["scan_rows"] =
-      add("scan_rows", B * nh * (scan_column_width(ds) / 32) * hd * 4, Role::Workspace);
-  out.other["scan_parts"] = add("scan_parts", B * nh * hd * 3, Role::Workspace);
+  const Idx NB = scan_row_blocks(hd);
+  out.other["scan_colpart"] = add("scan_colpart", B * nh * NB * K * ds * 3, Role::Workspace);
+  out.other["scan_scalpart"] = add("scan_scalpart", B * nh * NB * K * 3, Role::Workspace);
   out.other["scan_dd"] = add("scan_dd", B * di, Role::Workspace);
   out.other["d_k"] = add("d_k", BT * nh * ds, Role::Workspace);
   out.other["d_q"] = add("d_q", BT * nh * ds, Role::Workspace);

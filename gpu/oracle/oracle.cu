@@ -146,7 +146,7 @@ struct GpuOracle::Impl {
       release();
       throw;
     }
-    work = {o("scan_h"),  o("scan_g"), o("scan_rows"), o("scan_parts"), o("scan_dd"),
+    work = {o("scan_h"),  o("scan_g"), o("scan_colpart"), o("scan_scalpart"), o("scan_dd"),
             o("d_k"),     o("d_q"),    o("theta_bar"), o("row_scratch")};
     for (const KeyedSpec& k : oracle_stage_keys(cfg, B, T)) rows[k.key] = {k.layer, k.spec};
   }

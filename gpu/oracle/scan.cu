@@ -24,16 +24,16 @@
 //   d_ssm_in = α_0·G_0,  d_v_in[p] = β_0·Σ_n G_0[p,n]k_in[n],  d_k_in[n] = β_0·Σ_p G_0[p,n]v_in[p]
 //   d D[h] += Σ_b Σ_p d_d_local[b, h·hd + p],  d_d_local = Σ_t d_y·x (t descending)
 // Segments from the last: recompute h_{s0−1} … h_{s1−1} from the checkpoint into scan_h's slots
-// 0 … len (one thread per state element), then walk t from s1 − 1 down to s0 in one block per
-// (b, h): G lives in scan_g [B, nh, hd, ds] (G_{t+1} read, G_t written in place), 512 threads in
-// PG groups of CW ∈ {32, 64, 128} (layout.hpp), each thread one column n (n ≡ its place in the
-// group, mod CW) and the rows p ≡ its group (mod PG); per step the block forms every
-// row sum over n (the warp's butterfly, then the column warps in order, through scan_rows) and
-// every column sum over p (each thread's rows, then the groups in order, in shared memory), and
-// the per-(b, t, h) scalars (over p in order, through scan_parts). Every sum has one fixed order,
-// so a pass is deterministic.
-// Buffers: scan_h [(K+1), B, nh, hd, ds] (slot-major); scan_g [B, nh, hd, ds];
-// scan_rows [B, nh, CW/32, hd, 4]; scan_parts [B, nh, hd, 3]; scan_dd [B, di].
+// 0 … len (one thread per state element), then walk t from s1 − 1 down to s0 in blocks of
+// kScanBlockRows rows of one (b, h) (layout.hpp), one warp per row p, lane ℓ the columns
+// n ≡ ℓ (mod 32). G lives in scan_g [B, nh, hd, ds] (G_{t+1} read, G_t written in place). Per step
+// a row's sums over n are its lanes' then the warp's butterfly; the block sums its rows in order
+// for the column sums over p (in tiles of 128 columns, through shared memory) and for the terms
+// of dα, dβ, dγ, and writes them per row block (scan_colpart [B, nh, NB, K, ds, 3], scan_scalpart
+// [B, nh, NB, K, 3]); after the walk, one thread per (b, t, h, n) and per (b, t, h) adds the
+// row blocks in order and forms d_q, d_k and d_adt_total, d_dt_direct, d_trap_sig. Every sum has
+// one fixed order, so a pass is deterministic.
+// Buffers: scan_h [(K+1), B, nh, hd, ds] (slot-major); scan_g [B, nh, hd, ds]; scan_dd [B, di].
 #include "stages.cuh"
 
 #include "common.cuh"
@@ -126,113 +126,94 @@ __global__ void forward_rows(ForwardRows a) {
   for (Idx n = lane; n < ds; n += 32) a.ssm_out[base + n] = hv[n];
 }
 
-// Backward of one segment [s0, s1): block (b, h), kBackThreads threads = PG groups of CW.
+// Backward of one segment [s0, s1): block (b, h, rb) holds rows p = rb·kScanBlockRows + warp,
+// one warp per row, lane ℓ the columns n ≡ ℓ (mod 32).
 struct BackwardSegment {
-  Idx B, T, nh, hd, ds, di, s0, s1, CW;
-  const double *al, *be, *ga, *x, *k, *q, *dy, *D, *k_in, *v_in, *dtp, *trp, *d_ssm_out, *d_k_out,
-      *d_v_out, *hseg;
-  double *G, *rows, *parts, *d_x, *d_k, *d_q, *d_ssm_in, *d_adt, *d_dir, *d_trs;
+  Idx B, T, nh, hd, ds, di, s0, s1, K, NB;
+  const double *al, *be, *ga, *x, *k, *q, *dy, *D, *k_in, *v_in, *d_ssm_out, *d_v_out, *hseg;
+  double *G, *colpart, *scalpart, *d_x, *d_ssm_in;
 };
 
-constexpr int kBackThreads = 512;
+constexpr int kBackWarps = static_cast<int>(kScanBlockRows);
+constexpr int kColTile = 128;  // columns per pass of the block's column sums
 
-__global__ void __launch_bounds__(kBackThreads) backward_segment(BackwardSegment a) {
-  __shared__ double cols[kBackThreads][3];  // each thread's column sums over its rows
-  const Idx nh = a.nh, hd = a.hd, ds = a.ds, di = a.di, T = a.T, CW = a.CW;
-  const Idx E = a.B * nh * hd * ds, bh = blockIdx.x, b = bh / nh, h = bh % nh;
-  const int tid = threadIdx.x, lane = tid % 32;
-  const Idx PG = kBackThreads / CW, col = tid % CW, pg = tid / CW, cwarp = col / 32, NW = CW / 32;
-  double* rows = a.rows + bh * NW * hd * 4;  // [NW][hd][4]: Σ_n G_t K_t, G_t k_{t−1}, G_t h_{t−1}, G_{t+1} K_t
-  double* parts = a.parts + bh * hd * 3;     // [hd][3]: the per-p terms of dα, dβ, dγ
+__global__ void __launch_bounds__(32 * kBackWarps) backward_segment(BackwardSegment a) {
+  __shared__ double cols[kBackWarps][kColTile][3];  // each row's column terms of one tile
+  __shared__ double parts[kBackWarps][3];           // each row's terms of dα, dβ, dγ
+  const Idx nh = a.nh, hd = a.hd, ds = a.ds, di = a.di, T = a.T, K = a.K, NB = a.NB;
+  const Idx E = a.B * nh * hd * ds, rb = blockIdx.x % NB, bh = blockIdx.x / NB, b = bh / nh,
+            h = bh % nh;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const Idx p = rb * kBackWarps + warp;
+  const bool row = p < hd;
   for (Idx t = a.s1 - 1; t >= a.s0; --t) {
-    const Idx j = t - a.s0, r = b * T + t, i = r * nh + h;
+    const Idx j = t - a.s0, r = b * T + t, i = r * nh + h, xi = r * di + h * hd + p;
     const bool last = t == T - 1;
     const double anext = last ? 0.0 : a.al[i + nh];
-    const double* kprev = t == 0 ? a.k_in + (b * nh + h) * ds : a.k + (i - nh) * ds;
+    const double xp = row ? a.x[xi] : 0.0, dyp = row ? a.dy[xi] : 0.0;
+    const double* kprev = t == 0 ? a.k_in + bh * ds : a.k + (i - nh) * ds;
     const double *Kt = a.k + i * ds, *Qt = a.q + i * ds;
-    const double *xt = a.x + r * di + h * hd, *dyt = a.dy + r * di + h * hd;
-    // Columns cb … cb + CW − 1: G_t, the row sums' terms and the column sums.
-    for (Idx cb = 0; cb < ds; cb += CW) {
-      const Idx n = cb + col;
-      const bool on = n < ds;
-      double sGx = 0.0, sGnx = 0.0, sq = 0.0;
-      for (Idx p = pg; p < hd; p += PG) {
-        double r0 = 0.0, r1 = 0.0, r2 = 0.0, r3 = 0.0;
-        if (on) {
-          const Idx e = ((b * nh + h) * hd + p) * ds + n;
+    // The row's sums over n: Σ G_t K_t, G_t k_{t−1}, G_t∘h_{t−1}, G_{t+1} K_t.
+    double sGK = 0.0, sGkp = 0.0, sGH = 0.0, sGnK = 0.0;
+    for (Idx cb = 0; cb < ds; cb += kColTile) {
+      for (int c = lane; c < kColTile; c += 32) {
+        const Idx n = cb + c;
+        double cg = 0.0, cgn = 0.0, ch = 0.0;
+        if (row && n < ds) {
+          const Idx e = (bh * hd + p) * ds + n;
           const double gn = last ? 0.0 : a.G[e];
-          const double g = (last ? a.d_ssm_out[e] : anext * gn) + dyt[p] * Qt[n];
+          const double g = (last ? a.d_ssm_out[e] : anext * gn) + dyp * Qt[n];
           a.G[e] = g;
           if (t == 0) a.d_ssm_in[e] = a.al[i] * g;
           const double hprev = a.hseg[j * E + e], ht = a.hseg[(j + 1) * E + e];
-          r0 = g * Kt[n];
-          r1 = g * kprev[n];
-          r2 = g * hprev;
-          r3 = gn * Kt[n];
-          sGx += g * xt[p];
-          sGnx += gn * xt[p];
-          sq += ht * dyt[p];
+          sGK += g * Kt[n];
+          sGkp += g * kprev[n];
+          sGH += g * hprev;
+          sGnK += gn * Kt[n];
+          cg = g * xp;
+          cgn = gn * xp;
+          ch = ht * dyp;
         }
-        r0 = warp_sum(r0);
-        r1 = warp_sum(r1);
-        r2 = warp_sum(r2);
-        r3 = warp_sum(r3);
-        if (lane == 0) {
-          double* w = rows + (cwarp * hd + p) * 4;
-          const bool first = cb == 0;
-          w[0] = first ? r0 : w[0] + r0;
-          w[1] = first ? r1 : w[1] + r1;
-          w[2] = first ? r2 : w[2] + r2;
-          w[3] = first ? r3 : w[3] + r3;
-        }
+        cols[warp][c][0] = cg;
+        cols[warp][c][1] = cgn;
+        cols[warp][c][2] = ch;
       }
-      cols[tid][0] = sGx;
-      cols[tid][1] = sGnx;
-      cols[tid][2] = sq;
       __syncthreads();
-      if (pg == 0 && on) {
-        double Sx = 0.0, Snx = 0.0, Sq = 0.0;
-        for (Idx g = 0; g < PG; ++g) {
-          Sx += cols[g * CW + col][0];
-          Snx += cols[g * CW + col][1];
-          Sq += cols[g * CW + col][2];
+      // The tile's columns summed over the block's rows in order: Σ_p G_t x_t, G_{t+1} x_t, h_t d_y_t.
+      for (int c = threadIdx.x; c < kColTile && cb + c < ds; c += 32 * kBackWarps) {
+        double* out = a.colpart + (((bh * NB + rb) * K + j) * ds + cb + c) * 3;
+        for (int q = 0; q < 3; ++q) {
+          double acc = 0.0;
+          for (int w = 0; w < kBackWarps; ++w) acc += cols[w][c][q];
+          out[q] = acc;
         }
-        a.d_q[i * ds + n] = Sq;
-        const double carry = last ? a.d_k_out[(b * nh + h) * ds + n] : a.be[i + nh] * Snx;
-        a.d_k[i * ds + n] = carry + a.ga[i] * Sx;
       }
       __syncthreads();
     }
-    // The rows: d_x and the per-p terms of dα, dβ, dγ.
-    for (Idx p = tid; p < hd; p += kBackThreads) {
-      double sGK = 0.0, sGkp = 0.0, sGH = 0.0, sGnK = 0.0;
-      for (Idx w = 0; w < NW; ++w) {
-        const double* v = rows + (w * hd + p) * 4;
-        sGK += v[0];
-        sGkp += v[1];
-        sGH += v[2];
-        sGnK += v[3];
+    sGK = warp_sum(sGK);
+    sGkp = warp_sum(sGkp);
+    sGH = warp_sum(sGH);
+    sGnK = warp_sum(sGnK);
+    if (lane == 0) {
+      if (row) {
+        const double carry = last ? a.d_v_out[bh * hd + p] : a.be[i + nh] * sGnK;
+        a.d_x[xi] = carry + a.D[h] * dyp + a.ga[i] * sGK;
+        const double vprev = t == 0 ? a.v_in[bh * hd + p] : a.x[xi - di];
+        parts[warp][0] = sGH;
+        parts[warp][1] = vprev * sGkp;
+        parts[warp][2] = xp * sGK;
+      } else {
+        parts[warp][0] = parts[warp][1] = parts[warp][2] = 0.0;
       }
-      const Idx xi = r * di + h * hd + p;
-      const double carry = last ? a.d_v_out[(b * nh + h) * hd + p] : a.be[i + nh] * sGnK;
-      a.d_x[xi] = carry + a.D[h] * a.dy[xi] + a.ga[i] * sGK;
-      const double vprev = t == 0 ? a.v_in[(b * nh + h) * hd + p] : a.x[xi - di];
-      parts[p * 3 + 0] = sGH;
-      parts[p * 3 + 1] = vprev * sGkp;
-      parts[p * 3 + 2] = a.x[xi] * sGK;
     }
     __syncthreads();
-    if (tid == 0) {
-      double da = 0.0, db = 0.0, dg = 0.0;
-      for (Idx p = 0; p < hd; ++p) {
-        da += parts[p * 3 + 0];
-        db += parts[p * 3 + 1];
-        dg += parts[p * 3 + 2];
+    if (threadIdx.x == 0) {
+      double* out = a.scalpart + ((bh * NB + rb) * K + j) * 3;
+      for (int q = 0; q < 3; ++q) {
+        double acc = 0.0;
+        for (int w = 0; w < kBackWarps; ++w) acc += parts[w][q];
+        out[q] = acc;
       }
-      const double al = a.al[i], dt = a.dtp[i], tr = a.trp[i];
-      a.d_adt[i] = da * al + db * a.be[i];
-      a.d_dir[i] = db * al * (1.0 - tr) + dg * tr;
-      a.d_trs[i] = -db * al * dt + dg * dt;
     }
   }
 }
@@ -269,21 +250,55 @@ void ssm_forward(cudaStream_t s, const Dims& d, const LayerDev& L, const Work& w
 void ssm_backward(cudaStream_t s, const Dims& d, const LayerDev& L, const Work& w) {
   const Idx nh = d.nh, hd = d.hd, ds = d.ds, di = d.di, T = d.T, B = d.B;
   const Idx E = B * nh * hd * ds, K = segment_length(T), S = segment_count(T);
+  const Idx NB = scan_row_blocks(hd);
+  const double *al = L.alpha, *be = L.beta, *ga = L.gamma, *dtp = L.dt, *trp = L.trap,
+               *d_k_out = L.d_k_out, *colpart = w.scan_colpart, *scalpart = w.scan_scalpart;
+  double *d_k = w.d_k, *d_q = w.d_q, *d_adt = L.d_adt_total, *d_dir = L.d_dt_direct,
+         *d_trs = L.d_trap_sig;
   for (Idx seg = S - 1; seg >= 0; --seg) {
-    const Idx s0 = seg * K, s1 = std::min(T, s0 + K);
+    const Idx s0 = seg * K, s1 = std::min(T, s0 + K), len = s1 - s0;
     detail::walk_states(s, d, L, s0, s1, L.h_ckpt + seg * E, w.scan_h);
-    const detail::BackwardSegment a{
-        B,          T,          nh,       hd,          ds,         di,          s0,
-        s1,         scan_column_width(ds), L.alpha, L.beta,     L.gamma,     L.x,
-        L.k,        L.q,        L.d_y,    L.p.d_param, L.k_in,     L.v_in,      L.dt,
-        L.trap,     L.d_ssm_out, L.d_k_out, L.d_v_out, w.scan_h,   w.scan_g,    w.scan_rows,
-        w.scan_parts, L.d_x,    w.d_k,    w.d_q,       L.d_ssm_in, L.d_adt_total, L.d_dt_direct,
-        L.d_trap_sig};
-    detail::backward_segment<<<static_cast<unsigned>(B * nh), detail::kBackThreads, 0, s>>>(a);
+    const detail::BackwardSegment a{B,       T,      nh,       hd,          ds,     di,
+                                    s0,      s1,     K,        NB,          L.alpha, L.beta,
+                                    L.gamma, L.x,    L.k,      L.q,         L.d_y,  L.p.d_param,
+                                    L.k_in,  L.v_in, L.d_ssm_out, L.d_v_out, w.scan_h, w.scan_g,
+                                    w.scan_colpart, w.scan_scalpart, L.d_x, L.d_ssm_in};
+    detail::backward_segment<<<static_cast<unsigned>(B * nh * NB), 32 * detail::kBackWarps, 0,
+                               s>>>(a);
     M3_CUDA_CHECK(cudaGetLastError());
+    // Over the row blocks in order: d_q, d_k per (b, t, h, n); dα, dβ, dγ per (b, t, h).
+    each(s, B * len * nh * ds, [=] __device__(Idx e) {
+      const Idx n = e % ds, h = (e / ds) % nh, j = (e / (ds * nh)) % len, b = e / (ds * nh * len);
+      const Idx bh = b * nh + h, t = s0 + j, i = (b * T + t) * nh + h;
+      double Sx = 0.0, Snx = 0.0, Sq = 0.0;
+      for (Idx rb = 0; rb < NB; ++rb) {
+        const double* v = colpart + (((bh * NB + rb) * K + j) * ds + n) * 3;
+        Sx += v[0];
+        Snx += v[1];
+        Sq += v[2];
+      }
+      d_q[i * ds + n] = Sq;
+      const double carry = t == T - 1 ? d_k_out[bh * ds + n] : be[i + nh] * Snx;
+      d_k[i * ds + n] = carry + ga[i] * Sx;
+    });
+    each(s, B * len * nh, [=] __device__(Idx e) {
+      const Idx h = e % nh, j = (e / nh) % len, b = e / (nh * len), bh = b * nh + h;
+      const Idx i = (b * T + s0 + j) * nh + h;
+      double da = 0.0, db = 0.0, dg = 0.0;
+      for (Idx rb = 0; rb < NB; ++rb) {
+        const double* v = scalpart + ((bh * NB + rb) * K + j) * 3;
+        da += v[0];
+        db += v[1];
+        dg += v[2];
+      }
+      const double a = al[i], dt = dtp[i], tr = trp[i];
+      d_adt[i] = da * a + db * be[i];
+      d_dir[i] = db * a * (1.0 - tr) + dg * tr;
+      d_trs[i] = -db * a * dt + dg * dt;
+    });
   }
   // The entering k and v gradients from G_0 (in scan_g after the first segment).
-  const double *be = L.beta, *k_in = L.k_in, *v_in = L.v_in, *G0 = w.scan_g;
+  const double *k_in = L.k_in, *v_in = L.v_in, *G0 = w.scan_g;
   double *d_k_in = L.d_k_in, *d_v_in = L.d_v_in;
   each(s, B * nh * hd, [=] __device__(Idx e) {
     const Idx bh = e / hd, b = bh / nh, h = bh % nh;
