@@ -146,6 +146,8 @@ struct KeptRow {
 // The oracle that runs the passes (OracleKeep::Backward), built on first use: an isolated cell
 // whose rows all hold their floors never needs one.
 using OracleSource = std::function<gpu::GpuOracle&()>;
+// The host problem the draws are written into, made on first use.
+using ScratchSource = std::function<Problem&()>;
 
 // One cell on the device: end to end (`teacher` null) or isolated (`teacher`: the GPU oracle's
 // unperturbed pass, OracleKeep::All; the source's oracle then runs the teacher-forced draws).
@@ -155,12 +157,14 @@ class DeviceCell {
  public:
   DeviceCell(const RunSpec& spec, const Problem& pb, Precision p, ScanMode mode,
              const CellJudge::OracleShape& provided, const OracleSource& oracle,
-             gpu::GpuOracle* teacher, gpu::DeviceComparer& dc, gpu::Fault fault,
-             DeviceCompareCost& cost, const HostCopy& copy)
-      : spec_(spec), pb_(pb), p_(p), mode_(mode), source_(oracle), teacher_(teacher), dc_(dc),
+             const ScratchSource& scratch, gpu::GpuOracle* teacher, gpu::DeviceComparer& dc,
+             gpu::Fault fault, DeviceCompareCost& cost, const HostCopy& copy)
+      : spec_(spec), pb_(pb), p_(p), mode_(mode), source_(oracle), scratch_(scratch),
+        teacher_(teacher), dc_(dc),
         cost_(cost), copy_(copy), provided_(provided),
         judge_(provided, spec.cfg, spec.B, spec.T, mode, options(spec, p, teacher != nullptr),
                /*planned_baseline=*/true, spec.every_draw, /*only_provided=*/true) {
+    ScopeTimer timer(cost_.setup_seconds);
     net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
     gpu::load_problem(*net_, pb);
     net_->set_fault(fault, 0);
@@ -176,7 +180,7 @@ class DeviceCell {
     // An isolated cell's draws need only what the subject left in its kept rows (|Δ| per value),
     // so its buffers go before the oracle is built: the teacher, the oracle and a subject are
     // never on the device together.
-    if (teacher_) net_.reset();
+    if (teacher_) free_subject();
     drop_unwanted();
     // The perturbed oracle's draws, while a verdict can still change. End to end: first the
     // exact one (every stored value rounded to its format: the production's own roundings,
@@ -189,7 +193,7 @@ class DeviceCell {
       if (!judged && !copies) break;
       const bool exact = !teacher_ && d == 0;
       const int draw = teacher_ ? d : d - 1;
-      const Problem pp = exact ? rounded_problem(pb_, p_) : perturbed_problem(pb_, pt_, draw);
+      const Problem& pp = draw_inputs(exact, draw);
       oracle().set_perturbation(perturbation(draw, exact, false));
       if (judged) judge_.draw_begin(CellJudge::Term::Baseline);
       pass(pp, [this, judged, copies](const gpu::OracleTensor& t) {
@@ -209,7 +213,7 @@ class DeviceCell {
       const int draw = (teacher_ ? kPerturbationDraws : kPerturbationDraws - 1) + c;
       oracle().set_perturbation(perturbation(draw, false, true));
       judge_.draw_begin(CellJudge::Term::Baseline);
-      pass(perturbed_problem(pb_, pt_, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
+      pass(draw_inputs(false, draw), [this](const gpu::OracleTensor& t) { draw_row(t); });
       judge_.draw_end();
       oracle().set_perturbation({});
       drop_unwanted();
@@ -223,7 +227,7 @@ class DeviceCell {
       return analyse(row, u, from);
     });
     kept_.clear();
-    net_.reset();
+    free_subject();
     return r;
   }
 
@@ -249,6 +253,23 @@ class DeviceCell {
     op.coherent = coherent;
     op.seed = perturbation_seed(pb_.seed, pt_.u_typed, draw, teacher_ ? 2 : 1);
     return op;
+  }
+
+  // A draw's problem on the host: the exact one (every value rounded to its storage) or random
+  // draw `draw` of perturbed_problem's stream.
+  // Written into the comparison's one scratch problem (a copy of pb made on first use), so a
+  // draw allocates nothing on the host.
+  const Problem& draw_inputs(bool exact, int draw) {
+    ScopeTimer timer(cost_.inputs_seconds);
+    Problem& q = scratch_();
+    if (exact) rounded_problem_into(q, pb_, p_);
+    else perturbed_problem_into(q, pb_, pt_, draw);
+    return q;
+  }
+
+  void free_subject() {
+    ScopeTimer timer(cost_.setup_seconds);
+    net_.reset();
   }
 
   // The source's oracle; an isolated cell's is set teacher-forced (its draws' mode).
@@ -442,6 +463,7 @@ class DeviceCell {
   Precision p_;
   ScanMode mode_;
   const OracleSource& source_;
+  const ScratchSource& scratch_;
   gpu::GpuOracle* oracle_ = nullptr;  // the source's, once a pass needs it
   gpu::GpuOracle* teacher_;
   gpu::DeviceComparer& dc_;
@@ -509,24 +531,24 @@ std::string device_time_line(const DeviceCompareCost& c) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   const double oracle = c.oracle_seconds();
+  const double measuring = c.measure_seconds + c.analysis_seconds;
+  const double parts =
+      c.setup_seconds + c.subject_seconds + c.inputs_seconds + oracle + measuring;
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(1);
-  os << "time (s): subjects " << c.subject_seconds << ", oracle " << oracle;
-  if (!stages.empty()) {
-    os << " (";
-    double shown = 0;
-    const std::size_t top = std::min<std::size_t>(3, stages.size());
-    for (std::size_t i = 0; i < top; ++i) {
-      os << (i ? ", " : "") << stages[i].second << " " << stages[i].first;
-      shown += stages[i].first;
-    }
-    if (stages.size() > top) os << ", rest " << oracle - shown;
-    os << ")";
+  os << "time (s): setup " << c.setup_seconds << ", subjects " << c.subject_seconds
+     << ", draws' inputs " << c.inputs_seconds << ", oracle " << oracle << ", measuring "
+     << measuring << ", other " << std::max(0.0, c.seconds - parts) << "\n";
+  os << "  oracle by stage (s):";
+  if (stages.empty()) os << " none";
+  double shown = 0;
+  const std::size_t top = std::min<std::size_t>(5, stages.size());
+  for (std::size_t i = 0; i < top; ++i) {
+    os << (i ? ", " : " ") << stages[i].second << " " << stages[i].first;
+    shown += stages[i].first;
   }
-  const double measuring = c.measure_seconds + c.analysis_seconds;
-  os << ", measuring " << measuring << ", other "
-     << std::max(0.0, c.seconds - c.subject_seconds - oracle - measuring);
+  if (stages.size() > top) os << ", rest " << oracle - shown;
   return os.str();
 }
 
@@ -614,10 +636,19 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   };
   const OracleSource source = [&]() -> gpu::GpuOracle& {
     if (!oracle) {
+      ScopeTimer timer(c.setup_seconds);
       oracle = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward);
       note_oracles();
     }
     return *oracle;
+  };
+  std::optional<Problem> scratch;
+  const ScratchSource scratch_source = [&]() -> Problem& {
+    if (!scratch) {
+      ScopeTimer timer(c.inputs_seconds);
+      scratch.emplace(pb);
+    }
+    return *scratch;
   };
   gpu::DeviceComparer dc;
 
@@ -666,7 +697,7 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
           const Precision p = precisions[pi];
           const ScanMode mode = spec.modes[mi];
           const Clock::time_point tc = Clock::now();
-          DeviceCell cell(spec, pb, p, mode, provided, source,
+          DeviceCell cell(spec, pb, p, mode, provided, source, scratch_source,
                           phase == CompareMode::Isolated ? teacher.get() : nullptr, dc, fault, c,
                           copy);
           const CompareResult& r = cells[(pi * n_modes + mi) * n_cm + ci].emplace(cell.run());
@@ -684,7 +715,10 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   run_phase(CompareMode::EndToEnd);
   if (has_compare_mode(spec, CompareMode::Isolated)) {
     oracle.reset();
-    teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
+    {
+      ScopeTimer timer(c.setup_seconds);
+      teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
+    }
     const Clock::time_point tt = Clock::now();
     gpu::load_problem(*teacher, pb);
     gpu::run_pass(*teacher, pb);

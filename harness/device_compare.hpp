@@ -84,7 +84,9 @@ struct DeviceCompareCost {
   int rows_not_provided = 0;           // per cell: registry rows the GPU oracle does not provide
   // Where the wall time went (each measured between device synchronisations, so the sums are
   // the device's work plus the host's waiting on it):
+  double setup_seconds = 0;      // making and freeing the subjects, the oracle and the teacher
   double subject_seconds = 0;    // the subjects' runs (end to end, or stage by stage isolated)
+  double inputs_seconds = 0;     // the draws' problems on the host (rounded or perturbed)
   double measure_seconds = 0;    // measuring rows: metrics, profiles, kept copies, draws' |Δ|
   double analysis_seconds = 0;   // the kept rows' per-value analysis at a cell's end
   // The oracle's passes by stage ("F6", "B6", "norm_f'" for a backbone stage's backward, "tail"
@@ -96,9 +98,10 @@ struct DeviceCompareCost {
 // "device compare: 41.2 s, 6 oracle passes; device: oracle 29.9 GB, subject 12.1 GB, kept
 // 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — what the closing line of the report says.
 std::string device_cost_line(const DeviceCompareCost& c);
-// "time (s): subjects 1.2, oracle 7.9 (B6 3.1, F6 2.0, B4b 0.6, rest 2.2), measuring 2.0,
-// other 0.3" — the second closing line: where the seconds went, the oracle's
-// three slowest stages named (the teacher's pass is one "stage").
+// Where the seconds went, two lines (each within 100 columns):
+//   "time (s): setup 2.4, subjects 1.1, draws' inputs 5.0, oracle 15.0, measuring 1.6, other 0.3"
+//   "  oracle by stage (s): B6 6.7, input_proj 2.7, B4b 1.3, F6 0.9, F5 0.4, rest 3.0"
+// the oracle's five slowest stages named (the teacher's pass is one "stage").
 std::string device_time_line(const DeviceCompareCost& c);
 
 // What a failed comparison of trained weights (m3h compare --checkpoint) says after its report

@@ -10,6 +10,9 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <functional>
 #include <vector>
 
 #include "backbone.hpp"  // capture_grads
@@ -413,45 +416,112 @@ Perturbation perturbation_of(Precision p) {
   return pt;
 }
 
+namespace {
+
+// The arrays a draw's problem changes, paired (q's, pb's), in perturbed_problem's stream order,
+// each with whether the production path stores it typed (the GEMM weights, and X where
+// input_proj's inputs are typed) or in f32.
+struct DrawArray {
+  std::vector<double>* dst;
+  const std::vector<double>* src;
+  bool typed;
+};
+
+std::vector<DrawArray> draw_arrays(Problem& q, const Problem& pb) {
+  std::vector<DrawArray> out;
+  for_each_param(q.params, [&](int, const char* name, std::vector<double>& v) {
+    out.push_back({&v, nullptr, is_gemm_weight(name)});
+  });
+  std::size_t k = 0;
+  for_each_param(pb.params, [&](int, const char*, const std::vector<double>& v) {
+    out[k++].src = &v;
+  });
+  out.push_back({&q.x, &pb.x, find_spec("input_proj", "input_proj_inputs").typed});
+  out.push_back({&q.d_out, &pb.d_out, false});
+  out.push_back({&q.states.ssm, &pb.states.ssm, false});
+  out.push_back({&q.states.k, &pb.states.k, false});
+  out.push_back({&q.states.v, &pb.states.v, false});
+  out.push_back({&q.states.angle, &pb.states.angle, false});
+  for (const DrawArray& a : out)
+    M3_REQUIRE(a.dst->size() == a.src->size(), "perturbed problem",
+               "the target problem's arrays differ in size from the problem's", "");
+  return out;
+}
+
+// f(begin, end) over [0, n) in contiguous pieces on up to `threads` threads (0: the machine's),
+// pieces of at least kMinPiece values; what a thread that cannot start would do runs here.
+constexpr std::size_t kMinPiece = std::size_t(1) << 14;
+
+void in_pieces(std::size_t n, int threads, const std::function<void(std::size_t, std::size_t)>& f) {
+  std::size_t t = threads > 0 ? static_cast<std::size_t>(threads)
+                              : std::max(1u, std::thread::hardware_concurrency());
+  t = std::max<std::size_t>(1, std::min(t, n / kMinPiece));
+  const std::size_t piece = (n + t - 1) / t;
+  std::vector<std::thread> pool;
+  std::size_t inline_from = n;
+  for (std::size_t b = piece; b < n; b += piece) {
+    try {
+      pool.emplace_back(f, b, std::min(n, b + piece));
+    } catch (const std::system_error&) {
+      inline_from = b;
+      break;
+    }
+  }
+  f(0, std::min(n, piece));
+  for (std::size_t b = inline_from; b < n; b += piece) f(b, std::min(n, b + piece));
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace
+
+void perturbed_problem_into(Problem& q, const Problem& pb, const Perturbation& pt, int draw,
+                            int threads) {
+  const std::uint64_t seed = perturbation_seed(pb.seed, pt.u_typed, draw, 0);
+  std::uint64_t taken = 0;  // draws of the stream before the array
+  for (const DrawArray& a : draw_arrays(q, pb)) {
+    const double u = a.typed ? pt.u_typed : pt.u_f32;
+    const double* src = a.src->data();
+    double* dst = a.dst->data();
+    const std::uint64_t first = taken;
+    in_pieces(a.src->size(), threads, [=](std::size_t b, std::size_t e) {
+      if (u == 0) {
+        std::copy(src + b, src + e, dst + b);
+        return;
+      }
+      Rng rng(seed);
+      rng.discard(first + b);
+      for (std::size_t i = b; i < e; ++i) dst[i] = src[i] * (1.0 + u * rng.uniform(-1.0, 1.0));
+    });
+    if (u != 0) taken += a.src->size();
+  }
+}
+
 Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw) {
   Problem q = pb;
-  Rng rng(perturbation_seed(pb.seed, pt.u_typed, draw, 0));
-  auto perturb = [&](std::vector<double>& v, double u) {
-    if (u == 0) return;
-    for (double& e : v) e *= 1.0 + u * rng.uniform(-1.0, 1.0);
-  };
-  for_each_param(q.params, [&](int, const char* name, std::vector<double>& v) {
-    perturb(v, is_gemm_weight(name) ? pt.u_typed : pt.u_f32);
-  });
-  perturb(q.x, find_spec("input_proj", "input_proj_inputs").typed ? pt.u_typed : pt.u_f32);
-  perturb(q.d_out, pt.u_f32);
-  perturb(q.states.ssm, pt.u_f32);
-  perturb(q.states.k, pt.u_f32);
-  perturb(q.states.v, pt.u_f32);
-  perturb(q.states.angle, pt.u_f32);
+  perturbed_problem_into(q, pb, pt, draw);
   return q;
+}
+
+void rounded_problem_into(Problem& q, const Problem& pb, Precision p, int threads) {
+  for (const DrawArray& a : draw_arrays(q, pb)) {
+    const double* src = a.src->data();
+    double* dst = a.dst->data();
+    const bool typed = a.typed;
+    in_pieces(a.src->size(), threads, [=](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        const float f = static_cast<float>(src[i]);
+        dst[i] = !typed                    ? static_cast<double>(f)
+                 : p == Precision::BF16    ? static_cast<double>(round_bf16(f))
+                 : p == Precision::F16     ? static_cast<double>(round_f16(f))
+                                           : static_cast<double>(f);
+      }
+    });
+  }
 }
 
 Problem rounded_problem(const Problem& pb, Precision p) {
   Problem q = pb;
-  auto to_typed = [p](double v) {
-    const float f = static_cast<float>(v);
-    return static_cast<double>(p == Precision::BF16 ? round_bf16(f)
-                               : p == Precision::F16 ? round_f16(f)
-                                                     : f);
-  };
-  auto round = [&](std::vector<double>& v, bool typed) {
-    for (double& e : v) e = typed ? to_typed(e) : static_cast<double>(static_cast<float>(e));
-  };
-  for_each_param(q.params, [&](int, const char* name, std::vector<double>& v) {
-    round(v, is_gemm_weight(name));
-  });
-  round(q.x, find_spec("input_proj", "input_proj_inputs").typed);
-  round(q.d_out, false);
-  round(q.states.ssm, false);
-  round(q.states.k, false);
-  round(q.states.v, false);
-  round(q.states.angle, false);
+  rounded_problem_into(q, pb, p);
   return q;
 }
 

@@ -59,6 +59,13 @@ Problem perturbed_problem(const Problem& pb, const Perturbation& pt, int draw);
 // nearest even to p's format (GEMM weights, and X where input_proj's inputs are typed) or to
 // f32 (the rest). The problem of the exact-rounding draw (gpu::OraclePerturbation::exact).
 Problem rounded_problem(const Problem& pb, Precision p);
+// The same, written into `q`, which holds pb's arrays at their sizes (a copy of pb or of an earlier
+// draw's problem): no allocation, the values computed in parallel pieces on up to `threads`
+// threads (0: the machine's), equal bit for bit to the functions above for any thread count.
+// Throws m3::Error when an array of q differs in size from pb's.
+void perturbed_problem_into(Problem& q, const Problem& pb, const Perturbation& pt, int draw,
+                            int threads = 0);
+void rounded_problem_into(Problem& q, const Problem& pb, Precision p, int threads = 0);
 // The stream of (problem seed, u, draw, role): role 0 the problem's perturbation, 1 the stages'.
 std::uint64_t perturbation_seed(std::uint64_t problem_seed, double u, int draw, int role);
 // The double reference on perturbed_problem(pb, pt, draw), run stage by stage in the registry's

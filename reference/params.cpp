@@ -9,7 +9,7 @@
 namespace m3 {
 
 std::uint64_t Rng::next() {
-  std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+  std::uint64_t z = (s_ += kStep);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);

@@ -35,7 +35,12 @@ class Rng {
   double uniform();                         // [0, 1)
   double uniform(double lo, double hi);     // [lo, hi)
   double normalish();                       // Irwin–Hall(4), mean 0, variance 1
+  // Skips n draws of next() in O(1): SplitMix64's state steps by a constant, so the stream from
+  // any position can be taken up (perturbed.cpp draws one stream in parallel pieces).
+  void discard(std::uint64_t n) { s_ += n * kStep; }
+
  private:
+  static constexpr std::uint64_t kStep = 0x9E3779B97F4A7C15ull;
   std::uint64_t s_;
 };
 

@@ -629,27 +629,32 @@ TEST(TrainedWeightsNote, OnlyAFailureOnACheckpointJudgedByTheDrawsAloneGetsOne) 
   }
 }
 
-// The device comparison's time line: the oracle's three slowest stages by name (largest first),
-// the rest summed, the kept rows' analysis counted as measuring, and what no part accounts for
-// as "other"; within 100 columns.
-TEST(DeviceTimeLine, NamesTheSlowestOracleStagesAndWhatIsLeft) {
+// The device comparison's time line: the parts of the wall time (the kept rows' analysis counted
+// as measuring, what no part accounts for as "other"), then the oracle's five slowest stages by
+// name, largest first, and the rest summed; two lines within 100 columns.
+TEST(DeviceTimeLine, NamesThePartsAndTheSlowestOracleStages) {
   DeviceCompareCost c;
-  c.seconds = 12.0;
+  c.seconds = 20.0;
+  c.setup_seconds = 2.5;
   c.subject_seconds = 1.2;
+  c.inputs_seconds = 4.0;
   c.measure_seconds = 2.0;
   c.analysis_seconds = 0.5;
-  c.oracle_stage_seconds = {{"F6", 2.0}, {"B6", 3.0}, {"B4b", 0.75}, {"tail", 0.125},
-                            {"norm_f'", 0.125}, {"teacher", 1.0}};
-  EXPECT_DOUBLE_EQ(c.oracle_seconds(), 7.0);
-  const std::string line = device_time_line(c);
-  EXPECT_EQ(line,
-            "time (s): subjects 1.2, oracle 7.0 (B6 3.0, F6 2.0, teacher 1.0, rest 1.0), "
-            "measuring 2.5, other 1.3");
-  EXPECT_LE(line.size(), 100u);
+  c.oracle_stage_seconds = {{"F6", 2.0},   {"B6", 3.0},      {"B4b", 0.75}, {"tail", 0.125},
+                            {"F5", 0.375}, {"norm_f'", 0.25}, {"teacher", 1.0}};
+  EXPECT_DOUBLE_EQ(c.oracle_seconds(), 7.5);
+  const std::string text = device_time_line(c);
+  EXPECT_EQ(text,
+            "time (s): setup 2.5, subjects 1.2, draws' inputs 4.0, oracle 7.5, measuring 2.5, "
+            "other 2.3\n"
+            "  oracle by stage (s): B6 3.0, F6 2.0, teacher 1.0, B4b 0.8, F5 0.4, rest 0.4");
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 100u) << line;
   c.oracle_stage_seconds = {{"F6", 2.0}};
   EXPECT_EQ(device_time_line(c).find("rest"), std::string::npos);
   c.oracle_stage_seconds.clear();
-  EXPECT_NE(device_time_line(c).find("oracle 0.0, measuring"), std::string::npos);
+  EXPECT_NE(device_time_line(c).find("oracle by stage (s): none"), std::string::npos);
 }
+
 }  // namespace
 }  // namespace m3::harness

@@ -597,6 +597,72 @@ TEST(PerturbedOracle, TheBaselineOfSeveralDrawsIsTheirMaximumPlusTheirRange) {
   }
 }
 
+// A draw's problem is one stream of Rng(perturbation_seed(…, 0)) over the arrays in order, a
+// draw per value of each perturbed array; the exact draw rounds each value to its storage.
+// Written here once more the plain way, one value after another, and held bit for bit to the
+// library's pieces on 1, 3 and 8 threads, written into a problem reused from draw to draw (the
+// device comparison's), with the default problem's entering states perturbed too.
+TEST(PerturbedOracle, DrawsInPiecesEqualTheStreamValueByValue) {
+  Config c = negative::spec(true).cfg;
+  c.d_model = 128;
+  c.expand = 2;
+  c.n_layers = 1;
+  const Problem pb = make_problem(c, 2, 256, 77, true);  // random entering states
+  ASSERT_FALSE(pb.states.ssm.empty());
+  auto plain = [&](const Perturbation& pt, int draw) {
+    Problem q = pb;
+    Rng rng(perturbation_seed(pb.seed, pt.u_typed, draw, 0));
+    auto perturb = [&](std::vector<double>& v, double u) {
+      if (u == 0) return;
+      for (double& e : v) e *= 1.0 + u * rng.uniform(-1.0, 1.0);
+    };
+    for_each_param(q.params, [&](int, const char* name, std::vector<double>& v) {
+      const std::string n = name;
+      const bool gemm = n == "in_proj_w" || n == "out_proj_w" || n == "input_proj_w" || n == "head_w";
+      perturb(v, gemm ? pt.u_typed : pt.u_f32);
+    });
+    perturb(q.x, pt.u_typed);  // input_proj's inputs are typed
+    perturb(q.d_out, pt.u_f32);
+    for (std::vector<double>* v : {&q.states.ssm, &q.states.k, &q.states.v, &q.states.angle})
+      perturb(*v, pt.u_f32);
+    return q;
+  };
+  auto same = [](const Problem& a, const Problem& b) {
+    bool eq = a.x == b.x && a.d_out == b.d_out && a.states.ssm == b.states.ssm &&
+              a.states.k == b.states.k && a.states.v == b.states.v &&
+              a.states.angle == b.states.angle;
+    std::vector<const std::vector<double>*> pa, pbv;
+    for_each_param(a.params, [&](int, const char*, const std::vector<double>& v) { pa.push_back(&v); });
+    for_each_param(b.params, [&](int, const char*, const std::vector<double>& v) { pbv.push_back(&v); });
+    for (size_t i = 0; i < pa.size(); ++i) eq = eq && *pa[i] == *pbv[i];
+    return eq;
+  };
+  ASSERT_GE(pb.d_out.size(), 3 * std::size_t(1 << 14)) << "too small to be cut in pieces";
+  Problem scratch = pb;
+  for (int threads : {1, 3, 8})
+    for (Precision p : kPrecisions) {
+      const Perturbation pt = perturbation_of(p);
+      for (int draw : {0, 2}) {
+        perturbed_problem_into(scratch, pb, pt, draw, threads);
+        EXPECT_TRUE(same(scratch, plain(pt, draw)))
+            << precision_name(p) << " draw " << draw << ", " << threads << " threads";
+      }
+      rounded_problem_into(scratch, pb, p, threads);
+      Problem r = pb;
+      for (double& e : r.x) {
+        const float f = static_cast<float>(e);
+        e = p == Precision::BF16 ? round_bf16(f) : p == Precision::F16 ? round_f16(f) : f;
+      }
+      for (double& e : r.d_out) e = static_cast<float>(e);
+      EXPECT_EQ(scratch.x, r.x) << precision_name(p) << ", " << threads << " threads";
+      EXPECT_EQ(scratch.d_out, r.d_out) << precision_name(p) << ", " << threads << " threads";
+      EXPECT_TRUE(same(scratch, rounded_problem(pb, p)));
+    }
+  Problem wrong = pb;
+  wrong.d_out.pop_back();
+  EXPECT_THROW(perturbed_problem_into(wrong, pb, perturbation_of(Precision::F32), 0), Error);
+}
+
 TEST(PerturbedOracle, PerturbsEveryStoredValueByAboutOneRoundingOfItsStorage) {
   const RunSpec spec = plumbing_specs().front();
   const Problem pb = build_problem(spec);
