@@ -719,11 +719,12 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
       ScopeTimer timer(c.setup_seconds);
       teacher = std::make_unique<gpu::GpuOracle>(spec.cfg, spec.B, spec.T, gpu::OracleKeep::All);
     }
-    const Clock::time_point tt = Clock::now();
-    gpu::load_problem(*teacher, pb);
-    gpu::run_pass(*teacher, pb);
-    teacher->synchronize();  // the comparer reads its buffers on its own stream
-    c.oracle_stage_seconds["teacher"] += seconds_since(tt);
+    {
+      ScopeTimer timer(c.oracle_stage_seconds["teacher"]);
+      gpu::load_problem(*teacher, pb);
+      gpu::run_pass(*teacher, pb);
+      teacher->synchronize();  // the comparer reads its buffers on its own stream
+    }
     ++c.oracle_passes;
     note_oracles();
     run_phase(CompareMode::Isolated);

@@ -96,7 +96,7 @@ struct DeviceCompareCost {
 };
 
 // "device compare: 41.2 s, 6 oracle passes; device: oracle 29.9 GB, subject 12.1 GB, kept
-// 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — what the closing line of the report says.
+// 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — the report's cost line, before the time lines.
 std::string device_cost_line(const DeviceCompareCost& c);
 // Where the seconds went, two lines (each within 100 columns):
 //   "time (s): setup 2.4, subjects 1.1, draws' inputs 5.0, oracle 15.0, measuring 1.6, other 0.3"

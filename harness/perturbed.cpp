@@ -9,10 +9,10 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <thread>
-#include <functional>
 #include <vector>
 
 #include "backbone.hpp"  // capture_grads
@@ -510,10 +510,9 @@ void rounded_problem_into(Problem& q, const Problem& pb, Precision p, int thread
     in_pieces(a.src->size(), threads, [=](std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) {
         const float f = static_cast<float>(src[i]);
-        dst[i] = !typed                    ? static_cast<double>(f)
-                 : p == Precision::BF16    ? static_cast<double>(round_bf16(f))
-                 : p == Precision::F16     ? static_cast<double>(round_f16(f))
-                                           : static_cast<double>(f);
+        dst[i] = static_cast<double>(typed && p == Precision::BF16 ? round_bf16(f)
+                                     : typed && p == Precision::F16 ? round_f16(f)
+                                                                    : f);
       }
     });
   }
