@@ -2,8 +2,8 @@
 // oracle_stage_keys, oracle_memory, oracle_segment. Plain C++, in every build.
 //
 // Segment length: K = ⌈√T⌉ balances the S = ⌈T/K⌉ checkpoints kept per layer against the
-// 2·(K + 1) states of the segment being recomputed (about 2·√T + 1 states per (b, h) instead of
-// the T + 1 a stored scan would keep).
+// K + 1 states of the segment being recomputed (about 2·√T + 1 states per (b, h) instead of the
+// T + 1 a stored scan would keep).
 #include "layout.hpp"
 
 #include <algorithm>
@@ -20,6 +20,8 @@ Idx segment_length(Idx T) {
   while (k > 1 && (k - 1) * (k - 1) >= T) --k;
   return std::max<Idx>(k, 1);
 }
+
+Idx scan_row_blocks(Idx hd) { return (hd + kScanBlockRows - 1) / kScanBlockRows; }
 
 Idx segment_count(Idx T) {
   const Idx k = segment_length(T);
@@ -111,9 +113,11 @@ Layout plan(const Config& cfg, Idx B, Idx T, OracleKeep keep) {
 
   // The scan's and the stages' workspace.
   out.other["scan_h"] = add("scan_h", (K + 1) * E, Role::Workspace);
-  out.other["scan_g"] = add("scan_g", (K + 1) * E, Role::Workspace);
-  out.other["scan_gnext"] = add("scan_gnext", E, Role::Workspace);
-  out.other["scan_part"] = add("scan_part", 3 * B * K * di, Role::Workspace);
+  out.other["scan_g"] = add("scan_g", E, Role::Workspace);
+  const Idx NB = scan_row_blocks(hd);
+  out.other["scan_colpart"] = add("scan_colpart", B * nh * NB * K * ds * 3, Role::Workspace);
+  out.other["scan_scalpart"] = add("scan_scalpart", B * nh * NB * K * 3, Role::Workspace);
+  out.other["scan_dd"] = add("scan_dd", B * di, Role::Workspace);
   out.other["d_k"] = add("d_k", BT * nh * ds, Role::Workspace);
   out.other["d_q"] = add("d_q", BT * nh * ds, Role::Workspace);
   out.other["theta_bar"] = add("theta_bar", BT * nh * na, Role::Workspace);

@@ -11,8 +11,10 @@
 //   backbone tensors  "<stage>/<tensor>" (norm_f's input is the last layer's output, no
 //                     allocation); "d_out" [B·T, dm]; a token model's "tok", "tgt", "w",
 //                     "embed_order" [B·T], "embed_starts" [V + 1]
-//   workspace         "scan_h", "scan_g" [(K+1), B, nh, hd, ds] (a segment's states h_{t−1…},
-//                     adjoints G_t…), "scan_gnext" [B, nh, hd, ds], "scan_part" [3, B, K, nh, hd],
+//   workspace         "scan_h" [(K+1), B, nh, hd, ds] (a segment's states h_{t−1…}), "scan_g"
+//                     [B, nh, hd, ds] (the adjoint G_t), "scan_colpart" [B, nh, NB, K, ds, 3],
+//                     "scan_scalpart" [B, nh, NB, K, 3], "scan_dd" [B, di] (scan.cu says what
+//                     they hold; NB = scan_row_blocks(hd)),
 //                     "d_k", "d_q" [B·T, nh, ds], "theta_bar" [B·T, nh, na], "row_scratch"
 //                     [B·T·max(nh, ng)] (a per-row value of a norm's backward), and with
 //                     OracleKeep::Backward two d_temporal buffers that layers alternate between
@@ -52,6 +54,10 @@ struct Layout {
 // The segment length K of the scan and the number of segments S = ⌈T/K⌉.
 Idx segment_length(Idx T);
 Idx segment_count(Idx T);
+// The scan's backward walks a segment in blocks of kScanBlockRows rows (one warp each) of one
+// (b, h): scan_row_blocks(hd) = ⌈hd / kScanBlockRows⌉ blocks per (b, h) (scan.cu).
+constexpr Idx kScanBlockRows = 8;
+Idx scan_row_blocks(Idx hd);
 
 // Whether a layer's backward reads this forward tensor (kept per layer with
 // OracleKeep::Backward).

@@ -146,8 +146,8 @@ struct GpuOracle::Impl {
       release();
       throw;
     }
-    work = {o("scan_h"), o("scan_g"), o("scan_gnext"), o("scan_part"),
-            o("d_k"),    o("d_q"),    o("theta_bar"),  o("row_scratch")};
+    work = {o("scan_h"),  o("scan_g"), o("scan_colpart"), o("scan_scalpart"), o("scan_dd"),
+            o("d_k"),     o("d_q"),    o("theta_bar"), o("row_scratch")};
     for (const KeyedSpec& k : oracle_stage_keys(cfg, B, T)) rows[k.key] = {k.layer, k.spec};
   }
 

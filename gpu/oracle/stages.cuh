@@ -64,7 +64,7 @@ struct LayerDev {
 
 // Workspace the stages share (layout.hpp names the sizes).
 struct Work {
-  double *scan_h, *scan_g, *scan_gnext, *scan_part, *d_k, *d_q, *theta_bar, *row_scratch;
+  double *scan_h, *scan_g, *scan_colpart, *scan_scalpart, *scan_dd, *d_k, *d_q, *theta_bar, *row_scratch;
 };
 
 // ---- gemm.cu: row-major linear maps (MODEL.md §0: Y = X·W, W [in, out]) through DGEMM

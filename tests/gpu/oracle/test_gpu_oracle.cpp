@@ -305,6 +305,46 @@ TEST(GpuOracleSweep, RandomProblemsAgreeWithBothScanModes) {
                            << "; first: " << tally.first_over;
 }
 
+// The scan's backward walks columns of width 32, 64 or 128 (layout.hpp scan_column_width), in
+// several passes past 128, with idle lanes where d_state is not a multiple of the width; the
+// sweep's d_state stays at 32 or less. Each width, a partial one and several passes, against the
+// Eigen oracle, with entering states (G reaches t = 0 through every segment) and a headdim past
+// the 16 rows per thread group.
+TEST(GpuOracleSweep, WideStatesTakeEveryColumnWidth) {
+  M3_SKIP_WITHOUT_ORACLE();
+  Tally tally;
+  struct Shape {
+    Idx d_state, headdim, T;
+  };
+  int i = 0;
+  for (const Shape& sh : {Shape{33, 3, 9}, Shape{64, 2, 17}, Shape{100, 20, 5},
+                          Shape{128, 64, 12}, Shape{160, 4, 37}, Shape{300, 1, 1}}) {
+    Config c;
+    c.d_state = sh.d_state;
+    c.headdim = sh.headdim;
+    c.ngroups = 1;
+    c.expand = 2;
+    c.d_model = sh.headdim;  // two heads
+    c.n_layers = 2;
+    c.chunk_size = 4;
+    c.input_dim = 3;
+    c.is_outproj_norm = i % 2 == 1;
+    c.rope_fraction = 0.5;
+    c.validate();
+    const Problem pb = m3::make_problem(c, 2, sh.T, 1000 + static_cast<std::uint64_t>(i), true);
+    const Capture oracle = m3::gpu::run_gpu_oracle(pb);
+    const Capture seq = m3::run_reference<double>(pb, ScanMode::Sequential);
+    const Capture chk = m3::run_reference<double>(pb, ScanMode::Chunked);
+    tally.add("wide#" + std::to_string(i) + "(ds " + std::to_string(sh.d_state) + " hd " +
+                  std::to_string(sh.headdim) + " T " + std::to_string(sh.T) + ")",
+              pb, &seq, &chk, oracle);
+    ++i;
+  }
+  tally.print("wide states");
+  EXPECT_EQ(tally.over, 0) << tally.over << " tensors over " << m3::gpu::kOracleRtol
+                           << "; first: " << tally.first_over;
+}
+
 // ---- the API ----------------------------------------------------------------------------------
 
 // Two windows chained with states and leaving-state gradients (MODEL.md §12.4): the second
