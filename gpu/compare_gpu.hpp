@@ -97,12 +97,20 @@ std::string compare_unavailable();
 // free, cudaMemGetInfo): what a comparison samples for its peak. 0 without a device.
 std::size_t device_bytes_in_use();
 
-// One device allocation, freed with its owner. Throws m3::Error naming the bytes when the
-// allocation fails. A size of 0 allocates nothing (data() is null).
+// Free device memory on the current device (cudaMemGetInfo). 0 without a device.
+std::size_t device_bytes_free();
+
+// Where a DeviceBuffer's bytes live. Host: page-locked host memory mapped into the device's
+// address space (cudaHostAllocMapped); kernels and copies read and write it through data() as
+// they would device memory, at the bus's speed, and the values are the same.
+enum class Place { Device, Host };
+
+// One allocation the device reads and writes, freed with its owner. Throws m3::Error naming the
+// bytes and the place when the allocation fails. A size of 0 allocates nothing (data() is null).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes);
+  explicit DeviceBuffer(std::size_t bytes, Place place = Place::Device);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
@@ -112,10 +120,34 @@ class DeviceBuffer {
   void* data() { return data_; }
   const void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  Place place() const { return place_; }
 
  private:
-  void* data_ = nullptr;
+  void* data_ = nullptr;  // the device's address (for Host, the mapping of host_)
+  void* host_ = nullptr;  // Host: the page-locked allocation
   std::size_t bytes_ = 0;
+  Place place_ = Place::Device;
+};
+
+// Page-locks host memory [data, data + bytes) for the owner's lifetime (cudaHostRegister), so
+// that copies between it and the device run at the bus's speed. The memory must outlive the pin
+// and stay where it is meanwhile (no reallocation). It is for speed only: where the driver
+// refuses, pinned() is false and copies go as from pageable memory, with the same values.
+// The CPU-only build pins nothing.
+class HostPin {
+ public:
+  HostPin() = default;
+  HostPin(const void* data, std::size_t bytes);
+  ~HostPin();
+  HostPin(HostPin&& other) noexcept;
+  HostPin& operator=(HostPin&& other) noexcept;
+  HostPin(const HostPin&) = delete;
+  HostPin& operator=(const HostPin&) = delete;
+
+  bool pinned() const { return data_ != nullptr; }
+
+ private:
+  void* data_ = nullptr;  // registered, when pinned
 };
 
 // Queues the comparisons on one stream and owns their scratch memory (a few hundred KB, plus
@@ -163,7 +195,8 @@ class DeviceComparer {
   ConditionSums condition(const double* ref, const std::vector<const float*>& devs,
                           const std::vector<const float*>& rest, Idx n, double u, double from);
 
-  void copy(void* dst, const void* src, std::size_t bytes);  // device to device, on the stream
+  // Device to device on the stream; either side may be a Place::Host buffer's data().
+  void copy(void* dst, const void* src, std::size_t bytes);
   // Host to device and device to host, on the stream; both return when the copy is done.
   void upload(void* device_dst, const void* host_src, std::size_t bytes);
   void download(void* host_dst, const void* device_src, std::size_t bytes);

@@ -136,12 +136,41 @@ struct KeptRow {
   const double* ref() const {
     return teacher ? teacher : static_cast<const double*>(oracle.data());
   }
-  std::size_t bytes() const {
-    std::size_t b = oracle.bytes() + subject.bytes();
-    for (const gpu::DeviceBuffer& d : devs) b += d.bytes();
+  // Bytes held in `place` (gpu::Place::Device or Host).
+  std::size_t bytes(gpu::Place place) const {
+    std::size_t b = 0;
+    for (const gpu::DeviceBuffer* d : {&oracle, &subject})
+      if (d->place() == place) b += d->bytes();
+    for (const gpu::DeviceBuffer& d : devs)
+      if (d.place() == place) b += d.bytes();
     return b;
   }
 };
+
+// The host problem's large arrays page-locked while a comparison uploads them pass after pass
+// (the parameters, X, dOut, the entering states); `unpinned` counts the bytes the driver
+// refused, which then upload from pageable memory, more slowly, with the same values.
+struct ProblemPins {
+  std::vector<gpu::HostPin> pins;
+  std::size_t unpinned = 0;
+  void add(const std::vector<double>& v) {
+    constexpr std::size_t kLarge = std::size_t{1} << 20;  // smaller arrays are not worth a call
+    const std::size_t bytes = v.size() * sizeof(double);
+    if (bytes < kLarge) return;
+    pins.emplace_back(v.data(), bytes);
+    if (!pins.back().pinned()) unpinned += bytes;
+  }
+  void add(const Problem& pb) {
+    for_each_param(pb.params, [&](int, const char*, const std::vector<double>& v) { add(v); });
+    for (const std::vector<double>* v : {&pb.x, &pb.d_out, &pb.states.ssm, &pb.states.k,
+                                         &pb.states.v, &pb.states.angle})
+      add(*v);
+  }
+};
+
+// Device bytes a kept copy leaves free beside it for what a cell still allocates: the
+// comparer's scratch, a stage's temporaries, cuBLAS's workspace.
+constexpr std::size_t kKeptMargin = std::size_t{1} << 30;
 
 // The oracle that runs the passes (OracleKeep::Backward), built on first use: an isolated cell
 // whose rows all hold their floors never needs one.
@@ -389,10 +418,10 @@ class DeviceCell {
       k.circular = t.circular;
       if (teacher_) {
         k.teacher = t.data;
-        k.subject = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(float));
+        k.subject = kept_buffer(static_cast<std::size_t>(k.n) * sizeof(float));
         dc_.abs_dev(values_of(t), values_of(s), k.circular, static_cast<float*>(k.subject.data()));
       } else {
-        k.oracle = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(double));
+        k.oracle = kept_buffer(static_cast<std::size_t>(k.n) * sizeof(double));
         dc_.copy(k.oracle.data(), t.data, k.oracle.bytes());
         dc_.synchronize();  // the oracle reuses the buffer in its next layer
       }
@@ -413,7 +442,7 @@ class DeviceCell {
     const gpu::DeviceValues ref = {k.ref(), gpu::ValueType::F64, k.n};
     judge_.draw_measured(row, to_metrics(dc_.metrics(ref, values_of(t), k.circular, p_, false)));
     if (judge_.kept(row)) {
-      gpu::DeviceBuffer dev(static_cast<std::size_t>(k.n) * sizeof(float));
+      gpu::DeviceBuffer dev = kept_buffer(static_cast<std::size_t>(k.n) * sizeof(float));
       dc_.abs_dev(ref, values_of(t), k.circular, static_cast<float*>(dev.data()));
       k.devs.push_back(std::move(dev));
       note_kept();
@@ -428,7 +457,7 @@ class DeviceCell {
     KeptRow& k = it->second;
     if (!teacher_) {
       const gpu::GpuBackbone::DeviceTensor s = net_->device_tensor(judge_.result(row).key);
-      k.subject = gpu::DeviceBuffer(static_cast<std::size_t>(k.n) * sizeof(float));
+      k.subject = kept_buffer(static_cast<std::size_t>(k.n) * sizeof(float));
       dc_.abs_dev({k.ref(), gpu::ValueType::F64, k.n}, values_of(s), k.circular,
                   static_cast<float*>(k.subject.data()));
     }
@@ -451,10 +480,34 @@ class DeviceCell {
       it = judge_.wants(it->first) ? std::next(it) : kept_.erase(it);
   }
 
+  // A kept copy's buffer: in device memory while the kept copies stay within the spec's
+  // kept_device_limit and the device keeps kKeptMargin free beside it, plus, in an isolated
+  // cell whose draws' oracle is not built yet, the room that oracle takes beyond the subject it
+  // replaces; else in page-locked host memory. Either place gives the same values, so a
+  // comparison's verdicts do not depend on the device's size, only its speed does.
+  gpu::DeviceBuffer kept_buffer(std::size_t bytes) {
+    std::size_t on_device = 0;
+    for (const auto& [row, k] : kept_) on_device += k.bytes(gpu::Place::Device);
+    std::size_t reserve = kKeptMargin;
+    if (teacher_ && !oracle_) {
+      const std::size_t need =
+          gpu::oracle_memory(spec_.cfg, spec_.B, spec_.T, gpu::OracleKeep::Backward).total();
+      const std::size_t subject = net_ ? net_->memory().total() : 0;
+      if (need > subject) reserve += need - subject;
+    }
+    const bool device = on_device + bytes <= spec_.kept_device_limit &&
+                        gpu::device_bytes_free() >= bytes + reserve;
+    return gpu::DeviceBuffer(bytes, device ? gpu::Place::Device : gpu::Place::Host);
+  }
+
   void note_kept() {
-    std::size_t b = 0;
-    for (const auto& [row, k] : kept_) b += k.bytes();
-    cost_.kept_bytes = std::max(cost_.kept_bytes, b);
+    std::size_t dev = 0, host = 0;
+    for (const auto& [row, k] : kept_) {
+      dev += k.bytes(gpu::Place::Device);
+      host += k.bytes(gpu::Place::Host);
+    }
+    cost_.kept_bytes = std::max(cost_.kept_bytes, dev + host);
+    cost_.kept_host_bytes = std::max(cost_.kept_host_bytes, host);
     cost_.device_peak = std::max(cost_.device_peak, gpu::device_bytes_in_use());
   }
 
@@ -510,7 +563,10 @@ std::string device_cost_line(const DeviceCompareCost& c) {
   os << "device compare: " << c.seconds << " s, " << c.oracle_passes << " oracle passes; device: "
      << "oracle " << gb(static_cast<double>(c.oracle_bytes)) << ", subject "
      << gb(static_cast<double>(c.subject_bytes)) << ", kept "
-     << gb(static_cast<double>(c.kept_bytes)) << ", peak in use "
+     << gb(static_cast<double>(c.kept_bytes));
+  if (c.kept_host_bytes > 0)
+    os << " (" << gb(static_cast<double>(c.kept_host_bytes)) << " of it in host memory)";
+  os << ", peak in use "
      << gb(static_cast<double>(c.device_peak)) << "; host: peak " << gb(host_peak_rss_bytes());
   if (c.rows_not_provided > 0)
     os << "; " << c.rows_not_provided
@@ -549,6 +605,9 @@ std::string device_time_line(const DeviceCompareCost& c) {
     shown += stages[i].first;
   }
   if (stages.size() > top) os << ", rest " << oracle - shown;
+  if (c.unpinned_bytes > 0)
+    os << "\n  uploads from pageable memory: " << gb(static_cast<double>(c.unpinned_bytes))
+       << " of the problem (the driver refused to pin it)";
   return os.str();
 }
 
@@ -583,7 +642,9 @@ void check_device_comparison(const RunSpec& spec, const std::vector<Precision>& 
   // Before any work, each phase of run_device_comparison must fit the free device memory: an
   // end-to-end cell holds the oracle and one scan mode's subject (every registry tensor in its
   // own buffer, at most 4 bytes a value); an isolated cell holds the teacher (every tensor kept)
-  // with the subject, then, once the subject is gone, with the oracle of its draws.
+  // with the subject, then, once the subject is gone, with the oracle of its draws. The kept
+  // copies of rows over their floor take what is left and page-locked host memory past it
+  // (DeviceCell::kept_buffer), so they are not counted here.
   {
     const double total = static_cast<double>(gpu::query_device().total_mem);
     const double free_b = total - static_cast<double>(gpu::device_bytes_in_use());
@@ -643,10 +704,16 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
     return *oracle;
   };
   std::optional<Problem> scratch;
+  ProblemPins pins;  // declared after the scratch problem, so unpinned before it is freed
+  {
+    ScopeTimer timer(c.setup_seconds);
+    pins.add(pb);
+  }
   const ScratchSource scratch_source = [&]() -> Problem& {
     if (!scratch) {
       ScopeTimer timer(c.inputs_seconds);
       scratch.emplace(pb);
+      pins.add(*scratch);
     }
     return *scratch;
   };
@@ -731,6 +798,7 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   }
   for (std::optional<CompareResult>& r : cells) out.cells.push_back(std::move(*r));
   note_oracles();
+  c.unpinned_bytes = pins.unpinned;
   c.seconds = seconds_since(t0);
   return out;
 }

@@ -79,6 +79,7 @@ struct DeviceCompareCost {
   std::size_t oracle_bytes = 0;        // the GPU oracle's allocation
   std::size_t subject_bytes = 0;       // the largest subject's, in the verification layout
   std::size_t kept_bytes = 0;          // the most kept-row bytes held at once
+  std::size_t kept_host_bytes = 0;     // the most of them in page-locked host memory at once
   std::size_t device_peak = 0;         // peak device bytes in use (cudaMemGetInfo, sampled)
   int oracle_passes = 0;               // unperturbed and perturbed oracle passes run
   int rows_not_provided = 0;           // per cell: registry rows the GPU oracle does not provide
@@ -92,16 +93,21 @@ struct DeviceCompareCost {
   // The oracle's passes by stage ("F6", "B6", "norm_f'" for a backbone stage's backward, "tail"
   // for what a pass runs after its last observed stage), summed over layers and passes.
   std::map<std::string, double> oracle_stage_seconds;
+  std::size_t unpinned_bytes = 0;  // host problem bytes the driver would not page-lock
   double oracle_seconds() const;
 };
 
 // "device compare: 41.2 s, 6 oracle passes; device: oracle 29.9 GB, subject 12.1 GB, kept
 // 1.1 GB, peak 44.0 GB; host: peak 1.2 GB" — the report's cost line, before the time lines.
+// Kept copies that went to page-locked host memory are named after the kept figure: "kept
+// 16.2 GB (4.1 GB of it in host memory)".
 std::string device_cost_line(const DeviceCompareCost& c);
 // Where the seconds went, two lines (each within 100 columns):
 //   "time (s): setup 2.4, subjects 1.1, draws' inputs 5.0, oracle 15.0, measuring 1.6, other 0.3"
 //   "  oracle by stage (s): B6 6.7, input_proj 2.7, B4b 1.3, F6 0.9, F5 0.4, rest 3.0"
-// the oracle's five slowest stages named (the teacher's pass is one "stage").
+// the oracle's five slowest stages named (the teacher's pass is one "stage"); and a third line
+// only where some of the host problem could not be page-locked for its uploads:
+//   "  uploads from pageable memory: 0.5 GB of the problem (the driver refused to pin it)"
 std::string device_time_line(const DeviceCompareCost& c);
 
 // What a failed comparison of trained weights (m3h compare --checkpoint) says after its report

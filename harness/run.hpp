@@ -64,6 +64,10 @@ struct RunSpec {
   // Run every baseline draw and measure it on every tensor (the same verdicts; each tensor's
   // report then shows its baseline even where the floor alone decided). A dump does so too.
   bool every_draw = false;
+  // The device comparison's kept copies (rows over their floor, HARNESS.md §11) take at most
+  // this many bytes of device memory; the rest go to page-locked host memory the device maps.
+  // The verdicts and figures do not depend on it; the tests lower it to exercise the host side.
+  std::size_t kept_device_limit = SIZE_MAX;
 };
 
 // The seeded Problem of spec: make_problem + the preset's adjustment (presets.hpp).

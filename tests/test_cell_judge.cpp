@@ -654,6 +654,27 @@ TEST(DeviceTimeLine, NamesThePartsAndTheSlowestOracleStages) {
   EXPECT_EQ(device_time_line(c).find("rest"), std::string::npos);
   c.oracle_stage_seconds.clear();
   EXPECT_NE(device_time_line(c).find("oracle by stage (s): none"), std::string::npos);
+  EXPECT_EQ(device_time_line(c).find("pageable"), std::string::npos);
+  c.unpinned_bytes = 500000000;
+  const std::string unpinned = device_time_line(c);
+  const std::string third = "\n  uploads from pageable memory: 0.5 GB of the problem (the driver "
+                            "refused to pin it)";
+  ASSERT_GE(unpinned.size(), third.size());
+  EXPECT_EQ(unpinned.substr(unpinned.size() - third.size()), third);
+  EXPECT_LE(third.size() - 1, 100u);
+}
+
+TEST(DeviceCostLine, SaysHowMuchOfTheKeptCopiesWasInHostMemory) {
+  DeviceCompareCost c;
+  c.seconds = 3;
+  c.oracle_bytes = 2000000000;
+  c.kept_bytes = 1500000000;
+  EXPECT_NE(device_cost_line(c).find("kept 1.5 GB, peak in use"), std::string::npos)
+      << device_cost_line(c);
+  c.kept_host_bytes = 250000000;
+  EXPECT_NE(device_cost_line(c).find("kept 1.5 GB (0.25 GB of it in host memory), peak in use"),
+            std::string::npos)
+      << device_cost_line(c);
 }
 
 }  // namespace

@@ -30,31 +30,92 @@ std::size_t device_bytes_in_use() {
   return total_b - free_b;
 }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) {
+std::size_t device_bytes_free() {
+  std::size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free_b;
+}
+
+namespace {
+[[noreturn]] void allocation_failed(const char* how, std::size_t bytes, cudaError_t e) {
+  cudaGetLastError();  // an allocation's failure is not sticky; leave no error behind
+  char size[64];
+  std::snprintf(size, sizeof size, "%zu bytes (%.3f GiB)", bytes,
+                static_cast<double>(bytes) / (1u << 30));
+  throw Error("DeviceBuffer", std::string(how) + " of " + size, cudaGetErrorString(e));
+}
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, Place place) : place_(place) {
   if (bytes == 0) return;
-  const cudaError_t e = cudaMalloc(&data_, bytes);
-  if (e != cudaSuccess) {
-    data_ = nullptr;
-    char size[64];
-    std::snprintf(size, sizeof size, "%zu bytes (%.3f GiB)", bytes,
-                  static_cast<double>(bytes) / (1u << 30));
-    throw Error("DeviceBuffer", std::string("cudaMalloc of ") + size, cudaGetErrorString(e));
+  if (place == Place::Device) {
+    const cudaError_t e = cudaMalloc(&data_, bytes);
+    if (e != cudaSuccess) {
+      data_ = nullptr;
+      allocation_failed("cudaMalloc", bytes, e);
+    }
+  } else {
+    const cudaError_t e = cudaHostAlloc(&host_, bytes, cudaHostAllocMapped);
+    if (e != cudaSuccess) {
+      host_ = nullptr;
+      allocation_failed("cudaHostAlloc (page-locked host memory)", bytes, e);
+    }
+    const cudaError_t m = cudaHostGetDevicePointer(&data_, host_, 0);
+    if (m != cudaSuccess) {
+      cudaFreeHost(host_);
+      host_ = data_ = nullptr;
+      allocation_failed("the device's mapping of page-locked host memory", bytes, m);
+    }
   }
   bytes_ = bytes;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) cudaFree(data_);  // a destructor does not throw; a failure here has no remedy
+namespace {
+void release(void* data, void* host) {
+  // A destructor does not throw; a failure here has no remedy.
+  if (host) cudaFreeHost(host);
+  else if (data) cudaFree(data);
 }
+}  // namespace
+
+DeviceBuffer::~DeviceBuffer() { release(data_, host_); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)), host_(std::exchange(other.host_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)), place_(other.place_) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_) cudaFree(data_);
+    release(data_, host_);
     data_ = std::exchange(other.data_, nullptr);
+    host_ = std::exchange(other.host_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
+    place_ = other.place_;
+  }
+  return *this;
+}
+
+HostPin::HostPin(const void* data, std::size_t bytes) {
+  if (!data || bytes == 0) return;
+  // Registration only locks the pages and maps them; it writes nothing.
+  void* p = const_cast<void*>(data);
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) data_ = p;
+  else cudaGetLastError();  // refused: copies stay pageable (pinned() says so)
+}
+
+HostPin::~HostPin() {
+  if (data_) cudaHostUnregister(data_);
+}
+
+HostPin::HostPin(HostPin&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+
+HostPin& HostPin::operator=(HostPin&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaHostUnregister(data_);
+    data_ = std::exchange(other.data_, nullptr);
   }
   return *this;
 }
@@ -99,7 +160,8 @@ void DeviceComparer::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   M3_REQUIRE(dst && src, "DeviceComparer::copy", "null pointer", "dst ", dst, ", src ", src,
              ", ", bytes, " bytes");
-  M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+  // cudaMemcpyDefault: either side may be mapped host memory (Place::Host).
+  M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, impl_->stream));
 }
 
 void DeviceComparer::upload(void* device_dst, const void* host_src, std::size_t bytes) {

@@ -6,6 +6,12 @@
 // each(s, n, f) runs f(i) for every i in [0, n) on stream s: one thread per index, a grid-stride
 // loop, so n may exceed 2³¹ and no grid limit applies. Every index the kernels form is an Idx
 // (int64).
+//
+// column_sum(s, rows, dim, term, out) adds out[j] += Σ_r term(r, j) for every column j < dim:
+// the sum of a column over all rows, as a bias's or a norm weight's gradient needs. Its order is
+// fixed: kSumLanes interleaved partial sums, lane ℓ over r ≡ ℓ (mod kSumLanes) ascending, then
+// the lanes' sums in lane order. One block per 32 columns, a thread per (column, lane), so that
+// a sum over B·T rows is not one thread's latency-bound loop.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +40,34 @@ void each(cudaStream_t s, Idx n, F f) {
   constexpr int kThreads = 128;
   const Idx blocks = std::min<Idx>((n + kThreads - 1) / kThreads, Idx(1) << 16);
   each_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(n, f);
+  M3_CUDA_CHECK(cudaGetLastError());
+}
+
+constexpr int kSumLanes = 32;
+
+template <class F>
+__global__ void column_sum_kernel(Idx rows, Idx dim, F term, double* out) {
+  __shared__ double part[kSumLanes][32];
+  const Idx j = static_cast<Idx>(blockIdx.x) * 32 + threadIdx.x;
+  const int lane = static_cast<int>(threadIdx.y);
+  double acc = 0.0;
+  if (j < dim)
+    for (Idx r = lane; r < rows; r += kSumLanes) acc += term(r, j);
+  part[lane][threadIdx.x] = acc;
+  __syncthreads();
+  if (lane == 0 && j < dim) {
+    double sum = 0.0;
+    for (int k = 0; k < kSumLanes; ++k) sum += part[k][threadIdx.x];
+    out[j] += sum;
+  }
+}
+
+template <class F>
+void column_sum(cudaStream_t s, Idx rows, Idx dim, F term, double* out) {
+  if (dim <= 0) return;
+  const Idx blocks = (dim + 31) / 32;
+  column_sum_kernel<<<static_cast<unsigned>(blocks), dim3(32, kSumLanes), 0, s>>>(rows, dim, term,
+                                                                                   out);
   M3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -107,6 +107,9 @@ struct GpuOracle::Impl {
   double* delta_copy = nullptr;  // δ's perturbed typed copy [B·T, d_model] (when u_typed > 0)
   const Impl* teacher = nullptr;   // the teacher-forced mode (set_teacher)
   double* own_d_logits = nullptr;  // the head's own d_logits while its GEMMs read the teacher's
+  // set_params' host image of the parameter arena, page-locked so that its upload runs at the
+  // bus's speed; made on first use, zero where the config has no such parameter.
+  double* param_staging = nullptr;
 
   Impl(const Config& c, Idx B_, Idx T_, OracleKeep k, int device)
       : cfg(c),
@@ -161,6 +164,8 @@ struct GpuOracle::Impl {
     delta_copy = nullptr;
     if (own_d_logits) cudaFree(own_d_logits);
     own_d_logits = nullptr;
+    if (param_staging) cudaFreeHost(param_staging);
+    param_staging = nullptr;
     if (blas) cublas().destroy(blas);
     blas = nullptr;
     if (s) cudaStreamDestroy(s);
@@ -695,13 +700,18 @@ void GpuOracle::set_teacher(const GpuOracle* teacher) {
 void GpuOracle::set_params(const Params<double>& p) {
   Impl& m = *impl_;
   check_params(p, m.cfg, "GpuOracle::set_params");
-  std::vector<double> host(static_cast<size_t>(m.params_layout.total), 0.0);
+  const std::size_t n = static_cast<std::size_t>(m.params_layout.total);
+  if (!m.param_staging && n > 0) {
+    M3_CUDA_CHECK(cudaMallocHost(&m.param_staging, n * sizeof(double)));
+    std::fill(m.param_staging, m.param_staging + n, 0.0);
+  }
+  // The previous upload has finished (upload waits for it), so the image may be rewritten.
   for_each_param(p, [&](int l, const char* name, const std::vector<double>& v) {
     if (v.empty()) return;  // a parameter this config does not have (sizes checked above)
     const ParamSlot& sl = m.params_layout.at(l, name);
-    std::copy(v.begin(), v.end(), host.begin() + sl.offset);
+    std::copy(v.begin(), v.end(), m.param_staging + sl.offset);
   });
-  m.upload(m.o("params"), host.data(), m.params_layout.total);
+  m.upload(m.o("params"), m.param_staging, m.params_layout.total);
 }
 
 void GpuOracle::set_input(const std::vector<double>& X) {

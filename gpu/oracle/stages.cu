@@ -1,6 +1,7 @@
 // The GPU oracle's stages other than the SSM (stages.cuh), in f64, one thread per output
 // element (per row for a row's sum; per (b, h, a) for the angle walk, which is sequential in t);
-// every reduction is a loop in a fixed order inside one thread. Forward and backward of a stage
+// a row's reduction is a loop in a fixed order inside one thread, a column's over all rows is
+// column_sum's fixed order (common.cuh). Forward and backward of a stage
 // sit together, forward first, in MODEL.md's order: RMSNorm (F1, norm_f, B1), split (F3, B3),
 // α/β/γ (F5b) and the activations' backward (B5b), BCNorm (F4, B4b/B4c), angles and RoPE (F5,
 // F4ef, B6's tail, B5a), gating (F7, B7), the language-model ends (TRAINING.md §1).
@@ -27,11 +28,7 @@ void add_row_vector(cudaStream_t s, Idx rows, Idx dim, const double* b, double* 
 }
 
 void sum_rows_into(cudaStream_t s, Idx rows, Idx dim, const double* dY, double* db) {
-  each(s, dim, [=] __device__(Idx j) {
-    double acc = 0.0;
-    for (Idx r = 0; r < rows; ++r) acc += dY[r * dim + j];
-    db[j] += acc;
-  });
+  column_sum(s, rows, dim, [=] __device__(Idx r, Idx j) { return dY[r * dim + j]; }, db);
 }
 
 // ---- RMSNorm ----------------------------------------------------------------------------------
@@ -59,11 +56,9 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const double* u, const 
     const double xhat = u[e] / rms[r];
     dx[e] = (w[e % dim] * g[e] - xhat * c_scratch[r]) / rms[r];
   });
-  each(s, dim, [=] __device__(Idx i) {
-    double acc = 0.0;
-    for (Idx r = 0; r < rows; ++r) acc += g[r * dim + i] * (u[r * dim + i] / rms[r]);
-    dw[i] += acc;
-  });
+  column_sum(
+      s, rows, dim,
+      [=] __device__(Idx r, Idx i) { return g[r * dim + i] * (u[r * dim + i] / rms[r]); }, dw);
 }
 
 // ---- F3 split / B3, F5b, B5b ------------------------------------------------------------------
@@ -177,11 +172,7 @@ void activations_backward(cudaStream_t s, const Dims& d, const LayerDev& L) {
     d_dd_a[i] = clamped ? 0.0 : d_adt * dtp[i] * (-heavy_tail_grad(v));
   });
   double* g_dt_bias = L.g.dt_bias;
-  each(s, nh, [=] __device__(Idx h) {
-    double acc = 0.0;
-    for (Idx r = 0; r < BT; ++r) acc += d_dd_dt[r * nh + h];
-    g_dt_bias[h] += acc;
-  });
+  column_sum(s, BT, nh, [=] __device__(Idx r, Idx h) { return d_dd_dt[r * nh + h]; }, g_dt_bias);
 }
 
 // ---- F4 BCNorm / B4b, B4c ---------------------------------------------------------------------
@@ -207,11 +198,8 @@ void bias_backward(cudaStream_t s, const Dims& d, const double* d_pre, double* d
     for (Idx h = g * hpg; h < (g + 1) * hpg; ++h) acc += d_pre[(r * nh + h) * ds + n];
     d_normed[e] = acc;
   });
-  each(s, nh * ds, [=] __device__(Idx i) {
-    double acc = 0.0;
-    for (Idx r = 0; r < BT; ++r) acc += d_pre[r * nh * ds + i];
-    d_bias[i] += acc;
-  });
+  column_sum(s, BT, nh * ds, [=] __device__(Idx r, Idx i) { return d_pre[r * nh * ds + i]; },
+             d_bias);
 }
 }  // namespace detail
 
@@ -395,14 +383,13 @@ void gating_backward(cudaStream_t s, const Dims& d, const LayerDev& L, const Wor
     dy[i] = (wgt * gg - yh * c1[rh]) * rs;
   });
   double* g_ngw = L.g.norm_gate_weight;
-  each(s, di, [=] __device__(Idx j) {
-    double acc = 0.0;
-    for (Idx r = 0; r < BT; ++r) {
-      const Idx i = r * di + j;
-      acc += dg[i] * silu(z[i]) * y[i] * rstd[r * nh + j / hd];
-    }
-    g_ngw[j] += acc;
-  });
+  column_sum(
+      s, BT, di,
+      [=] __device__(Idx r, Idx j) {
+        const Idx i = r * di + j;
+        return dg[i] * silu(z[i]) * y[i] * rstd[r * nh + j / hd];
+      },
+      g_ngw);
 }
 
 // ---- the language-model ends ------------------------------------------------------------------

@@ -15,13 +15,20 @@ constexpr const char* kNoCuda = "built without CUDA (M3_CUDA=OFF)";
 std::string compare_unavailable() { return kNoCuda; }
 std::size_t device_bytes_in_use() { return 0; }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) {
+std::size_t device_bytes_free() { return 0; }
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, Place place) : place_(place) {
   if (bytes > 0) no_cuda("DeviceBuffer");
 }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(other.data_), bytes_(other.bytes_) {}
+    : data_(other.data_), host_(other.host_), bytes_(other.bytes_), place_(other.place_) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
+
+HostPin::HostPin(const void*, std::size_t) {}
+HostPin::~HostPin() = default;
+HostPin::HostPin(HostPin&& other) noexcept : data_(other.data_) {}
+HostPin& HostPin::operator=(HostPin&&) noexcept { return *this; }
 
 struct DeviceComparer::Impl {};
 DeviceComparer::DeviceComparer(void*) { no_cuda("DeviceComparer"); }

@@ -10,6 +10,8 @@
 //   DevicePosition     position_profile = harness::position_profile
 //   DeviceCondition    abs_dev and condition = CellJudge::condition's rule written out here
 //   DeviceDeterminism  two calls give the same bits
+//   DevicePlacement    a Place::Host buffer (page-locked, mapped) takes copies, abs_dev's
+//                      output and metrics' reads as a device buffer does, the same bits
 //   DeviceArguments    wrong sizes and shapes are one-line m3::Errors
 //   CompareAvailability (every build, no device needed) compare_unavailable() is "" exactly
 //                      when a comparer can start
@@ -569,6 +571,38 @@ TEST(DeviceDeterminism, TwoCallsGiveTheSameBits) {
   EXPECT_EQ(c1.n_ill, c2.n_ill);
   EXPECT_TRUE(same_bits(c1.kmax, c2.kmax));
   EXPECT_TRUE(same_bits(c1.rest[0].d2, c2.rest[0].d2));
+}
+
+TEST(DevicePlacement, AHostBufferHoldsWhatADeviceBufferHolds) {
+  M3_SKIP_WITHOUT_DEVICE();
+  DeviceComparer cmp;
+  const std::size_t n = 300007;
+  const Pair p = random_pair(n, false, 83);
+  const DeviceTensor o = to_device(cmp, p.oracle, ValueType::F64);
+  const DeviceTensor s = to_device(cmp, p.subject, ValueType::BF16);
+  DeviceBuffer on_device(n * sizeof(double)), on_host(n * sizeof(double), Place::Host);
+  EXPECT_EQ(on_device.place(), Place::Device);
+  ASSERT_EQ(on_host.place(), Place::Host);
+  ASSERT_NE(on_host.data(), nullptr);
+  cmp.copy(on_device.data(), o.values.data, n * sizeof(double));
+  cmp.copy(on_host.data(), on_device.data(), n * sizeof(double));
+  std::vector<double> back(n);
+  cmp.download(back.data(), on_host.data(), n * sizeof(double));
+  EXPECT_EQ(std::memcmp(back.data(), p.oracle.data(), n * sizeof(double)), 0);
+  // The kernels read and write the mapped buffer as device memory.
+  const DeviceValues from_host{on_host.data(), ValueType::F64, static_cast<Idx>(n)};
+  DeviceBuffer dev_a(n * sizeof(float)), dev_b(n * sizeof(float), Place::Host);
+  cmp.abs_dev(o.values, s.values, false, static_cast<float*>(dev_a.data()));
+  cmp.abs_dev(from_host, s.values, false, static_cast<float*>(dev_b.data()));
+  EXPECT_EQ(download_floats(cmp, dev_a, n), download_floats(cmp, dev_b, n));
+  const DeviceMetrics a = cmp.metrics(o.values, s.values, false, Precision::BF16, true);
+  const DeviceMetrics b = cmp.metrics(from_host, s.values, false, Precision::BF16, true);
+  EXPECT_TRUE(same_bits(a.rel_l2, b.rel_l2));
+  EXPECT_TRUE(same_bits(a.max_abs, b.max_abs));
+  EXPECT_EQ(a.worst_index, b.worst_index);
+  DeviceBuffer moved = std::move(on_host);
+  EXPECT_EQ(moved.place(), Place::Host);
+  EXPECT_EQ(on_host.data(), nullptr);
 }
 
 TEST(DeviceArguments, WrongSizesAreOneLineErrors) {

@@ -20,6 +20,10 @@
 //       cell only for its draws; its cells come back precision-major in the listed order, each
 //       row's status, metrics and draws those of a comparison of that mode alone, to the bit
 //       (a token model under a fault, so that draws run in both kinds of cell)
+//   GpuIsolatedDevice.KeptCopiesInHostMemoryGiveTheSameVerdicts   with every kept copy in
+//       page-locked host memory (RunSpec::kept_device_limit 0) both kinds of cell give every
+//       row's status, metrics, draws, baseline and ill-conditioned count of the run that keeps
+//       them on the device, to the bit; the cost says where the kept bytes were
 //
 // The tests skip, saying why, without a device.
 #include <gtest/gtest.h>
@@ -295,4 +299,57 @@ TEST(GpuIsolatedDevice, BothModesGiveEachModesOwnCellsInTheReportsOrder) {
         }
   }
   EXPECT_GT(draws, 0) << "no draw ran: the test does not reach the oracle built on demand";
+}
+
+TEST(GpuIsolatedDevice, KeptCopiesInHostMemoryGiveTheSameVerdicts) {
+  M3_SKIP_WITHOUT_DEVICE();
+  harness::RunSpec spec = harness::negative::spec();
+  spec.cfg.vocab_size = 6;
+  spec.cfg.input_dim = 6;
+  spec.modes = {ScanMode::Chunked};
+  spec.compare_modes = {harness::CompareMode::EndToEnd, harness::CompareMode::Isolated};
+  spec.every_draw = true;  // every row kept, every draw measured: the most host traffic
+  const Problem pb = harness::build_problem(spec);
+  const std::vector<Precision> precisions = {Precision::F32, Precision::BF16};
+  const gpu::Fault fault = harness::negative::kFaults[0];
+  harness::DeviceCompareCost on_device, on_host;
+  const harness::Comparison want =
+      harness::run_device_comparison(spec, pb, precisions, fault, &on_device);
+  harness::RunSpec host = spec;
+  host.kept_device_limit = 0;
+  const harness::Comparison got =
+      harness::run_device_comparison(host, pb, precisions, fault, &on_host);
+  EXPECT_EQ(on_device.kept_host_bytes, 0u) << "a small problem's kept copies fit the device";
+  EXPECT_GT(on_host.kept_bytes, 0u);
+  EXPECT_EQ(on_host.kept_host_bytes, on_host.kept_bytes);
+  EXPECT_EQ(on_host.kept_bytes, on_device.kept_bytes);
+  EXPECT_NE(harness::device_cost_line(on_host).find(" of it in host memory)"), std::string::npos);
+  EXPECT_EQ(harness::device_cost_line(on_device).find("in host memory"), std::string::npos);
+  ASSERT_EQ(got.cells.size(), want.cells.size());
+  int draws = 0, failing = 0;
+  for (std::size_t c = 0; c < got.cells.size(); ++c) {
+    const harness::CompareResult& g = got.cells[c];
+    const harness::CompareResult& w = want.cells[c];
+    SCOPED_TRACE(std::string(m3::precision_name(w.precision)) + " " +
+                 harness::compare_mode_name(w.compare_mode));
+    EXPECT_EQ(g.first_fail, w.first_fail);
+    ASSERT_EQ(g.rows.size(), w.rows.size());
+    for (std::size_t r = 0; r < g.rows.size(); ++r) {
+      const harness::TensorResult& a = g.rows[r];
+      const harness::TensorResult& b = w.rows[r];
+      ASSERT_EQ(a.key, b.key);
+      EXPECT_EQ(a.status, b.status) << a.key;
+      EXPECT_EQ(a.subject.max_abs, b.subject.max_abs) << a.key;
+      EXPECT_EQ(a.subject.rel_l2, b.subject.rel_l2) << a.key;
+      EXPECT_EQ(a.draws, b.draws) << a.key;
+      EXPECT_EQ(a.baseline.rel_l2, b.baseline.rel_l2) << a.key;
+      EXPECT_EQ(a.baseline.max_abs, b.baseline.max_abs) << a.key;
+      EXPECT_EQ(a.ill_conditioned, b.ill_conditioned) << a.key;
+      EXPECT_EQ(a.condition, b.condition) << a.key;
+      draws += a.draws;
+      failing += a.pass() ? 0 : 1;
+    }
+  }
+  EXPECT_GT(draws, 0) << "no draw ran: the kept copies were never read";
+  EXPECT_GT(failing, 0) << "the fault failed nothing: the test does not reach the analysis";
 }
