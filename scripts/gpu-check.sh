@@ -53,7 +53,7 @@
 #   sweep-gpu                 m3h compare --device gpu --sweep 220 --seed 7: random problems
 #                             over the supported space, every precision and scan mode, e2e and
 #                             isolated (0 failures of correct code over >= 200, docs/HARNESS.md §4);
-#                             ≈ 330 s on an H200. GPU_SWEEP_FROM=K runs problems K … 219 only
+#                             ≈ 62 s on an H100. GPU_SWEEP_FROM=K runs problems K … 219 only
 #                             (--sweep-from: the rest of a sweep that an earlier call cut short)
 #   sweep-cpu                 m3h compare --device cpu --sweep 1000 --seed 5 --jobs $(nproc)
 #   sass-forms                only when GPU_CHECK_ONLY names it: every GPU object's SASS
