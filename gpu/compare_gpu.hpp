@@ -129,27 +129,6 @@ class DeviceBuffer {
   Place place_ = Place::Device;
 };
 
-// Page-locks host memory [data, data + bytes) for the owner's lifetime (cudaHostRegister), so
-// that copies between it and the device run at the bus's speed. The memory must outlive the pin
-// and stay where it is meanwhile (no reallocation). It is for speed only: where the driver
-// refuses, pinned() is false and copies go as from pageable memory, with the same values.
-// The CPU-only build pins nothing.
-class HostPin {
- public:
-  HostPin() = default;
-  HostPin(const void* data, std::size_t bytes);
-  ~HostPin();
-  HostPin(HostPin&& other) noexcept;
-  HostPin& operator=(HostPin&& other) noexcept;
-  HostPin(const HostPin&) = delete;
-  HostPin& operator=(const HostPin&) = delete;
-
-  bool pinned() const { return data_ != nullptr; }
-
- private:
-  void* data_ = nullptr;  // registered, when pinned
-};
-
 // Queues the comparisons on one stream and owns their scratch memory (a few hundred KB, plus
 // n/8 bytes for condition()). Every call but copy() ends by waiting for its stream; the device
 // inputs must stay valid and unchanged until it returns. Throws m3::Error on a wrong argument

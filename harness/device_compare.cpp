@@ -147,27 +147,6 @@ struct KeptRow {
   }
 };
 
-// The host problem's large arrays page-locked while a comparison uploads them pass after pass
-// (the parameters, X, dOut, the entering states); `unpinned` counts the bytes the driver
-// refused, which then upload from pageable memory, more slowly, with the same values.
-struct ProblemPins {
-  std::vector<gpu::HostPin> pins;
-  std::size_t unpinned = 0;
-  void add(const std::vector<double>& v) {
-    constexpr std::size_t kLarge = std::size_t{1} << 20;  // smaller arrays are not worth a call
-    const std::size_t bytes = v.size() * sizeof(double);
-    if (bytes < kLarge) return;
-    pins.emplace_back(v.data(), bytes);
-    if (!pins.back().pinned()) unpinned += bytes;
-  }
-  void add(const Problem& pb) {
-    for_each_param(pb.params, [&](int, const char*, const std::vector<double>& v) { add(v); });
-    for (const std::vector<double>* v : {&pb.x, &pb.d_out, &pb.states.ssm, &pb.states.k,
-                                         &pb.states.v, &pb.states.angle})
-      add(*v);
-  }
-};
-
 // Device bytes a kept copy leaves free beside it for what a cell still allocates: the
 // comparer's scratch, a stage's temporaries, cuBLAS's workspace.
 constexpr std::size_t kKeptMargin = std::size_t{1} << 30;
@@ -605,9 +584,6 @@ std::string device_time_line(const DeviceCompareCost& c) {
     shown += stages[i].first;
   }
   if (stages.size() > top) os << ", rest " << oracle - shown;
-  if (c.unpinned_bytes > 0)
-    os << "\n  uploads from pageable memory: " << gb(static_cast<double>(c.unpinned_bytes))
-       << " of the problem (the driver refused to pin it)";
   return os.str();
 }
 
@@ -704,16 +680,10 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
     return *oracle;
   };
   std::optional<Problem> scratch;
-  ProblemPins pins;  // declared after the scratch problem, so unpinned before it is freed
-  {
-    ScopeTimer timer(c.setup_seconds);
-    pins.add(pb);
-  }
   const ScratchSource scratch_source = [&]() -> Problem& {
     if (!scratch) {
       ScopeTimer timer(c.inputs_seconds);
       scratch.emplace(pb);
-      pins.add(*scratch);
     }
     return *scratch;
   };
@@ -798,7 +768,6 @@ Comparison run_device_comparison(const RunSpec& spec, const Problem& pb,
   }
   for (std::optional<CompareResult>& r : cells) out.cells.push_back(std::move(*r));
   note_oracles();
-  c.unpinned_bytes = pins.unpinned;
   c.seconds = seconds_since(t0);
   return out;
 }

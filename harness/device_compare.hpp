@@ -93,7 +93,6 @@ struct DeviceCompareCost {
   // The oracle's passes by stage ("F6", "B6", "norm_f'" for a backbone stage's backward, "tail"
   // for what a pass runs after its last observed stage), summed over layers and passes.
   std::map<std::string, double> oracle_stage_seconds;
-  std::size_t unpinned_bytes = 0;  // host problem bytes the driver would not page-lock
   double oracle_seconds() const;
 };
 
@@ -105,9 +104,7 @@ std::string device_cost_line(const DeviceCompareCost& c);
 // Where the seconds went, two lines (each within 100 columns):
 //   "time (s): setup 2.4, subjects 1.1, draws' inputs 5.0, oracle 15.0, measuring 1.6, other 0.3"
 //   "  oracle by stage (s): B6 6.7, input_proj 2.7, B4b 1.3, F6 0.9, F5 0.4, rest 3.0"
-// the oracle's five slowest stages named (the teacher's pass is one "stage"); and a third line
-// only where some of the host problem could not be page-locked for its uploads:
-//   "  uploads from pageable memory: 0.5 GB of the problem (the driver refused to pin it)"
+// the oracle's five slowest stages named (the teacher's pass is one "stage").
 std::string device_time_line(const DeviceCompareCost& c);
 
 // What a failed comparison of trained weights (m3h compare --checkpoint) says after its report

@@ -1,6 +1,7 @@
-// The comparer's plumbing (compare_gpu.hpp): whether a device is usable, DeviceBuffer, the
-// stream a DeviceComparer queues on, device-to-device copies, and the check of a DeviceValues
-// argument. The comparisons themselves are metrics.cu, position.cu and condition.cu.
+// The comparer's plumbing (compare_gpu.hpp): whether a device is usable, the free and used
+// device bytes, DeviceBuffer (device memory, or page-locked host memory the device maps), the
+// stream a DeviceComparer queues on, its copies, and the check of a DeviceValues argument. The
+// comparisons themselves are metrics.cu, position.cu and condition.cu.
 #include <cstdio>
 #include <utility>
 
@@ -94,28 +95,6 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     host_ = std::exchange(other.host_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     place_ = other.place_;
-  }
-  return *this;
-}
-
-HostPin::HostPin(const void* data, std::size_t bytes) {
-  if (!data || bytes == 0) return;
-  // Registration only locks the pages and maps them; it writes nothing.
-  void* p = const_cast<void*>(data);
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) data_ = p;
-  else cudaGetLastError();  // refused: copies stay pageable (pinned() says so)
-}
-
-HostPin::~HostPin() {
-  if (data_) cudaHostUnregister(data_);
-}
-
-HostPin::HostPin(HostPin&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
-
-HostPin& HostPin::operator=(HostPin&& other) noexcept {
-  if (this != &other) {
-    if (data_) cudaHostUnregister(data_);
-    data_ = std::exchange(other.data_, nullptr);
   }
   return *this;
 }

@@ -25,11 +25,6 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(other.data_), host_(other.host_), bytes_(other.bytes_), place_(other.place_) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 
-HostPin::HostPin(const void*, std::size_t) {}
-HostPin::~HostPin() = default;
-HostPin::HostPin(HostPin&& other) noexcept : data_(other.data_) {}
-HostPin& HostPin::operator=(HostPin&&) noexcept { return *this; }
-
 struct DeviceComparer::Impl {};
 DeviceComparer::DeviceComparer(void*) { no_cuda("DeviceComparer"); }
 DeviceComparer::~DeviceComparer() = default;
