@@ -120,13 +120,12 @@ class DeviceBuffer {
   void* data() { return data_; }
   const void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  Place place() const { return place_; }
+  Place place() const { return host_ ? Place::Host : Place::Device; }
 
  private:
   void* data_ = nullptr;  // the device's address (for Host, the mapping of host_)
   void* host_ = nullptr;  // Host: the page-locked allocation
   std::size_t bytes_ = 0;
-  Place place_ = Place::Device;
 };
 
 // Queues the comparisons on one stream and owns their scratch memory (a few hundred KB, plus

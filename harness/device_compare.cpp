@@ -176,6 +176,9 @@ class DeviceCell {
     net_ = std::make_unique<gpu::GpuBackbone>(gpu_context(), spec.cfg, spec.B, spec.T, mode, p);
     gpu::load_problem(*net_, pb);
     net_->set_fault(fault, 0);
+    if (teacher_)
+      draws_oracle_bytes_ =
+          gpu::oracle_memory(spec.cfg, spec.B, spec.T, gpu::OracleKeep::Backward).total();
     cost_.subject_bytes = std::max(cost_.subject_bytes, net_->memory().total());
   }
 
@@ -469,10 +472,8 @@ class DeviceCell {
     for (const auto& [row, k] : kept_) on_device += k.bytes(gpu::Place::Device);
     std::size_t reserve = kKeptMargin;
     if (teacher_ && !oracle_) {
-      const std::size_t need =
-          gpu::oracle_memory(spec_.cfg, spec_.B, spec_.T, gpu::OracleKeep::Backward).total();
       const std::size_t subject = net_ ? net_->memory().total() : 0;
-      if (need > subject) reserve += need - subject;
+      if (draws_oracle_bytes_ > subject) reserve += draws_oracle_bytes_ - subject;
     }
     const bool device = on_device + bytes <= spec_.kept_device_limit &&
                         gpu::device_bytes_free() >= bytes + reserve;
@@ -498,6 +499,7 @@ class DeviceCell {
   const ScratchSource& scratch_;
   gpu::GpuOracle* oracle_ = nullptr;  // the source's, once a pass needs it
   gpu::GpuOracle* teacher_;
+  std::size_t draws_oracle_bytes_ = 0;  // isolated: the device bytes of the draws' oracle
   gpu::DeviceComparer& dc_;
   DeviceCompareCost& cost_;
   const HostCopy& copy_;

@@ -22,23 +22,25 @@ std::string compare_unavailable() {
   }
 }
 
-std::size_t device_bytes_in_use() {
-  std::size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-    cudaGetLastError();  // a device that cannot answer has nothing in use to report
-    return 0;
-  }
-  return total_b - free_b;
-}
-
-std::size_t device_bytes_free() {
+namespace {
+// cudaMemGetInfo's (free, total); (0, 0) from a device that cannot answer, which has nothing in
+// use or free to report.
+std::pair<std::size_t, std::size_t> memory_info() {
   std::size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
     cudaGetLastError();
-    return 0;
+    return {0, 0};
   }
-  return free_b;
+  return {free_b, total_b};
 }
+}  // namespace
+
+std::size_t device_bytes_in_use() {
+  const auto [free_b, total_b] = memory_info();
+  return total_b - free_b;
+}
+
+std::size_t device_bytes_free() { return memory_info().first; }
 
 namespace {
 [[noreturn]] void allocation_failed(const char* how, std::size_t bytes, cudaError_t e) {
@@ -50,7 +52,7 @@ namespace {
 }
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes, Place place) : place_(place) {
+DeviceBuffer::DeviceBuffer(std::size_t bytes, Place place) {
   if (bytes == 0) return;
   if (place == Place::Device) {
     const cudaError_t e = cudaMalloc(&data_, bytes);
@@ -86,7 +88,7 @@ DeviceBuffer::~DeviceBuffer() { release(data_, host_); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), host_(std::exchange(other.host_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)), place_(other.place_) {}
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
@@ -94,7 +96,6 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     host_ = std::exchange(other.host_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
-    place_ = other.place_;
   }
   return *this;
 }

@@ -17,12 +17,12 @@ std::size_t device_bytes_in_use() { return 0; }
 
 std::size_t device_bytes_free() { return 0; }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes, Place place) : place_(place) {
+DeviceBuffer::DeviceBuffer(std::size_t bytes, Place) {
   if (bytes > 0) no_cuda("DeviceBuffer");
 }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(other.data_), host_(other.host_), bytes_(other.bytes_), place_(other.place_) {}
+    : data_(other.data_), host_(other.host_), bytes_(other.bytes_) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 
 struct DeviceComparer::Impl {};
