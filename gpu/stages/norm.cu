@@ -302,13 +302,13 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         if (i >= dim) continue;
         float wv[kV], o[kV];
         load_group<kVec>(w + i, dim - i, wv);
-        // w·g − x̂·c is left to ptxas, which fuses one product and rounds the other, and not
-        // the same one in every instantiation (from the SASS): x̂·c fused with kVec and kAdd
-        // (the training path), w·g with one of them, and per element with neither. A pinned
-        // form therefore moves some instantiation's bits; that is for a change that says so
-        // and reruns the compares.
+        // w·g − x̂·c in one rounding form for every instantiation: w·g rounded, x̂·c fused
+        // (−x̂·c + w·g in one fma). Left to ptxas, the fused product differed between
+        // instantiations (x̂·c with kVec and kAdd, w·g with one of the two, per element with
+        // neither), so the same row gave other bits in norm_f's backward than in a layer's B1.
 #pragma unroll
-        for (int j = 0; j < kV; ++j) o[j] = (wv[j] * gx[k][j] - (x[k][j] / rr) * c) / rr;
+        for (int j = 0; j < kV; ++j)
+          o[j] = __fmaf_rn(-(x[k][j] / rr), c, __fmul_rn(wv[j], gx[k][j])) / rr;
         if (dxr) store_group<kVec>(dxr + i, dim - i, o);
         if constexpr (kAdd) {
           float a[kV];
