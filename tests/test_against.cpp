@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "against.hpp"
@@ -72,11 +73,16 @@ TEST(Against, AMissingFileIsRefused) {
   EXPECT_THROW(read_other_figures("/nonexistent/figures.txt"), Error);
 }
 
-TEST(Against, TheProjectsDataFileReads) {
-  const OtherFigures f = read_other_figures(M3_DOCS_DATA_DIR "/official-block-h200.txt");
-  EXPECT_EQ(f.dtype, Precision::BF16);
-  EXPECT_GT(f.fwdbwd_ms, f.fwd_ms);
-  EXPECT_NE(f.measured.find("H200"), std::string::npos);
+TEST(Against, TheProjectsDataFilesRead) {
+  const std::pair<const char*, const char*> files[] = {{"official-block-h200.txt", "H200"},
+                                                       {"official-block-h100.txt", "H100"}};
+  for (const auto& [name, card] : files) {
+    const OtherFigures f = read_other_figures(std::string(M3_DOCS_DATA_DIR "/") + name);
+    EXPECT_EQ(f.dtype, Precision::BF16) << name;
+    EXPECT_GT(f.fwdbwd_ms, f.fwd_ms) << name;
+    EXPECT_GT(f.gib_per_layer, 0.0) << name;
+    EXPECT_NE(f.measured.find(card), std::string::npos) << name;
+  }
 }
 
 TEST(Against, LinesNameTheSourceAndTheRatios) {

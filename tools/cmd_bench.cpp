@@ -386,7 +386,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     ("repeats", po::value<int>()->default_value(5), "timed repeats (the median is reported)")
     ("warmup", po::value<int>()->default_value(1), "untimed warm-up passes")
     ("scan", po::value<std::string>()->default_value("seq,chunked"), "scan modes: seq, chunked, or both (comma list)")
-    ("against", po::value<std::string>(), "FILE: another implementation's figures (docs/data/official-block-h200.txt) beside the marginal layers of its dtype");
+    ("against", po::value<std::string>(), "FILE: another implementation's figures (docs/data/official-block-h100.txt, written by scripts/official/time_block.py) beside the marginal layers of its dtype");
   // clang-format on
   po::options_description all;
   all.add(run).add(problem_options());
