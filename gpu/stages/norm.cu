@@ -303,9 +303,10 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         float wv[kV], o[kV];
         load_group<kVec>(w + i, dim - i, wv);
         // w·g − x̂·c in one rounding form for every instantiation: w·g rounded, x̂·c fused
-        // (−x̂·c + w·g in one fma). Left to ptxas, the fused product differed between
-        // instantiations (x̂·c with kVec and kAdd, w·g with one of the two, per element with
-        // neither), so the same row gave other bits in norm_f's backward than in a layer's B1.
+        // (−x̂·c + w·g in one fma). Spelled out because ptxas, left to contract the expression,
+        // picks the fused product per instantiation (x̂·c with kVec and kAdd, w·g with one of
+        // the two, per element with neither), which would round the same row differently in
+        // norm_f's backward and in a layer's B1.
 #pragma unroll
         for (int j = 0; j < kV; ++j)
           o[j] = __fmaf_rn(-(x[k][j] / rr), c, __fmul_rn(wv[j], gx[k][j])) / rr;

@@ -106,7 +106,8 @@ class Stack:
 
 
 def timed(torch, fn, rounds, reps, graph):
-    """Median over rounds of the mean ms of reps calls of fn; one warm-up round first."""
+    """Median over rounds of the mean ms of reps calls of fn, after two eager calls and one
+    untimed round (and, with graph, three calls on a side stream and the capture)."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
