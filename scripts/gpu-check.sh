@@ -28,9 +28,11 @@
 #   compare-presets           the same, end-to-end, on the adversarial presets
 #   compare-golden            the same, end-to-end and isolated, on every golden case
 #   determinism               m3h determinism --runs 20 (f32, bf16, f16; both scan modes),
-#                             held to the record golden/digests/h200-default.txt where it exists
-#                             (--expect: a tensor whose bits moved fails the step, named;
-#                             GPU_CHECK_DIGESTS=FILE another record, =none none), then the
+#                             held to this card's record: the golden/digests/*-default.txt
+#                             whose environment line names the card nvidia-smi reports
+#                             (h100-default.txt, h200-default.txt; --expect: a tensor whose
+#                             bits moved fails the step, named; GPU_CHECK_DIGESTS=FILE another
+#                             record, =none none; a card without one runs unheld), then the
 #                             build's own record written to digests-default.txt (--runs 2
 #                             --record): the file to commit when a change moves the bits on
 #                             purpose
@@ -101,11 +103,28 @@ if [[ -n "$deadline" && ! "$deadline" =~ ^[1-9][0-9]*$ ]]; then
 fi
 t_start=$(date +%s)
 
-# The determinism step's record (see the header): one named explicitly must exist.
-digests="${GPU_CHECK_DIGESTS:-golden/digests/h200-default.txt}"
-if [[ -n "${GPU_CHECK_DIGESTS:-}" && "$digests" != none && ! -f "$digests" ]]; then
-  echo "gpu-check.sh: GPU_CHECK_DIGESTS=$digests: no such file (none: no record)" >&2
-  exit 2
+# The determinism step's record (see the header): one named explicitly must exist; otherwise
+# the committed record made on this card, found by the card's name in its environment line
+# (a record holds its bits to one GPU model, CUDA runtime and cuBLAS: m3h refuses another's).
+# GPU_CHECK_DIGESTS_DIR: where the committed records are (default golden/digests).
+card="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+card_record() {
+  local f
+  [[ -n "$card" ]] || return 0
+  for f in "${GPU_CHECK_DIGESTS_DIR:-golden/digests}"/*-default.txt; do
+    [[ -f "$f" ]] && grep -qF "environment: $card," "$f" && { echo "$f"; return 0; }
+  done
+  return 0
+}
+if [[ -n "${GPU_CHECK_DIGESTS:-}" ]]; then
+  digests="$GPU_CHECK_DIGESTS"
+  if [[ "$digests" != none && ! -f "$digests" ]]; then
+    echo "gpu-check.sh: GPU_CHECK_DIGESTS=$digests: no such file (none: no record)" >&2
+    exit 2
+  fi
+else
+  digests="$(card_record)"
+  [[ -n "$digests" ]] || digests=none unheld_card="${card:-no card named by nvidia-smi}"
 fi
 
 # GPU_CHECK_ONLY="name name ...": run only those steps (configure and build always run), e.g. to
@@ -266,10 +285,11 @@ compare_lane() {
 bits_lane() {
   [[ -x "$m3h" ]] || return 0
   local expect=()
-  if [[ "$digests" != none && -f "$digests" ]]; then
+  if [[ "$digests" != none ]]; then
     expect=(--expect "$digests")
-  elif [[ "$digests" != none ]]; then
-    echo "gpu-check: no digest record $digests: determinism is not held to one"
+  elif [[ -n "${unheld_card:-}" ]]; then
+    echo "gpu-check: no committed digest record for this card ($unheld_card): determinism is" \
+      "not held to one; commit the digests-record step's file as golden/digests/<card>-default.txt"
   fi
   step determinism "$m3h" determinism --runs 20 "${expect[@]}"
   step digests-record "$m3h" determinism --runs 2 --record "$LOGS/digests-default.txt" --force

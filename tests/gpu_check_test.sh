@@ -8,14 +8,15 @@
 # stopped and the rest skipped, with the summary and logs written; sass-forms reads each
 # object's SASS through the disassembler it is given; roofline profiles both dtypes through
 # scripts/ncu-layer.sh (a stand-in ncu); compare-device fails when its negative control
-# (--fault drop-beta) passes; a named digest record that does not exist is exit 2.
+# (--fault drop-beta) passes; the determinism step is held to the digest record of the card
+# nvidia-smi names (none where no record names it); a named record that does not exist is exit 2.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
 # The test sets what it means to test: a gpu-check running this test (its ctest step, under
 # GPU_CHECK_PARALLEL=1 say) must not hand its own settings to the checks below.
-unset GPU_CHECK_PARALLEL GPU_CHECK_DEADLINE GPU_CHECK_PACK GPU_CHECK_DIGESTS GPU_CHECK_ONLY \
-  GPU_SWEEP_FROM M3_CUDA_ARCH M3_CUOBJDUMP
+unset GPU_CHECK_PARALLEL GPU_CHECK_DEADLINE GPU_CHECK_PACK GPU_CHECK_DIGESTS GPU_CHECK_DIGESTS_DIR \
+  GPU_CHECK_ONLY GPU_SWEEP_FROM M3_CUDA_ARCH M3_CUOBJDUMP FAKE_GPU
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -40,6 +41,9 @@ exit \$rc
 EOF
   chmod +x "$1"
 }
+# nvidia-smi names the card ($FAKE_GPU, an H200 unless told), which picks the digest record.
+printf '#!/usr/bin/env bash\necho "${FAKE_GPU:-NVIDIA H200}"\n' >"$work/bin/nvidia-smi"
+chmod +x "$work/bin/nvidia-smi"
 standin "$work/bin/cmake" cmake
 standin "$work/bin/ctest" ctest
 standin "$work/bin/compute-sanitizer" sanitizer
@@ -163,6 +167,37 @@ for d in bf16 f16; do
 done
 [[ "$(grep -c '^launches: 4-6,9-12 ' "$work/logs-roof/roofline.log")" == 2 ]] ||
   fail "roofline: $(cat "$work/logs-roof/roofline.log")"
+
+# The record follows the card: the committed file whose environment line names it; a card
+# without one runs unheld and says so; GPU_CHECK_DIGESTS overrides the choice.
+mkdir -p "$work/digests"
+for c in "H100 80GB HBM3" "H200"; do
+  slug="$(tr 'A-Z' 'a-z' <<<"${c%% *}")"
+  printf 'm3h-digests 1\nenvironment: NVIDIA %s, sm_90, CUDA runtime 13.0, cuBLAS 13.1.0\n' "$c" \
+    >"$work/digests/$slug-default.txt"
+done
+cards() {  # cards NAME FAKE_GPU [ENV...]: only the determinism step; leaves its output in $out
+  local name="$1" gpu="$2"
+  shift 2
+  export CALLS="$work/calls-$name"
+  : >"$CALLS"
+  out="$(env FAKE_GPU="$gpu" GPU_CHECK_DIGESTS_DIR="$work/digests" GPU_CHECK_ONLY=determinism \
+    "$@" OUT="$work/logs-$name" bash "$repo/scripts/gpu-check.sh" 2>&1)" || fail "$name: not exit 0: $out"
+}
+cards h100 "NVIDIA H100 80GB HBM3"
+grep -q "m3h determinism --runs 20 --expect $work/digests/h100-default.txt" "$work/calls-h100" ||
+  fail "h100: not held to the H100 record: $(cat "$work/calls-h100")"
+cards h200 "NVIDIA H200"
+grep -q "m3h determinism --runs 20 --expect $work/digests/h200-default.txt" "$work/calls-h200" ||
+  fail "h200: not held to the H200 record: $(cat "$work/calls-h200")"
+cards a100 "NVIDIA A100-SXM4-80GB"
+grep -q "m3h determinism --runs 20$" "$work/calls-a100" ||
+  fail "a100: determinism held to a record of another card: $(cat "$work/calls-a100")"
+[[ "$out" == *"no committed digest record for this card (NVIDIA A100-SXM4-80GB)"* ]] ||
+  fail "a100: the unheld run not said: $out"
+cards named "NVIDIA H100 80GB HBM3" GPU_CHECK_DIGESTS="$work/digests/h200-default.txt"
+grep -q "m3h determinism --runs 20 --expect $work/digests/h200-default.txt" "$work/calls-named" ||
+  fail "named: GPU_CHECK_DIGESTS not used: $(cat "$work/calls-named")"
 
 rc=0
 msg="$(GPU_CHECK_DIGESTS="$work/none.txt" OUT="$work/logs-x" bash "$repo/scripts/gpu-check.sh" 2>&1)" || rc=$?

@@ -1,10 +1,13 @@
 // harness/digest_record.hpp: the text of a determinism digest record read back exactly, every
 // malformed record refused with a one-line error naming its file and line, and the comparison
 // of a cell with its record (what moved, what is on one side only, the first of them in the
-// current cell's execution order); a cell whose digest is not that of its hashes refused; and the
-// committed H200 record whole, for every cell, and for the default preset's problem.
+// current cell's execution order); a cell whose digest is not that of its hashes refused; and
+// every committed card record (the H200's among them) whole, for every cell, made on the card its
+// name says, and for the default preset's problem.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -155,23 +158,24 @@ TEST(DigestRecord, DiffNamesTheFirstMovedTensorInTheCurrentOrder) {
   EXPECT_EQ(d.now, 0u);
 }
 
-}  // namespace
-
-// The record gpu-check holds the H200's determinism step to (golden/digests/README.md): it reads
-// (every cell's digest that of its hashes), has the six cells of m3h determinism's default run,
-// and is for the problem that run builds. A change to the default preset fails here, not on the
-// device: re-record there (the digests-record step) and commit the record with the change.
-TEST(DigestRecord, TheCommittedH200RecordIsWholeAndForTheDefaultProblem) {
-  const std::string path = std::string(M3_DIGESTS_DIR) + "/h200-default.txt";
+// The records gpu-check holds a card's determinism step to (golden/digests/README.md): each
+// golden/digests/CARD-default.txt reads (every cell's digest that of its hashes), was made on the
+// card its name says, has the six cells of m3h determinism's default run, and is for the problem
+// that run builds. A change to the default preset fails here, not on the device: re-record on
+// each card (the digests-record step) and commit the records with the change. The H200's record
+// is the one every change is held to; other cards' records sit beside it.
+void expect_whole_default_record(const std::string& path, const std::string& card) {
+  SCOPED_TRACE(path);
   const DigestRecord r = m3::harness::read_digest_record(path);
-  EXPECT_NE(r.environment.find("NVIDIA H200, sm_90"), std::string::npos) << r.environment;
+  EXPECT_EQ(r.environment.rfind("NVIDIA " + card, 0), 0u) << r.environment;
+  EXPECT_NE(r.environment.find(", sm_90, "), std::string::npos) << r.environment;
   const m3::harness::Preset& p = m3::harness::find_preset("default");
   m3::harness::RunSpec spec;
   spec.source = "preset " + p.name;
   spec.cfg = p.cfg, spec.B = p.B, spec.T = p.T, spec.seed = p.seed;
   spec.random_states = p.random_states;
   EXPECT_EQ(r.problem, m3::harness::digest_problem(spec))
-      << "the default preset changed: re-record " << path << " on the H200";
+      << "the default preset changed: re-record " << path << " on the " << card;
   ASSERT_EQ(r.cells.size(), 6u);
   for (const char* precision : {"f32", "bf16", "f16"}) {
     for (const char* scan : {"seq", "chunked"}) {
@@ -187,4 +191,24 @@ TEST(DigestRecord, TheCommittedH200RecordIsWholeAndForTheDefaultProblem) {
     ASSERT_EQ(seq.keys.front(), chunked.keys.front());
     EXPECT_EQ(seq.hashes.front(), chunked.hashes.front()) << precision;
   }
+}
+
+}  // namespace
+
+TEST(DigestRecord, EveryCommittedCardRecordIsWholeAndForTheDefaultProblem) {
+  namespace fs = std::filesystem;
+  const std::string suffix = "-default.txt";
+  int n = 0;
+  bool h200 = false;
+  for (const fs::directory_entry& e : fs::directory_iterator(M3_DIGESTS_DIR)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    std::string card = name.substr(0, name.size() - suffix.size());  // "h100" → "H100"
+    for (char& ch : card) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    expect_whole_default_record(e.path().string(), card);
+    ++n, h200 = h200 || card == "H200";
+  }
+  EXPECT_TRUE(h200) << M3_DIGESTS_DIR << ": no h200-default.txt";
+  EXPECT_GE(n, 1);
 }
