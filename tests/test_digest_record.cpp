@@ -167,7 +167,8 @@ TEST(DigestRecord, DiffNamesTheFirstMovedTensorInTheCurrentOrder) {
 void expect_whole_default_record(const std::string& path, const std::string& card) {
   SCOPED_TRACE(path);
   const DigestRecord r = m3::harness::read_digest_record(path);
-  EXPECT_EQ(r.environment.rfind("NVIDIA " + card, 0), 0u) << r.environment;
+  EXPECT_EQ(r.environment.rfind("NVIDIA " + card, 0), 0u)
+      << "recorded on '" << r.environment << "', but the file name says the " << card;
   EXPECT_NE(r.environment.find(", sm_90, "), std::string::npos) << r.environment;
   const m3::harness::Preset& p = m3::harness::find_preset("default");
   m3::harness::RunSpec spec;
