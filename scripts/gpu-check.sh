@@ -107,12 +107,11 @@ t_start=$(date +%s)
 # the committed record made on this card, found by the card's name in its environment line
 # (a record holds its bits to one GPU model, CUDA runtime and cuBLAS: m3h refuses another's).
 # GPU_CHECK_DIGESTS_DIR: where the committed records are (default golden/digests).
-card="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
-card_record() {
+card_record() {  # card_record CARD: the committed record whose environment line names CARD
   local f
-  [[ -n "$card" ]] || return 0
+  [[ -n "$1" ]] || return 0
   for f in "${GPU_CHECK_DIGESTS_DIR:-golden/digests}"/*-default.txt; do
-    [[ -f "$f" ]] && grep -qF "environment: $card," "$f" && { echo "$f"; return 0; }
+    [[ -f "$f" ]] && grep -qF "environment: $1," "$f" && { echo "$f"; return 0; }
   done
   return 0
 }
@@ -123,7 +122,8 @@ if [[ -n "${GPU_CHECK_DIGESTS:-}" ]]; then
     exit 2
   fi
 else
-  digests="$(card_record)"
+  card="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+  digests="$(card_record "$card")"
   [[ -n "$digests" ]] || digests=none unheld_card="${card:-no card named by nvidia-smi}"
 fi
 

@@ -163,7 +163,7 @@ TEST(DigestRecord, DiffNamesTheFirstMovedTensorInTheCurrentOrder) {
 // card its name says, has the six cells of m3h determinism's default run, and is for the problem
 // that run builds. A change to the default preset fails here, not on the device: re-record on
 // each card (the digests-record step) and commit the records with the change. The H200's record
-// is the one every change is held to; other cards' records sit beside it.
+// must be among them.
 void expect_whole_default_record(const std::string& path, const std::string& card) {
   SCOPED_TRACE(path);
   const DigestRecord r = m3::harness::read_digest_record(path);
