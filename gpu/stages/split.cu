@@ -10,6 +10,14 @@
 //   trap  = σ(trap_raw)
 //   z, x, b_raw, c_raw are copied in the storage type T; the raw logits are stored f32.
 // F5b, per (r, h):  alpha = exp(a_val·dt),  beta = alpha·dt·(1 − trap),  gamma = trap·dt
+//   alpha is exp of the f32 product a_val·dt taken in double and rounded once to f32: the
+//   correctly rounded value (but where double's exp lands within its own error of an f32
+//   midpoint, a few arguments in 2²⁸), as the reference's float exp gives it to within 0.502 ulp.
+//   Not expf: its error (up to 2 ulp) is a smooth function of the argument, so it keeps one sign
+//   over the slowly varying a_val·dt of a head, and the sequential scan multiplies thousands of
+//   alphas into each state: at T 4096 that bias grew the f32 seq output's error along t
+//   (docs/HARNESS.md, "One biased decay"). The chunked scan forms its decays from sums of
+//   a_val·dt and reads alpha nowhere, so this costs its path nothing (its capture aside).
 // abg glue (sequential path): d_adt_total = dα·α + dβ·β,  d_dt_direct = dβ·α·(1 − trap) + dγ·trap,
 //   d_trap_sig = −dβ·α·dt + dγ·dt
 // B5b, per (r, h):
@@ -179,7 +187,7 @@ abg_forward_kernel(Idx n, const float* a_val, const float* dt, const float* trap
     load_n<V>(trap + i, tr);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      al[k] = expf(av[k] * dti[k]);
+      al[k] = static_cast<float>(exp(static_cast<double>(av[k] * dti[k])));
       be[k] = al[k] * dti[k] * (1.0f - tr[k]);
       ga[k] = tr[k] * dti[k];
     }

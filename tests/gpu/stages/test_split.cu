@@ -69,6 +69,53 @@ TEST_P(GpuStagesA, AbgForwardAndBackwardMatchReference) {
   expect_close("d_trap_sig", down(d_trap, s), w.g.d_trap_sig);
 }
 
+// α = exp(a_val·dt) must be the correctly rounded f32 exponential, not one of bounded but
+// one-signed error: the sequential scan multiplies every α of a head's memory into its state, so
+// an error of the same sign from step to step adds up over T (docs/HARNESS.md, "One biased
+// decay"). The arguments sweep what heads produce, a_val·dt from −2⁻²⁴ to −40, densely near 0
+// where α ≈ 1 and the slow heads live. The host's exp in double, rounded once, is the correctly
+// rounded value wherever the exact one lies more than a few double ulps from an f32 midpoint:
+// every argument of this sweep lies more than 4 away (checked against the long double exp).
+TEST(GpuSplit, AlphaIsTheCorrectlyRoundedExponential) {
+  M3_SKIP_WITHOUT_GPU();
+  const Idx nh = 32, rows = 1 << 15, n = rows * nh;
+  Vec a_val(static_cast<size_t>(n)), dt(static_cast<size_t>(n)), trap(static_cast<size_t>(n), 0.5f);
+  for (Idx i = 0; i < n; ++i) {
+    // log-uniform |a_val·dt| over 2⁻²⁴ … 40, a_val in [−1.5, −0.5), dt the rest.
+    const double u = static_cast<double>(i) / static_cast<double>(n);
+    const double mag = std::exp2(-24.0 + u * (24.0 + std::log2(40.0)));
+    const float a = -0.5f - static_cast<float>((i * 7919) % 1000) * 1e-3f;
+    a_val[static_cast<size_t>(i)] = a;
+    dt[static_cast<size_t>(i)] = static_cast<float>(mag / -static_cast<double>(a));
+  }
+  Dims d{};
+  d.B = 1;
+  d.T = rows;
+  d.BT = rows;
+  d.nh = nh;
+  Stream s;
+  auto av = up(a_val, s), dv = up(dt, s), tv = up(trap, s);
+  DeviceArray<float> alpha(n), beta(n), gamma(n);
+  m3::gpu::abg_forward(s, d, av.data(), dv.data(), tv.data(), alpha.data(), beta.data(),
+                       gamma.data());
+  const Vec got = down(alpha, s);
+  Idx wrong = 0, first = -1;
+  double signed_ulps = 0;
+  for (Idx i = 0; i < n; ++i) {
+    const float x = a_val[static_cast<size_t>(i)] * dt[static_cast<size_t>(i)];
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const float g = got[static_cast<size_t>(i)];
+    if (g != want) {
+      if (first < 0) first = i;
+      ++wrong;
+    }
+    const float ulp = std::nextafter(want, 2.0f) - want;
+    signed_ulps += (static_cast<double>(g) - static_cast<double>(want)) / ulp;
+  }
+  EXPECT_EQ(wrong, 0) << wrong << " of " << n << " alphas are not the correctly rounded exp; first at "
+                      << first << ", mean error " << signed_ulps / static_cast<double>(n) << " ulp";
+}
+
 TEST_P(GpuStagesA, ActivationsBackwardMatchesReference) {
   M3_SKIP_WITHOUT_GPU();
   World w = make_world(GetParam(), false);
