@@ -15,7 +15,7 @@
 //   midpoint, a few arguments in 2²⁸), as the reference's float exp gives it to within 0.502 ulp.
 //   Not expf: its error (up to 2 ulp) is a smooth function of the argument, so it keeps one sign
 //   over the slowly varying a_val·dt of a head, and the sequential scan multiplies thousands of
-//   alphas into each state: at T 4096 that bias grew the f32 seq output's error along t
+//   alphas into each state: at T 4096 that bias makes the f32 seq output's error grow along t
 //   (docs/HARNESS.md, "One biased decay"). The chunked scan forms its decays from sums of
 //   a_val·dt and reads alpha nowhere, so this costs its path nothing (its capture aside).
 // abg glue (sequential path): d_adt_total = dα·α + dβ·β,  d_dt_direct = dβ·α·(1 − trap) + dγ·trap,

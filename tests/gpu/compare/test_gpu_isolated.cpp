@@ -28,8 +28,9 @@
 //   GpuDeviceComparison.TheSequentialScanStaysUnbiasedOverFourThousandSteps   f32 end to end
 //       at the official head widths (d_model 256, 2 layers, B 1, T 4096): both scan modes pass,
 //       and layer 1's angle sum, which adds 4096 positions of layer 0's output error, is as
-//       accurate in the sequential mode as in the chunked one (a biased α, the sequential
-//       scan's product over thousands of steps, made it 3.8× worse and failed L1/F4ef/k)
+//       accurate in the sequential mode as in the chunked one (with α from expf, whose error
+//       keeps one sign and compounds in the sequential scan's product over thousands of steps,
+//       it is 3.8× worse and L1/F4ef/k fails)
 //
 // The tests skip, saying why, without a device.
 #include <gtest/gtest.h>
