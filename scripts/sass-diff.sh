@@ -123,20 +123,23 @@ commands tree >"$work/commands.tree" ||
   die "no compile command for a source (is it in the CUDA library of $build?)"
 commands base >"$work/commands.base"
 
-# compile_side SIDE: that side's commands, $jobs at a time; a failed compile ends the run.
+# compile_side SIDE: that side's commands, $jobs at a time, each awaited by its own pid (the
+# oldest first): `wait -n` can miss a job that ended before it was called and return 127, a
+# failure with no log; `wait PID` returns that job's status however long ago it ended. A failed
+# compile ends the run.
 compile_side() {
-  local failed=0 running=0 dir name cmd
+  local failed=0 dir name cmd pid
+  local -a pids=()
   while IFS=$'\t' read -r dir name cmd; do
-    if ((running >= jobs)); then
-      wait -n || failed=1
-      running=$((running - 1))
+    if ((${#pids[@]} >= jobs)); then
+      wait "${pids[0]}" || failed=1
+      pids=("${pids[@]:1}")
     fi
     ( (cd "$dir" && eval "$cmd") >"$work/out/$name.log" 2>&1 || { echo "sass-diff.sh: $name failed" >&2; exit 1; } ) &
-    running=$((running + 1))
+    pids+=("$!")
   done <"$work/commands.$1"
-  while ((running > 0)); do
-    wait -n || failed=1
-    running=$((running - 1))
+  for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
   done
   if ((failed)); then
     for l in "$work"/out/*.log; do
