@@ -15,6 +15,18 @@
 
 namespace m3::harness {
 
+RunSpec preset_spec(const Preset& p) {
+  RunSpec s;
+  s.preset = p.name;
+  s.source = "preset " + p.name;
+  s.cfg = p.cfg;
+  s.B = p.B;
+  s.T = p.T;
+  s.seed = p.seed;
+  s.random_states = p.random_states;
+  return s;
+}
+
 Problem build_problem(const RunSpec& spec) {
   return preset_problem(find_preset(spec.preset), spec.cfg, spec.B, spec.T, spec.seed,
                         spec.random_states);

@@ -70,6 +70,11 @@ struct RunSpec {
   std::size_t kept_device_limit = SIZE_MAX;
 };
 
+struct Preset;
+// The RunSpec of preset p as it stands: its name, cfg, B, T, seed and entering states, source
+// "preset NAME" (presets.hpp).
+RunSpec preset_spec(const Preset& p);
+
 // The seeded Problem of spec: make_problem + the preset's adjustment (presets.hpp).
 Problem build_problem(const RunSpec& spec);
 

@@ -170,11 +170,7 @@ void expect_whole_default_record(const std::string& path, const std::string& car
   EXPECT_EQ(r.environment.rfind("NVIDIA " + card, 0), 0u)
       << "recorded on '" << r.environment << "', but the file name says the " << card;
   EXPECT_NE(r.environment.find(", sm_90, "), std::string::npos) << r.environment;
-  const m3::harness::Preset& p = m3::harness::find_preset("default");
-  m3::harness::RunSpec spec;
-  spec.source = "preset " + p.name;
-  spec.cfg = p.cfg, spec.B = p.B, spec.T = p.T, spec.seed = p.seed;
-  spec.random_states = p.random_states;
+  const m3::harness::RunSpec spec = m3::harness::preset_spec(m3::harness::find_preset("default"));
   EXPECT_EQ(r.problem, m3::harness::digest_problem(spec))
       << "the default preset changed: re-record " << path << " on the " << card;
   ASSERT_EQ(r.cells.size(), 6u);

@@ -349,15 +349,8 @@ void store_config_file(const std::string& path, po::variables_map& vm,
 
 harness::RunSpec problem_from(const po::variables_map& vm) {
   const harness::Preset& p = harness::find_preset(vm["preset"].as<std::string>());
-  harness::RunSpec s;
-  s.preset = p.name;
-  s.source = "preset " + p.name;
+  harness::RunSpec s = harness::preset_spec(p);
   if (vm.count("config")) s.source += " + config " + vm["config"].as<std::string>();
-  s.cfg = p.cfg;
-  s.B = p.B;
-  s.T = p.T;
-  s.seed = p.seed;
-  s.random_states = p.random_states;
   auto idx = [&](const char* name, Idx& field) {
     if (vm.count(name)) field = vm[name].as<Idx>();
   };

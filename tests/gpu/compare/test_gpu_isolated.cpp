@@ -361,13 +361,7 @@ TEST(GpuIsolatedDevice, KeptCopiesInHostMemoryGiveTheSameVerdicts) {
 
 TEST(GpuDeviceComparison, TheSequentialScanStaysUnbiasedOverFourThousandSteps) {
   M3_SKIP_WITHOUT_DEVICE();
-  const harness::Preset& official = harness::find_preset("official");
-  harness::RunSpec spec;
-  spec.preset = official.name;
-  spec.source = "preset " + official.name;
-  spec.cfg = official.cfg;
-  spec.seed = official.seed;
-  spec.random_states = official.random_states;
+  harness::RunSpec spec = harness::preset_spec(harness::find_preset("official"));
   spec.cfg.d_model = 256;
   spec.cfg.input_dim = 256;
   spec.cfg.n_layers = 2;
