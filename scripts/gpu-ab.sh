@@ -52,7 +52,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ab="${AB_DIR:-$root/build-ab}"
 # The build's inputs (as in the A/B calls of docs/log/PERF-history.md): everything CMake reads
 # for m3h.
-sources=(CMakeLists.txt gpu reference harness tools tests train scripts golden)
+sources=(CMakeLists.txt bench gpu reference harness tools tests train scripts golden)
 
 pack() {
   local rev="" force=0
