@@ -667,14 +667,10 @@ class BackboneT final : public GpuBackbone::Impl {
   // here, unless the B1 that wrote δ stored it already (delta_typed_of_: the f32 buffer that
   // B1's copy was made from, the same bits).
   const T* delta_typed() {
-    if constexpr (std::is_same_v<T, float>) {
-      return bb_.f(BBuf::delta);
-    } else {
-      T* t = bb_.get<T>(BBuf::delta_typed);
+    if constexpr (!std::is_same_v<T, float>)
       if (delta_typed_of_ != bb_.f(BBuf::delta))
-        convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), t);
-      return t;
-    }
+        convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), bb_.get<T>(BBuf::delta_typed));
+    return delta_typed_made();
   }
   // The same copy once this layer's B8 has made it (no conversion: δ is unchanged until B1).
   const T* delta_typed_made() {

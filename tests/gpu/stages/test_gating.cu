@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -163,14 +162,6 @@ TYPED_TEST(TypedStages, GatingWithAStridedZGivesTheContiguousBits) {
 template <class T>
 void expect_gated_rewritten(const Dims& d, const Vec& y_h, const Vec& z_h, const Vec& dg_h,
                             const Vec& ngw_h, const Vec& dngw_h, bool norm) {
-  auto upT = [](const Vec& v, cudaStream_t st) {
-    if constexpr (std::is_same_v<T, float>) return up(v, st);
-    else return up_t<T>(v, st);
-  };
-  auto downT = [](const auto& a, cudaStream_t st) {
-    if constexpr (std::is_same_v<T, float>) return down(a, st);
-    else return down_t(a, st);
-  };
   Stream s;
   ScratchBuf sc(d);
   const Idx n = d.BT * d.di;
@@ -181,26 +172,26 @@ void expect_gated_rewritten(const Dims& d, const Vec& y_h, const Vec& z_h, const
     for (Idx r = 0; r < d.BT; ++r)
       for (Idx q = 0; q < d.di; ++q) zw[r * L + q] = z_h[r * d.di + q];
     const Idx ld = pad ? L : 0;
-    auto y = upT(y_h, s), z = upT(zw, s), dg = upT(dg_h, s);
+    auto y = up_as<T>(y_h, s), z = up_as<T>(zw, s), dg = up_as<T>(dg_h, s);
     auto ngw = up(ngw_h, s);
     DeviceArray<T> gated(n);
     DeviceArray<float> rstd(norm ? d.BT * d.nh : 0);
     m3::gpu::gating_forward<T>(s, d, y.data(), z.data(), ngw.data(), gated.data(),
                                norm ? rstd.data() : nullptr, ld);
-    const Vec want_gated = downT(gated, s);
+    const Vec want_gated = down_as(gated, s);
     // Without and with the rewrite; each with its own d_z and weight-gradient buffers.
     auto backward = [&](bool rewrite) {
       auto dngw = up(dngw_h, s);
-      auto dz = upT(Vec(zw.size(), -5.0f), s);
+      auto dz = up_as<T>(Vec(zw.size(), -5.0f), s);
       DeviceArray<T> dy(n);
-      auto again = upT(Vec(static_cast<size_t>(n), std::nanf("")), s);
+      auto again = up_as<T>(Vec(static_cast<size_t>(n), std::nanf("")), s);
       m3::gpu::GatingBwd<T> p{y.data(),  z.data(),  dg.data(),  ngw.data(),
                               norm ? rstd.data() : nullptr,  dy.data(),
                               dz.data(), dngw.data()};
       p.ldz = ld;
       if (rewrite) p.gated = again.data();
       m3::gpu::gating_backward<T>(s, d, p, sc.get());
-      return Named{{"gated", downT(again, s)}, {"d_y", downT(dy, s)}, {"d_z", downT(dz, s)},
+      return Named{{"gated", down_as(again, s)}, {"d_y", down_as(dy, s)}, {"d_z", down_as(dz, s)},
                    {"d_norm_gate_weight", down(dngw, s)}};
     };
     const Named plain = backward(false), got = backward(true);
