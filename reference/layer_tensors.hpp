@@ -25,7 +25,9 @@
 //
 // Why each kept layer tensor is kept (the lifetime column, for the GPU's fused path):
 //   F1  residual      B1 reads u (the layer input); the previous layer's layer_output
-//       rms_vals      B1;  post_norm  B2's weight gradient
+//       rms_vals      B1;  post_norm  workspace: B1 reads u and rms for its own sake and
+//                     rewrites post_norm from them (F1's operations, so its bits), and B2's
+//                     weight gradient runs after B1 on that copy
 //   F2  proj          its typed columns: F3's z, x, b_raw, c_raw are Life::Columns of it, read
 //                     in place (z: F7, B7; x: F6, B6; b/c_raw: F4, B4c), so the split copies
 //                     only the f32 parts
@@ -41,7 +43,9 @@
 //   F6  seq: h/k_prev/v_prev_saved (B6).  chunked: Ks, qk·γ, scale, γ, the cumsums and the
 //       entering chunk states (B6) — recomputed instead with Recompute::Scan;
 //       adt, the chunk contributions and final_states are the forward's own workspace;  y  B7
-//   F7  gated_rms_vals B7;  gated  B8's weight gradient
+//   F7  gated_rms_vals B7;  gated  workspace: B7 reads y and z for its own sake and rewrites
+//                     gated from them (the forward's operations, so its bits), and B8's weight
+//                     gradient runs after B7 on that copy (one write instead of a saved tensor)
 //   F8  layer_output  the next layer's residual (B1 there) and norm_f's input
 //   B7  d_z, B6 d_x, B4c d_b/c_raw   written in place into d_proj's columns (Life::Columns; B3
 //                     writes only the f32 parts, and in fused runs B5b and B5a write those too,
@@ -56,7 +60,7 @@
 #define M3_LAYER_FWD_TENSORS(X) \
   X(BOTH, ALW,  F1,     residual,       residual,      (BT, DM),      false, F32, (VW, VW)) \
   X(BOTH, ALW,  F1,     rms_vals,       rms_vals,      (BT),          false, F32, (SV, SV)) \
-  X(BOTH, ALW,  F1,     post_norm,      post_norm,     (BT, DM),      false, TYP, (SV, SV)) \
+  X(BOTH, ALW,  F1,     post_norm,      post_norm,     (BT, DM),      false, TYP, ()) \
   X(BOTH, ALW,  F2,     proj,           proj,          (BT, IP),      false, TYP, (SV, SV)) \
   X(BOTH, ALW,  F3,     z,              z,             (BT, NH, HD),  false, TYP, (CL, CL)) \
   X(BOTH, ALW,  F3,     x,              x,             (BT, NH, HD),  false, TYP, (CL, CL)) \
@@ -98,7 +102,7 @@
   X(CHK,  ALW,  F6,     final_states,   final_states,  (B, NH, HD, DS), false, F32, ()) \
   X(BOTH, ALW,  F6,     y,              y,             (BT, NH, HD),  false, TYP, (SV, SV)) \
   X(BOTH, ONRM, F7,     gated_rms_vals, gated_rms_vals, (BT, NH),      false, F32, (SV, SV)) \
-  X(BOTH, ALW,  F7,     gated,          gated,         (BT, DI),      false, TYP, (SV, SV)) \
+  X(BOTH, ALW,  F7,     gated,          gated,         (BT, DI),      false, TYP, ()) \
   X(BOTH, ALW,  F8,     out_flat,       out_flat,      (BT, DM),      false, TYP, ()) \
   X(BOTH, ALW,  F8,     layer_output,   layer_output,  (BT, DM),      false, F32, (SV, SV)) \
   X(BOTH, ALW,  states, ssm_state,      ssm_out,       (B, NH, HD, DS), false, F32, ()) \

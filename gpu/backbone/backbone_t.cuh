@@ -325,6 +325,11 @@ class BackboneT final : public GpuBackbone::Impl {
   // own buffer in every layer, as the stage-by-stage path and the harness need them.
   Life layer_life(const TensorSpec& spec) const;
   bool lean() const { return !full_; }
+  // Whether the production layout keeps no copy of a GEMM's forward operand per layer (registry
+  // lifetime: workspace), so that the backward writes it again before the GEMM's weight
+  // gradient: gated (B7 from y and z, B8's dW after B7) and post_norm (B1 from the layer's
+  // input, B2's dW after B1). The same operations as the forward's on the same inputs.
+  bool rewritten(int l, LBuf id) { return lean() && layers_[l].at(id).life == Life::Workspace; }
   // The registry spec of a layer tensor by its (unique) name.
   static const TensorSpec& layer_spec(const std::string& name);
   // A layer tensor's row stride for the kernels: its tensor's row width when it is a column view
@@ -662,14 +667,15 @@ class BackboneT final : public GpuBackbone::Impl {
   // here, unless the B1 that wrote δ stored it already (delta_typed_of_: the f32 buffer that
   // B1's copy was made from, the same bits).
   const T* delta_typed() {
-    if constexpr (std::is_same_v<T, float>) {
-      return bb_.f(BBuf::delta);
-    } else {
-      T* t = bb_.get<T>(BBuf::delta_typed);
+    if constexpr (!std::is_same_v<T, float>)
       if (delta_typed_of_ != bb_.f(BBuf::delta))
-        convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), t);
-      return t;
-    }
+        convert<float, T>(s_, d_.BT * d_.dm, bb_.f(BBuf::delta), bb_.get<T>(BBuf::delta_typed));
+    return delta_typed_made();
+  }
+  // The same copy once this layer's B8 has made it (no conversion: δ is unchanged until B1).
+  const T* delta_typed_made() {
+    if constexpr (std::is_same_v<T, float>) return bb_.f(BBuf::delta);
+    else return bb_.get<T>(BBuf::delta_typed);
   }
 
   // The four persistent states of every layer, [L][B][…] each (MODEL.md §9, §12.6).

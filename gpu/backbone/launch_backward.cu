@@ -208,11 +208,13 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
   case StageId::B8: {
     const T* dt = delta_typed();
     gemm_backward_dx<T>(ctx_, d_.BT, d_.di, d_.dm, dt, w_out(l), t(LBuf::d_gated));
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t(LBuf::gated), dt, G(l, Prm::out_proj_w));
+    if (!rewritten(l, LBuf::gated))
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, t(LBuf::gated), dt, G(l, Prm::out_proj_w));
     break;
   }
   case StageId::B7: {
     GatingBwd<T> a{};
+    if (rewritten(l, LBuf::gated)) a.gated = t(LBuf::gated);
     a.y = t(LBuf::y);
     a.z = t(LBuf::z);
     a.d_gated = t(LBuf::d_gated);
@@ -223,6 +225,10 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
     a.d_norm_gate_weight = G(l, Prm::norm_gate_weight);
     a.ldz = shared_ld(l, LBuf::z, LBuf::d_z);
     gating_backward<T>(s_, d_, a, scr());
+    // B8's weight gradient, on the gated that B7 has just written again.
+    if (a.gated)
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.di, d_.dm, a.gated, delta_typed_made(),
+                          G(l, Prm::out_proj_w));
     break;
   }
   case StageId::B6: {
@@ -305,8 +311,9 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
   }
   case StageId::B2: {
     gemm_backward_dx<T>(ctx_, d_.BT, d_.dm, d_.ip, t(LBuf::d_proj), w_in(l), t(LBuf::d_norm));
-    gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t(LBuf::post_norm), t(LBuf::d_proj),
-                        G(l, Prm::in_proj_w));
+    if (!rewritten(l, LBuf::post_norm))
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, t(LBuf::post_norm), t(LBuf::d_proj),
+                          G(l, Prm::in_proj_w));
     break;
   }
   case StageId::B1: {
@@ -317,10 +324,16 @@ void BackboneT<T>::layer_backward_stage(int l, StageId st, bool capturing) {
     T* typed = nullptr;
     if constexpr (!std::is_same_v<T, float>)
       if (fused()) typed = bb_.get<T>(BBuf::delta_typed);
+    T* post = rewritten(l, LBuf::post_norm) ? t(LBuf::post_norm) : nullptr;
     rmsnorm_backward<T>(s_, d_.BT, d_.dm, f(LBuf::residual), P(l, Prm::norm_weight), f(LBuf::rms_vals),
                         t(LBuf::d_norm), capturing ? f(LBuf::d_pre_norm) : nullptr,
-                        G(l, Prm::norm_weight), scr(), bb_.f(BBuf::delta), f(LBuf::d_temporal), typed);
+                        G(l, Prm::norm_weight), scr(), bb_.f(BBuf::delta), f(LBuf::d_temporal), typed,
+                        post);
     delta_typed_of_ = typed ? f(LBuf::d_temporal) : nullptr;
+    // B2's weight gradient, on the post_norm that B1 has just written again (d_proj is
+    // untouched since B2).
+    if (post)
+      gemm_backward_dw<T>(ctx_, d_.BT, d_.dm, d_.ip, post, t(LBuf::d_proj), G(l, Prm::in_proj_w));
     break;
   }
   case StageId::input_proj: case StageId::F1: case StageId::F2: case StageId::F3:

@@ -13,6 +13,9 @@
 //     d w[d] += Σ_r d_gated·silu(z)·y·rstd                 (colsum_rows, fixed order)
 // Shapes: y, z, gated, d_gated, d_y, d_z typed T [BT, di]; gated_rms_vals [BT, nh]; w [di].
 // gated, d_y, d_z are rounded to T once, at their store (the reference's store_typed after F7/B7).
+// B7 can write gated again (GatingBwd::gated): the production layout keeps no gated per layer,
+// and B8's weight gradient reads this copy. It is F7's expression on the same inputs (for (b)
+// the saved rstd, which is the float F7 used), so it has F7's bits.
 // Vector access: V = 16 / sizeof(T) values per access of a typed tensor (16 bytes; f32 w in
 // two) when the pointers are 16-byte aligned (for (b) also hd % V == 0), else V = 1.
 // (a) runs one thread per vector of V values (the last n mod V values one per thread).
@@ -102,7 +105,8 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt 
   }
 }
 
-template <class T>
+// kG: gated written again as well (p.gated), with the forward kernel's product y·silu(z).
+template <class T, bool kG>
 __global__ void __launch_bounds__(kThreads)
 gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p, ZAt za) {
   constexpr int V = 16 / sizeof(T);
@@ -120,16 +124,24 @@ gate_silu_backward_kernel(Idx n, Idx nv, GatingBwd<T> p, ZAt za) {
     }
     store_n<V>(p.d_y + i, dy);
     store_n<V>(p.d_z + za(i), dz);
+    if constexpr (kG) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) yv[e] = yv[e] * silu(zv[e]);
+      store_n<V>(p.gated + i, yv);
+    }
   }
   for (Idx i = nv * V + first; i < n; i += stride) {
     const Idx iz = za(i);
-    const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[iz]);
+    const float dg = to_float(p.d_gated[i]), zi = to_float(p.z[iz]), yi = to_float(p.y[i]);
     p.d_y[i] = from_float<T>(dg * silu(zi));
-    p.d_z[iz] = from_float<T>(dg * to_float(p.y[i]) * silu_grad(zi));
+    p.d_z[iz] = from_float<T>(dg * yi * silu_grad(zi));
+    if constexpr (kG) p.gated[i] = from_float<T>(yi * silu(zi));
   }
 }
 
-template <class T, int L, int V, bool kZV>
+// kG: gated written again as well (p.gated), with the forward kernel's y·(rstd·w)·silu(z) from
+// the saved rstd (the value the forward computed and used).
+template <class T, int L, int V, bool kZV, bool kG>
 __global__ void __launch_bounds__(kThreads)
 gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
   using S = Seg<L>;
@@ -158,6 +170,11 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
           c1 += yh * wv[e] * gg;
         }
         store_group<kZV>(p.d_z + za(row + q), V, dz);
+        if constexpr (kG) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
+          store_vec(p.gated + row + q, yv);
+        }
       }
     c1 = segment_sum<L>(c1) / static_cast<float>(hd);
     if (!on) continue;
@@ -275,8 +292,9 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
   const ZAt za = z_at(d, p.ldz);
   if (!d.outproj_norm) {
     if (n == 0) return;
-    const Idx nv = silu_vectors<T>(n, {p.y, p.z, p.d_gated, p.d_y, p.d_z}, za, d.di);
-    gate_silu_backward_kernel<T><<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, p, za);
+    const Idx nv = silu_vectors<T>(n, {p.y, p.z, p.d_gated, p.d_y, p.d_z, p.gated}, za, d.di);
+    auto k = p.gated ? gate_silu_backward_kernel<T, true> : gate_silu_backward_kernel<T, false>;
+    k<<<silu_blocks<T>(n, nv), kThreads, 0, s>>>(n, nv, p, za);
     M3_LAUNCH_CHECK();
     return;
   }
@@ -285,13 +303,17 @@ void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scrat
              "a pointer is null");
   require_scratch(scratch, colsum_scratch_floats(d.BT, d.di), where);
   if (n == 0) return;
-  with_norm_layout<T>(d.hd, za.gap, {p.y, p.d_gated, p.d_y, p.norm_gate_weight}, {p.z, p.d_z},
-                      [&](auto lanes, auto vec, auto zvec) {
+  // The vector width V sets the order of c1's sum, so it must not depend on where gated lies:
+  // gated is held to the 16 bytes every backbone buffer has instead of joining the list.
+  M3_REQUIRE(!p.gated || is_aligned(p.gated, 16), where, "gated is not 16-byte aligned",
+             "its rewrite may not change the vector width of d_y's sums");
+  with_norm_layout<T>(d.hd, za.gap, {p.y, p.d_gated, p.d_y, p.norm_gate_weight},
+                      {p.z, p.d_z}, [&](auto lanes, auto vec, auto zvec) {
     constexpr int L = decltype(lanes)::value, V = decltype(vec)::value;
     constexpr bool kZV = decltype(zvec)::value;
-    gate_norm_backward_kernel<T, L, V, kZV>
-        <<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-        units, d.hd, d.nh, p, za);
+    auto k = p.gated ? gate_norm_backward_kernel<T, L, V, kZV, true>
+                     : gate_norm_backward_kernel<T, L, V, kZV, false>;
+    k<<<grid_for(units, Seg<L>::kPerBlock), kThreads, 0, s>>>(units, d.hd, d.nh, p, za);
   });
   M3_LAUNCH_CHECK();
   colsum_rows(s, d.BT, d.di,

@@ -6,6 +6,8 @@
 //   c[r]     = (1/dim) Σ_i g[r,i]·w[i]·x̂[r,i]
 //   dx[r,i]  = ( w[i]·g[r,i] − x̂[r,i]·c[r] ) / rms[r]         (overwrite)
 //   dw[i]   += Σ_r g[r,i]·x̂[r,i]                              (fixed order, below)
+//   (y_again) y[r,i] written again from the same u, rms and w with the forward's expression,
+//           so its bits (B1 of the production layout, which keeps no post_norm for B2's dW)
 //   (kAdd)  add_out[r,i] = add_in[r,i] + dx[r,i]   (B1's δ + d_pre_norm, from dx in registers;
 //           dx itself stored only when its pointer is set); with add_typed also add_out's
 //           values rounded to T (δ's typed copy for the next B8: convert()'s bits). add_in's
@@ -204,7 +206,8 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
                         const float* __restrict__ w, const float* __restrict__ rms,
                         const T* __restrict__ g, float* __restrict__ dx,
                         const float* __restrict__ add_in, float* __restrict__ add_out,
-                        T* __restrict__ add_typed, float* __restrict__ dw_part) {
+                        T* __restrict__ add_typed, T* __restrict__ y_again,
+                        float* __restrict__ dw_part) {
   using S = Seg<L>;
   constexpr int G = groups_of(L);
   constexpr Idx kStep = Idx(L) * kV, kChunk = G * kStep;
@@ -290,6 +293,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
     }
     if (!on) continue;
     float* dxr = dx ? dx + r * dim : nullptr;
+    T* yr = y_again ? y_again + r * dim : nullptr;
     const Idx last = i0 + (dim - 1 - i0) / kChunk * kChunk;  // the chunk still in x, gx
     for (Idx c0 = last; c0 >= i0; c0 -= kChunk) {
       if (c0 != last) {
@@ -302,6 +306,14 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         if (i >= dim) continue;
         float wv[kV], o[kV];
         load_group<kVec>(w + i, dim - i, wv);
+        // x̂ in place of u (this group of u is not read again in this row).
+#pragma unroll
+        for (int j = 0; j < kV; ++j) x[k][j] = x[k][j] / rr;
+        if (yr) {  // the forward's y = u / rms · w: the same operations on the same values
+#pragma unroll
+          for (int j = 0; j < kV; ++j) o[j] = x[k][j] * wv[j];
+          store_group<kVec>(yr + i, dim - i, o);
+        }
         // w·g − x̂·c in one rounding form for every instantiation: w·g rounded, x̂·c fused
         // (−x̂·c + w·g in one fma). Spelled out because ptxas, left to contract the expression,
         // picks the fused product per instantiation (x̂·c with kVec and kAdd, w·g with one of
@@ -309,7 +321,7 @@ rmsnorm_backward_kernel(Idx rows, Idx dim, const float* __restrict__ u,
         // norm_f's backward and in a layer's B1.
 #pragma unroll
         for (int j = 0; j < kV; ++j)
-          o[j] = __fmaf_rn(-(x[k][j] / rr), c, __fmul_rn(wv[j], gx[k][j])) / rr;
+          o[j] = __fmaf_rn(-x[k][j], c, __fmul_rn(wv[j], gx[k][j])) / rr;
         if (dxr) store_group<kVec>(dxr + i, dim - i, o);
         if constexpr (kAdd) {
           float a[kV];
@@ -420,7 +432,7 @@ void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, cons
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
                       const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
-                      const float* add_in, float* add_out, T* add_typed) {
+                      const float* add_in, float* add_out, T* add_typed, T* y_again) {
   const char* where = "gpu::rmsnorm_backward";
   check_dim(rows, dim, where);
   const bool add = add_out != nullptr;
@@ -428,6 +440,10 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
              "add_in and add_out are both set or both null");
   M3_REQUIRE(dx || add, where, "bad arguments", "nothing to write: dx and add_out are null");
   M3_REQUIRE(!add_typed || add, where, "bad arguments", "add_typed needs add_out");
+  // The vector choice sets the order of c's sum, so y_again does not take part in it: it must
+  // have the alignment every backbone buffer has.
+  M3_REQUIRE(!y_again || is_aligned(y_again, kV * sizeof(T)), where, "bad arguments",
+             "y_again is not aligned to ", kV * sizeof(T), " bytes");
   require_scratch(scratch, rmsnorm_backward_scratch_floats(rows, dim), where);
   if (rows == 0) return;
   const bool vec = dim % kV == 0 && is_aligned(u, 16) && is_aligned(w, 16) &&
@@ -448,7 +464,7 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
           const std::size_t ring = kSt ? ring_bytes<T>() : 0;
           opt_in_smem(kernel, ring, where);  // with part's 32 KB static, past the default 48 KB
           kernel<<<static_cast<unsigned int>(blocks), kThreads, ring, s>>>(
-              rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, scratch.p);
+              rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, y_again, scratch.p);
         };
         if constexpr (stages_delta(L, V, A)) {
           if (staging_enabled()) return launch(std::true_type{});
@@ -457,7 +473,7 @@ void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const f
       } else if constexpr (L == 32) {  // only rows of more than 32·L = 1024 elements
         rmsnorm_backward_kernel<T, L, V, A, false, false>
             <<<grid_for(rows, Seg<L>::kPerBlock), kThreads, 0, s>>>(
-                rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, nullptr);
+                rows, dim, u, w, rms, g, dx, add_in, add_out, add_typed, y_again, nullptr);
       }
     });
   });
@@ -480,7 +496,7 @@ void set_rmsnorm_delta_staging_for_testing(bool on) { staging_enabled() = on; }
                                        float*, const float*, T*, float*);                   \
   template void rmsnorm_backward<T>(cudaStream_t, Idx, Idx, const float*, const float*,     \
                                     const float*, const T*, float*, float*, Scratch,        \
-                                    const float*, float*, T*);
+                                    const float*, float*, T*, T*);
 M3_FOR_EACH_STORAGE(M3_INSTANTIATE)
 #undef M3_INSTANTIATE
 

@@ -89,11 +89,12 @@ void rmsnorm_forward_add(cudaStream_t s, Idx rows, Idx dim, const float* a, cons
 // With add_in/add_out (B1's residual pass-through): add_out = add_in + dx as well, from the dx
 // in registers (bit for bit add()); dx may then be null (not stored). add_typed (with add_out):
 // add_out's values rounded to T as well (convert<float, T>'s bits), for the GEMMs that read δ.
+// y_again: the forward's y = x̂·w written again (its bits, from the same u, rms and w).
 template <class T>
 void rmsnorm_backward(cudaStream_t s, Idx rows, Idx dim, const float* u, const float* w,
                       const float* rms, const T* g, float* dx, float* dw, Scratch scratch,
                       const float* add_in = nullptr, float* add_out = nullptr,
-                      T* add_typed = nullptr);
+                      T* add_typed = nullptr, T* y_again = nullptr);
 // Scratch floats rmsnorm_backward needs for [rows, dim] (dw's partial sums).
 Idx rmsnorm_backward_scratch_floats(Idx rows, Idx dim);
 // Tests: whether rmsnorm_backward reads δ (add_in), u and g through shared memory where it can
@@ -260,6 +261,9 @@ struct GatingBwd {
   T *d_y, *d_z;
   float* d_norm_gate_weight;  // accumulate (only with is_outproj_norm)
   Idx ldz = 0;  // row stride of z and d_z (0: di; ip when they are proj's / d_proj's columns)
+  // When set: F7's output written again from the same y, z (and saved rstd) with F7's own
+  // operations, so the forward's bits (the production layout keeps no gated per layer).
+  T* gated = nullptr;
 };
 template <class T>
 void gating_backward(cudaStream_t s, const Dims& d, const GatingBwd<T>& p, Scratch scratch);

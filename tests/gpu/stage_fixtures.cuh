@@ -181,6 +181,18 @@ Vec down_t(const DeviceArray<T>& a, cudaStream_t s) {
   return v;
 }
 
+// up / down for f32 and up_t / down_t for the storage types, by T (for tests over both).
+template <class T>
+DeviceArray<T> up_as(const Vec& v, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, float>) return up(v, s);
+  else return up_t<T>(v, s);
+}
+template <class T>
+Vec down_as(const DeviceArray<T>& a, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, float>) return down(a, s);
+  else return down_t(a, s);
+}
+
 struct ScratchBuf {
   DeviceArray<float> buf;
   explicit ScratchBuf(const Dims& d) : buf(m3::gpu::scratch_floats(d)) {}

@@ -1,10 +1,13 @@
 // Output gating (gpu/stages/gating.cu: F7, B7; MODEL.md §4, §6.2) against the reference, both
 // variants (silu gate and is_outproj_norm): in f32 (GpuStagesA), in the bf16/f16 storage
 // emulation (TypedStages), and with z read at a row stride wider than di (the production
-// layout's column view), which must give the contiguous run's bits.
+// layout's column view), which must give the contiguous run's bits; and B7's rewrite of gated
+// for the production layout's B8, which must give F7's bits and leave B7's outputs unchanged.
 // Tolerances: tests/gpu/stage_fixtures.cuh.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,6 +153,79 @@ TYPED_TEST(TypedStages, GatingWithAStridedZGivesTheContiguousBits) {
       }
     }
   }
+}
+
+// B7's rewrite of gated (GatingBwd::gated, what the production layout's B8 reads instead of a
+// saved gated): the bits F7 wrote, over a buffer of NaN, with z contiguous and at row strides
+// that keep and that break the 16-byte vectors; and d_y, d_z and d norm_gate_weight are the
+// bits of the run without the rewrite.
+template <class T>
+void expect_gated_rewritten(const Dims& d, const Vec& y_h, const Vec& z_h, const Vec& dg_h,
+                            const Vec& ngw_h, const Vec& dngw_h, bool norm) {
+  Stream s;
+  ScratchBuf sc(d);
+  const Idx n = d.BT * d.di;
+  for (Idx pad : {Idx(0), Idx(8), Idx(3)}) {
+    SCOPED_TRACE("z at row stride di + " + std::to_string(pad));
+    const Idx L = d.di + pad;
+    Vec zw(static_cast<size_t>(d.BT * L), 7.0f);
+    for (Idx r = 0; r < d.BT; ++r)
+      for (Idx q = 0; q < d.di; ++q) zw[r * L + q] = z_h[r * d.di + q];
+    const Idx ld = pad ? L : 0;
+    auto y = up_as<T>(y_h, s), z = up_as<T>(zw, s), dg = up_as<T>(dg_h, s);
+    auto ngw = up(ngw_h, s);
+    DeviceArray<T> gated(n);
+    DeviceArray<float> rstd(norm ? d.BT * d.nh : 0);
+    m3::gpu::gating_forward<T>(s, d, y.data(), z.data(), ngw.data(), gated.data(),
+                               norm ? rstd.data() : nullptr, ld);
+    const Vec want_gated = down_as(gated, s);
+    // Without and with the rewrite; each with its own d_z and weight-gradient buffers.
+    auto backward = [&](bool rewrite) {
+      auto dngw = up(dngw_h, s);
+      auto dz = up_as<T>(Vec(zw.size(), -5.0f), s);
+      DeviceArray<T> dy(n);
+      auto again = up_as<T>(Vec(static_cast<size_t>(n), std::nanf("")), s);
+      m3::gpu::GatingBwd<T> p{y.data(),  z.data(),  dg.data(),  ngw.data(),
+                              norm ? rstd.data() : nullptr,  dy.data(),
+                              dz.data(), dngw.data()};
+      p.ldz = ld;
+      if (rewrite) p.gated = again.data();
+      m3::gpu::gating_backward<T>(s, d, p, sc.get());
+      return Named{{"gated", down_as(again, s)}, {"d_y", down_as(dy, s)}, {"d_z", down_as(dz, s)},
+                   {"d_norm_gate_weight", down(dngw, s)}};
+    };
+    const Named plain = backward(false), got = backward(true);
+    const Vec& g = got.at("gated");
+    ASSERT_EQ(g.size(), want_gated.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      differ += std::memcmp(&g[i], &want_gated[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << g.size() << " gated values differ from F7's";
+    for (const char* name : {"d_y", "d_z", "d_norm_gate_weight"})
+      EXPECT_EQ(got.at(name), plain.at(name)) << name << " changed by the rewrite";
+  }
+}
+
+TEST_P(GpuStagesA, GatingBackwardRewritesTheForwardsGated) {
+  M3_SKIP_WITHOUT_GPU();
+  for (bool norm : {false, true}) {
+    SCOPED_TRACE(norm ? "is_outproj_norm" : "silu gate");
+    const World w = make_world(GetParam(), norm);
+    expect_gated_rewritten<float>(w.d, w.a.y, w.a.z, w.g.d_gated, w.p.norm_gate_weight,
+                                  w.pg0.norm_gate_weight, norm);
+  }
+}
+
+TYPED_TEST(TypedStages, GatingBackwardRewritesTheForwardsGated) {
+  M3_SKIP_WITHOUT_GPU();
+  using T = TypeParam;
+  for (const Case& c : kTypedCases)
+    for (bool norm : {false, true}) {
+      SCOPED_TRACE(std::string(c.name) + (norm ? " is_outproj_norm" : " silu gate"));
+      const TypedWorld<T> w = make_typed_world<T>(c, norm);
+      expect_gated_rewritten<T>(w.d, w.a.y, w.a.z, w.g.d_gated, w.p.norm_gate_weight,
+                                w.pg0.norm_gate_weight, norm);
+    }
 }
 
 }  // namespace

@@ -6,11 +6,15 @@
 //                            lane-count boundary, and rmsnorm_forward_add against add() then the
 //                            norm, bit for bit;
 //   TypedStages.RmsNorm*     the typed forward and backward, the backward's typed copy of its
-//                            residual add, and its staged δ rows against plain global loads.
+//                            residual add, and its staged δ rows against plain global loads;
+//   *.RmsnormBackwardRewritesTheForwardsY  the backward's rewrite of the forward's y (f32 and
+//                            typed), bit for bit, leaving its other outputs unchanged.
 #include <gtest/gtest.h>
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -181,6 +185,71 @@ TYPED_TEST(TypedStages, RmsnormBackwardStagedDeltaGivesTheBitsOfTheGlobalLoads) 
       };
       expect_bitwise("δ, u and g staged against global loads", run(true), run(false));
     }
+}
+
+// B1's rewrite of the forward's y (rmsnorm_backward's y_again, what the production layout's B2
+// reads instead of a saved post_norm): over a buffer of NaN, the bits rmsnorm_forward wrote
+// from the same u and w with the rms it saved; and dx, add_out, add_typed and dw are the bits of
+// the run without it. Widths: the staged kernel (1024, 1000, 260, with δ), one group per lane
+// (96), rows wider than one chunk (1088, the second dw path) and an odd width (21, element by
+// element); with and without δ (add), staging on and off.
+template <class T>
+void expect_y_rewritten() {
+  Stream s;
+  struct Restore {
+    ~Restore() { m3::gpu::set_rmsnorm_delta_staging_for_testing(true); }
+  } restore;
+  for (const Idx dim : {Idx(1024), Idx(1000), Idx(260), Idx(96), Idx(1088), Idx(21)})
+    for (const bool add : {false, true})
+      for (const bool staged : {false, true}) {
+        if (staged && !add) continue;  // staging reads δ's rows
+        SCOPED_TRACE("dim " + std::to_string(dim) + (add ? ", with δ" : "") +
+                     (staged ? ", staged" : ""));
+        m3::gpu::set_rmsnorm_delta_staging_for_testing(staged);
+        const Idx rows = 37, n = rows * dim;
+        const RmsRows in = rms_rows(rows, dim, 31 + dim);
+        auto du = up(in.u, s), dw = up(in.w, s), da = up(in.a, s);
+        Vec g = in.g;  // typed: rounded to T first (up_t takes representable values only)
+        if constexpr (!std::is_same_v<T, float>) g = rounded<T>(g);
+        auto dg = up_as<T>(g, s);
+        DeviceArray<T> y(n);
+        DeviceArray<float> rms(rows);
+        m3::gpu::rmsnorm_forward<T>(s, rows, dim, du.data(), dw.data(), y.data(), rms.data());
+        const Idx scr = m3::gpu::rmsnorm_backward_scratch_floats(rows, dim);
+        auto run = [&](bool rewrite) {
+          DeviceArray<float> gw(dim), dx(n), out(add ? n : 0), sc(std::max<Idx>(scr, 1));
+          DeviceArray<T> typed(add ? n : 0);
+          auto again = up_as<T>(Vec(static_cast<size_t>(n), std::nanf("")), s);
+          gw.zero(s);
+          m3::gpu::rmsnorm_backward<T>(s, rows, dim, du.data(), dw.data(), rms.data(),
+                                       dg.data(), dx.data(), gw.data(), {sc.data(), scr},
+                                       add ? da.data() : nullptr, add ? out.data() : nullptr,
+                                       add ? typed.data() : nullptr,
+                                       rewrite ? again.data() : nullptr);
+          Named o{{"dx", down(dx, s)}, {"dw", down(gw, s)}};
+          if (add) {
+            o["add_out"] = down(out, s);
+            o["add_typed"] = down_as(typed, s);
+          }
+          if (rewrite) o["y"] = down_as(again, s);
+          return o;
+        };
+        Named got = run(true);
+        expect_bitwise("y written again against the forward's", {{"y", got.at("y")}},
+                       {{"y", down_as(y, s)}});
+        got.erase("y");
+        expect_bitwise("the other outputs with and without y_again", got, run(false));
+      }
+}
+
+TEST(GpuReduce, RmsnormBackwardRewritesTheForwardsY) {
+  M3_SKIP_WITHOUT_GPU();
+  expect_y_rewritten<float>();
+}
+
+TYPED_TEST(TypedStages, RmsnormBackwardRewritesTheForwardsY) {
+  M3_SKIP_WITHOUT_GPU();
+  expect_y_rewritten<TypeParam>();
 }
 
 // rmsnorm_backward has two dw paths (norm.cu): the sum inside the kernel for rows of up to 1024
