@@ -4,7 +4,9 @@
 # same call, the two run alternately).
 #
 #   here:        scripts/gpu-ab.sh pack REV [--force]
-#                  REV's sources (git archive of the build's inputs) into build-ab/base.tar and
+#                  REV's sources (git archive of the build's inputs: the top-level CMakeLists.txt,
+#                  scripts/ and every top-level folder of REV that has a CMakeLists.txt of its
+#                  own, which is what the top-level file can add) into build-ab/base.tar and
 #                  its commit into build-ab/base.rev; an existing pack is kept unless --force.
 #                  Carry build-ab with the device call (the device's copy of the tree has no .git).
 #   GPU machine: scripts/gpu-ab.sh run [--rounds N] [--ncu] [--deadline S] [-- BENCH_ARGS...]
@@ -50,9 +52,18 @@ die() {
 }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ab="${AB_DIR:-$root/build-ab}"
-# The build's inputs (as in the A/B calls of docs/log/PERF-history.md): everything CMake reads
-# for m3h.
-sources=(CMakeLists.txt bench gpu reference harness tools tests train scripts golden)
+# The build's inputs of a revision: the top-level CMakeLists.txt, scripts/, and every top-level
+# folder with a CMakeLists.txt (a folder the top-level file adds must have one), so that a folder
+# added later is packed without a list to keep up to date.
+build_inputs() {  # build_inputs COMMIT: one path a line
+  local commit="$1" d
+  echo CMakeLists.txt
+  echo scripts
+  git -C "$root" ls-tree --name-only -d "$commit" | while read -r d; do
+    [[ "$d" == scripts ]] && continue
+    if git -C "$root" cat-file -e "$commit:$d/CMakeLists.txt" 2>/dev/null; then echo "$d"; fi
+  done
+}
 
 pack() {
   local rev="" force=0
@@ -73,6 +84,8 @@ pack() {
   fi
   mkdir -p "$ab"
   local present=()
+  local sources=()
+  mapfile -t sources < <(build_inputs "$commit")
   for p in "${sources[@]}"; do
     if git -C "$root" cat-file -e "$commit:$p" 2>/dev/null; then present+=("$p"); fi
   done

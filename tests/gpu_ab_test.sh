@@ -27,21 +27,27 @@ expect_refusal() {  # expect_refusal WHAT CMD...: exit 2 and one gpu-ab.sh line 
 
 # --- pack --------------------------------------------------------------------------------------
 repo="$work/repo"
-mkdir -p "$repo/scripts" "$repo/gpu"
+mkdir -p "$repo/scripts" "$repo/gpu" "$repo/notes"
 cp "$script" "$repo/scripts/gpu-ab.sh"
 for f in pack-logs.sh ncu-layer.sh ncu-roofline.sh ncu-compare.sh ncu-csv.awk; do
   cp "$(dirname "$script")/$f" "$repo/scripts/$f"
 done
 echo "project(x)" >"$repo/CMakeLists.txt"
 echo "first" >"$repo/gpu/k.cu"
+echo "add_library(k k.cu)" >"$repo/gpu/CMakeLists.txt"
 echo "not a build input" >"$repo/NOTES.md"
+echo "a folder without a CMakeLists.txt" >"$repo/notes/a.md"
 g() { git -C "$repo" -c user.name=t -c user.email=t@t "$@"; }
 g init -q
 g add -A
 g commit -q -m one
 first="$(g rev-parse HEAD)"
 echo "second" >"$repo/gpu/k.cu"
-g commit -q -am two
+mkdir -p "$repo/bench"  # a folder the build adds later, which the pack must follow
+echo "add_executable(b b.cu)" >"$repo/bench/CMakeLists.txt"
+echo "int main() {}" >"$repo/bench/b.cu"
+g add -A
+g commit -q -m two
 echo "uncommitted" >"$repo/gpu/k.cu"
 export AB_DIR="$work/ab"
 ab() { bash "$repo/scripts/gpu-ab.sh" "$@"; }
@@ -51,13 +57,19 @@ ab pack HEAD~1 >/dev/null
 listing="$(tar -tf "$AB_DIR/base.tar")"
 grep -qx "gpu/k.cu" <<<"$listing" || fail "gpu/k.cu not packed"
 grep -qx "CMakeLists.txt" <<<"$listing" || fail "CMakeLists.txt not packed"
+grep -qx "scripts/gpu-ab.sh" <<<"$listing" || fail "scripts/ not packed"
 if grep -q "NOTES.md" <<<"$listing"; then fail "a file that is no build input"; fi
+if grep -q "^notes/" <<<"$listing"; then fail "a folder without a CMakeLists.txt"; fi
+if grep -q "^bench/" <<<"$listing"; then fail "a folder the packed revision does not have"; fi
 [[ "$(tar -xOf "$AB_DIR/base.tar" gpu/k.cu)" == first ]] || fail "not the revision's content"
 sum="$(cksum <"$AB_DIR/base.tar")"
 expect_refusal "a second pack without --force" ab pack HEAD
 [[ "$(cksum <"$AB_DIR/base.tar")" == "$sum" ]] || fail "the refused pack changed base.tar"
 ab pack HEAD --force >/dev/null
 [[ "$(tar -xOf "$AB_DIR/base.tar" gpu/k.cu)" == second ]] || fail "--force did not replace it"
+# (the listing first: grep -q stops reading early, and pipefail would count tar's broken pipe)
+listing="$(tar -tf "$AB_DIR/base.tar")"
+grep -qx "bench/b.cu" <<<"$listing" || fail "the folder added later not packed"
 expect_refusal "a bad revision" ab pack no-such-rev --force
 expect_refusal "pack without a revision" ab pack
 expect_refusal "pack with two revisions" ab pack HEAD HEAD~1 --force
