@@ -9,7 +9,8 @@
 # object's SASS through the disassembler it is given; roofline profiles both dtypes through
 # scripts/ncu-layer.sh (a stand-in ncu); compare-device fails when its negative control
 # (--fault drop-beta) passes; the determinism step is held to the digest record of the card
-# nvidia-smi names (none where no record names it); a named record that does not exist is exit 2.
+# nvidia-smi names (none where no record names it); a named record that does not exist is exit 2;
+# compare-official runs both scan modes only on a card with the memory for them.
 # Usage: gpu_check_test.sh REPO
 set -euo pipefail
 repo="$1"
@@ -41,8 +42,12 @@ exit \$rc
 EOF
   chmod +x "$1"
 }
-# nvidia-smi names the card ($FAKE_GPU, an H200 unless told), which picks the digest record.
-printf '#!/usr/bin/env bash\necho "${FAKE_GPU:-NVIDIA H200}"\n' >"$work/bin/nvidia-smi"
+# nvidia-smi names the card ($FAKE_GPU, an H200 unless told), which picks the digest record, and
+# gives its memory in MiB when asked ($FAKE_MIB, an H200's unless told).
+cat >"$work/bin/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+if [[ "$*" == *memory.total* ]]; then echo "${FAKE_MIB:-143771}"; else echo "${FAKE_GPU:-NVIDIA H200}"; fi
+EOF
 chmod +x "$work/bin/nvidia-smi"
 standin "$work/bin/cmake" cmake
 standin "$work/bin/ctest" ctest
@@ -167,6 +172,29 @@ for d in bf16 f16; do
 done
 [[ "$(grep -c '^launches: 4-6,9-12 ' "$work/logs-roof/roofline.log")" == 2 ]] ||
   fail "roofline: $(cat "$work/logs-roof/roofline.log")"
+
+# compare-official sizes itself to the card: both scan modes on an H200's memory, the chunked
+# one alone on an H100's, and the chunked one where nvidia-smi gives no number.
+official() {  # official NAME MIB: only compare-official; its m3h call line in $call
+  export CALLS="$work/calls-$1"
+  : >"$CALLS"
+  FAKE_MIB="$2" GPU_CHECK_ONLY=compare-official OUT="$work/logs-$1" \
+    bash "$repo/scripts/gpu-check.sh" >/dev/null 2>&1 || fail "$1: not exit 0"
+  grep -qE '^PASS compare-official \(' "$work/logs-$1/summary.txt" || fail "$1: no PASS line"
+  call="$(grep '^start .* m3h compare' "$CALLS")" || fail "$1: m3h compare not called"
+  [[ "$call" == *"--preset official --B 8 --T 4096 --layers 2 "* && "$call" == *"--mode both"* ]] ||
+    fail "$1: not the official problem in both modes: $call"
+}
+official official-h200 143771
+[[ "$call" == *"--scan seq,chunked "* ]] || fail "official-h200: not both scan modes: $call"
+grep -q "^compare-official: --scan seq,chunked (the card has 143771 MiB" \
+  "$work/logs-official-h200/compare-official.log" || fail "official-h200: the choice not said"
+official official-h100 81559
+[[ "$call" == *"--scan chunked "* ]] || fail "official-h100: not the chunked mode alone: $call"
+grep -q "^compare-official: --scan chunked (the card has 81559 MiB; seq needs 136000)" \
+  "$work/logs-official-h100/compare-official.log" || fail "official-h100: the choice not said"
+official official-unknown "N/A"
+[[ "$call" == *"--scan chunked "* ]] || fail "official-unknown: not the chunked mode alone: $call"
 
 # The record follows the card: the committed file whose environment line names it; a card
 # without one runs unheld and says so; GPU_CHECK_DIGESTS overrides the choice.
