@@ -14,8 +14,9 @@
 // Shapes: y, z, gated, d_gated, d_y, d_z typed T [BT, di]; gated_rms_vals [BT, nh]; w [di].
 // gated, d_y, d_z are rounded to T once, at their store (the reference's store_typed after F7/B7).
 // B7 can write gated again (GatingBwd::gated): the production layout keeps no gated per layer,
-// and B8's weight gradient reads this copy. It is F7's expression on the same inputs (for (b)
-// the saved rstd, which is the float F7 used), so it has F7's bits.
+// and B8's weight gradient reads this copy. It is F7's expression (for (b) norm_gate, the one
+// function of both) on the same inputs (for (b) the saved rstd, which is the float F7 used), so
+// it has F7's bits.
 // Vector access: V = 16 / sizeof(T) values per access of a typed tensor (16 bytes; f32 w in
 // two) when the pointers are 16-byte aligned (for (b) also hd % V == 0), else V = 1.
 // (a) runs one thread per vector of V values (the last n mod V values one per thread).
@@ -42,6 +43,12 @@ namespace m3::gpu {
 namespace {
 
 constexpr float kEpsF = static_cast<float>(ref::kEps);
+
+// (b)'s gate, y·(rstd·w)·silu(z), before its rounding to T: the one expression of F7 and of
+// B7's rewrite of gated (from the saved rstd), so that the rewrite has F7's bits.
+__device__ __forceinline__ float norm_gate(float y, float rstd, float w, float z) {
+  return y * (rstd * w) * silu(z);
+}
 
 // Where element i = r·di + c of a [BT, di] tensor lies in z / d_z: r·ldz + c.
 struct ZAt {
@@ -99,7 +106,7 @@ gate_norm_forward_kernel(Idx units, Idx hd, Idx nh, const T* y, const T* z, ZAt 
       load_group<kZV, Use::kArith>(z + za(row + p), V, zv);
       load_vec(wh + p, wv);
 #pragma unroll
-      for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
+      for (int e = 0; e < V; ++e) yv[e] = norm_gate(yv[e], rstd, wv[e], zv[e]);
       store_vec(gated + row + p, yv);
     }
   }
@@ -172,7 +179,7 @@ gate_norm_backward_kernel(Idx units, Idx hd, Idx nh, GatingBwd<T> p, ZAt za) {
         store_group<kZV>(p.d_z + za(row + q), V, dz);
         if constexpr (kG) {
 #pragma unroll
-          for (int e = 0; e < V; ++e) yv[e] = yv[e] * (rstd * wv[e]) * silu(zv[e]);
+          for (int e = 0; e < V; ++e) yv[e] = norm_gate(yv[e], rstd, wv[e], zv[e]);
           store_vec(p.gated + row + q, yv);
         }
       }
